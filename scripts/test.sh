@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The whole test suite: system packages, format, lints, build, unit + integration tests on real
+# loop-mounted ext4. Needs root (loop devices, fscrypt ioctls, PAM). Prints a final tally.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+if [ "$(id -u)" -ne 0 ]; then echo "scripts/test.sh must run as root (loop mounts, fscrypt keys)" >&2; exit 1; fi
+bash scripts/deps.sh || exit 1
+modprobe loop 2>/dev/null || true
+set -e
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets --features fault-injection -- -D warnings
+cargo build --workspace --features fault-injection
+set +e
+log=$(mktemp)
+cargo test --workspace --features fault-injection -- --test-threads=2 2>&1 | tee "$log"
+rc=${PIPESTATUS[0]}
+pass=$(grep -Eo '[0-9]+ passed' "$log" | awk '{s+=$1} END {print s+0}')
+fail=$(grep -Eo '[0-9]+ failed' "$log" | awk '{s+=$1} END {print s+0}')
+skip=$(grep -Eo '[0-9]+ ignored' "$log" | awk '{s+=$1} END {print s+0}')
+rm -f "$log"
+echo "tests: $pass passed, $fail failed, $skip skipped"
+exit "$rc"

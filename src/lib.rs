@@ -1,0 +1,16 @@
+//! dirseal: encrypt existing directories in place with Linux fscrypt v2, with master keys kept
+//! behind protectors (password, recovery key; TPM2 and FIDO2 later).
+//!
+//! The library never prints or prompts: everything that needs a human goes through [`ui::Ui`].
+//! `unsafe` lives only in [`sys`].
+#![deny(unsafe_code)]
+
+pub mod config;
+pub mod fscrypt;
+pub mod ids;
+pub mod kdf;
+pub mod keystore;
+pub mod secret;
+pub mod securefile;
+pub mod sys;
+pub mod wrap;

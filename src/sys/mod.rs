@@ -1,0 +1,2 @@
+//! The only module with `unsafe`.
+#![allow(unsafe_code)]
