@@ -48,6 +48,12 @@ fn run(cmd: &mut Command) -> Result<String, String> {
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
+impl Default for TestFs {
+    fn default() -> Self {
+        TestFs::new()
+    }
+}
+
 impl TestFs {
     /// A 256 MiB encrypt-capable ext4. Panics with the failing command if the harness cannot work.
     pub fn new() -> TestFs {
