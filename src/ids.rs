@@ -21,11 +21,7 @@ pub struct BadId {
 }
 
 fn parse_hex<const N: usize>(s: &str, what: &'static str) -> Result<[u8; N], BadId> {
-    let bad = || BadId {
-        what,
-        digits: N * 2,
-        got: s.chars().take(80).collect(),
-    };
+    let bad = || BadId { what, digits: N * 2, got: s.chars().take(80).collect() };
     if s.len() != N * 2 {
         return Err(bad());
     }
@@ -86,13 +82,8 @@ mod tests {
         assert_eq!("01020304050607ff".parse::<ProtectorId>().unwrap(), id);
         assert!("0102".parse::<ProtectorId>().is_err());
         assert!("zz020304050607ff".parse::<ProtectorId>().is_err());
-        assert!("01020304050607ff00112233445566778"
-            .parse::<KeyIdentifier>()
-            .is_err());
+        assert!("01020304050607ff00112233445566778".parse::<KeyIdentifier>().is_err());
         let k: KeyIdentifier = "000102030405060708090a0b0c0d0e0f".parse().unwrap();
-        assert_eq!(
-            serde_json::to_string(&k).unwrap(),
-            "\"000102030405060708090a0b0c0d0e0f\""
-        );
+        assert_eq!(serde_json::to_string(&k).unwrap(), "\"000102030405060708090a0b0c0d0e0f\"");
     }
 }

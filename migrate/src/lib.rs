@@ -1,2 +1,896 @@
-//! (in progress)
+//! Journaled, resumable, faithful in-place conversion of a directory tree.
+//!
+//! The engine copies a directory into a staging directory that the caller (the [`Host`]) has made
+//! encrypted, verifies the copy, swaps the two with `renameat2(RENAME_EXCHANGE)` and disposes of the
+//! old tree. It knows nothing of keys. Every step is recorded durably in a journal in a root-only
+//! work directory before the step it enables, so a run killed at any instant can be resumed by
+//! running it again (see docs/crash-safety.md).
+//!
+//! States: `Prepared → Copying → Copied → Verified → Swapped → Done`, plus `Aborted` (before the
+//! swap), `RollingBack → RolledBack` (after a swap kept with `keep_backup`).
 #![forbid(unsafe_code)]
+
+mod copy;
+mod ctx;
+mod fault;
+mod fsx;
+mod journal;
+mod remove;
+mod scan;
+mod verify;
+
+use std::fmt;
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use ctx::Ctx;
+use journal::{HexPath, Journal, Step, Version, Workdir, STAGING};
+
+pub use scan::find_users;
+
+/// What to convert and how.
+#[derive(Clone, Copy, Debug)]
+pub struct Request<'a> {
+    /// The directory to convert in place.
+    pub source: &'a Path,
+    /// Root-only work directory on the same filesystem, e.g. `<mount>/.dirseal/convert/<id>/`.
+    /// Created (mode 0700) if missing.
+    pub workdir: &'a Path,
+    /// Keep the old tree after the swap (state stays `Swapped`) for [`rollback`] or [`commit`].
+    pub keep_backup: bool,
+    /// Overwrite old file contents with zeros before deleting them, then ask the host to TRIM.
+    pub wipe: bool,
+    /// Skip the "directory in use" checks (and only those).
+    pub force: bool,
+    /// Worker threads for copying and hashing (0 counts as 1).
+    pub threads: usize,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct HostError(pub String);
+
+/// What the engine needs from its caller: the encryption of the staging directory and the few
+/// privileged operations that live outside this crate.
+pub trait Host: Sync {
+    /// Make the empty staging dir (just created by the engine, mode 0700 root) encrypted and
+    /// unlocked. Called once per conversion, in Prepared. Returns a token (e.g. the policy id)
+    /// that the engine stores in the journal.
+    fn prepare_staging(&self, staging: &Path) -> Result<String, HostError>;
+    /// On resume: make sure the staging dir identified by token is unlocked again (after a reboot
+    /// the key is gone).
+    fn ensure_unlocked(&self, token: &str, staging: &Path) -> Result<(), HostError>;
+    /// Whether `path` is already an encrypted directory.
+    fn is_encrypted(&self, path: &Path) -> Result<bool, HostError>;
+    /// Atomically exchange two paths on one filesystem (`renameat2(RENAME_EXCHANGE)`).
+    fn exchange(&self, a: &Path, b: &Path) -> Result<(), HostError>;
+    /// Discard unused blocks of the filesystem holding `mountpoint_or_dir` (FITRIM).
+    fn trim(&self, mountpoint_or_dir: &Path) -> Result<(), HostError>;
+    /// Progress, called at most a few times per second (and at each phase start).
+    fn progress(&self, _p: &Progress) {}
+    /// Polled between files and chunks; returning true makes the engine stop cleanly with
+    /// [`MigrateError::Interrupted`].
+    fn should_stop(&self) -> bool {
+        false
+    }
+}
+
+/// What the engine is doing right now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    Scanning,
+    Copying,
+    Verifying,
+    Swapping,
+    Disposing,
+    Aborting,
+    RollingBack,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Progress {
+    pub phase: Phase,
+    pub bytes_done: u64,
+    pub bytes_total: u64,
+    pub files_done: u64,
+    pub files_total: u64,
+}
+
+/// The recorded state of a conversion.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum State {
+    Prepared,
+    Copying,
+    Copied,
+    Verified,
+    Swapped,
+    /// A rollback was started and not finished; run [`rollback`] again.
+    RollingBack,
+    Done,
+    Aborted,
+    RolledBack,
+}
+
+impl fmt::Display for State {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            State::Prepared => "prepared",
+            State::Copying => "copying",
+            State::Copied => "copied",
+            State::Verified => "verified",
+            State::Swapped => "swapped",
+            State::RollingBack => "rolling back",
+            State::Done => "done",
+            State::Aborted => "aborted",
+            State::RolledBack => "rolled back",
+        })
+    }
+}
+
+/// The result of an operation that finished (or paused at `Swapped` with a backup).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Outcome {
+    pub state: State,
+    pub token: String,
+    /// Entries in the tree (below its root) and bytes of regular file content.
+    pub files: u64,
+    pub bytes: u64,
+    /// The old tree, kept in the work dir, when the state is `Swapped`.
+    pub backup: Option<PathBuf>,
+    /// Honest caveats for the user (e.g. what deleting or wiping can and cannot guarantee).
+    pub notes: Vec<String>,
+}
+
+/// What the journal says, for `dirseal convert --status`-like displays.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StatusView {
+    pub state: State,
+    pub source: PathBuf,
+    pub token: String,
+    pub started_unix: u64,
+    /// Progress as of the last journal write (written at each transition and every few seconds).
+    pub files_done: u64,
+    pub bytes_done: u64,
+    pub files_total: u64,
+    pub bytes_total: u64,
+    pub keep_backup: bool,
+    pub wipe: bool,
+    /// The old tree, when it is kept in the work dir.
+    pub backup: Option<PathBuf>,
+}
+
+/// A process using the directory.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProcessUse {
+    pub pid: u32,
+    pub comm: String,
+    pub uid: u32,
+    /// "cwd", "root directory", "open file /x/y", "mapped /x/z".
+    pub how: String,
+}
+
+impl fmt::Display for ProcessUse {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "pid {} ({}, uid {}): {}", self.pid, self.comm, self.uid, self.how)
+    }
+}
+
+fn list_users(users: &[ProcessUse]) -> String {
+    let mut s: Vec<String> = users.iter().take(5).map(|u| u.to_string()).collect();
+    if users.len() > 5 {
+        s.push(format!("and {} more", users.len() - 5));
+    }
+    s.join("; ")
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum MigrateError {
+    #[error("cannot use {}: {source}; check that the directory exists", path.display())]
+    SourceUnavailable { path: PathBuf, source: io::Error },
+    #[error("{} is a symbolic link; convert the directory it points to instead", path.display())]
+    SourceIsSymlink { path: PathBuf },
+    #[error("{} is not a directory; only directories can be converted", path.display())]
+    NotADirectory { path: PathBuf },
+    #[error("{} is the root of a filesystem; convert a directory inside it instead", path.display())]
+    FilesystemRoot { path: PathBuf },
+    #[error("{} is already encrypted; there is nothing to convert", path.display())]
+    AlreadyEncrypted { path: PathBuf },
+    #[error("{} is encrypted on its own; move it out of the directory, convert, then move it back", path.display())]
+    EncryptedInside { path: PathBuf },
+    #[error("{} is a mount point inside the directory; unmount it (or move it out) and try again", path.display())]
+    MountPointInside { path: PathBuf },
+    #[error("not enough free space for a copy of {}: about {needed} bytes needed, {available} available; free some space and try again", path.display())]
+    NoSpace { path: PathBuf, needed: u64, available: u64 },
+    #[error("not enough free inodes for a copy of {}: {needed} needed, {available} available; delete some files and try again", path.display())]
+    NoInodes { path: PathBuf, needed: u64, available: u64 },
+    #[error("{} is in use: {}; close these programs (or log the user out) and try again, or force the conversion", path.display(), list_users(users))]
+    InUse { path: PathBuf, users: Vec<ProcessUse> },
+    #[error("work directory {} is unsafe: {reason}; fix or remove it and try again", path.display())]
+    UnsafeWorkdir { path: PathBuf, reason: String },
+    #[error("work directory {} is not on the same mount as {}; it must be on the directory's filesystem", workdir.display(), source_dir.display())]
+    WorkdirElsewhere { workdir: PathBuf, source_dir: PathBuf },
+    #[error("work directory {} lies inside {}; use one outside the directory being converted", workdir.display(), source_dir.display())]
+    WorkdirInsideSource { workdir: PathBuf, source_dir: PathBuf },
+    #[error("another conversion holds the lock on {}; wait for it to finish", workdir.display())]
+    Busy { workdir: PathBuf },
+    #[error("the conversion journal {} is unreadable: {reason}; the original directory is untouched unless the state was swapped; inspect the work directory before removing it", path.display())]
+    CorruptJournal { path: PathBuf, reason: String },
+    #[error("work directory {} belongs to the conversion of {}, not {}; finish or abort that conversion first", workdir.display(), journal_source.display(), requested.display())]
+    OtherSource { workdir: PathBuf, journal_source: PathBuf, requested: PathBuf },
+    #[error("no conversion is recorded in {}; start one first", workdir.display())]
+    NoConversion { workdir: PathBuf },
+    #[error("{} was replaced or moved since the conversion started; put the directory back, or abort the conversion", path.display())]
+    SourceReplaced { path: PathBuf },
+    #[error("copying {} failed: {source}; fix the cause, then run the same command again to resume (nothing was swapped; the original is untouched)", path.display())]
+    CopyFailed { path: PathBuf, source: io::Error },
+    #[error("the filesystem ran out of space while copying {}; free some space and run the same command again to resume, or abort the conversion (the original is untouched)", path.display())]
+    OutOfSpace { path: PathBuf },
+    #[error("{} keeps changing while it is copied; stop the programs writing to it and run the same command again", path.display())]
+    KeepsChanging { path: PathBuf },
+    #[error("the copy of {} still differs from the original ({reason}) after several passes; stop the programs changing the directory and run the same command again", path.display())]
+    VerifyFailed { path: PathBuf, reason: String },
+    #[error("{step} failed: {source}; fix the cause and run the same command again")]
+    Host { step: &'static str, source: HostError },
+    #[error("the conversion was interrupted while {state}; nothing is lost: run the same command again to resume")]
+    Interrupted { state: State },
+    #[error("cannot {op} a conversion that is {state}: {hint}")]
+    WrongState { op: &'static str, state: State, hint: &'static str },
+    #[error("{what} {} failed: {source}; fix the cause and run the same command again", path.display())]
+    Io { what: &'static str, path: PathBuf, source: io::Error },
+    #[error("internal error: {0}; please report this bug")]
+    Internal(&'static str),
+}
+
+/// Most passes a copy may take before verification gives up on a directory that keeps changing.
+const MAX_ROUNDS: u32 = 3;
+
+/// The source as resolved once: absolute path (canonical parent + final name) and an open handle.
+struct Source {
+    path: PathBuf,
+    fd: OwnedFd,
+    meta: fsx::Meta,
+}
+
+impl Source {
+    fn resolve(p: &Path) -> Result<Source, MigrateError> {
+        let unavailable = |e| MigrateError::SourceUnavailable { path: p.to_path_buf(), source: e };
+        let path = match p.file_name() {
+            Some(name) => {
+                let parent = match p.parent() {
+                    Some(q) if !q.as_os_str().is_empty() => q,
+                    _ => Path::new("."),
+                };
+                std::fs::canonicalize(parent).map_err(unavailable)?.join(name)
+            }
+            // "/", "..", "x/..": only a full resolution says what they name.
+            None => std::fs::canonicalize(p).map_err(unavailable)?,
+        };
+        if path.parent().is_none() {
+            return Err(MigrateError::FilesystemRoot { path });
+        }
+        let meta =
+            fsx::stat_path(&path).map_err(unavailable)?.ok_or_else(|| unavailable(io::ErrorKind::NotFound.into()))?;
+        match meta.kind {
+            fsx::Kind::Symlink => return Err(MigrateError::SourceIsSymlink { path }),
+            fsx::Kind::Dir => {}
+            _ => return Err(MigrateError::NotADirectory { path }),
+        }
+        if meta.mount_root {
+            return Err(MigrateError::FilesystemRoot { path });
+        }
+        let fd = fsx::open_dir_path(&path).map_err(unavailable)?;
+        let meta = fsx::stat_fd(&fd).map_err(unavailable)?;
+        Ok(Source { path, fd, meta })
+    }
+}
+
+fn io_err<'a>(what: &'static str, path: &'a Path) -> impl Fn(io::Error) -> MigrateError + 'a {
+    move |source| MigrateError::Io { what, path: path.to_path_buf(), source }
+}
+
+fn host_err(step: &'static str) -> impl Fn(HostError) -> MigrateError {
+    move |source| MigrateError::Host { step, source }
+}
+
+/// Checks everything that can be checked without writing: the source, the work dir location,
+/// free space and inodes, and (unless forced) that no process uses the directory.
+pub fn preflight(req: &Request, host: &dyn Host) -> Result<(), MigrateError> {
+    let src = Source::resolve(req.source)?;
+    preflight_source(req, host, &src).map(|_| ())
+}
+
+fn preflight_source(req: &Request, host: &dyn Host, src: &Source) -> Result<scan::Census, MigrateError> {
+    if src.meta.encrypted
+        || host.is_encrypted(&src.path).map_err(host_err("checking whether the directory is encrypted"))?
+    {
+        return Err(MigrateError::AlreadyEncrypted { path: src.path.clone() });
+    }
+    check_workdir_location(req.workdir, src)?;
+    if let Some(wd) = Workdir::open(req.workdir, false)? {
+        if let Some(j) = wd.read()? {
+            if !j.step.is_final() && j.source.0 != src.path {
+                return Err(other_source(req.workdir, &j, &src.path));
+            }
+        }
+    }
+    let ctx = Ctx::new(host, &src.path, src.meta.mnt_id, Phase::Scanning, 0, 0);
+    ctx.tick(true);
+    let census = scan::census(&ctx, &src.fd).map_err(|e| match e {
+        MigrateError::Interrupted { .. } => MigrateError::Interrupted { state: State::Prepared },
+        e => e,
+    })?;
+    let vfs = rustix::fs::fstatvfs(&src.fd).map_err(|e| io_err("checking free space on", &src.path)(e.into()))?;
+    let available = vfs.f_bavail.saturating_mul(vfs.f_frsize);
+    let needed = census.alloc + census.alloc / 20 + (8 << 20);
+    if available < needed {
+        return Err(MigrateError::NoSpace { path: src.path.clone(), needed, available });
+    }
+    let inodes = census.entries + 1 + census.entries / 20 + 16;
+    if vfs.f_favail < inodes {
+        return Err(MigrateError::NoInodes { path: src.path.clone(), needed: inodes, available: vfs.f_favail });
+    }
+    if !req.force {
+        check_not_in_use(&src.path)?;
+    }
+    Ok(census)
+}
+
+fn check_not_in_use(path: &Path) -> Result<(), MigrateError> {
+    let users = find_users(path).map_err(io_err("looking for processes using", path))?;
+    if users.is_empty() {
+        Ok(())
+    } else {
+        Err(MigrateError::InUse { path: path.to_path_buf(), users })
+    }
+}
+
+fn other_source(workdir: &Path, j: &Journal, requested: &Path) -> MigrateError {
+    MigrateError::OtherSource {
+        workdir: workdir.to_path_buf(),
+        journal_source: j.source.0.clone(),
+        requested: requested.to_path_buf(),
+    }
+}
+
+/// The work dir must be on the source's mount (the swap is a rename) and outside the source.
+fn check_workdir_location(workdir: &Path, src: &Source) -> Result<(), MigrateError> {
+    if !workdir.is_absolute() {
+        return Err(MigrateError::UnsafeWorkdir {
+            path: workdir.to_path_buf(),
+            reason: "it must be an absolute path".into(),
+        });
+    }
+    let mut existing = workdir;
+    let mut rest = Vec::new();
+    let meta = loop {
+        match fsx::stat_path(existing).map_err(io_err("inspecting", existing))? {
+            Some(m) => break m,
+            None => {
+                rest.push(existing.file_name());
+                existing = existing.parent().ok_or(MigrateError::Internal("no existing ancestor"))?;
+            }
+        }
+    };
+    let real = std::fs::canonicalize(existing).map_err(io_err("resolving", existing))?;
+    if real.starts_with(&src.path) {
+        return Err(MigrateError::WorkdirInsideSource { workdir: workdir.to_path_buf(), source_dir: src.path.clone() });
+    }
+    if meta.mnt_id != src.meta.mnt_id {
+        return Err(MigrateError::WorkdirElsewhere { workdir: workdir.to_path_buf(), source_dir: src.path.clone() });
+    }
+    Ok(())
+}
+
+/// Starts a conversion (after [`preflight`]) or resumes the one recorded in the work dir, from
+/// whatever state it is in. Returns when the conversion is `Done`, or `Swapped` with a backup.
+pub fn convert(req: &Request, host: &dyn Host) -> Result<Outcome, MigrateError> {
+    let src = Source::resolve(req.source)?;
+    let recorded = match Workdir::open(req.workdir, false)? {
+        Some(wd) => wd.read()?,
+        None => None,
+    };
+    if let Some(j) = recorded.filter(|j| !matches!(j.step, Step::Aborted | Step::RolledBack)) {
+        if j.source.0 != src.path {
+            return Err(other_source(req.workdir, &j, &src.path));
+        }
+        let wd = Workdir::open(req.workdir, false)?
+            .ok_or(MigrateError::NoConversion { workdir: req.workdir.to_path_buf() })?;
+        let _lock = wd.lock()?;
+        let j = wd.read()?.ok_or(MigrateError::NoConversion { workdir: req.workdir.to_path_buf() })?;
+        return run(req, host, &wd, j, true);
+    }
+    let census = preflight_source(req, host, &src)?;
+    let wd =
+        Workdir::open(req.workdir, true)?.ok_or(MigrateError::Internal("work dir missing right after creation"))?;
+    let _lock = wd.lock()?;
+    let old = wd.read()?;
+    if let Some(j) = &old {
+        if !matches!(j.step, Step::Aborted | Step::RolledBack) {
+            // Another converter started between our look and the lock.
+            if j.source.0 != src.path {
+                return Err(other_source(req.workdir, j, &src.path));
+            }
+            return run(req, host, &wd, j.clone(), true);
+        }
+    }
+    clear_leftovers(&wd, old.as_ref())?;
+    fsx::mkdir(&wd.fd, STAGING.as_ref()).map_err(io_err("creating", &wd.staging_path()))?;
+    wd.sync()?;
+    fault::point("after-staging-created");
+    let token =
+        host.prepare_staging(&wd.staging_path()).map_err(host_err("preparing the encrypted staging directory"))?;
+    let stg = wd.staging_meta()?.ok_or(MigrateError::Internal("staging vanished"))?;
+    let j = Journal {
+        version: Version,
+        source: HexPath(src.path.clone()),
+        source_dev: src.meta.dev,
+        source_ino: src.meta.ino,
+        staging_ino: stg.ino,
+        token,
+        started_unix: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+        keep_backup: req.keep_backup,
+        wipe: req.wipe,
+        files_total: census.entries,
+        bytes_total: census.bytes,
+        outside_links: census.outside_links,
+        files_done: 0,
+        bytes_done: 0,
+        recopied: 0,
+        step: Step::Prepared,
+    };
+    wd.write(&j)?;
+    fault::point("after-prepare");
+    run(req, host, &wd, j, false)
+}
+
+/// Removes what an earlier attempt left in the work dir: the staging copy of an aborted
+/// conversion, or an empty staging dir made just before a crash (before the journal existed).
+/// Anything else is left alone: it might be someone's data.
+fn clear_leftovers(wd: &Workdir, old: Option<&Journal>) -> Result<(), MigrateError> {
+    let Some(t) = wd.staging_meta()? else { return Ok(()) };
+    let ours = match old {
+        Some(j) => t.ino == j.staging_ino && t.ino != j.source_ino,
+        None => {
+            t.kind == fsx::Kind::Dir
+                && fsx::open_dir(&wd.fd, STAGING.as_ref())
+                    .and_then(fsx::list_names)
+                    .map(|n| n.is_empty())
+                    .unwrap_or(false)
+        }
+    };
+    if !ours {
+        return Err(MigrateError::UnsafeWorkdir {
+            path: wd.path.clone(),
+            reason: format!(
+                "{} exists but is not a copy this conversion made; move it away",
+                wd.staging_path().display()
+            ),
+        });
+    }
+    remove_staging(wd)
+}
+
+fn remove_staging(wd: &Workdir) -> Result<(), MigrateError> {
+    remove::remove_tree(wd.fd.as_fd(), STAGING.as_ref(), false, &mut |_| {})
+        .map_err(io_err("removing", &wd.staging_path()))?;
+    wd.sync()
+}
+
+/// Opens source and staging and checks they are still the inodes the journal names.
+fn open_pair(j: &Journal, wd: &Workdir) -> Result<(Source, OwnedFd), MigrateError> {
+    let src = Source::resolve(&j.source.0)?;
+    if src.meta.ino != j.source_ino || src.meta.dev != j.source_dev {
+        return Err(MigrateError::SourceReplaced { path: j.source.0.clone() });
+    }
+    let stg = fsx::open_dir(&wd.fd, STAGING.as_ref()).map_err(io_err("opening", &wd.staging_path()))?;
+    let m = fsx::stat_fd(&stg).map_err(io_err("inspecting", &wd.staging_path()))?;
+    if m.ino != j.staging_ino {
+        return Err(MigrateError::UnsafeWorkdir {
+            path: wd.path.clone(),
+            reason: "its staging directory was replaced".into(),
+        });
+    }
+    Ok((src, stg))
+}
+
+fn pool(threads: usize) -> Result<rayon::ThreadPool, MigrateError> {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads.max(1))
+        .build()
+        .map_err(|_| MigrateError::Internal("cannot start worker threads"))
+}
+
+/// Records the progress counters of a pass that stopped early, and tags an interruption with the
+/// state it left the conversion in.
+fn after_pass(wd: &Workdir, j: &mut Journal, ctx: &Ctx, e: MigrateError) -> MigrateError {
+    use std::sync::atomic::Ordering::Relaxed;
+    j.files_done = ctx.files_done.load(Relaxed).min(j.files_total);
+    j.bytes_done = ctx.bytes_done.load(Relaxed).min(j.bytes_total);
+    j.recopied += ctx.recopied.load(Relaxed);
+    // The journal state is unchanged; only the counters are new, so a failed write loses nothing.
+    let _ = wd.write(j);
+    match e {
+        MigrateError::Interrupted { .. } => MigrateError::Interrupted { state: j.step.public() },
+        e => e,
+    }
+}
+
+fn run(req: &Request, host: &dyn Host, wd: &Workdir, mut j: Journal, resumed: bool) -> Result<Outcome, MigrateError> {
+    let pool = pool(req.threads)?;
+    let mut unlocked = !resumed;
+    let mut notes = Vec::new();
+    loop {
+        match j.step {
+            Step::Prepared => {
+                j.step = Step::Copying { round: 0 };
+                wd.write(&j)?;
+                fault::point("after-record-copying");
+            }
+            Step::Copying { round } => {
+                ensure_unlocked(host, wd, &j, &mut unlocked)?;
+                let (src, stg) = open_pair(&j, wd)?;
+                let source = j.source.0.clone();
+                let ctx = Ctx::new(host, &source, src.meta.mnt_id, Phase::Copying, j.files_total, j.bytes_total);
+                ctx.tick(true);
+                if let Err(e) = copy::copy_tree(&ctx, &pool, &src.fd, &stg) {
+                    return Err(after_pass(wd, &mut j, &ctx, e));
+                }
+                fault::point("before-record-copied");
+                rustix::fs::syncfs(&stg).map_err(|e| io_err("syncing", &wd.staging_path())(e.into()))?;
+                ctx.tick(true);
+                j.files_done = j.files_total;
+                j.bytes_done = j.bytes_total;
+                j.recopied += ctx.recopied.load(std::sync::atomic::Ordering::Relaxed);
+                j.step = Step::Copied { round };
+                wd.write(&j)?;
+                fault::point("after-record-copied");
+            }
+            Step::Copied { round } => {
+                ensure_unlocked(host, wd, &j, &mut unlocked)?;
+                let (src, stg) = open_pair(&j, wd)?;
+                let source = j.source.0.clone();
+                let ctx = Ctx::new(host, &source, src.meta.mnt_id, Phase::Verifying, j.files_total, j.bytes_total);
+                ctx.tick(true);
+                let diff = match verify::verify_tree(&ctx, &pool, &src.fd, &stg) {
+                    Ok(d) => d,
+                    Err(e) => return Err(after_pass(wd, &mut j, &ctx, e)),
+                };
+                fault::point("after-verify");
+                if diff.count > 0 {
+                    if round + 1 >= MAX_ROUNDS {
+                        let (path, reason) = diff.first.unwrap_or_default();
+                        return Err(MigrateError::VerifyFailed { path, reason });
+                    }
+                    // The stale entries were removed from staging; make that durable first.
+                    rustix::fs::syncfs(&stg).map_err(|e| io_err("syncing", &wd.staging_path())(e.into()))?;
+                    j.step = Step::Copying { round: round + 1 };
+                } else {
+                    j.step = Step::Verified;
+                }
+                wd.write(&j)?;
+                fault::point("after-record-verified");
+            }
+            Step::Verified => {
+                swap(req, host, wd, &j)?;
+                j.step = Step::Swapped { disposing: false };
+                wd.write(&j)?;
+                fault::point("after-record-swapped");
+            }
+            Step::Swapped { disposing: false } => {
+                if j.keep_backup {
+                    return Ok(outcome(&j, wd, notes));
+                }
+                j.step = Step::Swapped { disposing: true };
+                wd.write(&j)?;
+                fault::point("after-record-disposing");
+            }
+            Step::Swapped { disposing: true } => {
+                dispose(host, wd, &j, &mut notes)?;
+                j.step = Step::Done;
+                wd.write(&j)?;
+                fault::point("after-record-done");
+            }
+            Step::Done => return Ok(outcome(&j, wd, notes)),
+            Step::RollingBack => {
+                return Err(MigrateError::WrongState {
+                    op: "resume",
+                    state: State::RollingBack,
+                    hint: "a rollback was started; run the rollback again to finish it",
+                })
+            }
+            Step::Aborted | Step::RolledBack => {
+                return Err(MigrateError::WrongState {
+                    op: "resume",
+                    state: j.step.public(),
+                    hint: "it is finished; start a new conversion",
+                })
+            }
+        }
+    }
+}
+
+fn ensure_unlocked(host: &dyn Host, wd: &Workdir, j: &Journal, unlocked: &mut bool) -> Result<(), MigrateError> {
+    if !*unlocked {
+        host.ensure_unlocked(&j.token, &wd.staging_path()).map_err(host_err("unlocking the staging directory"))?;
+        *unlocked = true;
+    }
+    Ok(())
+}
+
+/// Where the two trees physically are, judged by inode numbers (a crash may have come between a
+/// rename and the journal write that records it).
+#[derive(PartialEq, Eq)]
+enum Place {
+    /// Source path holds the original; staging holds the copy.
+    Original,
+    /// Source path holds the copy; staging holds the original.
+    Exchanged,
+    /// Source path holds the original and the staging copy is gone.
+    OriginalOnly,
+    /// Source path holds the copy and the old tree is gone.
+    CopyOnly,
+    Unknown,
+}
+
+fn place(j: &Journal, wd: &Workdir) -> Result<Place, MigrateError> {
+    let s = fsx::stat_path(&j.source.0).map_err(io_err("inspecting", &j.source.0))?;
+    let t = wd.staging_meta()?;
+    let (s, t) = (s.map(|m| (m.dev, m.ino)), t.map(|m| m.ino));
+    let dev = j.source_dev;
+    Ok(match (s, t) {
+        (Some((d, si)), Some(ti)) if d == dev && si == j.source_ino && ti == j.staging_ino => Place::Original,
+        (Some((d, si)), Some(ti)) if d == dev && si == j.staging_ino && ti == j.source_ino => Place::Exchanged,
+        (Some((d, si)), None) if d == dev && si == j.source_ino => Place::OriginalOnly,
+        (Some((d, si)), None) if d == dev && si == j.staging_ino => Place::CopyOnly,
+        _ => Place::Unknown,
+    })
+}
+
+/// Syncs the directories whose entries a swap changed, so the swap is durable before it is
+/// recorded.
+fn sync_swap(j: &Journal, wd: &Workdir) -> Result<(), MigrateError> {
+    if let Some(parent) = j.source.0.parent() {
+        let fd = fsx::open_dir_path(parent).map_err(io_err("opening", parent))?;
+        fsx::fsync(&fd).map_err(io_err("syncing", parent))?;
+    }
+    wd.sync()
+}
+
+fn swap(req: &Request, host: &dyn Host, wd: &Workdir, j: &Journal) -> Result<(), MigrateError> {
+    match place(j, wd)? {
+        Place::Original => {
+            if !req.force {
+                check_not_in_use(&j.source.0)?;
+            }
+            host.exchange(&j.source.0, &wd.staging_path()).map_err(host_err("swapping the copy into place"))?;
+            fault::point("after-swap");
+            if place(j, wd)? != Place::Exchanged {
+                return Err(MigrateError::SourceReplaced { path: j.source.0.clone() });
+            }
+        }
+        Place::Exchanged => {}
+        _ => return Err(MigrateError::SourceReplaced { path: j.source.0.clone() }),
+    }
+    sync_swap(j, wd)
+}
+
+/// Deletes (or wipes, then deletes) the old tree now in the staging slot. Safe to repeat.
+fn dispose(host: &dyn Host, wd: &Workdir, j: &Journal, notes: &mut Vec<String>) -> Result<(), MigrateError> {
+    match place(j, wd)? {
+        Place::Exchanged => {
+            let ctx = Ctx::new(host, &j.source.0, 0, Phase::Disposing, j.files_total + 1, j.bytes_total);
+            ctx.tick(true);
+            let mut first = true;
+            remove::remove_tree(wd.fd.as_fd(), STAGING.as_ref(), j.wipe, &mut |m| {
+                if m.kind == fsx::Kind::File {
+                    ctx.bytes_done.fetch_add(m.size, std::sync::atomic::Ordering::Relaxed);
+                }
+                ctx.file_done();
+                if first {
+                    first = false;
+                    fault::point("mid-dispose");
+                }
+            })
+            .map_err(io_err("removing the old copy", &wd.staging_path()))?;
+            wd.sync()?;
+        }
+        Place::CopyOnly => {}
+        _ => return Err(MigrateError::SourceReplaced { path: j.source.0.clone() }),
+    }
+    if j.wipe {
+        fault::point("before-trim");
+        if let Err(e) = host.trim(&wd.path) {
+            notes.push(format!("TRIM of the freed blocks failed ({e}); run fstrim on the filesystem"));
+        }
+    }
+    Ok(())
+}
+
+fn outcome(j: &Journal, wd: &Workdir, mut notes: Vec<String>) -> Outcome {
+    let backup = matches!(j.step, Step::Swapped { .. }).then(|| wd.staging_path());
+    if j.step == Step::Done {
+        if j.wipe {
+            notes.push(
+                "old file contents were overwritten once with zeros and TRIM was requested; on SSDs, \
+                 thin-provisioned, copy-on-write or journaled storage this does not guarantee the old \
+                 blocks are gone"
+                    .into(),
+            );
+        } else {
+            notes.push(
+                "the old plaintext was deleted, not overwritten: its blocks stay readable on the raw \
+                 device until reused (use wipe, and full-disk encryption, if that matters)"
+                    .into(),
+            );
+        }
+    }
+    if backup.is_some() {
+        notes.push("the old plaintext is kept as a backup until the conversion is committed or rolled back".into());
+    }
+    if j.outside_links > 0 && matches!(j.step, Step::Done | Step::Swapped { .. }) {
+        notes.push(format!(
+            "{} file(s) also had hard links outside the directory; their plaintext is still reachable there",
+            j.outside_links
+        ));
+    }
+    if j.recopied > 0 {
+        notes.push(format!("{} file(s) changed while being copied and were copied again", j.recopied));
+    }
+    Outcome {
+        state: j.step.public(),
+        token: j.token.clone(),
+        files: j.files_total,
+        bytes: j.bytes_total,
+        backup,
+        notes,
+    }
+}
+
+/// Opens a work dir holding a journal, takes its lock and reads the journal.
+fn open_recorded(workdir: &Path) -> Result<(Workdir, OwnedFd, Journal), MigrateError> {
+    let none = || MigrateError::NoConversion { workdir: workdir.to_path_buf() };
+    let wd = Workdir::open(workdir, false)?.ok_or_else(none)?;
+    let lock = wd.lock()?;
+    let j = wd.read()?.ok_or_else(none)?;
+    Ok((wd, lock, j))
+}
+
+/// What the journal in `workdir` says, or `None` if there is no conversion there.
+pub fn status(workdir: &Path) -> Result<Option<StatusView>, MigrateError> {
+    let Some(wd) = Workdir::open(workdir, false)? else { return Ok(None) };
+    let Some(j) = wd.read()? else { return Ok(None) };
+    let backup = matches!(j.step, Step::Swapped { disposing: false }).then(|| wd.staging_path());
+    Ok(Some(StatusView {
+        state: j.step.public(),
+        source: j.source.0,
+        token: j.token,
+        started_unix: j.started_unix,
+        files_done: j.files_done,
+        bytes_done: j.bytes_done,
+        files_total: j.files_total,
+        bytes_total: j.bytes_total,
+        keep_backup: j.keep_backup,
+        wipe: j.wipe,
+        backup,
+    }))
+}
+
+/// Abandons a conversion before its swap: the staging copy is removed, the original was never
+/// touched. After the swap this refuses and points to [`rollback`].
+pub fn abort(workdir: &Path, host: &dyn Host) -> Result<Outcome, MigrateError> {
+    let (wd, _lock, mut j) = open_recorded(workdir)?;
+    match j.step {
+        Step::Prepared | Step::Copying { .. } | Step::Copied { .. } | Step::Verified => {
+            if place(&j, &wd)? == Place::Exchanged {
+                // Crashed right after the swap: record it, and let the user roll back.
+                j.step = Step::Swapped { disposing: false };
+                j.keep_backup = true;
+                wd.write(&j)?;
+                return Err(MigrateError::WrongState {
+                    op: "abort",
+                    state: State::Swapped,
+                    hint: "the copy was already swapped into place; roll back instead",
+                });
+            }
+            j.step = Step::Aborted;
+            wd.write(&j)?;
+            fault::point("after-record-aborted");
+        }
+        Step::Aborted => {}
+        Step::Swapped { .. } | Step::RollingBack | Step::Done | Step::RolledBack => {
+            return Err(MigrateError::WrongState {
+                op: "abort",
+                state: j.step.public(),
+                hint: "the copy was already swapped into place; roll back instead (possible only while the backup is kept)",
+            })
+        }
+    }
+    let ctx = Ctx::new(host, &j.source.0, 0, Phase::Aborting, 0, 0);
+    ctx.tick(true);
+    clear_leftovers(&wd, Some(&j))?;
+    Ok(outcome(&j, &wd, Vec::new()))
+}
+
+/// Undoes a swap whose backup was kept: swaps the original back, then removes the encrypted copy.
+pub fn rollback(workdir: &Path, host: &dyn Host) -> Result<Outcome, MigrateError> {
+    let (wd, _lock, mut j) = open_recorded(workdir)?;
+    match j.step {
+        Step::Swapped { disposing: false } => {
+            j.step = Step::RollingBack;
+            wd.write(&j)?;
+            fault::point("after-record-rolling-back");
+        }
+        Step::RollingBack => {}
+        Step::RolledBack => return Ok(outcome(&j, &wd, Vec::new())),
+        Step::Swapped { disposing: true } | Step::Done => {
+            return Err(MigrateError::WrongState {
+                op: "roll back",
+                state: j.step.public(),
+                hint: "the old copy was already (partly) removed; finish the conversion instead",
+            })
+        }
+        Step::Prepared | Step::Copying { .. } | Step::Copied { .. } | Step::Verified => {
+            return Err(MigrateError::WrongState {
+                op: "roll back",
+                state: j.step.public(),
+                hint: "nothing was swapped yet; abort it instead",
+            })
+        }
+        Step::Aborted => {
+            return Err(MigrateError::WrongState {
+                op: "roll back",
+                state: State::Aborted,
+                hint: "it was aborted; the original is in place",
+            })
+        }
+    }
+    let ctx = Ctx::new(host, &j.source.0, 0, Phase::RollingBack, 0, 0);
+    ctx.tick(true);
+    match place(&j, &wd)? {
+        Place::Exchanged => {
+            host.exchange(&j.source.0, &wd.staging_path()).map_err(host_err("swapping the original back"))?;
+            fault::point("rollback-after-swap");
+            sync_swap(&j, &wd)?;
+        }
+        Place::Original | Place::OriginalOnly => {}
+        Place::CopyOnly | Place::Unknown => return Err(MigrateError::SourceReplaced { path: j.source.0.clone() }),
+    }
+    if place(&j, &wd)? == Place::Original {
+        remove_staging(&wd)?;
+    }
+    fault::point("rollback-before-record");
+    j.step = Step::RolledBack;
+    wd.write(&j)?;
+    Ok(outcome(&j, &wd, Vec::new()))
+}
+
+/// Finishes a conversion kept at `Swapped`: disposes of the old plaintext (wiping it if the
+/// conversion was started with `wipe`).
+pub fn commit(workdir: &Path, host: &dyn Host) -> Result<Outcome, MigrateError> {
+    let (wd, _lock, mut j) = open_recorded(workdir)?;
+    match j.step {
+        Step::Swapped { disposing: false } => {
+            j.step = Step::Swapped { disposing: true };
+            wd.write(&j)?;
+            fault::point("after-record-disposing");
+        }
+        Step::Swapped { disposing: true } => {}
+        Step::Done => return Ok(outcome(&j, &wd, Vec::new())),
+        _ => {
+            return Err(MigrateError::WrongState {
+                op: "commit",
+                state: j.step.public(),
+                hint: "only a swapped conversion whose backup was kept can be committed",
+            })
+        }
+    }
+    let mut notes = Vec::new();
+    dispose(host, &wd, &j, &mut notes)?;
+    j.step = Step::Done;
+    wd.write(&j)?;
+    Ok(outcome(&j, &wd, notes))
+}

@@ -20,11 +20,7 @@ pub struct Options {
 
 impl Default for Options {
     fn default() -> Self {
-        Options {
-            size_mib: 256,
-            encrypt: true,
-            inodes: None,
-        }
+        Options { size_mib: 256, encrypt: true, inodes: None }
     }
 }
 
@@ -68,16 +64,12 @@ impl TestFs {
     }
 
     pub fn try_with(opts: Options) -> Result<TestFs, String> {
-        let dir = tempfile::Builder::new()
-            .prefix("dirseal-testfs.")
-            .tempdir()
-            .map_err(|e| e.to_string())?;
+        let dir = tempfile::Builder::new().prefix("dirseal-testfs.").tempdir().map_err(|e| e.to_string())?;
         let image = dir.path().join("fs.img");
         let mnt = dir.path().join("mnt");
         std::fs::create_dir(&mnt).map_err(|e| e.to_string())?;
         let f = std::fs::File::create(&image).map_err(|e| e.to_string())?;
-        f.set_len(opts.size_mib * 1024 * 1024)
-            .map_err(|e| e.to_string())?;
+        f.set_len(opts.size_mib * 1024 * 1024).map_err(|e| e.to_string())?;
         drop(f);
         let mut mkfs = Command::new("mkfs.ext4");
         mkfs.args(["-q", "-F", "-b", "4096"]);
@@ -89,24 +81,15 @@ impl TestFs {
         }
         run(mkfs.arg(&image))?;
         // Attach the loop device ourselves so Drop detaches only this one.
-        let loopdev = run(Command::new("losetup")
-            .args(["--find", "--show"])
-            .arg(&image))?;
-        let mut fs = TestFs {
-            dir,
-            mnt,
-            image,
-            loopdev: Some(loopdev),
-        };
+        let loopdev = run(Command::new("losetup").args(["--find", "--show"]).arg(&image))?;
+        let mut fs = TestFs { dir, mnt, image, loopdev: Some(loopdev) };
         fs.mount()?;
         Ok(fs)
     }
 
     fn mount(&mut self) -> Result<(), String> {
         let dev = self.loopdev.clone().ok_or("no loop device")?;
-        run(Command::new("mount")
-            .args(["-t", "ext4", &dev])
-            .arg(&self.mnt))?;
+        run(Command::new("mount").args(["-t", "ext4", &dev]).arg(&self.mnt))?;
         Ok(())
     }
 
@@ -159,14 +142,10 @@ mod tests {
         let fs = TestFs::new();
         let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
         let mnt = fs.path().to_string_lossy().to_string();
-        assert!(mounts
-            .lines()
-            .any(|l| l.split(' ').nth(1) == Some(mnt.as_str())));
+        assert!(mounts.lines().any(|l| l.split(' ').nth(1) == Some(mnt.as_str())));
         std::fs::write(fs.path().join("x"), b"hi").unwrap_or_else(|e| panic!("{e}"));
         drop(fs);
         let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
-        assert!(!mounts
-            .lines()
-            .any(|l| l.split(' ').nth(1) == Some(mnt.as_str())));
+        assert!(!mounts.lines().any(|l| l.split(' ').nth(1) == Some(mnt.as_str())));
     }
 }

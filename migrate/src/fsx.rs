@@ -1,0 +1,444 @@
+//! Thin, safe, fd-relative filesystem primitives. Every lookup of a name that a user may control is
+//! `O_NOFOLLOW`/`AT_SYMLINK_NOFOLLOW` relative to an already-open directory, and special files are
+//! only ever opened with `O_PATH` (which opens nothing: no FIFO blocks, no device driver runs).
+
+use std::ffi::{OsStr, OsString};
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+
+use rustix::fs::{
+    AtFlags, FileType, Mode, OFlags, ResolveFlags, SeekFrom, StatxAttributes, StatxFlags, Timestamps, XattrFlags,
+};
+use rustix::io::Errno;
+
+/// The type of a filesystem entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    File,
+    Dir,
+    Symlink,
+    Fifo,
+    Socket,
+    CharDev,
+    BlockDev,
+}
+
+impl Kind {
+    fn from_mode(mode: u32) -> Option<Kind> {
+        Some(match FileType::from_raw_mode(mode) {
+            FileType::RegularFile => Kind::File,
+            FileType::Directory => Kind::Dir,
+            FileType::Symlink => Kind::Symlink,
+            FileType::Fifo => Kind::Fifo,
+            FileType::Socket => Kind::Socket,
+            FileType::CharacterDevice => Kind::CharDev,
+            FileType::BlockDevice => Kind::BlockDev,
+            FileType::Unknown => return None,
+        })
+    }
+
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Kind::File => "regular file",
+            Kind::Dir => "directory",
+            Kind::Symlink => "symbolic link",
+            Kind::Fifo => "FIFO",
+            Kind::Socket => "socket",
+            Kind::CharDev => "character device",
+            Kind::BlockDev => "block device",
+        }
+    }
+}
+
+/// A timestamp with nanoseconds, as statx reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Time {
+    pub sec: i64,
+    pub nsec: u32,
+}
+
+impl Time {
+    fn spec(self) -> rustix::fs::Timespec {
+        rustix::fs::Timespec { tv_sec: self.sec, tv_nsec: i64::from(self.nsec) }
+    }
+}
+
+/// What the engine needs to know about an inode.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Meta {
+    pub kind: Kind,
+    /// Permission bits including setuid/setgid/sticky.
+    pub perm: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub size: u64,
+    pub blocks: u64,
+    pub nlink: u32,
+    pub ino: u64,
+    pub dev: u64,
+    pub rdev: (u32, u32),
+    pub atime: Time,
+    pub mtime: Time,
+    pub ctime: Time,
+    pub mnt_id: u64,
+    pub encrypted: bool,
+    pub mount_root: bool,
+}
+
+impl Meta {
+    /// Same type, permissions, owner, size, device number and modification time: what the copy
+    /// sets, with mtime set last, so an entry matching on all of these is complete.
+    pub(crate) fn same_copy(&self, other: &Meta) -> bool {
+        self.kind == other.kind
+            && self.perm == other.perm
+            && self.uid == other.uid
+            && self.gid == other.gid
+            && (self.kind != Kind::File || self.size == other.size)
+            && ((self.kind != Kind::CharDev && self.kind != Kind::BlockDev) || self.rdev == other.rdev)
+            && self.mtime == other.mtime
+    }
+
+    /// Whether the inode changed between two looks at it (content, metadata or xattrs).
+    pub(crate) fn changed_since(&self, before: &Meta) -> bool {
+        self.size != before.size || self.mtime != before.mtime || self.ctime != before.ctime || self.ino != before.ino
+    }
+
+    pub(crate) fn times(&self) -> Timestamps {
+        Timestamps { last_access: self.atime.spec(), last_modification: self.mtime.spec() }
+    }
+}
+
+fn statx_flags() -> StatxFlags {
+    StatxFlags::BASIC_STATS | StatxFlags::MNT_ID
+}
+
+fn to_meta(x: rustix::fs::Statx) -> io::Result<Meta> {
+    let mode = u32::from(x.stx_mode);
+    let kind = Kind::from_mode(mode).ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "unknown file type"))?;
+    let t = |s: rustix::fs::StatxTimestamp| Time { sec: s.tv_sec, nsec: s.tv_nsec };
+    Ok(Meta {
+        kind,
+        perm: mode & 0o7777,
+        uid: x.stx_uid,
+        gid: x.stx_gid,
+        size: x.stx_size,
+        blocks: x.stx_blocks,
+        nlink: x.stx_nlink,
+        ino: x.stx_ino,
+        dev: rustix::fs::makedev(x.stx_dev_major, x.stx_dev_minor),
+        rdev: (x.stx_rdev_major, x.stx_rdev_minor),
+        atime: t(x.stx_atime),
+        mtime: t(x.stx_mtime),
+        ctime: t(x.stx_ctime),
+        mnt_id: x.stx_mnt_id,
+        encrypted: x.stx_attributes.contains(StatxAttributes::ENCRYPTED),
+        mount_root: x.stx_attributes.contains(StatxAttributes::MOUNT_ROOT),
+    })
+}
+
+/// Metadata of the inode behind `fd` (any kind, including O_PATH).
+pub(crate) fn stat_fd(fd: impl AsFd) -> io::Result<Meta> {
+    to_meta(rustix::fs::statx(fd, c"", AtFlags::EMPTY_PATH | AtFlags::SYMLINK_NOFOLLOW, statx_flags())?)
+}
+
+/// Metadata of `name` in `dir`, not following a symlink. `None` if it does not exist.
+pub(crate) fn stat_at(dir: impl AsFd, name: &OsStr) -> io::Result<Option<Meta>> {
+    match rustix::fs::statx(dir, name, AtFlags::SYMLINK_NOFOLLOW, statx_flags()) {
+        Ok(x) => Ok(Some(to_meta(x)?)),
+        Err(Errno::NOENT) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Metadata of an absolute or relative path, not following a final symlink.
+pub(crate) fn stat_path(path: &std::path::Path) -> io::Result<Option<Meta>> {
+    match rustix::fs::statx(rustix::fs::CWD, path, AtFlags::SYMLINK_NOFOLLOW, statx_flags()) {
+        Ok(x) => Ok(Some(to_meta(x)?)),
+        Err(Errno::NOENT) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// An `O_PATH` handle on `name` itself (a symlink stays a symlink). Pins the inode so later
+/// operations cannot be redirected by a rename.
+pub(crate) fn open_path(dir: impl AsFd, name: &OsStr) -> io::Result<OwnedFd> {
+    Ok(rustix::fs::openat(dir, name, OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC, Mode::empty())?)
+}
+
+/// Opens a directory for reading entries; fails on symlinks and non-directories.
+pub(crate) fn open_dir(dir: impl AsFd, name: &OsStr) -> io::Result<OwnedFd> {
+    Ok(rustix::fs::openat(
+        dir,
+        name,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NOATIME,
+        Mode::empty(),
+    )?)
+}
+
+/// Opens a directory by path (the caller's trusted path), refusing a final symlink.
+pub(crate) fn open_dir_path(path: &std::path::Path) -> io::Result<OwnedFd> {
+    Ok(rustix::fs::openat(
+        rustix::fs::CWD,
+        path,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?)
+}
+
+/// `/proc/self/fd/N`: the kernel resolves it to exactly the inode `fd` holds, whatever happened to
+/// its name since, so it can reopen an `O_PATH` handle or reach xattrs of symlinks and devices.
+pub(crate) fn proc_path(fd: BorrowedFd<'_>) -> String {
+    use std::os::fd::AsRawFd;
+    format!("/proc/self/fd/{}", fd.as_raw_fd())
+}
+
+/// Reopens the regular file held by an `O_PATH` handle, without a second name lookup.
+pub(crate) fn reopen(fd: BorrowedFd<'_>, flags: OFlags) -> io::Result<OwnedFd> {
+    Ok(rustix::fs::openat(rustix::fs::CWD, proc_path(fd).as_str(), flags | OFlags::CLOEXEC, Mode::empty())?)
+}
+
+/// Opens `rel` (a path of several components) beneath `root` without following any symlink on the
+/// way; the final component may be a symlink and is returned as an O_PATH handle on it.
+pub(crate) fn open_beneath(root: impl AsFd, rel: &std::path::Path) -> io::Result<OwnedFd> {
+    Ok(rustix::fs::openat2(
+        root,
+        rel,
+        OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+        ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+    )?)
+}
+
+/// Names in a directory, without `.` and `..`. Reads from a fresh handle so the caller's offset is
+/// untouched.
+pub(crate) fn list_names(dir: impl AsFd) -> io::Result<Vec<OsString>> {
+    let mut d = rustix::fs::Dir::read_from(dir)?;
+    let mut out = Vec::new();
+    while let Some(e) = d.read() {
+        let e = e?;
+        let n = e.file_name().to_bytes();
+        if n == b"." || n == b".." {
+            continue;
+        }
+        out.push(OsString::from_vec(n.to_vec()));
+    }
+    Ok(out)
+}
+
+/// Target of the symlink held by an O_PATH handle, verbatim bytes.
+pub(crate) fn read_link(fd: impl AsFd) -> io::Result<OsString> {
+    let t = rustix::fs::readlinkat(fd, c"", Vec::new())?;
+    Ok(OsString::from_vec(t.into_bytes()))
+}
+
+/// All extended attributes (name, value), sorted by name, of the inode behind `fd`; works on any
+/// kind of inode, including O_PATH handles on symlinks and device nodes.
+pub(crate) fn xattrs(fd: BorrowedFd<'_>) -> io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    let p = proc_path(fd);
+    let names = loop {
+        let n = match rustix::fs::listxattr_query(p.as_str()) {
+            Ok(n) => n,
+            Err(Errno::OPNOTSUPP) => return Ok(Vec::new()),
+            Err(e) => return Err(e.into()),
+        };
+        let mut buf = vec![0u8; n];
+        match rustix::fs::listxattr(p.as_str(), &mut buf[..]) {
+            Ok(len) => {
+                buf.truncate(len);
+                break buf;
+            }
+            // Grew between the two calls.
+            Err(Errno::RANGE) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    };
+    let mut out = Vec::new();
+    for name in names.split(|b| *b == 0).filter(|n| !n.is_empty()) {
+        let name_os = OsStr::from_bytes(name);
+        let value = loop {
+            let n = match rustix::fs::getxattr_query(p.as_str(), name_os) {
+                Ok(n) => n,
+                // Removed between list and get.
+                Err(Errno::NODATA) => break None,
+                Err(e) => return Err(e.into()),
+            };
+            let mut buf = vec![0u8; n];
+            match rustix::fs::getxattr(p.as_str(), name_os, &mut buf[..]) {
+                Ok(len) => {
+                    buf.truncate(len);
+                    break Some(buf);
+                }
+                Err(Errno::RANGE) => continue,
+                Err(Errno::NODATA) => break None,
+                Err(e) => return Err(e.into()),
+            }
+        };
+        if let Some(v) = value {
+            out.push((name.to_vec(), v));
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Makes the xattrs of the inode behind `fd` exactly `want` (removes extras, e.g. ACLs inherited
+/// from a default ACL, then sets every wanted one).
+pub(crate) fn set_xattrs(fd: BorrowedFd<'_>, want: &[(Vec<u8>, Vec<u8>)]) -> io::Result<()> {
+    let have = xattrs(fd)?;
+    let p = proc_path(fd);
+    for (name, _) in &have {
+        if !want.iter().any(|(n, _)| n == name) {
+            match rustix::fs::removexattr(p.as_str(), OsStr::from_bytes(name)) {
+                Ok(()) | Err(Errno::NODATA) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+    for (name, value) in want {
+        if have.iter().any(|(n, v)| n == name && v == value) {
+            continue;
+        }
+        rustix::fs::setxattr(p.as_str(), OsStr::from_bytes(name), value, XattrFlags::empty())?;
+    }
+    Ok(())
+}
+
+/// Copies the data of `src` into the empty `dst`, leaving holes where `src` has them.
+/// `on_chunk` is called with each copied byte count and may abort the copy by returning an error.
+pub(crate) fn copy_sparse(
+    src: BorrowedFd<'_>,
+    dst: BorrowedFd<'_>,
+    size: u64,
+    on_chunk: &mut dyn FnMut(u64) -> io::Result<()>,
+) -> io::Result<()> {
+    const CHUNK: u64 = 1 << 20;
+    let mut off = 0u64;
+    'segments: loop {
+        let data = match rustix::fs::seek(src, SeekFrom::Data(off)) {
+            Ok(d) => d,
+            Err(Errno::NXIO) => break,
+            Err(e) => return Err(e.into()),
+        };
+        let hole = rustix::fs::seek(src, SeekFrom::Hole(data))?;
+        let mut pos = data;
+        while pos < hole {
+            let len = (hole - pos).min(CHUNK);
+            let n = copy_range(src, dst, pos, len)?;
+            if n == 0 {
+                // The file shrank under us; the caller's before/after check catches it.
+                break 'segments;
+            }
+            pos += n;
+            on_chunk(n)?;
+        }
+        off = hole;
+    }
+    rustix::fs::ftruncate(dst, size)?;
+    Ok(())
+}
+
+fn copy_range(src: BorrowedFd<'_>, dst: BorrowedFd<'_>, pos: u64, len: u64) -> io::Result<u64> {
+    let (mut i, mut o) = (pos, pos);
+    match rustix::fs::copy_file_range(src, Some(&mut i), dst, Some(&mut o), len as usize) {
+        Ok(n) => return Ok(n as u64),
+        // Filesystems or kernels that cannot: fall back to plain reads and writes.
+        Err(Errno::XDEV | Errno::OPNOTSUPP | Errno::INVAL | Errno::NOSYS) => {}
+        Err(e) => return Err(e.into()),
+    }
+    let mut buf = vec![0u8; len as usize];
+    let n = rustix::io::pread(src, &mut buf[..], pos)?;
+    let mut done = 0;
+    while done < n {
+        done += rustix::io::pwrite(dst, &buf[done..n], pos + done as u64)?;
+    }
+    Ok(n as u64)
+}
+
+/// Overwrites every allocated data range of a regular file with zeros and syncs it.
+pub(crate) fn zero_data(fd: BorrowedFd<'_>) -> io::Result<()> {
+    let zeros = vec![0u8; 1 << 20];
+    let mut off = 0u64;
+    loop {
+        let data = match rustix::fs::seek(fd, SeekFrom::Data(off)) {
+            Ok(d) => d,
+            Err(Errno::NXIO) => break,
+            Err(e) => return Err(e.into()),
+        };
+        let hole = rustix::fs::seek(fd, SeekFrom::Hole(data))?;
+        let mut pos = data;
+        while pos < hole {
+            let len = (hole - pos).min(zeros.len() as u64) as usize;
+            pos += rustix::io::pwrite(fd, &zeros[..len], pos)? as u64;
+        }
+        off = hole;
+    }
+    rustix::fs::fsync(fd)?;
+    Ok(())
+}
+
+/// Applies owner, xattrs, permissions and times, in the order that keeps each of them: chown
+/// clears setuid/setgid and file capabilities, so it goes first; setting an ACL rewrites the mode,
+/// so chmod comes after it; mtime last, which marks the entry complete.
+pub(crate) fn apply_meta(fd: BorrowedFd<'_>, m: &Meta, xattrs: &[(Vec<u8>, Vec<u8>)]) -> io::Result<()> {
+    let (uid, gid) = (Some(rustix::fs::Uid::from_raw(m.uid)), Some(rustix::fs::Gid::from_raw(m.gid)));
+    let here = AtFlags::EMPTY_PATH | AtFlags::SYMLINK_NOFOLLOW;
+    rustix::fs::chownat(fd, c"", uid, gid, here)?;
+    set_xattrs(fd, xattrs)?;
+    if m.kind != Kind::Symlink {
+        // Following the magic link lands on exactly this inode, which is not a symlink.
+        let path = proc_path(fd);
+        rustix::fs::chmodat(rustix::fs::CWD, path.as_str(), Mode::from_raw_mode(m.perm), AtFlags::empty())?;
+    }
+    rustix::fs::utimensat(fd, c"", &m.times(), here)?;
+    Ok(())
+}
+
+pub(crate) fn fsync(fd: impl AsFd) -> io::Result<()> {
+    Ok(rustix::fs::fsync(fd)?)
+}
+
+/// Creates an anonymous file in `dir` that appears under a name only once `link_tmp` is called.
+pub(crate) fn tmpfile(dir: impl AsFd) -> io::Result<OwnedFd> {
+    Ok(rustix::fs::openat(dir, c".", OFlags::TMPFILE | OFlags::WRONLY | OFlags::CLOEXEC, Mode::from_raw_mode(0o600))?)
+}
+
+/// Gives the inode behind `fd` (an O_TMPFILE or O_PATH handle) the name `name` in `dir`.
+pub(crate) fn link_fd(fd: impl AsFd, dir: impl AsFd, name: &OsStr) -> io::Result<()> {
+    Ok(rustix::fs::linkat(fd, c"", dir, name, AtFlags::EMPTY_PATH)?)
+}
+
+/// Creates a symlink, FIFO, socket or device node named `name` in `dir` like `m`, with
+/// temporary permissions; `apply_meta` finishes it.
+pub(crate) fn make_special(dir: impl AsFd, name: &OsStr, m: &Meta, target: Option<&OsStr>) -> io::Result<()> {
+    let mode = Mode::from_raw_mode(0o600);
+    let (ft, dev) = match m.kind {
+        Kind::Symlink => {
+            let t = target.ok_or_else(|| io::Error::other("symlink without target"))?;
+            return Ok(rustix::fs::symlinkat(t, dir, name)?);
+        }
+        Kind::Fifo => (FileType::Fifo, 0),
+        Kind::Socket => (FileType::Socket, 0),
+        Kind::CharDev => (FileType::CharacterDevice, rustix::fs::makedev(m.rdev.0, m.rdev.1)),
+        Kind::BlockDev => (FileType::BlockDevice, rustix::fs::makedev(m.rdev.0, m.rdev.1)),
+        Kind::File | Kind::Dir => return Err(io::Error::other("not a special file")),
+    };
+    Ok(rustix::fs::mknodat(dir, name, ft, mode, dev)?)
+}
+
+pub(crate) fn mkdir(dir: impl AsFd, name: &OsStr) -> io::Result<()> {
+    Ok(rustix::fs::mkdirat(dir, name, Mode::from_raw_mode(0o700))?)
+}
+
+/// Removes a non-directory entry.
+pub(crate) fn unlink(dir: impl AsFd, name: &OsStr) -> io::Result<()> {
+    Ok(rustix::fs::unlinkat(dir, name, AtFlags::empty())?)
+}
+
+pub(crate) fn rmdir(dir: impl AsFd, name: &OsStr) -> io::Result<()> {
+    Ok(rustix::fs::unlinkat(dir, name, AtFlags::REMOVEDIR)?)
+}
+
+pub(crate) fn is_errno(e: &io::Error, errno: Errno) -> bool {
+    e.raw_os_error() == Some(errno.raw_os_error())
+}

@@ -1,0 +1,277 @@
+//! The work directory (root-only, locked) and the journal it holds.
+//!
+//! The journal is rewritten whole on every transition: temp file, fsync, rename over, fsync the
+//! directory. A reader therefore sees either the old or the new state, never a torn one.
+
+use std::ffi::OsStr;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use rustix::fs::{AtFlags, FlockOperation, Mode, OFlags};
+use rustix::io::Errno;
+use serde::{Deserialize, Serialize};
+
+use crate::fsx;
+use crate::{MigrateError, State};
+
+const JOURNAL: &str = "journal.json";
+const JOURNAL_TMP: &str = "journal.json.tmp";
+const LOCK: &str = "lock";
+pub(crate) const STAGING: &str = "staging";
+
+/// Only version 1 parses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "u32", into = "u32")]
+pub(crate) struct Version;
+
+impl TryFrom<u32> for Version {
+    type Error = String;
+    fn try_from(v: u32) -> Result<Self, String> {
+        if v == 1 {
+            Ok(Version)
+        } else {
+            Err(format!("unsupported journal version {v} (this dirseal understands version 1)"))
+        }
+    }
+}
+
+impl From<Version> for u32 {
+    fn from(_: Version) -> u32 {
+        1
+    }
+}
+
+/// A path stored as hex of its bytes: any Linux path round-trips, UTF-8 or not.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub(crate) struct HexPath(pub PathBuf);
+
+impl TryFrom<String> for HexPath {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        let bytes = hex::decode(&s).map_err(|e| format!("source path is not hex: {e}"))?;
+        if bytes.first() != Some(&b'/') || bytes.contains(&0) {
+            return Err("source path must be absolute and contain no NUL".into());
+        }
+        Ok(HexPath(PathBuf::from(OsStr::from_bytes(&bytes))))
+    }
+}
+
+impl From<HexPath> for String {
+    fn from(p: HexPath) -> String {
+        hex::encode(p.0.as_os_str().as_bytes())
+    }
+}
+
+/// The persisted state. Fields that only exist in some states live inside their variant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "name", rename_all = "snake_case", deny_unknown_fields)]
+pub(crate) enum Step {
+    Prepared,
+    /// `round` counts copy passes started after a verification found differences.
+    Copying {
+        round: u32,
+    },
+    Copied {
+        round: u32,
+    },
+    Verified,
+    /// `disposing`: removal of the old tree has begun, so rolling back is no longer possible.
+    Swapped {
+        disposing: bool,
+    },
+    RollingBack,
+    Done,
+    Aborted,
+    RolledBack,
+}
+
+impl Step {
+    pub(crate) fn public(self) -> State {
+        match self {
+            Step::Prepared => State::Prepared,
+            Step::Copying { .. } => State::Copying,
+            Step::Copied { .. } => State::Copied,
+            Step::Verified => State::Verified,
+            Step::Swapped { .. } => State::Swapped,
+            Step::RollingBack => State::RollingBack,
+            Step::Done => State::Done,
+            Step::Aborted => State::Aborted,
+            Step::RolledBack => State::RolledBack,
+        }
+    }
+
+    pub(crate) fn is_final(self) -> bool {
+        matches!(self, Step::Done | Step::Aborted | Step::RolledBack)
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Journal {
+    pub version: Version,
+    pub source: HexPath,
+    pub source_dev: u64,
+    pub source_ino: u64,
+    pub staging_ino: u64,
+    pub token: String,
+    pub started_unix: u64,
+    pub keep_backup: bool,
+    pub wipe: bool,
+    pub files_total: u64,
+    pub bytes_total: u64,
+    /// Files in the tree that also have hard links outside it (their plaintext stays there).
+    pub outside_links: u64,
+    pub files_done: u64,
+    pub bytes_done: u64,
+    /// Files seen changing while copied, over all runs.
+    pub recopied: u64,
+    pub step: Step,
+}
+
+/// The open, checked, root-only work directory.
+pub(crate) struct Workdir {
+    pub path: PathBuf,
+    pub fd: OwnedFd,
+}
+
+fn unsafe_wd(path: &Path, reason: impl Into<String>) -> MigrateError {
+    MigrateError::UnsafeWorkdir { path: path.to_path_buf(), reason: reason.into() }
+}
+
+fn wd_io(path: &Path, what: &'static str, e: io::Error) -> MigrateError {
+    MigrateError::Io { what, path: path.to_path_buf(), source: e }
+}
+
+impl Workdir {
+    /// Opens the work dir, creating it (and missing parents) as root 0700. Refuses a symlink, a
+    /// non-directory, another owner or wider permissions, and a parent others can write to.
+    pub(crate) fn open(path: &Path, create: bool) -> Result<Option<Workdir>, MigrateError> {
+        if !path.is_absolute() {
+            return Err(unsafe_wd(path, "it must be an absolute path"));
+        }
+        if create {
+            let mut missing = Vec::new();
+            let mut p = path;
+            while fsx::stat_path(p).map_err(|e| wd_io(p, "inspecting", e))?.is_none() {
+                missing.push(p);
+                p = match p.parent() {
+                    Some(q) => q,
+                    None => break,
+                };
+            }
+            for p in missing.into_iter().rev() {
+                match rustix::fs::mkdirat(rustix::fs::CWD, p, Mode::from_raw_mode(0o700)) {
+                    Ok(()) | Err(Errno::EXIST) => {}
+                    Err(e) => return Err(wd_io(p, "creating", e.into())),
+                }
+            }
+        }
+        let fd = match fsx::open_dir_path(path) {
+            Ok(fd) => fd,
+            Err(e) if !create && fsx::is_errno(&e, Errno::NOENT) => return Ok(None),
+            Err(e) if fsx::is_errno(&e, Errno::LOOP) || fsx::is_errno(&e, Errno::NOTDIR) => {
+                return Err(unsafe_wd(path, "it is a symbolic link or not a directory"))
+            }
+            Err(e) => return Err(wd_io(path, "opening", e)),
+        };
+        let m = fsx::stat_fd(&fd).map_err(|e| wd_io(path, "inspecting", e))?;
+        if m.uid != 0 || m.perm != 0o700 {
+            return Err(unsafe_wd(
+                path,
+                format!("it is owned by uid {} with mode {:o}, expected uid 0 and mode 700", m.uid, m.perm),
+            ));
+        }
+        if let Some(parent) = path.parent() {
+            let pm = fsx::stat_path(parent)
+                .map_err(|e| wd_io(parent, "inspecting", e))?
+                .ok_or_else(|| unsafe_wd(path, "its parent vanished"))?;
+            if pm.uid != 0 || pm.perm & 0o022 != 0 {
+                return Err(unsafe_wd(
+                    path,
+                    format!("its parent {} is not root-owned or is writable by others", parent.display()),
+                ));
+            }
+        }
+        Ok(Some(Workdir { path: path.to_path_buf(), fd }))
+    }
+
+    /// Takes the exclusive conversion lock. The kernel drops it when the holder dies, so a crashed
+    /// run never blocks the next one.
+    pub(crate) fn lock(&self) -> Result<OwnedFd, MigrateError> {
+        let fd = rustix::fs::openat(
+            &self.fd,
+            LOCK,
+            OFlags::CREATE | OFlags::RDWR | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::from_raw_mode(0o600),
+        )
+        .map_err(|e| wd_io(&self.path.join(LOCK), "opening the lock file", e.into()))?;
+        match rustix::fs::flock(&fd, FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => Ok(fd),
+            Err(Errno::WOULDBLOCK) => Err(MigrateError::Busy { workdir: self.path.clone() }),
+            Err(e) => Err(wd_io(&self.path.join(LOCK), "locking", e.into())),
+        }
+    }
+
+    pub(crate) fn staging_path(&self) -> PathBuf {
+        self.path.join(STAGING)
+    }
+
+    pub(crate) fn read(&self) -> Result<Option<Journal>, MigrateError> {
+        read_journal(&self.fd, &self.path)
+    }
+
+    /// Durably replaces the journal: when this returns, a crash leaves exactly `j` on disk.
+    pub(crate) fn write(&self, j: &Journal) -> Result<(), MigrateError> {
+        let jpath = self.path.join(JOURNAL);
+        let err = |e: io::Error| wd_io(&jpath, "writing the journal", e);
+        let data = serde_json::to_vec_pretty(j).map_err(|e| err(io::Error::other(e)))?;
+        match rustix::fs::unlinkat(&self.fd, JOURNAL_TMP, AtFlags::empty()) {
+            Ok(()) | Err(Errno::NOENT) => {}
+            Err(e) => return Err(err(e.into())),
+        }
+        let fd = rustix::fs::openat(
+            &self.fd,
+            JOURNAL_TMP,
+            OFlags::CREATE | OFlags::EXCL | OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::from_raw_mode(0o600),
+        )
+        .map_err(|e| err(e.into()))?;
+        let mut f = std::fs::File::from(fd);
+        f.write_all(&data).map_err(err)?;
+        f.sync_all().map_err(err)?;
+        drop(f);
+        rustix::fs::renameat(&self.fd, JOURNAL_TMP, &self.fd, JOURNAL).map_err(|e| err(e.into()))?;
+        fsx::fsync(&self.fd).map_err(err)?;
+        Ok(())
+    }
+
+    pub(crate) fn sync(&self) -> Result<(), MigrateError> {
+        fsx::fsync(&self.fd).map_err(|e| wd_io(&self.path, "syncing", e))
+    }
+
+    pub(crate) fn staging_meta(&self) -> Result<Option<fsx::Meta>, MigrateError> {
+        fsx::stat_at(&self.fd, OsStr::new(STAGING)).map_err(|e| wd_io(&self.staging_path(), "inspecting", e))
+    }
+}
+
+/// Reads the journal of a work dir without locking (atomic renames make any read consistent).
+pub(crate) fn read_journal(dir: impl AsFd, wd: &Path) -> Result<Option<Journal>, MigrateError> {
+    let jpath = wd.join(JOURNAL);
+    let fd = match rustix::fs::openat(dir, JOURNAL, OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC, Mode::empty())
+    {
+        Ok(fd) => fd,
+        Err(Errno::NOENT) => return Ok(None),
+        Err(e) => return Err(wd_io(&jpath, "reading the journal", e.into())),
+    };
+    let mut data = Vec::new();
+    std::fs::File::from(fd)
+        .take(1 << 20)
+        .read_to_end(&mut data)
+        .map_err(|e| wd_io(&jpath, "reading the journal", e))?;
+    serde_json::from_slice(&data)
+        .map(Some)
+        .map_err(|e| MigrateError::CorruptJournal { path: jpath, reason: e.to_string() })
+}

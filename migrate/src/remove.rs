@@ -1,0 +1,93 @@
+//! Removal of a whole tree, fd-relative and without following symlinks, optionally overwriting
+//! file contents first. Used for the old plaintext after the swap, for staging on abort and
+//! rollback, and for stale staging entries. Idempotent: a missing tree is already removed.
+
+use std::ffi::{OsStr, OsString};
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+
+use rustix::fs::OFlags;
+use rustix::io::Errno;
+
+use crate::fsx::{self, Kind, Meta};
+
+struct Frame {
+    fd: OwnedFd,
+    name: OsString,
+    subdirs: Vec<OsString>,
+}
+
+/// Removes `name` in `parent`, whatever it is. With `wipe`, regular files whose last link this is
+/// are overwritten with zeros and synced before the unlink. `on_removed` runs after each entry.
+pub(crate) fn remove_tree(
+    parent: BorrowedFd<'_>,
+    name: &OsStr,
+    wipe: bool,
+    on_removed: &mut dyn FnMut(&Meta),
+) -> io::Result<()> {
+    let Some(m) = fsx::stat_at(parent, name)? else { return Ok(()) };
+    if m.kind != Kind::Dir {
+        return remove_file(parent, name, &m, wipe, on_removed);
+    }
+    let fd = fsx::open_dir(parent, name)?;
+    let subdirs = clear_files(&fd, wipe, on_removed)?;
+    let mut stack = vec![Frame { fd, name: name.to_os_string(), subdirs }];
+    while let Some(top) = stack.last_mut() {
+        if let Some(sub) = top.subdirs.pop() {
+            let fd = match fsx::open_dir(&top.fd, &sub) {
+                Ok(fd) => fd,
+                Err(e) if fsx::is_errno(&e, Errno::NOENT) => continue,
+                Err(e) => return Err(e),
+            };
+            let subdirs = clear_files(&fd, wipe, on_removed)?;
+            stack.push(Frame { fd, name: sub, subdirs });
+            continue;
+        }
+        if let Some(done) = stack.pop() {
+            let dir_meta = fsx::stat_fd(&done.fd)?;
+            let up = stack.last().map(|f| f.fd.as_fd()).unwrap_or(parent);
+            match fsx::rmdir(up, &done.name) {
+                Ok(()) => on_removed(&dir_meta),
+                Err(e) if fsx::is_errno(&e, Errno::NOENT) => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Removes the non-directories of `dir`, returning its subdirectories.
+fn clear_files(dir: &OwnedFd, wipe: bool, on_removed: &mut dyn FnMut(&Meta)) -> io::Result<Vec<OsString>> {
+    let mut subdirs = Vec::new();
+    for n in fsx::list_names(dir)? {
+        match fsx::stat_at(dir, &n)? {
+            None => {}
+            Some(m) if m.kind == Kind::Dir => subdirs.push(n),
+            Some(m) => remove_file(dir.as_fd(), &n, &m, wipe, on_removed)?,
+        }
+    }
+    Ok(subdirs)
+}
+
+fn remove_file(
+    dir: BorrowedFd<'_>,
+    name: &OsStr,
+    m: &Meta,
+    wipe: bool,
+    on_removed: &mut dyn FnMut(&Meta),
+) -> io::Result<()> {
+    // Other links (possibly outside the tree) still need the contents.
+    if wipe && m.kind == Kind::File && m.nlink == 1 {
+        let pfd = fsx::open_path(dir, name)?;
+        if fsx::stat_fd(&pfd)?.kind == Kind::File {
+            let wfd = fsx::reopen(pfd.as_fd(), OFlags::WRONLY | OFlags::NOATIME)?;
+            fsx::zero_data(wfd.as_fd())?;
+        }
+    }
+    match fsx::unlink(dir, name) {
+        Ok(()) => on_removed(m),
+        Err(e) if fsx::is_errno(&e, Errno::NOENT) => {}
+        Err(e) => return Err(e),
+    }
+    Ok(())
+}
