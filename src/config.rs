@@ -1,1 +1,114 @@
-//! (in progress)
+//! `/etc/dirseal/config.toml`: where the keystore lives, the machine's Argon2id cost, PAM policy.
+//! Read with the same root-owned, no-follow rules as the keystore, since PAM trusts it.
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::kdf::Argon2Params;
+use crate::securefile::{self, SecureFileError};
+
+pub const DEFAULT_CONFIG_PATH: &str = "/etc/dirseal/config.toml";
+pub const DEFAULT_KEYSTORE_PATH: &str = "/var/lib/dirseal";
+const MAX_CONFIG_BYTES: u64 = 64 * 1024;
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Keystore directory; default [`DEFAULT_KEYSTORE_PATH`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keystore: Option<PathBuf>,
+    /// The Argon2id cost every new password protector gets, calibrated on first use.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub argon2: Option<Argon2Params>,
+    #[serde(default)]
+    pub pam: PamConfig,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PamConfig {
+    /// Let a user log in on the old plaintext home while a conversion of it is in progress.
+    #[serde(default)]
+    pub allow_login_during_conversion: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot use the config file: {0}")]
+    File(#[from] SecureFileError),
+    #[error("config file {path} is invalid: {reason}; fix it (see docs/formats.md) or remove it to use defaults")]
+    Invalid { path: PathBuf, reason: String },
+}
+
+impl Config {
+    /// Loads `path`; a missing file means the defaults.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let bytes = match securefile::read_private(path, MAX_CONFIG_BYTES) {
+            Ok(b) => b,
+            Err(SecureFileError::NotFound { .. }) => return Ok(Config::default()),
+            Err(e) => return Err(e.into()),
+        };
+        let invalid = |reason: String| ConfigError::Invalid { path: path.to_path_buf(), reason };
+        let text = std::str::from_utf8(&bytes).map_err(|_| invalid("not UTF-8".into()))?;
+        let c: Config = toml::from_str(text).map_err(|e| invalid(e.message().to_string()))?;
+        if let Some(p) = &c.argon2 {
+            p.check().map_err(|e| invalid(e.to_string()))?;
+        }
+        if let Some(k) = &c.keystore {
+            if !k.is_absolute() {
+                return Err(invalid(format!("keystore path {} is not absolute", k.display())));
+            }
+        }
+        Ok(c)
+    }
+
+    pub fn save(&self, path: &Path) -> Result<(), ConfigError> {
+        let invalid = |reason: String| ConfigError::Invalid { path: path.to_path_buf(), reason };
+        let text = toml::to_string(self).map_err(|e| invalid(e.to_string()))?;
+        if let Some(dir) = path.parent() {
+            securefile::ensure_private_dir(dir)?;
+        }
+        let body = format!("# dirseal configuration (docs/formats.md). Written by dirseal; edits are kept.\n{text}");
+        securefile::write_atomic(path, body.as_bytes())?;
+        Ok(())
+    }
+
+    pub fn keystore_path(&self) -> PathBuf {
+        self.keystore.clone().unwrap_or_else(|| PathBuf::from(DEFAULT_KEYSTORE_PATH))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_is_default_and_round_trip() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("etc/config.toml");
+        assert_eq!(Config::load(&p).unwrap(), Config::default());
+        let c = Config {
+            keystore: Some("/x/ks".into()),
+            argon2: Some(Argon2Params { time_cost: 3, memory_kib: 4096, parallelism: 2 }),
+            pam: PamConfig { allow_login_during_conversion: true },
+        };
+        c.save(&p).unwrap();
+        assert_eq!(Config::load(&p).unwrap(), c);
+    }
+
+    #[test]
+    fn invalid_configs_are_named() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("config.toml");
+        for bad in [
+            "keystore = 3",
+            "bogus = 1",
+            "keystore = \"rel/path\"",
+            "[argon2]\ntime_cost = 0\nmemory_kib = 1\nparallelism = 1",
+        ] {
+            securefile::write_atomic(&p, bad.as_bytes()).unwrap();
+            let e = Config::load(&p).unwrap_err();
+            assert!(e.to_string().contains("config.toml is invalid"), "{bad}: {e}");
+        }
+    }
+}

@@ -6,11 +6,14 @@
 #![deny(unsafe_code)]
 
 pub mod config;
+pub mod convert;
 pub mod fscrypt;
 pub mod ids;
 pub mod kdf;
 pub mod keystore;
+pub mod ops;
 pub mod secret;
 pub mod securefile;
 pub mod sys;
+pub mod ui;
 pub mod wrap;

@@ -1,0 +1,597 @@
+//! The operations behind every front end: encrypt, unlock, lock, protectors and policies.
+//!
+//! Every operation that rewrites keystore files holds the keystore lock for its whole
+//! read-modify-write, and re-reads the records under it, so two concurrent commands cannot lose
+//! each other's changes.
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use crate::config::{Config, ConfigError};
+use crate::fscrypt::{self, FscryptError, KeyStatus};
+use crate::ids::{KeyIdentifier, ProtectorId};
+use crate::kdf::{self, Argon2Params};
+use crate::keystore::{self, Keystore, KeystoreError, PolicyRecord, ProtectorKind, ProtectorRecord};
+use crate::secret::{MasterKey, Passphrase, ProtectorKey};
+use crate::ui::{SecretPrompt, Ui, UiError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum OpsError {
+    #[error(transparent)]
+    Fscrypt(#[from] FscryptError),
+    #[error(transparent)]
+    Keystore(#[from] KeystoreError),
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Ui(#[from] UiError),
+    #[error("{path} is not encrypted; encrypt an empty directory with `dirseal encrypt {path}` or an existing one with `dirseal convert {path}`")]
+    NotEncrypted { path: PathBuf },
+    #[error("{path} is encrypted with key {id}, but the keystore has no policy for it; if you have a recovery key run `dirseal recovery restore {path}`")]
+    NotManaged { path: PathBuf, id: KeyIdentifier },
+    #[error("{path} is not empty; to encrypt a directory that already holds data run `dirseal convert {path}`")]
+    NotEmpty { path: PathBuf },
+    #[error("{path} is already encrypted (key {id}); see `dirseal status {path}`")]
+    AlreadyEncrypted { path: PathBuf, id: KeyIdentifier },
+    #[error("{path}: {reason}")]
+    BadDirectory { path: PathBuf, reason: String },
+    #[error("{what} has several protectors ({list}); pick one with --protector ID")]
+    AmbiguousProtector { what: String, list: String },
+    #[error(
+        "{what} has no usable {kind} protector; see `dirseal status` and add one with `dirseal policy add-protector`"
+    )]
+    NoProtector { what: String, kind: &'static str },
+    #[error("protector {id} does not protect {what}; its protectors are: {list}")]
+    NotAProtectorOf { id: ProtectorId, what: String, list: String },
+    #[error("protector {name} ({id}) is a {kind} protector; this command needs a password protector")]
+    WrongKind { name: String, id: ProtectorId, kind: &'static str },
+    #[error("the key unwrapped for policy {policy} has identifier {got}: the keystore entry does not belong to this directory and was refused; restore the keystore from a backup or use `dirseal recovery restore`")]
+    KeyMismatch { policy: KeyIdentifier, got: KeyIdentifier },
+    #[error("no user named {0:?}; pass an existing user name or numeric uid")]
+    NoSuchUser(String),
+    #[error("protector {0} already protects this policy")]
+    AlreadyProtects(ProtectorId),
+}
+
+/// A protector as shown to users and front ends.
+#[derive(Clone, Debug, Serialize)]
+pub struct ProtectorSummary {
+    pub id: ProtectorId,
+    pub name: String,
+    pub kind: &'static str,
+    pub uid: Option<u32>,
+}
+
+impl ProtectorSummary {
+    pub fn of(r: &ProtectorRecord) -> Self {
+        ProtectorSummary { id: r.id, name: r.name.clone(), kind: kind_name(&r.kind), uid: r.uid }
+    }
+}
+
+pub fn kind_name(k: &ProtectorKind) -> &'static str {
+    match k {
+        ProtectorKind::Password { .. } => "password",
+    }
+}
+
+/// What `dirseal status DIR` reports.
+#[derive(Clone, Debug, Serialize)]
+pub struct DirStatus {
+    pub path: PathBuf,
+    pub encrypted: bool,
+    pub policy: Option<KeyIdentifier>,
+    /// "unlocked", "locked", or "partially-locked" (files were busy at lock time).
+    pub key: Option<&'static str>,
+    pub managed: bool,
+    pub protectors: Vec<ProtectorSummary>,
+    /// Something a user should fix (unreadable protector file, missing policy, ...).
+    pub problems: Vec<String>,
+}
+
+/// What `dirseal lock` achieved.
+#[derive(Clone, Debug, Serialize)]
+pub struct LockReport {
+    pub path: PathBuf,
+    /// The key is fully gone: names are ciphertext again.
+    pub locked: bool,
+    /// Files were still open, so the kernel kept their inodes unlocked.
+    pub files_busy: bool,
+    /// Other users had also added this key; only root's `--all-users` removes theirs.
+    pub other_users: bool,
+    pub busy: Vec<BusyProcess>,
+}
+
+/// A process holding files under a directory being locked.
+#[derive(Clone, Debug, Serialize)]
+pub struct BusyProcess {
+    pub pid: u32,
+    pub comm: String,
+    pub uid: u32,
+    /// "cwd", "open file /x/y", ...
+    pub how: String,
+}
+
+impl From<dirseal_migrate::ProcessUse> for BusyProcess {
+    fn from(p: dirseal_migrate::ProcessUse) -> Self {
+        BusyProcess { pid: p.pid, comm: p.comm, uid: p.uid, how: p.how }
+    }
+}
+
+fn key_word(s: KeyStatus) -> &'static str {
+    match s {
+        KeyStatus::Absent => "locked",
+        KeyStatus::Present => "unlocked",
+        KeyStatus::IncompletelyRemoved => "partially-locked",
+    }
+}
+
+/// Which protector to use when a policy has several.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Pick {
+    pub protector: Option<ProtectorId>,
+}
+
+/// How to create a new password protector.
+pub struct NewProtector<'a> {
+    pub name: &'a str,
+    pub uid: Option<u32>,
+    /// Overrides of the configured Argon2id cost, for this protector only.
+    pub kdf_time_ms: Option<u64>,
+    pub kdf_memory_mib: Option<u32>,
+}
+
+/// Where to get the protector for a new policy: an existing one, or a new password protector.
+pub enum ProtectorChoice<'a> {
+    Existing(ProtectorId),
+    New(NewProtector<'a>),
+}
+
+pub struct Dirseal {
+    keystore: Keystore,
+    config: Config,
+    config_path: PathBuf,
+}
+
+impl Dirseal {
+    /// Loads the config (missing file = defaults) and opens the keystore it names, unless
+    /// `keystore_override` says otherwise.
+    pub fn open(config_path: &Path, keystore_override: Option<&Path>) -> Result<Dirseal, OpsError> {
+        let config = Config::load(config_path)?;
+        let root = keystore_override.map(Path::to_path_buf).unwrap_or_else(|| config.keystore_path());
+        let keystore = Keystore::open(&root)?;
+        Ok(Dirseal { keystore, config, config_path: config_path.to_path_buf() })
+    }
+
+    pub fn keystore(&self) -> &Keystore {
+        &self.keystore
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    pub fn config_path(&self) -> &Path {
+        &self.config_path
+    }
+
+    /// The Argon2id cost for a new protector: the configured one, calibrated and saved on first use
+    /// so every protector of this machine costs the same; per-protector flags override it.
+    fn kdf_params(&mut self, n: &NewProtector<'_>) -> Result<Argon2Params, OpsError> {
+        let memory_kib = n
+            .kdf_memory_mib
+            .map(|m| m.saturating_mul(1024).max(kdf::MIN_MEMORY_KIB))
+            .or(self.config.argon2.map(|a| a.memory_kib))
+            .unwrap_or_else(kdf::memory_cap_kib);
+        if let Some(ms) = n.kdf_time_ms {
+            return Ok(kdf::calibrate(std::time::Duration::from_millis(ms), memory_kib));
+        }
+        if let Some(p) = self.config.argon2 {
+            return Ok(Argon2Params { memory_kib, ..p });
+        }
+        let p = kdf::calibrate(std::time::Duration::from_secs(1), memory_kib);
+        self.config.argon2 = Some(p);
+        self.config.save(&self.config_path)?;
+        Ok(p)
+    }
+
+    /// Creates and saves a password protector; asks the Ui for the new password.
+    pub fn create_password_protector(
+        &mut self,
+        n: &NewProtector<'_>,
+        ui: &mut dyn Ui,
+    ) -> Result<(ProtectorRecord, ProtectorKey), OpsError> {
+        let params = self.kdf_params(n)?;
+        let password = ui.secret(&SecretPrompt::NewPassword { name: n.name })?;
+        if password.is_empty() {
+            return Err(UiError::Empty.into());
+        }
+        let (rec, key) = keystore::new_password_protector(n.name, n.uid, &password, params)?;
+        let _guard = self.keystore.lock()?;
+        self.keystore.save_protector(&rec)?;
+        Ok((rec, key))
+    }
+
+    /// Asks for a protector's secret and unwraps its key; a wrong secret changes nothing.
+    pub fn unlock_protector(&self, rec: &ProtectorRecord, ui: &mut dyn Ui) -> Result<ProtectorKey, OpsError> {
+        match rec.kind {
+            ProtectorKind::Password { .. } => {
+                let pw = ui.secret(&SecretPrompt::Password { name: &rec.name, id: &rec.id })?;
+                Ok(keystore::unlock_protector(rec, &pw)?)
+            }
+        }
+    }
+
+    /// An existing protector unlocked with its secret, or a new password protector.
+    pub fn resolve_protector(
+        &mut self,
+        choice: ProtectorChoice<'_>,
+        ui: &mut dyn Ui,
+    ) -> Result<(ProtectorRecord, ProtectorKey), OpsError> {
+        match choice {
+            ProtectorChoice::Existing(id) => {
+                let rec = self.keystore.protector(&id)?;
+                let key = self.unlock_protector(&rec, ui)?;
+                Ok((rec, key))
+            }
+            ProtectorChoice::New(n) => self.create_password_protector(&n, ui),
+        }
+    }
+
+    /// The kernel's policy for `dir` and the keystore's record for it.
+    pub fn policy_of(&self, dir: &Path) -> Result<PolicyRecord, OpsError> {
+        let policy = fscrypt::get_policy(dir)?.ok_or_else(|| OpsError::NotEncrypted { path: dir.to_path_buf() })?;
+        match self.keystore.policy(&policy.identifier) {
+            Ok(r) => Ok(r),
+            Err(KeystoreError::NotFound { .. }) => {
+                Err(OpsError::NotManaged { path: dir.to_path_buf(), id: policy.identifier })
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// `None` when dirseal does not manage `dir` (not encrypted, or no policy record): the case in
+    /// which the PAM module steps aside.
+    pub fn managed_policy(&self, dir: &Path) -> Result<Option<PolicyRecord>, OpsError> {
+        match self.policy_of(dir) {
+            Ok(r) => Ok(Some(r)),
+            Err(OpsError::NotEncrypted { .. } | OpsError::NotManaged { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Readable protectors of a policy; unreadable ones are reported, not fatal.
+    pub fn protectors_of(&self, policy: &PolicyRecord) -> (Vec<ProtectorRecord>, Vec<String>) {
+        let mut ok = Vec::new();
+        let mut problems = Vec::new();
+        for id in policy.wrapped.keys() {
+            match self.keystore.protector(id) {
+                Ok(r) => ok.push(r),
+                Err(e) => problems.push(e.to_string()),
+            }
+        }
+        (ok, problems)
+    }
+
+    /// The protectors a login should try, in order: kinds that need no typing first (TPM without
+    /// PIN, FIDO2 — later), then the user's own password protectors, then other password
+    /// protectors. Recovery protectors are never offered at login.
+    pub fn login_protectors(&self, policy: &PolicyRecord, uid: u32) -> Vec<ProtectorRecord> {
+        let (mut list, _) = self.protectors_of(policy);
+        list.retain(|r| matches!(r.kind, ProtectorKind::Password { .. }));
+        list.sort_by_key(|r| (r.uid != Some(uid), r.name.clone()));
+        list
+    }
+
+    /// Unwraps a policy's master key with an unlocked protector and checks it really is the key of
+    /// that policy: a forged or swapped keystore entry never yields a key for the wrong directory.
+    pub fn master_key(
+        &self,
+        policy: &PolicyRecord,
+        pid: &ProtectorId,
+        pkey: &ProtectorKey,
+    ) -> Result<MasterKey, OpsError> {
+        let master = policy.unwrap_master(pid, pkey)?;
+        let got = fscrypt::key_identifier(&master);
+        if got != policy.id {
+            return Err(OpsError::KeyMismatch { policy: policy.id, got });
+        }
+        Ok(master)
+    }
+
+    /// Master key via a password, as the PAM module needs it (no Ui).
+    pub fn master_key_with_password(
+        &self,
+        policy: &PolicyRecord,
+        protector: &ProtectorRecord,
+        password: &Passphrase,
+    ) -> Result<MasterKey, OpsError> {
+        let pkey = keystore::unlock_protector(protector, password)?;
+        self.master_key(policy, &protector.id, &pkey)
+    }
+
+    fn pick<'p>(
+        &self,
+        policy: &PolicyRecord,
+        pick: Pick,
+        what: &str,
+        list: &'p [ProtectorRecord],
+    ) -> Result<&'p ProtectorRecord, OpsError> {
+        let names = || {
+            list.iter().map(|r| format!("{} ({}, {})", r.id, r.name, kind_name(&r.kind))).collect::<Vec<_>>().join(", ")
+        };
+        if let Some(id) = pick.protector {
+            return list.iter().find(|r| r.id == id).ok_or_else(|| {
+                if policy.wrapped.contains_key(&id) {
+                    OpsError::Keystore(KeystoreError::NotFound { kind: "protector", id: id.to_string() })
+                } else {
+                    OpsError::NotAProtectorOf { id, what: what.to_string(), list: names() }
+                }
+            });
+        }
+        let usable: Vec<&ProtectorRecord> =
+            list.iter().filter(|r| matches!(r.kind, ProtectorKind::Password { .. })).collect();
+        match usable.as_slice() {
+            [one] => Ok(one),
+            [] => Err(OpsError::NoProtector { what: what.to_string(), kind: "password" }),
+            _ => Err(OpsError::AmbiguousProtector { what: what.to_string(), list: names() }),
+        }
+    }
+
+    /// The master key of `dir`'s policy, asking the Ui for the chosen protector's secret.
+    pub fn master_key_of_dir(
+        &self,
+        dir: &Path,
+        pick: Pick,
+        ui: &mut dyn Ui,
+    ) -> Result<(PolicyRecord, MasterKey), OpsError> {
+        let policy = self.policy_of(dir)?;
+        let (pid, pkey) = self.unlock_policy_protector(&policy, pick, &dir.display().to_string(), ui)?;
+        let master = self.master_key(&policy, &pid, &pkey)?;
+        Ok((policy, master))
+    }
+
+    /// Picks one of `policy`'s protectors (`what` names the policy in errors) and unlocks it.
+    pub fn unlock_policy_protector(
+        &self,
+        policy: &PolicyRecord,
+        pick: Pick,
+        what: &str,
+        ui: &mut dyn Ui,
+    ) -> Result<(ProtectorId, ProtectorKey), OpsError> {
+        let (list, _) = self.protectors_of(policy);
+        let rec = self.pick(policy, pick, what, &list)?;
+        let pkey = self.unlock_protector(rec, ui)?;
+        Ok((rec.id, pkey))
+    }
+
+    /// Adds `key` to the kernel for the filesystem holding `dir`.
+    pub fn add_key(&self, dir: &Path, key: &MasterKey) -> Result<(), OpsError> {
+        let mp = fscrypt::mount_point(dir)?;
+        fscrypt::add_key(&mp, key)?;
+        Ok(())
+    }
+
+    pub fn unlock(&self, dir: &Path, pick: Pick, ui: &mut dyn Ui) -> Result<(), OpsError> {
+        let (_, master) = self.master_key_of_dir(dir, pick, ui)?;
+        self.add_key(dir, &master)?;
+        ui.notice(&format!("unlocked {}", dir.display()));
+        Ok(())
+    }
+
+    /// Removes the key. Busy files keep their inodes unlocked until closed: the report names the
+    /// processes holding them so the caller can say "close these and run lock again".
+    pub fn lock(&self, dir: &Path, all_users: bool) -> Result<LockReport, OpsError> {
+        let policy = fscrypt::get_policy(dir)?.ok_or_else(|| OpsError::NotEncrypted { path: dir.to_path_buf() })?;
+        let mp = fscrypt::mount_point(dir)?;
+        let out = fscrypt::remove_key(&mp, &policy.identifier, all_users)?;
+        let status = fscrypt::key_status(&mp, &policy.identifier)?;
+        let busy = if out.files_busy {
+            dirseal_migrate::find_users(dir).unwrap_or_default().into_iter().map(BusyProcess::from).collect()
+        } else {
+            Vec::new()
+        };
+        Ok(LockReport {
+            path: dir.to_path_buf(),
+            locked: status == KeyStatus::Absent,
+            files_busy: out.files_busy,
+            other_users: out.other_users,
+            busy,
+        })
+    }
+
+    /// Makes the empty directory `dir` encrypted with a new policy protected by `choice`.
+    ///
+    /// Order matters for crash safety: the policy record (with the wrapped key) is durable before the
+    /// directory is encrypted, so there is never an encrypted directory whose key exists nowhere.
+    pub fn encrypt(
+        &mut self,
+        dir: &Path,
+        choice: ProtectorChoice<'_>,
+        ui: &mut dyn Ui,
+    ) -> Result<(PolicyRecord, MasterKey), OpsError> {
+        let meta = std::fs::symlink_metadata(dir).map_err(|e| OpsError::BadDirectory {
+            path: dir.to_path_buf(),
+            reason: format!("cannot inspect it: {e}"),
+        })?;
+        if !meta.is_dir() {
+            return Err(OpsError::BadDirectory {
+                path: dir.to_path_buf(),
+                reason: "not a directory (symlinks are not followed)".into(),
+            });
+        }
+        let mp = fscrypt::mount_point(dir)?;
+        fscrypt::check_supported(&mp)?;
+        if let Some(p) = fscrypt::get_policy(dir)? {
+            return Err(OpsError::AlreadyEncrypted { path: dir.to_path_buf(), id: p.identifier });
+        }
+        let non_empty = std::fs::read_dir(dir)
+            .map_err(|e| OpsError::BadDirectory { path: dir.to_path_buf(), reason: format!("cannot list it: {e}") })?
+            .next()
+            .is_some();
+        if non_empty {
+            return Err(OpsError::NotEmpty { path: dir.to_path_buf() });
+        }
+        let (prec, pkey) = self.resolve_protector(choice, ui)?;
+        let (policy, master) = self.new_policy(dir, &prec, &pkey)?;
+        fscrypt::set_policy(dir, &policy.id)?;
+        ui.notice(&format!("encrypted {} (policy {}, protector {} {})", dir.display(), policy.id, prec.id, prec.name));
+        Ok((policy, master))
+    }
+
+    /// Creates a fresh master key, saves its policy record protected by `prec`, and adds the key to
+    /// the kernel of the filesystem holding `dir`. Shared by `encrypt` and `convert`.
+    pub fn new_policy(
+        &self,
+        dir: &Path,
+        prec: &ProtectorRecord,
+        pkey: &ProtectorKey,
+    ) -> Result<(PolicyRecord, MasterKey), OpsError> {
+        let master = MasterKey::random();
+        let id = fscrypt::key_identifier(&master);
+        let mut policy = PolicyRecord::new(id, Some(dir.to_path_buf()));
+        policy.add_protector(&prec.id, pkey, &master);
+        {
+            let _guard = self.keystore.lock()?;
+            self.keystore.save_policy(&policy)?;
+        }
+        self.add_key(dir, &master)?;
+        Ok((policy, master))
+    }
+
+    /// Adds protector `new` to the policy of `dir` (or of policy `id`), proving access with an
+    /// existing protector.
+    pub fn add_protector_to_policy(
+        &mut self,
+        policy_id: &KeyIdentifier,
+        with: Pick,
+        new: ProtectorChoice<'_>,
+        ui: &mut dyn Ui,
+    ) -> Result<ProtectorRecord, OpsError> {
+        let policy = self.keystore.policy(policy_id)?;
+        let (pid, pkey) = self.unlock_policy_protector(&policy, with, &format!("policy {policy_id}"), ui)?;
+        let master = self.master_key(&policy, &pid, &pkey)?;
+        let (nrec, nkey) = self.resolve_protector(new, ui)?;
+        let _guard = self.keystore.lock()?;
+        // Re-read under the lock: another command may have changed the policy meanwhile.
+        let mut policy = self.keystore.policy(policy_id)?;
+        if policy.wrapped.contains_key(&nrec.id) {
+            return Err(OpsError::AlreadyProtects(nrec.id));
+        }
+        policy.add_protector(&nrec.id, &nkey, &master);
+        self.keystore.save_policy(&policy)?;
+        Ok(nrec)
+    }
+
+    pub fn remove_protector_from_policy(&self, policy_id: &KeyIdentifier, pid: &ProtectorId) -> Result<(), OpsError> {
+        let _guard = self.keystore.lock()?;
+        let mut policy = self.keystore.policy(policy_id)?;
+        if !policy.wrapped.contains_key(pid) {
+            let list = policy.wrapped.keys().map(ToString::to_string).collect::<Vec<_>>().join(", ");
+            return Err(OpsError::NotAProtectorOf { id: *pid, what: format!("policy {policy_id}"), list });
+        }
+        // The last *readable* protector counts as the last one: removing it would strand the key.
+        let others_usable = policy.wrapped.keys().filter(|k| *k != pid).any(|k| self.keystore.protector(k).is_ok());
+        if !others_usable {
+            return Err(KeystoreError::LastProtector { policy: *policy_id }.into());
+        }
+        policy.remove_protector(pid)?;
+        self.keystore.save_policy(&policy)?;
+        Ok(())
+    }
+
+    pub fn remove_protector(&self, pid: &ProtectorId) -> Result<(), OpsError> {
+        let _guard = self.keystore.lock()?;
+        self.keystore.remove_protector(pid)?;
+        Ok(())
+    }
+
+    /// Checks a protector's secret without changing anything.
+    pub fn verify_protector(&self, pid: &ProtectorId, ui: &mut dyn Ui) -> Result<ProtectorRecord, OpsError> {
+        let rec = self.keystore.protector(pid)?;
+        self.unlock_protector(&rec, ui)?;
+        Ok(rec)
+    }
+
+    /// Rewraps a password protector's key under a new password. Policies are untouched: they wrap
+    /// master keys with the protector key, which does not change.
+    pub fn change_password(&self, pid: &ProtectorId, ui: &mut dyn Ui) -> Result<ProtectorRecord, OpsError> {
+        let rec = self.keystore.protector(pid)?;
+        let ProtectorKind::Password { kdf, .. } = rec.kind;
+        let pkey = self.unlock_protector(&rec, ui)?;
+        let new = ui.secret(&SecretPrompt::NewPassword { name: &rec.name })?;
+        self.change_password_with(pid, &pkey, &new, kdf)
+    }
+
+    /// The PAM path: old password already verified into `pkey`.
+    pub fn change_password_with(
+        &self,
+        pid: &ProtectorId,
+        pkey: &ProtectorKey,
+        new: &Passphrase,
+        kdf: Argon2Params,
+    ) -> Result<ProtectorRecord, OpsError> {
+        if new.is_empty() {
+            return Err(UiError::Empty.into());
+        }
+        let _guard = self.keystore.lock()?;
+        let rec = self.keystore.protector(pid)?;
+        let updated = keystore::rewrap_password(&rec, pkey, new, kdf)?;
+        self.keystore.save_protector(&updated)?;
+        Ok(updated)
+    }
+
+    /// The password protector of `dir` that `pick` names, or the only one.
+    pub fn password_protector_of_dir(&self, dir: &Path, pick: Pick) -> Result<ProtectorRecord, OpsError> {
+        let policy = self.policy_of(dir)?;
+        let (list, _) = self.protectors_of(&policy);
+        let what = dir.display().to_string();
+        let rec = self.pick(&policy, pick, &what, &list)?;
+        Ok(rec.clone())
+    }
+
+    pub fn dir_status(&self, dir: &Path) -> Result<DirStatus, OpsError> {
+        let policy = fscrypt::get_policy(dir)?;
+        let mut st = DirStatus {
+            path: dir.to_path_buf(),
+            encrypted: policy.is_some(),
+            policy: policy.map(|p| p.identifier),
+            key: None,
+            managed: false,
+            protectors: Vec::new(),
+            problems: Vec::new(),
+        };
+        let Some(p) = policy else { return Ok(st) };
+        let mp = fscrypt::mount_point(dir)?;
+        st.key = Some(key_word(fscrypt::key_status(&mp, &p.identifier)?));
+        match self.keystore.policy(&p.identifier) {
+            Ok(rec) => {
+                st.managed = true;
+                let (list, problems) = self.protectors_of(&rec);
+                st.protectors = list.iter().map(ProtectorSummary::of).collect();
+                st.problems = problems;
+            }
+            Err(e) => st.problems.push(e.to_string()),
+        }
+        Ok(st)
+    }
+
+    /// Key status of a policy on the filesystem its hint points at, for overviews.
+    pub fn policy_key_status(&self, rec: &PolicyRecord) -> Option<&'static str> {
+        let hint = rec.path_hint.as_ref()?;
+        let mp = fscrypt::mount_point(hint).ok()?;
+        fscrypt::key_status(&mp, &rec.id).ok().map(key_word)
+    }
+}
+
+/// Resolves `--user` (a name or a numeric uid) without trusting the environment.
+pub fn lookup_user(user: &str) -> Result<(u32, PathBuf), OpsError> {
+    let found = if let Ok(uid) = user.parse::<u32>() {
+        nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
+    } else {
+        nix::unistd::User::from_name(user)
+    };
+    match found {
+        Ok(Some(u)) => Ok((u.uid.as_raw(), u.dir)),
+        _ => Err(OpsError::NoSuchUser(user.to_string())),
+    }
+}

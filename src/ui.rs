@@ -1,0 +1,46 @@
+//! The one door between the library and a human: the CLI, the PAM module and the daemon each
+//! implement [`Ui`]. The library never prints, prompts or reads the terminal itself.
+use crate::ids::ProtectorId;
+use crate::secret::Passphrase;
+
+/// What a secret is being asked for, so each front end can word (or refuse) the prompt.
+#[derive(Clone, Debug)]
+pub enum SecretPrompt<'a> {
+    /// The current password of an existing protector.
+    Password { name: &'a str, id: &'a ProtectorId },
+    /// A new password for a protector being created or changed; front ends should ask twice.
+    NewPassword { name: &'a str },
+    /// A recovery key, typed back from paper.
+    RecoveryKey { dir: &'a std::path::Path },
+}
+
+/// Why no secret came back.
+#[derive(Debug, thiserror::Error)]
+pub enum UiError {
+    #[error("no secret was given (input closed); {hint}")]
+    NoInput { hint: String },
+    #[error("the two new passwords differ; nothing was changed, run the command again")]
+    Mismatch,
+    #[error("an empty password is not allowed; nothing was changed")]
+    Empty,
+    #[error("cancelled; nothing was changed")]
+    Cancelled,
+    #[error("reading the secret failed: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Progress of a long job, for bars and JSON streams.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct Progress {
+    pub phase: String,
+    pub bytes_done: u64,
+    pub bytes_total: u64,
+    pub files_done: u64,
+    pub files_total: u64,
+}
+
+pub trait Ui {
+    fn secret(&mut self, prompt: &SecretPrompt<'_>) -> Result<Passphrase, UiError>;
+    /// A human-readable status line (e.g. "unlocked /home/alice"). Front ends may drop it.
+    fn notice(&mut self, _msg: &str) {}
+}
