@@ -162,6 +162,15 @@ impl Dirseal {
         Ok(Dirseal { keystore, config, config_path: config_path.to_path_buf() })
     }
 
+    /// Like [`Dirseal::open`] but creates nothing: for the PAM module and read-only queries, where
+    /// a machine without a keystore simply manages no directories.
+    pub fn open_existing(config_path: &Path, keystore_override: Option<&Path>) -> Result<Dirseal, OpsError> {
+        let config = Config::load(config_path)?;
+        let root = keystore_override.map(Path::to_path_buf).unwrap_or_else(|| config.keystore_path());
+        let keystore = Keystore::open_existing(&root)?;
+        Ok(Dirseal { keystore, config, config_path: config_path.to_path_buf() })
+    }
+
     pub fn keystore(&self) -> &Keystore {
         &self.keystore
     }
