@@ -1,3 +1,8 @@
+//! The `dirseal` binary: everything lives in the library and the `cli` glue.
+#![forbid(unsafe_code)]
+
+mod cli;
+
 fn main() {
-    println!("dirseal");
+    std::process::exit(cli::main());
 }

@@ -41,6 +41,8 @@ pub enum OpsError {
         "{what} has no usable {kind} protector; see `dirseal status` and add one with `dirseal policy add-protector`"
     )]
     NoProtector { what: String, kind: &'static str },
+    #[error("{what} has no usable protector: {problems}")]
+    Unusable { what: String, problems: String },
     #[error("protector {id} does not protect {what}; its protectors are: {list}")]
     NotAProtectorOf { id: ProtectorId, what: String, list: String },
     #[error("protector {name} ({id}) is a {kind} protector; this command needs a password protector")]
@@ -323,15 +325,20 @@ impl Dirseal {
         policy: &PolicyRecord,
         pick: Pick,
         what: &str,
-        list: &'p [ProtectorRecord],
+        (list, problems): (&'p [ProtectorRecord], &[String]),
     ) -> Result<&'p ProtectorRecord, OpsError> {
+        // A protector whose file cannot be used is reported as such, not as "no protector".
+        let unusable = || OpsError::Unusable { what: what.to_string(), problems: problems.join("; ") };
         let names = || {
             list.iter().map(|r| format!("{} ({}, {})", r.id, r.name, kind_name(&r.kind))).collect::<Vec<_>>().join(", ")
         };
         if let Some(id) = pick.protector {
             return list.iter().find(|r| r.id == id).ok_or_else(|| {
                 if policy.wrapped.contains_key(&id) {
-                    OpsError::Keystore(KeystoreError::NotFound { kind: "protector", id: id.to_string() })
+                    match self.keystore.protector(&id) {
+                        Err(e) => OpsError::Keystore(e),
+                        Ok(_) => unusable(),
+                    }
                 } else {
                     OpsError::NotAProtectorOf { id, what: what.to_string(), list: names() }
                 }
@@ -341,6 +348,7 @@ impl Dirseal {
             list.iter().filter(|r| matches!(r.kind, ProtectorKind::Password { .. })).collect();
         match usable.as_slice() {
             [one] => Ok(one),
+            [] if !problems.is_empty() => Err(unusable()),
             [] => Err(OpsError::NoProtector { what: what.to_string(), kind: "password" }),
             _ => Err(OpsError::AmbiguousProtector { what: what.to_string(), list: names() }),
         }
@@ -367,8 +375,8 @@ impl Dirseal {
         what: &str,
         ui: &mut dyn Ui,
     ) -> Result<(ProtectorId, ProtectorKey), OpsError> {
-        let (list, _) = self.protectors_of(policy);
-        let rec = self.pick(policy, pick, what, &list)?;
+        let (list, problems) = self.protectors_of(policy);
+        let rec = self.pick(policy, pick, what, (&list, &problems))?;
         let pkey = self.unlock_protector(rec, ui)?;
         Ok((rec.id, pkey))
     }
@@ -552,9 +560,9 @@ impl Dirseal {
     /// The password protector of `dir` that `pick` names, or the only one.
     pub fn password_protector_of_dir(&self, dir: &Path, pick: Pick) -> Result<ProtectorRecord, OpsError> {
         let policy = self.policy_of(dir)?;
-        let (list, _) = self.protectors_of(&policy);
+        let (list, problems) = self.protectors_of(&policy);
         let what = dir.display().to_string();
-        let rec = self.pick(&policy, pick, &what, &list)?;
+        let rec = self.pick(&policy, pick, &what, (&list, &problems))?;
         Ok(rec.clone())
     }
 

@@ -1,0 +1,551 @@
+//! The `dirseal` command line: thin glue from clap to [`dirseal::ops`].
+mod convert;
+mod term;
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
+use serde::Serialize;
+
+use dirseal::config::DEFAULT_CONFIG_PATH;
+use dirseal::ids::{KeyIdentifier, ProtectorId};
+use dirseal::keystore::{PolicyRecord, ProtectorRecord};
+use dirseal::ops::{self, Dirseal, LockReport, NewProtector, Pick, ProtectorChoice, ProtectorSummary};
+
+pub use term::clean;
+use term::TermUi;
+
+#[derive(Parser)]
+#[command(
+    name = "dirseal",
+    version,
+    about = "Encrypt existing directories in place with Linux native filesystem encryption (fscrypt v2)",
+    after_help = "Start with `dirseal convert DIR` to encrypt a directory that holds data, then `dirseal status DIR`."
+)]
+pub struct Cli {
+    /// Config file
+    #[arg(long, global = true, env = "DIRSEAL_CONFIG", default_value = DEFAULT_CONFIG_PATH, value_name = "FILE")]
+    config: PathBuf,
+    /// Keystore directory [default: from the config, else /var/lib/dirseal]
+    #[arg(long, global = true, env = "DIRSEAL_KEYSTORE", value_name = "DIR")]
+    keystore: Option<PathBuf>,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Show the system overview, or one directory: encrypted?, locked?, policy, protectors
+    Status {
+        dir: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Encrypt an empty directory (for one that holds data, use `convert`)
+    Encrypt {
+        dir: PathBuf,
+        #[command(flatten)]
+        protector: ProtectorArgs,
+    },
+    /// Encrypt a directory that already holds data, in place (resumable)
+    Convert(convert::ConvertArgs),
+    /// Unlock an encrypted directory (load its key into the kernel)
+    Unlock {
+        dir: PathBuf,
+        /// Protector to use when the directory has several
+        #[arg(long, value_name = "ID")]
+        protector: Option<ProtectorId>,
+    },
+    /// Lock an encrypted directory (remove its key from the kernel)
+    Lock {
+        dir: PathBuf,
+        /// Also remove the key other users added
+        #[arg(long)]
+        all_users: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Change the password of a directory's password protector
+    ChangePassword {
+        dir: PathBuf,
+        #[arg(long, value_name = "ID")]
+        protector: Option<ProtectorId>,
+    },
+    /// Manage protectors (what unwraps a directory's key)
+    #[command(subcommand)]
+    Protector(ProtectorCmd),
+    /// Manage policies (one per encrypted directory) and their protectors
+    #[command(subcommand)]
+    Policy(PolicyCmd),
+    /// Write shell completions and man pages into DIR
+    #[command(hide = true)]
+    GenerateDocs { dir: PathBuf },
+}
+
+#[derive(Subcommand)]
+enum ProtectorCmd {
+    /// List every protector and the policies it protects
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Create a password protector (not yet attached to any policy)
+    Create {
+        #[arg(long)]
+        name: String,
+        /// The user whose password this is
+        #[arg(long)]
+        user: Option<String>,
+        #[command(flatten)]
+        kdf: KdfArgs,
+    },
+    /// Delete a protector that no policy uses any more
+    Remove { id: ProtectorId },
+    /// Check a protector's secret without changing anything
+    Verify { id: ProtectorId },
+    /// Change a password protector's password (no data is re-encrypted)
+    ChangePassword { id: ProtectorId },
+}
+
+#[derive(Subcommand)]
+enum PolicyCmd {
+    /// List every policy, its key status and protectors
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Let another protector (existing, or a new password) open a directory
+    AddProtector {
+        #[command(flatten)]
+        target: PolicyTarget,
+        /// Existing protector of the policy that proves access (asked for its secret)
+        #[arg(long, value_name = "ID")]
+        with: Option<ProtectorId>,
+        #[command(flatten)]
+        new: ProtectorArgs,
+    },
+    /// Stop a protector from opening a directory (never the last usable one)
+    RemoveProtector {
+        #[command(flatten)]
+        target: PolicyTarget,
+        #[arg(long, value_name = "ID")]
+        protector: ProtectorId,
+    },
+}
+
+#[derive(Args)]
+#[group(required = true, multiple = false)]
+struct PolicyTarget {
+    /// The encrypted directory
+    dir: Option<PathBuf>,
+    /// The policy id (the key identifier), instead of a directory
+    #[arg(long, value_name = "ID")]
+    policy: Option<KeyIdentifier>,
+}
+
+#[derive(Clone, Copy, ValueEnum, Default)]
+enum ProtectorType {
+    #[default]
+    Password,
+}
+
+#[derive(Args, Default)]
+pub struct KdfArgs {
+    /// Argon2id time for this protector, in ms of CPU (default: the calibrated machine cost)
+    #[arg(long, value_name = "MS")]
+    kdf_time_ms: Option<u64>,
+    /// Argon2id memory for this protector, in MiB (default: min(RAM/8, 256))
+    #[arg(long, value_name = "MIB")]
+    kdf_memory_mib: Option<u32>,
+}
+
+#[derive(Args, Default)]
+pub struct ProtectorArgs {
+    /// Protect with this existing protector (asks its secret)
+    #[arg(long, value_name = "ID", conflicts_with_all = ["protector_name"])]
+    protector: Option<ProtectorId>,
+    /// Kind of new protector to create
+    #[arg(long, value_enum, default_value_t)]
+    protector_type: ProtectorType,
+    /// Name of the new protector [default: the user's name, else "password"]
+    #[arg(long, value_name = "NAME")]
+    protector_name: Option<String>,
+    /// The user the directory and its new password protector belong to
+    #[arg(long)]
+    user: Option<String>,
+    #[command(flatten)]
+    kdf: KdfArgs,
+}
+
+/// A resolved `--user`.
+pub struct User {
+    pub uid: u32,
+    pub name: String,
+}
+
+impl ProtectorArgs {
+    fn user(&self) -> Result<Option<User>> {
+        let Some(u) = &self.user else { return Ok(None) };
+        let (uid, _) = ops::lookup_user(u)?;
+        let name = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
+            .ok()
+            .flatten()
+            .map(|u| u.name)
+            .unwrap_or_else(|| u.clone());
+        Ok(Some(User { uid, name }))
+    }
+
+    fn choice<'a>(&'a self, user: &'a Option<User>) -> ProtectorChoice<'a> {
+        if let Some(id) = self.protector {
+            return ProtectorChoice::Existing(id);
+        }
+        let ProtectorType::Password = self.protector_type;
+        let name = self.protector_name.as_deref().or(user.as_ref().map(|u| u.name.as_str())).unwrap_or("password");
+        ProtectorChoice::New(NewProtector {
+            name,
+            uid: user.as_ref().map(|u| u.uid),
+            kdf_time_ms: self.kdf.kdf_time_ms,
+            kdf_memory_mib: self.kdf.kdf_memory_mib,
+        })
+    }
+}
+
+/// Runs the CLI and returns the process exit code.
+pub fn main() -> i32 {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("dirseal: error: {}", clean(&format!("{e:#}")));
+            1
+        }
+    }
+}
+
+fn require_root() -> Result<()> {
+    if !nix::unistd::geteuid().is_root() {
+        bail!(
+            "dirseal must run as root: it manages kernel encryption keys and the root-only keystore; run it with sudo"
+        );
+    }
+    Ok(())
+}
+
+fn print_json<T: Serialize>(v: &T) -> Result<()> {
+    println!("{}", serde_json::to_string_pretty(v)?);
+    Ok(())
+}
+
+fn run(cli: Cli) -> Result<i32> {
+    if let Cmd::GenerateDocs { dir } = &cli.cmd {
+        generate_docs(dir)?;
+        return Ok(0);
+    }
+    require_root()?;
+    let mut ds = Dirseal::open(&cli.config, cli.keystore.as_deref())?;
+    let json = matches!(
+        cli.cmd,
+        Cmd::Status { json: true, .. }
+            | Cmd::Lock { json: true, .. }
+            | Cmd::Protector(ProtectorCmd::List { json: true })
+            | Cmd::Policy(PolicyCmd::List { json: true })
+    ) || matches!(&cli.cmd, Cmd::Convert(a) if a.json);
+    let mut ui = TermUi { json };
+    match cli.cmd {
+        Cmd::Status { dir: Some(dir), json } => status_dir(&ds, &dir, json)?,
+        Cmd::Status { dir: None, json } => overview(&ds, json)?,
+        Cmd::Encrypt { dir, protector } => {
+            let user = protector.user()?;
+            ds.encrypt(&dir, protector.choice(&user), &mut ui)?;
+        }
+        Cmd::Convert(args) => return convert::run(&mut ds, args, &mut ui),
+        Cmd::Unlock { dir, protector } => ds.unlock(&dir, Pick { protector }, &mut ui)?,
+        Cmd::Lock { dir, all_users, json } => return lock(&ds, &dir, all_users, json),
+        Cmd::ChangePassword { dir, protector } => {
+            let rec = ds.password_protector_of_dir(&dir, Pick { protector })?;
+            let rec = ds.change_password(&rec.id, &mut ui)?;
+            println!("changed the password of protector {} ({})", clean(&rec.name), rec.id);
+        }
+        Cmd::Protector(cmd) => protector(&mut ds, cmd, &mut ui)?,
+        Cmd::Policy(cmd) => policy(&mut ds, cmd, &mut ui)?,
+        Cmd::GenerateDocs { .. } => unreachable!("handled above"),
+    }
+    Ok(0)
+}
+
+fn lock(ds: &Dirseal, dir: &Path, all_users: bool, json: bool) -> Result<i32> {
+    let r: LockReport = ds.lock(dir, all_users)?;
+    if json {
+        print_json(&r)?;
+    } else if r.locked {
+        println!("locked {}", clean(&dir.display().to_string()));
+    }
+    if r.locked {
+        return Ok(0);
+    }
+    let d = clean(&dir.display().to_string());
+    if r.files_busy {
+        let mut msg = format!("{d} is only partly locked: files in it are still open");
+        if r.busy.is_empty() {
+            msg.push_str(
+                " (no process holding them could be identified; they may be open through another mount or namespace)",
+            );
+        } else {
+            msg.push_str(" by:");
+            for p in &r.busy {
+                msg.push_str(&format!("\n  pid {} ({}, uid {}): {}", p.pid, clean(&p.comm), p.uid, clean(&p.how)));
+            }
+        }
+        msg.push_str(&format!("\nclose them, then run `dirseal lock {d}` again to finish locking"));
+        eprintln!("dirseal: {msg}");
+    } else if r.other_users {
+        eprintln!(
+            "dirseal: {d} stays unlocked because other users also added its key; run `dirseal lock --all-users {d}`"
+        );
+    } else {
+        eprintln!("dirseal: {d} is not fully locked; run `dirseal lock {d}` again");
+    }
+    Ok(1)
+}
+
+#[derive(Serialize)]
+struct DirStatusOut {
+    #[serde(flatten)]
+    status: ops::DirStatus,
+    /// State of a conversion of this directory recorded in its work dir, if any.
+    conversion: Option<String>,
+}
+
+fn status_dir(ds: &Dirseal, dir: &Path, json: bool) -> Result<()> {
+    let status = ds.dir_status(dir)?;
+    let conversion = dirseal::convert::absolute(dir)
+        .ok()
+        .and_then(|abs| dirseal::convert::status(&abs).ok().flatten())
+        .map(|v| v.state.to_string());
+    let out = DirStatusOut { status, conversion };
+    if json {
+        return print_json(&out);
+    }
+    let s = &out.status;
+    println!("{}", clean(&s.path.display().to_string()));
+    match s.policy {
+        None => println!("  encrypted:  no"),
+        Some(p) => {
+            println!("  encrypted:  yes (policy {p})");
+            println!("  key:        {}", s.key.unwrap_or("unknown"));
+            println!("  managed:    {}", if s.managed { "yes" } else { "no (no policy record in the keystore)" });
+        }
+    }
+    if !s.protectors.is_empty() {
+        println!("  protectors:");
+        for p in &s.protectors {
+            println!("    {}", protector_line(p));
+        }
+    }
+    if let Some(c) = &out.conversion {
+        println!("  conversion: {c}");
+    }
+    for p in &s.problems {
+        println!("  problem:    {}", clean(p));
+    }
+    Ok(())
+}
+
+fn protector_line(p: &ProtectorSummary) -> String {
+    let uid = p.uid.map(|u| format!(" (uid {u})")).unwrap_or_default();
+    format!("{}  {:<8}  {}{uid}", p.id, p.kind, clean(&p.name))
+}
+
+#[derive(Serialize)]
+struct PolicyOut {
+    id: KeyIdentifier,
+    path_hint: Option<PathBuf>,
+    key: Option<&'static str>,
+    protectors: Vec<ProtectorId>,
+}
+
+#[derive(Serialize)]
+struct ProtectorOut {
+    #[serde(flatten)]
+    summary: ProtectorSummary,
+    policies: Vec<KeyIdentifier>,
+}
+
+#[derive(Serialize)]
+struct Overview {
+    keystore: PathBuf,
+    policies: Vec<PolicyOut>,
+    protectors: Vec<ProtectorOut>,
+    problems: Vec<String>,
+}
+
+fn overview_data(ds: &Dirseal) -> Result<Overview> {
+    let ks = ds.keystore();
+    let mut problems = Vec::new();
+    let mut policies = Vec::new();
+    let mut records: Vec<PolicyRecord> = Vec::new();
+    for (_, p) in ks.policies()? {
+        match p {
+            Ok(p) => records.push(p),
+            Err(e) => problems.push(e.to_string()),
+        }
+    }
+    for p in &records {
+        policies.push(PolicyOut {
+            id: p.id,
+            path_hint: p.path_hint.clone(),
+            key: ds.policy_key_status(p),
+            protectors: p.wrapped.keys().copied().collect(),
+        });
+    }
+    let mut protectors = Vec::new();
+    for (_, r) in ks.protectors()? {
+        match r {
+            Ok(r) => protectors.push(ProtectorOut {
+                policies: records.iter().filter(|p| p.wrapped.contains_key(&r.id)).map(|p| p.id).collect(),
+                summary: ProtectorSummary::of(&r),
+            }),
+            Err(e) => problems.push(e.to_string()),
+        }
+    }
+    Ok(Overview { keystore: ks.root().to_path_buf(), policies, protectors, problems })
+}
+
+fn print_policies(o: &Overview) {
+    if o.policies.is_empty() {
+        println!("no encrypted directories yet: `dirseal convert DIR` encrypts one that holds data");
+    }
+    for p in &o.policies {
+        let path =
+            p.path_hint.as_ref().map(|h| clean(&h.display().to_string())).unwrap_or_else(|| "(unknown path)".into());
+        println!("policy {}  {:<16}  {path}", p.id, p.key.unwrap_or("unknown"));
+        for id in &p.protectors {
+            match o.protectors.iter().find(|r| r.summary.id == *id) {
+                Some(r) => println!("    {}", protector_line(&r.summary)),
+                None => println!("    {id}  (unreadable or missing protector)"),
+            }
+        }
+    }
+}
+
+fn print_protectors(o: &Overview) {
+    if o.protectors.is_empty() {
+        println!("no protectors");
+    }
+    for r in &o.protectors {
+        let used = if r.policies.is_empty() {
+            "unused".to_string()
+        } else {
+            format!("{} polic{}", r.policies.len(), if r.policies.len() == 1 { "y" } else { "ies" })
+        };
+        println!("{}  {used}", protector_line(&r.summary));
+    }
+}
+
+fn print_problems(o: &Overview) {
+    for p in &o.problems {
+        println!("problem: {}", clean(p));
+    }
+}
+
+fn overview(ds: &Dirseal, json: bool) -> Result<()> {
+    let o = overview_data(ds)?;
+    if json {
+        return print_json(&o);
+    }
+    println!("keystore {}", clean(&o.keystore.display().to_string()));
+    print_policies(&o);
+    println!();
+    print_protectors(&o);
+    print_problems(&o);
+    Ok(())
+}
+
+fn protector(ds: &mut Dirseal, cmd: ProtectorCmd, ui: &mut TermUi) -> Result<()> {
+    match cmd {
+        ProtectorCmd::List { json } => {
+            let o = overview_data(ds)?;
+            if json {
+                #[derive(Serialize)]
+                struct Out<'a> {
+                    protectors: &'a [ProtectorOut],
+                    problems: &'a [String],
+                }
+                return print_json(&Out { protectors: &o.protectors, problems: &o.problems });
+            }
+            print_protectors(&o);
+            print_problems(&o);
+        }
+        ProtectorCmd::Create { name, user, kdf } => {
+            let uid = user.as_deref().map(ops::lookup_user).transpose()?.map(|(uid, _)| uid);
+            let n = NewProtector { name: &name, uid, kdf_time_ms: kdf.kdf_time_ms, kdf_memory_mib: kdf.kdf_memory_mib };
+            let (rec, _) = ds.create_password_protector(&n, ui)?;
+            println!("created protector {} ({})", rec.id, clean(&rec.name));
+        }
+        ProtectorCmd::Remove { id } => {
+            ds.remove_protector(&id)?;
+            println!("removed protector {id}");
+        }
+        ProtectorCmd::Verify { id } => {
+            let rec: ProtectorRecord = ds.verify_protector(&id, ui)?;
+            println!("the secret of protector {} ({}) is correct", rec.id, clean(&rec.name));
+        }
+        ProtectorCmd::ChangePassword { id } => {
+            let rec = ds.change_password(&id, ui)?;
+            println!("changed the password of protector {} ({})", rec.id, clean(&rec.name));
+        }
+    }
+    Ok(())
+}
+
+fn policy_id(ds: &Dirseal, t: &PolicyTarget) -> Result<KeyIdentifier> {
+    match (&t.dir, t.policy) {
+        (_, Some(id)) => Ok(id),
+        (Some(dir), None) => Ok(ds.policy_of(dir)?.id),
+        (None, None) => bail!("name the policy: give a DIR or --policy ID"),
+    }
+}
+
+fn policy(ds: &mut Dirseal, cmd: PolicyCmd, ui: &mut TermUi) -> Result<()> {
+    match cmd {
+        PolicyCmd::List { json } => {
+            let o = overview_data(ds)?;
+            if json {
+                #[derive(Serialize)]
+                struct Out<'a> {
+                    policies: &'a [PolicyOut],
+                    problems: &'a [String],
+                }
+                return print_json(&Out { policies: &o.policies, problems: &o.problems });
+            }
+            print_policies(&o);
+            print_problems(&o);
+        }
+        PolicyCmd::AddProtector { target, with, new } => {
+            let id = policy_id(ds, &target)?;
+            let user = new.user()?;
+            let rec = ds.add_protector_to_policy(&id, Pick { protector: with }, new.choice(&user), ui)?;
+            println!("protector {} ({}) now opens policy {id}", rec.id, clean(&rec.name));
+        }
+        PolicyCmd::RemoveProtector { target, protector } => {
+            let id = policy_id(ds, &target)?;
+            ds.remove_protector_from_policy(&id, &protector)?;
+            println!("protector {protector} no longer opens policy {id}");
+        }
+    }
+    Ok(())
+}
+
+fn generate_docs(dir: &Path) -> Result<()> {
+    use clap_complete::Shell;
+    let comp = dir.join("completions");
+    let man = dir.join("man");
+    std::fs::create_dir_all(&comp).with_context(|| format!("creating {}", comp.display()))?;
+    std::fs::create_dir_all(&man).with_context(|| format!("creating {}", man.display()))?;
+    for shell in [Shell::Bash, Shell::Zsh, Shell::Fish] {
+        clap_complete::generate_to(shell, &mut Cli::command(), "dirseal", &comp)?;
+    }
+    clap_mangen::generate_to(Cli::command(), &man)?;
+    Ok(())
+}

@@ -1,0 +1,131 @@
+//! The CLI's [`Ui`]: secrets from the terminal without echo, or one line per prompt from a pipe.
+use std::io::{self, IsTerminal, Read, Write};
+
+use dirseal::secret::Passphrase;
+use dirseal::ui::{SecretPrompt, Ui, UiError};
+use zeroize::Zeroizing;
+
+/// Longest secret line accepted; longer input is a mistake (a file piped by accident).
+const MAX_SECRET: usize = 4096;
+
+pub struct TermUi {
+    /// Notices go to stderr when stdout carries JSON.
+    pub json: bool,
+}
+
+/// Turns off terminal echo for its lifetime.
+struct NoEcho {
+    saved: nix::sys::termios::Termios,
+}
+
+impl NoEcho {
+    fn new() -> Option<NoEcho> {
+        use nix::sys::termios::{tcgetattr, tcsetattr, LocalFlags, SetArg};
+        let stdin = io::stdin();
+        let saved = tcgetattr(&stdin).ok()?;
+        let mut t = saved.clone();
+        t.local_flags.remove(LocalFlags::ECHO);
+        t.local_flags.insert(LocalFlags::ECHONL);
+        tcsetattr(&stdin, SetArg::TCSANOW, &t).ok()?;
+        Some(NoEcho { saved })
+    }
+}
+
+impl Drop for NoEcho {
+    fn drop(&mut self) {
+        let _ = nix::sys::termios::tcsetattr(io::stdin(), nix::sys::termios::SetArg::TCSANOW, &self.saved);
+    }
+}
+
+/// Reads one line byte by byte into a buffer that never reallocates (no stray copies of the
+/// secret), without the line terminator. `None` at end of input.
+fn read_line() -> Result<Option<Passphrase>, UiError> {
+    let mut buf = Zeroizing::new(Vec::with_capacity(MAX_SECRET));
+    let mut stdin = io::stdin().lock();
+    let mut byte = [0u8; 1];
+    loop {
+        match stdin.read(&mut byte) {
+            Ok(0) if buf.is_empty() => return Ok(None),
+            Ok(0) => break,
+            Ok(_) if byte[0] == b'\n' => break,
+            Ok(_) => {
+                if buf.len() == MAX_SECRET {
+                    return Err(UiError::Io(io::Error::other("secret line longer than 4096 bytes")));
+                }
+                buf.push(byte[0]);
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    if buf.last() == Some(&b'\r') {
+        buf.pop();
+    }
+    Ok(Some(Passphrase::new(buf)))
+}
+
+fn ask(prompt: &str) -> Result<Passphrase, UiError> {
+    let tty = io::stdin().is_terminal();
+    if tty {
+        eprint!("{prompt}");
+        let _ = io::stderr().flush();
+    }
+    let _echo = if tty { NoEcho::new() } else { None };
+    read_line()?
+        .ok_or_else(|| UiError::NoInput { hint: "type it on a terminal, or pipe one line per prompt on stdin".into() })
+}
+
+impl Ui for TermUi {
+    fn secret(&mut self, prompt: &SecretPrompt<'_>) -> Result<Passphrase, UiError> {
+        match prompt {
+            SecretPrompt::Password { name, id } => ask(&format!("Password for protector {} ({id}): ", clean(name))),
+            SecretPrompt::NewPassword { name } => {
+                let first = ask(&format!("New password for protector {}: ", clean(name)))?;
+                // Confirm only where a human types; scripts pipe one line per prompt.
+                if io::stdin().is_terminal() {
+                    let again = ask("Repeat the new password: ")?;
+                    if again != first {
+                        return Err(UiError::Mismatch);
+                    }
+                }
+                Ok(first)
+            }
+            SecretPrompt::RecoveryKey { dir } => {
+                ask(&format!("Recovery key for {}: ", clean(&dir.display().to_string())))
+            }
+        }
+    }
+
+    fn notice(&mut self, msg: &str) {
+        if self.json {
+            eprintln!("{}", clean(msg));
+        } else {
+            println!("{}", clean(msg));
+        }
+    }
+}
+
+/// Escapes control characters so a hostile file name or protector name cannot drive the terminal.
+pub fn clean(s: &str) -> String {
+    if !s.chars().any(char::is_control) {
+        return s.to_string();
+    }
+    s.chars().map(|c| if c.is_control() { c.escape_default().to_string() } else { c.to_string() }).collect()
+}
+
+/// Asks a yes/no question on the terminal; `false` unless the answer starts with y.
+pub fn confirm(question: &str) -> bool {
+    eprint!("{question} [y/N] ");
+    let _ = io::stderr().flush();
+    let mut line = String::new();
+    io::stdin().read_line(&mut line).is_ok() && line.trim_start().starts_with(['y', 'Y'])
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn clean_escapes_controls() {
+        assert_eq!(super::clean("a\x1b[31mb\n"), "a\\u{1b}[31mb\\n");
+        assert_eq!(super::clean("plain ü"), "plain ü");
+    }
+}

@@ -1,0 +1,263 @@
+//! The `dirseal` binary against the real kernel on loop-mounted ext4.
+mod common;
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+
+use common::{names, p, Env};
+
+fn protector_ids(env: &Env, dir: &std::path::Path) -> Vec<String> {
+    let st = env.status_json(dir);
+    st["protectors"].as_array().unwrap().iter().map(|x| x["id"].as_str().unwrap().to_string()).collect()
+}
+
+#[test]
+fn encrypt_lock_unlock_round_trip() {
+    let env = Env::new();
+    let d = env.mnt().join("secret");
+    fs::create_dir(&d).unwrap();
+    env.ok(&["encrypt", p(&d), "--protector-name", "main"], "pw1\n");
+    fs::write(d.join("hello.txt"), b"hello world").unwrap();
+    fs::create_dir(d.join("sub")).unwrap();
+    fs::write(d.join("sub/deep.bin"), vec![7u8; 100_000]).unwrap();
+
+    let st = env.status_json(&d);
+    assert_eq!(st["encrypted"], true);
+    assert_eq!(st["key"], "unlocked");
+    assert_eq!(st["managed"], true);
+    assert_eq!(st["protectors"][0]["name"], "main");
+
+    env.ok(&["lock", p(&d)], "");
+    assert_eq!(env.status_json(&d)["key"], "locked");
+    let locked = names(&d);
+    assert_eq!(locked.len(), 2);
+    assert!(!locked.contains(&"hello.txt".to_string()), "names must be ciphertext: {locked:?}");
+    let enc = d.join(&locked[0]);
+    assert!(fs::read(&enc).is_err() || fs::read_dir(&enc).is_ok(), "contents must not be readable");
+    assert!(fs::write(d.join("new"), b"x").is_err(), "creating files in a locked dir must fail");
+
+    let err = env.fails(&["unlock", p(&d)], "wrong\n");
+    assert!(err.contains("incorrect password for protector main"), "{err}");
+    assert_eq!(env.status_json(&d)["key"], "locked");
+
+    env.ok(&["unlock", p(&d)], "pw1\n");
+    assert_eq!(fs::read(d.join("hello.txt")).unwrap(), b"hello world");
+    assert_eq!(fs::read(d.join("sub/deep.bin")).unwrap(), vec![7u8; 100_000]);
+}
+
+#[test]
+fn encrypt_refuses_non_empty_and_symlinks() {
+    let env = Env::new();
+    let d = env.mnt().join("full");
+    fs::create_dir(&d).unwrap();
+    fs::write(d.join("f"), b"x").unwrap();
+    let err = env.fails(&["encrypt", p(&d)], "pw\n");
+    assert!(err.contains("dirseal convert"), "{err}");
+    let e = env.mnt().join("empty");
+    fs::create_dir(&e).unwrap();
+    let l = env.mnt().join("link");
+    std::os::unix::fs::symlink(&e, &l).unwrap();
+    let err = env.fails(&["encrypt", p(&l)], "pw\n");
+    assert!(err.contains("symlink") || err.contains("symbolic link"), "{err}");
+    assert_eq!(env.status_json(&e)["encrypted"], false);
+    // Nothing was left behind in the keystore by the refusals.
+    let o: serde_json::Value = serde_json::from_str(&env.ok(&["status", "--json"], "")).unwrap();
+    assert_eq!(o["policies"].as_array().unwrap().len(), 0);
+}
+
+#[test]
+fn two_protectors_one_policy_and_one_protector_two_policies() {
+    let env = Env::new();
+    let a = env.mnt().join("a");
+    let b = env.mnt().join("b");
+    fs::create_dir(&a).unwrap();
+    fs::create_dir(&b).unwrap();
+    env.ok(&["encrypt", p(&a), "--protector-name", "alice"], "apw\n");
+    let alice = protector_ids(&env, &a)[0].clone();
+    // The same protector opens a second directory.
+    env.ok(&["encrypt", p(&b), "--protector", &alice], "apw\n");
+    assert_eq!(protector_ids(&env, &b), vec![alice.clone()]);
+    // A second protector (bob) for a.
+    env.ok(&["policy", "add-protector", p(&a), "--protector-name", "bob"], "apw\nbpw\n");
+    let ids = protector_ids(&env, &a);
+    assert_eq!(ids.len(), 2);
+    let bob = ids.iter().find(|i| **i != alice).unwrap().clone();
+    fs::write(a.join("f"), b"data").unwrap();
+    fs::write(b.join("g"), b"more").unwrap();
+    env.ok(&["lock", p(&a)], "");
+    env.ok(&["lock", p(&b)], "");
+    // Either protector opens a; ambiguous without --protector.
+    let err = env.fails(&["unlock", p(&a)], "bpw\n");
+    assert!(err.contains("--protector"), "{err}");
+    env.ok(&["unlock", p(&a), "--protector", &bob], "bpw\n");
+    assert_eq!(fs::read(a.join("f")).unwrap(), b"data");
+    env.ok(&["lock", p(&a)], "");
+    env.ok(&["unlock", p(&a), "--protector", &alice], "apw\n");
+    env.ok(&["unlock", p(&b)], "apw\n");
+    assert_eq!(fs::read(b.join("g")).unwrap(), b"more");
+    // bob does not open b.
+    let err = env.fails(&["unlock", p(&b), "--protector", &bob], "bpw\n");
+    assert!(err.contains("does not protect"), "{err}");
+
+    // alice protects two policies: it cannot be deleted; removing it from a leaves bob.
+    let err = env.fails(&["protector", "remove", &alice], "");
+    assert!(err.contains("still protects"), "{err}");
+    env.ok(&["policy", "remove-protector", p(&a), "--protector", &alice], "");
+    assert_eq!(protector_ids(&env, &a), vec![bob.clone()]);
+    // The last protector cannot be removed.
+    let err = env.fails(&["policy", "remove-protector", p(&a), "--protector", &bob], "");
+    assert!(err.contains("no other usable protector"), "{err}");
+    let list: serde_json::Value = serde_json::from_str(&env.ok(&["protector", "list", "--json"], "")).unwrap();
+    assert_eq!(list["protectors"].as_array().unwrap().len(), 2);
+}
+
+#[test]
+fn change_password_and_remove_protector() {
+    let env = Env::new();
+    let d = env.mnt().join("d");
+    fs::create_dir(&d).unwrap();
+    env.ok(&["encrypt", p(&d), "--protector-name", "me"], "old\n");
+    let id = protector_ids(&env, &d)[0].clone();
+    let err = env.fails(&["change-password", p(&d)], "bad\nnew\n");
+    assert!(err.contains("incorrect password"), "{err}");
+    env.ok(&["change-password", p(&d)], "old\nnew\n");
+    env.ok(&["lock", p(&d)], "");
+    env.fails(&["unlock", p(&d)], "old\n");
+    env.ok(&["unlock", p(&d)], "new\n");
+    env.ok(&["protector", "verify", &id], "new\n");
+    env.fails(&["protector", "verify", &id], "old\n");
+    env.ok(&["protector", "change-password", &id], "new\nnewer\n");
+    env.ok(&["protector", "verify", &id], "newer\n");
+
+    // A standalone protector can be created and removed; one in use cannot.
+    let out = env.ok(&["protector", "create", "--name", "spare"], "s\n");
+    let spare = out.split_whitespace().nth(2).unwrap().to_string();
+    env.ok(&["protector", "verify", &spare], "s\n");
+    env.ok(&["protector", "remove", &spare], "");
+    env.fails(&["protector", "verify", &spare], "s\n");
+    env.fails(&["protector", "remove", &id], "");
+}
+
+#[test]
+fn corrupted_keystore_files_give_clear_errors() {
+    let env = Env::new();
+    let a = env.mnt().join("a");
+    let b = env.mnt().join("b");
+    fs::create_dir(&a).unwrap();
+    fs::create_dir(&b).unwrap();
+    env.ok(&["encrypt", p(&a), "--protector-name", "pa"], "x\n");
+    env.ok(&["encrypt", p(&b), "--protector-name", "pb"], "y\n");
+    let st = env.status_json(&a);
+    let policy = st["policy"].as_str().unwrap().to_string();
+    let pa = st["protectors"][0]["id"].as_str().unwrap().to_string();
+    env.ok(&["lock", p(&a)], "");
+    env.ok(&["lock", p(&b)], "");
+
+    let pfile = env.keystore().join("policies").join(format!("{policy}.json"));
+    let good = fs::read(&pfile).unwrap();
+    fs::write(&pfile, &good[..good.len() / 3]).unwrap();
+    let err = env.fails(&["unlock", p(&a)], "x\n");
+    assert!(err.contains("corrupt") && err.contains(p(&pfile)), "{err}");
+    // The other policy is unaffected.
+    env.ok(&["unlock", p(&b)], "y\n");
+    let o = env.ok(&["status"], "");
+    assert!(o.contains("problem:"), "{o}");
+
+    // A wrapped key swapped in from elsewhere (same length, valid JSON) never unlocks.
+    let mut v: serde_json::Value = serde_json::from_slice(&good).unwrap();
+    let w = v["protectors"][&pa]["ciphertext"].as_str().unwrap().to_string();
+    let mut bytes = hex::decode(&w).unwrap();
+    bytes[5] ^= 0x40;
+    v["protectors"][&pa]["ciphertext"] = serde_json::Value::String(hex::encode(bytes));
+    fs::write(&pfile, serde_json::to_vec(&v).unwrap()).unwrap();
+    let err = env.fails(&["unlock", p(&a)], "x\n");
+    assert!(err.contains("altered or copied"), "{err}");
+    assert_eq!(env.status_json(&a)["key"], "locked");
+
+    // A group-writable protector file is refused, not trusted.
+    fs::write(&pfile, &good).unwrap();
+    let prfile = env.keystore().join("protectors").join(format!("{pa}.json"));
+    fs::set_permissions(&prfile, fs::Permissions::from_mode(0o664)).unwrap();
+    let err = env.fails(&["unlock", p(&a)], "x\n");
+    assert!(err.contains("not writable by group or others"), "{err}");
+    fs::set_permissions(&prfile, fs::Permissions::from_mode(0o600)).unwrap();
+    env.ok(&["unlock", p(&a)], "x\n");
+}
+
+#[test]
+fn busy_lock_names_the_process_and_finishes_later() {
+    let env = Env::new();
+    let d = env.mnt().join("busy");
+    fs::create_dir(&d).unwrap();
+    env.ok(&["encrypt", p(&d), "--protector-name", "b"], "pw\n");
+    fs::write(d.join("open.txt"), b"held").unwrap();
+    // A child process holds the file open until we close its stdin.
+    let mut holder = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!("exec 3<'{}'; read _", d.join("open.txt").display()))
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait until the shell has opened fd 3 (it is ours to poll; no sleep-based guess).
+    let fd3 = format!("/proc/{}/fd/3", holder.id());
+    while fs::read_link(&fd3).is_err() {
+        assert!(holder.try_wait().unwrap().is_none(), "the holder shell exited early");
+        std::thread::yield_now();
+    }
+    let out = env.run(&["lock", p(&d)], "");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("only partly locked") && err.contains(&format!("pid {}", holder.id())), "{err}");
+    assert!(err.contains("run `dirseal lock"), "{err}");
+    assert_eq!(env.status_json(&d)["key"], "partially-locked");
+    drop(holder.stdin.take());
+    holder.wait().unwrap();
+    env.ok(&["lock", p(&d)], "");
+    assert_eq!(env.status_json(&d)["key"], "locked");
+}
+
+#[test]
+fn errors_are_one_line_with_a_hint() {
+    let env = Env::new();
+    let d = env.mnt().join("plain");
+    fs::create_dir(&d).unwrap();
+    let err = env.fails(&["unlock", p(&d)], "");
+    assert!(err.starts_with("dirseal: error: ") && err.contains("dirseal convert"), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    let err = env.fails(&["lock", p(&d)], "");
+    assert!(err.contains("not encrypted"), "{err}");
+    let err = env.fails(&["protector", "verify", "0011223344556677"], "");
+    assert!(err.contains("no protector 0011223344556677"), "{err}");
+    let err = env.fails(&["unlock", p(&env.mnt().join("missing"))], "");
+    assert!(err.starts_with("dirseal: error: "), "{err}");
+    // No input where a secret is needed.
+    let e = env.mnt().join("e");
+    fs::create_dir(&e).unwrap();
+    let err = env.fails(&["encrypt", p(&e)], "");
+    assert!(err.contains("no secret was given"), "{err}");
+    let err = env.fails(&["encrypt", p(&e)], "\n");
+    assert!(err.contains("empty password"), "{err}");
+    assert_eq!(env.status_json(&e)["encrypted"], false);
+}
+
+#[test]
+fn filesystem_without_encrypt_feature_is_explained() {
+    let env = Env::with(common::Options { encrypt: false, ..Default::default() });
+    let d = env.mnt().join("d");
+    fs::create_dir(&d).unwrap();
+    let err = env.fails(&["encrypt", p(&d)], "pw\n");
+    assert!(err.contains("tune2fs -O encrypt"), "{err}");
+}
+
+#[test]
+fn generate_docs_writes_completions_and_man_pages() {
+    let out = tempfile::tempdir().unwrap();
+    let st = std::process::Command::new(env!("CARGO_BIN_EXE_dirseal"))
+        .args(["generate-docs", p(out.path())])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    assert!(out.path().join("completions/dirseal.bash").exists());
+    assert!(out.path().join("man/dirseal.1").exists());
+    assert!(out.path().join("man/dirseal-convert.1").exists());
+}
