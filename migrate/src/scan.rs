@@ -76,9 +76,11 @@ pub(crate) fn census(ctx: &Ctx, root: &OwnedFd) -> Result<Census, MigrateError> 
 }
 
 /// Processes whose working directory, root, open files or memory maps lie under `root`.
-/// Processes that vanish or cannot be inspected during the scan are skipped.
+/// Processes that vanish or cannot be inspected during the scan are skipped, and so is this
+/// process: the engine itself holds the source open while it looks.
 pub fn find_users(root: &Path) -> std::io::Result<Vec<ProcessUse>> {
     let root = std::fs::canonicalize(root)?;
+    let me = std::process::id();
     let under = |p: &Path| p.starts_with(&root);
     let mut out = Vec::new();
     for entry in std::fs::read_dir("/proc")? {
@@ -86,6 +88,9 @@ pub fn find_users(root: &Path) -> std::io::Result<Vec<ProcessUse>> {
         let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
             continue;
         };
+        if pid == me {
+            continue;
+        }
         let base = entry.path();
         let mut hows: Vec<String> = Vec::new();
         for (link, how) in [("cwd", "cwd"), ("root", "root directory")] {

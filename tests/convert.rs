@@ -1,0 +1,277 @@
+//! `dirseal convert` through the real binary: an encrypted staging directory, the real swap,
+//! crashes at fault points and resumes, keep-backup/rollback/commit, and refusals.
+mod common;
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::Path;
+
+use common::{fresh_uid, names, p, Env};
+
+/// A small home with the kinds of entries a user has, owned by `uid`.
+fn build_home(root: &Path, uid: u32) {
+    fs::create_dir_all(root.join("Documents/deep/er")).unwrap();
+    fs::create_dir_all(root.join(".config/app")).unwrap();
+    fs::write(root.join("Documents/plan.txt"), b"meet at noon").unwrap();
+    fs::write(root.join("Documents/deep/er/big.bin"), (0..300_000u32).map(|i| (i % 251) as u8).collect::<Vec<_>>())
+        .unwrap();
+    for i in 0..40 {
+        fs::write(root.join(format!(".config/app/f{i}")), format!("setting {i}")).unwrap();
+    }
+    fs::write(root.join("script.sh"), b"#!/bin/sh\necho hi\n").unwrap();
+    fs::set_permissions(root.join("script.sh"), fs::Permissions::from_mode(0o4755)).unwrap();
+    std::os::unix::fs::symlink("Documents/plan.txt", root.join("plan-link")).unwrap();
+    fs::hard_link(root.join("Documents/plan.txt"), root.join("plan-hard")).unwrap();
+    xattr_set(&root.join("Documents/plan.txt"), "user.color", "blue");
+    let st = std::process::Command::new("chown").args(["-hR", &format!("{uid}:{uid}"), p(root)]).status().unwrap();
+    assert!(st.success());
+    // chown clears setuid; set it again as the owner would have.
+    fs::set_permissions(root.join("script.sh"), fs::Permissions::from_mode(0o4755)).unwrap();
+}
+
+fn xattr_set(path: &Path, name: &str, value: &str) {
+    let st = std::process::Command::new("setfattr").args(["-n", name, "-v", value, p(path)]).status().unwrap();
+    assert!(st.success());
+}
+
+fn xattr_get(path: &Path, name: &str) -> String {
+    let out = std::process::Command::new("getfattr").args(["--only-values", "-n", name, p(path)]).output().unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Everything a user would notice about a tree: type, content, mode, owner, mtime, link target.
+fn manifest(root: &Path) -> BTreeMap<String, String> {
+    let mut m = BTreeMap::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for e in fs::read_dir(&dir).unwrap() {
+            let e = e.unwrap();
+            let path = e.path();
+            let md = fs::symlink_metadata(&path).unwrap();
+            let rel = path.strip_prefix(root).unwrap().to_string_lossy().into_owned();
+            let what = if md.file_type().is_symlink() {
+                format!("link {}", fs::read_link(&path).unwrap().display())
+            } else if md.is_dir() {
+                stack.push(path.clone());
+                "dir".to_string()
+            } else {
+                use sha2::Digest;
+                format!("file {} links={}", hex::encode(sha2::Sha256::digest(fs::read(&path).unwrap())), md.nlink())
+            };
+            let mtime = if md.file_type().is_symlink() { 0 } else { md.mtime_nsec() + md.mtime() * 1_000_000_000 };
+            m.insert(rel, format!("{what} mode={:o} uid={} gid={} mtime={mtime}", md.mode(), md.uid(), md.gid()));
+        }
+    }
+    m
+}
+
+fn convert_ok(env: &Env, dir: &Path, extra: &[&str]) -> String {
+    let mut args = vec!["convert", p(dir), "--yes", "--protector-name", "owner"];
+    args.extend_from_slice(extra);
+    env.ok(&args, "pw\n")
+}
+
+/// Starts a new conversion that the engine's fault hook kills at `point` (exit status 99).
+#[cfg(feature = "fault-injection")]
+fn crash_convert(env: &Env, dir: &Path, point: &str) {
+    use std::io::Write;
+    use std::process::Stdio;
+    let mut c = env
+        .cmd(&["convert", p(dir), "--yes", "--protector-name", "owner"])
+        .env("DIRSEAL_FAULT", point)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    c.stdin.take().unwrap().write_all(b"pw\n").unwrap();
+    let out = c.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(99), "{point}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
+fn convert_home_end_to_end() {
+    let env = Env::new();
+    let home = env.mnt().join("home/alice");
+    build_home(&home, fresh_uid());
+    let before = manifest(&home);
+    let out = convert_ok(&env, &home, &[]);
+    assert!(out.contains("is now encrypted"), "{out}");
+
+    let st = env.status_json(&home);
+    assert_eq!(st["encrypted"], true);
+    assert_eq!(st["key"], "unlocked");
+    assert_eq!(st["conversion"], "done");
+    assert_eq!(manifest(&home), before);
+    assert_eq!(xattr_get(&home.join("Documents/plan.txt"), "user.color"), "blue");
+    // No plaintext copy is left behind anywhere on the filesystem's work dir.
+    let wd = env.mnt().join(".dirseal/convert");
+    for e in fs::read_dir(&wd).unwrap() {
+        let e = e.unwrap().path();
+        let left: Vec<String> = names(&e).into_iter().filter(|n| n != "journal.json" && n != "lock").collect();
+        assert!(left.is_empty(), "work dir still holds {left:?}");
+    }
+
+    env.ok(&["lock", p(&home)], "");
+    assert!(!names(&home).contains(&"Documents".to_string()));
+    env.ok(&["unlock", p(&home)], "pw\n");
+    assert_eq!(manifest(&home), before);
+    // A second run has nothing to do and says so.
+    let err = env.fails(&["convert", p(&home), "--yes"], "pw\n");
+    assert!(err.contains("already encrypted"), "{err}");
+}
+
+#[test]
+fn refusals_change_nothing() {
+    let env = Env::new();
+    let home = env.mnt().join("home/bob");
+    let uid = fresh_uid();
+    build_home(&home, uid);
+    let before = manifest(&home);
+
+    // Not confirmed and not on a terminal.
+    let err = env.fails(&["convert", p(&home)], "pw\n");
+    assert!(err.contains("--yes"), "{err}");
+    // The filesystem root.
+    let err = env.fails(&["convert", p(env.mnt()), "--yes"], "pw\n");
+    assert!(err.contains("root of a filesystem"), "{err}");
+    // A symlink to the directory.
+    let link = env.mnt().join("home/link");
+    std::os::unix::fs::symlink(&home, &link).unwrap();
+    let err = env.fails(&["convert", p(&link), "--yes"], "pw\n");
+    assert!(err.contains("symbolic link"), "{err}");
+    // The owner has a process running.
+    let mut child = std::process::Command::new("setpriv")
+        .args(["--reuid", &uid.to_string(), "--regid", &uid.to_string(), "--clear-groups", "sh", "-c", "read _"])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let status = format!("/proc/{}/status", child.id());
+    while !fs::read_to_string(&status)
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.starts_with("Uid:") && l.contains(&uid.to_string()))
+    {
+        assert!(child.try_wait().unwrap().is_none(), "setpriv exited early");
+        std::thread::yield_now();
+    }
+    let err = env.fails(&["convert", p(&home), "--yes"], "pw\n");
+    assert!(err.contains("has processes running") && err.contains(&child.id().to_string()), "{err}");
+    drop(child.stdin.take());
+    child.wait().unwrap();
+
+    assert_eq!(manifest(&home), before);
+    assert_eq!(env.status_json(&home)["encrypted"], false);
+    let o: serde_json::Value = serde_json::from_str(&env.ok(&["status", "--json"], "")).unwrap();
+    assert_eq!(o["policies"].as_array().unwrap().len(), 0, "a refusal must not create a policy");
+}
+
+#[test]
+fn keep_backup_then_rollback_or_commit() {
+    let env = Env::new();
+    let a = env.mnt().join("a");
+    let b = env.mnt().join("b");
+    build_home(&a, fresh_uid());
+    build_home(&b, fresh_uid());
+    let before_a = manifest(&a);
+    let before_b = manifest(&b);
+
+    let out = convert_ok(&env, &a, &["--keep-backup"]);
+    assert!(out.contains("--rollback"), "{out}");
+    assert_eq!(env.status_json(&a)["encrypted"], true);
+    env.ok(&["convert", "--rollback", p(&a)], "");
+    assert_eq!(env.status_json(&a)["encrypted"], false);
+    assert_eq!(manifest(&a), before_a);
+
+    convert_ok(&env, &b, &["--keep-backup"]);
+    let st: serde_json::Value = serde_json::from_str(&env.ok(&["convert", "--status", "--json", p(&b)], "")).unwrap();
+    assert_eq!(st["state"], "swapped");
+    env.ok(&["convert", "--commit", p(&b)], "");
+    assert_eq!(env.status_json(&b)["encrypted"], true);
+    assert_eq!(manifest(&b), before_b);
+    let err = env.fails(&["convert", "--rollback", p(&b)], "");
+    assert!(err.contains("cannot roll back"), "{err}");
+}
+
+#[cfg(feature = "fault-injection")]
+#[test]
+fn crash_at_every_fault_point_then_resume() {
+    let env = Env::new();
+    let points = [
+        "after-staging-created",
+        "after-prepare",
+        "after-record-copying",
+        "copy-file:3",
+        "copy-file:30",
+        "before-record-copied",
+        "after-record-copied",
+        "after-verify",
+        "after-record-verified",
+        "after-swap",
+        "after-record-swapped",
+        "mid-dispose",
+    ];
+    for (i, point) in points.iter().enumerate() {
+        let home = env.mnt().join(format!("h{i}"));
+        build_home(&home, fresh_uid());
+        let before = manifest(&home);
+        crash_convert(&env, &home, point);
+        // Running the same command again resumes, without asking for anything new.
+        let again = env.ok(&["convert", p(&home), "--yes"], "pw\n");
+        assert!(again.contains("now encrypted") || again.contains("resuming"), "{point}: {again}");
+        assert_eq!(manifest(&home), before, "after crash at {point}");
+        assert_eq!(env.status_json(&home)["encrypted"], true, "{point}");
+    }
+}
+
+#[cfg(feature = "fault-injection")]
+#[test]
+fn resume_after_reboot_asks_for_the_secret() {
+    let mut env = Env::new();
+    let home = env.mnt().join("h");
+    build_home(&home, fresh_uid());
+    let before = manifest(&home);
+    crash_convert(&env, &home, "copy-file:5");
+    // A remount drops every key of the filesystem, like a reboot.
+    env.fs.remount();
+    let err = env.fails(&["convert", p(&home), "--yes"], "wrong\n");
+    assert!(err.contains("incorrect password"), "{err}");
+    let st: serde_json::Value =
+        serde_json::from_str(&env.ok(&["convert", "--status", "--json", p(&home)], "")).unwrap();
+    assert_eq!(st["state"], "copying");
+    env.ok(&["convert", p(&home)], "pw\n");
+    assert_eq!(manifest(&home), before);
+}
+
+#[cfg(feature = "fault-injection")]
+#[test]
+fn abort_before_swap_restores_nothing_needed() {
+    let env = Env::new();
+    let home = env.mnt().join("h");
+    build_home(&home, fresh_uid());
+    let before = manifest(&home);
+    crash_convert(&env, &home, "after-record-copied");
+    env.ok(&["convert", "--abort", p(&home)], "");
+    assert_eq!(manifest(&home), before);
+    assert_eq!(env.status_json(&home)["encrypted"], false);
+    // After an abort a fresh conversion works.
+    convert_ok(&env, &home, &[]);
+    assert_eq!(manifest(&home), before);
+}
+
+#[test]
+fn json_progress_and_result() {
+    let env = Env::new();
+    let home = env.mnt().join("j");
+    build_home(&home, fresh_uid());
+    let out = convert_ok(&env, &home, &["--json"]);
+    let last = out.lines().last().unwrap();
+    let v: serde_json::Value = serde_json::from_str(last).unwrap();
+    assert_eq!(v["result"]["state"], "done");
+    assert!(v["result"]["files"].as_u64().unwrap() > 40);
+    for l in out.lines() {
+        let v: serde_json::Value = serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}"));
+        assert!(v.get("progress").is_some() || v.get("result").is_some(), "{l}");
+    }
+}
