@@ -84,6 +84,9 @@ pub struct KeyHost<'a> {
     pub source: PathBuf,
     /// The protector for a new conversion's staging policy (absent on resume and abort).
     pub protector: Option<(ProtectorRecord, ProtectorKey)>,
+    /// A recovery key to seal the new policy's master key under, on the staging root (it becomes
+    /// the directory at the swap, so the key works from the first moment the data is encrypted).
+    pub recovery: Option<&'a dirseal_recovery::RecoveryKey>,
     pub stop: &'a AtomicBool,
     pub on_progress: &'a (dyn Fn(&Progress) + Sync),
 }
@@ -99,8 +102,11 @@ impl Host for KeyHost<'_> {
             .as_ref()
             .ok_or_else(|| HostError("internal: no protector chosen for a new conversion".into()))?;
         // The hint names the source: after the swap that path is the encrypted directory.
-        let (policy, _master) = self.ds.new_policy(&self.source, prec, pkey).map_err(host_err)?;
+        let (policy, master) = self.ds.new_policy(&self.source, prec, pkey).map_err(host_err)?;
         fscrypt::set_policy(staging, &policy.id).map_err(host_err)?;
+        if let Some(key) = self.recovery {
+            crate::recovery::install(staging, &policy.id, &master, key).map_err(host_err)?;
+        }
         Ok(policy.id.to_string())
     }
 

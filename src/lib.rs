@@ -12,6 +12,7 @@ pub mod ids;
 pub mod kdf;
 pub mod keystore;
 pub mod ops;
+pub mod recovery;
 pub mod secret;
 pub mod securefile;
 pub mod sys;

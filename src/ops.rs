@@ -25,6 +25,8 @@ pub enum OpsError {
     Config(#[from] ConfigError),
     #[error(transparent)]
     Ui(#[from] UiError),
+    #[error(transparent)]
+    Recovery(#[from] crate::recovery::RecoveryError),
     #[error("{path} is not encrypted; encrypt an empty directory with `dirseal encrypt {path}` or an existing one with `dirseal convert {path}`")]
     NotEncrypted { path: PathBuf },
     #[error("{path} is encrypted with key {id}, but the keystore has no policy for it; if you have a recovery key run `dirseal recovery restore {path}`")]

@@ -24,6 +24,8 @@ pub struct ConvertArgs {
     dir: Option<PathBuf>,
     #[command(flatten)]
     protector: ProtectorArgs,
+    #[command(flatten)]
+    recovery: super::recovery::RecoveryOffer,
     /// Do not ask for confirmation
     #[arg(long, short = 'y')]
     yes: bool,
@@ -180,10 +182,18 @@ pub fn run(ds: &mut Dirseal, args: ConvertArgs, ui: &mut TermUi) -> Result<i32> 
         force: args.force,
         threads,
     };
+    let mut recovery_key: Option<dirseal_recovery::RecoveryKey> = None;
     // A macro, not a closure: each host borrows `ds` only for the one engine call it serves.
     macro_rules! host {
         ($protector:expr) => {
-            KeyHost { ds: &*ds, source: abs.clone(), protector: $protector, stop: &stop, on_progress: &on_progress }
+            KeyHost {
+                ds: &*ds,
+                source: abs.clone(),
+                protector: $protector,
+                recovery: recovery_key.as_ref(),
+                stop: &stop,
+                on_progress: &on_progress,
+            }
         };
     }
 
@@ -227,12 +237,23 @@ pub fn run(ds: &mut Dirseal, args: ConvertArgs, ui: &mut TermUi) -> Result<i32> 
                 bail!("cancelled; nothing was changed");
             }
         }
+        if args.recovery.wanted() {
+            let key = dirseal_recovery::RecoveryKey::generate();
+            super::recovery::present(&key, &abs)?;
+            recovery_key = Some(key);
+        }
         let user = args.protector.user()?;
         let chosen = ds.resolve_protector(args.protector.choice(&user), ui)?;
         migrate::convert(&req, &host!(Some(chosen)))
     };
     reporter.finish();
     let outcome = result?;
+    if recovery_key.is_some() && matches!(outcome.state, State::Done | State::Swapped) && !has_recovery(&abs) {
+        eprintln!(
+            "dirseal: the recovery key shown above was not saved on {d}; create a new one with `dirseal recovery add {d}`",
+            d = clean(&abs.display().to_string())
+        );
+    }
     report(&abs, &outcome, args.json)?;
     Ok(0)
 }
@@ -339,4 +360,8 @@ fn unescape(s: &str) -> String {
         }
     }
     String::from_utf8_lossy(&out).into_owned()
+}
+
+fn has_recovery(dir: &Path) -> bool {
+    dirseal::recovery::read_blob(dir).is_ok_and(|b| b.is_some())
 }

@@ -1,5 +1,6 @@
 //! The `dirseal` command line: thin glue from clap to [`dirseal::ops`].
 mod convert;
+mod recovery;
 mod term;
 
 use std::path::{Path, PathBuf};
@@ -47,6 +48,8 @@ enum Cmd {
         dir: PathBuf,
         #[command(flatten)]
         protector: ProtectorArgs,
+        #[command(flatten)]
+        recovery: recovery::RecoveryOffer,
     },
     /// Encrypt a directory that already holds data, in place (resumable)
     Convert(convert::ConvertArgs),
@@ -54,8 +57,11 @@ enum Cmd {
     Unlock {
         dir: PathBuf,
         /// Protector to use when the directory has several
-        #[arg(long, value_name = "ID")]
+        #[arg(long, value_name = "ID", conflicts_with = "recovery")]
         protector: Option<ProtectorId>,
+        /// Unlock with the directory's recovery key (works without the keystore)
+        #[arg(long)]
+        recovery: bool,
     },
     /// Lock an encrypted directory (remove its key from the kernel)
     Lock {
@@ -78,6 +84,9 @@ enum Cmd {
     /// Manage policies (one per encrypted directory) and their protectors
     #[command(subcommand)]
     Policy(PolicyCmd),
+    /// Recovery keys: create, verify, remove, and restore access with one
+    #[command(subcommand)]
+    Recovery(recovery::RecoveryCmd),
     /// Write shell completions and man pages into DIR
     #[command(hide = true)]
     GenerateDocs { dir: PathBuf },
@@ -255,12 +264,18 @@ fn run(cli: Cli) -> Result<i32> {
     match cli.cmd {
         Cmd::Status { dir: Some(dir), json } => status_dir(&ds, &dir, json)?,
         Cmd::Status { dir: None, json } => overview(&ds, json)?,
-        Cmd::Encrypt { dir, protector } => {
+        Cmd::Encrypt { dir, protector, recovery: offer } => {
             let user = protector.user()?;
-            ds.encrypt(&dir, protector.choice(&user), &mut ui)?;
+            // Ask before anything is encrypted; the key is shown once the master key exists.
+            let want_recovery = offer.wanted();
+            let (policy, master) = ds.encrypt(&dir, protector.choice(&user), &mut ui)?;
+            if want_recovery {
+                recovery::create(&dir, &policy.id, &master)?;
+            }
         }
         Cmd::Convert(args) => return convert::run(&mut ds, args, &mut ui),
-        Cmd::Unlock { dir, protector } => ds.unlock(&dir, Pick { protector }, &mut ui)?,
+        Cmd::Unlock { dir, recovery: true, .. } => ds.unlock_with_recovery(&dir, &mut ui)?,
+        Cmd::Unlock { dir, protector, recovery: false } => ds.unlock(&dir, Pick { protector }, &mut ui)?,
         Cmd::Lock { dir, all_users, json } => return lock(&ds, &dir, all_users, json),
         Cmd::ChangePassword { dir, protector } => {
             let rec = ds.password_protector_of_dir(&dir, Pick { protector })?;
@@ -269,6 +284,7 @@ fn run(cli: Cli) -> Result<i32> {
         }
         Cmd::Protector(cmd) => protector(&mut ds, cmd, &mut ui)?,
         Cmd::Policy(cmd) => policy(&mut ds, cmd, &mut ui)?,
+        Cmd::Recovery(cmd) => recovery::run(&mut ds, cmd, &mut ui)?,
         Cmd::GenerateDocs { .. } => unreachable!("handled above"),
     }
     Ok(0)
@@ -315,6 +331,8 @@ struct DirStatusOut {
     status: ops::DirStatus,
     /// State of a conversion of this directory recorded in its work dir, if any.
     conversion: Option<String>,
+    /// Whether a recovery key is stored on the directory.
+    recovery_key: bool,
 }
 
 fn status_dir(ds: &Dirseal, dir: &Path, json: bool) -> Result<()> {
@@ -323,7 +341,8 @@ fn status_dir(ds: &Dirseal, dir: &Path, json: bool) -> Result<()> {
         .ok()
         .and_then(|abs| dirseal::convert::status(&abs).ok().flatten())
         .map(|v| v.state.to_string());
-    let out = DirStatusOut { status, conversion };
+    let recovery_key = status.encrypted && dirseal::recovery::read_blob(dir).is_ok_and(|b| b.is_some());
+    let out = DirStatusOut { status, conversion, recovery_key };
     if json {
         return print_json(&out);
     }
@@ -342,6 +361,12 @@ fn status_dir(ds: &Dirseal, dir: &Path, json: bool) -> Result<()> {
         for p in &s.protectors {
             println!("    {}", protector_line(p));
         }
+    }
+    if s.encrypted {
+        println!(
+            "  recovery:   {}",
+            if out.recovery_key { "yes" } else { "no (create one with `dirseal recovery add`)" }
+        );
     }
     if let Some(c) = &out.conversion {
         println!("  conversion: {c}");

@@ -1,0 +1,123 @@
+//! `dirseal recovery ...` and the recovery-key offer of `encrypt` and `convert`.
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Result};
+use clap::{Args, Subcommand};
+
+use dirseal::ids::{KeyIdentifier, ProtectorId};
+use dirseal::ops::{Dirseal, Pick};
+use dirseal::recovery::{self, RecoveryError};
+use dirseal::secret::MasterKey;
+use dirseal_recovery::RecoveryKey;
+
+use super::term::{clean, confirm, TermUi};
+use super::ProtectorArgs;
+
+#[derive(Subcommand)]
+pub enum RecoveryCmd {
+    /// Create a recovery key for DIR: shown once, to write down (asks for a protector's secret)
+    Add {
+        dir: PathBuf,
+        /// Protector that proves access when the directory has several
+        #[arg(long, value_name = "ID")]
+        protector: Option<ProtectorId>,
+    },
+    /// Check a typed recovery key against DIR without unlocking anything
+    Verify { dir: PathBuf },
+    /// Delete DIR's recovery key (it stops working)
+    Remove { dir: PathBuf },
+    /// Unlock DIR with its recovery key and enrol a new protector; works with a lost keystore
+    Restore {
+        dir: PathBuf,
+        #[command(flatten)]
+        protector: ProtectorArgs,
+    },
+}
+
+/// `--recovery-key` / `--no-recovery-key` on `encrypt` and `convert`.
+#[derive(Args, Default)]
+pub struct RecoveryOffer {
+    /// Create a recovery key and show it before anything is encrypted
+    #[arg(long, conflicts_with = "no_recovery_key")]
+    recovery_key: bool,
+    /// Do not create a recovery key (and do not ask)
+    #[arg(long)]
+    no_recovery_key: bool,
+}
+
+impl RecoveryOffer {
+    /// Whether to make a key: the flags decide; on a terminal without flags, ask.
+    pub fn wanted(&self) -> bool {
+        if self.recovery_key || self.no_recovery_key {
+            return self.recovery_key;
+        }
+        std::io::stdin().is_terminal()
+            && confirm(
+                "Create a recovery key (the way back in if every password is forgotten or the keystore is lost)?",
+            )
+    }
+}
+
+/// Shows a new key; on a terminal, has it typed back so a miswritten copy is caught now.
+pub fn present(key: &RecoveryKey, dir: &Path) -> Result<()> {
+    println!(
+        "Recovery key for {} — write it down and keep it away from the device; it is shown only once:\n\n    {}\n",
+        clean(&dir.display().to_string()),
+        &*key.to_display()
+    );
+    if !std::io::stdin().is_terminal() {
+        return Ok(());
+    }
+    for _ in 0..3 {
+        eprint!("Type the recovery key back to confirm: ");
+        let mut line = zeroize::Zeroizing::new(String::new());
+        std::io::stdin().read_line(&mut line)?;
+        match RecoveryKey::parse(&line) {
+            Ok(k) if k == *key => return Ok(()),
+            Ok(_) => eprintln!("that is a valid key, but not this one; check what you wrote"),
+            Err(e) => eprintln!("{e}"),
+        }
+    }
+    Err(RecoveryError::NotConfirmed.into())
+}
+
+/// Creates and installs a key for a directory whose master key the caller holds.
+pub fn create(dir: &Path, policy: &KeyIdentifier, master: &MasterKey) -> Result<()> {
+    if recovery::read_blob(dir)?.is_some() {
+        return Err(RecoveryError::Exists { path: dir.to_path_buf() }.into());
+    }
+    let key = RecoveryKey::generate();
+    present(&key, dir)?;
+    recovery::install(dir, policy, master, &key)?;
+    Ok(())
+}
+
+pub fn run(ds: &mut Dirseal, cmd: RecoveryCmd, ui: &mut TermUi) -> Result<()> {
+    match cmd {
+        RecoveryCmd::Add { dir, protector } => {
+            if recovery::read_blob(&dir)?.is_some() {
+                return Err(RecoveryError::Exists { path: dir }.into());
+            }
+            let (policy, master) = ds.master_key_of_dir(&dir, Pick { protector }, ui)?;
+            create(&dir, &policy.id, &master)?;
+            println!("recovery key saved on {}", clean(&dir.display().to_string()));
+        }
+        RecoveryCmd::Verify { dir } => {
+            let key = recovery::ask_key(&dir, ui)?;
+            recovery::master_key(&dir, &key)?;
+            println!("the recovery key opens {}", clean(&dir.display().to_string()));
+        }
+        RecoveryCmd::Remove { dir } => {
+            if !recovery::remove_blob(&dir)? {
+                bail!("{} has no recovery key; nothing to remove", dir.display());
+            }
+            println!("removed the recovery key of {}", clean(&dir.display().to_string()));
+        }
+        RecoveryCmd::Restore { dir, protector } => {
+            let user = protector.user()?;
+            ds.restore_with_recovery(&dir, protector.choice(&user), ui)?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,176 @@
+//! Recovery keys stored with the data: the master key sealed by a recovery key in a root-only
+//! `trusted.dirseal.recovery` xattr on the encrypted directory itself, so that a reinstall that
+//! wiped the keystore still leaves a way in (docs/recovery-format.md).
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+
+use dirseal_recovery::{BlobError, ParseError, RecoveryKey, Sealed};
+
+use crate::fscrypt::{self, FscryptError};
+use crate::ids::KeyIdentifier;
+use crate::keystore::{KeystoreError, PolicyRecord, ProtectorRecord};
+use crate::ops::{Dirseal, OpsError, ProtectorChoice};
+use crate::secret::{MasterKey, Passphrase};
+use crate::ui::{SecretPrompt, Ui};
+
+pub const XATTR: &str = "trusted.dirseal.recovery";
+/// Far above a real blob (~200 bytes); bounds what a corrupted attribute can make us read.
+const MAX_XATTR: usize = 8192;
+
+#[derive(Debug, thiserror::Error)]
+pub enum RecoveryError {
+    #[error("{path} is not encrypted, so it has no recovery key")]
+    NotEncrypted { path: PathBuf },
+    #[error("{path} has no recovery key (its {XATTR} attribute is missing); while it is unlocked, create one with `dirseal recovery add {path}`")]
+    Missing { path: PathBuf },
+    #[error("{path} already has a recovery key; remove it first with `dirseal recovery remove {path}` (the old key then stops working)")]
+    Exists { path: PathBuf },
+    #[error("the recovery key is mistyped: {0}")]
+    Typo(#[from] ParseError),
+    #[error("{path}: {source}")]
+    Blob { path: PathBuf, source: BlobError },
+    #[error("the recovery data of {path} names policy {found}, but the directory's policy is {expected}: it was copied from another directory and cannot open this one")]
+    OtherPolicy { path: PathBuf, expected: KeyIdentifier, found: KeyIdentifier },
+    #[error("the key recovered for {path} does not match its policy {expected}: the recovery data is forged or damaged; nothing was unlocked")]
+    KeyMismatch { path: PathBuf, expected: KeyIdentifier },
+    #[error("the key you typed back differs from the recovery key shown; nothing was saved, run the command again")]
+    NotConfirmed,
+    #[error(
+        "cannot {op} the recovery attribute of {path}: {source}; dirseal must run as root on a filesystem with xattrs"
+    )]
+    Xattr { path: PathBuf, op: &'static str, source: std::io::Error },
+    #[error(transparent)]
+    Fscrypt(#[from] FscryptError),
+}
+
+fn open_dir(dir: &Path) -> Result<OwnedFd, RecoveryError> {
+    use rustix::fs::{Mode, OFlags};
+    rustix::fs::open(dir, OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC, Mode::empty())
+        .map_err(|e| RecoveryError::Xattr { path: dir.to_path_buf(), op: "open the directory for", source: e.into() })
+}
+
+/// The parsed blob on `dir`, if any.
+pub fn read_blob(dir: &Path) -> Result<Option<Sealed>, RecoveryError> {
+    let fd = open_dir(dir)?;
+    let mut buf = vec![0u8; MAX_XATTR];
+    match rustix::fs::fgetxattr(&fd, XATTR, &mut buf) {
+        Ok(n) => {
+            buf.truncate(n);
+            Sealed::parse(&buf).map(Some).map_err(|source| RecoveryError::Blob { path: dir.to_path_buf(), source })
+        }
+        Err(rustix::io::Errno::NODATA) => Ok(None),
+        Err(rustix::io::Errno::RANGE) => {
+            Err(RecoveryError::Blob { path: dir.to_path_buf(), source: BlobError::TooLarge(MAX_XATTR) })
+        }
+        Err(e) => Err(RecoveryError::Xattr { path: dir.to_path_buf(), op: "read", source: e.into() }),
+    }
+}
+
+fn write_blob(dir: &Path, blob: &Sealed) -> Result<(), RecoveryError> {
+    let fd = open_dir(dir)?;
+    rustix::fs::fsetxattr(&fd, XATTR, &blob.to_bytes(), rustix::fs::XattrFlags::CREATE).map_err(|e| {
+        if e == rustix::io::Errno::EXIST {
+            RecoveryError::Exists { path: dir.to_path_buf() }
+        } else {
+            RecoveryError::Xattr { path: dir.to_path_buf(), op: "write", source: e.into() }
+        }
+    })?;
+    rustix::fs::fsync(&fd).map_err(|e| RecoveryError::Xattr { path: dir.to_path_buf(), op: "sync", source: e.into() })
+}
+
+/// Deletes the recovery attribute; `false` if there was none.
+pub fn remove_blob(dir: &Path) -> Result<bool, RecoveryError> {
+    let fd = open_dir(dir)?;
+    match rustix::fs::fremovexattr(&fd, XATTR) {
+        Ok(()) => Ok(true),
+        Err(rustix::io::Errno::NODATA) => Ok(false),
+        Err(e) => Err(RecoveryError::Xattr { path: dir.to_path_buf(), op: "remove", source: e.into() }),
+    }
+}
+
+fn metadata(policy: &KeyIdentifier) -> Vec<u8> {
+    format!("{{\"version\":1,\"policy\":\"{policy}\"}}").into_bytes()
+}
+
+/// Seals `master` (the key of `policy`, on `dir`) under `key` and stores it on `dir`.
+pub fn install(dir: &Path, policy: &KeyIdentifier, master: &MasterKey, key: &RecoveryKey) -> Result<(), RecoveryError> {
+    let blob = dirseal_recovery::seal(key, &policy.0, master.as_bytes(), &metadata(policy))
+        .map_err(|source| RecoveryError::Blob { path: dir.to_path_buf(), source })?;
+    write_blob(dir, &blob)
+}
+
+/// Parses what the user typed.
+pub fn parse_key(typed: &Passphrase) -> Result<RecoveryKey, RecoveryError> {
+    let text = std::str::from_utf8(typed.as_bytes()).unwrap_or("\u{fffd}");
+    Ok(RecoveryKey::parse(text)?)
+}
+
+/// The master key of `dir` from its recovery attribute, checked against the kernel's policy.
+pub fn master_key(dir: &Path, key: &RecoveryKey) -> Result<(KeyIdentifier, MasterKey), RecoveryError> {
+    let policy = fscrypt::get_policy(dir)?.ok_or_else(|| RecoveryError::NotEncrypted { path: dir.to_path_buf() })?;
+    let id = policy.identifier;
+    let blob = read_blob(dir)?.ok_or_else(|| RecoveryError::Missing { path: dir.to_path_buf() })?;
+    if blob.context() != &id.0 {
+        return Err(RecoveryError::OtherPolicy {
+            path: dir.to_path_buf(),
+            expected: id,
+            found: KeyIdentifier(*blob.context()),
+        });
+    }
+    let bytes = blob.open(key, &id.0).map_err(|source| RecoveryError::Blob { path: dir.to_path_buf(), source })?;
+    let master = MasterKey::from_slice(&bytes)
+        .ok_or_else(|| RecoveryError::KeyMismatch { path: dir.to_path_buf(), expected: id })?;
+    if fscrypt::key_identifier(&master) != id {
+        return Err(RecoveryError::KeyMismatch { path: dir.to_path_buf(), expected: id });
+    }
+    Ok((id, master))
+}
+
+/// Asks the Ui for the recovery key of `dir` and parses it.
+pub fn ask_key(dir: &Path, ui: &mut dyn Ui) -> Result<RecoveryKey, OpsError> {
+    let typed = ui.secret(&SecretPrompt::RecoveryKey { dir })?;
+    Ok(parse_key(&typed)?)
+}
+
+impl Dirseal {
+    /// Unlocks `dir` with its recovery key; works without any keystore entry.
+    pub fn unlock_with_recovery(&self, dir: &Path, ui: &mut dyn Ui) -> Result<(), OpsError> {
+        let key = ask_key(dir, ui)?;
+        let (_, master) = master_key(dir, &key)?;
+        self.add_key(dir, &master)?;
+        ui.notice(&format!("unlocked {} with its recovery key", dir.display()));
+        Ok(())
+    }
+
+    /// Unlocks `dir` with its recovery key and enrols `choice` (e.g. a new password) in its
+    /// policy, creating the policy record if the keystore lost it.
+    pub fn restore_with_recovery(
+        &mut self,
+        dir: &Path,
+        choice: ProtectorChoice<'_>,
+        ui: &mut dyn Ui,
+    ) -> Result<(PolicyRecord, ProtectorRecord), OpsError> {
+        let key = ask_key(dir, ui)?;
+        let (id, master) = master_key(dir, &key)?;
+        let (prec, pkey) = self.resolve_protector(choice, ui)?;
+        let _guard = self.keystore().lock()?;
+        let mut policy = match self.keystore().policy(&id) {
+            Ok(p) => p,
+            // A missing or unreadable record is rebuilt: the recovery key proved ownership.
+            Err(KeystoreError::NotFound { .. } | KeystoreError::Corrupt { .. }) => {
+                PolicyRecord::new(id, Some(dir.to_path_buf()))
+            }
+            Err(e) => return Err(e.into()),
+        };
+        policy.add_protector(&prec.id, &pkey, &master);
+        self.keystore().save_policy(&policy)?;
+        self.add_key(dir, &master)?;
+        ui.notice(&format!(
+            "restored {}: unlocked, and protector {} ({}) now opens it",
+            dir.display(),
+            prec.id,
+            prec.name
+        ));
+        Ok((policy, prec))
+    }
+}
