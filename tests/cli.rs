@@ -261,3 +261,27 @@ fn generate_docs_writes_completions_and_man_pages() {
     assert!(out.path().join("man/dirseal.1").exists());
     assert!(out.path().join("man/dirseal-convert.1").exists());
 }
+
+#[test]
+fn argon2_cost_is_calibrated_once_and_flags_override_it() {
+    let env = Env::new();
+    // No [argon2] in the config: the first protector calibrates (~1 s) and records the cost.
+    std::fs::write(env.config(), "").unwrap();
+    env.ok(&["protector", "create", "--name", "calibrated"], "pw\n");
+    let cfg = std::fs::read_to_string(env.config()).unwrap();
+    assert!(cfg.contains("[argon2]") && cfg.contains("time_cost") && cfg.contains("memory_kib"), "{cfg}");
+    let list: serde_json::Value = serde_json::from_str(&env.ok(&["protector", "list", "--json"], "")).unwrap();
+    let id = list["protectors"][0]["id"].as_str().unwrap().to_string();
+    let rec: serde_json::Value =
+        serde_json::from_slice(&fs::read(env.keystore().join(format!("protectors/{id}.json"))).unwrap()).unwrap();
+    let recorded: toml::Value = toml::from_str(&cfg).unwrap();
+    assert_eq!(rec["kind"]["argon2"]["memory_kib"].as_i64(), recorded["argon2"]["memory_kib"].as_integer());
+    // Per-protector flags override the machine cost.
+    let out =
+        env.ok(&["protector", "create", "--name", "cheap", "--kdf-time-ms", "20", "--kdf-memory-mib", "8"], "pw\n");
+    let cheap = out.split_whitespace().nth(2).unwrap();
+    let rec: serde_json::Value =
+        serde_json::from_slice(&fs::read(env.keystore().join(format!("protectors/{cheap}.json"))).unwrap()).unwrap();
+    assert_eq!(rec["kind"]["argon2"]["memory_kib"], 8192);
+    env.ok(&["protector", "verify", cheap], "pw\n");
+}

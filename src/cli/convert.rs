@@ -102,7 +102,7 @@ fn status_out(v: &StatusView) -> StatusOut<'_> {
 /// Progress for humans (a bar on a terminal) or front ends (JSON lines, at most one per second).
 struct Reporter {
     bar: Option<indicatif::ProgressBar>,
-    json: Option<Mutex<Option<Instant>>>,
+    json: Option<Mutex<Option<(Instant, String)>>>,
 }
 
 impl Reporter {
@@ -132,10 +132,12 @@ impl Reporter {
         }
         if let Some(last) = &self.json {
             let mut last = last.lock().unwrap_or_else(|e| e.into_inner());
-            if last.is_some_and(|t| t.elapsed() < Duration::from_secs(1)) {
+            // One line per second, and one at every phase change so front ends see each phase.
+            let same_phase = last.as_ref().is_some_and(|(_, ph)| *ph == p.phase);
+            if same_phase && last.as_ref().is_some_and(|(t, _)| t.elapsed() < Duration::from_secs(1)) {
                 return;
             }
-            *last = Some(Instant::now());
+            *last = Some((Instant::now(), p.phase.clone()));
             #[derive(Serialize)]
             struct Line<'a> {
                 progress: &'a Progress,
