@@ -305,3 +305,63 @@ fn a_keystore_entry_for_another_key_is_refused() {
     assert!(!ok(&o), "a forged entry must not authenticate: {}", show(&o));
     assert!(!unlocked(&a));
 }
+
+/// Leaves a conversion of `home` recorded mid-copy, as if it had been interrupted.
+fn interrupted_conversion(home: &Path) {
+    /// Stops the engine as soon as the copy starts, so the journal says "copying".
+    struct Stopped(std::sync::atomic::AtomicBool);
+    impl dirseal_migrate::Host for Stopped {
+        fn progress(&self, p: &dirseal_migrate::Progress) {
+            if p.phase == dirseal_migrate::Phase::Copying {
+                self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+        fn prepare_staging(&self, _: &Path) -> Result<String, dirseal_migrate::HostError> {
+            Ok("test".into())
+        }
+        fn ensure_unlocked(&self, _: &str, _: &Path) -> Result<(), dirseal_migrate::HostError> {
+            Ok(())
+        }
+        fn is_encrypted(&self, _: &Path) -> Result<bool, dirseal_migrate::HostError> {
+            Ok(false)
+        }
+        fn exchange(&self, _: &Path, _: &Path) -> Result<(), dirseal_migrate::HostError> {
+            Err(dirseal_migrate::HostError("not in this test".into()))
+        }
+        fn trim(&self, _: &Path) -> Result<(), dirseal_migrate::HostError> {
+            Ok(())
+        }
+        fn should_stop(&self) -> bool {
+            self.0.load(std::sync::atomic::Ordering::Relaxed)
+        }
+    }
+    let wd = dirseal::convert::workdir_for(home).unwrap();
+    let req = dirseal_migrate::Request {
+        source: home,
+        workdir: &wd,
+        keep_backup: false,
+        wipe: false,
+        force: true,
+        threads: 1,
+    };
+    let e = dirseal_migrate::convert(&req, &Stopped(Default::default())).unwrap_err();
+    assert!(matches!(e, dirseal_migrate::MigrateError::Interrupted { .. }), "{e:?}");
+    assert!(dirseal::convert::in_progress(home).unwrap());
+}
+
+#[test]
+fn login_during_a_conversion_is_refused_unless_allowed() {
+    let mut s = Setup::new();
+    let u = User::new(s.fs.path());
+    fs::write(u.home.join("file"), b"plaintext still").unwrap();
+    interrupted_conversion(&u.home);
+    let svc = s.service(&AUTH_THEN.replace("NEXT", "permit"));
+    let o = pamtester(&svc, &u.name, &["authenticate"], "pw\n", &[]);
+    assert!(!ok(&o), "{}", show(&o));
+    let all = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert!(all.contains("Encryption of your home directory is in progress"), "{all}");
+    // The admin allows it: the module steps aside and the rest of the stack decides.
+    fs::write(s.config(), format!("{FAST_CONFIG}[pam]\nallow_login_during_conversion = true\n")).unwrap();
+    let o = pamtester(&svc, &u.name, &["authenticate"], "pw\n", &[]);
+    assert!(ok(&o), "{}", show(&o));
+}
