@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# `dirseal convert` against its peers on the same scratch ext4, same tree, caches dropped:
+#   cp -a + sync and rsync -aHAXS + sync into an fscrypt directory, and dd of one large file.
+# Prints wall time and peak RSS of each, and the ratios. Record results in docs/performance.md.
+# Usage: sudo scripts/bench-convert.sh [SMALL_FILES=20000] [MEDIUM_FILES=200] [LARGE_MIB=64]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ "$(id -u)" -eq 0 ] || { echo "run as root" >&2; exit 1; }
+small=${1:-20000} medium=${2:-200} large_mib=${3:-64}
+bash scripts/deps.sh >/dev/null
+cargo build --quiet --release
+bin=$PWD/target/release/dirseal
+
+work=$(mktemp -d /tmp/dirseal-bench.XXXXXX)
+mnt=$work/mnt loopdev=
+cleanup() {
+  umount "$mnt" 2>/dev/null || umount -l "$mnt" 2>/dev/null || true
+  [ -n "$loopdev" ] && losetup -d "$loopdev" 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+# Room for four copies of the tree plus the conversion's staging copy.
+size_mib=$(( (small * 8 / 1024 + medium + 3 * large_mib + 40) * 6 + 512 ))
+truncate -s "${size_mib}M" "$work/fs.img"
+mkfs.ext4 -q -O encrypt -N $(( small * 6 + 100000 )) "$work/fs.img"
+mkdir "$mnt"
+loopdev=$(losetup --find --show "$work/fs.img")
+mount "$loopdev" "$mnt"
+export DIRSEAL_KEYSTORE=$work/keystore DIRSEAL_CONFIG=$work/config.toml
+printf '[argon2]\ntime_cost = 1\nmemory_kib = 1024\nparallelism = 1\n' > "$DIRSEAL_CONFIG"
+chmod 600 "$DIRSEAL_CONFIG"
+
+echo "building the tree: $small small files, $medium medium, 3 x ${large_mib} MiB, one sparse"
+tpl=$mnt/template
+python3 - "$tpl" "$small" "$medium" "$large_mib" <<'PY'
+import os, random, sys
+root, small, medium, large = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+rnd = random.Random(42)
+for i in range(small):
+    d = os.path.join(root, ".cache" if i % 3 else "Documents", f"d{i // 200}", f"e{i % 7}")
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, f"f{i}.txt"), "wb") as f:
+        f.write(rnd.randbytes(rnd.randint(100, 8192)))
+os.makedirs(os.path.join(root, "Pictures"), exist_ok=True)
+for i in range(medium):
+    with open(os.path.join(root, "Pictures", f"p{i}.jpg"), "wb") as f:
+        f.write(rnd.randbytes(rnd.randint(100_000, 1_000_000)))
+os.makedirs(os.path.join(root, "Games"), exist_ok=True)
+for i in range(3):
+    with open(os.path.join(root, "Games", f"big{i}.pak"), "wb") as f:
+        for _ in range(large):
+            f.write(os.urandom(1 << 20))
+with open(os.path.join(root, "Games", "sparse.img"), "wb") as f:
+    f.truncate(1 << 30)
+    for off in range(0, 1 << 30, 100 << 20):
+        f.seek(off); f.write(os.urandom(1 << 20))
+PY
+chown -R 65000:65000 "$tpl"
+du -sh "$tpl" | sed 's/^/tree: /'
+
+drop() { sync; echo 3 > /proc/sys/vm/drop_caches; }
+# Runs "$@" and prints "<seconds> <peak RSS KiB>".
+measure() { /usr/bin/time -f '%e %M' -o "$work/time" "$@" >/dev/null 2>"$work/err" || { cat "$work/err" >&2; exit 1; }; cat "$work/time"; }
+
+cp -a "$tpl" "$mnt/conv"; cp -a "$tpl" "$mnt/cpsrc"; cp -a "$tpl" "$mnt/rsrc"
+mkdir "$mnt/cpdst" "$mnt/rdst" "$mnt/dddst"
+for d in cpdst rdst dddst; do echo bench | "$bin" encrypt "$mnt/$d" --protector-name "$d" >/dev/null; done
+
+drop; read -r t_conv m_conv < <(measure sh -c "echo bench | '$bin' convert '$mnt/conv' --yes --protector-name conv")
+drop; read -r t_cp m_cp < <(measure sh -c "cp -a '$mnt/cpsrc/.' '$mnt/cpdst/' && sync")
+drop; read -r t_rs m_rs < <(measure sh -c "rsync -aHAXS '$mnt/rsrc/' '$mnt/rdst/' && sync")
+big=$tpl/Games/big0.pak
+drop; read -r t_dd m_dd < <(measure sh -c "dd if='$big' of='$mnt/dddst/big' bs=1M status=none && sync")
+mib=$(( $(stat -c %s "$big") / 1048576 ))
+
+# The large-file rate of convert itself: one large file alone.
+mkdir "$mnt/one"; cp -a "$big" "$mnt/one/"; chown -R 65000:65000 "$mnt/one"
+drop; read -r t_one _ < <(measure sh -c "echo bench | '$bin' convert '$mnt/one' --yes --protector-name one")
+
+r() { awk -v a="$1" -v b="$2" 'BEGIN { if (b == 0) b = 0.001; printf "%.2f", a / b }'; }
+echo
+printf '%-28s %8s %12s %10s\n' tool seconds "peak RSS" "vs cp -a"
+printf '%-28s %8s %9s KiB %9sx\n' "dirseal convert" "$t_conv" "$m_conv" "$(r "$t_conv" "$t_cp")"
+printf '%-28s %8s %9s KiB %9sx\n' "cp -a + sync" "$t_cp" "$m_cp" 1.00
+printf '%-28s %8s %9s KiB %9sx\n' "rsync -aHAXS + sync" "$t_rs" "$m_rs" "$(r "$t_rs" "$t_cp")"
+echo
+echo "large file (${mib} MiB): dd into fscrypt $(r "$mib" "$t_dd") MiB/s; dirseal convert of it alone $(r "$mib" "$t_one") MiB/s (includes verify and setup) = $(r "$t_dd" "$t_one")x of dd"
