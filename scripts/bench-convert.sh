@@ -2,11 +2,12 @@
 # `dirseal convert` against its peers on the same scratch ext4, same tree, caches dropped:
 #   cp -a + sync and rsync -aHAXS + sync into an fscrypt directory, and dd of one large file.
 # Prints wall time and peak RSS of each, and the ratios. Record results in docs/performance.md.
-# Usage: sudo scripts/bench-convert.sh [SMALL_FILES=20000] [MEDIUM_FILES=200] [LARGE_MIB=64]
+# Usage: sudo scripts/bench-convert.sh [SMALL_FILES=20000] [MEDIUM_FILES=200] [LARGE_MIB=64] [SMALL_MAX_BYTES=8192]
+# (200000 0 0 512 measures peak RSS on a 200,000-file tree)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "$(id -u)" -eq 0 ] || { echo "run as root" >&2; exit 1; }
-small=${1:-20000} medium=${2:-200} large_mib=${3:-64}
+small=${1:-20000} medium=${2:-200} large_mib=${3:-64} small_max=${4:-8192}
 bash scripts/deps.sh >/dev/null
 cargo build --quiet --release
 bin=$PWD/target/release/dirseal
@@ -32,21 +33,21 @@ chmod 600 "$DIRSEAL_CONFIG"
 
 echo "building the tree: $small small files, $medium medium, 3 x ${large_mib} MiB, one sparse"
 tpl=$mnt/template
-python3 - "$tpl" "$small" "$medium" "$large_mib" <<'PY'
+python3 - "$tpl" "$small" "$medium" "$large_mib" "$small_max" <<'PY'
 import os, random, sys
-root, small, medium, large = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+root, small, medium, large, small_max = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 rnd = random.Random(42)
 for i in range(small):
     d = os.path.join(root, ".cache" if i % 3 else "Documents", f"d{i // 200}", f"e{i % 7}")
     os.makedirs(d, exist_ok=True)
     with open(os.path.join(d, f"f{i}.txt"), "wb") as f:
-        f.write(rnd.randbytes(rnd.randint(100, 8192)))
+        f.write(rnd.randbytes(rnd.randint(min(100, small_max), small_max)))
 os.makedirs(os.path.join(root, "Pictures"), exist_ok=True)
 for i in range(medium):
     with open(os.path.join(root, "Pictures", f"p{i}.jpg"), "wb") as f:
         f.write(rnd.randbytes(rnd.randint(100_000, 1_000_000)))
 os.makedirs(os.path.join(root, "Games"), exist_ok=True)
-for i in range(3):
+for i in range(3 if large else 0):
     with open(os.path.join(root, "Games", f"big{i}.pak"), "wb") as f:
         for _ in range(large):
             f.write(os.urandom(1 << 20))
@@ -70,6 +71,7 @@ drop; read -r t_conv m_conv < <(measure sh -c "echo bench | '$bin' convert '$mnt
 drop; read -r t_cp m_cp < <(measure sh -c "cp -a '$mnt/cpsrc/.' '$mnt/cpdst/' && sync")
 drop; read -r t_rs m_rs < <(measure sh -c "rsync -aHAXS '$mnt/rsrc/' '$mnt/rdst/' && sync")
 big=$tpl/Games/big0.pak
+[ -e "$big" ] || { head -c 64M /dev/urandom > "$work/big"; mv "$work/big" "$mnt/bigfile"; big=$mnt/bigfile; }
 drop; read -r t_dd m_dd < <(measure sh -c "dd if='$big' of='$mnt/dddst/big' bs=1M status=none && sync")
 mib=$(( $(stat -c %s "$big") / 1048576 ))
 

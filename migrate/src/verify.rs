@@ -203,10 +203,8 @@ impl Verifier<'_, '_> {
                     return Ok(Cmp::Differs("symlink targets differ".into()));
                 }
             }
-            Kind::File => {
-                if !self.same_content(&fd, &efd).map_err(|e| ctx.dst_err(&rel, e))? {
-                    return Ok(Cmp::Differs("contents differ".into()));
-                }
+            Kind::File if !self.same_content(&fd, &efd).map_err(|e| ctx.dst_err(&rel, e))? => {
+                return Ok(Cmp::Differs("contents differ".into()));
             }
             _ => {}
         }
