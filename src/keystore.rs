@@ -3,8 +3,7 @@
 //! file must match its name, sizes are fixed, KDF costs are bounded. One bad file yields an error
 //! naming it and never hides the others.
 use std::collections::BTreeMap;
-use std::fs::{File, OpenOptions};
-use std::os::unix::fs::OpenOptionsExt;
+use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -30,8 +29,6 @@ pub enum KeystoreError {
     Corrupt { path: PathBuf, reason: String },
     #[error("keystore: {0}")]
     File(#[from] SecureFileError),
-    #[error("cannot lock the keystore {path}: {source}; check that it is a local directory writable by root")]
-    Lock { path: PathBuf, source: std::io::Error },
     #[error(
         "protector {id} still protects {policies}; remove it from those first with `dirseal policy remove-protector`"
     )]
@@ -340,20 +337,7 @@ impl Keystore {
     }
 
     pub fn lock(&self) -> Result<KeystoreLock, KeystoreError> {
-        let path = self.root.join(".lock");
-        let lock_err = |source| KeystoreError::Lock { path: path.clone(), source };
-        let f = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&path)
-            .map_err(lock_err)?;
-        let lock = nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusive)
-            .map_err(|(_, e)| lock_err(std::io::Error::from(e)))?;
-        Ok(KeystoreLock { _lock: lock })
+        Ok(KeystoreLock { _lock: securefile::lock_file(&self.root.join(".lock"))? })
     }
 
     fn protector_path(&self, id: &ProtectorId) -> PathBuf {

@@ -131,6 +131,24 @@ pub fn write_atomic(path: &Path, data: &[u8]) -> Result<(), SecureFileError> {
     sync_dir(dir)
 }
 
+/// Opens (creating, mode 0600) the private file `path` without following symlinks, checks it
+/// like [`read_private`] does, and holds an exclusive `flock` on it until the result is dropped.
+/// The kernel drops the lock when a process dies, so a crash never leaves a stale lock.
+pub fn lock_file(path: &Path) -> Result<nix::fcntl::Flock<File>, SecureFileError> {
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(io_err(path, "open"))?;
+    let meta = f.metadata().map_err(io_err(path, "inspect"))?;
+    check_meta(path, &meta, false)?;
+    nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusive).map_err(|(_, e)| io_err(path, "lock")(e.into()))
+}
+
 /// Unlinks `path` durably. A missing file is `NotFound`.
 pub fn remove_durable(path: &Path) -> Result<(), SecureFileError> {
     std::fs::remove_file(path).map_err(io_err(path, "remove"))?;

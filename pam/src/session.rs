@@ -1,28 +1,13 @@
 //! Per-user session counts in a root-only run directory, so the home is locked only when the
 //! user's last session ends.
 use std::io::{Read, Seek, Write};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
 
 /// Adds `delta` to the count of `uid` (never below zero) and returns the new count.
 pub fn adjust(rundir: &Path, uid: u32, delta: i64) -> Result<u64, String> {
     dirseal::securefile::ensure_private_dir(rundir).map_err(|e| e.to_string())?;
     let path = rundir.join(format!("{uid}.sessions"));
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(&path)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    let meta = f.metadata().map_err(|e| e.to_string())?;
-    if !meta.is_file() || meta.uid() != 0 || meta.mode() & 0o022 != 0 {
-        return Err(format!("{} is not a root-owned private file", path.display()));
-    }
-    let mut f = nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusive)
-        .map_err(|(_, e)| format!("{}: {e}", path.display()))?;
+    let mut f = dirseal::securefile::lock_file(&path).map_err(|e| e.to_string())?;
     let mut text = String::new();
     (&mut *f).take(64).read_to_string(&mut text).map_err(|e| e.to_string())?;
     let current: u64 = text.trim().parse().unwrap_or(0);
