@@ -372,3 +372,17 @@ fn sigterm_stops_cleanly_and_says_how_to_resume() {
     assert_eq!(manifest(&home), before);
     assert_eq!(env.status_json(&home)["encrypted"], true);
 }
+
+#[test]
+fn a_filesystem_without_the_encrypt_feature_is_refused_before_anything_is_written() {
+    let env = Env::with(common::Options { encrypt: false, ..Default::default() });
+    let home = env.mnt().join("h");
+    build_home(&home, fresh_uid());
+    let before = manifest(&home);
+    let err = env.fails(&["convert", p(&home), "--yes", "--protector-name", "o"], "pw\n");
+    assert!(err.contains("tune2fs -O encrypt"), "{err}");
+    assert_eq!(manifest(&home), before);
+    assert!(!env.mnt().join(".dirseal").exists(), "no work dir may be created");
+    let o: serde_json::Value = serde_json::from_str(&env.ok(&["status", "--json"], "")).unwrap();
+    assert_eq!(o["protectors"].as_array().unwrap().len(), 0);
+}

@@ -222,6 +222,8 @@ pub fn run(ds: &mut Dirseal, args: ConvertArgs, ui: &mut TermUi) -> Result<i32> 
     } else if args.resume {
         bail!("no conversion of {} is in progress; start one with `dirseal convert {}`", abs.display(), abs.display());
     } else {
+        // Nothing may be created (protector, policy, work dir) on a filesystem that cannot encrypt.
+        dirseal::fscrypt::check_supported(&dirseal::fscrypt::mount_point(&abs)?)?;
         if !args.force {
             convert::check_owner_inactive(&abs)?;
         }
