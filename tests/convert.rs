@@ -386,3 +386,28 @@ fn a_filesystem_without_the_encrypt_feature_is_refused_before_anything_is_writte
     let o: serde_json::Value = serde_json::from_str(&env.ok(&["status", "--json"], "")).unwrap();
     assert_eq!(o["protectors"].as_array().unwrap().len(), 0);
 }
+
+#[test]
+fn the_new_protector_belongs_to_the_homes_owner() {
+    let env = Env::new();
+    let uid = fresh_uid();
+    let name = format!("dsc{uid}");
+    let home = env.mnt().join(&name);
+    build_home(&home, uid);
+    struct Account(String);
+    impl Drop for Account {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("userdel").arg(&self.0).status();
+        }
+    }
+    let out = std::process::Command::new("useradd")
+        .args(["-M", "-N", "-d", p(&home), "-u", &uid.to_string(), "-s", "/usr/sbin/nologin", &name])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "useradd: {}", String::from_utf8_lossy(&out.stderr));
+    let _account = Account(name.clone());
+    env.ok(&["convert", p(&home), "--yes"], "pw\n");
+    let st = env.status_json(&home);
+    assert_eq!(st["protectors"][0]["uid"], uid);
+    assert_eq!(st["protectors"][0]["name"], name.as_str());
+}

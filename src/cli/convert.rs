@@ -246,7 +246,7 @@ pub fn run(ds: &mut Dirseal, args: ConvertArgs, ui: &mut TermUi) -> Result<i32> 
             super::recovery::present(&key, &abs)?;
             recovery_key = Some(key);
         }
-        let user = args.protector.user()?;
+        let user = args.protector.user_or_owner(&abs)?;
         let chosen = ds.resolve_protector(args.protector.choice(&user), ui)?;
         migrate::convert(&req, &host!(Some(chosen)))
     };

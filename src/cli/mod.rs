@@ -205,6 +205,23 @@ impl ProtectorArgs {
         Ok(Some(User { uid, name }))
     }
 
+    /// `--user`, else the owner of `dir` when that is a real (non-root) account: the password of
+    /// a converted home is its owner's, which is what PAM later matches by uid.
+    pub fn user_or_owner(&self, dir: &Path) -> Result<Option<User>> {
+        if self.user.is_some() {
+            return self.user();
+        }
+        use std::os::unix::fs::MetadataExt;
+        let Ok(meta) = std::fs::symlink_metadata(dir) else { return Ok(None) };
+        if meta.uid() == 0 {
+            return Ok(None);
+        }
+        Ok(nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(meta.uid()))
+            .ok()
+            .flatten()
+            .map(|u| User { uid: u.uid.as_raw(), name: u.name }))
+    }
+
     fn choice<'a>(&'a self, user: &'a Option<User>) -> ProtectorChoice<'a> {
         if let Some(id) = self.protector {
             return ProtectorChoice::Existing(id);
