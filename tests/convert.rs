@@ -411,3 +411,26 @@ fn the_new_protector_belongs_to_the_homes_owner() {
     assert_eq!(st["protectors"][0]["uid"], uid);
     assert_eq!(st["protectors"][0]["name"], name.as_str());
 }
+
+#[test]
+fn wipe_and_the_status_of_all_conversions() {
+    let env = Env::new();
+    let a = env.mnt().join("wa");
+    let b = env.mnt().join("wb");
+    build_home(&a, fresh_uid());
+    build_home(&b, fresh_uid());
+    let before = manifest(&a);
+    let out = convert_ok(&env, &a, &["--wipe"]);
+    assert!(out.contains("note:"), "--wipe must say what it cannot guarantee: {out}");
+    assert_eq!(manifest(&a), before);
+    convert_ok(&env, &b, &["--keep-backup"]);
+    let all: serde_json::Value = serde_json::from_str(&env.ok(&["convert", "--status", "--json"], "")).unwrap();
+    let list = all["conversions"].as_array().unwrap();
+    let state_of =
+        |dir: &Path| list.iter().find(|c| c["path"] == p(dir)).map(|c| c["state"].as_str().unwrap().to_string());
+    assert_eq!(state_of(&a).as_deref(), Some("done"));
+    assert_eq!(state_of(&b).as_deref(), Some("swapped"));
+    // Abort is refused after the swap; the hint says what to do instead.
+    let err = env.fails(&["convert", "--abort", p(&b)], "");
+    assert!(err.contains("roll"), "{err}");
+}

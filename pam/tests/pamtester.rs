@@ -365,3 +365,15 @@ fn login_during_a_conversion_is_refused_unless_allowed() {
     let o = pamtester(&svc, &u.name, &["authenticate"], "pw\n", &[]);
     assert!(ok(&o), "{}", show(&o));
 }
+
+#[test]
+fn unlock_only_never_locks() {
+    let mut s = Setup::new();
+    let u = s.managed_user("pw");
+    let svc = s.service(
+        "auth [success=done user_unknown=ignore default=die] {so} {args}\nauth required pam_deny.so\nsession optional {so} {args} unlock_only\n",
+    );
+    let o = pamtester(&svc, &u.name, &["authenticate", "open_session", "close_session"], "pw\n", &[]);
+    assert!(ok(&o), "{}", show(&o));
+    assert!(unlocked(&u), "unlock_only must leave the home unlocked at the last logout");
+}
