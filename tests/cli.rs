@@ -285,3 +285,65 @@ fn argon2_cost_is_calibrated_once_and_flags_override_it() {
     assert_eq!(rec["kind"]["argon2"]["memory_kib"], 8192);
     env.ok(&["protector", "verify", cheap], "pw\n");
 }
+
+#[test]
+fn lock_all_users_removes_other_users_claims() {
+    use std::os::fd::AsRawFd;
+    let env = Env::new();
+    let d = env.mnt().join("shared");
+    fs::create_dir(&d).unwrap();
+    env.ok(&["encrypt", p(&d), "--protector-name", "s"], "pw\n");
+    fs::write(d.join("f"), b"shared data").unwrap();
+    // The master key, as another user who knows it would have it.
+    let ds = dirseal::ops::Dirseal::open(&env.config(), Some(&env.keystore())).unwrap();
+    let policy = ds.policy_of(&d).unwrap();
+    let pid = *policy.wrapped.keys().next().unwrap();
+    let rec = ds.keystore().protector(&pid).unwrap();
+    let pkey = dirseal::keystore::unlock_protector(&rec, &dirseal::secret::Passphrase::from_str_copy("pw")).unwrap();
+    let Ok(master) = ds.master_key(&policy, &pid, &pkey) else { panic!("master key") };
+    // An unprivileged user adds the same key (FS_IOC_ADD_ENCRYPTION_KEY, allowed for v2 keys)
+    // through an fd on the filesystem that it inherits.
+    let dirfd = rustix::fs::open(
+        env.mnt(),
+        rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECTORY,
+        rustix::fs::Mode::empty(),
+    )
+    .unwrap();
+    let uid = common::fresh_uid().to_string();
+    let script = "import fcntl,struct,sys\n\
+                  raw=bytes.fromhex(sys.stdin.read().strip())\n\
+                  arg=bytearray(struct.pack('<II32sII32s',2,0,bytes(32),len(raw),0,bytes(32))+raw)\n\
+                  fcntl.ioctl(int(sys.argv[1]),0xC0506617,arg,True)\n";
+    let mut child = std::process::Command::new("setpriv")
+        .args([
+            "--reuid",
+            &uid,
+            "--regid",
+            &uid,
+            "--clear-groups",
+            "/usr/bin/python3",
+            "-c",
+            script,
+            &dirfd.as_raw_fd().to_string(),
+        ])
+        .current_dir("/")
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        let _ = child.stdin.take().unwrap().write_all(hex::encode(master.as_bytes()).as_bytes());
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "user add_key: {}", String::from_utf8_lossy(&out.stderr));
+    drop(dirfd);
+
+    let out = env.run(&["lock", p(&d)], "");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("other users also added its key") && err.contains("--all-users"), "{err}");
+    assert_eq!(fs::read(d.join("f")).unwrap(), b"shared data", "another user's claim keeps it open");
+    env.ok(&["lock", "--all-users", p(&d)], "");
+    assert_eq!(env.status_json(&d)["key"], "locked");
+}
