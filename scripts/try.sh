@@ -45,7 +45,7 @@ chown -R "$uid:$uid" "$home"
 ls -la "$home"
 
 step "dirseal convert $home   (password: demo-password)"
-printf 'demo-password\ndemo-password\n' | "$bin" convert "$home" --yes --protector-name alice
+printf 'demo-password\n' | "$bin" convert "$home" --yes --protector-name alice --recovery-key | tee "$work/convert.out"
 "$bin" status "$home"
 
 step "dirseal lock: names and contents are ciphertext now"
@@ -56,6 +56,12 @@ cat "$home/plan-link" 2>&1 || true
 step "dirseal unlock: plaintext is back"
 echo demo-password | "$bin" unlock "$home"
 ls -la "$home"
+cat "$home/Documents/plan.txt"
+
+step "lost password? the recovery key printed above opens it too"
+"$bin" lock "$home"
+key=$(grep -Eo '[0-9]{6}(-[0-9]{6}){7}' "$work/convert.out" | head -1)
+echo "$key" | "$bin" unlock --recovery "$home"
 cat "$home/Documents/plan.txt"
 
 step "done — everything was in $work and is being removed"
