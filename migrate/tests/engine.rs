@@ -434,3 +434,34 @@ fn a_corrupt_journal_is_named() {
     let e = migrate::convert(&r, &PlainHost::new()).unwrap_err();
     assert!(matches!(e, MigrateError::CorruptJournal { .. }), "{e:?}");
 }
+
+#[test]
+fn a_hostile_tree_cannot_make_root_follow_a_symlink() {
+    let c = Case::new(Options::default());
+    fs::create_dir_all(c.src.join("docs/inner")).unwrap();
+    fs::write(c.src.join("docs/inner/note"), b"mine").unwrap();
+    fs::write(c.src.join("docs/f"), b"x").unwrap();
+    // Outside the tree: what a hostile user would like root to copy (or overwrite).
+    let outside = c.fs.path().join("outside");
+    fs::create_dir(&outside).unwrap();
+    fs::write(outside.join("secret"), b"root only").unwrap();
+    let src = c.src.clone();
+    let out2 = outside.clone();
+    // As the copy starts, the user swaps a directory for a symlink to the outside.
+    let host = PlainHost::with(move |phase| {
+        if phase == Phase::Copying {
+            fs::remove_dir_all(src.join("docs/inner")).unwrap();
+            std::os::unix::fs::symlink(&out2, src.join("docs/inner")).unwrap();
+        }
+    });
+    let out = migrate::convert(&req(&c.src, &c.wd), &host);
+    // Whatever the engine decides (copy the link as a link, or refuse), it never follows it.
+    if let Ok(o) = &out {
+        assert_eq!(o.state, State::Done);
+        let m = fs::symlink_metadata(c.src.join("docs/inner")).unwrap();
+        assert!(m.file_type().is_symlink(), "the swapped-in symlink must be copied as a symlink");
+    }
+    // Disposing of the old tree (which held the symlink) must not have followed it either.
+    assert_eq!(fs::read(outside.join("secret")).unwrap(), b"root only");
+    assert_eq!(fs::read_dir(&outside).unwrap().count(), 1, "nothing may be written outside the tree");
+}
