@@ -49,7 +49,8 @@ impl Args {
                 Some(("rundir", v)) if abs(v).is_some() => a.rundir = abs(v),
                 None if arg == "unlock_only" => a.unlock_only = true,
                 None if arg == "debug" => a.debug = true,
-                None if arg == "test_panic" => a.test_panic = true,
+                // Debug builds only: the tests load a debug build to exercise the panic guard.
+                None if arg == "test_panic" && cfg!(debug_assertions) => a.test_panic = true,
                 _ => pam.log(
                     LOG_WARNING,
                     &format!("ignoring unknown or invalid module argument {arg:?} (paths must be absolute)"),
