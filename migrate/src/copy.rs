@@ -239,7 +239,7 @@ impl Copier<'_, '_> {
             }
             remove::remove_tree(stg_dir.as_fd(), name, false, &mut |_| {}).map_err(|e| ctx.dst_err(&rel, e))?;
         }
-        let stg_ino = self.create(&fd, m.kind, stg_dir, name, &rel)?;
+        let stg_ino = self.create(&fd, m.kind, stg_dir, name, &rel, m.nlink > 1)?;
         if m.nlink > 1 {
             self.set_rep(m.ino, &rel, stg_ino);
         }
@@ -283,7 +283,7 @@ impl Copier<'_, '_> {
             == fsx::xattrs(efd.as_fd()).map_err(|err| ctx.dst_err(rel, err))?)
     }
 
-    /// Creates the staging copy of a non-directory entry; returns its inode number. Re-copies
+    /// Creates the staging copy of a non-directory entry; returns its inode number (when `need_ino`, else 0). Re-copies
     /// while the source changes under it (size, mtime or ctime differ before and after).
     fn create(
         &self,
@@ -292,6 +292,7 @@ impl Copier<'_, '_> {
         stg_dir: &OwnedFd,
         name: &OsStr,
         rel: &Path,
+        need_ino: bool,
     ) -> Result<u64, MigrateError> {
         let ctx = self.ctx;
         let serr = |e| ctx.src_err(rel, e);
@@ -311,7 +312,13 @@ impl Copier<'_, '_> {
                     ctx.add_bytes(n);
                     ctx.check_stop().map_err(|_| std::io::Error::from(std::io::ErrorKind::Interrupted))
                 };
-                if let Err(e) = fsx::copy_sparse(rfd.as_fd(), tmp.as_fd(), before.size, &mut on_chunk) {
+                if let Err(e) = fsx::copy_sparse(
+                    rfd.as_fd(),
+                    tmp.as_fd(),
+                    before.size,
+                    before.blocks * 512 >= before.size,
+                    &mut on_chunk,
+                ) {
                     ctx.check_stop()?;
                     // Both ends report through copy_file_range; only the destination runs out of space.
                     return Err(derr(e));
@@ -330,7 +337,8 @@ impl Copier<'_, '_> {
                 fsx::link_fd(&tmp, stg_dir, name).map_err(derr)?;
                 let n = ctx.linked.fetch_add(1, Ordering::SeqCst) + 1;
                 fault::numbered("copy-file", n);
-                return Ok(fsx::stat_fd(&tmp).map_err(derr)?.ino);
+                // The staging inode number matters only to hard-link groups; skip the stat otherwise.
+                return Ok(if need_ino { fsx::stat_fd(&tmp).map_err(derr)?.ino } else { 0 });
             }
             let target = match kind {
                 Kind::Symlink => Some(fsx::read_link(fd).map_err(serr)?),
@@ -345,7 +353,7 @@ impl Copier<'_, '_> {
                 fsx::unlink(stg_dir, name).map_err(derr)?;
                 continue;
             }
-            return Ok(fsx::stat_fd(&sfd).map_err(derr)?.ino);
+            return Ok(if need_ino { fsx::stat_fd(&sfd).map_err(derr)?.ino } else { 0 });
         }
         Err(MigrateError::KeepsChanging { path: ctx.display(rel) })
     }

@@ -236,21 +236,38 @@ pub(crate) fn read_link(fd: impl AsFd) -> io::Result<OsString> {
 /// kind of inode, including O_PATH handles on symlinks and device nodes.
 pub(crate) fn xattrs(fd: BorrowedFd<'_>) -> io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
     let p = proc_path(fd);
-    let names = loop {
-        let n = match rustix::fs::listxattr_query(p.as_str()) {
-            Ok(n) => n,
-            Err(Errno::OPNOTSUPP) => return Ok(Vec::new()),
-            Err(e) => return Err(e.into()),
-        };
-        let mut buf = vec![0u8; n];
-        match rustix::fs::listxattr(p.as_str(), &mut buf[..]) {
-            Ok(len) => {
-                buf.truncate(len);
-                break buf;
+    // Most files have no xattrs or a few short ones: one call into a small buffer answers that;
+    // only a longer list needs the size query.
+    let mut first = vec![0u8; 1024];
+    let names = match rustix::fs::listxattr(p.as_str(), &mut first[..]) {
+        Ok(0) => return Ok(Vec::new()),
+        Ok(len) => {
+            first.truncate(len);
+            Some(first)
+        }
+        Err(Errno::RANGE) => None,
+        Err(Errno::OPNOTSUPP) => return Ok(Vec::new()),
+        Err(e) => return Err(e.into()),
+    };
+    let names = if let Some(n) = names {
+        n
+    } else {
+        loop {
+            let n = match rustix::fs::listxattr_query(p.as_str()) {
+                Ok(n) => n,
+                Err(Errno::OPNOTSUPP) => return Ok(Vec::new()),
+                Err(e) => return Err(e.into()),
+            };
+            let mut buf = vec![0u8; n];
+            match rustix::fs::listxattr(p.as_str(), &mut buf[..]) {
+                Ok(len) => {
+                    buf.truncate(len);
+                    break buf;
+                }
+                // Grew between the two calls.
+                Err(Errno::RANGE) => continue,
+                Err(e) => return Err(e.into()),
             }
-            // Grew between the two calls.
-            Err(Errno::RANGE) => continue,
-            Err(e) => return Err(e.into()),
         }
     };
     let mut out = Vec::new();
@@ -310,10 +327,27 @@ pub(crate) fn copy_sparse(
     src: BorrowedFd<'_>,
     dst: BorrowedFd<'_>,
     size: u64,
+    dense: bool,
     on_chunk: &mut dyn FnMut(u64) -> io::Result<()>,
 ) -> io::Result<()> {
     const CHUNK: u64 = 1 << 20;
     let mut off = 0u64;
+    if dense {
+        // Allocated blocks cover the whole size: no holes to find, so skip the SEEK_DATA/SEEK_HOLE
+        // round trips (they dominate for the many small files of a home).
+        while off < size {
+            let n = copy_range(src, dst, off, (size - off).min(CHUNK))?;
+            if n == 0 {
+                break;
+            }
+            off += n;
+            on_chunk(n)?;
+        }
+        if off != size {
+            rustix::fs::ftruncate(dst, size)?;
+        }
+        return Ok(());
+    }
     'segments: loop {
         let data = match rustix::fs::seek(src, SeekFrom::Data(off)) {
             Ok(d) => d,
