@@ -411,6 +411,10 @@ mod tests {
     #[test]
     fn size_limits_of_seal() {
         let k = key();
+        // The sizes docs/recovery-format.md states.
+        assert_eq!((MIN_BLOB, MAX_BLOB), (70, 4421));
+        let dirseal_meta = format!("{{\"version\":1,\"policy\":\"{}\"}}", hex(&CTX));
+        assert_eq!(seal(&k, &CTX, &[0; 64], dirseal_meta.as_bytes()).unwrap().to_bytes().len(), 190);
         assert_eq!(seal(&k, &CTX, &[], META).unwrap_err(), BlobError::SecretSize { len: 0 });
         assert_eq!(seal(&k, &CTX, &[1; 257], META).unwrap_err(), BlobError::SecretSize { len: 257 });
         assert_eq!(seal(&k, &CTX, &[1; 64], &[0; 4097]).unwrap_err(), BlobError::MetadataSize { len: 4097 });

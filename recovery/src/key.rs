@@ -85,11 +85,11 @@ fn not_a_digit(ch: char, position: usize, group: Option<usize>) -> String {
         _ => "",
     };
     let place = match group {
-        Some(g) => format!("group {g}, character {position}"),
-        None => format!("character {position}, after the 48th digit"),
+        Some(g) => format!("in group {g} (character {position})"),
+        None => format!("at character {position}"),
     };
     format!(
-        "{ch:?}{hint} in {place} is not a digit: a recovery key is 8 groups of 6 digits 0-9, \
+        "{ch:?}{hint} {place} is not a digit: a recovery key is 8 groups of 6 digits 0-9, \
          separated by dashes or spaces; retype it"
     )
 }
@@ -158,22 +158,22 @@ impl RecoveryKey {
         // Digit values go into a fixed, wiped buffer: no growing string leaves copies behind.
         let mut digits = Zeroizing::new([0u8; KEY_DIGITS]);
         let mut ndigits = 0usize;
-        // Lengths of the first GROUPS separated runs; `nruns` counts all of them.
+        // Lengths of the first GROUPS runs of digits between separators; `nruns` counts all.
         let mut runs = [0usize; GROUPS];
         let mut nruns = 0usize;
         let mut run = 0usize;
-        let mut end_run = |run: &mut usize, nruns: &mut usize| {
-            if *run > 0 {
-                if let Some(slot) = runs.get_mut(*nruns) {
-                    *slot = *run;
-                }
-                *nruns += 1;
-                *run = 0;
-            }
-        };
-        for (i, ch) in input.trim().chars().enumerate() {
+        // Whether every finished run had 6 digits: only then does a digit's place name its group.
+        let mut regular = true;
+        for (i, ch) in input.trim().chars().chain(std::iter::once(' ')).enumerate() {
             if is_separator(ch) {
-                end_run(&mut run, &mut nruns);
+                if run > 0 {
+                    if let Some(slot) = runs.get_mut(nruns) {
+                        *slot = run;
+                    }
+                    regular &= run == GROUP_DIGITS;
+                    nruns += 1;
+                    run = 0;
+                }
             } else if ch.is_ascii_digit() {
                 if let Some(slot) = digits.get_mut(ndigits) {
                     *slot = ch as u8 - b'0';
@@ -181,11 +181,10 @@ impl RecoveryKey {
                 ndigits += 1;
                 run += 1;
             } else {
-                let group = (ndigits < KEY_DIGITS).then_some(ndigits / GROUP_DIGITS + 1);
+                let group = (regular && ndigits < KEY_DIGITS).then_some(ndigits / GROUP_DIGITS + 1);
                 return Err(ParseError::NotADigit { ch, position: i + 1, group });
             }
         }
-        end_run(&mut run, &mut nruns);
 
         if nruns == GROUPS {
             if let Some((i, &len)) = runs.iter().enumerate().find(|(_, &len)| len != GROUP_DIGITS) {
@@ -380,15 +379,21 @@ mod tests {
         let e = RecoveryKey::parse(&t).err().unwrap();
         assert_eq!(e, ParseError::NotADigit { ch: 'O', position: 11, group: Some(2) });
         let m = e.to_string();
-        assert!(m.contains("'O' (a zero?) in group 2, character 11 is not a digit"), "{m}");
+        assert!(m.starts_with("'O' (a zero?) in group 2 (character 11) is not a digit"), "{m}");
         assert!(m.contains("retype"), "{m}");
         // Leading whitespace does not shift positions; a letter after 48 digits has no group.
         let e = RecoveryKey::parse(&format!("   {s}x")).err().unwrap();
         assert_eq!(e, ParseError::NotADigit { ch: 'x', position: 56, group: None });
-        assert!(e.to_string().contains("after the 48th digit"));
+        assert!(e.to_string().starts_with("'x' at character 56 is not a digit"), "{e}");
+        // Typed without separators, the place still names the group.
+        let e = RecoveryKey::parse(&format!("{}#", &s.replace('-', "")[..20])).err().unwrap();
+        assert_eq!(e, ParseError::NotADigit { ch: '#', position: 21, group: Some(4) });
+        // After a short group, counting digits would name the wrong group: none is named.
+        let e = RecoveryKey::parse(&format!("{}-{}x", &s[..5], &s[7..9])).err().unwrap();
+        assert_eq!(e, ParseError::NotADigit { ch: 'x', position: 9, group: None });
         // A control character is shown escaped, never written raw to a terminal.
         let e = RecoveryKey::parse("12\u{1b}[2J").err().unwrap();
-        assert!(e.to_string().starts_with("'\\u{1b}' in group 1, character 3"), "{e}");
+        assert!(e.to_string().starts_with("'\\u{1b}' in group 1 (character 3)"), "{e}");
         // Full-width digits are not ASCII digits.
         assert!(matches!(RecoveryKey::parse("１"), Err(ParseError::NotADigit { ch: '１', position: 1, .. })));
     }
