@@ -81,6 +81,7 @@ pub(crate) fn census(ctx: &Ctx, root: &OwnedFd) -> Result<Census, MigrateError> 
 pub fn find_users(root: &Path) -> std::io::Result<Vec<ProcessUse>> {
     let root = std::fs::canonicalize(root)?;
     let me = std::process::id();
+    let my_exe = std::fs::read_link("/proc/self/exe").ok();
     let under = |p: &Path| p.starts_with(&root);
     let mut out = Vec::new();
     for entry in std::fs::read_dir("/proc")? {
@@ -92,6 +93,9 @@ pub fn find_users(root: &Path) -> std::io::Result<Vec<ProcessUse>> {
             continue;
         }
         let base = entry.path();
+        if is_our_unexeced_child(&base, me, my_exe.as_deref()) {
+            continue;
+        }
         let mut hows: Vec<String> = Vec::new();
         for (link, how) in [("cwd", "cwd"), ("root", "root directory")] {
             if let Ok(t) = std::fs::read_link(base.join(link)) {
@@ -139,6 +143,19 @@ pub fn find_users(root: &Path) -> std::io::Result<Vec<ProcessUse>> {
         }
     }
     Ok(out)
+}
+
+/// A child of ours between fork and exec (still running our own executable) holds copies of our
+/// file descriptors for a moment; it is not a user of the tree. Once it execs something else it
+/// counts like any other process.
+fn is_our_unexeced_child(base: &Path, me: u32, my_exe: Option<&Path>) -> bool {
+    let Some(my_exe) = my_exe else { return false };
+    let ppid = std::fs::read_to_string(base.join("stat")).ok().and_then(|s| {
+        // The command name may contain spaces and parentheses: fields resume after the last ')'.
+        let rest = &s[s.rfind(')')? + 1..];
+        rest.split_whitespace().nth(1)?.parse::<u32>().ok()
+    });
+    ppid == Some(me) && std::fs::read_link(base.join("exe")).ok().as_deref() == Some(my_exe)
 }
 
 fn strip_deleted(p: PathBuf) -> PathBuf {
