@@ -11,6 +11,7 @@ use zeroize::Zeroizing;
 pub const PAM_SUCCESS: c_int = 0;
 pub const PAM_SERVICE_ERR: c_int = 3;
 pub const PAM_SYSTEM_ERR: c_int = 4;
+pub const PAM_PERM_DENIED: c_int = 6;
 pub const PAM_AUTH_ERR: c_int = 7;
 pub const PAM_AUTHINFO_UNAVAIL: c_int = 9;
 pub const PAM_USER_UNKNOWN: c_int = 10;
@@ -76,13 +77,17 @@ extern "C" {
 }
 
 /// Module arguments as Rust strings (invalid UTF-8 is replaced, then rejected as unknown).
-pub fn args(argc: c_int, argv: *const *const c_char) -> Vec<String> {
+///
+/// # Safety
+/// `argv` must be null or point to `argc` pointers, each null or a NUL-terminated string, valid
+/// for the duration of the call (what libpam passes to an entry point).
+unsafe fn args(argc: c_int, argv: *const *const c_char) -> Vec<String> {
     if argv.is_null() || argc <= 0 {
         return Vec::new();
     }
     (0..argc as usize)
         .filter_map(|i| {
-            // SAFETY: libpam passes `argc` valid NUL-terminated strings in `argv`.
+            // SAFETY: the caller guarantees `argc` readable pointers in `argv`.
             let p = unsafe { *argv.add(i) };
             // SAFETY: non-null pointers in argv are NUL-terminated C strings owned by libpam.
             (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
@@ -109,8 +114,10 @@ fn cstring(s: &str) -> CString {
 }
 
 impl Pam {
-    /// `h` must be the handle libpam passed to the entry point.
-    pub fn new(h: *mut PamHandleT) -> Option<Pam> {
+    /// # Safety
+    /// `h` must be the handle libpam passed to the running entry point; the `Pam` must not
+    /// outlive that call.
+    unsafe fn new(h: *mut PamHandleT) -> Option<Pam> {
         (!h.is_null()).then_some(Pam { h })
     }
 
@@ -246,7 +253,11 @@ macro_rules! entry {
     ($name:ident, $f:ident) => {
         #[no_mangle]
         pub extern "C" fn $name(pamh: *mut PamHandleT, flags: c_int, argc: c_int, argv: *const *const c_char) -> c_int {
-            crate::guard(pamh, argc, argv, crate::$f, flags)
+            // SAFETY: libpam calls entry points with its live handle; `pam` is dropped on return.
+            let Some(pam) = (unsafe { Pam::new(pamh) }) else { return PAM_SERVICE_ERR };
+            // SAFETY: argc/argv are the module arguments libpam passes, valid during this call.
+            let raw_args = || unsafe { args(argc, argv) };
+            crate::guard(&pam, raw_args, crate::$f, flags)
         }
     };
 }

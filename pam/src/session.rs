@@ -32,5 +32,35 @@ mod tests {
         assert_eq!(super::adjust(&run, 4242, -1).unwrap(), 1);
         assert_eq!(super::adjust(&run, 4242, -1).unwrap(), 0);
         assert_eq!(super::adjust(&run, 4242, -1).unwrap(), 0);
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(std::fs::metadata(&run).unwrap().permissions().mode() & 0o7777, 0o700);
+        assert_eq!(std::fs::metadata(run.join("4242.sessions")).unwrap().permissions().mode() & 0o7777, 0o600);
+    }
+
+    #[test]
+    fn symlinks_are_not_followed() {
+        let d = tempfile::tempdir().unwrap();
+        let target = d.path().join("elsewhere");
+        std::fs::create_dir(&target).unwrap();
+        // A symlinked run directory.
+        let link = d.path().join("run-link");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        assert!(super::adjust(&link, 4242, 1).is_err());
+        // A symlinked counter inside a good run directory.
+        let run = d.path().join("run");
+        std::fs::create_dir(&run).unwrap();
+        std::os::unix::fs::symlink(target.join("victim"), run.join("4242.sessions")).unwrap();
+        assert!(super::adjust(&run, 4242, 1).is_err());
+        assert!(!target.join("victim").exists(), "nothing may be created through the link");
+    }
+
+    #[test]
+    fn a_world_writable_run_directory_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().unwrap();
+        let run = d.path().join("run");
+        std::fs::create_dir(&run).unwrap();
+        std::fs::set_permissions(&run, std::fs::Permissions::from_mode(0o777)).unwrap();
+        assert!(super::adjust(&run, 4242, 1).is_err());
     }
 }
