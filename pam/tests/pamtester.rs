@@ -352,17 +352,19 @@ fn unmanaged_users_fall_through_to_the_next_module() {
     assert!(ok(&pamtester(&unix, &plain.name, &["authenticate"], "unix-Password-1\n", &[])));
     assert!(!ok(&pamtester(&unix, &plain.name, &["authenticate"], "not-it\n", &[])));
 
-    // A home encrypted by someone else (no record in this keystore) is not ours either.
+    // A home encrypted by someone else (no record in this keystore, or no keystore at all) is
+    // not ours either. The later keystore= argument wins.
     let foreign = s.managed_user("pw");
     let other_ks = tempfile::tempdir().unwrap();
-    let elsewhere = s.service(
-        &AUTH_THEN
-            .replace("NEXT", "permit")
-            .replace("{args}", &format!("{{args}} keystore={}", other_ks.path().display())),
-    );
-    let o = pamtester(&elsewhere, &foreign.name, &["authenticate", "open_session"], "wrong\n", &[]);
-    assert!(ok(&o), "{}", show(&o));
-    assert!(!unlocked(&foreign));
+    for ks in [other_ks.path().to_path_buf(), other_ks.path().join("missing")] {
+        let elsewhere = s.service(
+            &AUTH_THEN.replace("NEXT", "permit").replace("{args}", &format!("{{args}} keystore={}", ks.display())),
+        );
+        let o = pamtester(&elsewhere, &foreign.name, &["authenticate", "open_session"], "wrong\n", &[]);
+        assert!(ok(&o), "{}", show(&o));
+        assert!(!unlocked(&foreign));
+    }
+    assert!(!other_ks.path().join("missing").exists(), "the module creates no keystore");
 }
 
 #[test]
@@ -446,6 +448,7 @@ fn root_resetting_a_password_is_told_what_to_run_and_not_blocked() {
 }
 
 #[test]
+#[cfg_attr(not(debug_assertions), ignore = "the test_panic argument exists only in debug builds")]
 fn a_panic_is_caught_as_service_error() {
     let mut s = Setup::new();
     let u = s.managed_user("pw");
