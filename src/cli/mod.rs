@@ -282,7 +282,7 @@ fn run(cli: Cli) -> Result<i32> {
         Cmd::Status { dir: Some(dir), json } => status_dir(&ds, &dir, json)?,
         Cmd::Status { dir: None, json } => overview(&ds, json)?,
         Cmd::Encrypt { dir, protector, recovery: offer } => {
-            let user = protector.user()?;
+            let user = protector.user_or_owner(&dir)?;
             // Ask before anything is encrypted; the key is shown once the master key exists.
             let want_recovery = offer.wanted();
             let (policy, master) = ds.encrypt(&dir, protector.choice(&user), &mut ui)?;
