@@ -12,7 +12,9 @@ cargo clippy --workspace --all-targets --features fault-injection -- -D warnings
 cargo build --workspace --features fault-injection
 set +e
 log=$(mktemp)
-cargo test --workspace --features fault-injection -- --test-threads=2 2>&1 | tee "$log"
+# One test at a time: a command spawned by one test holds copies of every fd of the test
+# process until it execs, so a parallel test could see its files "busy" (key removal) or "in use".
+cargo test --workspace --features fault-injection -- --test-threads=1 2>&1 | tee "$log"
 rc=${PIPESTATUS[0]}
 pass=$(grep -Eo '[0-9]+ passed' "$log" | awk '{s+=$1} END {print s+0}')
 fail=$(grep -Eo '[0-9]+ failed' "$log" | awk '{s+=$1} END {print s+0}')
