@@ -14,8 +14,8 @@ use crate::secret::{MasterKey, Passphrase};
 use crate::ui::{SecretPrompt, Ui};
 
 pub const XATTR: &str = "trusted.dirseal.recovery";
-/// Far above a real blob (~200 bytes); bounds what a corrupted attribute can make us read.
-const MAX_XATTR: usize = 8192;
+/// The largest well-formed blob: anything longer is refused before parsing.
+const MAX_XATTR: usize = dirseal_recovery::MAX_BLOB;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RecoveryError {
