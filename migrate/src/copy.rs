@@ -1,8 +1,8 @@
 //! The copy pass: makes the staging tree equal to the source tree, one directory at a time.
 //!
 //! Invariant that makes resuming cheap and safe: a name present in staging is complete. Regular
-//! files are written into an `O_TMPFILE`, synced, given their metadata and only then linked under
-//! their name. Other entries get their modification time last, so one whose type, owner, mode,
+//! files are written into an `O_TMPFILE`, given their metadata and only then linked under their
+//! name (made durable all at once by a `syncfs` before `Copied` is recorded). Other entries get their modification time last, so one whose type, owner, mode,
 //! xattrs and mtime match the source is finished. A resumed pass therefore walks the tree again but
 //! copies only what is missing, stale or half-made, and removes what the source no longer has.
 
@@ -110,7 +110,8 @@ impl Copier<'_, '_> {
             Some(d) if d.kind == Kind::Dir => {}
             other => {
                 if other.is_some() {
-                    remove::remove_tree(stg_dir.as_fd(), name, false, &mut |_| {}).map_err(|e| ctx.dst_err(&rel, e))?;
+                    remove::remove_tree(stg_dir.as_fd(), name, false, &mut |_| Ok(()))
+                        .map_err(|e| ctx.dst_err(&rel, e))?;
                 }
                 fsx::mkdir(stg_dir, name).map_err(|e| ctx.dst_err(&rel, e))?;
             }
@@ -136,7 +137,9 @@ impl Copier<'_, '_> {
                 }
             }
         }
-        fsx::apply_meta(stg.as_fd(), &m, &x).map_err(|e| ctx.dst_err(rel, e))
+        fsx::apply_meta(stg.as_fd(), &m, &x).map_err(|e| ctx.dst_err(rel, e))?;
+        fault::point("copy-dir");
+        Ok(())
     }
 
     /// Makes the non-directory entries of one staging directory equal to the source's and returns
@@ -147,7 +150,8 @@ impl Copier<'_, '_> {
         let wanted: HashSet<&OsStr> = names.iter().map(|n| n.as_os_str()).collect();
         for n in fsx::list_names(stg).map_err(|e| ctx.dst_err(rel, e))? {
             if !wanted.contains(n.as_os_str()) {
-                remove::remove_tree(stg.as_fd(), &n, false, &mut |_| {}).map_err(|e| ctx.dst_err(&rel.join(&n), e))?;
+                remove::remove_tree(stg.as_fd(), &n, false, &mut |_| Ok(()))
+                    .map_err(|e| ctx.dst_err(&rel.join(&n), e))?;
             }
         }
         let (mut singles, mut others, mut subdirs) = (Vec::new(), Vec::new(), Vec::new());
@@ -213,7 +217,8 @@ impl Copier<'_, '_> {
         if let Some(rep) = rep {
             if existing.as_ref().map(|e| e.ino) != Some(rep.stg_ino) {
                 if existing.is_some() {
-                    remove::remove_tree(stg_dir.as_fd(), name, false, &mut |_| {}).map_err(|e| ctx.dst_err(&rel, e))?;
+                    remove::remove_tree(stg_dir.as_fd(), name, false, &mut |_| Ok(()))
+                        .map_err(|e| ctx.dst_err(&rel, e))?;
                 }
                 let rfd = fsx::open_beneath(self.stg_root, &rep.rel).map_err(|e| ctx.dst_err(&rep.rel, e))?;
                 let rm = fsx::stat_fd(&rfd).map_err(|e| ctx.dst_err(&rep.rel, e))?;
@@ -237,7 +242,7 @@ impl Copier<'_, '_> {
                 ctx.file_done();
                 return Ok(Entry::Done);
             }
-            remove::remove_tree(stg_dir.as_fd(), name, false, &mut |_| {}).map_err(|e| ctx.dst_err(&rel, e))?;
+            remove::remove_tree(stg_dir.as_fd(), name, false, &mut |_| Ok(())).map_err(|e| ctx.dst_err(&rel, e))?;
         }
         let stg_ino = self.create(&fd, m.kind, stg_dir, name, &rel, m.nlink > 1)?;
         if m.nlink > 1 {
@@ -335,8 +340,7 @@ impl Copier<'_, '_> {
                 // one syncfs before `Copied` is recorded, and verification compares content before
                 // the swap. Per-file fsync made conversion several times slower than `cp -a`.
                 fsx::link_fd(&tmp, stg_dir, name).map_err(derr)?;
-                let n = ctx.linked.fetch_add(1, Ordering::SeqCst) + 1;
-                fault::numbered("copy-file", n);
+                fault::point("copy-file");
                 // The staging inode number matters only to hard-link groups; skip the stat otherwise.
                 return Ok(if need_ino { fsx::stat_fd(&tmp).map_err(derr)?.ino } else { 0 });
             }
@@ -345,6 +349,7 @@ impl Copier<'_, '_> {
                 _ => None,
             };
             fsx::make_special(stg_dir, name, &before, target.as_deref()).map_err(derr)?;
+            fault::point("copy-special-made");
             let sfd = fsx::open_path(stg_dir, name).map_err(derr)?;
             let x = fsx::xattrs(fd.as_fd()).map_err(serr)?;
             fsx::apply_meta(sfd.as_fd(), &before, &x).map_err(derr)?;
@@ -353,6 +358,7 @@ impl Copier<'_, '_> {
                 fsx::unlink(stg_dir, name).map_err(derr)?;
                 continue;
             }
+            fault::point("copy-special");
             return Ok(if need_ino { fsx::stat_fd(&sfd).map_err(derr)?.ino } else { 0 });
         }
         Err(MigrateError::KeepsChanging { path: ctx.display(rel) })

@@ -13,6 +13,7 @@ use crate::fsx::{self, Meta};
 use crate::{Host, MigrateError, Phase, Progress};
 
 const PROGRESS_EVERY: Duration = Duration::from_millis(250);
+const SAVE_EVERY: Duration = Duration::from_secs(5);
 
 pub(crate) struct Ctx<'a> {
     pub host: &'a dyn Host,
@@ -25,12 +26,13 @@ pub(crate) struct Ctx<'a> {
     pub bytes_total: u64,
     pub files_done: AtomicU64,
     pub bytes_done: AtomicU64,
-    /// Regular files linked into staging in this run (numbering for fault points).
-    pub linked: AtomicU64,
     /// Files seen changing while they were copied, in this run.
     pub recopied: AtomicU64,
     stopped: AtomicBool,
     last: Mutex<Option<Instant>>,
+    /// Writes the counters to the journal (see `checkpoint` in lib.rs), every `SAVE_EVERY`.
+    saver: Option<&'a (dyn Fn(u64, u64) + Sync)>,
+    last_save: Mutex<Instant>,
 }
 
 impl<'a> Ctx<'a> {
@@ -51,11 +53,22 @@ impl<'a> Ctx<'a> {
             bytes_total,
             files_done: AtomicU64::new(0),
             bytes_done: AtomicU64::new(0),
-            linked: AtomicU64::new(0),
             recopied: AtomicU64::new(0),
             stopped: AtomicBool::new(false),
             last: Mutex::new(None),
+            saver: None,
+            last_save: Mutex::new(Instant::now()),
         }
+    }
+
+    pub(crate) fn saving(mut self, saver: &'a (dyn Fn(u64, u64) + Sync)) -> Ctx<'a> {
+        self.saver = Some(saver);
+        self
+    }
+
+    /// Whether the host asked to stop (as seen by any thread).
+    pub(crate) fn stopped(&self) -> bool {
+        self.stopped.load(Ordering::Relaxed)
     }
 
     pub(crate) fn display(&self, rel: &Path) -> PathBuf {
@@ -84,7 +97,14 @@ impl<'a> Ctx<'a> {
         if let Some(mut last) = guard {
             if force || last.map_or(true, |t| t.elapsed() >= PROGRESS_EVERY) {
                 *last = Some(Instant::now());
-                self.host.progress(&self.snapshot());
+                let p = self.snapshot();
+                self.host.progress(&p);
+                if let (Some(save), Ok(mut at)) = (self.saver, self.last_save.try_lock()) {
+                    if at.elapsed() >= SAVE_EVERY {
+                        *at = Instant::now();
+                        save(p.files_done, p.bytes_done);
+                    }
+                }
             }
         }
     }

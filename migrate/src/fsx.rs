@@ -6,6 +6,7 @@ use std::ffi::{OsStr, OsString};
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::path::Path;
 
 use rustix::fs::{
     AtFlags, FileType, Mode, OFlags, ResolveFlags, SeekFrom, StatxAttributes, StatxFlags, Timestamps, XattrFlags,
@@ -151,12 +152,41 @@ pub(crate) fn stat_at(dir: impl AsFd, name: &OsStr) -> io::Result<Option<Meta>> 
     }
 }
 
-/// Metadata of an absolute or relative path, not following a final symlink.
-pub(crate) fn stat_path(path: &std::path::Path) -> io::Result<Option<Meta>> {
-    match rustix::fs::statx(rustix::fs::CWD, path, AtFlags::SYMLINK_NOFOLLOW, statx_flags()) {
-        Ok(x) => Ok(Some(to_meta(x)?)),
-        Err(Errno::NOENT) => Ok(None),
-        Err(e) => Err(e.into()),
+/// Opens an absolute path that must contain no symbolic link at all (not even in its parent
+/// components) and no magic link: a path stored in the journal or given by the caller cannot be
+/// redirected by a user who replaces one of its directories with a symlink. ELOOP if it has one.
+pub(crate) fn open_nosym(path: &Path, flags: OFlags) -> io::Result<OwnedFd> {
+    Ok(rustix::fs::openat2(
+        rustix::fs::CWD,
+        path,
+        flags | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+        ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+    )?)
+}
+
+/// The parent directory of `path` (opened `O_PATH`, symlink-free) and the final name. `None` when
+/// the parent does not exist.
+pub(crate) fn open_parent(path: &Path) -> io::Result<Option<(OwnedFd, &OsStr)>> {
+    let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "the path has no parent directory"));
+    };
+    match open_nosym(parent, OFlags::PATH | OFlags::DIRECTORY) {
+        Ok(fd) => Ok(Some((fd, name))),
+        Err(e) if is_errno(&e, Errno::NOENT) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Metadata of an absolute path without following any symlink on the way (ELOOP if the parent
+/// path holds one; a final symlink is described, not followed). `None` if it does not exist.
+pub(crate) fn stat_path(path: &Path) -> io::Result<Option<Meta>> {
+    if path.parent().is_none() {
+        return Ok(Some(to_meta(rustix::fs::statx(rustix::fs::CWD, path, AtFlags::SYMLINK_NOFOLLOW, statx_flags())?)?));
+    }
+    match open_parent(path)? {
+        Some((dir, name)) => stat_at(&dir, name),
+        None => Ok(None),
     }
 }
 
@@ -176,14 +206,9 @@ pub(crate) fn open_dir(dir: impl AsFd, name: &OsStr) -> io::Result<OwnedFd> {
     )?)
 }
 
-/// Opens a directory by path (the caller's trusted path), refusing a final symlink.
-pub(crate) fn open_dir_path(path: &std::path::Path) -> io::Result<OwnedFd> {
-    Ok(rustix::fs::openat(
-        rustix::fs::CWD,
-        path,
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::empty(),
-    )?)
+/// Opens a directory by absolute path for reading, refusing any symlink on the way.
+pub(crate) fn open_dir_path(path: &Path) -> io::Result<OwnedFd> {
+    open_nosym(path, OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOATIME)
 }
 
 /// `/proc/self/fd/N`: the kernel resolves it to exactly the inode `fd` holds, whatever happened to
@@ -200,7 +225,7 @@ pub(crate) fn reopen(fd: BorrowedFd<'_>, flags: OFlags) -> io::Result<OwnedFd> {
 
 /// Opens `rel` (a path of several components) beneath `root` without following any symlink on the
 /// way; the final component may be a symlink and is returned as an O_PATH handle on it.
-pub(crate) fn open_beneath(root: impl AsFd, rel: &std::path::Path) -> io::Result<OwnedFd> {
+pub(crate) fn open_beneath(root: impl AsFd, rel: &Path) -> io::Result<OwnedFd> {
     Ok(rustix::fs::openat2(
         root,
         rel,
@@ -211,9 +236,15 @@ pub(crate) fn open_beneath(root: impl AsFd, rel: &std::path::Path) -> io::Result
 }
 
 /// Names in a directory, without `.` and `..`. Reads from a fresh handle so the caller's offset is
-/// untouched.
+/// untouched, with `O_NOATIME` so listing a tree leaves its access times as they were.
 pub(crate) fn list_names(dir: impl AsFd) -> io::Result<Vec<OsString>> {
-    let mut d = rustix::fs::Dir::read_from(dir)?;
+    let fd = rustix::fs::openat(
+        dir,
+        c".",
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOATIME | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    let mut d = rustix::fs::Dir::new(fd)?;
     let mut out = Vec::new();
     while let Some(e) = d.read() {
         let e = e?;

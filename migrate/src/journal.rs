@@ -108,8 +108,10 @@ impl Step {
     }
 }
 
+/// The persisted conversion. Parsed through [`RawJournal`], so a journal whose numbers contradict
+/// each other never reaches the engine.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(try_from = "RawJournal")]
 pub(crate) struct Journal {
     pub version: Version,
     pub source: HexPath,
@@ -129,6 +131,69 @@ pub(crate) struct Journal {
     /// Files seen changing while copied, over all runs.
     pub recopied: u64,
     pub step: Step,
+}
+
+/// The journal as it is on disk, before its fields are checked against each other.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawJournal {
+    version: Version,
+    source: HexPath,
+    source_dev: u64,
+    source_ino: u64,
+    staging_ino: u64,
+    token: String,
+    started_unix: u64,
+    keep_backup: bool,
+    wipe: bool,
+    files_total: u64,
+    bytes_total: u64,
+    outside_links: u64,
+    files_done: u64,
+    bytes_done: u64,
+    recopied: u64,
+    step: Step,
+}
+
+/// Longest token a host may hand out (a policy id is 32 hex digits).
+pub(crate) const MAX_TOKEN: usize = 256;
+
+impl TryFrom<RawJournal> for Journal {
+    type Error = String;
+    fn try_from(r: RawJournal) -> Result<Journal, String> {
+        if r.source_ino == r.staging_ino {
+            return Err("the source and staging inode numbers are equal".into());
+        }
+        if r.token.len() > MAX_TOKEN || r.token.chars().any(char::is_control) {
+            return Err("the staging token is too long or holds control characters".into());
+        }
+        if r.files_done > r.files_total || r.bytes_done > r.bytes_total {
+            return Err("progress exceeds the recorded totals".into());
+        }
+        if let Step::Copying { round } | Step::Copied { round } = r.step {
+            if round >= crate::MAX_ROUNDS {
+                return Err(format!("copy round {round} is beyond the limit of {}", crate::MAX_ROUNDS));
+            }
+        }
+        Ok(Journal {
+            version: r.version,
+            source: r.source,
+            source_dev: r.source_dev,
+            source_ino: r.source_ino,
+            staging_ino: r.staging_ino,
+            token: r.token,
+            started_unix: r.started_unix,
+            keep_backup: r.keep_backup,
+            wipe: r.wipe,
+            files_total: r.files_total,
+            bytes_total: r.bytes_total,
+            outside_links: r.outside_links,
+            files_done: r.files_done,
+            bytes_done: r.bytes_done,
+            recopied: r.recopied,
+            step: r.step,
+        })
+    }
 }
 
 /// The open, checked, root-only work directory.
@@ -152,11 +217,18 @@ impl Workdir {
         if !path.is_absolute() {
             return Err(unsafe_wd(path, "it must be an absolute path"));
         }
+        let no_symlinks = |e: &io::Error| fsx::is_errno(e, Errno::LOOP) || fsx::is_errno(e, Errno::NOTDIR);
+        let symlinked = || unsafe_wd(path, "it or one of its parent directories is a symbolic link or not a directory");
         if create {
             let mut missing = Vec::new();
             let mut p = path;
-            while fsx::stat_path(p).map_err(|e| wd_io(p, "inspecting", e))?.is_none() {
-                missing.push(p);
+            loop {
+                match fsx::stat_path(p) {
+                    Ok(Some(_)) => break,
+                    Ok(None) => missing.push(p),
+                    Err(e) if no_symlinks(&e) => return Err(symlinked()),
+                    Err(e) => return Err(wd_io(p, "inspecting", e)),
+                }
                 p = match p.parent() {
                     Some(q) => q,
                     None => break,
@@ -167,14 +239,17 @@ impl Workdir {
                     Ok(()) | Err(Errno::EXIST) => {}
                     Err(e) => return Err(wd_io(p, "creating", e.into())),
                 }
+                // The new entry must survive a crash before anything inside it is trusted to.
+                if let Some(parent) = p.parent() {
+                    let pfd = fsx::open_dir_path(parent).map_err(|e| wd_io(parent, "opening", e))?;
+                    fsx::fsync(&pfd).map_err(|e| wd_io(parent, "syncing", e))?;
+                }
             }
         }
         let fd = match fsx::open_dir_path(path) {
             Ok(fd) => fd,
             Err(e) if !create && fsx::is_errno(&e, Errno::NOENT) => return Ok(None),
-            Err(e) if fsx::is_errno(&e, Errno::LOOP) || fsx::is_errno(&e, Errno::NOTDIR) => {
-                return Err(unsafe_wd(path, "it is a symbolic link or not a directory"))
-            }
+            Err(e) if no_symlinks(&e) => return Err(symlinked()),
             Err(e) => return Err(wd_io(path, "opening", e)),
         };
         let m = fsx::stat_fd(&fd).map_err(|e| wd_io(path, "inspecting", e))?;
@@ -198,19 +273,44 @@ impl Workdir {
         Ok(Some(Workdir { path: path.to_path_buf(), fd }))
     }
 
-    /// Takes the exclusive conversion lock. The kernel drops it when the holder dies, so a crashed
-    /// run never blocks the next one.
+    /// Takes the exclusive conversion lock and writes this process's id into the lock file (only
+    /// to name the holder in a refusal). The lock is an `flock`: the kernel drops it when its
+    /// holder dies, so a crashed run never blocks the next one, whatever pid the file still names.
     pub(crate) fn lock(&self) -> Result<OwnedFd, MigrateError> {
+        let lpath = self.path.join(LOCK);
         let fd = rustix::fs::openat(
             &self.fd,
             LOCK,
             OFlags::CREATE | OFlags::RDWR | OFlags::NOFOLLOW | OFlags::CLOEXEC,
             Mode::from_raw_mode(0o600),
         )
-        .map_err(|e| wd_io(&self.path.join(LOCK), "opening the lock file", e.into()))?;
+        .map_err(|e| wd_io(&lpath, "opening the lock file", e.into()))?;
         match rustix::fs::flock(&fd, FlockOperation::NonBlockingLockExclusive) {
-            Ok(()) => Ok(fd),
-            Err(Errno::WOULDBLOCK) => Err(MigrateError::Busy { workdir: self.path.clone() }),
+            Ok(()) => {}
+            Err(Errno::WOULDBLOCK) => return Err(MigrateError::Busy { workdir: self.path.clone(), pid: holder(&fd) }),
+            Err(e) => return Err(wd_io(&lpath, "locking", e.into())),
+        }
+        let pid = format!("{}\n", std::process::id());
+        rustix::fs::ftruncate(&fd, 0).map_err(|e| wd_io(&lpath, "writing the lock file", e.into()))?;
+        rustix::io::pwrite(&fd, pid.as_bytes(), 0).map_err(|e| wd_io(&lpath, "writing the lock file", e.into()))?;
+        Ok(fd)
+    }
+
+    /// Refuses with [`MigrateError::Busy`] if a live process holds the lock; takes nothing.
+    pub(crate) fn probe_lock(&self) -> Result<(), MigrateError> {
+        let fd = match rustix::fs::openat(
+            &self.fd,
+            LOCK,
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        ) {
+            Ok(fd) => fd,
+            Err(Errno::NOENT) => return Ok(()),
+            Err(e) => return Err(wd_io(&self.path.join(LOCK), "opening the lock file", e.into())),
+        };
+        match rustix::fs::flock(&fd, FlockOperation::NonBlockingLockShared) {
+            Ok(()) => Ok(()),
+            Err(Errno::WOULDBLOCK) => Err(MigrateError::Busy { workdir: self.path.clone(), pid: holder(&fd) }),
             Err(e) => Err(wd_io(&self.path.join(LOCK), "locking", e.into())),
         }
     }
@@ -257,6 +357,13 @@ impl Workdir {
     }
 }
 
+/// The pid a lock holder wrote into the lock file, if readable.
+fn holder(fd: &OwnedFd) -> Option<u32> {
+    let mut buf = [0u8; 16];
+    let n = rustix::io::pread(fd, &mut buf[..], 0).ok()?;
+    std::str::from_utf8(&buf[..n]).ok()?.trim().parse().ok()
+}
+
 /// Reads the journal of a work dir without locking (atomic renames make any read consistent).
 pub(crate) fn read_journal(dir: impl AsFd, wd: &Path) -> Result<Option<Journal>, MigrateError> {
     let jpath = wd.join(JOURNAL);
@@ -271,7 +378,9 @@ pub(crate) fn read_journal(dir: impl AsFd, wd: &Path) -> Result<Option<Journal>,
         .take(1 << 20)
         .read_to_end(&mut data)
         .map_err(|e| wd_io(&jpath, "reading the journal", e))?;
-    serde_json::from_slice(&data)
-        .map(Some)
-        .map_err(|e| MigrateError::CorruptJournal { path: jpath, reason: e.to_string() })
+    serde_json::from_slice(&data).map(Some).map_err(|e| MigrateError::CorruptJournal {
+        path: jpath,
+        workdir: wd.to_path_buf(),
+        reason: e.to_string(),
+    })
 }

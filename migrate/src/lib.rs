@@ -176,6 +176,10 @@ impl fmt::Display for ProcessUse {
     }
 }
 
+fn holder(pid: Option<u32>) -> String {
+    pid.map(|p| format!(" (pid {p})")).unwrap_or_default()
+}
+
 fn list_users(users: &[ProcessUse]) -> String {
     let mut s: Vec<String> = users.iter().take(5).map(|u| u.to_string()).collect();
     if users.len() > 5 {
@@ -212,10 +216,10 @@ pub enum MigrateError {
     WorkdirElsewhere { workdir: PathBuf, source_dir: PathBuf },
     #[error("work directory {} lies inside {}; use one outside the directory being converted", workdir.display(), source_dir.display())]
     WorkdirInsideSource { workdir: PathBuf, source_dir: PathBuf },
-    #[error("another conversion holds the lock on {}; wait for it to finish", workdir.display())]
-    Busy { workdir: PathBuf },
-    #[error("the conversion journal {} is unreadable: {reason}; the original directory is untouched unless the state was swapped; inspect the work directory before removing it", path.display())]
-    CorruptJournal { path: PathBuf, reason: String },
+    #[error("another conversion{} is running in {}; wait for it to finish (or stop it) and try again", holder(*pid), workdir.display())]
+    Busy { workdir: PathBuf, pid: Option<u32> },
+    #[error("the conversion journal {} is corrupt ({reason}), so dirseal cannot tell how far the conversion got and changes nothing. If the directory being converted still holds your files, delete {} and start again; if it does not, your original files are in {}/staging: move them back first", path.display(), workdir.display(), workdir.display())]
+    CorruptJournal { path: PathBuf, workdir: PathBuf, reason: String },
     #[error("work directory {} belongs to the conversion of {}, not {}; finish or abort that conversion first", workdir.display(), journal_source.display(), requested.display())]
     OtherSource { workdir: PathBuf, journal_source: PathBuf, requested: PathBuf },
     #[error("no conversion is recorded in {}; start one first", workdir.display())]
@@ -242,8 +246,9 @@ pub enum MigrateError {
     Internal(&'static str),
 }
 
-/// Most passes a copy may take before verification gives up on a directory that keeps changing.
-const MAX_ROUNDS: u32 = 3;
+/// Most passes a copy may take in one run before verification gives up on a directory that keeps
+/// changing.
+pub(crate) const MAX_ROUNDS: u32 = 3;
 
 /// The source as resolved once: absolute path (canonical parent + final name) and an open handle.
 struct Source {
@@ -253,6 +258,8 @@ struct Source {
 }
 
 impl Source {
+    /// Resolves a path as the caller gave it: symlinks in the parent directories are followed
+    /// once, here, and the result is used from then on; a final symlink is refused.
     fn resolve(p: &Path) -> Result<Source, MigrateError> {
         let unavailable = |e| MigrateError::SourceUnavailable { path: p.to_path_buf(), source: e };
         let path = match p.file_name() {
@@ -266,11 +273,25 @@ impl Source {
             // "/", "..", "x/..": only a full resolution says what they name.
             None => std::fs::canonicalize(p).map_err(unavailable)?,
         };
+        Source::open(path)
+    }
+
+    /// Opens an absolute path that must hold no symlink anywhere (a recorded source path: a
+    /// user who swapped one of its directories for a symlink gets [`MigrateError::SourceReplaced`]).
+    fn open(path: PathBuf) -> Result<Source, MigrateError> {
         if path.parent().is_none() {
             return Err(MigrateError::FilesystemRoot { path });
         }
-        let meta =
-            fsx::stat_path(&path).map_err(unavailable)?.ok_or_else(|| unavailable(io::ErrorKind::NotFound.into()))?;
+        let err = |path: &Path, e: io::Error| {
+            if fsx::is_errno(&e, rustix::io::Errno::LOOP) {
+                MigrateError::SourceReplaced { path: path.to_path_buf() }
+            } else {
+                MigrateError::SourceUnavailable { path: path.to_path_buf(), source: e }
+            }
+        };
+        let meta = fsx::stat_path(&path)
+            .map_err(|e| err(&path, e))?
+            .ok_or_else(|| err(&path, io::ErrorKind::NotFound.into()))?;
         match meta.kind {
             fsx::Kind::Symlink => return Err(MigrateError::SourceIsSymlink { path }),
             fsx::Kind::Dir => {}
@@ -279,8 +300,8 @@ impl Source {
         if meta.mount_root {
             return Err(MigrateError::FilesystemRoot { path });
         }
-        let fd = fsx::open_dir_path(&path).map_err(unavailable)?;
-        let meta = fsx::stat_fd(&fd).map_err(unavailable)?;
+        let fd = fsx::open_dir_path(&path).map_err(|e| err(&path, e))?;
+        let meta = fsx::stat_fd(&fd).map_err(|e| err(&path, e))?;
         Ok(Source { path, fd, meta })
     }
 }
@@ -308,6 +329,9 @@ fn preflight_source(req: &Request, host: &dyn Host, src: &Source) -> Result<scan
     }
     check_workdir_location(req.workdir, src)?;
     if let Some(wd) = Workdir::open(req.workdir, false)? {
+        // A running converter holds the source open: without this it would be reported as a
+        // process using the directory rather than as what it is.
+        wd.probe_lock()?;
         if let Some(j) = wd.read()? {
             if !j.step.is_final() && j.source.0 != src.path {
                 return Err(other_source(req.workdir, &j, &src.path));
@@ -390,7 +414,7 @@ pub fn convert(req: &Request, host: &dyn Host) -> Result<Outcome, MigrateError> 
         Some(wd) => wd.read()?,
         None => None,
     };
-    if let Some(j) = recorded.filter(|j| !matches!(j.step, Step::Aborted | Step::RolledBack)) {
+    if let Some(j) = recorded.filter(|j| !j.step.is_final()) {
         if j.source.0 != src.path {
             return Err(other_source(req.workdir, &j, &src.path));
         }
@@ -406,7 +430,7 @@ pub fn convert(req: &Request, host: &dyn Host) -> Result<Outcome, MigrateError> 
     let _lock = wd.lock()?;
     let old = wd.read()?;
     if let Some(j) = &old {
-        if !matches!(j.step, Step::Aborted | Step::RolledBack) {
+        if !j.step.is_final() {
             // Another converter started between our look and the lock.
             if j.source.0 != src.path {
                 return Err(other_source(req.workdir, j, &src.path));
@@ -414,13 +438,24 @@ pub fn convert(req: &Request, host: &dyn Host) -> Result<Outcome, MigrateError> 
             return run(req, host, &wd, j.clone(), true);
         }
     }
-    clear_leftovers(&wd, old.as_ref())?;
+    clear_leftovers(&wd, old.as_ref(), "leftover-entry")?;
     fsx::mkdir(&wd.fd, STAGING.as_ref()).map_err(io_err("creating", &wd.staging_path()))?;
     wd.sync()?;
     fault::point("after-staging-created");
     let token =
         host.prepare_staging(&wd.staging_path()).map_err(host_err("preparing the encrypted staging directory"))?;
-    let stg = wd.staging_meta()?.ok_or(MigrateError::Internal("staging vanished"))?;
+    if token.len() > journal::MAX_TOKEN || token.chars().any(char::is_control) {
+        return Err(MigrateError::Host {
+            step: "preparing the encrypted staging directory",
+            source: HostError(format!("the host returned an unusable token of {} bytes", token.len())),
+        });
+    }
+    // What the host did to the staging dir (its encryption policy) must be on disk before the
+    // journal that relies on it.
+    let stg_fd = fsx::open_dir(&wd.fd, STAGING.as_ref()).map_err(io_err("opening", &wd.staging_path()))?;
+    fsx::fsync(&stg_fd).map_err(io_err("syncing", &wd.staging_path()))?;
+    let stg = fsx::stat_fd(&stg_fd).map_err(io_err("inspecting", &wd.staging_path()))?;
+    fault::point("before-record-prepared");
     let j = Journal {
         version: Version,
         source: HexPath(src.path.clone()),
@@ -450,7 +485,7 @@ pub fn convert(req: &Request, host: &dyn Host) -> Result<Outcome, MigrateError> 
 /// Removes what an earlier attempt left in the work dir: the staging copy of an aborted
 /// conversion, or an empty staging dir made just before a crash (before the journal existed).
 /// Anything else is left alone: it might be someone's data.
-fn clear_leftovers(wd: &Workdir, old: Option<&Journal>) -> Result<(), MigrateError> {
+fn clear_leftovers(wd: &Workdir, old: Option<&Journal>, point: &'static str) -> Result<(), MigrateError> {
     let Some(t) = wd.staging_meta()? else { return Ok(()) };
     let ours = match old {
         Some(j) => t.ino == j.staging_ino && t.ino != j.source_ino,
@@ -471,18 +506,22 @@ fn clear_leftovers(wd: &Workdir, old: Option<&Journal>) -> Result<(), MigrateErr
             ),
         });
     }
-    remove_staging(wd)
+    remove_staging(wd, point)
 }
 
-fn remove_staging(wd: &Workdir) -> Result<(), MigrateError> {
-    remove::remove_tree(wd.fd.as_fd(), STAGING.as_ref(), false, &mut |_| {})
-        .map_err(io_err("removing", &wd.staging_path()))?;
+/// Removes the staging dir; `point` names the fault point reached after each removed entry.
+fn remove_staging(wd: &Workdir, point: &'static str) -> Result<(), MigrateError> {
+    remove::remove_tree(wd.fd.as_fd(), STAGING.as_ref(), false, &mut |_| {
+        fault::point(point);
+        Ok(())
+    })
+    .map_err(io_err("removing", &wd.staging_path()))?;
     wd.sync()
 }
 
 /// Opens source and staging and checks they are still the inodes the journal names.
 fn open_pair(j: &Journal, wd: &Workdir) -> Result<(Source, OwnedFd), MigrateError> {
-    let src = Source::resolve(&j.source.0)?;
+    let src = Source::open(j.source.0.clone())?;
     if src.meta.ino != j.source_ino || src.meta.dev != j.source_dev {
         return Err(MigrateError::SourceReplaced { path: j.source.0.clone() });
     }
@@ -519,6 +558,20 @@ fn after_pass(wd: &Workdir, j: &mut Journal, ctx: &Ctx, e: MigrateError) -> Migr
     }
 }
 
+/// A progress saver for a long pass: rewrites the journal with new counters (and nothing else)
+/// every few seconds, so `status` from another process shows how far the pass got. Failures are
+/// ignored: the recorded state stays right, only the counters lag.
+fn checkpoint<'a>(wd: &'a Workdir, j: &Journal) -> impl Fn(u64, u64) + Sync + 'a {
+    let shared = std::sync::Mutex::new(j.clone());
+    move |files, bytes| {
+        if let Ok(mut s) = shared.try_lock() {
+            s.files_done = files.min(s.files_total);
+            s.bytes_done = bytes.min(s.bytes_total);
+            let _ = wd.write(&s);
+        }
+    }
+}
+
 fn run(req: &Request, host: &dyn Host, wd: &Workdir, mut j: Journal, resumed: bool) -> Result<Outcome, MigrateError> {
     let pool = pool(req.threads)?;
     let mut unlocked = !resumed;
@@ -534,7 +587,9 @@ fn run(req: &Request, host: &dyn Host, wd: &Workdir, mut j: Journal, resumed: bo
                 ensure_unlocked(host, wd, &j, &mut unlocked)?;
                 let (src, stg) = open_pair(&j, wd)?;
                 let source = j.source.0.clone();
-                let ctx = Ctx::new(host, &source, src.meta.mnt_id, Phase::Copying, j.files_total, j.bytes_total);
+                let save = checkpoint(wd, &j);
+                let ctx = Ctx::new(host, &source, src.meta.mnt_id, Phase::Copying, j.files_total, j.bytes_total)
+                    .saving(&save);
                 ctx.tick(true);
                 if let Err(e) = copy::copy_tree(&ctx, &pool, &src.fd, &stg) {
                     return Err(after_pass(wd, &mut j, &ctx, e));
@@ -553,7 +608,9 @@ fn run(req: &Request, host: &dyn Host, wd: &Workdir, mut j: Journal, resumed: bo
                 ensure_unlocked(host, wd, &j, &mut unlocked)?;
                 let (src, stg) = open_pair(&j, wd)?;
                 let source = j.source.0.clone();
-                let ctx = Ctx::new(host, &source, src.meta.mnt_id, Phase::Verifying, j.files_total, j.bytes_total);
+                let save = checkpoint(wd, &j);
+                let ctx = Ctx::new(host, &source, src.meta.mnt_id, Phase::Verifying, j.files_total, j.bytes_total)
+                    .saving(&save);
                 ctx.tick(true);
                 let diff = match verify::verify_tree(&ctx, &pool, &src.fd, &stg) {
                     Ok(d) => d,
@@ -561,13 +618,19 @@ fn run(req: &Request, host: &dyn Host, wd: &Workdir, mut j: Journal, resumed: bo
                 };
                 fault::point("after-verify");
                 if diff.count > 0 {
+                    // The stale entries were removed from staging; make that durable first.
+                    rustix::fs::syncfs(&stg).map_err(|e| io_err("syncing", &wd.staging_path())(e.into()))?;
                     if round + 1 >= MAX_ROUNDS {
+                        // The next run starts a fresh series of passes; this one gives up.
+                        j.step = Step::Copying { round: 0 };
+                        wd.write(&j)?;
                         let (path, reason) = diff.first.unwrap_or_default();
                         return Err(MigrateError::VerifyFailed { path, reason });
                     }
-                    // The stale entries were removed from staging; make that durable first.
-                    rustix::fs::syncfs(&stg).map_err(|e| io_err("syncing", &wd.staging_path())(e.into()))?;
                     j.step = Step::Copying { round: round + 1 };
+                    wd.write(&j)?;
+                    fault::point("after-record-recopy");
+                    continue;
                 } else {
                     j.step = Step::Verified;
                 }
@@ -637,7 +700,12 @@ enum Place {
 }
 
 fn place(j: &Journal, wd: &Workdir) -> Result<Place, MigrateError> {
-    let s = fsx::stat_path(&j.source.0).map_err(io_err("inspecting", &j.source.0))?;
+    let s = match fsx::stat_path(&j.source.0) {
+        Ok(s) => s,
+        // A symlink now in the source's path: whatever is there is not ours.
+        Err(e) if fsx::is_errno(&e, rustix::io::Errno::LOOP) => return Ok(Place::Unknown),
+        Err(e) => return Err(io_err("inspecting", &j.source.0)(e)),
+    };
     let t = wd.staging_meta()?;
     let (s, t) = (s.map(|m| (m.dev, m.ino)), t.map(|m| m.ino));
     let dev = j.source_dev;
@@ -661,6 +729,7 @@ fn sync_swap(j: &Journal, wd: &Workdir) -> Result<(), MigrateError> {
 }
 
 fn swap(req: &Request, host: &dyn Host, wd: &Workdir, j: &Journal) -> Result<(), MigrateError> {
+    Ctx::new(host, &j.source.0, 0, Phase::Swapping, j.files_total, j.bytes_total).tick(true);
     match place(j, wd)? {
         Place::Original => {
             if !req.force {
@@ -685,7 +754,7 @@ fn dispose(host: &dyn Host, wd: &Workdir, j: &Journal, notes: &mut Vec<String>) 
             let ctx = Ctx::new(host, &j.source.0, 0, Phase::Disposing, j.files_total + 1, j.bytes_total);
             ctx.tick(true);
             let mut first = true;
-            remove::remove_tree(wd.fd.as_fd(), STAGING.as_ref(), j.wipe, &mut |m| {
+            let removed = remove::remove_tree(wd.fd.as_fd(), STAGING.as_ref(), j.wipe, &mut |m| {
                 if m.kind == fsx::Kind::File {
                     ctx.bytes_done.fetch_add(m.size, std::sync::atomic::Ordering::Relaxed);
                 }
@@ -694,8 +763,14 @@ fn dispose(host: &dyn Host, wd: &Workdir, j: &Journal, notes: &mut Vec<String>) 
                     first = false;
                     fault::point("mid-dispose");
                 }
-            })
-            .map_err(io_err("removing the old copy", &wd.staging_path()))?;
+                fault::point("dispose-entry");
+                ctx.check_stop().map_err(|_| io::Error::from(io::ErrorKind::Interrupted))
+            });
+            match removed {
+                Ok(()) => {}
+                Err(_) if ctx.stopped() => return Err(MigrateError::Interrupted { state: State::Swapped }),
+                Err(e) => return Err(io_err("removing the old copy", &wd.staging_path())(e)),
+            }
             wd.sync()?;
         }
         Place::CopyOnly => {}
@@ -811,7 +886,7 @@ pub fn abort(workdir: &Path, host: &dyn Host) -> Result<Outcome, MigrateError> {
     }
     let ctx = Ctx::new(host, &j.source.0, 0, Phase::Aborting, 0, 0);
     ctx.tick(true);
-    clear_leftovers(&wd, Some(&j))?;
+    clear_leftovers(&wd, Some(&j), "abort-entry")?;
     Ok(outcome(&j, &wd, Vec::new()))
 }
 
@@ -860,7 +935,7 @@ pub fn rollback(workdir: &Path, host: &dyn Host) -> Result<Outcome, MigrateError
         Place::CopyOnly | Place::Unknown => return Err(MigrateError::SourceReplaced { path: j.source.0.clone() }),
     }
     if place(&j, &wd)? == Place::Original {
-        remove_staging(&wd)?;
+        remove_staging(&wd, "rollback-entry")?;
     }
     fault::point("rollback-before-record");
     j.step = Step::RolledBack;

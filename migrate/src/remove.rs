@@ -18,12 +18,13 @@ struct Frame {
 }
 
 /// Removes `name` in `parent`, whatever it is. With `wipe`, regular files whose last link this is
-/// are overwritten with zeros and synced before the unlink. `on_removed` runs after each entry.
+/// are overwritten with zeros and synced before the unlink. `on_removed` runs after each entry; an error
+/// from it stops the removal (what is left stays for a later run).
 pub(crate) fn remove_tree(
     parent: BorrowedFd<'_>,
     name: &OsStr,
     wipe: bool,
-    on_removed: &mut dyn FnMut(&Meta),
+    on_removed: &mut dyn FnMut(&Meta) -> io::Result<()>,
 ) -> io::Result<()> {
     let Some(m) = fsx::stat_at(parent, name)? else { return Ok(()) };
     if m.kind != Kind::Dir {
@@ -47,7 +48,7 @@ pub(crate) fn remove_tree(
             let dir_meta = fsx::stat_fd(&done.fd)?;
             let up = stack.last().map(|f| f.fd.as_fd()).unwrap_or(parent);
             match fsx::rmdir(up, &done.name) {
-                Ok(()) => on_removed(&dir_meta),
+                Ok(()) => on_removed(&dir_meta)?,
                 Err(e) if fsx::is_errno(&e, Errno::NOENT) => {}
                 Err(e) => return Err(e),
             }
@@ -57,7 +58,11 @@ pub(crate) fn remove_tree(
 }
 
 /// Removes the non-directories of `dir`, returning its subdirectories.
-fn clear_files(dir: &OwnedFd, wipe: bool, on_removed: &mut dyn FnMut(&Meta)) -> io::Result<Vec<OsString>> {
+fn clear_files(
+    dir: &OwnedFd,
+    wipe: bool,
+    on_removed: &mut dyn FnMut(&Meta) -> io::Result<()>,
+) -> io::Result<Vec<OsString>> {
     let mut subdirs = Vec::new();
     for n in fsx::list_names(dir)? {
         match fsx::stat_at(dir, &n)? {
@@ -74,7 +79,7 @@ fn remove_file(
     name: &OsStr,
     m: &Meta,
     wipe: bool,
-    on_removed: &mut dyn FnMut(&Meta),
+    on_removed: &mut dyn FnMut(&Meta) -> io::Result<()>,
 ) -> io::Result<()> {
     // Other links (possibly outside the tree) still need the contents.
     if wipe && m.kind == Kind::File && m.nlink == 1 {
@@ -85,7 +90,7 @@ fn remove_file(
         }
     }
     match fsx::unlink(dir, name) {
-        Ok(()) => on_removed(m),
+        Ok(()) => on_removed(m)?,
         Err(e) if fsx::is_errno(&e, Errno::NOENT) => {}
         Err(e) => return Err(e),
     }

@@ -15,7 +15,7 @@ use rustix::io::Errno;
 
 use crate::ctx::Ctx;
 use crate::fsx::{self, Kind};
-use crate::{remove, MigrateError};
+use crate::{fault, remove, MigrateError};
 
 /// The differences found; `first` names one for the error message.
 #[derive(Default)]
@@ -148,7 +148,7 @@ impl Verifier<'_, '_> {
                 Cmp::Differs(why) => {
                     let r = rel.join(&n);
                     // Drop the stale copy so the next copy pass redoes it.
-                    remove::remove_tree(stg.as_fd(), &n, false, &mut |_| {}).map_err(|e| ctx.dst_err(&r, e))?;
+                    remove::remove_tree(stg.as_fd(), &n, false, &mut |_| Ok(())).map_err(|e| ctx.dst_err(&r, e))?;
                     self.differs(&r, why);
                 }
             }
@@ -209,6 +209,7 @@ impl Verifier<'_, '_> {
             _ => {}
         }
         ctx.file_done();
+        fault::point("verify-entry");
         Ok(Cmp::Same)
     }
 
