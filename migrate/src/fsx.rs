@@ -363,9 +363,17 @@ pub(crate) fn copy_sparse(
 ) -> io::Result<()> {
     const CHUNK: u64 = 1 << 20;
     let mut off = 0u64;
+    // `dense` is a hint from st_blocks, which also counts an external xattr block and extent tree
+    // blocks, so one SEEK_HOLE confirms it: the first hole at the end means there is none.
+    let dense = dense
+        && match rustix::fs::seek(src, SeekFrom::Hole(0)) {
+            Ok(h) => h >= size,
+            Err(Errno::NXIO) => true,
+            Err(e) => return Err(e.into()),
+        };
     if dense {
-        // Allocated blocks cover the whole size: no holes to find, so skip the SEEK_DATA/SEEK_HOLE
-        // round trips (they dominate for the many small files of a home).
+        // No holes to find: skip the SEEK_DATA/SEEK_HOLE round trips (they dominate for the many
+        // small files of a home).
         while off < size {
             let n = copy_range(src, dst, off, (size - off).min(CHUNK))?;
             if n == 0 {
@@ -502,6 +510,12 @@ pub(crate) fn unlink(dir: impl AsFd, name: &OsStr) -> io::Result<()> {
 
 pub(crate) fn rmdir(dir: impl AsFd, name: &OsStr) -> io::Result<()> {
     Ok(rustix::fs::unlinkat(dir, name, AtFlags::REMOVEDIR)?)
+}
+
+/// What `open_nosym` reports when a directory of the path was replaced by a symlink (ELOOP for
+/// an inner component, ENOTDIR for the last one, opened `O_DIRECTORY | O_NOFOLLOW`) or a file.
+pub(crate) fn is_redirected(e: &io::Error) -> bool {
+    is_errno(e, Errno::LOOP) || is_errno(e, Errno::NOTDIR)
 }
 
 pub(crate) fn is_errno(e: &io::Error, errno: Errno) -> bool {

@@ -217,7 +217,7 @@ impl Workdir {
         if !path.is_absolute() {
             return Err(unsafe_wd(path, "it must be an absolute path"));
         }
-        let no_symlinks = |e: &io::Error| fsx::is_errno(e, Errno::LOOP) || fsx::is_errno(e, Errno::NOTDIR);
+        let no_symlinks = fsx::is_redirected;
         let symlinked = || unsafe_wd(path, "it or one of its parent directories is a symbolic link or not a directory");
         if create {
             let mut missing = Vec::new();
@@ -276,7 +276,7 @@ impl Workdir {
     /// Takes the exclusive conversion lock and writes this process's id into the lock file (only
     /// to name the holder in a refusal). The lock is an `flock`: the kernel drops it when its
     /// holder dies, so a crashed run never blocks the next one, whatever pid the file still names.
-    pub(crate) fn lock(&self) -> Result<OwnedFd, MigrateError> {
+    pub(crate) fn lock(&self) -> Result<WorkdirLock, MigrateError> {
         let lpath = self.path.join(LOCK);
         let fd = rustix::fs::openat(
             &self.fd,
@@ -285,15 +285,15 @@ impl Workdir {
             Mode::from_raw_mode(0o600),
         )
         .map_err(|e| wd_io(&lpath, "opening the lock file", e.into()))?;
-        match rustix::fs::flock(&fd, FlockOperation::NonBlockingLockExclusive) {
-            Ok(()) => {}
-            Err(Errno::WOULDBLOCK) => return Err(MigrateError::Busy { workdir: self.path.clone(), pid: holder(&fd) }),
-            Err(e) => return Err(wd_io(&lpath, "locking", e.into())),
-        }
+        let key = self.key()?;
+        self.acquire(&fd, FlockOperation::NonBlockingLockExclusive, key)?;
+        HELD.lock().map_err(|_| MigrateError::Internal("lock registry poisoned"))?.push(key);
+        let guard = WorkdirLock { _fd: fd, key };
         let pid = format!("{}\n", std::process::id());
-        rustix::fs::ftruncate(&fd, 0).map_err(|e| wd_io(&lpath, "writing the lock file", e.into()))?;
-        rustix::io::pwrite(&fd, pid.as_bytes(), 0).map_err(|e| wd_io(&lpath, "writing the lock file", e.into()))?;
-        Ok(fd)
+        rustix::fs::ftruncate(&guard._fd, 0).map_err(|e| wd_io(&lpath, "writing the lock file", e.into()))?;
+        rustix::io::pwrite(&guard._fd, pid.as_bytes(), 0)
+            .map_err(|e| wd_io(&lpath, "writing the lock file", e.into()))?;
+        Ok(guard)
     }
 
     /// Refuses with [`MigrateError::Busy`] if a live process holds the lock; takes nothing.
@@ -308,11 +308,32 @@ impl Workdir {
             Err(Errno::NOENT) => return Ok(()),
             Err(e) => return Err(wd_io(&self.path.join(LOCK), "opening the lock file", e.into())),
         };
-        match rustix::fs::flock(&fd, FlockOperation::NonBlockingLockShared) {
-            Ok(()) => Ok(()),
-            Err(Errno::WOULDBLOCK) => Err(MigrateError::Busy { workdir: self.path.clone(), pid: holder(&fd) }),
-            Err(e) => Err(wd_io(&self.path.join(LOCK), "locking", e.into())),
+        self.acquire(&fd, FlockOperation::NonBlockingLockShared, self.key()?)
+    }
+
+    fn key(&self) -> Result<(u64, u64), MigrateError> {
+        let m = fsx::stat_fd(&self.fd).map_err(|e| wd_io(&self.path, "inspecting", e))?;
+        Ok((m.dev, m.ino))
+    }
+
+    /// `flock` without waiting, except for one case: the lock file names this very process and
+    /// no thread of it holds the lock. Then the holder is a child of ours between `fork` and
+    /// `exec` (say, another thread starting a command), which shares our open files for that
+    /// moment; it lets go as soon as it runs its program, so wait for that, briefly.
+    fn acquire(&self, fd: &OwnedFd, op: FlockOperation, key: (u64, u64)) -> Result<(), MigrateError> {
+        let busy = |fd: &OwnedFd| MigrateError::Busy { workdir: self.path.clone(), pid: holder(fd) };
+        let mine = || HELD.lock().map(|h| h.contains(&key)).unwrap_or(true);
+        for _ in 0..200 {
+            match rustix::fs::flock(fd, op) {
+                Ok(()) => return Ok(()),
+                Err(Errno::WOULDBLOCK) if holder(fd) == Some(std::process::id()) && !mine() => {
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                Err(Errno::WOULDBLOCK) => return Err(busy(fd)),
+                Err(e) => return Err(wd_io(&self.path.join(LOCK), "locking", e.into())),
+            }
         }
+        Err(busy(fd))
     }
 
     pub(crate) fn staging_path(&self) -> PathBuf {
@@ -354,6 +375,23 @@ impl Workdir {
 
     pub(crate) fn staging_meta(&self) -> Result<Option<fsx::Meta>, MigrateError> {
         fsx::stat_at(&self.fd, OsStr::new(STAGING)).map_err(|e| wd_io(&self.staging_path(), "inspecting", e))
+    }
+}
+
+/// Work dirs (device, inode) locked by some thread of this process.
+static HELD: std::sync::Mutex<Vec<(u64, u64)>> = std::sync::Mutex::new(Vec::new());
+
+/// The conversion lock; released when dropped (or when the process dies).
+pub(crate) struct WorkdirLock {
+    _fd: OwnedFd,
+    key: (u64, u64),
+}
+
+impl Drop for WorkdirLock {
+    fn drop(&mut self) {
+        if let Ok(mut h) = HELD.lock() {
+            h.retain(|k| *k != self.key);
+        }
     }
 }
 

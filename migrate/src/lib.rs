@@ -283,7 +283,7 @@ impl Source {
             return Err(MigrateError::FilesystemRoot { path });
         }
         let err = |path: &Path, e: io::Error| {
-            if fsx::is_errno(&e, rustix::io::Errno::LOOP) {
+            if fsx::is_redirected(&e) {
                 MigrateError::SourceReplaced { path: path.to_path_buf() }
             } else {
                 MigrateError::SourceUnavailable { path: path.to_path_buf(), source: e }
@@ -703,7 +703,7 @@ fn place(j: &Journal, wd: &Workdir) -> Result<Place, MigrateError> {
     let s = match fsx::stat_path(&j.source.0) {
         Ok(s) => s,
         // A symlink now in the source's path: whatever is there is not ours.
-        Err(e) if fsx::is_errno(&e, rustix::io::Errno::LOOP) => return Ok(Place::Unknown),
+        Err(e) if fsx::is_redirected(&e) => return Ok(Place::Unknown),
         Err(e) => return Err(io_err("inspecting", &j.source.0)(e)),
     };
     let t = wd.staging_meta()?;
@@ -826,7 +826,7 @@ fn outcome(j: &Journal, wd: &Workdir, mut notes: Vec<String>) -> Outcome {
 }
 
 /// Opens a work dir holding a journal, takes its lock and reads the journal.
-fn open_recorded(workdir: &Path) -> Result<(Workdir, OwnedFd, Journal), MigrateError> {
+fn open_recorded(workdir: &Path) -> Result<(Workdir, journal::WorkdirLock, Journal), MigrateError> {
     let none = || MigrateError::NoConversion { workdir: workdir.to_path_buf() };
     let wd = Workdir::open(workdir, false)?.ok_or_else(none)?;
     let lock = wd.lock()?;

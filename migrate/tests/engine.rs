@@ -1,326 +1,189 @@
-//! The engine on real loop-mounted ext4 with a host whose staging directory is plain (the
-//! engine is generic; encrypted staging is covered by the dirseal CLI tests). Deterministic hooks
-//! run at phase starts through `Host::progress`.
-use std::collections::BTreeMap;
-use std::ffi::OsStr;
+//! The engine in-process on real loop-mounted ext4, with a host whose staging directory is plain
+//! (the engine is generic; encrypted staging is covered by the dirseal CLI tests). Deterministic
+//! moments come from the host's numbered events (phase starts, stop polls, exchanges).
+mod common;
+
 use std::fs;
-use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::sync::atomic::Ordering;
 use std::sync::Mutex;
 
-use dirseal_migrate::{self as migrate, Host, HostError, MigrateError, Phase, Progress, Request, State};
-use dirseal_testfs::{Options, TestFs};
+use common::host::{Event, PlainHost};
+use common::{add_bulk, assert_same, build_tree, manifest, req, walk, wd_names, Case};
+use dirseal_migrate::{self as migrate, MigrateError, Phase, State};
+use dirseal_testfs::Options;
 
-type Hook = Box<dyn Fn(Phase) + Send + Sync>;
-
-/// Plain staging, real RENAME_EXCHANGE, and a hook called once at the start of each phase.
-struct PlainHost {
-    hook: Option<Hook>,
-    seen: Mutex<Vec<Phase>>,
-    stop: AtomicBool,
-}
-
-impl PlainHost {
-    fn new() -> PlainHost {
-        PlainHost { hook: None, seen: Mutex::new(Vec::new()), stop: AtomicBool::new(false) }
-    }
-    fn with(hook: impl Fn(Phase) + Send + Sync + 'static) -> PlainHost {
-        PlainHost { hook: Some(Box::new(hook)), ..PlainHost::new() }
-    }
-}
-
-impl Host for PlainHost {
-    fn prepare_staging(&self, _: &Path) -> Result<String, HostError> {
-        Ok("plain".into())
-    }
-    fn ensure_unlocked(&self, _: &str, _: &Path) -> Result<(), HostError> {
-        Ok(())
-    }
-    fn is_encrypted(&self, _: &Path) -> Result<bool, HostError> {
-        Ok(false)
-    }
-    fn exchange(&self, a: &Path, b: &Path) -> Result<(), HostError> {
-        use rustix::fs::{renameat_with, RenameFlags, CWD};
-        renameat_with(CWD, a, CWD, b, RenameFlags::EXCHANGE).map_err(|e| HostError(e.to_string()))
-    }
-    fn trim(&self, _: &Path) -> Result<(), HostError> {
-        Ok(())
-    }
-    fn progress(&self, p: &Progress) {
-        let mut seen = self.seen.lock().unwrap();
-        if !seen.contains(&p.phase) {
-            seen.push(p.phase);
-            drop(seen);
-            if let Some(h) = &self.hook {
-                h(p.phase);
-            }
-        }
-    }
-    fn should_stop(&self) -> bool {
-        self.stop.load(Ordering::Relaxed)
-    }
-}
-
-fn req<'a>(src: &'a Path, wd: &'a Path) -> Request<'a> {
-    Request { source: src, workdir: wd, keep_backup: false, wipe: false, force: false, threads: 2 }
-}
-
-fn run(cmd: &str, args: &[&str]) {
-    let out = std::process::Command::new(cmd).args(args).output().unwrap();
-    assert!(out.status.success(), "{cmd} {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-}
-
-fn p(path: &Path) -> &str {
-    path.to_str().unwrap()
-}
-
-/// Every kind of entry a home can hold, owned by assorted uids.
-fn build_tree(root: &Path) {
-    fs::create_dir_all(root.join("a/b/c")).unwrap();
-    fs::create_dir_all(root.join("empty")).unwrap();
-    fs::write(root.join("a/plain.txt"), b"hello").unwrap();
-    fs::write(root.join("a/b/c/deep.bin"), (0..200_000u32).map(|i| (i * 7 % 256) as u8).collect::<Vec<u8>>()).unwrap();
-    // Sparse: data at 0, 5 MiB and the end of a 12 MiB file.
-    {
-        use std::os::unix::fs::FileExt;
-        let f = fs::File::create(root.join("sparse.img")).unwrap();
-        f.write_all_at(&[1u8; 4096], 0).unwrap();
-        f.write_all_at(&[2u8; 8192], 5 << 20).unwrap();
-        f.set_len(12 << 20).unwrap();
-        f.write_all_at(&[3u8; 100], (12 << 20) - 100).unwrap();
-    }
-    // Hard links across directories.
-    fs::write(root.join("a/linked"), b"one inode").unwrap();
-    fs::hard_link(root.join("a/linked"), root.join("a/b/linked-too")).unwrap();
-    fs::hard_link(root.join("a/linked"), root.join("linked-three")).unwrap();
-    // Symlinks: relative, absolute and dangling, a loop; never followed.
-    std::os::unix::fs::symlink("a/plain.txt", root.join("rel-link")).unwrap();
-    std::os::unix::fs::symlink("/etc/shadow", root.join("abs-link")).unwrap();
-    std::os::unix::fs::symlink("nowhere/at/all", root.join("dangling")).unwrap();
-    std::os::unix::fs::symlink("loop2", root.join("loop1")).unwrap();
-    std::os::unix::fs::symlink("loop1", root.join("loop2")).unwrap();
-    // Special files.
-    run("mkfifo", &[p(&root.join("fifo"))]);
-    let sock = std::os::unix::net::UnixListener::bind(root.join("sock")).unwrap();
-    drop(sock);
-    run("mknod", &[p(&root.join("null-dev")), "c", "1", "3"]);
-    run("mknod", &[p(&root.join("blk-dev")), "b", "7", "200"]);
-    // Names: 255 bytes, not UTF-8, with newline and spaces.
-    fs::write(root.join("n".repeat(255)), b"long name").unwrap();
-    fs::write(root.join(OsStr::from_bytes(b"bad-\xff\xfe-utf8")), b"bytes").unwrap();
-    fs::write(root.join("with\nnewline and spaces"), b"odd").unwrap();
-    // Modes: setuid, setgid, sticky, no permissions at all.
-    fs::write(root.join("suid"), b"#!/bin/sh\n").unwrap();
-    fs::write(root.join("nothing"), b"secret").unwrap();
-    fs::create_dir(root.join("sticky")).unwrap();
-    // Xattrs: user, trusted, and POSIX ACLs (access and default).
-    run("setfattr", &["-n", "user.color", "-v", "blue", p(&root.join("a/plain.txt"))]);
-    run("setfattr", &["-n", "trusted.secret", "-v", "0x00ff10", p(&root.join("a/plain.txt"))]);
-    run("setfattr", &["-n", "user.dir", "-v", "yes", p(&root.join("a/b"))]);
-    run("setfacl", &["-m", "u:250001:r--", p(&root.join("a/plain.txt"))]);
-    run("setfacl", &["-d", "-m", "u:250002:rwx", p(&root.join("a"))]);
-    // Owners, then modes (chown clears setuid).
-    run("chown", &["-hR", "250010:250011", p(root)]);
-    run("chown", &["-h", "250020:250021", p(&root.join("rel-link"))]);
-    run("chown", &["250030:0", p(&root.join("a/b/c/deep.bin"))]);
-    fs::set_permissions(root.join("suid"), fs::Permissions::from_mode(0o6755)).unwrap();
-    fs::set_permissions(root.join("nothing"), fs::Permissions::from_mode(0o000)).unwrap();
-    fs::set_permissions(root.join("sticky"), fs::Permissions::from_mode(0o1777)).unwrap();
-    // Nanosecond times, on files and directories (after their children were made).
-    for (i, rel) in ["a/plain.txt", "a/b", "a", "sparse.img", "fifo", "empty", ""].iter().enumerate() {
-        let t = rustix::fs::Timespec { tv_sec: 1_600_000_000 + i as i64, tv_nsec: 123_456_789 + i as i64 };
-        let ts = rustix::fs::Timestamps { last_access: t, last_modification: t };
-        rustix::fs::utimensat(rustix::fs::CWD, root.join(rel), &ts, rustix::fs::AtFlags::SYMLINK_NOFOLLOW).unwrap();
-    }
-}
-
-/// Everything about a tree except atimes (reading the source updates them).
-fn manifest(root: &Path) -> BTreeMap<Vec<u8>, String> {
-    let mut m = BTreeMap::new();
-    let mut inodes: BTreeMap<u64, Vec<Vec<u8>>> = BTreeMap::new();
-    let mut stack = vec![PathBuf::new()];
-    while let Some(rel) = stack.pop() {
-        let dir = root.join(&rel);
-        let mut names: Vec<_> = fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
-        names.sort();
-        for n in names {
-            let r = rel.join(&n);
-            let path = root.join(&r);
-            let md = fs::symlink_metadata(&path).unwrap();
-            let ft = md.file_type();
-            let mut desc = format!(
-                "mode={:o} uid={} gid={} mtime={}.{} rdev={} ",
-                md.mode(),
-                md.uid(),
-                md.gid(),
-                md.mtime(),
-                md.mtime_nsec(),
-                md.rdev()
-            );
-            if ft.is_symlink() {
-                desc += &format!("link->{:?}", fs::read_link(&path).unwrap());
-            } else if ft.is_dir() {
-                desc += "dir";
-                stack.push(r.clone());
-            } else if ft.is_file() {
-                use sha2::Digest;
-                let data = fs::read(&path).unwrap();
-                desc += &format!(
-                    "file size={} sha={} data={:?}",
-                    md.len(),
-                    hex::encode(sha2::Sha256::digest(&data)),
-                    segments(&path)
-                );
-                if md.nlink() > 1 {
-                    inodes.entry(md.ino()).or_default().push(r.as_os_str().as_bytes().to_vec());
-                }
-            } else {
-                desc += &format!("special {:?}", ft);
-            }
-            if !ft.is_symlink() {
-                desc += &format!(" xattrs={:?}", xattrs(&path));
-            }
-            m.insert(r.as_os_str().as_bytes().to_vec(), desc);
-        }
-    }
-    for group in inodes.values() {
-        for name in group {
-            let e = m.get_mut(name).unwrap();
-            *e += &format!(" linkgroup={group:?}");
-        }
-    }
-    let rootmd = fs::metadata(root).unwrap();
-    m.insert(
-        b".".to_vec(),
-        format!("mode={:o} uid={} mtime={}.{}", rootmd.mode(), rootmd.uid(), rootmd.mtime(), rootmd.mtime_nsec()),
-    );
-    m
-}
-
-fn xattrs(path: &Path) -> Vec<(String, Vec<u8>)> {
-    let mut names = vec![0u8; 4096];
-    let n = rustix::fs::llistxattr(path, &mut names).unwrap();
-    let mut out: Vec<(String, Vec<u8>)> = names[..n]
-        .split(|b| *b == 0)
-        .filter(|s| !s.is_empty())
-        .map(|name| {
-            let name = String::from_utf8_lossy(name).into_owned();
-            let mut v = vec![0u8; 4096];
-            let len = rustix::fs::lgetxattr(path, name.as_str(), &mut v).unwrap();
-            v.truncate(len);
-            (name, v)
-        })
-        .collect();
-    out.sort();
-    out
-}
-
-/// Data segments of a file (SEEK_DATA/SEEK_HOLE), in 4 KiB units.
-fn segments(path: &Path) -> Vec<(u64, u64)> {
-    use rustix::fs::{seek, SeekFrom};
-    let f = fs::File::open(path).unwrap();
-    let len = f.metadata().unwrap().len();
-    let mut out = Vec::new();
-    let mut at = 0u64;
-    while at < len {
-        let Ok(start) = seek(&f, SeekFrom::Data(at)) else { break };
-        let end = seek(&f, SeekFrom::Hole(start)).unwrap();
-        out.push((start / 4096, end.div_ceil(4096)));
-        at = end;
-    }
-    out
-}
-
-struct Case {
-    fs: TestFs,
-    src: PathBuf,
-    wd: PathBuf,
-}
-
-impl Case {
-    fn new(opts: Options) -> Case {
-        let fs = TestFs::with(opts);
-        let src = fs.path().join("home");
-        let wd = fs.path().join(".work/conv");
-        Case { fs, src, wd }
-    }
+fn ino(p: &Path) -> u64 {
+    fs::symlink_metadata(p).unwrap().ino()
 }
 
 #[test]
 fn every_kind_of_entry_survives_exactly() {
-    let c = Case::new(Options::default());
+    let c = Case::new();
     build_tree(&c.src);
     let before = manifest(&c.src);
-    let out = migrate::convert(&req(&c.src, &c.wd), &PlainHost::new()).unwrap();
+    let host = PlainHost::new();
+    let out = migrate::convert(&req(&c.src, &c.wd), &host).unwrap();
     assert_eq!(out.state, State::Done);
-    let after = manifest(&c.src);
-    for (k, v) in &before {
-        assert_eq!(after.get(k), Some(v), "entry {:?}", String::from_utf8_lossy(k));
-    }
-    assert_eq!(after, before);
-    let _ = &c.fs;
+    assert_eq!(out.token, "plain-token");
+    assert_eq!(out.files, before.len() as u64 - 1, "entries below the root");
+    assert_same(&manifest(&c.src), &before, "after conversion");
+    assert_eq!(wd_names(&c.wd), ["journal.json", "lock"], "nothing but the journal and lock may remain");
+    assert!(out.notes.iter().any(|n| n.contains("deleted, not overwritten")), "{:?}", out.notes);
+    assert!(host.trims.lock().unwrap().is_empty(), "no TRIM without wipe");
+    let phases = host.phases.lock().unwrap().clone();
+    assert_eq!(
+        phases,
+        [Phase::Scanning, Phase::Copying, Phase::Verifying, Phase::Swapping, Phase::Disposing],
+        "phases in order, each reported"
+    );
+    let st = migrate::status(&c.wd).unwrap().unwrap();
+    assert_eq!((st.state, st.source.as_path(), st.backup), (State::Done, c.src.as_path(), None));
+    // The work dir is root-only.
+    let m = fs::metadata(&c.wd).unwrap();
+    assert_eq!((m.uid(), m.mode() & 0o7777), (0, 0o700));
 }
 
 #[test]
-fn a_file_changed_before_verification_is_recopied() {
-    let c = Case::new(Options::default());
+fn a_resumed_copy_redoes_only_what_was_in_flight() {
+    let c = Case::new();
+    build_tree(&c.src);
+    add_bulk(&c.src, 150, 0);
+    let before = manifest(&c.src);
+    let e = migrate::convert(&req(&c.src, &c.wd), &PlainHost::stopping_at("poll-copying:80")).unwrap_err();
+    assert!(matches!(e, MigrateError::Interrupted { state: State::Copying }), "{e:?}");
+    assert!(e.to_string().contains("run the same command again"), "{e}");
+    let st = migrate::status(&c.wd).unwrap().unwrap();
+    assert_eq!(st.state, State::Copying);
+    assert!(st.files_done > 0 && st.files_done < st.files_total, "{st:?}");
+    // What the first run finished (files are linked into staging only when complete).
+    let staging = c.wd.join("staging");
+    let done: Vec<_> = walk(&staging)
+        .into_iter()
+        .filter(|r| fs::symlink_metadata(staging.join(r)).unwrap().is_file())
+        .map(|r| (ino(&staging.join(&r)), r))
+        .collect();
+    assert!(done.len() > 20, "the first run copied {} files", done.len());
+    let out = migrate::convert(&req(&c.src, &c.wd), &PlainHost::new()).unwrap();
+    assert_eq!(out.state, State::Done);
+    assert_same(&manifest(&c.src), &before, "after resume");
+    for (i, rel) in &done {
+        assert_eq!(ino(&c.src.join(rel)), *i, "{} was copied again", rel.display());
+    }
+}
+
+#[test]
+fn a_file_changed_during_its_copy_is_copied_again() {
+    let c = Case::new();
+    fs::create_dir(&c.src).unwrap();
+    let big = c.src.join("big");
+    fs::write(&big, vec![1u8; 4 << 20]).unwrap();
+    let b2 = big.clone();
+    let changed = Mutex::new(false);
+    // Polls during the copy: 1 before the file, then one per 1 MiB chunk. At the second the file
+    // is half copied; it grows.
+    let host = PlainHost::with(move |e, _| {
+        if e == Event::Poll(Phase::Copying, 2) && !std::mem::replace(&mut *changed.lock().unwrap(), true) {
+            use std::io::Write;
+            fs::OpenOptions::new().append(true).open(&b2).unwrap().write_all(b"appended mid-copy").unwrap();
+        }
+    });
+    let mut r = req(&c.src, &c.wd);
+    r.threads = 1;
+    let out = migrate::convert(&r, &host).unwrap();
+    assert_eq!(out.state, State::Done);
+    assert!(out.notes.iter().any(|n| n.contains("1 file(s) changed while being copied")), "{:?}", out.notes);
+    let data = fs::read(&big).unwrap();
+    assert_eq!(data.len(), (4 << 20) + 17);
+    assert!(data.ends_with(b"appended mid-copy"));
+}
+
+#[test]
+fn a_file_changed_before_verification_is_copied_again() {
+    let c = Case::new();
     build_tree(&c.src);
     let target = c.src.join("a/plain.txt");
     let t2 = target.clone();
-    let host = PlainHost::with(move |phase| {
-        if phase == Phase::Verifying {
+    let host = PlainHost::with(move |e, _| {
+        if e == Event::PhaseStart(Phase::Verifying) && fs::read(&t2).unwrap() == b"hello" {
             fs::write(&t2, b"changed while the copy was being verified").unwrap();
         }
     });
     let out = migrate::convert(&req(&c.src, &c.wd), &host).unwrap();
     assert_eq!(out.state, State::Done);
     assert_eq!(fs::read(&target).unwrap(), b"changed while the copy was being verified");
+    let phases = host.phases.lock().unwrap().clone();
+    assert_eq!(phases.iter().filter(|p| **p == Phase::Copying).count(), 2, "a second copy pass: {phases:?}");
+}
+
+#[test]
+fn a_tree_that_keeps_changing_gives_up_then_a_later_run_finishes() {
+    let c = Case::new();
+    build_tree(&c.src);
+    let target = c.src.join("a/plain.txt");
+    let t2 = target.clone();
+    let host = PlainHost::with(move |e, _| {
+        if e == Event::PhaseStart(Phase::Verifying) {
+            let mut v = fs::read(&t2).unwrap();
+            v.push(b'+');
+            fs::write(&t2, v).unwrap();
+        }
+    });
+    let e = migrate::convert(&req(&c.src, &c.wd), &host).unwrap_err();
+    assert!(matches!(e, MigrateError::VerifyFailed { .. }), "{e:?}");
+    assert!(e.to_string().contains("a/plain.txt") && e.to_string().contains("run the same command again"), "{e}");
+    let before = manifest(&c.src);
+    let out = migrate::convert(&req(&c.src, &c.wd), &PlainHost::new()).unwrap();
+    assert_eq!(out.state, State::Done);
+    assert_same(&manifest(&c.src), &before, "after the later run");
+    assert_eq!(fs::read(&target).unwrap(), b"hello+++");
 }
 
 #[test]
 fn out_of_space_mid_copy_keeps_the_source_and_resumes() {
-    let c = Case::new(Options { size_mib: 96, ..Default::default() });
+    let c = Case::with(Options { size_mib: 64, ..Default::default() });
     fs::create_dir(&c.src).unwrap();
-    for i in 0..20 {
-        fs::write(c.src.join(format!("f{i}")), vec![i as u8; 1 << 20]).unwrap();
+    for i in 0..16 {
+        fs::write(c.src.join(format!("f{i:02}")), vec![i as u8; 1 << 20]).unwrap();
     }
     let before = manifest(&c.src);
     let filler = c.fs.path().join("filler");
     let f2 = filler.clone();
-    // Preflight sees room; then something else eats the space as the copy starts.
-    let host = PlainHost::with(move |phase| {
-        if phase == Phase::Copying {
+    // Preflight sees room; then something else takes the space as the copy starts.
+    let host = PlainHost::with(move |e, _| {
+        if e == Event::PhaseStart(Phase::Copying) {
             let vfs = rustix::fs::statvfs(f2.parent().unwrap()).unwrap();
-            let free = vfs.f_bavail * vfs.f_frsize;
             let f = fs::File::create(&f2).unwrap();
-            rustix::fs::fallocate(&f, rustix::fs::FallocateFlags::empty(), 0, free - (2 << 20)).unwrap();
+            let free = vfs.f_bavail * vfs.f_frsize;
+            rustix::fs::fallocate(&f, rustix::fs::FallocateFlags::empty(), 0, free - (3 << 20)).unwrap();
         }
     });
-    let err = migrate::convert(&req(&c.src, &c.wd), &host).unwrap_err();
-    assert!(matches!(err, MigrateError::OutOfSpace { .. }), "{err:?}");
-    assert!(err.to_string().contains("free some space"), "{err}");
-    assert_eq!(manifest(&c.src), before, "the source must be untouched");
+    let e = migrate::convert(&req(&c.src, &c.wd), &host).unwrap_err();
+    assert!(matches!(e, MigrateError::OutOfSpace { .. }), "{e:?}");
+    assert!(e.to_string().contains("free some space") && e.to_string().contains("the original is untouched"), "{e}");
+    assert_same(&manifest(&c.src), &before, "after ENOSPC");
+    assert_eq!(migrate::status(&c.wd).unwrap().unwrap().state, State::Copying);
     fs::remove_file(&filler).unwrap();
     let out = migrate::convert(&req(&c.src, &c.wd), &PlainHost::new()).unwrap();
     assert_eq!(out.state, State::Done);
-    assert_eq!(manifest(&c.src), before);
+    assert_same(&manifest(&c.src), &before, "after resume");
 }
 
 #[test]
-fn preflight_refusals_change_nothing() {
-    let c = Case::new(Options { size_mib: 64, inodes: Some(4096), ..Default::default() });
+fn preflight_refuses_the_root_mounts_space_and_inodes_changing_nothing() {
+    let c = Case::with(Options { size_mib: 64, inodes: Some(4096), ..Default::default() });
     let host = PlainHost::new();
-    // Filesystem root.
     let e = migrate::preflight(&req(c.fs.path(), &c.wd), &host).unwrap_err();
     assert!(matches!(e, MigrateError::FilesystemRoot { .. }), "{e:?}");
-    // Not enough space: a 40 MiB file cannot be copied next to itself on 64 MiB.
+    let e = migrate::convert(&req(Path::new("/"), &c.wd), &host).unwrap_err();
+    assert!(matches!(e, MigrateError::FilesystemRoot { .. }), "{e:?}");
+    // Not enough space: 40 MiB cannot be copied next to itself on 64 MiB.
     let big = c.fs.path().join("big");
     fs::create_dir(&big).unwrap();
     let f = fs::File::create(big.join("data")).unwrap();
     rustix::fs::fallocate(&f, rustix::fs::FallocateFlags::empty(), 0, 40 << 20).unwrap();
-    let e = migrate::preflight(&req(&big, &c.wd), &host).unwrap_err();
+    let e = migrate::convert(&req(&big, &c.wd), &host).unwrap_err();
     assert!(matches!(e, MigrateError::NoSpace { .. }), "{e:?}");
     assert!(e.to_string().contains("free some space"), "{e}");
     fs::remove_dir_all(&big).unwrap();
@@ -331,137 +194,432 @@ fn preflight_refusals_change_nothing() {
     for i in 0..(vfs.f_favail * 2 / 3) {
         fs::write(many.join(i.to_string()), b"").unwrap();
     }
-    let e = migrate::preflight(&req(&many, &c.wd), &host).unwrap_err();
+    let e = migrate::convert(&req(&many, &c.wd), &host).unwrap_err();
     assert!(matches!(e, MigrateError::NoInodes { .. }), "{e:?}");
     fs::remove_dir_all(&many).unwrap();
-    // A mount point inside the tree.
-    fs::create_dir_all(c.src.join("mnt")).unwrap();
-    run("mount", &["-t", "tmpfs", "none", p(&c.src.join("mnt"))]);
-    let e = migrate::preflight(&req(&c.src, &c.wd), &host);
-    run("umount", &[p(&c.src.join("mnt"))]);
+    // A mount point inside the tree, however deep.
+    fs::create_dir_all(c.src.join("x/mnt")).unwrap();
+    common::run("mount", &["-t".as_ref(), "tmpfs".as_ref(), "none".as_ref(), c.src.join("x/mnt").as_os_str()]);
+    let e = migrate::convert(&req(&c.src, &c.wd), &host);
+    common::run("umount", &[c.src.join("x/mnt").as_os_str()]);
     let e = e.unwrap_err();
-    assert!(matches!(e, MigrateError::MountPointInside { .. }), "{e:?}");
-    // In use: a process with its working directory inside.
+    assert!(matches!(&e, MigrateError::MountPointInside { path } if path.ends_with("x/mnt")), "{e:?}");
+    assert!(e.to_string().contains("unmount it"), "{e}");
+    assert!(!c.wd.exists(), "a refusal must write nothing");
+}
+
+#[test]
+fn preflight_refuses_encrypted_symlinks_files_and_bad_work_dirs() {
+    let c = Case::new();
+    build_tree(&c.src);
+    let before = manifest(&c.src);
+    let enc = PlainHost::new();
+    enc.encrypted.store(true, Ordering::SeqCst);
+    let e = migrate::convert(&req(&c.src, &c.wd), &enc).unwrap_err();
+    assert!(matches!(e, MigrateError::AlreadyEncrypted { .. }), "{e:?}");
+    let host = PlainHost::new();
+    let link = c.fs.path().join("link");
+    std::os::unix::fs::symlink(&c.src, &link).unwrap();
+    let e = migrate::convert(&req(&link, &c.wd), &host).unwrap_err();
+    assert!(matches!(e, MigrateError::SourceIsSymlink { .. }), "{e:?}");
+    let e = migrate::convert(&req(&c.src.join("a/plain.txt"), &c.wd), &host).unwrap_err();
+    assert!(matches!(e, MigrateError::NotADirectory { .. }), "{e:?}");
+    let e = migrate::convert(&req(&c.fs.path().join("missing"), &c.wd), &host).unwrap_err();
+    assert!(matches!(e, MigrateError::SourceUnavailable { .. }), "{e:?}");
+    // Work dirs: inside the source, on another filesystem, relative, too open, behind a symlink.
+    let e = migrate::convert(&req(&c.src, &c.src.join("a/wd")), &host).unwrap_err();
+    assert!(matches!(e, MigrateError::WorkdirInsideSource { .. }), "{e:?}");
+    let elsewhere = c.fs.scratch().join("wd");
+    let e = migrate::convert(&req(&c.src, &elsewhere), &host).unwrap_err();
+    assert!(matches!(e, MigrateError::WorkdirElsewhere { .. }), "{e:?}");
+    let e = migrate::convert(&req(&c.src, Path::new("relative/wd")), &host).unwrap_err();
+    assert!(matches!(e, MigrateError::UnsafeWorkdir { .. }), "{e:?}");
+    let open = c.fs.path().join("open-wd");
+    fs::create_dir(&open).unwrap();
+    fs::set_permissions(&open, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let e = migrate::convert(&req(&c.src, &open), &host).unwrap_err();
+    assert!(matches!(e, MigrateError::UnsafeWorkdir { .. }) && e.to_string().contains("mode 755"), "{e:?}");
+    fs::create_dir(c.fs.path().join("real")).unwrap();
+    std::os::unix::fs::symlink("real", c.fs.path().join("via-link")).unwrap();
+    let e = migrate::convert(&req(&c.src, &c.fs.path().join("via-link/wd")), &host).unwrap_err();
+    assert!(matches!(e, MigrateError::UnsafeWorkdir { .. }), "{e:?}");
+    assert_same(&manifest(&c.src), &before, "after refusals");
+    assert!(!c.wd.exists() && !c.fs.path().join("real/wd").exists(), "a refusal must write nothing");
+}
+
+#[test]
+fn a_directory_in_use_is_refused_and_named_unless_forced() {
+    let c = Case::new();
+    build_tree(&c.src);
+    let host = PlainHost::new();
+    for (script, how) in
+        [("cd a/b && echo ready && read _", "cwd"), ("exec 3<a/plain.txt; echo ready; read _", "open file")]
+    {
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", script])
+            .current_dir(&c.src)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // The child says when it is set up.
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.as_mut().unwrap()), &mut line).unwrap();
+        assert_eq!(line, "ready\n");
+        let e = migrate::convert(&req(&c.src, &c.wd), &host).unwrap_err();
+        let pre = migrate::preflight(&req(&c.src, &c.wd), &host).unwrap_err();
+        drop(child.stdin.take());
+        child.wait().unwrap();
+        assert!(matches!(e, MigrateError::InUse { .. }), "{e:?}");
+        let msg = e.to_string();
+        assert!(msg.contains(&format!("pid {} (sh", child.id())) && msg.contains(how), "{msg}");
+        assert!(msg.contains("close these programs"), "{msg}");
+        assert!(matches!(pre, MigrateError::InUse { .. }), "{pre:?}");
+    }
+    assert!(!c.wd.exists(), "a refusal must write nothing");
+    // Forcing skips that check (and only that one).
     let mut child = std::process::Command::new("sh")
         .args(["-c", "read _"])
         .current_dir(&c.src)
         .stdin(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let e = migrate::preflight(&req(&c.src, &c.wd), &host);
-    drop(child.stdin.take());
-    child.wait().unwrap();
-    let e = e.unwrap_err();
-    assert!(matches!(e, MigrateError::InUse { .. }), "{e:?}");
-    assert!(e.to_string().contains(&format!("pid {}", child.id())), "{e}");
-    // --force skips only that check.
     let mut r = req(&c.src, &c.wd);
     r.force = true;
-    migrate::preflight(&r, &host).unwrap();
-    assert!(!c.wd.exists(), "preflight must write nothing");
+    let enc = PlainHost::new();
+    enc.encrypted.store(true, Ordering::SeqCst);
+    let refused = migrate::preflight(&r, &enc);
+    let before = manifest(&c.src);
+    let out = migrate::convert(&r, &host);
+    drop(child.stdin.take());
+    child.wait().unwrap();
+    assert!(matches!(refused, Err(MigrateError::AlreadyEncrypted { .. })), "{refused:?}");
+    assert_eq!(out.unwrap().state, State::Done);
+    assert_same(&manifest(&c.src), &before, "after a forced conversion");
 }
 
 #[test]
 fn a_second_converter_is_refused_while_the_first_runs() {
-    let c = Case::new(Options::default());
+    let c = Case::new();
     build_tree(&c.src);
-    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
     let (started_tx, started_rx) = std::sync::mpsc::channel::<()>();
-    let rx = Mutex::new(rx);
-    let started_tx = Mutex::new(started_tx);
-    let host = PlainHost::with(move |phase| {
-        if phase == Phase::Copying {
+    let (go_rx, started_tx) = (Mutex::new(go_rx), Mutex::new(started_tx));
+    let host = PlainHost::with(move |e, _| {
+        if e == Event::PhaseStart(Phase::Copying) {
             started_tx.lock().unwrap().send(()).unwrap();
-            rx.lock().unwrap().recv().unwrap();
+            go_rx.lock().unwrap().recv().unwrap();
         }
     });
     std::thread::scope(|s| {
         let first = s.spawn(|| migrate::convert(&req(&c.src, &c.wd), &host));
         started_rx.recv().unwrap();
-        let e = migrate::convert(&req(&c.src, &c.wd), &PlainHost::new()).unwrap_err();
-        assert!(matches!(e, MigrateError::Busy { .. }), "{e:?}");
-        tx.send(()).unwrap();
+        let pid = std::process::id();
+        for e in [
+            migrate::convert(&req(&c.src, &c.wd), &PlainHost::new()).unwrap_err(),
+            migrate::preflight(&req(&c.src, &c.wd), &PlainHost::new()).unwrap_err(),
+            migrate::abort(&c.wd, &PlainHost::new()).unwrap_err(),
+        ] {
+            assert!(matches!(e, MigrateError::Busy { pid: Some(p), .. } if p == pid), "{e:?}");
+            assert!(e.to_string().contains(&format!("pid {pid}")), "{e}");
+        }
+        go_tx.send(()).unwrap();
         assert_eq!(first.join().unwrap().unwrap().state, State::Done);
     });
 }
 
 #[test]
-fn interrupt_then_resume_keeps_backup_then_rollback() {
-    let c = Case::new(Options::default());
+fn interrupted_in_every_phase_then_resumed() {
+    let c = Case::new();
+    let mut n = 0;
+    for (spec, state) in [
+        ("poll-scanning:2", None),
+        ("poll-copying:1", Some(State::Copying)),
+        ("poll-copying:30", Some(State::Copying)),
+        ("poll-verifying:1", Some(State::Copied)),
+        ("poll-verifying:25", Some(State::Copied)),
+        ("poll-disposing:1", Some(State::Swapped)),
+        ("poll-disposing:30", Some(State::Swapped)),
+    ] {
+        n += 1;
+        let (src, wd) = c.other(&format!("h{n}"));
+        build_tree(&src);
+        let before = manifest(&src);
+        let e = migrate::convert(&req(&src, &wd), &PlainHost::stopping_at(spec)).unwrap_err();
+        let want = state.unwrap_or(State::Prepared);
+        assert!(matches!(e, MigrateError::Interrupted { state } if state == want), "{spec}: {e:?}");
+        assert_same(&manifest(&src), &before, spec);
+        // The journal says where it stopped (nothing at all when stopped before it was written).
+        assert_eq!(migrate::status(&wd).unwrap().map(|s| s.state), state, "{spec}");
+        let out = migrate::convert(&req(&src, &wd), &PlainHost::new()).unwrap();
+        assert_eq!(out.state, State::Done, "{spec}");
+        assert_same(&manifest(&src), &before, spec);
+        assert_eq!(wd_names(&wd), ["journal.json", "lock"], "{spec}");
+    }
+}
+
+#[test]
+fn abort_before_the_swap_leaves_the_original_and_removes_the_copy() {
+    let c = Case::new();
     build_tree(&c.src);
     let before = manifest(&c.src);
-    let host = PlainHost::new();
-    host.stop.store(true, Ordering::Relaxed);
+    let original = ino(&c.src);
+    for spec in ["poll-copying:20", "poll-verifying:10"] {
+        let e = migrate::convert(&req(&c.src, &c.wd), &PlainHost::stopping_at(spec)).unwrap_err();
+        assert!(matches!(e, MigrateError::Interrupted { .. }), "{e:?}");
+        assert!(c.wd.join("staging").exists());
+        let out = migrate::abort(&c.wd, &PlainHost::new()).unwrap();
+        assert_eq!(out.state, State::Aborted);
+        assert_eq!(ino(&c.src), original, "the original directory itself stays");
+        assert_same(&manifest(&c.src), &before, "after abort");
+        assert_eq!(wd_names(&c.wd), ["journal.json", "lock"]);
+        assert_eq!(migrate::status(&c.wd).unwrap().unwrap().state, State::Aborted);
+        // Aborting again is harmless; rolling back or committing an aborted one is refused.
+        assert_eq!(migrate::abort(&c.wd, &PlainHost::new()).unwrap().state, State::Aborted);
+        let e = migrate::rollback(&c.wd, &PlainHost::new()).unwrap_err();
+        assert!(matches!(e, MigrateError::WrongState { state: State::Aborted, .. }), "{e:?}");
+        let e = migrate::commit(&c.wd, &PlainHost::new()).unwrap_err();
+        assert!(matches!(e, MigrateError::WrongState { .. }), "{e:?}");
+    }
+    // A fresh conversion after an abort works.
+    assert_eq!(migrate::convert(&req(&c.src, &c.wd), &PlainHost::new()).unwrap().state, State::Done);
+    assert_same(&manifest(&c.src), &before, "after converting");
+    let e = migrate::abort(&c.wd, &PlainHost::new()).unwrap_err();
+    assert!(matches!(e, MigrateError::WrongState { state: State::Done, .. }), "{e:?}");
+    let (_, none) = c.other("never");
+    assert!(matches!(migrate::abort(&none, &PlainHost::new()), Err(MigrateError::NoConversion { .. })));
+}
+
+#[test]
+fn keep_backup_then_rollback_restores_the_original() {
+    let c = Case::new();
+    build_tree(&c.src);
+    let before = manifest(&c.src);
+    let original = ino(&c.src);
     let mut r = req(&c.src, &c.wd);
     r.keep_backup = true;
-    let e = migrate::convert(&r, &host).unwrap_err();
-    assert!(matches!(e, MigrateError::Interrupted { .. }), "{e:?}");
-    assert!(e.to_string().contains("run the same command again"), "{e}");
     let out = migrate::convert(&r, &PlainHost::new()).unwrap();
     assert_eq!(out.state, State::Swapped);
-    assert!(out.backup.is_some());
-    assert_eq!(manifest(&c.src), before);
+    let backup = out.backup.clone().unwrap();
+    assert_eq!(backup, c.wd.join("staging"));
+    assert_eq!(ino(&backup), original, "the backup is the original tree itself");
+    assert_ne!(ino(&c.src), original);
+    assert_same(&manifest(&c.src), &before, "the copy in place");
+    assert_same(&manifest(&backup), &before, "the backup");
+    assert!(out.notes.iter().any(|n| n.contains("kept as a backup")), "{:?}", out.notes);
+    assert_eq!(migrate::status(&c.wd).unwrap().unwrap().backup, Some(backup.clone()));
+    // Running the conversion again changes nothing; abort is refused with a pointer to rollback.
+    assert_eq!(migrate::convert(&r, &PlainHost::new()).unwrap().state, State::Swapped);
+    let e = migrate::abort(&c.wd, &PlainHost::new()).unwrap_err();
+    assert!(matches!(e, MigrateError::WrongState { .. }) && e.to_string().contains("roll back"), "{e}");
     let out = migrate::rollback(&c.wd, &PlainHost::new()).unwrap();
     assert_eq!(out.state, State::RolledBack);
-    assert_eq!(manifest(&c.src), before);
+    assert_eq!(ino(&c.src), original, "the original directory is back in place");
+    assert_same(&manifest(&c.src), &before, "after rollback");
+    assert_eq!(wd_names(&c.wd), ["journal.json", "lock"], "the copy is removed");
+    assert_eq!(migrate::rollback(&c.wd, &PlainHost::new()).unwrap().state, State::RolledBack);
 }
 
 #[test]
-fn wipe_overwrites_and_reports_its_limits() {
-    let c = Case::new(Options::default());
-    fs::create_dir(&c.src).unwrap();
-    fs::write(c.src.join("secret"), b"plaintext that must go").unwrap();
-    let mut r = req(&c.src, &c.wd);
-    r.wipe = true;
-    let out = migrate::convert(&r, &PlainHost::new()).unwrap();
-    assert_eq!(out.state, State::Done);
-    assert!(out.notes.iter().any(|n| n.contains("SSD") || n.contains("flash")), "{:?}", out.notes);
-    assert_eq!(fs::read(c.src.join("secret")).unwrap(), b"plaintext that must go");
-}
-
-#[test]
-fn a_corrupt_journal_is_named() {
-    let c = Case::new(Options::default());
+fn keep_backup_then_commit_removes_the_backup() {
+    let c = Case::new();
     build_tree(&c.src);
+    let before = manifest(&c.src);
     let mut r = req(&c.src, &c.wd);
     r.keep_backup = true;
-    migrate::convert(&r, &PlainHost::new()).unwrap();
+    let out = migrate::convert(&r, &PlainHost::new()).unwrap();
+    assert_eq!(out.state, State::Swapped);
+    let copy = ino(&c.src);
+    let out = migrate::commit(&c.wd, &PlainHost::new()).unwrap();
+    assert_eq!(out.state, State::Done);
+    assert_eq!(out.backup, None);
+    assert_eq!(ino(&c.src), copy);
+    assert_same(&manifest(&c.src), &before, "after commit");
+    assert_eq!(wd_names(&c.wd), ["journal.json", "lock"], "the backup is removed");
+    assert_eq!(migrate::commit(&c.wd, &PlainHost::new()).unwrap().state, State::Done);
+    let e = migrate::rollback(&c.wd, &PlainHost::new()).unwrap_err();
+    assert!(matches!(e, MigrateError::WrongState { state: State::Done, .. }), "{e:?}");
+}
+
+#[test]
+fn wipe_overwrites_old_contents_then_trims_and_says_what_that_cannot_promise() {
+    use std::io::{Read, Seek};
+    let c = Case::new();
+    fs::create_dir_all(c.src.join("d")).unwrap();
+    fs::write(c.src.join("secret"), b"plaintext that must go").unwrap();
+    fs::write(c.src.join("d/big"), vec![b'p'; 3 << 20]).unwrap();
+    fs::hard_link(c.src.join("d/big"), c.src.join("big-too")).unwrap();
+    let (src2, wd2) = c.other("plain");
+    fs::create_dir(&src2).unwrap();
+    fs::write(src2.join("secret"), b"plaintext that stays on disk").unwrap();
+    // Handles on the old inodes show what happens to their blocks after the conversion.
+    let mut held: Vec<fs::File> = ["secret", "d/big"].iter().map(|n| fs::File::open(c.src.join(n)).unwrap()).collect();
+    let mut held2 = fs::File::open(src2.join("secret")).unwrap();
+    let host = PlainHost::new();
+    let mut r = req(&c.src, &c.wd);
+    r.wipe = true;
+    r.force = true; // our own handles are not users (the engine skips its own process anyway)
+    let out = migrate::convert(&r, &host).unwrap();
+    assert_eq!(out.state, State::Done);
+    assert_eq!(fs::read(c.src.join("secret")).unwrap(), b"plaintext that must go");
+    for f in &mut held {
+        let mut data = Vec::new();
+        f.rewind().unwrap();
+        f.read_to_end(&mut data).unwrap();
+        assert!(!data.is_empty() && data.iter().all(|b| *b == 0), "old contents overwritten");
+    }
+    assert_eq!(host.trims.lock().unwrap().len(), 1, "TRIM requested once");
+    assert!(out.notes.iter().any(|n| n.contains("SSD") && n.contains("does not guarantee")), "{:?}", out.notes);
+    // Without wipe the old blocks keep the plaintext (and the note says so).
+    let host2 = PlainHost::new();
+    let out = migrate::convert(&req(&src2, &wd2), &host2).unwrap();
+    let mut data = Vec::new();
+    held2.read_to_end(&mut data).unwrap();
+    assert_eq!(data, b"plaintext that stays on disk");
+    assert!(out.notes.iter().any(|n| n.contains("deleted, not overwritten")), "{:?}", out.notes);
+    assert!(host2.trims.lock().unwrap().is_empty());
+}
+
+#[test]
+fn hard_links_leaving_the_tree_are_reported() {
+    let c = Case::new();
+    fs::create_dir(&c.src).unwrap();
+    fs::write(c.src.join("shared"), b"also outside").unwrap();
+    fs::hard_link(c.src.join("shared"), c.fs.path().join("outside-link")).unwrap();
+    let out = migrate::convert(&req(&c.src, &c.wd), &PlainHost::new()).unwrap();
+    assert!(out.notes.iter().any(|n| n.contains("1 file(s) also had hard links outside")), "{:?}", out.notes);
+    assert_eq!(fs::read(c.fs.path().join("outside-link")).unwrap(), b"also outside");
+    assert_eq!(fs::metadata(c.src.join("shared")).unwrap().nlink(), 1, "the copy is its own inode");
+}
+
+#[test]
+fn a_corrupt_journal_is_named_with_what_to_do() {
+    let c = Case::new();
+    build_tree(&c.src);
+    let e = migrate::convert(&req(&c.src, &c.wd), &PlainHost::stopping_at("poll-copying:5")).unwrap_err();
+    assert!(matches!(e, MigrateError::Interrupted { .. }));
     let journal = c.wd.join("journal.json");
-    fs::write(&journal, b"{ not json").unwrap();
-    let e = migrate::status(&c.wd).unwrap_err();
-    assert!(matches!(e, MigrateError::CorruptJournal { .. }), "{e:?}");
-    assert!(e.to_string().contains("journal.json"), "{e}");
-    let e = migrate::convert(&r, &PlainHost::new()).unwrap_err();
-    assert!(matches!(e, MigrateError::CorruptJournal { .. }), "{e:?}");
+    let good = fs::read_to_string(&journal).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&good).unwrap();
+    let edit = |f: &dyn Fn(&mut serde_json::Value)| {
+        let mut v = v.clone();
+        f(&mut v);
+        v.to_string()
+    };
+    let bad = [
+        "{ not json".to_string(),
+        String::new(),
+        edit(&|v| v["version"] = 2.into()),
+        edit(&|v| v["step"] = serde_json::json!({"name": "teleporting"})),
+        edit(&|v| v["step"] = serde_json::json!({"name": "copying", "round": 99})),
+        edit(&|v| v["files_done"] = (v["files_total"].as_u64().unwrap() + 1).into()),
+        edit(&|v| v["staging_ino"] = v["source_ino"].clone()),
+        edit(&|v| v["source"] = "2e2e2f6574632f".into()),
+        edit(&|v| v["extra"] = true.into()),
+        edit(&|v| {
+            v.as_object_mut().unwrap().remove("token");
+        }),
+    ];
+    for text in &bad {
+        fs::write(&journal, text).unwrap();
+        for e in [
+            migrate::status(&c.wd).unwrap_err(),
+            migrate::convert(&req(&c.src, &c.wd), &PlainHost::new()).unwrap_err(),
+            migrate::abort(&c.wd, &PlainHost::new()).unwrap_err(),
+        ] {
+            assert!(matches!(e, MigrateError::CorruptJournal { .. }), "{text}: {e:?}");
+            let msg = e.to_string();
+            assert!(msg.contains(&journal.display().to_string()) && msg.contains("staging"), "{msg}");
+        }
+    }
+    fs::write(&journal, good).unwrap();
+    assert_eq!(migrate::convert(&req(&c.src, &c.wd), &PlainHost::new()).unwrap().state, State::Done);
+}
+
+/// The user moves her directory away and leaves a symlink to another one holding a `data`.
+fn redirect(users: &Path) {
+    fs::rename(users.join("alice"), users.join("moved")).unwrap();
+    std::os::unix::fs::symlink("decoy", users.join("alice")).unwrap();
+}
+
+fn put_back(users: &Path) {
+    fs::remove_file(users.join("alice")).unwrap();
+    fs::rename(users.join("moved"), users.join("alice")).unwrap();
+}
+
+#[test]
+fn a_symlink_put_in_the_source_path_is_never_followed() {
+    let c = Case::new();
+    let users = c.fs.path().join("users");
+    let src = users.join("alice/data");
+    let wd = c.fs.path().join(".dirseal/convert/alice");
+    fs::create_dir_all(&src).unwrap();
+    fs::create_dir_all(users.join("decoy/data")).unwrap();
+    fs::write(src.join("f"), b"mine").unwrap();
+    let before = manifest(&src);
+    for moment in [Event::PhaseStart(Phase::Swapping), Event::ExchangeBefore(1)] {
+        let u = users.clone();
+        let host = PlainHost::with(move |e, _| {
+            if e == moment {
+                redirect(&u);
+            }
+        });
+        let e = migrate::convert(&req(&src, &wd), &host).unwrap_err();
+        match moment {
+            // The engine looks again just before the swap, without following symlinks.
+            Event::PhaseStart(_) => {
+                assert!(matches!(e, MigrateError::SourceReplaced { .. }), "{e:?}");
+                assert!(e.to_string().contains("put the directory back"), "{e}");
+            }
+            // Between that look and the rename, the host's own symlink-free lookup refuses.
+            _ => assert!(matches!(e, MigrateError::Host { .. }), "{e:?}"),
+        }
+        assert_eq!(fs::read_dir(users.join("decoy/data")).unwrap().count(), 0, "the decoy is untouched");
+        assert_eq!(migrate::status(&wd).unwrap().unwrap().state, State::Verified);
+        put_back(&users);
+        assert_same(&manifest(&src), &before, "the original, put back");
+    }
+    let mut r = req(&src, &wd);
+    r.keep_backup = true;
+    // The journal was started without keep_backup; resuming keeps its settings.
+    assert_eq!(migrate::convert(&r, &PlainHost::new()).unwrap().state, State::Done);
+    assert_same(&manifest(&src), &before, "after resume");
+    // Rollback follows the journal's path, and refuses a redirected one the same way.
+    let (src2, wd2) = (users.join("alice/data2"), c.fs.path().join(".dirseal/convert/alice2"));
+    fs::create_dir(&src2).unwrap();
+    fs::create_dir(users.join("decoy/data2")).unwrap();
+    let mut r = req(&src2, &wd2);
+    r.keep_backup = true;
+    assert_eq!(migrate::convert(&r, &PlainHost::new()).unwrap().state, State::Swapped);
+    redirect(&users);
+    let e = migrate::rollback(&wd2, &PlainHost::new()).unwrap_err();
+    assert!(matches!(e, MigrateError::SourceReplaced { .. }), "{e:?}");
+    assert_eq!(fs::read_dir(users.join("decoy/data2")).unwrap().count(), 0, "the decoy is untouched");
+    put_back(&users);
+    assert_eq!(migrate::rollback(&wd2, &PlainHost::new()).unwrap().state, State::RolledBack);
 }
 
 #[test]
 fn a_hostile_tree_cannot_make_root_follow_a_symlink() {
-    let c = Case::new(Options::default());
+    let c = Case::new();
     fs::create_dir_all(c.src.join("docs/inner")).unwrap();
     fs::write(c.src.join("docs/inner/note"), b"mine").unwrap();
     fs::write(c.src.join("docs/f"), b"x").unwrap();
-    // Outside the tree: what a hostile user would like root to copy (or overwrite).
     let outside = c.fs.path().join("outside");
     fs::create_dir(&outside).unwrap();
     fs::write(outside.join("secret"), b"root only").unwrap();
-    let src = c.src.clone();
-    let out2 = outside.clone();
+    let (src, out2) = (c.src.clone(), outside.clone());
     // As the copy starts, the user swaps a directory for a symlink to the outside.
-    let host = PlainHost::with(move |phase| {
-        if phase == Phase::Copying {
+    let host = PlainHost::with(move |e, _| {
+        if e == Event::PhaseStart(Phase::Copying) {
             fs::remove_dir_all(src.join("docs/inner")).unwrap();
             std::os::unix::fs::symlink(&out2, src.join("docs/inner")).unwrap();
         }
     });
-    let out = migrate::convert(&req(&c.src, &c.wd), &host);
-    // Whatever the engine decides (copy the link as a link, or refuse), it never follows it.
-    if let Ok(o) = &out {
-        assert_eq!(o.state, State::Done);
-        let m = fs::symlink_metadata(c.src.join("docs/inner")).unwrap();
-        assert!(m.file_type().is_symlink(), "the swapped-in symlink must be copied as a symlink");
-    }
-    // Disposing of the old tree (which held the symlink) must not have followed it either.
+    let out = migrate::convert(&req(&c.src, &c.wd), &host).unwrap();
+    assert_eq!(out.state, State::Done);
+    assert!(fs::symlink_metadata(c.src.join("docs/inner")).unwrap().file_type().is_symlink());
+    // Neither the copy nor disposing of the old tree (which held the symlink) followed it.
     assert_eq!(fs::read(outside.join("secret")).unwrap(), b"root only");
-    assert_eq!(fs::read_dir(&outside).unwrap().count(), 1, "nothing may be written outside the tree");
+    assert_eq!(fs::read_dir(&outside).unwrap().count(), 1);
 }

@@ -1,0 +1,361 @@
+//! Shared by the engine tests: a tree with every kind of entry, and a manifest of everything the
+//! conversion must preserve, read without disturbing access times.
+#![allow(dead_code)]
+
+pub mod host;
+
+use std::collections::BTreeMap;
+use std::ffi::{OsStr, OsString};
+use std::fmt::Write as _;
+use std::fs;
+use std::io::Read;
+use std::os::fd::OwnedFd;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use dirseal_migrate::Request;
+use dirseal_testfs::{Options, TestFs};
+use rustix::fs::{AtFlags, Mode, OFlags, Timespec, Timestamps, CWD};
+
+pub fn req<'a>(src: &'a Path, wd: &'a Path) -> Request<'a> {
+    Request { source: src, workdir: wd, keep_backup: false, wipe: false, force: false, threads: 2 }
+}
+
+pub fn run(cmd: &str, args: &[&OsStr]) {
+    let out = std::process::Command::new(cmd).args(args).output().unwrap();
+    assert!(out.status.success(), "{cmd} {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+fn os(p: &Path) -> &OsStr {
+    p.as_os_str()
+}
+
+/// A random id in 200000..900000 (uids and gids no real account has).
+pub fn rand_id() -> u32 {
+    let mut b = [0u8; 4];
+    fs::File::open("/dev/urandom").unwrap().read_exact(&mut b).unwrap();
+    200_000 + u32::from_le_bytes(b) % 700_000
+}
+
+/// A loop-mounted ext4 with one source directory and its work dir.
+pub struct Case {
+    pub fs: TestFs,
+    pub src: PathBuf,
+    pub wd: PathBuf,
+}
+
+impl Case {
+    pub fn new() -> Case {
+        Case::with(Options::default())
+    }
+
+    pub fn with(opts: Options) -> Case {
+        let fs = TestFs::with(opts);
+        let src = fs.path().join("home");
+        let wd = fs.path().join(".dirseal/convert/home");
+        Case { fs, src, wd }
+    }
+
+    /// Another source on the same filesystem, with its own work dir.
+    pub fn other(&self, name: &str) -> (PathBuf, PathBuf) {
+        (self.fs.path().join(name), self.fs.path().join(".dirseal/convert").join(name))
+    }
+}
+
+/// Names of the entries left in a work dir.
+pub fn wd_names(wd: &Path) -> Vec<String> {
+    let mut v: Vec<String> =
+        fs::read_dir(wd).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into()).collect();
+    v.sort();
+    v
+}
+
+fn set_times(path: &Path, atime: (i64, i64), mtime: (i64, i64)) {
+    let ts = Timestamps {
+        last_access: Timespec { tv_sec: atime.0, tv_nsec: atime.1 },
+        last_modification: Timespec { tv_sec: mtime.0, tv_nsec: mtime.1 },
+    };
+    rustix::fs::utimensat(CWD, path, &ts, AtFlags::SYMLINK_NOFOLLOW).unwrap();
+}
+
+fn chown(path: &Path, uid: u32, gid: u32) {
+    rustix::fs::chownat(
+        CWD,
+        path,
+        Some(rustix::fs::Uid::from_raw(uid)),
+        Some(rustix::fs::Gid::from_raw(gid)),
+        AtFlags::SYMLINK_NOFOLLOW,
+    )
+    .unwrap();
+}
+
+fn xattr(path: &Path, name: &str, value: &[u8]) {
+    rustix::fs::lsetxattr(path, name, value, rustix::fs::XattrFlags::empty()).unwrap();
+}
+
+/// Every kind of entry a home can hold, owned by random ids, with odd modes, names, xattrs, ACLs,
+/// holes, hard links and nanosecond times. `root` must not exist yet.
+pub fn build_tree(root: &Path) {
+    let ids: Vec<u32> = (0..8).map(|_| rand_id()).collect();
+    fs::create_dir_all(root.join("a/b/c")).unwrap();
+    fs::create_dir_all(root.join("empty")).unwrap();
+    fs::write(root.join("a/plain.txt"), b"hello").unwrap();
+    fs::write(root.join("a/empty-file"), b"").unwrap();
+    fs::write(root.join("a/b/c/deep.bin"), (0..200_000u32).map(|i| (i * 7 % 256) as u8).collect::<Vec<u8>>()).unwrap();
+    {
+        use std::os::unix::fs::FileExt;
+        // Data at 0, 5 MiB and the end of a 12 MiB file.
+        let f = fs::File::create(root.join("sparse.img")).unwrap();
+        f.write_all_at(&[1u8; 4096], 0).unwrap();
+        f.write_all_at(&[2u8; 8192], 5 << 20).unwrap();
+        f.set_len(12 << 20).unwrap();
+        f.write_all_at(&[3u8; 100], (12 << 20) - 100).unwrap();
+        // Nothing but a hole.
+        fs::File::create(root.join("all-hole")).unwrap().set_len(3 << 20).unwrap();
+        // One hole block, and an external xattr block that makes st_blocks cover the size.
+        let f = fs::File::create(root.join("a/hole-then-data")).unwrap();
+        f.write_all_at(&[4u8; 4096], 4096).unwrap();
+        drop(f);
+        xattr(&root.join("a/hole-then-data"), "user.big", &[0x5a; 3000]);
+    }
+    // Hard links across directories, of a file, a FIFO and a symlink.
+    fs::write(root.join("a/linked"), b"one inode").unwrap();
+    fs::hard_link(root.join("a/linked"), root.join("a/b/linked-too")).unwrap();
+    fs::hard_link(root.join("a/linked"), root.join("linked-three")).unwrap();
+    run("mkfifo", &[os(&root.join("fifo"))]);
+    fs::hard_link(root.join("fifo"), root.join("a/fifo-link")).unwrap();
+    std::os::unix::fs::symlink("a/plain.txt", root.join("rel-link")).unwrap();
+    fs::hard_link(root.join("rel-link"), root.join("a/b/rel-link-too")).unwrap();
+    // Symlinks: absolute, dangling, a loop, non-UTF-8 and long targets. Never followed.
+    std::os::unix::fs::symlink("/etc/shadow", root.join("abs-link")).unwrap();
+    std::os::unix::fs::symlink("nowhere/at/all", root.join("dangling")).unwrap();
+    std::os::unix::fs::symlink("loop2", root.join("loop1")).unwrap();
+    std::os::unix::fs::symlink("loop1", root.join("loop2")).unwrap();
+    std::os::unix::fs::symlink(OsStr::from_bytes(b"t\xff\xfe/x"), root.join("odd-target")).unwrap();
+    std::os::unix::fs::symlink("d/".repeat(600), root.join("long-target")).unwrap();
+    // Special files.
+    drop(std::os::unix::net::UnixListener::bind(root.join("sock")).unwrap());
+    run("mknod", &[os(&root.join("null-dev")), OsStr::new("c"), OsStr::new("1"), OsStr::new("3")]);
+    run("mknod", &[os(&root.join("a/blk-dev")), OsStr::new("b"), OsStr::new("7"), OsStr::new("200")]);
+    // Names: 255 bytes, not UTF-8, newline and spaces, a leading dash.
+    fs::write(root.join("n".repeat(255)), b"long name").unwrap();
+    fs::create_dir(root.join("d".repeat(255))).unwrap();
+    fs::write(root.join("d".repeat(255)).join("e".repeat(255)), b"long in long").unwrap();
+    fs::write(root.join(OsStr::from_bytes(b"bad-\xff\xfe-utf8")), b"bytes").unwrap();
+    fs::write(root.join("with\nnewline and spaces"), b"odd").unwrap();
+    fs::write(root.join("-rf"), b"dash").unwrap();
+    // Modes: setuid+setgid, setgid dir, sticky dir, no permissions, a read-only dir with content.
+    fs::write(root.join("suid"), b"#!/bin/sh\n").unwrap();
+    fs::write(root.join("nothing"), b"secret").unwrap();
+    fs::create_dir(root.join("sticky")).unwrap();
+    fs::create_dir(root.join("setgid-dir")).unwrap();
+    fs::create_dir(root.join("ro-dir")).unwrap();
+    fs::write(root.join("ro-dir/inside"), b"in a dir its owner cannot write").unwrap();
+    // Xattrs: user (binary, with NUL), trusted (file, dir, symlink), security.capability, ACLs.
+    xattr(&root.join("a/plain.txt"), "user.color", b"blue");
+    xattr(&root.join("a/plain.txt"), "trusted.secret", b"\x00\xff\x10");
+    xattr(&root.join("a/b"), "user.dir", b"yes");
+    xattr(&root.join("a/b"), "trusted.dir", b"t");
+    xattr(&root.join("abs-link"), "trusted.on-link", b"l");
+    let acl_user = ids[6].to_string();
+    run("setfacl", &[OsStr::new("-m"), OsStr::new(&format!("u:{acl_user}:r--")), os(&root.join("a/plain.txt"))]);
+    run(
+        "setfacl",
+        &[OsStr::new("-d"), OsStr::new("-m"), OsStr::new(&format!("u:{acl_user}:rwx")), os(&root.join("a"))],
+    );
+    // Owners (random), then modes (chown clears setuid), then a file capability (chown clears it).
+    for entry in walk(root) {
+        chown(&root.join(&entry), ids[0], ids[1]);
+    }
+    chown(root, ids[0], ids[1]);
+    chown(&root.join("rel-link"), ids[2], ids[3]);
+    chown(&root.join("a/b/c/deep.bin"), ids[4], 0);
+    chown(&root.join("null-dev"), 0, ids[5]);
+    chown(&root.join("suid"), ids[2], ids[7]);
+    fs::set_permissions(root.join("suid"), fs::Permissions::from_mode(0o6755)).unwrap();
+    fs::set_permissions(root.join("nothing"), fs::Permissions::from_mode(0o000)).unwrap();
+    fs::set_permissions(root.join("sticky"), fs::Permissions::from_mode(0o1777)).unwrap();
+    fs::set_permissions(root.join("setgid-dir"), fs::Permissions::from_mode(0o2770)).unwrap();
+    fs::set_permissions(root.join("ro-dir"), fs::Permissions::from_mode(0o500)).unwrap();
+    fs::set_permissions(root.join("a/b/c/deep.bin"), fs::Permissions::from_mode(0o640)).unwrap();
+    // VFS_CAP_REVISION_2 without the effective bit, CAP_NET_BIND_SERVICE permitted.
+    xattr(
+        &root.join("a/b/c/deep.bin"),
+        "security.capability",
+        &[0, 0, 0, 2, 0, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+    );
+    // Nanosecond times, atime apart from mtime, directories after their children.
+    let mut entries = walk(root);
+    entries.sort_by_key(|e| std::cmp::Reverse(e.components().count()));
+    entries.push(PathBuf::new());
+    for (i, rel) in entries.iter().enumerate() {
+        let i = i as i64;
+        set_times(&root.join(rel), (1_000_000_000 + i, 111_111_111 + i), (1_500_000_000 + i, 987_654_321 - i));
+    }
+}
+
+/// Adds `n` small files (and one of `big_mib` MiB) under `root/bulk`, owned like `root`.
+pub fn add_bulk(root: &Path, n: usize, big_mib: usize) {
+    let m = fs::metadata(root).unwrap();
+    let bulk = root.join("bulk");
+    fs::create_dir(&bulk).unwrap();
+    for i in 0..n {
+        let p = bulk.join(format!("f{i:04}"));
+        fs::write(&p, vec![(i % 251) as u8; 4096 + i]).unwrap();
+        chown(&p, m.uid(), m.gid());
+    }
+    if big_mib > 0 {
+        fs::write(bulk.join("big"), vec![7u8; big_mib << 20]).unwrap();
+    }
+    chown(&bulk, m.uid(), m.gid());
+}
+
+/// Relative paths of every entry below `root` (not following symlinks).
+pub fn walk(root: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![PathBuf::new()];
+    while let Some(rel) = stack.pop() {
+        for name in list(&root.join(&rel)) {
+            let r = rel.join(&name);
+            if fs::symlink_metadata(root.join(&r)).unwrap().is_dir() {
+                stack.push(r.clone());
+            }
+            out.push(r);
+        }
+    }
+    out
+}
+
+fn open_noatime(path: &Path, dir: bool) -> OwnedFd {
+    let flags = OFlags::RDONLY | OFlags::NOATIME | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let flags = if dir { flags | OFlags::DIRECTORY } else { flags };
+    rustix::fs::open(path, flags, Mode::empty()).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// Sorted names in a directory, listed without updating its access time.
+fn list(dir: &Path) -> Vec<OsString> {
+    let mut d = rustix::fs::Dir::new(open_noatime(dir, true)).unwrap();
+    let mut out = Vec::new();
+    while let Some(e) = d.read() {
+        let n = e.unwrap().file_name().to_bytes().to_vec();
+        if n != b"." && n != b".." {
+            out.push(OsString::from_vec(n));
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Everything the conversion must preserve, one line per entry, keyed by the entry's path bytes
+/// ("." is the root itself): type, mode (with setuid/setgid/sticky), owner, size, atime and
+/// mtime in ns (atime not for symlinks: reading a link updates it), device number, symlink target,
+/// content hash, data/hole layout, every xattr (ACLs, trusted.*, security.*) and hard-link group.
+/// Nothing is read in a way that changes an atime.
+pub fn manifest(root: &Path) -> BTreeMap<Vec<u8>, String> {
+    use sha2::Digest;
+    let mut m = BTreeMap::new();
+    let mut groups: BTreeMap<u64, Vec<Vec<u8>>> = BTreeMap::new();
+    let mut rels = walk(root);
+    rels.push(PathBuf::from("."));
+    for rel in rels {
+        let path = if rel == Path::new(".") { root.to_path_buf() } else { root.join(&rel) };
+        let md = fs::symlink_metadata(&path).unwrap();
+        let ft = md.file_type();
+        let key = rel.as_os_str().as_bytes().to_vec();
+        let mut d = format!(
+            "mode={:o} uid={} gid={} mtime={}.{:09}",
+            md.mode(),
+            md.uid(),
+            md.gid(),
+            md.mtime(),
+            md.mtime_nsec()
+        );
+        if !ft.is_symlink() {
+            write!(d, " atime={}.{:09}", md.atime(), md.atime_nsec()).unwrap();
+        }
+        if ft.is_symlink() {
+            let t = fs::read_link(&path).unwrap();
+            write!(d, " symlink->{}", hex::encode(t.as_os_str().as_bytes())).unwrap();
+        } else if ft.is_file() {
+            let mut data = Vec::new();
+            fs::File::from(open_noatime(&path, false)).read_to_end(&mut data).unwrap();
+            write!(
+                d,
+                " file size={} sha256={} data={:?}",
+                md.len(),
+                hex::encode(sha2::Sha256::digest(&data)),
+                segments(&path)
+            )
+            .unwrap();
+        } else if ft.is_dir() {
+            d += " dir";
+        } else {
+            write!(d, " special {ft:?} rdev={}", md.rdev()).unwrap();
+        }
+        write!(d, " xattrs={:?}", xattrs(&path)).unwrap();
+        if !ft.is_dir() && md.nlink() > 1 {
+            groups.entry(md.ino()).or_default().push(key.clone());
+            write!(d, " nlink={}", md.nlink()).unwrap();
+        }
+        m.insert(key, d);
+    }
+    for group in groups.values() {
+        let names: Vec<String> = group.iter().map(|n| String::from_utf8_lossy(n).into_owned()).collect();
+        for name in group {
+            write!(m.get_mut(name).unwrap(), " linkgroup={names:?}").unwrap();
+        }
+    }
+    m
+}
+
+/// Asserts two manifests are equal, naming the first entry that differs.
+#[track_caller]
+pub fn assert_same(after: &BTreeMap<Vec<u8>, String>, before: &BTreeMap<Vec<u8>, String>, what: &str) {
+    for (k, v) in before {
+        assert_eq!(after.get(k), Some(v), "{what}: entry {:?}", String::from_utf8_lossy(k));
+    }
+    for k in after.keys() {
+        assert!(before.contains_key(k), "{what}: extra entry {:?}", String::from_utf8_lossy(k));
+    }
+}
+
+fn xattrs(path: &Path) -> Vec<(String, String)> {
+    use sha2::Digest;
+    let mut names = vec![0u8; 65536];
+    let n = rustix::fs::llistxattr(path, &mut names[..]).unwrap();
+    let mut out: Vec<(String, String)> = names[..n]
+        .split(|b| *b == 0)
+        .filter(|s| !s.is_empty())
+        .map(|name| {
+            let name = OsStr::from_bytes(name);
+            let mut v = vec![0u8; 65536];
+            let len = rustix::fs::lgetxattr(path, name, &mut v[..]).unwrap();
+            let v = &v[..len];
+            let shown = if len > 64 {
+                format!("{len} bytes sha256={}", hex::encode(sha2::Sha256::digest(v)))
+            } else {
+                hex::encode(v)
+            };
+            (name.to_string_lossy().into_owned(), shown)
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// Data segments of a file (SEEK_DATA/SEEK_HOLE), in 4 KiB blocks.
+fn segments(path: &Path) -> Vec<(u64, u64)> {
+    use rustix::fs::{seek, SeekFrom};
+    let f = open_noatime(path, false);
+    let len = fs::File::from(f.try_clone().unwrap()).metadata().unwrap().len();
+    let mut out = Vec::new();
+    let mut at = 0u64;
+    while at < len {
+        let Ok(start) = seek(&f, SeekFrom::Data(at)) else { break };
+        let end = seek(&f, SeekFrom::Hole(start)).unwrap();
+        out.push((start / 4096, end.div_ceil(4096)));
+        at = end;
+    }
+    out
+}
