@@ -967,5 +967,6 @@ pub fn commit(workdir: &Path, host: &dyn Host) -> Result<Outcome, MigrateError> 
     dispose(host, &wd, &j, &mut notes)?;
     j.step = Step::Done;
     wd.write(&j)?;
+    fault::point("after-record-done");
     Ok(outcome(&j, &wd, notes))
 }

@@ -1,0 +1,295 @@
+//! Crashes in a separate process, then resume: at every fault point (the process exits on the
+//! spot), by SIGKILL at numbered moments of every phase, by SIGKILL of a lock holder; and an
+//! entry the converter cannot read. After every crash the directory must read exactly as before,
+//! and running the same operation again must finish the job.
+#![cfg(feature = "fault-injection")]
+mod common;
+
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::process::ExitStatusExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use common::{add_bulk, assert_same, build_tree, manifest, wd_names, Case};
+use dirseal_migrate::{self as migrate, MigrateError, State};
+
+const CHILD: &str = env!("CARGO_BIN_EXE_dirseal-migrate-test-child");
+
+struct Run {
+    code: Option<i32>,
+    signal: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+impl Run {
+    fn show(&self) -> String {
+        format!("code {:?} signal {:?}\n{}{}", self.code, self.signal, self.stdout, self.stderr)
+    }
+}
+
+fn child(op: &str, src: &Path, wd: &Path, flags: &[&str], env: &[(&str, String)]) -> Run {
+    let mut c = Command::new(CHILD);
+    c.arg(op).arg(src).arg(wd).args(flags).env_remove("DIRSEAL_FAULT").env_remove("TEST_KILL");
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let out = c.stdin(Stdio::null()).output().unwrap();
+    Run {
+        code: out.status.code(),
+        signal: out.status.signal(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+#[track_caller]
+fn finishes(op: &str, src: &Path, wd: &Path, flags: &[&str], state: &str) {
+    let r = child(op, src, wd, flags, &[]);
+    assert!(r.code == Some(0) && r.stdout.contains(&format!("state={state}")), "{op} {}: {}", src.display(), r.show());
+}
+
+#[track_caller]
+fn faults(op: &str, src: &Path, wd: &Path, flags: &[&str], point: &str) {
+    let r = child(op, src, wd, flags, &[("DIRSEAL_FAULT", point.to_string())]);
+    assert_eq!(r.code, Some(99), "{op} should die at {point}: {}", r.show());
+}
+
+#[track_caller]
+fn killed(op: &str, src: &Path, wd: &Path, flags: &[&str], spec: &str) {
+    let r = child(op, src, wd, flags, &[("TEST_KILL", spec.to_string())]);
+    assert_eq!(r.signal, Some(9), "{op} should be killed at {spec}: {}", r.show());
+}
+
+#[test]
+fn a_crash_at_every_fault_point_of_a_conversion_loses_nothing_and_resumes() {
+    let c = Case::new();
+    let points: &[(&str, &[&str])] = &[
+        ("after-staging-created", &[]),
+        ("before-record-prepared", &[]),
+        ("after-prepare", &[]),
+        ("after-record-copying", &[]),
+        ("copy-file:1", &[]),
+        ("copy-file:7", &[]),
+        ("copy-special-made:1", &[]),
+        ("copy-special:3", &[]),
+        ("copy-dir:2", &[]),
+        ("before-record-copied", &[]),
+        ("after-record-copied", &[]),
+        ("verify-entry:5", &[]),
+        ("after-verify", &[]),
+        ("after-record-verified", &[]),
+        ("after-swap", &[]),
+        ("after-record-swapped", &[]),
+        ("after-record-disposing", &[]),
+        ("mid-dispose", &["--wipe"]),
+        ("dispose-entry:20", &[]),
+        ("before-trim", &["--wipe"]),
+        ("after-record-done", &[]),
+    ];
+    for (i, (point, flags)) in points.iter().enumerate() {
+        let (src, wd) = c.other(&format!("p{i}"));
+        build_tree(&src);
+        let before = manifest(&src);
+        faults("convert", &src, &wd, flags, point);
+        assert_same(&manifest(&src), &before, &format!("right after the crash at {point}"));
+        finishes("convert", &src, &wd, flags, "done");
+        assert_same(&manifest(&src), &before, &format!("after resuming from {point}"));
+        assert_eq!(wd_names(&wd), ["journal.json", "lock"], "{point}");
+    }
+}
+
+#[test]
+fn a_crash_between_a_verification_that_found_changes_and_the_next_copy_resumes() {
+    let c = Case::new();
+    build_tree(&c.src);
+    let changed = c.src.join("a/plain.txt");
+    let append = ("TEST_APPEND", format!("start-verifying={}", changed.display()));
+    let r = child("convert", &c.src, &c.wd, &[], &[("DIRSEAL_FAULT", "after-record-recopy".into()), append]);
+    assert_eq!(r.code, Some(99), "{}", r.show());
+    assert_eq!(fs::read(&changed).unwrap(), b"hello+");
+    let before = manifest(&c.src);
+    finishes("convert", &c.src, &c.wd, &[], "done");
+    assert_same(&manifest(&c.src), &before, "after resume");
+}
+
+#[test]
+fn crashes_while_aborting_rolling_back_or_committing_resume() {
+    let c = Case::new();
+    let mut n = 0;
+    let mut case = || {
+        n += 1;
+        let (src, wd) = c.other(&format!("c{n}"));
+        build_tree(&src);
+        let before = manifest(&src);
+        (src, wd, before)
+    };
+    for point in ["after-record-aborted", "abort-entry:1", "abort-entry:15"] {
+        let (src, wd, before) = case();
+        let original = fs::metadata(&src).unwrap().ino();
+        faults("convert", &src, &wd, &[], "after-record-copied");
+        faults("abort", &src, &wd, &[], point);
+        assert_same(&manifest(&src), &before, point);
+        finishes("abort", &src, &wd, &[], "aborted");
+        assert_eq!(fs::metadata(&src).unwrap().ino(), original, "{point}");
+        assert_same(&manifest(&src), &before, point);
+        assert_eq!(wd_names(&wd), ["journal.json", "lock"], "{point}");
+    }
+    for point in ["after-record-rolling-back", "rollback-after-swap", "rollback-entry:10", "rollback-before-record"] {
+        let (src, wd, before) = case();
+        let original = fs::metadata(&src).unwrap().ino();
+        finishes("convert", &src, &wd, &["--keep-backup"], "swapped");
+        faults("rollback", &src, &wd, &[], point);
+        assert_same(&manifest(&src), &before, point);
+        finishes("rollback", &src, &wd, &[], "rolled back");
+        assert_eq!(fs::metadata(&src).unwrap().ino(), original, "{point}: the original is back");
+        assert_same(&manifest(&src), &before, point);
+        assert_eq!(wd_names(&wd), ["journal.json", "lock"], "{point}");
+    }
+    for point in ["after-record-disposing", "dispose-entry:10", "after-record-done"] {
+        let (src, wd, before) = case();
+        finishes("convert", &src, &wd, &["--keep-backup"], "swapped");
+        let copy = fs::metadata(&src).unwrap().ino();
+        faults("commit", &src, &wd, &[], point);
+        assert_same(&manifest(&src), &before, point);
+        finishes("commit", &src, &wd, &[], "done");
+        assert_eq!(fs::metadata(&src).unwrap().ino(), copy, "{point}");
+        assert_same(&manifest(&src), &before, point);
+        assert_eq!(wd_names(&wd), ["journal.json", "lock"], "{point}");
+    }
+    // A crash right after the swap, then an abort: the swap is found and kept for a rollback.
+    let (src, wd, before) = case();
+    faults("convert", &src, &wd, &[], "after-swap");
+    let r = child("abort", &src, &wd, &[], &[]);
+    assert!(r.stdout.contains("error=WrongState") && r.stderr.contains("roll back"), "{}", r.show());
+    assert_eq!(migrate::status(&wd).unwrap().unwrap().state, State::Swapped);
+    finishes("rollback", &src, &wd, &[], "rolled back");
+    assert_same(&manifest(&src), &before, "rolled back after the crash at the swap");
+}
+
+#[test]
+fn sigkill_at_numbered_moments_of_every_phase_loses_nothing() {
+    let c = Case::new();
+    let specs: &[(&str, &[&str])] = &[
+        ("start-scanning", &[]),
+        ("poll-scanning:3", &[]),
+        ("prepare", &[]),
+        ("start-copying", &[]),
+        ("poll-copying:1", &[]),
+        ("poll-copying:60", &[]),
+        ("poll-copying:200", &[]),
+        ("start-verifying", &[]),
+        ("poll-verifying:1", &[]),
+        ("poll-verifying:120", &[]),
+        ("start-swapping", &[]),
+        ("exchange-before", &[]),
+        ("exchange-after", &[]),
+        ("start-disposing", &[]),
+        ("poll-disposing:1", &[]),
+        ("poll-disposing:150", &["--wipe"]),
+        ("trim", &["--wipe"]),
+    ];
+    for (i, (spec, flags)) in specs.iter().enumerate() {
+        let (src, wd) = c.other(&format!("k{i}"));
+        build_tree(&src);
+        add_bulk(&src, 200, 6);
+        let before = manifest(&src);
+        killed("convert", &src, &wd, flags, spec);
+        assert_same(&manifest(&src), &before, &format!("right after SIGKILL at {spec}"));
+        finishes("convert", &src, &wd, flags, "done");
+        assert_same(&manifest(&src), &before, &format!("after resuming from SIGKILL at {spec}"));
+        assert_eq!(wd_names(&wd), ["journal.json", "lock"], "{spec}");
+    }
+}
+
+#[test]
+fn repeated_sigkills_of_resumed_runs_still_converge() {
+    let c = Case::new();
+    build_tree(&c.src);
+    add_bulk(&c.src, 200, 6);
+    let before = manifest(&c.src);
+    // Every pass re-polls each entry, so each of these runs reaches its moment.
+    let chain = [
+        ("poll-copying:60", State::Copying),
+        ("poll-copying:120", State::Copying),
+        ("poll-verifying:30", State::Copied),
+        ("poll-verifying:1", State::Copied),
+        ("exchange-after", State::Verified),
+        ("poll-disposing:10", State::Swapped),
+        ("poll-disposing:10", State::Swapped),
+    ];
+    for (spec, state) in chain {
+        killed("convert", &c.src, &c.wd, &[], spec);
+        assert_same(&manifest(&c.src), &before, spec);
+        assert_eq!(migrate::status(&c.wd).unwrap().unwrap().state, state, "{spec}");
+    }
+    finishes("convert", &c.src, &c.wd, &[], "done");
+    assert_same(&manifest(&c.src), &before, "after the last run");
+}
+
+#[test]
+fn a_second_converter_is_refused_and_a_killed_holder_does_not_block() {
+    use std::io::BufRead;
+    let c = Case::new();
+    build_tree(&c.src);
+    let before = manifest(&c.src);
+    let mut holder = Command::new(CHILD)
+        .args(["convert".as_ref(), c.src.as_os_str(), c.wd.as_os_str()])
+        .env("TEST_HOLD", "start-copying")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(holder.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
+    assert_eq!(line, "holding\n");
+    let pid = holder.id();
+    // Another process, and this one, are both told who holds the lock.
+    let r = child("convert", &c.src, &c.wd, &[], &[]);
+    assert!(r.stdout.contains("error=Busy") && r.stderr.contains(&format!("(pid {pid})")), "{}", r.show());
+    for e in [
+        migrate::convert(&common::req(&c.src, &c.wd), &common::host::PlainHost::new()).unwrap_err(),
+        migrate::preflight(&common::req(&c.src, &c.wd), &common::host::PlainHost::new()).unwrap_err(),
+        migrate::abort(&c.wd, &common::host::PlainHost::new()).unwrap_err(),
+    ] {
+        assert!(matches!(e, MigrateError::Busy { pid: Some(p), .. } if p == pid), "{e:?}");
+        assert!(e.to_string().contains("wait for it to finish"), "{e}");
+    }
+    // The holder dies; its pid stays in the lock file but its lock went with it.
+    holder.kill().unwrap();
+    assert_eq!(holder.wait().unwrap().signal(), Some(9));
+    assert_eq!(fs::read_to_string(c.wd.join("lock")).unwrap().trim(), pid.to_string());
+    finishes("convert", &c.src, &c.wd, &[], "done");
+    assert_same(&manifest(&c.src), &before, "after resuming the killed holder's conversion");
+}
+
+#[test]
+fn an_entry_the_converter_cannot_read_stops_it_before_any_swap() {
+    let c = Case::new();
+    // Without CAP_DAC_OVERRIDE/CAP_DAC_READ_SEARCH even root cannot open a mode-000 file it does
+    // not own; that stands in for any unreadable entry (I/O error, odd filesystem).
+    fs::create_dir_all(c.src.join("open")).unwrap();
+    fs::write(c.src.join("open/fine"), b"readable").unwrap();
+    fs::write(c.src.join("open/locked"), b"not for you").unwrap();
+    let owner = common::rand_id();
+    common::run("chown", &["-R".as_ref(), format!("{owner}:{owner}").as_ref(), c.src.as_os_str()]);
+    fs::set_permissions(c.src.join("open/locked"), std::os::unix::fs::PermissionsExt::from_mode(0o000)).unwrap();
+    let before = manifest(&c.src);
+    let out = Command::new("setpriv")
+        .args(["--bounding-set=-dac_override,-dac_read_search", "--inh-caps=-all", CHILD, "convert"])
+        .arg(&c.src)
+        .arg(&c.wd)
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(1), "{stdout}{stderr}");
+    assert!(stdout.contains("error=CopyFailed"), "{stdout}{stderr}");
+    let want = format!("copying {} failed", c.src.join("open/locked").display());
+    assert!(stderr.contains(&want) && stderr.contains("Permission denied"), "{stderr}");
+    assert!(stderr.contains("nothing was swapped"), "{stderr}");
+    assert_same(&manifest(&c.src), &before, "after the refusal");
+    assert_eq!(migrate::status(&c.wd).unwrap().unwrap().state, State::Copying);
+    finishes("convert", &c.src, &c.wd, &[], "done");
+    assert_same(&manifest(&c.src), &before, "after resuming with full privileges");
+}
