@@ -67,7 +67,7 @@ impl From<HexPath> for String {
 
 /// The persisted state. Fields that only exist in some states live inside their variant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "name", rename_all = "snake_case", deny_unknown_fields)]
+#[serde(tag = "name", rename_all = "snake_case", try_from = "RawStep")]
 pub(crate) enum Step {
     Prepared,
     /// `round` counts copy passes started after a verification found differences.
@@ -86,6 +86,40 @@ pub(crate) enum Step {
     Done,
     Aborted,
     RolledBack,
+}
+
+/// A state as written, before it is known to carry exactly the fields of its kind (serde alone
+/// lets a unit state such as `done` carry stray fields).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawStep {
+    name: String,
+    round: Option<u32>,
+    disposing: Option<bool>,
+}
+
+impl TryFrom<RawStep> for Step {
+    type Error = String;
+    fn try_from(r: RawStep) -> Result<Step, String> {
+        Ok(match (r.name.as_str(), r.round, r.disposing) {
+            ("prepared", None, None) => Step::Prepared,
+            ("copying", Some(round), None) => Step::Copying { round },
+            ("copied", Some(round), None) => Step::Copied { round },
+            ("verified", None, None) => Step::Verified,
+            ("swapped", None, Some(disposing)) => Step::Swapped { disposing },
+            ("rolling_back", None, None) => Step::RollingBack,
+            ("done", None, None) => Step::Done,
+            ("aborted", None, None) => Step::Aborted,
+            ("rolled_back", None, None) => Step::RolledBack,
+            (
+                name @ ("prepared" | "copying" | "copied" | "verified" | "swapped" | "rolling_back" | "done"
+                | "aborted" | "rolled_back"),
+                _,
+                _,
+            ) => return Err(format!("state {name:?} with missing or extra fields")),
+            (name, _, _) => return Err(format!("unknown state {name:?}")),
+        })
+    }
 }
 
 impl Step {
@@ -421,4 +455,82 @@ pub(crate) fn read_journal(dir: impl AsFd, wd: &Path) -> Result<Option<Journal>,
         workdir: wd.to_path_buf(),
         reason: e.to_string(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(step: Step) -> Journal {
+        Journal {
+            version: Version,
+            source: HexPath(PathBuf::from(OsStr::from_bytes(b"/home/b\xffd"))),
+            source_dev: 2049,
+            source_ino: 12,
+            staging_ino: 13,
+            token: "0123456789abcdef0123456789abcdef".into(),
+            started_unix: 1_700_000_000,
+            keep_backup: true,
+            wipe: false,
+            files_total: 10,
+            bytes_total: 100,
+            outside_links: 0,
+            files_done: 3,
+            bytes_done: 30,
+            recopied: 1,
+            step,
+        }
+    }
+
+    #[test]
+    fn every_state_round_trips_and_the_format_is_stable() {
+        for step in [
+            Step::Prepared,
+            Step::Copying { round: 2 },
+            Step::Copied { round: 0 },
+            Step::Verified,
+            Step::Swapped { disposing: false },
+            Step::Swapped { disposing: true },
+            Step::RollingBack,
+            Step::Done,
+            Step::Aborted,
+            Step::RolledBack,
+        ] {
+            let j = sample(step);
+            let text = serde_json::to_string(&j).unwrap();
+            assert_eq!(serde_json::from_str::<Journal>(&text).unwrap(), j);
+        }
+        // docs/crash-safety.md shows this layout; old journals must keep parsing.
+        let v: serde_json::Value = serde_json::to_value(sample(Step::Swapped { disposing: true })).unwrap();
+        assert_eq!(v["version"], 1);
+        assert_eq!(v["source"], "2f686f6d652f62ff64");
+        assert_eq!(v["step"], serde_json::json!({"name": "swapped", "disposing": true}));
+    }
+
+    #[test]
+    fn bad_states_do_not_parse() {
+        let good = serde_json::to_value(sample(Step::Copying { round: 0 })).unwrap();
+        let bad = |f: &dyn Fn(&mut serde_json::Value)| {
+            let mut v = good.clone();
+            f(&mut v);
+            match serde_json::from_value::<Journal>(v.clone()) {
+                Ok(_) => panic!("parsed: {v}"),
+                Err(e) => e.to_string(),
+            }
+        };
+        assert!(bad(&|v| v["source"] = "686f6d65".into()).contains("absolute"));
+        assert!(bad(&|v| v["source"] = "2f6100".into()).contains("NUL"));
+        assert!(bad(&|v| v["source"] = "zz".into()).contains("hex"));
+        assert!(bad(&|v| v["version"] = 7.into()).contains("version 7"));
+        assert!(bad(&|v| v["staging_ino"] = 12.into()).contains("inode"));
+        assert!(bad(&|v| v["bytes_done"] = 101.into()).contains("exceeds"));
+        assert!(bad(&|v| v["token"] = "a\nb".into()).contains("control"));
+        assert!(bad(&|v| v["token"] = "x".repeat(MAX_TOKEN + 1).into()).contains("too long"));
+        assert!(bad(&|v| v["step"] = serde_json::json!({"name": "copied", "round": 3})).contains("beyond"));
+        assert!(bad(&|v| v["step"] = serde_json::json!({"name": "swapped"})).contains("missing or extra"));
+        assert!(bad(&|v| v["step"] = serde_json::json!({"name": "done", "round": 1})).contains("missing or extra"));
+        assert!(bad(&|v| v["step"] = serde_json::json!({"name": "done", "x": 1})).contains("unknown field"));
+        assert!(bad(&|v| v["step"] = serde_json::json!({"name": "flying"})).contains("unknown state"));
+        assert!(bad(&|v| v["surprise"] = 1.into()).contains("unknown field"));
+    }
 }

@@ -118,6 +118,37 @@ fn a_file_changed_before_verification_is_copied_again() {
 }
 
 #[test]
+fn verification_catches_a_bad_copy_that_looks_right_and_stray_entries() {
+    let c = Case::new();
+    build_tree(&c.src);
+    let before = manifest(&c.src);
+    let staging = c.wd.join("staging");
+    let stg = staging.clone();
+    let once = std::sync::atomic::AtomicBool::new(false);
+    let host = PlainHost::with(move |e, _| {
+        if e == Event::PhaseStart(Phase::Verifying) && !once.swap(true, Ordering::SeqCst) {
+            // Same size, same times, other bytes: only a content comparison sees it.
+            use std::os::unix::fs::FileExt;
+            let f = stg.join("a/b/c/deep.bin");
+            let m = fs::metadata(&f).unwrap();
+            fs::OpenOptions::new().write(true).open(&f).unwrap().write_all_at(b"XX", 1000).unwrap();
+            let t = |s, ns| rustix::fs::Timespec { tv_sec: s, tv_nsec: ns };
+            let ts = rustix::fs::Timestamps {
+                last_access: t(m.atime(), m.atime_nsec()),
+                last_modification: t(m.mtime(), m.mtime_nsec()),
+            };
+            rustix::fs::utimensat(rustix::fs::CWD, &f, &ts, rustix::fs::AtFlags::empty()).unwrap();
+            fs::write(stg.join("stray"), b"not in the source").unwrap();
+        }
+    });
+    let out = migrate::convert(&req(&c.src, &c.wd), &host).unwrap();
+    assert_eq!(out.state, State::Done);
+    let phases = host.phases.lock().unwrap().clone();
+    assert_eq!(phases.iter().filter(|p| **p == Phase::Verifying).count(), 2, "verified twice: {phases:?}");
+    assert_same(&manifest(&c.src), &before, "after the second pass");
+}
+
+#[test]
 fn a_tree_that_keeps_changing_gives_up_then_a_later_run_finishes() {
     let c = Case::new();
     build_tree(&c.src);
