@@ -128,13 +128,17 @@ impl<'a> Ctx<'a> {
         Ok(())
     }
 
-    /// Refuses entries that cannot be converted faithfully: other mounts and encrypted inodes.
+    /// Refuses entries that cannot be converted faithfully: other mounts, encrypted inodes and
+    /// immutable or append-only ones.
     pub(crate) fn check_entry(&self, m: &Meta, rel: &Path) -> Result<(), MigrateError> {
         if m.mnt_id != self.root_mnt {
             return Err(MigrateError::MountPointInside { path: self.display(rel) });
         }
         if m.encrypted {
             return Err(MigrateError::EncryptedInside { path: self.display(rel) });
+        }
+        if m.immutable {
+            return Err(MigrateError::ImmutableInside { path: self.display(rel) });
         }
         Ok(())
     }

@@ -85,6 +85,9 @@ pub(crate) struct Meta {
     pub mnt_id: u64,
     pub encrypted: bool,
     pub mount_root: bool,
+    /// `chattr +i` or `+a`: such an inode cannot be removed after the swap, and the copy could
+    /// not carry the flag (inode flags are not copied).
+    pub immutable: bool,
 }
 
 impl Meta {
@@ -135,6 +138,7 @@ fn to_meta(x: rustix::fs::Statx) -> io::Result<Meta> {
         mnt_id: x.stx_mnt_id,
         encrypted: x.stx_attributes.contains(StatxAttributes::ENCRYPTED),
         mount_root: x.stx_attributes.contains(StatxAttributes::MOUNT_ROOT),
+        immutable: x.stx_attributes.intersects(StatxAttributes::IMMUTABLE | StatxAttributes::APPEND),
     })
 }
 

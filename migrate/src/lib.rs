@@ -202,6 +202,8 @@ pub enum MigrateError {
     AlreadyEncrypted { path: PathBuf },
     #[error("{} is encrypted on its own; move it out of the directory, convert, then move it back", path.display())]
     EncryptedInside { path: PathBuf },
+    #[error("{} is immutable or append-only, which a copy cannot keep and which blocks removing the old tree; clear the flag (chattr -i -a) and try again, then set it again after the conversion", path.display())]
+    ImmutableInside { path: PathBuf },
     #[error("{} is a mount point inside the directory; unmount it (or move it out) and try again", path.display())]
     MountPointInside { path: PathBuf },
     #[error("not enough free space for a copy of {}: about {needed} bytes needed, {available} available; free some space and try again", path.display())]

@@ -136,6 +136,14 @@ fn crashes_while_aborting_rolling_back_or_committing_resume() {
         assert_same(&manifest(&src), &before, point);
         assert_eq!(wd_names(&wd), ["journal.json", "lock"], "{point}");
     }
+    // A new conversion first clears what an aborted one left; a crash there is resumed too.
+    let (src, wd, before) = case();
+    faults("convert", &src, &wd, &[], "after-record-copied");
+    faults("abort", &src, &wd, &[], "after-record-aborted");
+    faults("convert", &src, &wd, &[], "leftover-entry:5");
+    assert_same(&manifest(&src), &before, "leftover-entry");
+    finishes("convert", &src, &wd, &[], "done");
+    assert_same(&manifest(&src), &before, "leftover-entry");
     for point in ["after-record-rolling-back", "rollback-after-swap", "rollback-entry:10", "rollback-before-record"] {
         let (src, wd, before) = case();
         let original = fs::metadata(&src).unwrap().ino();

@@ -274,6 +274,14 @@ fn preflight_refuses_encrypted_symlinks_files_and_bad_work_dirs() {
     std::os::unix::fs::symlink("real", c.fs.path().join("via-link")).unwrap();
     let e = migrate::convert(&req(&c.src, &c.fs.path().join("via-link/wd")), &host).unwrap_err();
     assert!(matches!(e, MigrateError::UnsafeWorkdir { .. }), "{e:?}");
+    // Immutable and append-only entries (root-only flags the copy cannot carry).
+    for flag in ["+i", "+a"] {
+        common::run("chattr", &[flag.as_ref(), c.src.join("a/b/c/deep.bin").as_os_str()]);
+        let e = migrate::convert(&req(&c.src, &c.wd), &host).unwrap_err();
+        common::run("chattr", &["-i".as_ref(), "-a".as_ref(), c.src.join("a/b/c/deep.bin").as_os_str()]);
+        assert!(matches!(&e, MigrateError::ImmutableInside { path } if path.ends_with("a/b/c/deep.bin")), "{e:?}");
+        assert!(e.to_string().contains("chattr -i -a"), "{e}");
+    }
     assert_same(&manifest(&c.src), &before, "after refusals");
     assert!(!c.wd.exists() && !c.fs.path().join("real/wd").exists(), "a refusal must write nothing");
 }
