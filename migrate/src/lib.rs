@@ -34,8 +34,10 @@ pub use scan::find_users;
 pub struct Request<'a> {
     /// The directory to convert in place.
     pub source: &'a Path,
-    /// Root-only work directory on the same filesystem, e.g. `<mount>/.dirseal/convert/<id>/`.
-    /// Created (mode 0700) if missing.
+    /// Root-only work directory on the same filesystem, e.g. `<mount>/.dirseal/convert/<id>/`,
+    /// one per source (it holds one journal). Absolute, free of symlinks, outside the source;
+    /// created (mode 0700, with missing parents, all synced) if missing. Its parent must be
+    /// root-owned and not group/world-writable.
     pub workdir: &'a Path,
     /// Keep the old tree after the swap (state stays `Swapped`) for [`rollback`] or [`commit`].
     pub keep_backup: bool,
@@ -55,22 +57,31 @@ pub struct HostError(pub String);
 /// privileged operations that live outside this crate.
 pub trait Host: Sync {
     /// Make the empty staging dir (just created by the engine, mode 0700 root) encrypted and
-    /// unlocked. Called once per conversion, in Prepared. Returns a token (e.g. the policy id)
-    /// that the engine stores in the journal.
+    /// unlocked. Called once per conversion, before `Prepared` is recorded (a crash before that
+    /// record starts the conversion over, with a new staging dir). Returns a token (e.g. the
+    /// policy id; at most 256 bytes, no control characters) that the engine stores in the
+    /// journal and hands back to [`Host::ensure_unlocked`]. Attributes the host sets on the
+    /// staging root (e.g. a recovery blob) are kept; the source root's are added to them.
     fn prepare_staging(&self, staging: &Path) -> Result<String, HostError>;
     /// On resume: make sure the staging dir identified by token is unlocked again (after a reboot
     /// the key is gone).
     fn ensure_unlocked(&self, token: &str, staging: &Path) -> Result<(), HostError>;
     /// Whether `path` is already an encrypted directory.
     fn is_encrypted(&self, path: &Path) -> Result<bool, HostError>;
-    /// Atomically exchange two paths on one filesystem (`renameat2(RENAME_EXCHANGE)`).
+    /// Atomically exchange two paths on one filesystem (`renameat2(RENAME_EXCHANGE)`). Both are
+    /// absolute and were just checked to hold no symlink; the host must not follow one either
+    /// (open each parent with `openat2(RESOLVE_NO_SYMLINKS)` and exchange the final names
+    /// relative to those), or a user who owns a directory on the source's path could redirect
+    /// the swap between the engine's check and the rename.
     fn exchange(&self, a: &Path, b: &Path) -> Result<(), HostError>;
     /// Discard unused blocks of the filesystem holding `mountpoint_or_dir` (FITRIM).
     fn trim(&self, mountpoint_or_dir: &Path) -> Result<(), HostError>;
-    /// Progress, called at most a few times per second (and at each phase start).
+    /// Progress, called at most a few times per second, and always once at each phase start (on
+    /// the calling thread, before any work of that phase).
     fn progress(&self, _p: &Progress) {}
-    /// Polled between files and chunks; returning true makes the engine stop cleanly with
-    /// [`MigrateError::Interrupted`].
+    /// Polled between entries and 1 MiB chunks while scanning, copying, verifying and disposing;
+    /// returning true makes the engine stop cleanly with [`MigrateError::Interrupted`] (the
+    /// journal is written; running the same operation again resumes).
     fn should_stop(&self) -> bool {
         false
     }
@@ -408,8 +419,11 @@ fn check_workdir_location(workdir: &Path, src: &Source) -> Result<(), MigrateErr
     Ok(())
 }
 
-/// Starts a conversion (after [`preflight`]) or resumes the one recorded in the work dir, from
-/// whatever state it is in. Returns when the conversion is `Done`, or `Swapped` with a backup.
+/// Starts a conversion (running the [`preflight`] checks itself) or resumes the unfinished one
+/// recorded in the work dir, from whatever state it is in. Returns when the conversion is `Done`,
+/// or `Swapped` with a backup. A resumed conversion keeps its recorded `keep_backup` and `wipe`;
+/// `force` and `threads` apply to this run. A finished journal (done, aborted, rolled back) is
+/// replaced by a new conversion.
 pub fn convert(req: &Request, host: &dyn Host) -> Result<Outcome, MigrateError> {
     let src = Source::resolve(req.source)?;
     let recorded = match Workdir::open(req.workdir, false)? {
