@@ -301,3 +301,27 @@ fn an_entry_the_converter_cannot_read_stops_it_before_any_swap() {
     finishes("convert", &c.src, &c.wd, &[], "done");
     assert_same(&manifest(&c.src), &before, "after resuming with full privileges");
 }
+
+#[test]
+fn memory_does_not_grow_with_the_size_of_the_tree() {
+    let c = Case::with(dirseal_testfs::Options { inodes: Some(60_000), ..Default::default() });
+    let mut peaks = Vec::new();
+    for (name, dirs) in [("small", 20), ("large", 200)] {
+        let (src, wd) = c.other(name);
+        for d in 0..dirs {
+            let dir = src.join(format!("d{:03}/sub", d));
+            fs::create_dir_all(&dir).unwrap();
+            for f in 0..100 {
+                fs::write(dir.join(format!("file-with-a-longish-name-{f:03}")), b"x").unwrap();
+            }
+        }
+        let t = std::time::Instant::now();
+        let r = child("convert", &src, &wd, &[], &[]);
+        assert!(r.stdout.contains("state=done"), "{}", r.show());
+        let peak: u64 = r.stdout.lines().find_map(|l| l.strip_prefix("peak_kib=")).unwrap().parse().unwrap();
+        eprintln!("{name}: {} files, peak {peak} KiB, {:?}", dirs * 100, t.elapsed());
+        peaks.push(peak);
+    }
+    // Ten times the files (same directory sizes): the peak may not follow them.
+    assert!(peaks[1] < peaks[0] + 1024, "peak RSS grew from {} KiB to {} KiB", peaks[0], peaks[1]);
+}

@@ -10,7 +10,7 @@
 //! - `TEST_HOLD=<event>`: at that event print `holding` and wait until stdin is closed.
 //! - `TEST_APPEND=<event>=<path>`: at that event append a byte to `path`.
 //!
-//! Prints `state=<state>` (exit 0) or `error=<variant>` and the message on stderr (exit 1).
+//! Prints `state=<state>` and `peak_kib=<peak RSS>` (exit 0) or `error=<variant>` and the message on stderr (exit 1).
 #![forbid(unsafe_code)]
 
 #[allow(dead_code)]
@@ -76,6 +76,11 @@ fn main() {
     match result {
         Ok(out) => {
             println!("state={}", out.state);
+            // Peak resident memory of the whole run, for the memory test.
+            let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+            if let Some(kib) = status.lines().find_map(|l| l.strip_prefix("VmHWM:")) {
+                println!("peak_kib={}", kib.trim().trim_end_matches(" kB"));
+            }
             for n in out.notes {
                 println!("note={n}");
             }
