@@ -430,7 +430,8 @@ fn split_last(path: &Path) -> Option<(&Path, &OsStr)> {
     Some((parent, name))
 }
 
-/// Atomically swaps `a` and `b` (both must exist). Neither is followed if it is a symlink.
+/// Atomically swaps `a` and `b` (both must exist). Neither they nor any component of their
+/// parents is followed if it is a symlink.
 pub fn rename_exchange(a: &Path, b: &Path) -> Result<(), FscryptError> {
     fn split(p: &Path) -> Result<(&Path, &OsStr), FscryptError> {
         split_last(p).ok_or(FscryptError::InvalidPath {
@@ -440,8 +441,21 @@ pub fn rename_exchange(a: &Path, b: &Path) -> Result<(), FscryptError> {
     }
     let (pa, na) = split(a)?;
     let (pb, nb) = split(b)?;
-    let da = open_nofollow(pa, libc::O_PATH | libc::O_DIRECTORY, "open the parent of")?;
-    let db = open_nofollow(pb, libc::O_PATH | libc::O_DIRECTORY, "open the parent of")?;
+    // No component of either parent may be a symlink: root exchanges paths a user may own parts
+    // of, and a symlink swapped in between the engine's checks and this call would redirect it.
+    let parent = |p: &Path| {
+        use rustix::fs::{openat2, Mode, OFlags, ResolveFlags, CWD};
+        openat2(
+            CWD,
+            p,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+            ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+        )
+        .map_err(|e| from_errno(Errno::from_raw(e.raw_os_error()), p, "open the parent of"))
+    };
+    let da = parent(pa)?;
+    let db = parent(pb)?;
     match sys::rename_exchange(da.as_fd(), na, db.as_fd(), nb) {
         Ok(()) => Ok(()),
         Err(Errno::EXDEV) => Err(FscryptError::ExchangeRefused { a: a.to_path_buf(), b: b.to_path_buf() }),

@@ -239,3 +239,20 @@ fn is_encrypted_does_not_follow_symlinks() {
     std::os::unix::fs::symlink("f", enc.join("l")).unwrap();
     assert!(fscrypt::is_encrypted(&enc.join("l")).unwrap());
 }
+
+#[test]
+fn rename_exchange_never_follows_a_symlink_in_a_parent() {
+    let tfs = small_fs();
+    let real = tfs.path().join("real");
+    fs::create_dir_all(real.join("a")).unwrap();
+    fs::create_dir_all(real.join("b")).unwrap();
+    let link = tfs.path().join("link");
+    std::os::unix::fs::symlink(&real, &link).unwrap();
+    fs::write(real.join("a/marker"), b"a").unwrap();
+    let err = fscrypt::rename_exchange(&link.join("a"), &link.join("b")).unwrap_err();
+    assert!(matches!(err, FscryptError::Symlink { .. }), "{err:?}");
+    // Nothing moved; through real paths the exchange works.
+    assert!(real.join("a/marker").exists());
+    fscrypt::rename_exchange(&real.join("a"), &real.join("b")).unwrap();
+    assert!(real.join("b/marker").exists());
+}
