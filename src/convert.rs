@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use dirseal_migrate::{self as migrate, Host, HostError, MigrateError, Outcome, Request, State, StatusView};
+use dirseal_migrate::{self as migrate, Host, HostError, MigrateError, State, StatusView};
 use sha2::{Digest, Sha256};
 
 use crate::fscrypt::{self, KeyStatus};
@@ -26,8 +26,6 @@ pub enum ConvertError {
     Path { path: PathBuf, reason: String },
     #[error("the owner of {path} (uid {uid}) has processes running (pid {pids}); converting under a running session loses what it writes after verification. Log the user out first, or pass --force if you are sure nothing writes there")]
     OwnerActive { path: PathBuf, uid: u32, pids: String },
-    #[error("no conversion of {path} is in progress (nothing recorded in {workdir})")]
-    NoConversion { path: PathBuf, workdir: PathBuf },
     #[error("the conversion journal of {path} names staging key {token:?}, which is not a policy id; the journal was tampered with: run `dirseal convert --abort {path}`")]
     BadToken { path: PathBuf, token: String },
 }
@@ -172,11 +170,6 @@ pub fn staging_key_needed(source: &Path, view: &StatusView) -> Result<Option<Key
         KeyStatus::Present => Ok(None),
         _ => Ok(Some(id)),
     }
-}
-
-/// Runs (or resumes) a conversion.
-pub fn run(req: &Request<'_>, host: &KeyHost<'_>) -> Result<Outcome, ConvertError> {
-    Ok(migrate::convert(req, host)?)
 }
 
 /// The journal of `source`'s conversion, if any.

@@ -47,8 +47,6 @@ pub enum OpsError {
     Unusable { what: String, problems: String },
     #[error("protector {id} does not protect {what}; its protectors are: {list}")]
     NotAProtectorOf { id: ProtectorId, what: String, list: String },
-    #[error("protector {name} ({id}) is a {kind} protector; this command needs a password protector")]
-    WrongKind { name: String, id: ProtectorId, kind: &'static str },
     #[error("the key unwrapped for policy {policy} has identifier {got}: the keystore entry does not belong to this directory and was refused; restore the keystore from a backup or use `dirseal recovery restore`")]
     KeyMismatch { policy: KeyIdentifier, got: KeyIdentifier },
     #[error("no user named {0:?}; pass an existing user name or numeric uid")]

@@ -71,7 +71,8 @@ pub fn present(key: &RecoveryKey, dir: &Path) -> Result<()> {
     }
     for _ in 0..3 {
         eprint!("Type the recovery key back to confirm: ");
-        let mut line = zeroize::Zeroizing::new(String::new());
+        // Room for any sane answer up front, so reading does not reallocate and strand copies.
+        let mut line = zeroize::Zeroizing::new(String::with_capacity(256));
         std::io::stdin().read_line(&mut line)?;
         match RecoveryKey::parse(&line) {
             Ok(k) if k == *key => return Ok(()),
