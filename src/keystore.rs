@@ -9,17 +9,15 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::ids::{KeyIdentifier, ProtectorId};
-use crate::kdf::{self, Argon2Params, KdfError};
-use crate::secret::{MasterKey, Passphrase, ProtectorKey, MASTER_KEY_LEN, PROTECTOR_KEY_LEN};
+use crate::protector;
+pub use crate::protector::{ProtectorKind, ProtectorRecord};
+use crate::secret::{MasterKey, ProtectorKey, MASTER_KEY_LEN};
 use crate::securefile::{self, SecureFileError};
 use crate::wrap::{self, Kek, WrapError, Wrapped};
 
 pub const FORMAT_VERSION: u32 = 1;
-const PROTECTOR_FORMAT: &str = "dirseal-protector";
 const POLICY_FORMAT: &str = "dirseal-policy";
 const MAX_FILE_BYTES: u64 = 256 * 1024;
-const MAX_NAME_CHARS: usize = 128;
-const SALT_LEN: usize = 16;
 
 #[derive(Debug, thiserror::Error)]
 pub enum KeystoreError {
@@ -37,33 +35,10 @@ pub enum KeystoreError {
     Undecidable { id: ProtectorId, path: PathBuf, reason: String },
     #[error("policy {policy} has no other usable protector; add another one first (`dirseal policy add-protector`) so the data stays reachable")]
     LastProtector { policy: KeyIdentifier },
-    #[error("incorrect password for protector {name} ({id}); nothing was changed")]
-    IncorrectSecret { name: String, id: ProtectorId },
     #[error("policy {policy} has no entry for protector {protector}")]
     NoEntry { policy: KeyIdentifier, protector: ProtectorId },
     #[error("the entry for protector {protector} in policy {policy} does not open with that protector: the policy file was altered or copied from elsewhere; restore it from a backup or use the recovery key")]
     EntryMismatch { policy: KeyIdentifier, protector: ProtectorId },
-    #[error("invalid protector name {name:?}: {reason}")]
-    BadName { name: String, reason: &'static str },
-    #[error(transparent)]
-    Kdf(#[from] KdfError),
-}
-
-/// How a protector's key is wrapped.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ProtectorKind {
-    /// Argon2id(password, salt) wraps the protector key.
-    Password { salt: [u8; SALT_LEN], kdf: Argon2Params },
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ProtectorRecord {
-    pub id: ProtectorId,
-    pub name: String,
-    pub kind: ProtectorKind,
-    /// The user this protector belongs to (its login password), if any.
-    pub uid: Option<u32>,
-    pub wrapped_key: Wrapped,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -76,89 +51,12 @@ pub struct PolicyRecord {
     pub wrapped: BTreeMap<ProtectorId, Wrapped>,
 }
 
-fn protector_aad(id: &ProtectorId, kind: &ProtectorKind) -> Vec<u8> {
-    match kind {
-        ProtectorKind::Password { salt, kdf } => format!(
-            "dirseal:{FORMAT_VERSION}:protector:{id}:password:{}:{}:{}:{}",
-            hex::encode(salt),
-            kdf.time_cost,
-            kdf.memory_kib,
-            kdf.parallelism
-        )
-        .into_bytes(),
-    }
-}
-
 fn policy_aad(policy: &KeyIdentifier, protector: &ProtectorId) -> Vec<u8> {
     format!("dirseal:{FORMAT_VERSION}:policy:{policy}:protector:{protector}").into_bytes()
 }
 
 fn protector_kek(pkey: &ProtectorKey) -> Kek {
     Kek::from_slice(pkey.as_bytes())
-}
-
-fn check_name(name: &str) -> Result<(), KeystoreError> {
-    let bad = |reason| Err(KeystoreError::BadName { name: name.chars().take(MAX_NAME_CHARS).collect(), reason });
-    if name.trim().is_empty() {
-        return bad("it is empty");
-    }
-    if name.chars().count() > MAX_NAME_CHARS {
-        return bad("it is longer than 128 characters");
-    }
-    if name.chars().any(char::is_control) {
-        return bad("it contains control characters");
-    }
-    Ok(())
-}
-
-/// A new password protector with a fresh random key, salt and id.
-pub fn new_password_protector(
-    name: &str,
-    uid: Option<u32>,
-    password: &Passphrase,
-    params: Argon2Params,
-) -> Result<(ProtectorRecord, ProtectorKey), KeystoreError> {
-    check_name(name)?;
-    let id = ProtectorId::random();
-    let key = ProtectorKey::random();
-    let kind = ProtectorKind::Password { salt: rand::random(), kdf: params };
-    let wrapped_key = wrap_password(&id, &kind, password, &key)?;
-    Ok((ProtectorRecord { id, name: name.to_string(), kind, uid, wrapped_key }, key))
-}
-
-fn wrap_password(
-    id: &ProtectorId,
-    kind: &ProtectorKind,
-    password: &Passphrase,
-    key: &ProtectorKey,
-) -> Result<Wrapped, KeystoreError> {
-    let ProtectorKind::Password { salt, kdf } = kind;
-    let kek = kdf::derive(password, salt, *kdf)?;
-    Ok(wrap::seal(&kek, &protector_aad(id, kind), key.as_bytes()))
-}
-
-/// Unwraps a password protector's key. A wrong password changes nothing.
-pub fn unlock_protector(rec: &ProtectorRecord, password: &Passphrase) -> Result<ProtectorKey, KeystoreError> {
-    let ProtectorKind::Password { salt, kdf } = &rec.kind;
-    let kek = kdf::derive(password, salt, *kdf)?;
-    match wrap::open(&kek, &protector_aad(&rec.id, &rec.kind), &rec.wrapped_key, PROTECTOR_KEY_LEN) {
-        // Invariant: `open` checked the plaintext is PROTECTOR_KEY_LEN bytes.
-        Ok(bytes) => Ok(ProtectorKey::from_slice(&bytes).expect("length checked by wrap::open")),
-        Err(_) => Err(KeystoreError::IncorrectSecret { name: rec.name.clone(), id: rec.id }),
-    }
-}
-
-/// The same protector (same id and key, so every policy it protects keeps working) under a new
-/// password, salt and cost.
-pub fn rewrap_password(
-    rec: &ProtectorRecord,
-    key: &ProtectorKey,
-    new_password: &Passphrase,
-    params: Argon2Params,
-) -> Result<ProtectorRecord, KeystoreError> {
-    let kind = ProtectorKind::Password { salt: rand::random(), kdf: params };
-    let wrapped_key = wrap_password(&rec.id, &kind, new_password, key)?;
-    Ok(ProtectorRecord { kind, wrapped_key, ..rec.clone() })
 }
 
 impl PolicyRecord {
@@ -199,29 +97,6 @@ impl PolicyRecord {
 
 #[derive(Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct ProtectorFile {
-    format: String,
-    version: u32,
-    id: ProtectorId,
-    name: String,
-    #[serde(default)]
-    uid: Option<u32>,
-    kind: KindFile,
-    wrapped_key: Wrapped,
-}
-
-#[derive(Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "lowercase", deny_unknown_fields)]
-enum KindFile {
-    Password {
-        #[serde(with = "hex::serde")]
-        salt: [u8; SALT_LEN],
-        argon2: Argon2Params,
-    },
-}
-
-#[derive(Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 struct PolicyFile {
     format: String,
     version: u32,
@@ -231,7 +106,7 @@ struct PolicyFile {
     protectors: BTreeMap<ProtectorId, Wrapped>,
 }
 
-fn check_header(format: &str, version: u32, want: &str) -> Result<(), String> {
+pub(crate) fn check_header(format: &str, version: u32, want: &str) -> Result<(), String> {
     if format != want {
         return Err(format!("format is {format:?}, expected {want:?}"));
     }
@@ -239,25 +114,6 @@ fn check_header(format: &str, version: u32, want: &str) -> Result<(), String> {
         return Err(format!("format version {version} is not supported by this dirseal (it reads version {FORMAT_VERSION}); use a matching dirseal"));
     }
     Ok(())
-}
-
-fn parse_protector(bytes: &[u8], file_id: &ProtectorId) -> Result<ProtectorRecord, String> {
-    let f: ProtectorFile = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
-    check_header(&f.format, f.version, PROTECTOR_FORMAT)?;
-    if f.id != *file_id {
-        return Err(format!("it holds protector {} but is named for {file_id}", f.id));
-    }
-    check_name(&f.name).map_err(|e| e.to_string())?;
-    let kind = match f.kind {
-        KindFile::Password { salt, argon2 } => {
-            argon2.check().map_err(|e| e.to_string())?;
-            ProtectorKind::Password { salt, kdf: argon2 }
-        }
-    };
-    if f.wrapped_key.ciphertext.len() != PROTECTOR_KEY_LEN + wrap::TAG_LEN {
-        return Err("the wrapped key has the wrong length".into());
-    }
-    Ok(ProtectorRecord { id: f.id, name: f.name, kind, uid: f.uid, wrapped_key: f.wrapped_key })
 }
 
 fn parse_policy(bytes: &[u8], file_id: &KeyIdentifier) -> Result<PolicyRecord, String> {
@@ -273,21 +129,6 @@ fn parse_policy(bytes: &[u8], file_id: &KeyIdentifier) -> Result<PolicyRecord, S
         return Err("a wrapped master key has the wrong length".into());
     }
     Ok(PolicyRecord { id: f.id, path_hint: f.path_hint, wrapped: f.protectors })
-}
-
-fn protector_json(r: &ProtectorRecord) -> Vec<u8> {
-    let ProtectorKind::Password { salt, kdf } = &r.kind;
-    let f = ProtectorFile {
-        format: PROTECTOR_FORMAT.into(),
-        version: FORMAT_VERSION,
-        id: r.id,
-        name: r.name.clone(),
-        uid: r.uid,
-        kind: KindFile::Password { salt: *salt, argon2: *kdf },
-        wrapped_key: r.wrapped_key.clone(),
-    };
-    // Invariant: these structs hold only strings, integers and maps with string keys.
-    serde_json::to_vec_pretty(&f).expect("serialising a protector cannot fail")
 }
 
 fn policy_json(r: &PolicyRecord) -> Vec<u8> {
@@ -359,7 +200,7 @@ impl Keystore {
     pub fn protector(&self, id: &ProtectorId) -> Result<ProtectorRecord, KeystoreError> {
         let path = self.protector_path(id);
         let bytes = self.read(&path, "protector", id.to_string())?;
-        parse_protector(&bytes, id).map_err(|reason| KeystoreError::Corrupt { path, reason })
+        protector::parse(&bytes, id).map_err(|reason| KeystoreError::Corrupt { path, reason })
     }
 
     pub fn policy(&self, id: &KeyIdentifier) -> Result<PolicyRecord, KeystoreError> {
@@ -412,7 +253,7 @@ impl Keystore {
 
     /// Callers hold [`Keystore::lock`].
     pub fn save_protector(&self, r: &ProtectorRecord) -> Result<(), KeystoreError> {
-        securefile::write_atomic(&self.protector_path(&r.id), &protector_json(r))?;
+        securefile::write_atomic(&self.protector_path(&r.id), &protector::to_json(r))?;
         Ok(())
     }
 
@@ -453,20 +294,15 @@ impl Keystore {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    const FAST: Argon2Params = Argon2Params { time_cost: 1, memory_kib: kdf::MIN_MEMORY_KIB, parallelism: 1 };
-
-    fn pw(s: &str) -> Passphrase {
-        Passphrase::from_str_copy(s)
-    }
+    use crate::protector::tests::new_password;
 
     #[test]
     fn protectors_and_policies_many_to_many() {
         let d = tempfile::tempdir().unwrap();
         let ks = Keystore::open(&d.path().join("ks")).unwrap();
         let _l = ks.lock().unwrap();
-        let (a, ka) = new_password_protector("alice", Some(300001), &pw("a"), FAST).unwrap();
-        let (b, kb) = new_password_protector("bob", None, &pw("b"), FAST).unwrap();
+        let (a, ka) = new_password("alice", Some(300001), "a");
+        let (b, kb) = new_password("bob", None, "b");
         ks.save_protector(&a).unwrap();
         ks.save_protector(&b).unwrap();
         let m1 = MasterKey::random();
@@ -481,15 +317,10 @@ mod tests {
 
         let a2 = ks.protector(&a.id).unwrap();
         assert_eq!(a2, a);
-        let ka2 = unlock_protector(&a2, &pw("a")).unwrap();
-        assert!(ks.policy(&p1.id).unwrap().unwrap_master(&a.id, &ka2).unwrap() == m1);
-        assert!(ks.policy(&p2.id).unwrap().unwrap_master(&a.id, &ka2).unwrap() == m2);
-        let kb2 = unlock_protector(&ks.protector(&b.id).unwrap(), &pw("b")).unwrap();
-        assert!(p1.unwrap_master(&b.id, &kb2).unwrap() == m1);
-        assert!(matches!(p2.unwrap_master(&b.id, &kb2), Err(KeystoreError::NoEntry { .. })));
-
-        let Err(e) = unlock_protector(&a2, &pw("wrong")) else { panic!("a wrong password unlocked") };
-        assert_eq!(e.to_string(), format!("incorrect password for protector alice ({}); nothing was changed", a.id));
+        assert!(ks.policy(&p1.id).unwrap().unwrap_master(&a.id, &ka).unwrap() == m1);
+        assert!(ks.policy(&p2.id).unwrap().unwrap_master(&a.id, &ka).unwrap() == m2);
+        assert!(p1.unwrap_master(&b.id, &kb).unwrap() == m1);
+        assert!(matches!(p2.unwrap_master(&b.id, &kb), Err(KeystoreError::NoEntry { .. })));
 
         assert!(matches!(ks.remove_protector(&a.id), Err(KeystoreError::InUse { .. })));
         let mut p2b = ks.policy(&p2.id).unwrap();
@@ -507,22 +338,8 @@ mod tests {
     }
 
     #[test]
-    fn rewrap_keeps_the_key() {
-        let (a, ka) = new_password_protector("a", None, &pw("old"), FAST).unwrap();
-        let a2 = rewrap_password(&a, &ka, &pw("new"), FAST).unwrap();
-        assert_eq!(a2.id, a.id);
-        assert!(unlock_protector(&a2, &pw("old")).is_err());
-        assert!(unlock_protector(&a2, &pw("new")).unwrap() == ka);
-    }
-
-    #[test]
-    fn tampering_is_detected() {
-        let (a, ka) = new_password_protector("a", None, &pw("p"), FAST).unwrap();
-        // Raising the cost in the file (or lowering it) breaks the binding, not just the speed.
-        let mut t = a.clone();
-        t.kind = ProtectorKind::Password { salt: [0; 16], kdf: Argon2Params { time_cost: 2, ..FAST } };
-        assert!(unlock_protector(&t, &pw("p")).is_err());
-        // A master key wrapped for one policy does not open as another's.
+    fn a_master_key_does_not_move_between_policies() {
+        let (a, ka) = new_password("a", None, "p");
         let m = MasterKey::random();
         let mut p = PolicyRecord::new(crate::fscrypt::key_identifier(&m), None);
         p.add_protector(&a.id, &ka, &m);
@@ -536,8 +353,8 @@ mod tests {
     fn corrupt_files_are_named_and_isolated() {
         let d = tempfile::tempdir().unwrap();
         let ks = Keystore::open(&d.path().join("ks")).unwrap();
-        let (a, _) = new_password_protector("a", None, &pw("p"), FAST).unwrap();
-        let (b, _) = new_password_protector("b", None, &pw("p"), FAST).unwrap();
+        let (a, _) = new_password("a", None, "p");
+        let (b, _) = new_password("b", None, "p");
         ks.save_protector(&a).unwrap();
         ks.save_protector(&b).unwrap();
         let path = ks.protector_path(&a.id);
@@ -559,12 +376,5 @@ mod tests {
             let all = ks.protectors().unwrap();
             assert_eq!(all.len(), 2);
         }
-    }
-
-    #[test]
-    fn names_are_checked() {
-        assert!(new_password_protector("", None, &pw("p"), FAST).is_err());
-        assert!(new_password_protector("a\nb", None, &pw("p"), FAST).is_err());
-        assert!(new_password_protector(&"x".repeat(129), None, &pw("p"), FAST).is_err());
     }
 }

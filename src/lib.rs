@@ -1,5 +1,5 @@
 //! dirseal: encrypt existing directories in place with Linux fscrypt v2, with master keys kept
-//! behind protectors (password, recovery key; TPM2 and FIDO2 later).
+//! behind protectors (kinds in [`protector`]; recovery keys in [`recovery`]).
 //!
 //! The library never prints or prompts: everything that needs a human goes through [`ui::Ui`].
 //! `unsafe` lives only in [`sys`].
@@ -12,6 +12,7 @@ pub mod ids;
 pub mod kdf;
 pub mod keystore;
 pub mod ops;
+pub mod protector;
 pub mod recovery;
 pub mod secret;
 pub mod securefile;

@@ -10,10 +10,11 @@ use serde::Serialize;
 use crate::config::{Config, ConfigError};
 use crate::fscrypt::{self, FscryptError, KeyStatus};
 use crate::ids::{KeyIdentifier, ProtectorId};
-use crate::kdf::{self, Argon2Params};
-use crate::keystore::{self, Keystore, KeystoreError, PolicyRecord, ProtectorKind, ProtectorRecord};
+use crate::keystore::{Keystore, KeystoreError, PolicyRecord};
+use crate::protector::{self, NewKind, ProtectorError, ProtectorRecord, UnlockError};
+use crate::recovery::{self, RecoveryError};
 use crate::secret::{MasterKey, Passphrase, ProtectorKey};
-use crate::ui::{SecretPrompt, Ui, UiError};
+use crate::ui::{Ui, UiError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum OpsError {
@@ -26,7 +27,9 @@ pub enum OpsError {
     #[error(transparent)]
     Ui(#[from] UiError),
     #[error(transparent)]
-    Recovery(#[from] crate::recovery::RecoveryError),
+    Protector(#[from] ProtectorError),
+    #[error(transparent)]
+    Recovery(#[from] RecoveryError),
     #[error("{path} is not encrypted; encrypt an empty directory with `dirseal encrypt {path}` or an existing one with `dirseal convert {path}`")]
     NotEncrypted { path: PathBuf },
     #[error("{path} is encrypted with key {id}, but the keystore has no policy for it; if you have a recovery key run `dirseal recovery restore {path}`")]
@@ -39,10 +42,8 @@ pub enum OpsError {
     BadDirectory { path: PathBuf, reason: String },
     #[error("{what} has several protectors ({list}); pick one with --protector ID")]
     AmbiguousProtector { what: String, list: String },
-    #[error(
-        "{what} has no usable {kind} protector; see `dirseal status` and add one with `dirseal policy add-protector`"
-    )]
-    NoProtector { what: String, kind: &'static str },
+    #[error("{what} has no usable protector; see `dirseal status` and add one with `dirseal policy add-protector`")]
+    NoProtector { what: String },
     #[error("{what} has no usable protector: {problems}")]
     Unusable { what: String, problems: String },
     #[error("protector {id} does not protect {what}; its protectors are: {list}")]
@@ -53,6 +54,15 @@ pub enum OpsError {
     NoSuchUser(String),
     #[error("protector {0} already protects this policy")]
     AlreadyProtects(ProtectorId),
+}
+
+impl From<UnlockError> for OpsError {
+    fn from(e: UnlockError) -> OpsError {
+        match e {
+            UnlockError::Ui(e) => e.into(),
+            UnlockError::Protector(e) => e.into(),
+        }
+    }
 }
 
 /// A protector as shown to users and front ends.
@@ -66,13 +76,7 @@ pub struct ProtectorSummary {
 
 impl ProtectorSummary {
     pub fn of(r: &ProtectorRecord) -> Self {
-        ProtectorSummary { id: r.id, name: r.name.clone(), kind: kind_name(&r.kind), uid: r.uid }
-    }
-}
-
-pub fn kind_name(k: &ProtectorKind) -> &'static str {
-    match k {
-        ProtectorKind::Password { .. } => "password",
+        ProtectorSummary { id: r.id, name: r.name.clone(), kind: r.kind.name(), uid: r.uid }
     }
 }
 
@@ -101,6 +105,13 @@ pub struct LockReport {
     /// Other users had also added this key; only root's `--all-users` removes theirs.
     pub other_users: bool,
     pub busy: Vec<BusyProcess>,
+}
+
+/// What a login achieved: the protector that opened the home and its master key, if any, and
+/// what went wrong with the others (for the log).
+pub struct Login {
+    pub opened: Option<(ProtectorRecord, MasterKey)>,
+    pub problems: Vec<(ProtectorId, OpsError)>,
 }
 
 /// A process holding files under a directory being locked.
@@ -133,16 +144,14 @@ pub struct Pick {
     pub protector: Option<ProtectorId>,
 }
 
-/// How to create a new password protector.
+/// How to create a new protector, of any kind.
 pub struct NewProtector<'a> {
     pub name: &'a str,
     pub uid: Option<u32>,
-    /// Overrides of the configured Argon2id cost, for this protector only.
-    pub kdf_time_ms: Option<u64>,
-    pub kdf_memory_mib: Option<u32>,
+    pub kind: NewKind,
 }
 
-/// Where to get the protector for a new policy: an existing one, or a new password protector.
+/// Where to get the protector for a new policy: an existing one, or a new one.
 pub enum ProtectorChoice<'a> {
     Existing(ProtectorId),
     New(NewProtector<'a>),
@@ -185,54 +194,36 @@ impl Dirseal {
         &self.config_path
     }
 
-    /// The Argon2id cost for a new protector: the configured one, calibrated and saved on first use
-    /// so every protector of this machine costs the same; per-protector flags override it.
-    fn kdf_params(&mut self, n: &NewProtector<'_>) -> Result<Argon2Params, OpsError> {
-        let memory_kib = n
-            .kdf_memory_mib
-            .map(|m| m.saturating_mul(1024).max(kdf::MIN_MEMORY_KIB))
-            .or(self.config.argon2.map(|a| a.memory_kib))
-            .unwrap_or_else(kdf::memory_cap_kib);
-        if let Some(ms) = n.kdf_time_ms {
-            return Ok(kdf::calibrate(std::time::Duration::from_millis(ms), memory_kib));
-        }
-        if let Some(p) = self.config.argon2 {
-            return Ok(Argon2Params { memory_kib, ..p });
-        }
-        let p = kdf::calibrate(std::time::Duration::from_secs(1), memory_kib);
-        self.config.argon2 = Some(p);
-        self.config.save(&self.config_path)?;
-        Ok(p)
-    }
-
-    /// Creates and saves a password protector; asks the Ui for the new password.
-    pub fn create_password_protector(
+    /// Creates and saves a protector of any kind, asking the Ui what the kind needs (a new
+    /// password or PIN, a touch). A machine-wide setting the kind recorded (the calibrated Argon2id
+    /// cost) is saved in the config first, so every later protector costs the same.
+    pub fn create_protector(
         &mut self,
         n: &NewProtector<'_>,
         ui: &mut dyn Ui,
     ) -> Result<(ProtectorRecord, ProtectorKey), OpsError> {
-        let params = self.kdf_params(n)?;
-        let password = ui.secret(&SecretPrompt::NewPassword { name: n.name })?;
-        if password.is_empty() {
-            return Err(UiError::Empty.into());
+        let ask = n.kind.ask();
+        let secret = protector::ask_new(ask, n.name, ui)?;
+        if ask.touch {
+            ui.touch(n.name, None);
         }
-        let (rec, key) = keystore::new_password_protector(n.name, n.uid, &password, params)?;
+        let mut config = self.config.clone();
+        let (rec, key) = protector::create(n.name, n.uid, &n.kind, &mut config, secret.as_ref())?;
+        if config != self.config {
+            config.save(&self.config_path)?;
+            self.config = config;
+        }
         let _guard = self.keystore.lock()?;
         self.keystore.save_protector(&rec)?;
         Ok((rec, key))
     }
 
-    /// Asks for a protector's secret and unwraps its key; a wrong secret changes nothing.
+    /// Asks what `rec`'s kind needs and unwraps its key; a wrong secret changes nothing.
     pub fn unlock_protector(&self, rec: &ProtectorRecord, ui: &mut dyn Ui) -> Result<ProtectorKey, OpsError> {
-        match rec.kind {
-            ProtectorKind::Password { .. } => {
-                let pw = ui.secret(&SecretPrompt::Password { name: &rec.name, id: &rec.id })?;
-                Ok(keystore::unlock_protector(rec, &pw)?)
-            }
-        }
+        Ok(protector::unlock_with(rec, &self.config, ui)?)
     }
 
-    /// An existing protector unlocked with its secret, or a new password protector.
+    /// An existing protector unlocked with its secret, or a new one.
     pub fn resolve_protector(
         &mut self,
         choice: ProtectorChoice<'_>,
@@ -244,7 +235,7 @@ impl Dirseal {
                 let key = self.unlock_protector(&rec, ui)?;
                 Ok((rec, key))
             }
-            ProtectorChoice::New(n) => self.create_password_protector(&n, ui),
+            ProtectorChoice::New(n) => self.create_protector(&n, ui),
         }
     }
 
@@ -283,14 +274,36 @@ impl Dirseal {
         (ok, problems)
     }
 
-    /// The protectors a login should try, in order: kinds that need no typing first (TPM without
-    /// PIN, FIDO2 — later), then the user's own password protectors, then other password
-    /// protectors. Recovery protectors are never offered at login.
+    /// The protectors a login tries, in the one login order ([`protector::login_order`]).
     pub fn login_protectors(&self, policy: &PolicyRecord, uid: u32) -> Vec<ProtectorRecord> {
         let (mut list, _) = self.protectors_of(policy);
-        list.retain(|r| matches!(r.kind, ProtectorKind::Password { .. }));
-        list.sort_by_key(|r| (r.uid != Some(uid), r.name.clone()));
+        protector::login_order(&mut list, uid);
         list
+    }
+
+    /// A login: tries `policy`'s [`Dirseal::login_protectors`] in order and returns the first that
+    /// opens it, with the master key. The Ui is asked only for what each protector needs, so
+    /// the ones needing no typing go first; a login Ui answers every password prompt with the one
+    /// login password. A protector that fails for another reason than a wrong secret is reported in
+    /// `problems` and the next one is tried; a Ui error (cancelled, conversation failed) ends it.
+    pub fn login(&self, policy: &PolicyRecord, uid: u32, ui: &mut dyn Ui) -> Result<Login, OpsError> {
+        let mut problems = Vec::new();
+        for rec in self.login_protectors(policy, uid) {
+            let pkey = match protector::unlock_with(&rec, &self.config, ui) {
+                Ok(k) => k,
+                Err(UnlockError::Ui(e)) => return Err(e.into()),
+                Err(UnlockError::Protector(ProtectorError::IncorrectSecret { .. })) => continue,
+                Err(UnlockError::Protector(e)) => {
+                    problems.push((rec.id, e.into()));
+                    continue;
+                }
+            };
+            match self.master_key(policy, &rec.id, &pkey) {
+                Ok(master) => return Ok(Login { opened: Some((rec, master)), problems }),
+                Err(e) => problems.push((rec.id, e)),
+            }
+        }
+        Ok(Login { opened: None, problems })
     }
 
     /// Unwraps a policy's master key with an unlocked protector and checks it really is the key of
@@ -309,17 +322,6 @@ impl Dirseal {
         Ok(master)
     }
 
-    /// Master key via a password, as the PAM module needs it (no Ui).
-    pub fn master_key_with_password(
-        &self,
-        policy: &PolicyRecord,
-        protector: &ProtectorRecord,
-        password: &Passphrase,
-    ) -> Result<MasterKey, OpsError> {
-        let pkey = keystore::unlock_protector(protector, password)?;
-        self.master_key(policy, &protector.id, &pkey)
-    }
-
     fn pick<'p>(
         &self,
         policy: &PolicyRecord,
@@ -329,9 +331,8 @@ impl Dirseal {
     ) -> Result<&'p ProtectorRecord, OpsError> {
         // A protector whose file cannot be used is reported as such, not as "no protector".
         let unusable = || OpsError::Unusable { what: what.to_string(), problems: problems.join("; ") };
-        let names = || {
-            list.iter().map(|r| format!("{} ({}, {})", r.id, r.name, kind_name(&r.kind))).collect::<Vec<_>>().join(", ")
-        };
+        let names =
+            || list.iter().map(|r| format!("{} ({}, {})", r.id, r.name, r.kind.name())).collect::<Vec<_>>().join(", ");
         if let Some(id) = pick.protector {
             return list.iter().find(|r| r.id == id).ok_or_else(|| {
                 if policy.wrapped.contains_key(&id) {
@@ -344,12 +345,10 @@ impl Dirseal {
                 }
             });
         }
-        let usable: Vec<&ProtectorRecord> =
-            list.iter().filter(|r| matches!(r.kind, ProtectorKind::Password { .. })).collect();
-        match usable.as_slice() {
+        match list {
             [one] => Ok(one),
             [] if !problems.is_empty() => Err(unusable()),
-            [] => Err(OpsError::NoProtector { what: what.to_string(), kind: "password" }),
+            [] => Err(OpsError::NoProtector { what: what.to_string() }),
             _ => Err(OpsError::AmbiguousProtector { what: what.to_string(), list: names() }),
         }
     }
@@ -529,36 +528,38 @@ impl Dirseal {
         Ok(rec)
     }
 
-    /// Rewraps a password protector's key under a new password. Policies are untouched: they wrap
-    /// master keys with the protector key, which does not change.
-    pub fn change_password(&self, pid: &ProtectorId, ui: &mut dyn Ui) -> Result<ProtectorRecord, OpsError> {
+    /// Gives a protector a new secret (password, PIN): asks the current one, then the new one.
+    /// Policies are untouched: they wrap master keys with the protector key, which does not change.
+    pub fn change_secret(&self, pid: &ProtectorId, ui: &mut dyn Ui) -> Result<ProtectorRecord, OpsError> {
         let rec = self.keystore.protector(pid)?;
-        let ProtectorKind::Password { kdf, .. } = rec.kind;
+        if rec.kind.ask().secret.is_none() {
+            return Err(ProtectorError::NoSecret { name: rec.name, id: rec.id, kind: rec.kind.name() }.into());
+        }
         let pkey = self.unlock_protector(&rec, ui)?;
-        let new = ui.secret(&SecretPrompt::NewPassword { name: &rec.name })?;
-        self.change_password_with(pid, &pkey, &new, kdf)
+        let new = protector::ask_new(rec.kind.ask(), &rec.name, ui)?;
+        self.change_secret_with(pid, &pkey, new.as_ref())
     }
 
-    /// The PAM path: old password already verified into `pkey`.
-    pub fn change_password_with(
+    /// The PAM path: the old secret was already verified into `pkey`. The kind keeps its cost
+    /// (protector::password: the protector's own Argon2id cost).
+    pub fn change_secret_with(
         &self,
         pid: &ProtectorId,
         pkey: &ProtectorKey,
-        new: &Passphrase,
-        kdf: Argon2Params,
+        new: Option<&Passphrase>,
     ) -> Result<ProtectorRecord, OpsError> {
-        if new.is_empty() {
+        if new.is_some_and(Passphrase::is_empty) {
             return Err(UiError::Empty.into());
         }
         let _guard = self.keystore.lock()?;
         let rec = self.keystore.protector(pid)?;
-        let updated = keystore::rewrap_password(&rec, pkey, new, kdf)?;
+        let updated = protector::change_secret(&rec, pkey, &self.config, new)?;
         self.keystore.save_protector(&updated)?;
         Ok(updated)
     }
 
-    /// The password protector of `dir` that `pick` names, or the only one.
-    pub fn password_protector_of_dir(&self, dir: &Path, pick: Pick) -> Result<ProtectorRecord, OpsError> {
+    /// The protector of `dir` that `pick` names, or the only one.
+    pub fn protector_of_dir(&self, dir: &Path, pick: Pick) -> Result<ProtectorRecord, OpsError> {
         let policy = self.policy_of(dir)?;
         let (list, problems) = self.protectors_of(&policy);
         let what = dir.display().to_string();
@@ -597,6 +598,51 @@ impl Dirseal {
         let hint = rec.path_hint.as_ref()?;
         let mp = fscrypt::mount_point(hint).ok()?;
         fscrypt::key_status(&mp, &rec.id).ok().map(key_word)
+    }
+}
+
+/// Recovery keys (crate::recovery) reach the keystore only through here, so `recovery` needs
+/// nothing of `ops`.
+impl Dirseal {
+    /// Unlocks `dir` with its recovery key; works without any keystore entry.
+    pub fn unlock_with_recovery(&self, dir: &Path, ui: &mut dyn Ui) -> Result<(), OpsError> {
+        let key = recovery::ask_key(dir, ui)?;
+        let (_, master) = recovery::master_key(dir, &key)?;
+        self.add_key(dir, &master)?;
+        ui.notice(&format!("unlocked {} with its recovery key", dir.display()));
+        Ok(())
+    }
+
+    /// Unlocks `dir` with its recovery key and enrols `choice` (e.g. a new password) in its
+    /// policy, creating the policy record if the keystore lost it.
+    pub fn restore_with_recovery(
+        &mut self,
+        dir: &Path,
+        choice: ProtectorChoice<'_>,
+        ui: &mut dyn Ui,
+    ) -> Result<(PolicyRecord, ProtectorRecord), OpsError> {
+        let key = recovery::ask_key(dir, ui)?;
+        let (id, master) = recovery::master_key(dir, &key)?;
+        let (prec, pkey) = self.resolve_protector(choice, ui)?;
+        let _guard = self.keystore().lock()?;
+        let mut policy = match self.keystore().policy(&id) {
+            Ok(p) => p,
+            // A missing or unreadable record is rebuilt: the recovery key proved ownership.
+            Err(KeystoreError::NotFound { .. } | KeystoreError::Corrupt { .. }) => {
+                PolicyRecord::new(id, Some(dir.to_path_buf()))
+            }
+            Err(e) => return Err(e.into()),
+        };
+        policy.add_protector(&prec.id, &pkey, &master);
+        self.keystore().save_policy(&policy)?;
+        self.add_key(dir, &master)?;
+        ui.notice(&format!(
+            "restored {}: unlocked, and protector {} ({}) now opens it",
+            dir.display(),
+            prec.id,
+            prec.name
+        ));
+        Ok((policy, prec))
     }
 }
 

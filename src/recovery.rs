@@ -8,10 +8,8 @@ use dirseal_recovery::{BlobError, ParseError, RecoveryKey, Sealed};
 
 use crate::fscrypt::{self, FscryptError};
 use crate::ids::KeyIdentifier;
-use crate::keystore::{KeystoreError, PolicyRecord, ProtectorRecord};
-use crate::ops::{Dirseal, OpsError, ProtectorChoice};
 use crate::secret::{MasterKey, Passphrase};
-use crate::ui::{SecretPrompt, Ui};
+use crate::ui::{SecretPrompt, Ui, UiError};
 
 pub const XATTR: &str = "trusted.dirseal.recovery";
 /// The largest well-formed blob: anything longer is refused before parsing.
@@ -41,6 +39,8 @@ pub enum RecoveryError {
     Xattr { path: PathBuf, op: &'static str, source: std::io::Error },
     #[error(transparent)]
     Fscrypt(#[from] FscryptError),
+    #[error(transparent)]
+    Ui(#[from] UiError),
 }
 
 fn open_dir(dir: &Path) -> Result<OwnedFd, RecoveryError> {
@@ -127,50 +127,7 @@ pub fn master_key(dir: &Path, key: &RecoveryKey) -> Result<(KeyIdentifier, Maste
 }
 
 /// Asks the Ui for the recovery key of `dir` and parses it.
-pub fn ask_key(dir: &Path, ui: &mut dyn Ui) -> Result<RecoveryKey, OpsError> {
+pub fn ask_key(dir: &Path, ui: &mut dyn Ui) -> Result<RecoveryKey, RecoveryError> {
     let typed = ui.secret(&SecretPrompt::RecoveryKey { dir })?;
-    Ok(parse_key(&typed)?)
-}
-
-impl Dirseal {
-    /// Unlocks `dir` with its recovery key; works without any keystore entry.
-    pub fn unlock_with_recovery(&self, dir: &Path, ui: &mut dyn Ui) -> Result<(), OpsError> {
-        let key = ask_key(dir, ui)?;
-        let (_, master) = master_key(dir, &key)?;
-        self.add_key(dir, &master)?;
-        ui.notice(&format!("unlocked {} with its recovery key", dir.display()));
-        Ok(())
-    }
-
-    /// Unlocks `dir` with its recovery key and enrols `choice` (e.g. a new password) in its
-    /// policy, creating the policy record if the keystore lost it.
-    pub fn restore_with_recovery(
-        &mut self,
-        dir: &Path,
-        choice: ProtectorChoice<'_>,
-        ui: &mut dyn Ui,
-    ) -> Result<(PolicyRecord, ProtectorRecord), OpsError> {
-        let key = ask_key(dir, ui)?;
-        let (id, master) = master_key(dir, &key)?;
-        let (prec, pkey) = self.resolve_protector(choice, ui)?;
-        let _guard = self.keystore().lock()?;
-        let mut policy = match self.keystore().policy(&id) {
-            Ok(p) => p,
-            // A missing or unreadable record is rebuilt: the recovery key proved ownership.
-            Err(KeystoreError::NotFound { .. } | KeystoreError::Corrupt { .. }) => {
-                PolicyRecord::new(id, Some(dir.to_path_buf()))
-            }
-            Err(e) => return Err(e.into()),
-        };
-        policy.add_protector(&prec.id, &pkey, &master);
-        self.keystore().save_policy(&policy)?;
-        self.add_key(dir, &master)?;
-        ui.notice(&format!(
-            "restored {}: unlocked, and protector {} ({}) now opens it",
-            dir.display(),
-            prec.id,
-            prec.name
-        ));
-        Ok((policy, prec))
-    }
+    parse_key(&typed)
 }

@@ -10,6 +10,10 @@ pub enum SecretPrompt<'a> {
     Password { name: &'a str, id: &'a ProtectorId },
     /// A new password for a protector being created or changed; front ends should ask twice.
     NewPassword { name: &'a str },
+    /// The PIN of an existing protector (a TPM or a security key checks it).
+    Pin { name: &'a str, id: &'a ProtectorId },
+    /// A new PIN for a protector being created or changed; front ends should ask twice.
+    NewPin { name: &'a str },
     /// A recovery key, typed back from paper.
     RecoveryKey { dir: &'a std::path::Path },
 }
@@ -19,9 +23,9 @@ pub enum SecretPrompt<'a> {
 pub enum UiError {
     #[error("no secret was given (input closed); {hint}")]
     NoInput { hint: String },
-    #[error("the two new passwords differ; nothing was changed, run the command again")]
+    #[error("the two new secrets differ; nothing was changed, run the command again")]
     Mismatch,
-    #[error("an empty password is not allowed; nothing was changed")]
+    #[error("an empty password or PIN is not allowed; nothing was changed")]
     Empty,
     #[error("cancelled; nothing was changed")]
     Cancelled,
@@ -41,6 +45,11 @@ pub struct Progress {
 
 pub trait Ui {
     fn secret(&mut self, prompt: &SecretPrompt<'_>) -> Result<Passphrase, UiError>;
+    /// A protector waits for a touch of its device (a FIDO2 key) now; `id` is absent while one is
+    /// being created. Front ends say so; the device itself waits.
+    fn touch(&mut self, name: &str, _id: Option<&ProtectorId>) {
+        self.notice(&format!("touch the security key of protector {name}"));
+    }
     /// A human-readable status line (e.g. "unlocked /home/alice"). Front ends may drop it.
     fn notice(&mut self, _msg: &str) {}
 }

@@ -32,6 +32,7 @@ pub const PAM_OLDAUTHTOK: c_int = 7;
 
 const PAM_PROMPT_ECHO_OFF: c_int = 1;
 const PAM_ERROR_MSG: c_int = 3;
+const PAM_TEXT_INFO: c_int = 4;
 
 pub const LOG_ERR: c_int = 3;
 pub const LOG_WARNING: c_int = 4;
@@ -214,6 +215,10 @@ impl Pam {
 
     pub fn error_msg(&self, text: &str) {
         let _ = self.converse(PAM_ERROR_MSG, text);
+    }
+
+    pub fn info_msg(&self, text: &str) {
+        let _ = self.converse(PAM_TEXT_INFO, text);
     }
 
     /// Keeps `key` for the session entry points; libpam zeroizes and frees it via the cleanup.

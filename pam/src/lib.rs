@@ -17,9 +17,11 @@ use std::path::{Path, PathBuf};
 
 use dirseal::config::DEFAULT_CONFIG_PATH;
 use dirseal::fscrypt::{self, KeyStatus};
-use dirseal::keystore::{self, KeystoreError, PolicyRecord, ProtectorKind, ProtectorRecord};
+use dirseal::keystore::PolicyRecord;
 use dirseal::ops::{Dirseal, OpsError};
+use dirseal::protector::{self, ProtectorError, ProtectorRecord, Secret};
 use dirseal::secret::Passphrase;
+use dirseal::ui::{SecretPrompt, Ui, UiError};
 
 use ffi::*;
 
@@ -175,44 +177,34 @@ pub(crate) fn authenticate(pam: &Pam, args: &Args, flags: c_int) -> c_int {
             return PAM_AUTHINFO_UNAVAIL;
         }
     };
-    // The order is ops::login_protectors': kinds that need no typing (TPM without PIN, FIDO2
-    // touch) will come first and be tried here before anything is asked; then the password
-    // protectors, all tried with the one typed secret. Today every login protector is a password
-    // protector.
-    let protectors = ds.login_protectors(&policy, acct.uid);
-    if protectors.is_empty() {
-        pam.log(
-            LOG_NOTICE,
-            &format!("{} has no password protector usable at login; stepping aside", acct.home.display()),
-        );
+    // The library's login order: protectors that need no typing are tried before anything is
+    // asked; every password protector then gets the one login password.
+    if ds.login_protectors(&policy, acct.uid).is_empty() {
+        pam.log(LOG_NOTICE, &format!("{} has no protector usable at login; stepping aside", acct.home.display()));
         return PAM_USER_UNKNOWN;
     }
-    let password = match pam.authtok(PAM_AUTHTOK) {
-        Some(pw) => pw,
-        None => match pam.prompt_secret("Password: ") {
-            Ok(pw) => {
-                // Later modules (pam_unix with use_first_pass, keyrings) reuse it.
-                pam.set_authtok(PAM_AUTHTOK, &pw);
-                pw
+    let mut ui = LoginUi { pam, flags, password: None, failed: None };
+    let login = match ds.login(&policy, acct.uid, &mut ui) {
+        Ok(l) => l,
+        Err(e) => {
+            if ui.failed.is_none() {
+                pam.log(LOG_ERR, &format!("{}: {e}", acct.name));
             }
-            Err(code) => return code,
-        },
-    };
-    for rec in &protectors {
-        match ds.master_key_with_password(&policy, rec, &password) {
-            Ok(master) => {
-                if !pam.set_master(MASTER_DATA, master) {
-                    pam.log(LOG_ERR, "cannot keep the key for the session (pam_set_data failed)");
-                    return PAM_SYSTEM_ERR;
-                }
-                if args.debug {
-                    pam.log(LOG_DEBUG, &format!("{}: protector {} ({}) accepted", acct.name, rec.id, rec.name));
-                }
-                return PAM_SUCCESS;
-            }
-            Err(OpsError::Keystore(KeystoreError::IncorrectSecret { .. })) => {}
-            Err(e) => pam.log(LOG_WARNING, &format!("{}: protector {}: {e}", acct.name, rec.id)),
+            return ui.failed.unwrap_or(PAM_AUTH_ERR);
         }
+    };
+    for (id, e) in &login.problems {
+        pam.log(LOG_WARNING, &format!("{}: protector {id}: {e}", acct.name));
+    }
+    if let Some((rec, master)) = login.opened {
+        if !pam.set_master(MASTER_DATA, master) {
+            pam.log(LOG_ERR, "cannot keep the key for the session (pam_set_data failed)");
+            return PAM_SYSTEM_ERR;
+        }
+        if args.debug {
+            pam.log(LOG_DEBUG, &format!("{}: protector {} ({}) accepted", acct.name, rec.id, rec.name));
+        }
+        return PAM_SUCCESS;
     }
     pam.log(
         LOG_NOTICE,
@@ -223,6 +215,59 @@ pub(crate) fn authenticate(pam: &Pam, args: &Args, flags: c_int) -> c_int {
         ),
     );
     PAM_AUTH_ERR
+}
+
+/// The login's [`Ui`]: every password prompt is answered with the one login password (the
+/// stack's PAM_AUTHTOK, else asked once and left there for later modules); a PIN is asked
+/// through the conversation; a touch is announced. Nothing else is asked at login.
+struct LoginUi<'a> {
+    pam: &'a Pam,
+    flags: c_int,
+    password: Option<Passphrase>,
+    /// The PAM code of a failed conversation, which becomes the entry point's answer.
+    failed: Option<c_int>,
+}
+
+impl LoginUi<'_> {
+    fn prompt(&mut self, text: &str) -> Result<Passphrase, UiError> {
+        self.pam.prompt_secret(text).map_err(|code| {
+            self.failed = Some(code);
+            UiError::Cancelled
+        })
+    }
+}
+
+impl Ui for LoginUi<'_> {
+    fn secret(&mut self, prompt: &SecretPrompt<'_>) -> Result<Passphrase, UiError> {
+        match prompt {
+            SecretPrompt::Password { .. } => {
+                if let Some(pw) = &self.password {
+                    return Ok(pw.duplicate());
+                }
+                let pw = match self.pam.authtok(PAM_AUTHTOK) {
+                    Some(pw) => pw,
+                    None => {
+                        let pw = self.prompt("Password: ")?;
+                        // Later modules (pam_unix with use_first_pass, keyrings) reuse it.
+                        self.pam.set_authtok(PAM_AUTHTOK, &pw);
+                        pw
+                    }
+                };
+                self.password = Some(pw.duplicate());
+                Ok(pw)
+            }
+            SecretPrompt::Pin { name, .. } => self.prompt(&format!("PIN for {name}: ")),
+            SecretPrompt::NewPassword { .. } | SecretPrompt::NewPin { .. } | SecretPrompt::RecoveryKey { .. } => {
+                Err(UiError::Cancelled)
+            }
+        }
+    }
+
+    fn touch(&mut self, name: &str, _id: Option<&dirseal::ids::ProtectorId>) {
+        if self.flags & PAM_SILENT == 0 {
+            self.pam.info_msg(&format!("Touch your security key ({name})."));
+        }
+    }
 }
 
 /// A login while the home is being converted: `refused` unless the config allows it, then
@@ -364,7 +409,7 @@ pub(crate) fn close_session(pam: &Pam, args: &Args, _flags: c_int) -> c_int {
 fn own_protector(ds: &Dirseal, policy: &PolicyRecord, uid: u32) -> Option<ProtectorRecord> {
     ds.login_protectors(policy, uid)
         .into_iter()
-        .find(|r| r.uid == Some(uid) && matches!(r.kind, ProtectorKind::Password { .. }))
+        .find(|r| r.uid == Some(uid) && r.kind.ask().secret == Some(Secret::Password))
 }
 
 /// `passwd` runs this twice: PAM_PRELIM_CHECK (may the change happen?) then PAM_UPDATE_AUTHTOK.
@@ -436,9 +481,9 @@ pub(crate) fn chauthtok(pam: &Pam, args: &Args, flags: c_int) -> c_int {
             Err(code) => return code,
         },
     };
-    let pkey = match keystore::unlock_protector(&rec, &old) {
+    let pkey = match protector::unlock(&rec, ds.config(), Some(&old)) {
         Ok(k) => k,
-        Err(KeystoreError::IncorrectSecret { .. }) => {
+        Err(ProtectorError::IncorrectSecret { .. }) => {
             tell(
                 pam,
                 flags,
@@ -467,10 +512,8 @@ pub(crate) fn chauthtok(pam: &Pam, args: &Args, flags: c_int) -> c_int {
             Err(code) => return code,
         },
     };
-    let ProtectorKind::Password { kdf, .. } = rec.kind;
-    // The machine's current cost if configured (a change is a chance to catch up), else the old.
-    let kdf = ds.config().argon2.unwrap_or(kdf);
-    match ds.change_password_with(&rec.id, &pkey, &new, kdf) {
+    // The protector keeps its Argon2id cost, as with `dirseal change-password`.
+    match ds.change_secret_with(&rec.id, &pkey, Some(&new)) {
         Ok(_) => {
             pam.log(LOG_NOTICE, &format!("password protector {} of {} follows the new password", rec.id, acct.name));
             PAM_SUCCESS

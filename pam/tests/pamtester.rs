@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 use dirseal::ops::{Dirseal, NewProtector, ProtectorChoice};
+use dirseal::protector::{KindOptions, NewKind};
 use dirseal::secret::Passphrase;
 use dirseal::ui::{SecretPrompt, Ui, UiError};
 use dirseal_testfs::TestFs;
@@ -148,7 +149,8 @@ impl Setup {
     fn managed_user(&self, password: &'static str) -> User {
         let u = User::new(self.fs.path());
         let mut ds = self.ds();
-        let n = NewProtector { name: &u.name, uid: Some(u.uid), kdf_time_ms: None, kdf_memory_mib: None };
+        let kind = NewKind::named("password", &KindOptions::default()).unwrap();
+        let n = NewProtector { name: &u.name, uid: Some(u.uid), kind };
         ds.encrypt(&u.home, ProtectorChoice::New(n), &mut Answers(vec![password])).unwrap();
         fs::write(u.home.join("diary.txt"), b"dear diary").unwrap();
         assert!(ds.lock(&u.home, false).unwrap().locked);
@@ -489,7 +491,7 @@ fn a_keystore_entry_for_another_key_is_refused() {
     let policy = ds.policy_of(&a.home).unwrap();
     let pid = *policy.wrapped.keys().next().unwrap();
     let prec = ds.keystore().protector(&pid).unwrap();
-    let pkey = dirseal::keystore::unlock_protector(&prec, &Passphrase::from_str_copy("pw-a")).unwrap();
+    let pkey = dirseal::protector::unlock(&prec, ds.config(), Some(&Passphrase::from_str_copy("pw-a"))).unwrap();
     // Forge: the same policy id and protector, but wrapping a different master key. Every
     // cryptographic check of the file passes; only the key-identifier check can catch it.
     let mut forged = dirseal::keystore::PolicyRecord::new(policy.id, None);

@@ -247,7 +247,7 @@ pub fn run(ds: &mut Dirseal, args: ConvertArgs, ui: &mut TermUi) -> Result<i32> 
             recovery_key = Some(key);
         }
         let user = args.protector.user_or_owner(&abs)?;
-        let chosen = ds.resolve_protector(args.protector.choice(&user), ui)?;
+        let chosen = ds.resolve_protector(args.protector.choice(&user)?, ui)?;
         migrate::convert(&req, &host!(Some(chosen)))
     };
     reporter.finish();

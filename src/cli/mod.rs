@@ -6,13 +6,14 @@ mod term;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
+use clap::{Args, CommandFactory, Parser, Subcommand};
 use serde::Serialize;
 
 use dirseal::config::DEFAULT_CONFIG_PATH;
 use dirseal::ids::{KeyIdentifier, ProtectorId};
 use dirseal::keystore::{PolicyRecord, ProtectorRecord};
 use dirseal::ops::{self, Dirseal, LockReport, NewProtector, Pick, ProtectorChoice, ProtectorSummary};
+use dirseal::protector::{self, KindOptions, NewKind};
 
 pub use term::clean;
 use term::TermUi;
@@ -72,7 +73,7 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
-    /// Change the password of a directory's password protector
+    /// Change the password (or PIN) of a directory's protector
     ChangePassword {
         dir: PathBuf,
         #[arg(long, value_name = "ID")]
@@ -99,10 +100,13 @@ enum ProtectorCmd {
         #[arg(long)]
         json: bool,
     },
-    /// Create a password protector (not yet attached to any policy)
+    /// Create a protector (not yet attached to any policy)
     Create {
         #[arg(long)]
         name: String,
+        /// Kind of protector
+        #[arg(long = "type", default_value = "password", value_parser = clap::builder::PossibleValuesParser::new(protector::KIND_NAMES))]
+        protector_type: String,
         /// The user whose password this is
         #[arg(long)]
         user: Option<String>,
@@ -113,7 +117,7 @@ enum ProtectorCmd {
     Remove { id: ProtectorId },
     /// Check a protector's secret without changing anything
     Verify { id: ProtectorId },
-    /// Change a password protector's password (no data is re-encrypted)
+    /// Change a protector's password or PIN (no data is re-encrypted)
     ChangePassword { id: ProtectorId },
 }
 
@@ -153,12 +157,6 @@ struct PolicyTarget {
     policy: Option<KeyIdentifier>,
 }
 
-#[derive(Clone, Copy, ValueEnum, Default)]
-enum ProtectorType {
-    #[default]
-    Password,
-}
-
 #[derive(Args, Default)]
 pub struct KdfArgs {
     /// Argon2id time for this protector, in ms of CPU (default: the calibrated machine cost)
@@ -175,8 +173,8 @@ pub struct ProtectorArgs {
     #[arg(long, value_name = "ID", conflicts_with_all = ["protector_name"])]
     protector: Option<ProtectorId>,
     /// Kind of new protector to create
-    #[arg(long, value_enum, default_value_t)]
-    protector_type: ProtectorType,
+    #[arg(long, default_value = "password", value_parser = clap::builder::PossibleValuesParser::new(protector::KIND_NAMES))]
+    protector_type: String,
     /// Name of the new protector [default: the user's name, else "password"]
     #[arg(long, value_name = "NAME")]
     protector_name: Option<String>,
@@ -185,6 +183,13 @@ pub struct ProtectorArgs {
     user: Option<String>,
     #[command(flatten)]
     kdf: KdfArgs,
+}
+
+impl KdfArgs {
+    fn kind(&self, name: &str) -> Result<NewKind> {
+        let opts = KindOptions { kdf_time_ms: self.kdf_time_ms, kdf_memory_mib: self.kdf_memory_mib };
+        Ok(NewKind::named(name, &opts)?)
+    }
 }
 
 /// A resolved `--user`.
@@ -222,18 +227,13 @@ impl ProtectorArgs {
             .map(|u| User { uid: u.uid.as_raw(), name: u.name }))
     }
 
-    fn choice<'a>(&'a self, user: &'a Option<User>) -> ProtectorChoice<'a> {
+    fn choice<'a>(&'a self, user: &'a Option<User>) -> Result<ProtectorChoice<'a>> {
         if let Some(id) = self.protector {
-            return ProtectorChoice::Existing(id);
+            return Ok(ProtectorChoice::Existing(id));
         }
-        let ProtectorType::Password = self.protector_type;
-        let name = self.protector_name.as_deref().or(user.as_ref().map(|u| u.name.as_str())).unwrap_or("password");
-        ProtectorChoice::New(NewProtector {
-            name,
-            uid: user.as_ref().map(|u| u.uid),
-            kdf_time_ms: self.kdf.kdf_time_ms,
-            kdf_memory_mib: self.kdf.kdf_memory_mib,
-        })
+        let kind = self.kdf.kind(&self.protector_type)?;
+        let name = self.protector_name.as_deref().or(user.as_ref().map(|u| u.name.as_str())).unwrap_or(kind.name());
+        Ok(ProtectorChoice::New(NewProtector { name, uid: user.as_ref().map(|u| u.uid), kind }))
     }
 }
 
@@ -285,7 +285,7 @@ fn run(cli: Cli) -> Result<i32> {
             let user = protector.user_or_owner(&dir)?;
             // Ask before anything is encrypted; the key is shown once the master key exists.
             let want_recovery = offer.wanted();
-            let (policy, master) = ds.encrypt(&dir, protector.choice(&user), &mut ui)?;
+            let (policy, master) = ds.encrypt(&dir, protector.choice(&user)?, &mut ui)?;
             if want_recovery {
                 recovery::create(&dir, &policy.id, &master)?;
             }
@@ -295,8 +295,8 @@ fn run(cli: Cli) -> Result<i32> {
         Cmd::Unlock { dir, protector, recovery: false } => ds.unlock(&dir, Pick { protector }, &mut ui)?,
         Cmd::Lock { dir, all_users, json } => return lock(&ds, &dir, all_users, json),
         Cmd::ChangePassword { dir, protector } => {
-            let rec = ds.password_protector_of_dir(&dir, Pick { protector })?;
-            let rec = ds.change_password(&rec.id, &mut ui)?;
+            let rec = ds.protector_of_dir(&dir, Pick { protector })?;
+            let rec = ds.change_secret(&rec.id, &mut ui)?;
             println!("changed the password of protector {} ({})", clean(&rec.name), rec.id);
         }
         Cmd::Protector(cmd) => protector(&mut ds, cmd, &mut ui)?,
@@ -519,10 +519,10 @@ fn protector(ds: &mut Dirseal, cmd: ProtectorCmd, ui: &mut TermUi) -> Result<()>
             print_protectors(&o);
             print_problems(&o);
         }
-        ProtectorCmd::Create { name, user, kdf } => {
+        ProtectorCmd::Create { name, protector_type, user, kdf } => {
             let uid = user.as_deref().map(ops::lookup_user).transpose()?.map(|(uid, _)| uid);
-            let n = NewProtector { name: &name, uid, kdf_time_ms: kdf.kdf_time_ms, kdf_memory_mib: kdf.kdf_memory_mib };
-            let (rec, _) = ds.create_password_protector(&n, ui)?;
+            let n = NewProtector { name: &name, uid, kind: kdf.kind(&protector_type)? };
+            let (rec, _) = ds.create_protector(&n, ui)?;
             println!("created protector {} ({})", rec.id, clean(&rec.name));
         }
         ProtectorCmd::Remove { id } => {
@@ -534,7 +534,7 @@ fn protector(ds: &mut Dirseal, cmd: ProtectorCmd, ui: &mut TermUi) -> Result<()>
             println!("the secret of protector {} ({}) is correct", rec.id, clean(&rec.name));
         }
         ProtectorCmd::ChangePassword { id } => {
-            let rec = ds.change_password(&id, ui)?;
+            let rec = ds.change_secret(&id, ui)?;
             println!("changed the password of protector {} ({})", rec.id, clean(&rec.name));
         }
     }
@@ -567,7 +567,7 @@ fn policy(ds: &mut Dirseal, cmd: PolicyCmd, ui: &mut TermUi) -> Result<()> {
         PolicyCmd::AddProtector { target, with, new } => {
             let id = policy_id(ds, &target)?;
             let user = new.user()?;
-            let rec = ds.add_protector_to_policy(&id, Pick { protector: with }, new.choice(&user), ui)?;
+            let rec = ds.add_protector_to_policy(&id, Pick { protector: with }, new.choice(&user)?, ui)?;
             println!("protector {} ({}) now opens policy {id}", rec.id, clean(&rec.name));
         }
         PolicyCmd::RemoveProtector { target, protector } => {

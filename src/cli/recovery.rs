@@ -117,7 +117,7 @@ pub fn run(ds: &mut Dirseal, cmd: RecoveryCmd, ui: &mut TermUi) -> Result<()> {
         }
         RecoveryCmd::Restore { dir, protector } => {
             let user = protector.user()?;
-            ds.restore_with_recovery(&dir, protector.choice(&user), ui)?;
+            ds.restore_with_recovery(&dir, protector.choice(&user)?, ui)?;
         }
     }
     Ok(())

@@ -75,20 +75,28 @@ fn ask(prompt: &str) -> Result<Passphrase, UiError> {
         .ok_or_else(|| UiError::NoInput { hint: "type it on a terminal, or pipe one line per prompt on stdin".into() })
 }
 
+/// A new secret; asked twice only where a human types (scripts pipe one line per prompt).
+fn ask_new(prompt: &str, repeat: &str) -> Result<Passphrase, UiError> {
+    let first = ask(prompt)?;
+    if io::stdin().is_terminal() {
+        let again = ask(repeat)?;
+        if again != first {
+            return Err(UiError::Mismatch);
+        }
+    }
+    Ok(first)
+}
+
 impl Ui for TermUi {
     fn secret(&mut self, prompt: &SecretPrompt<'_>) -> Result<Passphrase, UiError> {
         match prompt {
             SecretPrompt::Password { name, id } => ask(&format!("Password for protector {} ({id}): ", clean(name))),
+            SecretPrompt::Pin { name, id } => ask(&format!("PIN for protector {} ({id}): ", clean(name))),
             SecretPrompt::NewPassword { name } => {
-                let first = ask(&format!("New password for protector {}: ", clean(name)))?;
-                // Confirm only where a human types; scripts pipe one line per prompt.
-                if io::stdin().is_terminal() {
-                    let again = ask("Repeat the new password: ")?;
-                    if again != first {
-                        return Err(UiError::Mismatch);
-                    }
-                }
-                Ok(first)
+                ask_new(&format!("New password for protector {}: ", clean(name)), "Repeat the new password: ")
+            }
+            SecretPrompt::NewPin { name } => {
+                ask_new(&format!("New PIN for protector {}: ", clean(name)), "Repeat the new PIN: ")
             }
             SecretPrompt::RecoveryKey { dir } => {
                 ask(&format!("Recovery key for {}: ", clean(&dir.display().to_string())))

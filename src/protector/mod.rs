@@ -1,0 +1,454 @@
+//! Protector kinds: what unwraps a protector key. Each kind lives in its own module and gives
+//! the same few things: how to create one, what to ask the person unlocking it ([`Ask`]), how to
+//! turn that answer into the key-encryption key of the protector key, how to change its secret,
+//! its on-disk form (a serde struct, tagged by `"type"`) and its part of the record's associated
+//! data. Everything common — the record, its file, the wrapping of the protector key, names, the
+//! login order — is here, written once.
+//!
+//! Adding a kind touches its own module, the two enums below ([`ProtectorKind`], [`NewKind`])
+//! and docs/formats.md; docs/architecture.md walks through it.
+//!
+//! Recovery keys are not a kind: they live with the directory (an xattr, see [`crate::recovery`]),
+//! open exactly one directory, survive the loss of the keystore, and are never offered at login.
+pub mod password;
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::Config;
+use crate::ids::ProtectorId;
+use crate::kdf::KdfError;
+use crate::keystore::FORMAT_VERSION;
+use crate::secret::{Passphrase, ProtectorKey, PROTECTOR_KEY_LEN};
+use crate::ui::{SecretPrompt, Ui, UiError};
+use crate::wrap::{self, Kek, Wrapped};
+
+const PROTECTOR_FORMAT: &str = "dirseal-protector";
+const MAX_NAME_CHARS: usize = 128;
+
+/// Every kind's parameters as stored in its record. The serde tag is the kind's name on disk.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "lowercase")]
+pub enum ProtectorKind {
+    /// Argon2id(password, salt) wraps the protector key.
+    Password(password::Password),
+}
+
+/// What a new protector of each kind is made from (front ends fill in the kind's options).
+#[derive(Clone, Debug)]
+pub enum NewKind {
+    Password(password::NewPassword),
+}
+
+/// Names of the kinds a front end can create, for `--protector-type` and service arguments.
+pub const KIND_NAMES: &[&str] = &["password"];
+
+/// A secret the person types.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Secret {
+    Password,
+    Pin,
+}
+
+/// What unlocking (or creating) a protector asks of the person: a typed secret, a touch of a
+/// device, both, or nothing at all (a TPM without PIN).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ask {
+    pub secret: Option<Secret>,
+    pub touch: bool,
+}
+
+impl Ask {
+    /// The login order's rank: nothing is typed before every protector that needs no typing
+    /// was tried — a FIDO2 touch first, then a TPM without PIN, then PINs and passwords.
+    fn login_rank(self) -> u8 {
+        match (self.secret, self.touch) {
+            (None, true) => 0,
+            (None, false) => 1,
+            (Some(_), _) => 2,
+        }
+    }
+
+    fn word(self) -> &'static str {
+        match self.secret {
+            Some(Secret::Password) => "password",
+            Some(Secret::Pin) => "PIN",
+            None => "device",
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProtectorError {
+    #[error("incorrect {what} for protector {name} ({id}); nothing was changed")]
+    IncorrectSecret { name: String, id: ProtectorId, what: &'static str },
+    #[error("invalid protector name {name:?}: {reason}")]
+    BadName { name: String, reason: &'static str },
+    #[error("protector {name} ({id}) is a {kind} protector: it has no secret to change")]
+    NoSecret { name: String, id: ProtectorId, kind: &'static str },
+    #[error("unknown protector kind {name:?}; known kinds: {}", KIND_NAMES.join(", "))]
+    UnknownKind { name: String },
+    /// A front end called a kind without the answer its [`Ask`] named: a bug, not a user error.
+    #[error("internal error: no {what} was supplied to the protector")]
+    NoAnswer { what: &'static str },
+    #[error(transparent)]
+    Kdf(#[from] KdfError),
+}
+
+/// A protector as kept in the keystore: a protector key wrapped by whatever its kind derives.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProtectorRecord {
+    pub id: ProtectorId,
+    pub name: String,
+    pub kind: ProtectorKind,
+    /// The user this protector belongs to (its login password), if any.
+    pub uid: Option<u32>,
+    pub wrapped_key: Wrapped,
+}
+
+impl ProtectorKind {
+    /// The kind's name, as on disk and in listings.
+    pub fn name(&self) -> &'static str {
+        match self {
+            ProtectorKind::Password(_) => "password",
+        }
+    }
+
+    /// What unlocking asks for.
+    pub fn ask(&self) -> Ask {
+        match self {
+            ProtectorKind::Password(_) => password::ASK,
+        }
+    }
+
+    fn aad_tail(&self) -> String {
+        match self {
+            ProtectorKind::Password(p) => p.aad(),
+        }
+    }
+
+    fn kek(&self, _config: &Config, secret: Option<&Passphrase>) -> Result<Kek, ProtectorError> {
+        match self {
+            ProtectorKind::Password(p) => p.kek(secret),
+        }
+    }
+
+    /// The same kind under a new secret; `None` for kinds without one.
+    fn rekey(
+        &self,
+        _config: &Config,
+        secret: Option<&Passphrase>,
+    ) -> Option<Result<(ProtectorKind, Kek), ProtectorError>> {
+        match self {
+            ProtectorKind::Password(p) => Some(p.rekey(secret).map(|(p, k)| (ProtectorKind::Password(p), k))),
+        }
+    }
+}
+
+/// Creation options as front ends collect them (flags, service arguments). Each kind takes the
+/// ones that mean something to it and refuses the others, so no option is silently dropped.
+#[derive(Clone, Debug, Default)]
+pub struct KindOptions {
+    /// Argon2id time in ms of CPU (password).
+    pub kdf_time_ms: Option<u64>,
+    /// Argon2id memory in MiB (password).
+    pub kdf_memory_mib: Option<u32>,
+}
+
+impl NewKind {
+    /// The kind named `name` (one of [`KIND_NAMES`]) with `opts`.
+    pub fn named(name: &str, opts: &KindOptions) -> Result<NewKind, ProtectorError> {
+        match name {
+            "password" => Ok(NewKind::Password(password::NewPassword {
+                kdf_time_ms: opts.kdf_time_ms,
+                kdf_memory_mib: opts.kdf_memory_mib,
+            })),
+            _ => Err(ProtectorError::UnknownKind { name: name.to_string() }),
+        }
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            NewKind::Password(_) => "password",
+        }
+    }
+
+    /// What creating one asks for (a secret here is a new one: front ends ask twice).
+    pub fn ask(&self) -> Ask {
+        match self {
+            NewKind::Password(_) => password::ASK,
+        }
+    }
+
+    /// May record machine-wide settings in `config` (the calibrated Argon2id cost); the caller
+    /// saves it when it changed.
+    fn create(&self, config: &mut Config, secret: Option<&Passphrase>) -> Result<(ProtectorKind, Kek), ProtectorError> {
+        match self {
+            NewKind::Password(n) => n.create(config, secret).map(|(p, k)| (ProtectorKind::Password(p), k)),
+        }
+    }
+}
+
+/// Binds the wrapped protector key to its record: id, format version and every parameter of
+/// the kind, so no field can be changed or the key moved to another record.
+fn aad(id: &ProtectorId, kind: &ProtectorKind) -> Vec<u8> {
+    format!("dirseal:{FORMAT_VERSION}:protector:{id}:{}", kind.aad_tail()).into_bytes()
+}
+
+pub fn check_name(name: &str) -> Result<(), ProtectorError> {
+    let bad = |reason| Err(ProtectorError::BadName { name: name.chars().take(MAX_NAME_CHARS).collect(), reason });
+    if name.trim().is_empty() {
+        return bad("it is empty");
+    }
+    if name.chars().count() > MAX_NAME_CHARS {
+        return bad("it is longer than 128 characters");
+    }
+    if name.chars().any(char::is_control) {
+        return bad("it contains control characters");
+    }
+    Ok(())
+}
+
+/// A new protector with a fresh random key and id. `secret` answers `new.ask()`.
+pub fn create(
+    name: &str,
+    uid: Option<u32>,
+    new: &NewKind,
+    config: &mut Config,
+    secret: Option<&Passphrase>,
+) -> Result<(ProtectorRecord, ProtectorKey), ProtectorError> {
+    check_name(name)?;
+    let id = ProtectorId::random();
+    let key = ProtectorKey::random();
+    let (kind, kek) = new.create(config, secret)?;
+    let wrapped_key = wrap::seal(&kek, &aad(&id, &kind), key.as_bytes());
+    Ok((ProtectorRecord { id, name: name.to_string(), kind, uid, wrapped_key }, key))
+}
+
+/// Unwraps a protector's key with the answer to `rec.kind.ask()`. A wrong answer changes nothing.
+pub fn unlock(
+    rec: &ProtectorRecord,
+    config: &Config,
+    secret: Option<&Passphrase>,
+) -> Result<ProtectorKey, ProtectorError> {
+    let kek = rec.kind.kek(config, secret)?;
+    match wrap::open(&kek, &aad(&rec.id, &rec.kind), &rec.wrapped_key, PROTECTOR_KEY_LEN) {
+        // Invariant: `open` checked the plaintext is PROTECTOR_KEY_LEN bytes.
+        Ok(bytes) => Ok(ProtectorKey::from_slice(&bytes).expect("length checked by wrap::open")),
+        Err(_) => {
+            Err(ProtectorError::IncorrectSecret { name: rec.name.clone(), id: rec.id, what: rec.kind.ask().word() })
+        }
+    }
+}
+
+/// The same protector (same id and key, so every policy it protects keeps working) under a new
+/// secret.
+pub fn change_secret(
+    rec: &ProtectorRecord,
+    key: &ProtectorKey,
+    config: &Config,
+    new_secret: Option<&Passphrase>,
+) -> Result<ProtectorRecord, ProtectorError> {
+    let no_secret = || ProtectorError::NoSecret { name: rec.name.clone(), id: rec.id, kind: rec.kind.name() };
+    let (kind, kek) = rec.kind.rekey(config, new_secret).ok_or_else(no_secret)??;
+    let wrapped_key = wrap::seal(&kek, &aad(&rec.id, &kind), key.as_bytes());
+    Ok(ProtectorRecord { kind, wrapped_key, ..rec.clone() })
+}
+
+/// Asks `ui` what unlocking `rec` needs, then unlocks it. A touch is announced just before the
+/// kind waits for it.
+pub fn unlock_with(rec: &ProtectorRecord, config: &Config, ui: &mut dyn Ui) -> Result<ProtectorKey, UnlockError> {
+    let ask = rec.kind.ask();
+    let secret = match ask.secret {
+        Some(Secret::Password) => Some(ui.secret(&SecretPrompt::Password { name: &rec.name, id: &rec.id })?),
+        Some(Secret::Pin) => Some(ui.secret(&SecretPrompt::Pin { name: &rec.name, id: &rec.id })?),
+        None => None,
+    };
+    if ask.touch {
+        ui.touch(&rec.name, Some(&rec.id));
+    }
+    Ok(unlock(rec, config, secret.as_ref())?)
+}
+
+/// Asks `ui` for the new secret `ask` names (none for kinds without one). Empty secrets are refused.
+pub fn ask_new(ask: Ask, name: &str, ui: &mut dyn Ui) -> Result<Option<Passphrase>, UiError> {
+    let secret = match ask.secret {
+        Some(Secret::Password) => ui.secret(&SecretPrompt::NewPassword { name })?,
+        Some(Secret::Pin) => ui.secret(&SecretPrompt::NewPin { name })?,
+        None => return Ok(None),
+    };
+    if secret.is_empty() {
+        return Err(UiError::Empty);
+    }
+    Ok(Some(secret))
+}
+
+/// Why a protector did not open through a Ui.
+#[derive(Debug, thiserror::Error)]
+pub enum UnlockError {
+    #[error(transparent)]
+    Ui(#[from] UiError),
+    #[error(transparent)]
+    Protector(#[from] ProtectorError),
+}
+
+/// The one login order, used by the PAM module and the service: kinds that need no typing first
+/// ([`Ask`]'s rank), then the user's own protectors before others, then by name.
+pub fn login_order(list: &mut [ProtectorRecord], uid: u32) {
+    list.sort_by(|a, b| {
+        let key = |r: &ProtectorRecord| (r.kind.ask().login_rank(), r.uid != Some(uid));
+        key(a).cmp(&key(b)).then_with(|| a.name.cmp(&b.name))
+    });
+}
+
+// ---- The record's file (docs/formats.md). Parsed strictly into the record above. ----
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ProtectorFile {
+    format: String,
+    version: u32,
+    id: ProtectorId,
+    name: String,
+    #[serde(default)]
+    uid: Option<u32>,
+    kind: ProtectorKind,
+    wrapped_key: Wrapped,
+}
+
+/// Parses a protector file named for `file_id`; the reason says what is wrong.
+pub(crate) fn parse(bytes: &[u8], file_id: &ProtectorId) -> Result<ProtectorRecord, String> {
+    let f: ProtectorFile = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+    crate::keystore::check_header(&f.format, f.version, PROTECTOR_FORMAT)?;
+    if f.id != *file_id {
+        return Err(format!("it holds protector {} but is named for {file_id}", f.id));
+    }
+    check_name(&f.name).map_err(|e| e.to_string())?;
+    if f.wrapped_key.ciphertext.len() != PROTECTOR_KEY_LEN + wrap::TAG_LEN {
+        return Err("the wrapped key has the wrong length".into());
+    }
+    Ok(ProtectorRecord { id: f.id, name: f.name, kind: f.kind, uid: f.uid, wrapped_key: f.wrapped_key })
+}
+
+pub(crate) fn to_json(r: &ProtectorRecord) -> Vec<u8> {
+    let f = ProtectorFile {
+        format: PROTECTOR_FORMAT.into(),
+        version: FORMAT_VERSION,
+        id: r.id,
+        name: r.name.clone(),
+        uid: r.uid,
+        kind: r.kind.clone(),
+        wrapped_key: r.wrapped_key.clone(),
+    };
+    // Invariant: these structs hold only strings, integers and maps with string keys.
+    serde_json::to_vec_pretty(&f).expect("serialising a protector cannot fail")
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::kdf::{self, Argon2Params};
+
+    const FAST: Argon2Params = Argon2Params { time_cost: 1, memory_kib: kdf::MIN_MEMORY_KIB, parallelism: 1 };
+
+    fn pw(s: &str) -> Passphrase {
+        Passphrase::from_str_copy(s)
+    }
+
+    fn fast_config() -> Config {
+        Config { argon2: Some(FAST), ..Config::default() }
+    }
+
+    pub(crate) fn new_password(name: &str, uid: Option<u32>, secret: &str) -> (ProtectorRecord, ProtectorKey) {
+        let new = NewKind::Password(password::NewPassword::default());
+        create(name, uid, &new, &mut fast_config(), Some(&pw(secret))).unwrap()
+    }
+
+    #[test]
+    fn unlock_and_wrong_secret() {
+        let (a, ka) = new_password("alice", None, "a");
+        assert!(unlock(&a, &fast_config(), Some(&pw("a"))).unwrap() == ka);
+        let Err(e) = unlock(&a, &fast_config(), Some(&pw("wrong"))) else { panic!("a wrong password unlocked") };
+        assert_eq!(e.to_string(), format!("incorrect password for protector alice ({}); nothing was changed", a.id));
+        assert!(matches!(unlock(&a, &fast_config(), None), Err(ProtectorError::NoAnswer { .. })));
+    }
+
+    #[test]
+    fn change_secret_keeps_the_key_and_the_cost() {
+        let (a, ka) = new_password("a", None, "old");
+        // The machine's cost changed since; a new password keeps the protector's own.
+        let later = Config { argon2: Some(Argon2Params { time_cost: 2, ..FAST }), ..Config::default() };
+        let a2 = change_secret(&a, &ka, &later, Some(&pw("new"))).unwrap();
+        assert_eq!(a2.id, a.id);
+        let (ProtectorKind::Password(p1), ProtectorKind::Password(p2)) = (&a.kind, &a2.kind);
+        assert_eq!(p1.kdf, p2.kdf);
+        assert_ne!(p1.salt, p2.salt);
+        assert!(unlock(&a2, &later, Some(&pw("old"))).is_err());
+        assert!(unlock(&a2, &later, Some(&pw("new"))).unwrap() == ka);
+    }
+
+    #[test]
+    fn tampering_is_detected() {
+        let (a, _) = new_password("a", None, "p");
+        // Raising the cost in the file (or lowering it) breaks the binding, not just the speed.
+        let mut t = a.clone();
+        t.kind =
+            ProtectorKind::Password(password::Password { salt: [0; 16], kdf: Argon2Params { time_cost: 2, ..FAST } });
+        assert!(unlock(&t, &fast_config(), Some(&pw("p"))).is_err());
+        // The wrapped key of one record does not open as another's.
+        let (mut b, _) = new_password("b", None, "p");
+        b.kind = a.kind.clone();
+        b.wrapped_key = a.wrapped_key.clone();
+        assert!(unlock(&b, &fast_config(), Some(&pw("p"))).is_err());
+    }
+
+    #[test]
+    fn names_are_checked() {
+        let new = NewKind::Password(password::NewPassword::default());
+        for bad in ["", " ", "a\nb", &"x".repeat(129)] {
+            assert!(matches!(
+                create(bad, None, &new, &mut fast_config(), Some(&pw("p"))),
+                Err(ProtectorError::BadName { .. })
+            ));
+        }
+    }
+
+    /// A password record written by the first dirseal still parses and opens: the format is kept.
+    #[test]
+    fn password_record_format_is_stable() {
+        let (a, ka) = new_password("alice", Some(1000), "pw");
+        let json: serde_json::Value = serde_json::from_slice(&to_json(&a)).unwrap();
+        let ProtectorKind::Password(p) = &a.kind;
+        assert_eq!(
+            json["kind"],
+            serde_json::json!({"type": "password", "salt": hex::encode(p.salt),
+                "argon2": {"time_cost": 1, "memory_kib": 1024, "parallelism": 1}})
+        );
+        assert_eq!(json["format"], "dirseal-protector");
+        let back = parse(&to_json(&a), &a.id).unwrap();
+        assert_eq!(back, a);
+        assert!(unlock(&back, &fast_config(), Some(&pw("pw"))).unwrap() == ka);
+        // Unknown fields inside the kind and unknown kinds are refused, not ignored.
+        let text = String::from_utf8(to_json(&a)).unwrap();
+        let extra = text.replace("\"type\": \"password\"", "\"type\": \"password\", \"x\": 1");
+        assert!(parse(extra.as_bytes(), &a.id).is_err());
+        let other = text.replace("\"type\": \"password\"", "\"type\": \"tpm9\"");
+        assert!(parse(other.as_bytes(), &a.id).is_err());
+        let weak = text.replace("\"time_cost\": 1", "\"time_cost\": 0");
+        assert!(parse(weak.as_bytes(), &a.id).unwrap_err().contains("Argon2id"));
+    }
+
+    #[test]
+    fn login_order_puts_no_typing_first_then_own() {
+        let (mut a, _) = new_password("z-own", Some(7), "p");
+        let (b, _) = new_password("a-other", Some(8), "p");
+        let (c, _) = new_password("m-own", Some(7), "p");
+        a.name = "z-own".into();
+        let mut list = vec![b.clone(), a.clone(), c.clone()];
+        login_order(&mut list, 7);
+        let names: Vec<&str> = list.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(names, ["m-own", "z-own", "a-other"]);
+        assert!(Ask { secret: None, touch: true }.login_rank() < Ask { secret: None, touch: false }.login_rank());
+        assert!(Ask { secret: None, touch: false }.login_rank() < password::ASK.login_rank());
+        assert_eq!(Ask { secret: Some(Secret::Pin), touch: true }.login_rank(), password::ASK.login_rank());
+    }
+}
