@@ -18,8 +18,9 @@ use rustix::fs::OFlags;
 use rustix::io::Errno;
 
 use crate::ctx::Ctx;
+use crate::fault::{self, Point};
 use crate::fsx::{self, Kind, Meta};
-use crate::{fault, remove, MigrateError};
+use crate::{remove, MigrateError};
 
 /// How often one file may be seen changing under the copy before the conversion gives up on it.
 const MAX_TRIES: usize = 5;
@@ -138,7 +139,7 @@ impl Copier<'_, '_> {
             }
         }
         fsx::apply_meta(stg.as_fd(), &m, &x).map_err(|e| ctx.dst_err(rel, e))?;
-        fault::point("copy-dir");
+        fault::point(Point::CopyDir);
         Ok(())
     }
 
@@ -340,7 +341,7 @@ impl Copier<'_, '_> {
                 // one syncfs before `Copied` is recorded, and verification compares content before
                 // the swap. Per-file fsync made conversion several times slower than `cp -a`.
                 fsx::link_fd(&tmp, stg_dir, name).map_err(derr)?;
-                fault::point("copy-file");
+                fault::point(Point::CopyFile);
                 // The staging inode number matters only to hard-link groups; skip the stat otherwise.
                 return Ok(if need_ino { fsx::stat_fd(&tmp).map_err(derr)?.ino } else { 0 });
             }
@@ -349,7 +350,7 @@ impl Copier<'_, '_> {
                 _ => None,
             };
             fsx::make_special(stg_dir, name, &before, target.as_deref()).map_err(derr)?;
-            fault::point("copy-special-made");
+            fault::point(Point::CopySpecialMade);
             let sfd = fsx::open_path(stg_dir, name).map_err(derr)?;
             let x = fsx::xattrs(fd.as_fd()).map_err(serr)?;
             fsx::apply_meta(sfd.as_fd(), &before, &x).map_err(derr)?;
@@ -358,7 +359,7 @@ impl Copier<'_, '_> {
                 fsx::unlink(stg_dir, name).map_err(derr)?;
                 continue;
             }
-            fault::point("copy-special");
+            fault::point(Point::CopySpecial);
             return Ok(if need_ino { fsx::stat_fd(&sfd).map_err(derr)?.ino } else { 0 });
         }
         Err(MigrateError::KeepsChanging { path: ctx.display(rel) })

@@ -1,17 +1,84 @@
-//! Named crash points for tests (feature `fault-injection` only). With the feature off these are
-//! empty inline functions and the environment is never read. The list of points is in
-//! docs/crash-safety.md.
+//! Named crash points for tests. With the feature `fault-injection` off, [`point`] is an empty
+//! inline function and the environment is never read. [`Point::ALL`] is the one list of points:
+//! the crash tests iterate it and a test checks it against docs/crash-safety.md.
 //!
 //! `DIRSEAL_FAULT=<point>` makes the process exit at the first time execution reaches `<point>`;
 //! `DIRSEAL_FAULT=<point>:<n>` at the n-th time (e.g. `copy-file:30`, after the 30th file copied
 //! by this run). Counting is per process and across threads, so a point reached by parallel
 //! workers dies at exactly the n-th arrival.
 
+macro_rules! points {
+    ($($(#[$doc:meta])* $variant:ident = $name:literal,)+) => {
+        /// A place where a test can make the engine die.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum Point {
+            $($(#[$doc])* $variant,)+
+        }
+
+        impl Point {
+            /// Every point, in the order a conversion (then abort, rollback, commit) reaches them.
+            pub const ALL: &'static [Point] = &[$(Point::$variant,)+];
+
+            /// The name `DIRSEAL_FAULT` and docs/crash-safety.md use.
+            pub fn name(self) -> &'static str {
+                match self {
+                    $(Point::$variant => $name,)+
+                }
+            }
+        }
+    };
+}
+
+points! {
+    AfterStagingCreated = "after-staging-created",
+    BeforeRecordPrepared = "before-record-prepared",
+    AfterPrepare = "after-prepare",
+    AfterRecordCopying = "after-record-copying",
+    /// After each regular file linked into staging.
+    CopyFile = "copy-file",
+    CopySpecialMade = "copy-special-made",
+    /// After each special file finished in staging.
+    CopySpecial = "copy-special",
+    /// After each directory's metadata set in staging.
+    CopyDir = "copy-dir",
+    BeforeRecordCopied = "before-record-copied",
+    AfterRecordCopied = "after-record-copied",
+    /// After each entry compared.
+    VerifyEntry = "verify-entry",
+    AfterVerify = "after-verify",
+    AfterRecordRecopy = "after-record-recopy",
+    AfterRecordVerified = "after-record-verified",
+    AfterSwap = "after-swap",
+    AfterRecordSwapped = "after-record-swapped",
+    AfterRecordDisposing = "after-record-disposing",
+    MidDispose = "mid-dispose",
+    /// After each entry of the old tree removed.
+    DisposeEntry = "dispose-entry",
+    BeforeTrim = "before-trim",
+    AfterRecordDone = "after-record-done",
+    AfterRecordAborted = "after-record-aborted",
+    /// After each staging entry removed by an abort.
+    AbortEntry = "abort-entry",
+    /// After each entry removed of what an aborted conversion left.
+    LeftoverEntry = "leftover-entry",
+    AfterRecordRollingBack = "after-record-rolling-back",
+    RollbackAfterSwap = "rollback-after-swap",
+    /// After each entry of the encrypted copy removed by a rollback.
+    RollbackEntry = "rollback-entry",
+    RollbackBeforeRecord = "rollback-before-record",
+}
+
+impl std::fmt::Display for Point {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// Exits the process with status 99 when `DIRSEAL_FAULT` names this point and this is the
 /// wanted arrival. No destructors, no journal flush: to the files on disk it looks like a crash at
 /// this instant (the engine never holds unwritten data in user space).
 #[cfg(feature = "fault-injection")]
-pub(crate) fn point(name: &str) {
+pub(crate) fn point(here: Point) {
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::OnceLock;
     static WANTED: OnceLock<Option<(String, u64)>> = OnceLock::new();
@@ -24,7 +91,7 @@ pub(crate) fn point(name: &str) {
         }
     });
     if let Some((p, n)) = wanted {
-        if p == name && SEEN.fetch_add(1, Ordering::SeqCst) + 1 == *n {
+        if p == here.name() && SEEN.fetch_add(1, Ordering::SeqCst) + 1 == *n {
             std::process::exit(99);
         }
     }
@@ -32,4 +99,25 @@ pub(crate) fn point(name: &str) {
 
 #[cfg(not(feature = "fault-injection"))]
 #[inline(always)]
-pub(crate) fn point(_: &str) {}
+pub(crate) fn point(_: Point) {}
+
+#[cfg(test)]
+mod tests {
+    use super::Point;
+
+    /// docs/crash-safety.md lists the points (each in backquotes) between the markers; the list
+    /// must be exactly `Point::ALL`, in order.
+    #[test]
+    fn the_documented_points_are_the_engine_points() {
+        let doc = include_str!("../../docs/crash-safety.md");
+        let start = doc.find("<!-- fault-points -->").expect("start marker in docs/crash-safety.md");
+        let end = doc.find("<!-- /fault-points -->").expect("end marker in docs/crash-safety.md");
+        let listed: Vec<&str> = doc[start..end].split('`').skip(1).step_by(2).collect();
+        let ours: Vec<&str> = Point::ALL.iter().map(|p| p.name()).collect();
+        assert_eq!(listed, ours, "docs/crash-safety.md and fault::Point::ALL disagree");
+        let mut names = ours.clone();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), ours.len(), "duplicate point names");
+    }
+}

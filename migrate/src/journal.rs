@@ -13,6 +13,7 @@ use rustix::fs::{AtFlags, FlockOperation, Mode, OFlags};
 use rustix::io::Errno;
 use serde::{Deserialize, Serialize};
 
+use crate::fault::{self, Point};
 use crate::fsx;
 use crate::{MigrateError, State};
 
@@ -400,6 +401,22 @@ impl Workdir {
         drop(f);
         rustix::fs::renameat(&self.fd, JOURNAL_TMP, &self.fd, JOURNAL).map_err(|e| err(e.into()))?;
         fsx::fsync(&self.fd).map_err(err)?;
+        Ok(())
+    }
+
+    /// Records a transition: sets `j.step`, writes the journal durably, then passes the fault
+    /// point that stands for a crash right after this record.
+    pub(crate) fn record(
+        &self,
+        j: &mut Journal,
+        step: Step,
+        then: impl Into<Option<Point>>,
+    ) -> Result<(), MigrateError> {
+        j.step = step;
+        self.write(j)?;
+        if let Some(p) = then.into() {
+            fault::point(p);
+        }
         Ok(())
     }
 

@@ -12,7 +12,7 @@
 
 mod copy;
 mod ctx;
-mod fault;
+pub mod fault;
 mod fsx;
 mod journal;
 mod remove;
@@ -25,6 +25,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use ctx::Ctx;
+use fault::Point;
 use journal::{HexPath, Journal, Step, Version, Workdir, STAGING};
 
 pub use scan::find_users;
@@ -454,10 +455,10 @@ pub fn convert(req: &Request, host: &dyn Host) -> Result<Outcome, MigrateError> 
             return run(req, host, &wd, j.clone(), true);
         }
     }
-    clear_leftovers(&wd, old.as_ref(), "leftover-entry")?;
+    clear_leftovers(&wd, old.as_ref(), Point::LeftoverEntry)?;
     fsx::mkdir(&wd.fd, STAGING.as_ref()).map_err(io_err("creating", &wd.staging_path()))?;
     wd.sync()?;
-    fault::point("after-staging-created");
+    fault::point(Point::AfterStagingCreated);
     let token =
         host.prepare_staging(&wd.staging_path()).map_err(host_err("preparing the encrypted staging directory"))?;
     if token.len() > journal::MAX_TOKEN || token.chars().any(char::is_control) {
@@ -471,8 +472,8 @@ pub fn convert(req: &Request, host: &dyn Host) -> Result<Outcome, MigrateError> 
     let stg_fd = fsx::open_dir(&wd.fd, STAGING.as_ref()).map_err(io_err("opening", &wd.staging_path()))?;
     fsx::fsync(&stg_fd).map_err(io_err("syncing", &wd.staging_path()))?;
     let stg = fsx::stat_fd(&stg_fd).map_err(io_err("inspecting", &wd.staging_path()))?;
-    fault::point("before-record-prepared");
-    let j = Journal {
+    fault::point(Point::BeforeRecordPrepared);
+    let mut j = Journal {
         version: Version,
         source: HexPath(src.path.clone()),
         source_dev: src.meta.dev,
@@ -493,15 +494,14 @@ pub fn convert(req: &Request, host: &dyn Host) -> Result<Outcome, MigrateError> 
         recopied: 0,
         step: Step::Prepared,
     };
-    wd.write(&j)?;
-    fault::point("after-prepare");
+    wd.record(&mut j, Step::Prepared, Point::AfterPrepare)?;
     run(req, host, &wd, j, false)
 }
 
 /// Removes what an earlier attempt left in the work dir: the staging copy of an aborted
 /// conversion, or an empty staging dir made just before a crash (before the journal existed).
 /// Anything else is left alone: it might be someone's data.
-fn clear_leftovers(wd: &Workdir, old: Option<&Journal>, point: &'static str) -> Result<(), MigrateError> {
+fn clear_leftovers(wd: &Workdir, old: Option<&Journal>, point: Point) -> Result<(), MigrateError> {
     let Some(t) = wd.staging_meta()? else { return Ok(()) };
     let ours = match old {
         Some(j) => t.ino == j.staging_ino && t.ino != j.source_ino,
@@ -526,7 +526,7 @@ fn clear_leftovers(wd: &Workdir, old: Option<&Journal>, point: &'static str) -> 
 }
 
 /// Removes the staging dir; `point` names the fault point reached after each removed entry.
-fn remove_staging(wd: &Workdir, point: &'static str) -> Result<(), MigrateError> {
+fn remove_staging(wd: &Workdir, point: Point) -> Result<(), MigrateError> {
     remove::remove_tree(wd.fd.as_fd(), STAGING.as_ref(), false, &mut |_| {
         fault::point(point);
         Ok(())
@@ -595,9 +595,7 @@ fn run(req: &Request, host: &dyn Host, wd: &Workdir, mut j: Journal, resumed: bo
     loop {
         match j.step {
             Step::Prepared => {
-                j.step = Step::Copying { round: 0 };
-                wd.write(&j)?;
-                fault::point("after-record-copying");
+                wd.record(&mut j, Step::Copying { round: 0 }, Point::AfterRecordCopying)?;
             }
             Step::Copying { round } => {
                 ensure_unlocked(host, wd, &j, &mut unlocked)?;
@@ -610,15 +608,13 @@ fn run(req: &Request, host: &dyn Host, wd: &Workdir, mut j: Journal, resumed: bo
                 if let Err(e) = copy::copy_tree(&ctx, &pool, &src.fd, &stg) {
                     return Err(after_pass(wd, &mut j, &ctx, e));
                 }
-                fault::point("before-record-copied");
+                fault::point(Point::BeforeRecordCopied);
                 rustix::fs::syncfs(&stg).map_err(|e| io_err("syncing", &wd.staging_path())(e.into()))?;
                 ctx.tick(true);
                 j.files_done = j.files_total;
                 j.bytes_done = j.bytes_total;
                 j.recopied += ctx.recopied.load(std::sync::atomic::Ordering::Relaxed);
-                j.step = Step::Copied { round };
-                wd.write(&j)?;
-                fault::point("after-record-copied");
+                wd.record(&mut j, Step::Copied { round }, Point::AfterRecordCopied)?;
             }
             Step::Copied { round } => {
                 ensure_unlocked(host, wd, &j, &mut unlocked)?;
@@ -632,46 +628,34 @@ fn run(req: &Request, host: &dyn Host, wd: &Workdir, mut j: Journal, resumed: bo
                     Ok(d) => d,
                     Err(e) => return Err(after_pass(wd, &mut j, &ctx, e)),
                 };
-                fault::point("after-verify");
+                fault::point(Point::AfterVerify);
                 if diff.count > 0 {
                     // The stale entries were removed from staging; make that durable first.
                     rustix::fs::syncfs(&stg).map_err(|e| io_err("syncing", &wd.staging_path())(e.into()))?;
                     if round + 1 >= MAX_ROUNDS {
                         // The next run starts a fresh series of passes; this one gives up.
-                        j.step = Step::Copying { round: 0 };
-                        wd.write(&j)?;
+                        wd.record(&mut j, Step::Copying { round: 0 }, None)?;
                         let (path, reason) = diff.first.unwrap_or_default();
                         return Err(MigrateError::VerifyFailed { path, reason });
                     }
-                    j.step = Step::Copying { round: round + 1 };
-                    wd.write(&j)?;
-                    fault::point("after-record-recopy");
+                    wd.record(&mut j, Step::Copying { round: round + 1 }, Point::AfterRecordRecopy)?;
                     continue;
-                } else {
-                    j.step = Step::Verified;
                 }
-                wd.write(&j)?;
-                fault::point("after-record-verified");
+                wd.record(&mut j, Step::Verified, Point::AfterRecordVerified)?;
             }
             Step::Verified => {
                 swap(req, host, wd, &j)?;
-                j.step = Step::Swapped { disposing: false };
-                wd.write(&j)?;
-                fault::point("after-record-swapped");
+                wd.record(&mut j, Step::Swapped { disposing: false }, Point::AfterRecordSwapped)?;
             }
             Step::Swapped { disposing: false } => {
                 if j.keep_backup {
                     return Ok(outcome(&j, wd, notes));
                 }
-                j.step = Step::Swapped { disposing: true };
-                wd.write(&j)?;
-                fault::point("after-record-disposing");
+                wd.record(&mut j, Step::Swapped { disposing: true }, Point::AfterRecordDisposing)?;
             }
             Step::Swapped { disposing: true } => {
                 dispose(host, wd, &j, &mut notes)?;
-                j.step = Step::Done;
-                wd.write(&j)?;
-                fault::point("after-record-done");
+                wd.record(&mut j, Step::Done, Point::AfterRecordDone)?;
             }
             Step::Done => return Ok(outcome(&j, wd, notes)),
             Step::RollingBack => {
@@ -752,7 +736,7 @@ fn swap(req: &Request, host: &dyn Host, wd: &Workdir, j: &Journal) -> Result<(),
                 check_not_in_use(&j.source.0)?;
             }
             host.exchange(&j.source.0, &wd.staging_path()).map_err(host_err("swapping the copy into place"))?;
-            fault::point("after-swap");
+            fault::point(Point::AfterSwap);
             if place(j, wd)? != Place::Exchanged {
                 return Err(MigrateError::SourceReplaced { path: j.source.0.clone() });
             }
@@ -777,9 +761,9 @@ fn dispose(host: &dyn Host, wd: &Workdir, j: &Journal, notes: &mut Vec<String>) 
                 ctx.file_done();
                 if first {
                     first = false;
-                    fault::point("mid-dispose");
+                    fault::point(Point::MidDispose);
                 }
-                fault::point("dispose-entry");
+                fault::point(Point::DisposeEntry);
                 ctx.check_stop().map_err(|_| io::Error::from(io::ErrorKind::Interrupted))
             });
             match removed {
@@ -793,7 +777,7 @@ fn dispose(host: &dyn Host, wd: &Workdir, j: &Journal, notes: &mut Vec<String>) 
         _ => return Err(MigrateError::SourceReplaced { path: j.source.0.clone() }),
     }
     if j.wipe {
-        fault::point("before-trim");
+        fault::point(Point::BeforeTrim);
         if let Err(e) = host.trim(&wd.path) {
             notes.push(format!("TRIM of the freed blocks failed ({e}); run fstrim on the filesystem"));
         }
@@ -878,18 +862,15 @@ pub fn abort(workdir: &Path, host: &dyn Host) -> Result<Outcome, MigrateError> {
         Step::Prepared | Step::Copying { .. } | Step::Copied { .. } | Step::Verified => {
             if place(&j, &wd)? == Place::Exchanged {
                 // Crashed right after the swap: record it, and let the user roll back.
-                j.step = Step::Swapped { disposing: false };
                 j.keep_backup = true;
-                wd.write(&j)?;
+                wd.record(&mut j, Step::Swapped { disposing: false }, None)?;
                 return Err(MigrateError::WrongState {
                     op: "abort",
                     state: State::Swapped,
                     hint: "the copy was already swapped into place; roll back instead",
                 });
             }
-            j.step = Step::Aborted;
-            wd.write(&j)?;
-            fault::point("after-record-aborted");
+            wd.record(&mut j, Step::Aborted, Point::AfterRecordAborted)?;
         }
         Step::Aborted => {}
         Step::Swapped { .. } | Step::RollingBack | Step::Done | Step::RolledBack => {
@@ -902,7 +883,7 @@ pub fn abort(workdir: &Path, host: &dyn Host) -> Result<Outcome, MigrateError> {
     }
     let ctx = Ctx::new(host, &j.source.0, 0, Phase::Aborting, 0, 0);
     ctx.tick(true);
-    clear_leftovers(&wd, Some(&j), "abort-entry")?;
+    clear_leftovers(&wd, Some(&j), Point::AbortEntry)?;
     Ok(outcome(&j, &wd, Vec::new()))
 }
 
@@ -911,9 +892,7 @@ pub fn rollback(workdir: &Path, host: &dyn Host) -> Result<Outcome, MigrateError
     let (wd, _lock, mut j) = open_recorded(workdir)?;
     match j.step {
         Step::Swapped { disposing: false } => {
-            j.step = Step::RollingBack;
-            wd.write(&j)?;
-            fault::point("after-record-rolling-back");
+            wd.record(&mut j, Step::RollingBack, Point::AfterRecordRollingBack)?;
         }
         Step::RollingBack => {}
         Step::RolledBack => return Ok(outcome(&j, &wd, Vec::new())),
@@ -944,18 +923,17 @@ pub fn rollback(workdir: &Path, host: &dyn Host) -> Result<Outcome, MigrateError
     match place(&j, &wd)? {
         Place::Exchanged => {
             host.exchange(&j.source.0, &wd.staging_path()).map_err(host_err("swapping the original back"))?;
-            fault::point("rollback-after-swap");
+            fault::point(Point::RollbackAfterSwap);
             sync_swap(&j, &wd)?;
         }
         Place::Original | Place::OriginalOnly => {}
         Place::CopyOnly | Place::Unknown => return Err(MigrateError::SourceReplaced { path: j.source.0.clone() }),
     }
     if place(&j, &wd)? == Place::Original {
-        remove_staging(&wd, "rollback-entry")?;
+        remove_staging(&wd, Point::RollbackEntry)?;
     }
-    fault::point("rollback-before-record");
-    j.step = Step::RolledBack;
-    wd.write(&j)?;
+    fault::point(Point::RollbackBeforeRecord);
+    wd.record(&mut j, Step::RolledBack, None)?;
     Ok(outcome(&j, &wd, Vec::new()))
 }
 
@@ -965,9 +943,7 @@ pub fn commit(workdir: &Path, host: &dyn Host) -> Result<Outcome, MigrateError> 
     let (wd, _lock, mut j) = open_recorded(workdir)?;
     match j.step {
         Step::Swapped { disposing: false } => {
-            j.step = Step::Swapped { disposing: true };
-            wd.write(&j)?;
-            fault::point("after-record-disposing");
+            wd.record(&mut j, Step::Swapped { disposing: true }, Point::AfterRecordDisposing)?;
         }
         Step::Swapped { disposing: true } => {}
         Step::Done => return Ok(outcome(&j, &wd, Vec::new())),
@@ -981,8 +957,6 @@ pub fn commit(workdir: &Path, host: &dyn Host) -> Result<Outcome, MigrateError> 
     }
     let mut notes = Vec::new();
     dispose(host, &wd, &j, &mut notes)?;
-    j.step = Step::Done;
-    wd.write(&j)?;
-    fault::point("after-record-done");
+    wd.record(&mut j, Step::Done, Point::AfterRecordDone)?;
     Ok(outcome(&j, &wd, notes))
 }

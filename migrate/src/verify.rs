@@ -14,8 +14,9 @@ use rustix::fs::OFlags;
 use rustix::io::Errno;
 
 use crate::ctx::Ctx;
+use crate::fault::{self, Point};
 use crate::fsx::{self, Kind};
-use crate::{fault, remove, MigrateError};
+use crate::{remove, MigrateError};
 
 /// The differences found; `first` names one for the error message.
 #[derive(Default)]
@@ -211,7 +212,7 @@ impl Verifier<'_, '_> {
             _ => {}
         }
         ctx.file_done();
-        fault::point("verify-entry");
+        fault::point(Point::VerifyEntry);
         Ok(Cmp::Same)
     }
 

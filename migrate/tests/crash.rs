@@ -12,7 +12,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 
 use common::{add_bulk, assert_same, build_tree, manifest, wd_names, Case};
-use dirseal_migrate::{self as migrate, MigrateError, State};
+use dirseal_migrate::{self as migrate, fault::Point, MigrateError, State};
 
 const CHILD: &str = env!("CARGO_BIN_EXE_dirseal-migrate-test-child");
 
@@ -62,33 +62,80 @@ fn killed(op: &str, src: &Path, wd: &Path, flags: &[&str], spec: &str) {
     assert_eq!(r.signal, Some(9), "{op} should be killed at {spec}: {}", r.show());
 }
 
+/// The operation a crash test runs to reach a fault point.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Op {
+    /// A conversion, then a resume.
+    Convert,
+    /// A conversion whose verification finds a file changed (it is appended to), then a resume.
+    Recopy,
+    /// A conversion stopped after its copy, an abort, then the abort again.
+    Abort,
+    /// An aborted conversion, a new conversion clearing its leftovers, then a resume.
+    Leftover,
+    /// A conversion that keeps its backup, a rollback, then the rollback again.
+    Rollback,
+    /// A conversion that keeps its backup, a commit, then the commit again.
+    Commit,
+}
+
+/// One crash: at the `at`-th arrival at the point, during `op`, run with `flags`.
+struct Crash {
+    op: Op,
+    at: u32,
+    flags: &'static [&'static str],
+}
+
+fn at(op: Op, at: u32) -> Crash {
+    Crash { op, at, flags: &[] }
+}
+
+/// How the tests reach every point of `Point::ALL`. The match is exhaustive, so a new point does
+/// not compile until it has a crash test here.
+fn crashes(p: Point) -> Vec<Crash> {
+    use Op::*;
+    use Point::*;
+    const WIPE: &[&str] = &["--wipe"];
+    match p {
+        AfterStagingCreated | BeforeRecordPrepared | AfterPrepare | AfterRecordCopying | BeforeRecordCopied
+        | AfterRecordCopied | AfterVerify | AfterRecordVerified | AfterSwap | AfterRecordSwapped => {
+            vec![at(Convert, 1)]
+        }
+        CopyFile => vec![at(Convert, 1), at(Convert, 7)],
+        CopySpecialMade => vec![at(Convert, 1)],
+        CopySpecial => vec![at(Convert, 3)],
+        CopyDir => vec![at(Convert, 2)],
+        VerifyEntry => vec![at(Convert, 5)],
+        AfterRecordRecopy => vec![at(Recopy, 1)],
+        AfterRecordDisposing => vec![at(Convert, 1), at(Commit, 1)],
+        MidDispose => vec![Crash { op: Convert, at: 1, flags: WIPE }],
+        DisposeEntry => vec![at(Convert, 20), at(Commit, 10)],
+        BeforeTrim => vec![Crash { op: Convert, at: 1, flags: WIPE }],
+        AfterRecordDone => vec![at(Convert, 1), at(Commit, 1)],
+        AfterRecordAborted => vec![at(Abort, 1)],
+        AbortEntry => vec![at(Abort, 1), at(Abort, 15)],
+        LeftoverEntry => vec![at(Leftover, 5)],
+        AfterRecordRollingBack | RollbackAfterSwap | RollbackBeforeRecord => vec![at(Rollback, 1)],
+        RollbackEntry => vec![at(Rollback, 10)],
+    }
+}
+
+/// Every (point spec, flags) of `Point::ALL` that `op` reaches.
+fn points_of(op: Op) -> Vec<(String, &'static [&'static str])> {
+    let mut out = Vec::new();
+    for &p in Point::ALL {
+        for c in crashes(p).into_iter().filter(|c| c.op == op) {
+            out.push((format!("{p}:{}", c.at), c.flags));
+        }
+    }
+    assert!(!out.is_empty(), "no point is reached by {op:?}");
+    out
+}
+
 #[test]
 fn a_crash_at_every_fault_point_of_a_conversion_loses_nothing_and_resumes() {
     let c = Case::new();
-    let points: &[(&str, &[&str])] = &[
-        ("after-staging-created", &[]),
-        ("before-record-prepared", &[]),
-        ("after-prepare", &[]),
-        ("after-record-copying", &[]),
-        ("copy-file:1", &[]),
-        ("copy-file:7", &[]),
-        ("copy-special-made:1", &[]),
-        ("copy-special:3", &[]),
-        ("copy-dir:2", &[]),
-        ("before-record-copied", &[]),
-        ("after-record-copied", &[]),
-        ("verify-entry:5", &[]),
-        ("after-verify", &[]),
-        ("after-record-verified", &[]),
-        ("after-swap", &[]),
-        ("after-record-swapped", &[]),
-        ("after-record-disposing", &[]),
-        ("mid-dispose", &["--wipe"]),
-        ("dispose-entry:20", &[]),
-        ("before-trim", &["--wipe"]),
-        ("after-record-done", &[]),
-    ];
-    for (i, (point, flags)) in points.iter().enumerate() {
+    for (i, (point, flags)) in points_of(Op::Convert).iter().enumerate() {
         let (src, wd) = c.other(&format!("p{i}"));
         build_tree(&src);
         let before = manifest(&src);
@@ -103,15 +150,18 @@ fn a_crash_at_every_fault_point_of_a_conversion_loses_nothing_and_resumes() {
 #[test]
 fn a_crash_between_a_verification_that_found_changes_and_the_next_copy_resumes() {
     let c = Case::new();
-    build_tree(&c.src);
-    let changed = c.src.join("a/plain.txt");
-    let append = ("TEST_APPEND", format!("start-verifying={}", changed.display()));
-    let r = child("convert", &c.src, &c.wd, &[], &[("DIRSEAL_FAULT", "after-record-recopy".into()), append]);
-    assert_eq!(r.code, Some(99), "{}", r.show());
-    assert_eq!(fs::read(&changed).unwrap(), b"hello+");
-    let before = manifest(&c.src);
-    finishes("convert", &c.src, &c.wd, &[], "done");
-    assert_same(&manifest(&c.src), &before, "after resume");
+    for (i, (point, _)) in points_of(Op::Recopy).iter().enumerate() {
+        let (src, wd) = c.other(&format!("r{i}"));
+        build_tree(&src);
+        let changed = src.join("a/plain.txt");
+        let append = ("TEST_APPEND", format!("start-verifying={}", changed.display()));
+        let r = child("convert", &src, &wd, &[], &[("DIRSEAL_FAULT", point.clone()), append]);
+        assert_eq!(r.code, Some(99), "{}", r.show());
+        assert_eq!(fs::read(&changed).unwrap(), b"hello+");
+        let before = manifest(&src);
+        finishes("convert", &src, &wd, &[], "done");
+        assert_same(&manifest(&src), &before, "after resume");
+    }
 }
 
 #[test]
@@ -125,10 +175,12 @@ fn crashes_while_aborting_rolling_back_or_committing_resume() {
         let before = manifest(&src);
         (src, wd, before)
     };
-    for point in ["after-record-aborted", "abort-entry:1", "abort-entry:15"] {
+    let copied = format!("{}:1", Point::AfterRecordCopied);
+    for (point, _) in points_of(Op::Abort) {
+        let point = point.as_str();
         let (src, wd, before) = case();
         let original = fs::metadata(&src).unwrap().ino();
-        faults("convert", &src, &wd, &[], "after-record-copied");
+        faults("convert", &src, &wd, &[], &copied);
         faults("abort", &src, &wd, &[], point);
         assert_same(&manifest(&src), &before, point);
         finishes("abort", &src, &wd, &[], "aborted");
@@ -137,14 +189,18 @@ fn crashes_while_aborting_rolling_back_or_committing_resume() {
         assert_eq!(wd_names(&wd), ["journal.json", "lock"], "{point}");
     }
     // A new conversion first clears what an aborted one left; a crash there is resumed too.
-    let (src, wd, before) = case();
-    faults("convert", &src, &wd, &[], "after-record-copied");
-    faults("abort", &src, &wd, &[], "after-record-aborted");
-    faults("convert", &src, &wd, &[], "leftover-entry:5");
-    assert_same(&manifest(&src), &before, "leftover-entry");
-    finishes("convert", &src, &wd, &[], "done");
-    assert_same(&manifest(&src), &before, "leftover-entry");
-    for point in ["after-record-rolling-back", "rollback-after-swap", "rollback-entry:10", "rollback-before-record"] {
+    for (point, _) in points_of(Op::Leftover) {
+        let point = point.as_str();
+        let (src, wd, before) = case();
+        faults("convert", &src, &wd, &[], &copied);
+        faults("abort", &src, &wd, &[], &format!("{}:1", Point::AfterRecordAborted));
+        faults("convert", &src, &wd, &[], point);
+        assert_same(&manifest(&src), &before, point);
+        finishes("convert", &src, &wd, &[], "done");
+        assert_same(&manifest(&src), &before, point);
+    }
+    for (point, _) in points_of(Op::Rollback) {
+        let point = point.as_str();
         let (src, wd, before) = case();
         let original = fs::metadata(&src).unwrap().ino();
         finishes("convert", &src, &wd, &["--keep-backup"], "swapped");
@@ -155,7 +211,8 @@ fn crashes_while_aborting_rolling_back_or_committing_resume() {
         assert_same(&manifest(&src), &before, point);
         assert_eq!(wd_names(&wd), ["journal.json", "lock"], "{point}");
     }
-    for point in ["after-record-disposing", "dispose-entry:10", "after-record-done"] {
+    for (point, _) in points_of(Op::Commit) {
+        let point = point.as_str();
         let (src, wd, before) = case();
         finishes("convert", &src, &wd, &["--keep-backup"], "swapped");
         let copy = fs::metadata(&src).unwrap().ino();
@@ -168,7 +225,7 @@ fn crashes_while_aborting_rolling_back_or_committing_resume() {
     }
     // A crash right after the swap, then an abort: the swap is found and kept for a rollback.
     let (src, wd, before) = case();
-    faults("convert", &src, &wd, &[], "after-swap");
+    faults("convert", &src, &wd, &[], &format!("{}:1", Point::AfterSwap));
     let r = child("abort", &src, &wd, &[], &[]);
     assert!(r.stdout.contains("error=WrongState") && r.stderr.contains("roll back"), "{}", r.show());
     assert_eq!(migrate::status(&wd).unwrap().unwrap().state, State::Swapped);
