@@ -1,4 +1,5 @@
-//! `/etc/dirseal/config.toml`: where the keystore lives, the machine's Argon2id cost, PAM policy.
+//! `/etc/dirseal/config.toml`: where the keystore lives, the machine's Argon2id cost, PAM policy,
+//! where the TPM is.
 //! Read with the same root-owned, no-follow rules as the keystore, since PAM trusts it.
 use std::path::{Path, PathBuf};
 
@@ -6,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::kdf::Argon2Params;
 use crate::securefile::{self, SecureFileError};
+use crate::tpm2::Tcti;
 
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/dirseal/config.toml";
 pub const DEFAULT_KEYSTORE_PATH: &str = "/var/lib/dirseal";
@@ -22,6 +24,33 @@ pub struct Config {
     pub argon2: Option<Argon2Params>,
     #[serde(default)]
     pub pam: PamConfig,
+    #[serde(default)]
+    pub tpm2: Tpm2Config,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Tpm2Config {
+    /// Where the TPM is (a TCTI string); default [`crate::tpm2::DEFAULT_TCTI`], the kernel's
+    /// resource manager.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tcti: Option<Tcti>,
+    /// Refuse TPM PIN logins over the network while fewer tries than this are left, so a remote
+    /// guesser cannot lock the owner out of their own device; default [`DEFAULT_MIN_LOCAL_TRIES`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_local_tries: Option<u32>,
+}
+
+/// Network logins stop while the TPM has fewer tries left than this.
+pub const DEFAULT_MIN_LOCAL_TRIES: u32 = 2;
+
+impl Tpm2Config {
+    pub fn tcti(&self) -> Tcti {
+        self.tcti.clone().unwrap_or_default()
+    }
+    pub fn min_local_tries(&self) -> u32 {
+        self.min_local_tries.unwrap_or(DEFAULT_MIN_LOCAL_TRIES)
+    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -91,6 +120,10 @@ mod tests {
             keystore: Some("/x/ks".into()),
             argon2: Some(Argon2Params { time_cost: 3, memory_kib: 4096, parallelism: 2 }),
             pam: PamConfig { allow_login_during_conversion: true },
+            tpm2: Tpm2Config {
+                tcti: Some("swtpm:host=127.0.0.1,port=2321".parse().unwrap()),
+                min_local_tries: Some(3),
+            },
         };
         c.save(&p).unwrap();
         assert_eq!(Config::load(&p).unwrap(), c);
@@ -105,6 +138,7 @@ mod tests {
             "bogus = 1",
             "keystore = \"rel/path\"",
             "[argon2]\ntime_cost = 0\nmemory_kib = 1\nparallelism = 1",
+            "[tpm2]\ntcti = \"nonsense\"",
         ] {
             securefile::write_atomic(&p, bad.as_bytes()).unwrap();
             let e = Config::load(&p).unwrap_err();

@@ -224,7 +224,7 @@ fn pick_mount(entries: Vec<MountEntry>, resolved: &Path, major: u64, minor: u64)
         if e.major != major || e.minor != minor || !resolved.starts_with(&e.mount_point) {
             continue;
         }
-        let longer = best.as_ref().map_or(true, |b| e.mount_point.as_os_str().len() >= b.mount_point.as_os_str().len());
+        let longer = best.as_ref().is_none_or(|b| e.mount_point.as_os_str().len() >= b.mount_point.as_os_str().len());
         if longer {
             best = Some(e);
         }

@@ -2,6 +2,7 @@
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
+use zeroize::Zeroizing;
 
 use crate::secret::Passphrase;
 use crate::wrap::Kek;
@@ -50,13 +51,18 @@ impl Argon2Params {
 
 /// Stretches `password` with `salt` into a 256-bit key-encryption key.
 pub fn derive(password: &Passphrase, salt: &[u8], p: Argon2Params) -> Result<Kek, KdfError> {
+    Ok(Kek::from_slice(&*derive_bytes(password, salt, p)?))
+}
+
+/// Stretches `password` with `salt` into 32 bytes, for uses that are not a [`Kek`] (a TPM authValue).
+pub fn derive_bytes(password: &Passphrase, salt: &[u8], p: Argon2Params) -> Result<Zeroizing<[u8; 32]>, KdfError> {
     p.check()?;
     let params = argon2::Params::new(p.memory_kib, p.time_cost, p.parallelism, Some(32))
         .map_err(|e| KdfError::Argon2(e.to_string()))?;
     let a = argon2::Argon2::new(argon2::Algorithm::Argon2id, argon2::Version::V0x13, params);
-    let mut out = zeroize::Zeroizing::new([0u8; 32]);
+    let mut out = Zeroizing::new([0u8; 32]);
     a.hash_password_into(password.as_bytes(), salt, out.as_mut_slice()).map_err(|e| KdfError::Argon2(e.to_string()))?;
-    Ok(Kek::from_slice(&out))
+    Ok(out)
 }
 
 /// min(RAM/8, 256 MiB), never below [`MIN_MEMORY_KIB`]: enough to hurt GPUs, small enough for a

@@ -17,5 +17,6 @@ pub mod recovery;
 pub mod secret;
 pub mod securefile;
 pub mod sys;
+pub mod tpm2;
 pub mod ui;
 pub mod wrap;

@@ -95,7 +95,7 @@ impl<'a> Ctx<'a> {
     pub(crate) fn tick(&self, force: bool) {
         let guard = if force { self.last.lock().ok() } else { self.last.try_lock().ok() };
         if let Some(mut last) = guard {
-            if force || last.map_or(true, |t| t.elapsed() >= PROGRESS_EVERY) {
+            if force || last.is_none_or(|t| t.elapsed() >= PROGRESS_EVERY) {
                 *last = Some(Instant::now());
                 let p = self.snapshot();
                 self.host.progress(&p);

@@ -2,6 +2,7 @@
 mod convert;
 mod recovery;
 mod term;
+mod tpm2;
 
 use std::path::{Path, PathBuf};
 
@@ -88,6 +89,9 @@ enum Cmd {
     /// Recovery keys: create, verify, remove, and restore access with one
     #[command(subcommand)]
     Recovery(recovery::RecoveryCmd),
+    /// The TPM: status and dictionary-attack (wrong PIN) protection
+    #[command(subcommand)]
+    Tpm2(tpm2::Tpm2Cmd),
     /// Write shell completions and man pages into DIR
     #[command(hide = true)]
     GenerateDocs { dir: PathBuf },
@@ -239,6 +243,10 @@ impl ProtectorArgs {
 
 /// Runs the CLI and returns the process exit code.
 pub fn main() -> i32 {
+    // libtss2 logs every TPM error response (a wrong PIN) to stderr; dirseal explains them itself.
+    if std::env::var_os("TSS2_LOG").is_none() {
+        std::env::set_var("TSS2_LOG", "all+NONE");
+    }
     let cli = Cli::parse();
     match run(cli) {
         Ok(code) => code,
@@ -269,6 +277,9 @@ fn run(cli: Cli) -> Result<i32> {
         return Ok(0);
     }
     require_root()?;
+    if let Cmd::Tpm2(cmd) = cli.cmd {
+        return tpm2::run(&dirseal::config::Config::load(&cli.config)?, cmd);
+    }
     let mut ds = Dirseal::open(&cli.config, cli.keystore.as_deref())?;
     let json = matches!(
         cli.cmd,
@@ -302,7 +313,7 @@ fn run(cli: Cli) -> Result<i32> {
         Cmd::Protector(cmd) => protector(&mut ds, cmd, &mut ui)?,
         Cmd::Policy(cmd) => policy(&mut ds, cmd, &mut ui)?,
         Cmd::Recovery(cmd) => recovery::run(&mut ds, cmd, &mut ui)?,
-        Cmd::GenerateDocs { .. } => unreachable!("handled above"),
+        Cmd::GenerateDocs { .. } | Cmd::Tpm2(_) => unreachable!("handled above"),
     }
     Ok(0)
 }

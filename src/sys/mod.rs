@@ -3,6 +3,7 @@
 //! Kernel interfaces that neither libc nor nix wrap: the fscrypt ioctls (UAPI `<linux/fscrypt.h>`)
 //! and `statx` for the encrypted attribute. Each is exposed as one safe function taking a borrowed
 //! fd, returning the raw [`Errno`] so that `crate::fscrypt` can map it to a meaningful error.
+//! [`tpm2`] holds the two TPM commands tss-esapi does not wrap.
 #![allow(unsafe_code)]
 // The structs keep their kernel names so they can be checked against the UAPI header by eye.
 #![allow(non_camel_case_types)]
@@ -14,6 +15,8 @@ use std::os::unix::ffi::OsStrExt;
 
 use nix::errno::Errno;
 use zeroize::Zeroize;
+
+pub mod tpm2;
 
 pub const FSCRYPT_POLICY_V1: u8 = 0;
 pub const FSCRYPT_POLICY_V2: u8 = 2;

@@ -1,4 +1,5 @@
-//! A real ext4 filesystem on a loop device, for tests that must exercise the kernel.
+//! A real ext4 filesystem on a loop device, for tests that must exercise the kernel; and a
+//! software TPM ([`Swtpm`]) per test.
 //!
 //! Each [`TestFs`] creates a sparse image in its own temp dir, formats it with `mkfs.ext4 -O encrypt`,
 //! and mounts it with `mount -o loop`. Dropping it unmounts and detaches exactly the loop device it
@@ -7,6 +8,9 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+mod swtpm;
+pub use swtpm::Swtpm;
 
 /// How to build the filesystem.
 #[derive(Clone, Debug)]

@@ -1,0 +1,298 @@
+//! The TPM sealing machinery against a real software TPM (swtpm), one per test.
+use std::time::Duration;
+
+use dirseal::kdf::{Argon2Params, MIN_MEMORY_KIB};
+use dirseal::secret::{Passphrase, ProtectorKey};
+use dirseal::tpm2::{self, DaParameters, PcrSet, SealedKey, Tcti, Tpm, Tpm2Error};
+use dirseal_testfs::Swtpm;
+
+/// Argon2id at its minimum: tests check behaviour, not strength.
+const FAST: Argon2Params = Argon2Params { time_cost: 1, memory_kib: MIN_MEMORY_KIB, parallelism: 1 };
+
+fn tcti(t: &Swtpm) -> Tcti {
+    t.tcti().parse().expect("swtpm tcti")
+}
+
+fn open(t: &Swtpm) -> Tpm {
+    Tpm::open(&tcti(t)).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn pin(s: &str) -> Passphrase {
+    Passphrase::from_str_copy(s)
+}
+
+fn counter(t: &Swtpm) -> u32 {
+    open(t).da_status().unwrap().lockout_counter
+}
+
+fn seal(t: &Swtpm, key: &ProtectorKey, p: Option<&str>, pcrs: &str) -> SealedKey {
+    let pcrs: PcrSet = if pcrs.is_empty() { PcrSet::default() } else { pcrs.parse().unwrap() };
+    open(t).seal(key, p.map(pin).as_ref(), &pcrs, FAST).unwrap_or_else(|e| panic!("seal: {e}"))
+}
+
+fn unseal(t: &Swtpm, s: &SealedKey, p: Option<&str>) -> Result<ProtectorKey, Tpm2Error> {
+    open(t).unseal(s, p.map(pin).as_ref())
+}
+
+#[test]
+fn right_pin_unseals_and_costs_no_try() {
+    let t = Swtpm::start();
+    let st = open(&t).da_status().unwrap();
+    assert_eq!((st.lockout_counter, st.max_tries, st.in_lockout), (0, 3, false), "{st:?}");
+    let key = ProtectorKey::random();
+    let sealed = seal(&t, &key, Some("1234"), "");
+    assert!(sealed.pin.is_some() && sealed.pcrs.is_empty());
+    for _ in 0..4 {
+        assert!(unseal(&t, &sealed, Some("1234")).unwrap() == key);
+    }
+    assert_eq!(counter(&t), 0, "a right PIN must not count as a failure");
+    // Survives a round trip through its JSON form.
+    let again: SealedKey = serde_json::from_str(&serde_json::to_string(&sealed).unwrap()).unwrap();
+    assert!(unseal(&t, &again, Some("1234")).unwrap() == key);
+    assert!(matches!(unseal(&t, &sealed, None), Err(Tpm2Error::PinRequired)));
+    assert_eq!(counter(&t), 0);
+}
+
+#[test]
+fn wrong_pin_costs_exactly_one_try() {
+    let t = Swtpm::start();
+    let key = ProtectorKey::random();
+    let sealed = seal(&t, &key, Some("1234"), "");
+    let e = unseal(&t, &sealed, Some("1235")).err().expect("a wrong PIN must fail");
+    assert!(matches!(e, Tpm2Error::WrongPin { tries_left: Some(2) }), "{e}");
+    assert!(e.to_string().contains("2 tries left"), "{e}");
+    let st = open(&t).da_status().unwrap();
+    assert_eq!((st.lockout_counter, st.tries_left()), (1, 2));
+    assert!(unseal(&t, &sealed, Some("1234")).unwrap() == key);
+    assert_eq!(counter(&t), 1, "the right PIN neither costs nor restores a try");
+}
+
+#[test]
+fn lockout_is_clear_and_tries_come_back_after_the_recovery_time() {
+    let t = Swtpm::start();
+    tpm2::set_da_parameters(&tcti(&t), DaParameters { max_tries: 3, recovery_time_s: 2, lockout_recovery_s: 10 })
+        .unwrap();
+    let st = open(&t).da_status().unwrap();
+    assert_eq!((st.max_tries, st.recovery_time_s, st.lockout_recovery_s), (3, 2, 10));
+    let key = ProtectorKey::random();
+    let sealed = seal(&t, &key, Some("0000"), "");
+    let mut left = vec![];
+    for _ in 0..3 {
+        match unseal(&t, &sealed, Some("9999")) {
+            Err(Tpm2Error::WrongPin { tries_left }) => left.push(tries_left),
+            other => panic!("expected a wrong PIN, got {:?}", other.err().map(|e| e.to_string())),
+        }
+    }
+    // Within 2 s of each other the TPM may already have forgiven one; never more than one.
+    assert!(left[0] == Some(2), "{left:?}");
+    let st = open(&t).da_status().unwrap();
+    if st.in_lockout {
+        let e = unseal(&t, &sealed, Some("0000")).err().expect("locked out: even the right PIN is refused");
+        assert!(matches!(e, Tpm2Error::Lockout { recovery_time_s: Some(2) }), "{e}");
+        assert!(e.to_string().contains("at most 2 s"), "{e}");
+        assert_eq!(st.tries_left(), 0);
+    }
+    std::thread::sleep(Duration::from_millis(2500));
+    let st = open(&t).da_status().unwrap();
+    assert!(!st.in_lockout && st.tries_left() >= 1, "{st:?}");
+    assert!(unseal(&t, &sealed, Some("0000")).unwrap() == key);
+}
+
+#[test]
+fn lockout_is_reported_before_the_pin_is_judged() {
+    let t = Swtpm::start();
+    // 1000 s recovery (the fresh default): the lockout lasts for the whole test.
+    let key = ProtectorKey::random();
+    let sealed = seal(&t, &key, Some("42"), "");
+    for _ in 0..3 {
+        assert!(matches!(unseal(&t, &sealed, Some("41")), Err(Tpm2Error::WrongPin { .. })));
+    }
+    let st = open(&t).da_status().unwrap();
+    assert!(st.in_lockout && st.tries_left() == 0, "{st:?}");
+    let e = unseal(&t, &sealed, Some("42")).err().expect("locked out");
+    assert!(matches!(e, Tpm2Error::Lockout { recovery_time_s: Some(1000) }), "{e}");
+    assert!(e.to_string().contains("17 min"), "{e}");
+    // A protector with no PIN has nothing to guess (noDA): the lockout does not touch it.
+    let free = seal(&t, &key, None, "");
+    assert!(unseal(&t, &free, None).unwrap() == key);
+    tpm2::reset_lockout(&tcti(&t)).unwrap();
+    let st = open(&t).da_status().unwrap();
+    assert!(!st.in_lockout && st.lockout_counter == 0, "{st:?}");
+    assert!(unseal(&t, &sealed, Some("42")).unwrap() == key);
+}
+
+#[test]
+fn no_pin_unseals_without_asking() {
+    let t = Swtpm::start();
+    let key = ProtectorKey::random();
+    let sealed = seal(&t, &key, None, "");
+    assert!(sealed.pin.is_none());
+    assert!(unseal(&t, &sealed, None).unwrap() == key);
+    assert_eq!(counter(&t), 0);
+}
+
+#[test]
+fn pcr_binding_refuses_after_the_pcr_changes_without_costing_a_try() {
+    let t = Swtpm::start();
+    let key = ProtectorKey::random();
+    let sealed = seal(&t, &key, Some("1234"), "7,11");
+    assert_eq!(sealed.pcrs.to_string(), "7,11");
+    let no_pin = seal(&t, &key, None, "7");
+    assert!(unseal(&t, &sealed, Some("1234")).unwrap() == key);
+    assert!(unseal(&t, &no_pin, None).unwrap() == key);
+    // A wrong PIN is still a wrong PIN under a policy session, and still counts.
+    assert!(matches!(unseal(&t, &sealed, Some("1111")), Err(Tpm2Error::WrongPin { tries_left: Some(2) })));
+    t.pcr_extend(11);
+    let e = unseal(&t, &sealed, Some("1234")).err().expect("PCR 11 changed");
+    assert!(matches!(&e, Tpm2Error::PcrMismatch { .. }), "{e}");
+    assert!(e.to_string().contains("PCRs 7,11 changed"), "{e}");
+    assert!(unseal(&t, &no_pin, None).unwrap() == key, "PCR 7 did not change");
+    t.pcr_extend(7);
+    assert!(matches!(unseal(&t, &no_pin, None), Err(Tpm2Error::PcrMismatch { .. })));
+    assert_eq!(counter(&t), 1, "a PCR refusal must not cost a try");
+}
+
+#[test]
+fn a_blob_copied_to_another_tpm_refuses_cleanly() {
+    let a = Swtpm::start();
+    let b = Swtpm::start();
+    let key = ProtectorKey::random();
+    let sealed = seal(&a, &key, Some("1234"), "");
+    let e = unseal(&b, &sealed, Some("1234")).err().expect("another TPM");
+    assert!(matches!(e, Tpm2Error::ForeignBlob), "{e}");
+    assert_eq!(counter(&b), 0);
+    let mut damaged = sealed.clone();
+    let n = damaged.private.len();
+    damaged.private[n - 1] ^= 1;
+    let e = unseal(&a, &damaged, Some("1234")).err().expect("damaged");
+    assert!(matches!(e, Tpm2Error::ForeignBlob | Tpm2Error::Corrupt(_)), "{e}");
+    damaged = sealed.clone();
+    damaged.public.truncate(10);
+    assert!(matches!(unseal(&a, &damaged, Some("1234")), Err(Tpm2Error::Corrupt(_))));
+    assert!(unseal(&a, &sealed, Some("1234")).unwrap() == key);
+}
+
+#[test]
+fn a_missing_tpm_is_a_clear_error() {
+    let t = Swtpm::start();
+    let gone = tcti(&t);
+    drop(t);
+    let e = Tpm::open(&gone).err().expect("swtpm is gone");
+    assert!(matches!(e, Tpm2Error::Unavailable { .. }), "{e}");
+    assert!(e.to_string().contains("no usable TPM at swtpm:host=127.0.0.1"), "{e}");
+    let e = Tpm::open(&"device:/nonexistent/tpmrm0".parse().unwrap()).err().expect("no device");
+    assert!(e.to_string().contains("no usable TPM at device:/nonexistent/tpmrm0"), "{e}");
+}
+
+/// The golden files: a TPM state and a key sealed in it by an earlier build. If this fails, the
+/// sealing format changed: old protectors would stop opening.
+const GOLDEN: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/tpm2-golden");
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Golden {
+    pin: String,
+    #[serde(with = "hex::serde")]
+    key: Vec<u8>,
+    sealed: SealedKey,
+    pcr_sealed: SealedKey,
+}
+
+#[test]
+fn golden_sealed_key_still_unseals() {
+    let g: Golden = serde_json::from_slice(&std::fs::read(format!("{GOLDEN}/sealed.json")).unwrap()).unwrap();
+    let t = Swtpm::start_with_state(std::path::Path::new(&format!("{GOLDEN}/state")));
+    let key = unseal(&t, &g.sealed, Some(&g.pin)).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(key.as_bytes().as_slice(), g.key.as_slice());
+    let key = unseal(&t, &g.pcr_sealed, Some(&g.pin)).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(key.as_bytes().as_slice(), g.key.as_slice());
+}
+
+/// Writes new golden files (run by hand: `DIRSEAL_GOLDEN_OUT=tests/data/tpm2-golden cargo test
+/// --test tpm2 make_golden -- --ignored`), then commit them.
+#[test]
+#[ignore = "generator, run by hand"]
+fn make_golden() {
+    let out = std::path::PathBuf::from(std::env::var("DIRSEAL_GOLDEN_OUT").expect("DIRSEAL_GOLDEN_OUT"));
+    let mut t = Swtpm::start();
+    let key = ProtectorKey::random();
+    let g = Golden {
+        pin: "2580".into(),
+        key: key.as_bytes().to_vec(),
+        sealed: seal(&t, &key, Some("2580"), ""),
+        pcr_sealed: seal(&t, &key, Some("2580"), "0,7"),
+    };
+    t.stop();
+    std::fs::create_dir_all(out.join("state")).unwrap();
+    for e in std::fs::read_dir(t.state_dir()).unwrap() {
+        let e = e.unwrap();
+        // swtpm's .lock is empty and recreated on start.
+        if e.file_name() != ".lock" {
+            std::fs::copy(e.path(), out.join("state").join(e.file_name())).unwrap();
+        }
+    }
+    std::fs::write(out.join("sealed.json"), serde_json::to_string_pretty(&g).unwrap()).unwrap();
+}
+
+/// Runs the real `dirseal` binary with a config whose `tpm2.tcti` is `tcti`.
+fn dirseal(tcti: &str, args: &[&str]) -> (bool, String, String) {
+    let etc = tempfile::tempdir().unwrap();
+    let config = etc.path().join("config.toml");
+    std::fs::write(&config, format!("[tpm2]\ntcti = \"{tcti}\"\n")).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dirseal"))
+        .args(args)
+        .env("DIRSEAL_CONFIG", &config)
+        .env("DIRSEAL_KEYSTORE", etc.path().join("ks"))
+        .output()
+        .unwrap();
+    let s = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    (out.status.success(), s(&out.stdout), s(&out.stderr))
+}
+
+fn status_json(tcti: &str) -> serde_json::Value {
+    let (ok, out, err) = dirseal(tcti, &["tpm2", "status", "--json"]);
+    assert!(ok, "{err}");
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
+}
+
+#[test]
+fn cli_setup_changes_what_status_reports() {
+    let t = Swtpm::start();
+    let s = status_json(&t.tcti());
+    assert_eq!(s["present"], true);
+    assert_eq!((s["max_tries"].as_u64(), s["tries_left"].as_u64()), (Some(3), Some(3)), "{s}");
+    assert_eq!((s["recovery_time_s"].as_u64(), s["in_lockout"].as_bool()), (Some(1000), Some(false)), "{s}");
+    let (ok, out, err) = dirseal(&t.tcti(), &["tpm2", "setup", "--max-tries", "5", "--recovery-time", "2"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("5 tries, one forgiven every 2 s"), "{out}");
+    let s = status_json(&t.tcti());
+    assert_eq!((s["max_tries"].as_u64(), s["tries_left"].as_u64()), (Some(5), Some(5)), "{s}");
+    assert_eq!((s["recovery_time_s"].as_u64(), s["lockout_recovery_s"].as_u64()), (Some(2), Some(1000)), "{s}");
+    let (ok, _, err) = dirseal(&t.tcti(), &["tpm2", "setup", "--max-tries", "0"]);
+    assert!(!ok && err.contains("at least 1"), "{err}");
+    let (ok, _, err) = dirseal(&t.tcti(), &["tpm2", "setup"]);
+    assert!(!ok && err.contains("nothing to set"), "{err}");
+
+    // A wrong PIN shows in the status; reset-lockout forgets it.
+    let sealed = seal(&t, &ProtectorKey::random(), Some("1"), "");
+    assert!(unseal(&t, &sealed, Some("2")).is_err());
+    let (ok, out, err) = dirseal(&t.tcti(), &["tpm2", "status"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("tries left:        4 of 5") && out.contains("in lockout:        no"), "{out}");
+    assert!(!err.contains("WARNING"), "libtss2 noise must not reach the user: {err}");
+    let (ok, _, err) = dirseal(&t.tcti(), &["tpm2", "reset-lockout"]);
+    assert!(ok, "{err}");
+    assert_eq!(status_json(&t.tcti())["tries_left"].as_u64(), Some(5));
+}
+
+#[test]
+fn cli_status_without_a_tpm_says_so() {
+    let t = Swtpm::start();
+    let gone = t.tcti();
+    drop(t);
+    let s = status_json(&gone);
+    assert_eq!(s["present"], false, "{s}");
+    assert!(s["error"].as_str().unwrap().contains("no usable TPM"), "{s}");
+    let (ok, _, err) = dirseal(&gone, &["tpm2", "setup", "--max-tries", "4"]);
+    assert!(!ok && err.contains("no usable TPM at swtpm:"), "{err}");
+    assert!(!err.contains("WARNING"), "{err}");
+}
