@@ -1,20 +1,25 @@
-//! `dirseal convert`: the generic engine in `dirseal-migrate`, wired to the keystore.
+//! Conversion of a directory that holds data, for every front end: [`plan`] checks everything
+//! without writing (one walk of the tree, for the census), [`run`] asks the [`Ui`] to confirm,
+//! offers a recovery key, creates or unlocks the protector and drives the engine; [`finish`]
+//! aborts, rolls back or commits.
 //!
-//! The engine knows nothing of keys; this module supplies the staging directory's policy (saved in
-//! the keystore before any data is copied, so an interrupted conversion can always be resumed with
-//! the same secret) and the privileged syscalls the engine may not make itself.
+//! The engine in `dirseal-migrate` knows nothing of keys; this module supplies the staging
+//! directory's policy (saved in the keystore before any data is copied, so an interrupted
+//! conversion can always be resumed with the same secret) and the privileged syscalls the engine
+//! may not make itself.
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use dirseal_migrate::{self as migrate, Host, HostError, MigrateError, State, StatusView};
+use dirseal_migrate::{self as migrate, Census, Host, HostError, MigrateError, Outcome, Request, State, StatusView};
+use dirseal_recovery::RecoveryKey;
 use sha2::{Digest, Sha256};
 
 use crate::fscrypt::{self, KeyStatus};
 use crate::ids::KeyIdentifier;
-use crate::keystore::ProtectorRecord;
-use crate::ops::{Dirseal, OpsError};
+use crate::ops::{Dirseal, OpsError, Pick, ProtectorChoice};
+use crate::protector::ProtectorRecord;
 use crate::secret::ProtectorKey;
-use crate::ui::Progress;
+use crate::ui::{Progress, Question, Ui, UiError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConvertError {
@@ -22,12 +27,16 @@ pub enum ConvertError {
     Migrate(#[from] MigrateError),
     #[error(transparent)]
     Ops(#[from] OpsError),
+    #[error(transparent)]
+    Ui(#[from] UiError),
     #[error("{path}: {reason}")]
     Path { path: PathBuf, reason: String },
-    #[error("the owner of {path} (uid {uid}) has processes running (pid {pids}); converting under a running session loses what it writes after verification. Log the user out first, or pass --force if you are sure nothing writes there")]
+    #[error("the owner of {path} (uid {uid}) has processes running (pid {pids}); converting under a running session loses what it writes after verification. Log the user out first")]
     OwnerActive { path: PathBuf, uid: u32, pids: String },
-    #[error("the conversion journal of {path} names staging key {token:?}, which is not a policy id; the journal was tampered with: run `dirseal convert --abort {path}`")]
+    #[error("the conversion journal of {path} names staging key {token:?}, which is not a policy id; the journal was tampered with: abort the conversion")]
     BadToken { path: PathBuf, token: String },
+    #[error("no conversion of {path} is in progress")]
+    NotInProgress { path: PathBuf },
 }
 
 /// Where a conversion of `source` keeps its journal: root-only, on the same filesystem, named by
@@ -51,42 +60,226 @@ pub fn absolute(dir: &Path) -> Result<PathBuf, ConvertError> {
     Ok(parent.join(name))
 }
 
-/// Refuses when the owner of `source` runs anything: a logged-in user keeps writing.
-pub fn check_owner_inactive(source: &Path) -> Result<(), ConvertError> {
+/// The owner of a directory and the processes they run: a logged-in user keeps writing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Owner {
+    pub uid: u32,
+    /// Empty for root, whose processes always run.
+    pub pids: Vec<u32>,
+}
+
+fn owner_of(source: &Path) -> Result<Owner, ConvertError> {
     use std::os::unix::fs::MetadataExt;
     let meta = std::fs::symlink_metadata(source)
         .map_err(|e| ConvertError::Path { path: source.to_path_buf(), reason: format!("cannot inspect it: {e}") })?;
     let uid = meta.uid();
     if uid == 0 {
-        return Ok(());
+        return Ok(Owner { uid, pids: Vec::new() });
     }
     let mut pids = Vec::new();
     for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
         let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
-        if let Ok(m) = std::fs::metadata(entry.path()) {
-            if m.uid() == uid {
-                pids.push(pid.to_string());
+        if std::fs::metadata(entry.path()).is_ok_and(|m| m.uid() == uid) {
+            pids.push(pid);
+        }
+    }
+    Ok(Owner { uid, pids })
+}
+
+/// How to convert.
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    /// Keep the old plaintext until [`Finish::Commit`] (or put it back with [`Finish::Rollback`]).
+    pub keep_backup: bool,
+    /// Overwrite the old plaintext before deleting it, then TRIM.
+    pub wipe: bool,
+    /// Convert although the owner runs processes or programs use the directory.
+    pub force: bool,
+    /// Copy threads; 0 means one per CPU.
+    pub threads: usize,
+    /// Seal the new master key under a new recovery key; `None` asks the Ui.
+    pub recovery_key: Option<bool>,
+}
+
+/// A checked conversion, ready for [`run`].
+#[derive(Debug)]
+pub struct Plan {
+    /// The directory, absolute (its final component not followed).
+    pub source: PathBuf,
+    /// Its root-only work dir (journal, staging copy).
+    pub workdir: PathBuf,
+    pub options: Options,
+    pub what: Planned,
+}
+
+#[derive(Debug)]
+pub enum Planned {
+    /// A new conversion that passed every check: what it will copy and needs, and the owner.
+    New { census: Census, owner: Owner, engine: Box<migrate::Plan> },
+    /// An unfinished conversion. `staging_key` names the policy whose key must be loaded again
+    /// first (after a reboot): [`run`] asks for a protector's secret then.
+    Resume { state: State, staging_key: Option<KeyIdentifier> },
+}
+
+/// Progress reports and the stop flag of a long run (SIGINT/SIGTERM, a cancelled D-Bus call).
+pub struct Hooks<'a> {
+    pub progress: &'a (dyn Fn(&Progress) + Sync),
+    pub stop: &'a AtomicBool,
+}
+
+/// What a run achieved.
+#[derive(Debug)]
+pub struct Converted {
+    pub outcome: Outcome,
+    /// Whether the recovery key shown is saved on the directory; `None` when none was made.
+    pub recovery_key_saved: Option<bool>,
+}
+
+fn request<'a>(plan_source: &'a Path, workdir: &'a Path, o: &Options) -> Request<'a> {
+    let threads =
+        if o.threads == 0 { std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2) } else { o.threads };
+    Request { source: plan_source, workdir, keep_backup: o.keep_backup, wipe: o.wipe, force: o.force, threads }
+}
+
+/// Whether a conversion in `state` still has work to do (resume it, or finish it).
+pub fn unfinished(state: State) -> bool {
+    !matches!(state, State::Done | State::Aborted | State::RolledBack)
+}
+
+/// Checks a conversion of `dir` without writing anything: an unfinished one is resumed; a new
+/// one needs a filesystem that can encrypt, an owner who is not logged in (unless forced) and the
+/// engine's preflight (the one walk of the tree, which counts what the copy needs).
+pub fn plan(ds: &Dirseal, dir: &Path, options: Options, hooks: &Hooks<'_>) -> Result<Plan, ConvertError> {
+    let source = absolute(dir)?;
+    let workdir = workdir_for(&source)?;
+    if let Some(v) = migrate::status(&workdir)?.filter(|v| unfinished(v.state)) {
+        let staging_key = staging_key_needed(&source, &v)?;
+        return Ok(Plan { source, workdir, options, what: Planned::Resume { state: v.state, staging_key } });
+    }
+    // Nothing may be created (protector, policy, work dir) on a filesystem that cannot encrypt.
+    fscrypt::check_supported(&fscrypt::mount_point(&source).map_err(OpsError::from)?).map_err(OpsError::from)?;
+    let owner = owner_of(&source)?;
+    if !options.force && !owner.pids.is_empty() {
+        let pids = owner.pids.iter().take(8).map(u32::to_string).collect::<Vec<_>>().join(", ");
+        return Err(ConvertError::OwnerActive { path: source, uid: owner.uid, pids });
+    }
+    let host = KeyHost::new(ds, &source, hooks);
+    let engine = migrate::preflight(&request(&source, &workdir, &options), &host)?;
+    let census = *engine.census();
+    Ok(Plan { source, workdir, options, what: Planned::New { census, owner, engine: Box::new(engine) } })
+}
+
+/// Runs a plan. A new conversion: the Ui confirms ([`Question::Convert`]), a recovery key is
+/// made if wanted and shown ([`Ui::show_recovery_key`]) before anything is encrypted, the
+/// protector `choice` is created or unlocked, then the engine copies, verifies and swaps. A
+/// resumed one: the staging key is loaded again if needed (with the protector `choice` names,
+/// else the policy's only one), then the engine goes on from where it stopped.
+pub fn run(
+    ds: &mut Dirseal,
+    plan: Plan,
+    choice: ProtectorChoice<'_>,
+    ui: &mut dyn Ui,
+    hooks: &Hooks<'_>,
+) -> Result<Converted, ConvertError> {
+    let Plan { source, workdir, options, what } = plan;
+    let req = request(&source, &workdir, &options);
+    match what {
+        Planned::Resume { state, staging_key } => {
+            if let Some(id) = staging_key {
+                let pick = match choice {
+                    ProtectorChoice::Existing(id) => Pick { protector: Some(id) },
+                    ProtectorChoice::New(_) => Pick::default(),
+                };
+                let policy = ds.keystore().policy(&id).map_err(OpsError::from)?;
+                let what = format!("the conversion of {}", source.display());
+                let (pid, pkey) = ds.unlock_policy_protector(&policy, pick, &what, ui)?;
+                let master = ds.master_key(&policy, &pid, &pkey)?;
+                ds.add_key(&source, &master)?;
+            }
+            ui.notice(&format!("resuming the conversion of {} ({state})", source.display()));
+            let outcome = migrate::convert(&req, &KeyHost::new(ds, &source, hooks))?;
+            Ok(Converted { outcome, recovery_key_saved: None })
+        }
+        Planned::New { census, engine, .. } => {
+            if !ui.confirm(&Question::Convert { dir: &source, census: &census })? {
+                return Err(UiError::Cancelled.into());
+            }
+            let want_key = match options.recovery_key {
+                Some(w) => w,
+                None => ui.confirm(&Question::CreateRecoveryKey { dir: &source })?,
+            };
+            let recovery = if want_key {
+                let key = RecoveryKey::generate();
+                ui.show_recovery_key(&source, &key)?;
+                Some(key)
+            } else {
+                None
+            };
+            let chosen = ds.resolve_protector(choice, ui)?;
+            let host =
+                KeyHost { protector: Some(chosen), recovery: recovery.as_ref(), ..KeyHost::new(ds, &source, hooks) };
+            let outcome = migrate::start(&req, &host, *engine)?;
+            let saved = recovery.map(|_| {
+                !matches!(outcome.state, State::Done | State::Swapped)
+                    || crate::recovery::read_blob(&source).is_ok_and(|b| b.is_some())
+            });
+            Ok(Converted { outcome, recovery_key_saved: saved })
+        }
+    }
+}
+
+/// The end of a conversion other than completing it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Finish {
+    /// Before the swap: remove the copy, leave the original untouched.
+    Abort,
+    /// After a swap that kept the backup: put the plaintext back.
+    Rollback,
+    /// After a swap that kept the backup: delete the old plaintext.
+    Commit,
+}
+
+pub fn finish(ds: &Dirseal, dir: &Path, how: Finish, hooks: &Hooks<'_>) -> Result<Outcome, ConvertError> {
+    let source = absolute(dir)?;
+    let workdir = workdir_for(&source)?;
+    let host = KeyHost::new(ds, &source, hooks);
+    Ok(match how {
+        Finish::Abort => migrate::abort(&workdir, &host)?,
+        Finish::Rollback => migrate::rollback(&workdir, &host)?,
+        Finish::Commit => migrate::commit(&workdir, &host)?,
+    })
+}
+
+/// Every conversion recorded on a mounted filesystem.
+pub fn recorded() -> Result<Vec<StatusView>, ConvertError> {
+    let mut found = Vec::new();
+    for mp in fscrypt::mount_points().map_err(OpsError::from)? {
+        let Ok(entries) = std::fs::read_dir(mp.join(".dirseal/convert")) else { continue };
+        for e in entries.flatten() {
+            if let Ok(Some(v)) = migrate::status(&e.path()) {
+                found.push(v);
             }
         }
     }
-    if pids.is_empty() {
-        return Ok(());
-    }
-    pids.truncate(8);
-    Err(ConvertError::OwnerActive { path: source.to_path_buf(), uid, pids: pids.join(", ") })
+    Ok(found)
 }
 
 /// The privileged side of the engine.
-pub struct KeyHost<'a> {
-    pub ds: &'a Dirseal,
-    pub source: PathBuf,
+struct KeyHost<'a> {
+    ds: &'a Dirseal,
+    source: &'a Path,
     /// The protector for a new conversion's staging policy (absent on resume and abort).
-    pub protector: Option<(ProtectorRecord, ProtectorKey)>,
+    protector: Option<(ProtectorRecord, ProtectorKey)>,
     /// A recovery key to seal the new policy's master key under, on the staging root (it becomes
     /// the directory at the swap, so the key works from the first moment the data is encrypted).
-    pub recovery: Option<&'a dirseal_recovery::RecoveryKey>,
-    pub stop: &'a AtomicBool,
-    pub on_progress: &'a (dyn Fn(&Progress) + Sync),
+    recovery: Option<&'a RecoveryKey>,
+    hooks: &'a Hooks<'a>,
+}
+
+impl<'a> KeyHost<'a> {
+    fn new(ds: &'a Dirseal, source: &'a Path, hooks: &'a Hooks<'a>) -> KeyHost<'a> {
+        KeyHost { ds, source, protector: None, recovery: None, hooks }
+    }
 }
 
 fn host_err(e: impl std::fmt::Display) -> HostError {
@@ -100,7 +293,7 @@ impl Host for KeyHost<'_> {
             .as_ref()
             .ok_or_else(|| HostError("internal: no protector chosen for a new conversion".into()))?;
         // The hint names the source: after the swap that path is the encrypted directory.
-        let (policy, master) = self.ds.new_policy(&self.source, prec, pkey).map_err(host_err)?;
+        let (policy, master) = self.ds.new_policy(self.source, prec, pkey).map_err(host_err)?;
         fscrypt::set_policy(staging, &policy.id).map_err(host_err)?;
         if let Some(key) = self.recovery {
             crate::recovery::install(staging, &policy.id, &master, key).map_err(host_err)?;
@@ -114,7 +307,7 @@ impl Host for KeyHost<'_> {
         match fscrypt::key_status(&mp, &id).map_err(host_err)? {
             KeyStatus::Present => Ok(()),
             _ => Err(HostError(format!(
-                "the staging directory's key {id} is not loaded (was the machine restarted?); run `dirseal convert --resume {}`, which asks for the secret",
+                "the staging directory's key {id} is not loaded (was the machine restarted?); resuming the conversion of {} loads it with a protector's secret",
                 self.source.display()
             ))),
         }
@@ -141,7 +334,7 @@ impl Host for KeyHost<'_> {
     }
 
     fn progress(&self, p: &migrate::Progress) {
-        (self.on_progress)(&Progress {
+        (self.hooks.progress)(&Progress {
             phase: phase_name(p.phase).to_string(),
             bytes_done: p.bytes_done,
             bytes_total: p.bytes_total,
@@ -151,14 +344,14 @@ impl Host for KeyHost<'_> {
     }
 
     fn should_stop(&self) -> bool {
-        self.stop.load(Ordering::Relaxed)
+        self.hooks.stop.load(Ordering::Relaxed)
     }
 }
 
 /// The staging key of a conversion in progress, if one is recorded and its key is not loaded:
 /// the caller must unlock it (ask the secret) before resuming.
-pub fn staging_key_needed(source: &Path, view: &StatusView) -> Result<Option<KeyIdentifier>, ConvertError> {
-    if view.token.is_empty() || matches!(view.state, State::Done | State::Aborted | State::RolledBack) {
+fn staging_key_needed(source: &Path, view: &StatusView) -> Result<Option<KeyIdentifier>, ConvertError> {
+    if view.token.is_empty() || !unfinished(view.state) {
         return Ok(None);
     }
     let id: KeyIdentifier = view

@@ -241,6 +241,12 @@ fn mount_entry(path: &Path) -> Result<MountEntry, FscryptError> {
         .ok_or_else(|| FscryptError::NoMount { path: path.to_path_buf() })
 }
 
+/// Every mount point, in /proc/self/mountinfo order.
+pub fn mount_points() -> Result<Vec<PathBuf>, FscryptError> {
+    let text = std::fs::read_to_string(MOUNTINFO).map_err(|e| from_io(e, Path::new(MOUNTINFO), "read"))?;
+    Ok(parse_mountinfo(&text)?.into_iter().map(|m| m.mount_point).collect())
+}
+
 /// The mount point of the filesystem holding `path` (which is not followed if it is a symlink).
 pub fn mount_point(path: &Path) -> Result<PathBuf, FscryptError> {
     mount_entry(path).map(|m| m.mount_point)

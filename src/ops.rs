@@ -40,7 +40,7 @@ pub enum OpsError {
     AlreadyEncrypted { path: PathBuf, id: KeyIdentifier },
     #[error("{path}: {reason}")]
     BadDirectory { path: PathBuf, reason: String },
-    #[error("{what} has several protectors ({list}); pick one with --protector ID")]
+    #[error("{what} has several protectors ({list}); choose the one to use")]
     AmbiguousProtector { what: String, list: String },
     #[error("{what} has no usable protector; see `dirseal status` and add one with `dirseal policy add-protector`")]
     NoProtector { what: String },

@@ -31,8 +31,6 @@ pub enum RecoveryError {
     OtherPolicy { path: PathBuf, expected: KeyIdentifier, found: KeyIdentifier },
     #[error("the key recovered for {path} does not match its policy {expected}: the recovery data is forged or damaged; nothing was unlocked")]
     KeyMismatch { path: PathBuf, expected: KeyIdentifier },
-    #[error("the key you typed back differs from the recovery key shown; nothing was saved, run the command again")]
-    NotConfirmed,
     #[error(
         "cannot {op} the recovery attribute of {path}: {source}; dirseal must run as root on a filesystem with xattrs"
     )]

@@ -1,5 +1,9 @@
 //! The one door between the library and a human: the CLI, the PAM module and the daemon each
 //! implement [`Ui`]. The library never prints, prompts or reads the terminal itself.
+use std::path::Path;
+
+use dirseal_recovery::RecoveryKey;
+
 use crate::ids::ProtectorId;
 use crate::secret::Passphrase;
 
@@ -15,10 +19,19 @@ pub enum SecretPrompt<'a> {
     /// A new PIN for a protector being created or changed; front ends should ask twice.
     NewPin { name: &'a str },
     /// A recovery key, typed back from paper.
-    RecoveryKey { dir: &'a std::path::Path },
+    RecoveryKey { dir: &'a Path },
 }
 
-/// Why no secret came back.
+/// A yes/no question before something that cannot be taken back quietly.
+#[derive(Clone, Debug)]
+pub enum Question<'a> {
+    /// Encrypt `dir` in place; the census says what the copy involves.
+    Convert { dir: &'a Path, census: &'a dirseal_migrate::Census },
+    /// Make a recovery key for `dir` (the way back in if every protector is lost).
+    CreateRecoveryKey { dir: &'a Path },
+}
+
+/// Why no secret or answer came back.
 #[derive(Debug, thiserror::Error)]
 pub enum UiError {
     #[error("no secret was given (input closed); {hint}")]
@@ -29,6 +42,10 @@ pub enum UiError {
     Empty,
     #[error("cancelled; nothing was changed")]
     Cancelled,
+    #[error("{what} needs confirmation; {hint}")]
+    Unconfirmed { what: String, hint: String },
+    #[error("the recovery key typed back differs from the one shown; nothing was saved, run the command again")]
+    RecoveryKeyNotConfirmed,
     #[error("reading the secret failed: {0}")]
     Io(#[from] std::io::Error),
 }
@@ -49,6 +66,16 @@ pub trait Ui {
     /// being created. Front ends say so; the device itself waits.
     fn touch(&mut self, name: &str, _id: Option<&ProtectorId>) {
         self.notice(&format!("touch the security key of protector {name}"));
+    }
+    /// Asks a yes/no question. A front end that cannot ask answers no (or an error naming how
+    /// to say yes without being asked).
+    fn confirm(&mut self, _q: &Question<'_>) -> Result<bool, UiError> {
+        Ok(false)
+    }
+    /// Shows a new recovery key, once, before it is used: the front end makes sure it was taken
+    /// down (e.g. typed back). A front end that cannot show one refuses, and none is made.
+    fn show_recovery_key(&mut self, _dir: &Path, _key: &RecoveryKey) -> Result<(), UiError> {
+        Err(UiError::Cancelled)
     }
     /// A human-readable status line (e.g. "unlocked /home/alice"). Front ends may drop it.
     fn notice(&mut self, _msg: &str) {}

@@ -453,3 +453,62 @@ fn wipe_and_the_status_of_all_conversions() {
     let err = env.fails(&["convert", "--abort", p(&b)], "");
     assert!(err.contains("roll"), "{err}");
 }
+
+/// The library API every front end calls: `plan` walks the tree once (the census), `run` does
+/// not walk it again for another census, and the result is the same as through the CLI.
+#[test]
+fn a_conversion_walks_the_tree_once_for_its_census() {
+    use dirseal::convert::{self, Hooks, Options, Planned};
+    use dirseal::ops::{Dirseal, NewProtector, ProtectorChoice};
+    use dirseal::protector::{KindOptions, NewKind};
+    use dirseal::secret::Passphrase;
+    use dirseal::ui::{Question, SecretPrompt, Ui, UiError};
+
+    struct Scripted {
+        confirmed: Vec<String>,
+    }
+    impl Ui for Scripted {
+        fn secret(&mut self, p: &SecretPrompt<'_>) -> Result<Passphrase, UiError> {
+            match p {
+                SecretPrompt::NewPassword { .. } => Ok(Passphrase::from_str_copy("pw")),
+                other => panic!("unexpected prompt {other:?}"),
+            }
+        }
+        fn confirm(&mut self, q: &Question<'_>) -> Result<bool, UiError> {
+            self.confirmed.push(format!("{q:?}"));
+            Ok(matches!(q, Question::Convert { .. }))
+        }
+    }
+
+    let env = Env::new();
+    let home = env.mnt().join("walked");
+    build_home(&home, fresh_uid());
+    let before = manifest(&home);
+    let dirs = 6; // walked, Documents, Documents/deep, Documents/deep/er, .config, .config/app
+    let mut ds = Dirseal::open(&env.config(), Some(&env.keystore())).unwrap();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let progress = |_: &dirseal::ui::Progress| {};
+    let hooks = Hooks { progress: &progress, stop: &stop };
+    let listed = dirseal_migrate::census_dirs_listed;
+
+    let start = listed();
+    let options = Options { threads: 1, recovery_key: None, ..Options::default() };
+    let plan = convert::plan(&ds, &home, options, &hooks).unwrap();
+    assert_eq!(listed() - start, dirs, "the plan's census lists each directory once");
+    let Planned::New { census, .. } = &plan.what else { panic!("a new conversion was expected") };
+    assert_eq!(census.entries, before.len() as u64);
+    assert!(census.space_available >= census.space_needed);
+
+    let kind = NewKind::named("password", &KindOptions::default()).unwrap();
+    let choice = ProtectorChoice::New(NewProtector { name: "owner", uid: None, kind });
+    let mut ui = Scripted { confirmed: Vec::new() };
+    let done = convert::run(&mut ds, plan, choice, &mut ui, &hooks).unwrap();
+    assert_eq!(listed() - start, dirs, "running the plan must not walk the tree for a second census");
+    assert_eq!(done.outcome.state, dirseal_migrate::State::Done);
+    assert_eq!(done.recovery_key_saved, None);
+    // Confirmation first, then the recovery key question (answered no here).
+    assert!(ui.confirmed[0].starts_with("Convert"), "{:?}", ui.confirmed);
+    assert!(ui.confirmed[1].starts_with("CreateRecoveryKey"), "{:?}", ui.confirmed);
+    assert_eq!(manifest(&home), before);
+    assert_eq!(env.status_json(&home)["encrypted"], true);
+}

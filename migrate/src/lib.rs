@@ -28,7 +28,7 @@ use ctx::Ctx;
 use fault::Point;
 use journal::{HexPath, Journal, Step, Version, Workdir, STAGING};
 
-pub use scan::find_users;
+pub use scan::{census_dirs_listed, find_users};
 
 /// What to convert and how.
 #[derive(Clone, Copy, Debug)]
@@ -265,6 +265,7 @@ pub enum MigrateError {
 pub(crate) const MAX_ROUNDS: u32 = 3;
 
 /// The source as resolved once: absolute path (canonical parent + final name) and an open handle.
+#[derive(Debug)]
 struct Source {
     path: PathBuf,
     fd: OwnedFd,
@@ -328,14 +329,52 @@ fn host_err(step: &'static str) -> impl Fn(HostError) -> MigrateError {
     move |source| MigrateError::Host { step, source }
 }
 
-/// Checks everything that can be checked without writing: the source, the work dir location,
-/// free space and inodes, and (unless forced) that no process uses the directory.
-pub fn preflight(req: &Request, host: &dyn Host) -> Result<(), MigrateError> {
-    let src = Source::resolve(req.source)?;
-    preflight_source(req, host, &src).map(|_| ())
+/// What a new conversion will copy and need, as counted by [`preflight`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Census {
+    /// Entries below the root.
+    pub entries: u64,
+    /// Bytes of regular file content.
+    pub bytes: u64,
+    /// Free space the copy needs (allocated blocks plus a margin) and what the filesystem has.
+    pub space_needed: u64,
+    pub space_available: u64,
+    pub inodes_needed: u64,
+    pub inodes_available: u64,
+    /// Files with hard links outside the tree (they stop being shared: see the outcome's notes).
+    pub outside_links: u64,
 }
 
-fn preflight_source(req: &Request, host: &dyn Host, src: &Source) -> Result<scan::Census, MigrateError> {
+/// A new conversion that passed [`preflight`]: the resolved source and its census. [`start`]
+/// begins the conversion from it without walking the tree again.
+#[derive(Debug)]
+pub struct Plan {
+    src: Source,
+    census: Census,
+}
+
+impl Plan {
+    pub fn census(&self) -> &Census {
+        &self.census
+    }
+
+    /// The source as resolved (canonical parent, final name).
+    pub fn source(&self) -> &Path {
+        &self.src.path
+    }
+}
+
+/// Checks everything that can be checked without writing: the source, the work dir location,
+/// free space and inodes, and (unless forced) that no process uses the directory. Walks the tree
+/// once, for the census the plan carries.
+pub fn preflight(req: &Request, host: &dyn Host) -> Result<Plan, MigrateError> {
+    let src = Source::resolve(req.source)?;
+    let census = preflight_source(req, host, &src)?;
+    Ok(Plan { src, census })
+}
+
+/// The checks that need no walk of the tree.
+fn quick_checks(req: &Request, host: &dyn Host, src: &Source) -> Result<(), MigrateError> {
     if src.meta.encrypted
         || host.is_encrypted(&src.path).map_err(host_err("checking whether the directory is encrypted"))?
     {
@@ -352,6 +391,14 @@ fn preflight_source(req: &Request, host: &dyn Host, src: &Source) -> Result<scan
             }
         }
     }
+    if !req.force {
+        check_not_in_use(&src.path)?;
+    }
+    Ok(())
+}
+
+fn preflight_source(req: &Request, host: &dyn Host, src: &Source) -> Result<Census, MigrateError> {
+    quick_checks(req, host, src)?;
     let ctx = Ctx::new(host, &src.path, src.meta.mnt_id, Phase::Scanning, 0, 0);
     ctx.tick(true);
     let census = scan::census(&ctx, &src.fd).map_err(|e| match e {
@@ -368,10 +415,15 @@ fn preflight_source(req: &Request, host: &dyn Host, src: &Source) -> Result<scan
     if vfs.f_favail < inodes {
         return Err(MigrateError::NoInodes { path: src.path.clone(), needed: inodes, available: vfs.f_favail });
     }
-    if !req.force {
-        check_not_in_use(&src.path)?;
-    }
-    Ok(census)
+    Ok(Census {
+        entries: census.entries,
+        bytes: census.bytes,
+        space_needed: needed,
+        space_available: available,
+        inodes_needed: inodes,
+        inodes_available: vfs.f_favail,
+        outside_links: census.outside_links,
+    })
 }
 
 fn check_not_in_use(path: &Path) -> Result<(), MigrateError> {
@@ -427,11 +479,41 @@ fn check_workdir_location(workdir: &Path, src: &Source) -> Result<(), MigrateErr
 /// replaced by a new conversion.
 pub fn convert(req: &Request, host: &dyn Host) -> Result<Outcome, MigrateError> {
     let src = Source::resolve(req.source)?;
-    let recorded = match Workdir::open(req.workdir, false)? {
-        Some(wd) => wd.read()?,
-        None => None,
+    if let Some(resumed) = resume_recorded(req, host, &src) {
+        return resumed;
+    }
+    let census = preflight_source(req, host, &src)?;
+    begin(req, host, &src, &census)
+}
+
+/// Begins the conversion [`preflight`] planned, without walking the tree again: what may have
+/// changed while a person confirmed it (the source replaced, a converter started, a program
+/// opened the directory) is checked again. Like [`convert`], resumes an unfinished conversion
+/// recorded meanwhile.
+pub fn start(req: &Request, host: &dyn Host, plan: Plan) -> Result<Outcome, MigrateError> {
+    let src = Source::resolve(req.source)?;
+    if (src.meta.dev, src.meta.ino) != (plan.src.meta.dev, plan.src.meta.ino) {
+        return Err(MigrateError::SourceReplaced { path: src.path });
+    }
+    if let Some(resumed) = resume_recorded(req, host, &src) {
+        return resumed;
+    }
+    quick_checks(req, host, &src)?;
+    begin(req, host, &src, &plan.census)
+}
+
+/// Resumes the unfinished conversion recorded in the work dir, if there is one.
+fn resume_recorded(req: &Request, host: &dyn Host, src: &Source) -> Option<Result<Outcome, MigrateError>> {
+    let recorded = match Workdir::open(req.workdir, false) {
+        Ok(Some(wd)) => wd.read(),
+        Ok(None) => Ok(None),
+        Err(e) => Err(e),
     };
-    if let Some(j) = recorded.filter(|j| !j.step.is_final()) {
+    let j = match recorded {
+        Ok(j) => j.filter(|j| !j.step.is_final())?,
+        Err(e) => return Some(Err(e)),
+    };
+    Some((|| {
         if j.source.0 != src.path {
             return Err(other_source(req.workdir, &j, &src.path));
         }
@@ -439,9 +521,12 @@ pub fn convert(req: &Request, host: &dyn Host) -> Result<Outcome, MigrateError> 
             .ok_or(MigrateError::NoConversion { workdir: req.workdir.to_path_buf() })?;
         let _lock = wd.lock()?;
         let j = wd.read()?.ok_or(MigrateError::NoConversion { workdir: req.workdir.to_path_buf() })?;
-        return run(req, host, &wd, j, true);
-    }
-    let census = preflight_source(req, host, &src)?;
+        run(req, host, &wd, j, true)
+    })())
+}
+
+/// Creates the work dir and staging, has the host encrypt it, records `Prepared` and runs.
+fn begin(req: &Request, host: &dyn Host, src: &Source, census: &Census) -> Result<Outcome, MigrateError> {
     let wd =
         Workdir::open(req.workdir, true)?.ok_or(MigrateError::Internal("work dir missing right after creation"))?;
     let _lock = wd.lock()?;

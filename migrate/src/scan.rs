@@ -23,6 +23,15 @@ pub(crate) struct Census {
     pub outside_links: u64,
 }
 
+/// Directories the census has listed, in this process: a test checks that a conversion walks
+/// its tree for the census once (the copy, verification and disposal walk it on their own).
+static DIRS_LISTED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many directories every census of this process has listed so far.
+pub fn census_dirs_listed() -> u64 {
+    DIRS_LISTED.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Walks the tree one directory at a time, refusing mount points and encrypted entries inside.
 pub(crate) fn census(ctx: &Ctx, root: &OwnedFd) -> Result<Census, MigrateError> {
     let rootm = fsx::stat_fd(root).map_err(|e| ctx.src_err(Path::new(""), e))?;
@@ -36,6 +45,7 @@ pub(crate) fn census(ctx: &Ctx, root: &OwnedFd) -> Result<Census, MigrateError> 
     while let Some((dir, rel, pending)) = stack.last_mut() {
         if fresh {
             fresh = false;
+            DIRS_LISTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             for n in fsx::list_names(&*dir).map_err(|e| ctx.src_err(rel, e))? {
                 let r = rel.join(&n);
                 let Some(m) = fsx::stat_at(&*dir, &n).map_err(|e| ctx.src_err(&r, e))? else {

@@ -1,21 +1,21 @@
-//! `dirseal convert`: preflight, confirm, choose the protector, then run or resume the engine
-//! with a progress bar (or JSON lines) and clean stops on SIGINT/SIGTERM.
+//! `dirseal convert`: flags to [`dirseal::convert`]'s plan and run, a progress bar (or JSON
+//! lines), and clean stops on SIGINT/SIGTERM.
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde::Serialize;
 
-use dirseal::convert::{self, KeyHost};
-use dirseal::ops::{Dirseal, Pick};
-use dirseal::ui::{Progress, Ui};
-use dirseal_migrate::{self as migrate, Outcome, Request, State, StatusView};
+use dirseal::convert::{self, ConvertError, Converted, Finish, Hooks, Options};
+use dirseal::ops::Dirseal;
+use dirseal::ui::Progress;
+use dirseal_migrate::{Outcome, State, StatusView};
 
-use super::term::{clean, confirm, TermUi};
+use super::term::{clean, TermUi};
 use super::ProtectorArgs;
 
 #[derive(Args)]
@@ -163,10 +163,8 @@ pub fn run(ds: &mut Dirseal, args: ConvertArgs, ui: &mut TermUi) -> Result<i32> 
         bail!("name the directory to convert: `dirseal convert DIR`");
     };
     let abs = convert::absolute(&dir)?;
-    let workdir = convert::workdir_for(&abs)?;
-    let view = convert::status(&abs)?;
     if args.status {
-        return show_status(&abs, view.as_ref(), args.json);
+        return show_status(&abs, convert::status(&abs)?.as_ref(), args.json);
     }
 
     let stop = Arc::new(AtomicBool::new(false));
@@ -174,91 +172,42 @@ pub fn run(ds: &mut Dirseal, args: ConvertArgs, ui: &mut TermUi) -> Result<i32> 
         signal_hook::flag::register(sig, Arc::clone(&stop))?;
     }
     let reporter = Reporter::new(args.json);
-    let on_progress = |p: &Progress| reporter.report(p);
-    let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2));
-    let req = Request {
-        source: &abs,
-        workdir: &workdir,
-        keep_backup: args.keep_backup,
-        wipe: args.wipe,
-        force: args.force,
-        threads,
+    let progress = |p: &Progress| reporter.report(p);
+    let hooks = Hooks { progress: &progress, stop: &stop };
+    let finish = match (args.abort, args.rollback, args.commit) {
+        (true, _, _) => Some(Finish::Abort),
+        (_, true, _) => Some(Finish::Rollback),
+        (_, _, true) => Some(Finish::Commit),
+        _ => None,
     };
-    let mut recovery_key: Option<dirseal_recovery::RecoveryKey> = None;
-    // A macro, not a closure: each host borrows `ds` only for the one engine call it serves.
-    macro_rules! host {
-        ($protector:expr) => {
-            KeyHost {
-                ds: &*ds,
-                source: abs.clone(),
-                protector: $protector,
-                recovery: recovery_key.as_ref(),
-                stop: &stop,
-                on_progress: &on_progress,
-            }
-        };
-    }
-
-    let active = view.as_ref().filter(|v| !matches!(v.state, State::Done | State::Aborted | State::RolledBack));
-    let result = if args.abort {
-        migrate::abort(&workdir, &host!(None))
-    } else if args.rollback {
-        migrate::rollback(&workdir, &host!(None))
-    } else if args.commit {
-        migrate::commit(&workdir, &host!(None))
-    } else if let Some(v) = active {
-        if let Some(id) = convert::staging_key_needed(&abs, v)? {
-            // After a reboot the staging key is gone: unlock it with the protector saved before
-            // any data was copied.
-            let policy = ds.keystore().policy(&id)?;
-            let what = format!("the conversion of {}", abs.display());
-            let (pid, pkey) =
-                ds.unlock_policy_protector(&policy, Pick { protector: args.protector.protector }, &what, ui)?;
-            let master = ds.master_key(&policy, &pid, &pkey)?;
-            ds.add_key(&abs, &master)?;
-        }
-        ui.notice(&format!("resuming the conversion of {} ({})", abs.display(), v.state));
-        migrate::convert(&req, &host!(None))
-    } else if args.resume {
-        bail!("no conversion of {} is in progress; start one with `dirseal convert {}`", abs.display(), abs.display());
+    let result = if let Some(how) = finish {
+        convert::finish(ds, &abs, how, &hooks).map(|outcome| Converted { outcome, recovery_key_saved: None })
     } else {
-        // Nothing may be created (protector, policy, work dir) on a filesystem that cannot encrypt.
-        dirseal::fscrypt::check_supported(&dirseal::fscrypt::mount_point(&abs)?)?;
-        if !args.force {
-            convert::check_owner_inactive(&abs)?;
+        if args.resume && !convert::status(&abs)?.is_some_and(|v| convert::unfinished(v.state)) {
+            return Err(ConvertError::NotInProgress { path: abs.clone() })
+                .context(format!("start one with `dirseal convert {}`", abs.display()));
         }
-        // Refusals come before any question or secret.
-        migrate::preflight(&req, &host!(None))?;
-        if !args.yes {
-            if !std::io::stdin().is_terminal() {
-                bail!("converting {} needs confirmation; pass --yes when not on a terminal", abs.display());
-            }
-            let q = format!(
-                "Encrypt {} in place? Its data is copied into an encrypted directory that replaces it.",
-                clean(&abs.display().to_string())
-            );
-            if !confirm(&q) {
-                bail!("cancelled; nothing was changed");
-            }
-        }
-        if args.recovery.wanted() {
-            let key = dirseal_recovery::RecoveryKey::generate();
-            super::recovery::present(&key, &abs)?;
-            recovery_key = Some(key);
-        }
+        let options = Options {
+            keep_backup: args.keep_backup,
+            wipe: args.wipe,
+            force: args.force,
+            threads: args.threads.unwrap_or(0),
+            recovery_key: args.recovery.decided(),
+        };
+        let plan = convert::plan(ds, &abs, options, &hooks)?;
         let user = args.protector.user_or_owner(&abs)?;
-        let chosen = ds.resolve_protector(args.protector.choice(&user)?, ui)?;
-        migrate::convert(&req, &host!(Some(chosen)))
+        ui.assume_yes = args.yes;
+        convert::run(ds, plan, args.protector.choice(&user)?, ui, &hooks)
     };
     reporter.finish();
-    let outcome = result?;
-    if recovery_key.is_some() && matches!(outcome.state, State::Done | State::Swapped) && !has_recovery(&abs) {
+    let done = result?;
+    if done.recovery_key_saved == Some(false) {
         eprintln!(
             "dirseal: the recovery key shown above was not saved on {d}; create a new one with `dirseal recovery add {d}`",
             d = clean(&abs.display().to_string())
         );
     }
-    report(&abs, &outcome, args.json)?;
+    report(&abs, &done.outcome, args.json)?;
     Ok(0)
 }
 
@@ -326,18 +275,7 @@ fn print_status(v: &StatusView) {
 
 /// Every conversion recorded on any mounted filesystem.
 fn status_all(json: bool) -> Result<i32> {
-    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
-    let mut found = Vec::new();
-    for line in mounts.lines() {
-        let Some(mp) = line.split(' ').nth(1) else { continue };
-        let base = Path::new(&unescape(mp)).join(".dirseal/convert");
-        let Ok(entries) = std::fs::read_dir(&base) else { continue };
-        for e in entries.flatten() {
-            if let Ok(Some(v)) = migrate::status(&e.path()) {
-                found.push(v);
-            }
-        }
-    }
+    let found = convert::recorded()?;
     if json {
         let list: Vec<StatusOut<'_>> = found.iter().map(status_out).collect();
         println!("{}", serde_json::to_string(&serde_json::json!({ "conversions": list }))?);
@@ -347,25 +285,4 @@ fn status_all(json: bool) -> Result<i32> {
         found.iter().for_each(print_status);
     }
     Ok(0)
-}
-
-/// /proc/self/mounts escapes space, tab, newline and backslash as octal.
-fn unescape(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
-            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-fn has_recovery(dir: &Path) -> bool {
-    dirseal::recovery::read_blob(dir).is_ok_and(|b| b.is_some())
 }

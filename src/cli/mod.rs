@@ -252,9 +252,32 @@ pub fn main() -> i32 {
         Ok(code) => code,
         Err(e) => {
             eprintln!("dirseal: error: {}", clean(&format!("{e:#}")));
+            if let Some(h) = hint(&e) {
+                eprintln!("dirseal: {}", clean(&h));
+            }
             1
         }
     }
+}
+
+/// The CLI's own next step for a library error: library texts describe the problem and never
+/// name flags, which only make sense here.
+fn hint(e: &anyhow::Error) -> Option<String> {
+    use dirseal::convert::ConvertError;
+    use dirseal::ops::OpsError;
+    e.chain().find_map(|cause| {
+        if let Some(OpsError::AmbiguousProtector { .. }) = cause.downcast_ref::<OpsError>() {
+            return Some("pick one with --protector ID".into());
+        }
+        match cause.downcast_ref::<ConvertError>()? {
+            ConvertError::OwnerActive { .. } => {
+                Some("if you are sure nothing writes there, pass --force to convert anyway".into())
+            }
+            ConvertError::BadToken { path, .. } => Some(format!("run `dirseal convert --abort {}`", path.display())),
+            ConvertError::Ops(OpsError::AmbiguousProtector { .. }) => Some("pick one with --protector ID".into()),
+            _ => None,
+        }
+    })
 }
 
 fn require_root() -> Result<()> {
@@ -288,17 +311,17 @@ fn run(cli: Cli) -> Result<i32> {
             | Cmd::Protector(ProtectorCmd::List { json: true })
             | Cmd::Policy(PolicyCmd::List { json: true })
     ) || matches!(&cli.cmd, Cmd::Convert(a) if a.json);
-    let mut ui = TermUi { json };
+    let mut ui = TermUi { json, assume_yes: false };
     match cli.cmd {
         Cmd::Status { dir: Some(dir), json } => status_dir(&ds, &dir, json)?,
         Cmd::Status { dir: None, json } => overview(&ds, json)?,
         Cmd::Encrypt { dir, protector, recovery: offer } => {
             let user = protector.user_or_owner(&dir)?;
             // Ask before anything is encrypted; the key is shown once the master key exists.
-            let want_recovery = offer.wanted();
+            let want_recovery = offer.wanted(&dir, &mut ui)?;
             let (policy, master) = ds.encrypt(&dir, protector.choice(&user)?, &mut ui)?;
             if want_recovery {
-                recovery::create(&dir, &policy.id, &master)?;
+                recovery::create(&dir, &policy.id, &master, &mut ui)?;
             }
         }
         Cmd::Convert(args) => return convert::run(&mut ds, args, &mut ui),

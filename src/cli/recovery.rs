@@ -1,5 +1,4 @@
 //! `dirseal recovery ...` and the recovery-key offer of `encrypt` and `convert`.
-use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Result};
@@ -11,7 +10,9 @@ use dirseal::recovery::{self, RecoveryError};
 use dirseal::secret::MasterKey;
 use dirseal_recovery::RecoveryKey;
 
-use super::term::{clean, confirm, TermUi};
+use dirseal::ui::{Question, Ui};
+
+use super::term::{clean, TermUi};
 use super::ProtectorArgs;
 
 #[derive(Subcommand)]
@@ -47,49 +48,27 @@ pub struct RecoveryOffer {
 }
 
 impl RecoveryOffer {
-    /// Whether to make a key: the flags decide; on a terminal without flags, ask.
-    pub fn wanted(&self) -> bool {
-        if self.recovery_key || self.no_recovery_key {
-            return self.recovery_key;
-        }
-        std::io::stdin().is_terminal()
-            && confirm(
-                "Create a recovery key (the way back in if every password is forgotten or the keystore is lost)?",
-            )
+    /// What the flags decided; `None` leaves it to a question ([`TermUi::confirm`]).
+    pub fn decided(&self) -> Option<bool> {
+        (self.recovery_key || self.no_recovery_key).then_some(self.recovery_key)
     }
-}
 
-/// Shows a new key; on a terminal, has it typed back so a miswritten copy is caught now.
-pub fn present(key: &RecoveryKey, dir: &Path) -> Result<()> {
-    println!(
-        "Recovery key for {} — write it down and keep it away from the device; it is shown only once:\n\n    {}\n",
-        clean(&dir.display().to_string()),
-        &*key.to_display()
-    );
-    if !std::io::stdin().is_terminal() {
-        return Ok(());
-    }
-    for _ in 0..3 {
-        eprint!("Type the recovery key back to confirm: ");
-        // Room for any sane answer up front, so reading does not reallocate and strand copies.
-        let mut line = zeroize::Zeroizing::new(String::with_capacity(256));
-        std::io::stdin().read_line(&mut line)?;
-        match RecoveryKey::parse(&line) {
-            Ok(k) if k == *key => return Ok(()),
-            Ok(_) => eprintln!("that is a valid key, but not this one; check what you wrote"),
-            Err(e) => eprintln!("{e}"),
+    /// Whether to make a key: the flags decide; on a terminal without flags, ask.
+    pub fn wanted(&self, dir: &Path, ui: &mut TermUi) -> Result<bool> {
+        match self.decided() {
+            Some(w) => Ok(w),
+            None => Ok(ui.confirm(&Question::CreateRecoveryKey { dir })?),
         }
     }
-    Err(RecoveryError::NotConfirmed.into())
 }
 
 /// Creates and installs a key for a directory whose master key the caller holds.
-pub fn create(dir: &Path, policy: &KeyIdentifier, master: &MasterKey) -> Result<()> {
+pub fn create(dir: &Path, policy: &KeyIdentifier, master: &MasterKey, ui: &mut TermUi) -> Result<()> {
     if recovery::read_blob(dir)?.is_some() {
         return Err(RecoveryError::Exists { path: dir.to_path_buf() }.into());
     }
     let key = RecoveryKey::generate();
-    present(&key, dir)?;
+    ui.show_recovery_key(dir, &key)?;
     recovery::install(dir, policy, master, &key)?;
     Ok(())
 }
@@ -101,7 +80,7 @@ pub fn run(ds: &mut Dirseal, cmd: RecoveryCmd, ui: &mut TermUi) -> Result<()> {
                 return Err(RecoveryError::Exists { path: dir }.into());
             }
             let (policy, master) = ds.master_key_of_dir(&dir, Pick { protector }, ui)?;
-            create(&dir, &policy.id, &master)?;
+            create(&dir, &policy.id, &master, ui)?;
             println!("recovery key saved on {}", clean(&dir.display().to_string()));
         }
         RecoveryCmd::Verify { dir } => {

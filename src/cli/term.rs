@@ -2,7 +2,10 @@
 use std::io::{self, IsTerminal, Read, Write};
 
 use dirseal::secret::Passphrase;
-use dirseal::ui::{SecretPrompt, Ui, UiError};
+use std::path::Path;
+
+use dirseal::ui::{Question, SecretPrompt, Ui, UiError};
+use dirseal_recovery::RecoveryKey;
 use zeroize::Zeroizing;
 
 /// Longest secret line accepted; longer input is a mistake (a file piped by accident).
@@ -11,6 +14,8 @@ const MAX_SECRET: usize = 4096;
 pub struct TermUi {
     /// Notices go to stderr when stdout carries JSON.
     pub json: bool,
+    /// `--yes`: the conversion question is answered yes without asking.
+    pub assume_yes: bool,
 }
 
 /// Turns off terminal echo for its lifetime.
@@ -102,6 +107,55 @@ impl Ui for TermUi {
                 ask(&format!("Recovery key for {}: ", clean(&dir.display().to_string())))
             }
         }
+    }
+
+    fn confirm(&mut self, q: &Question<'_>) -> Result<bool, UiError> {
+        match q {
+            Question::Convert { dir, .. } => {
+                if self.assume_yes {
+                    return Ok(true);
+                }
+                let d = clean(&dir.display().to_string());
+                if !io::stdin().is_terminal() {
+                    return Err(UiError::Unconfirmed {
+                        what: format!("converting {d}"),
+                        hint: "pass --yes when not on a terminal".into(),
+                    });
+                }
+                Ok(confirm(&format!(
+                    "Encrypt {d} in place? Its data is copied into an encrypted directory that replaces it."
+                )))
+            }
+            // Only on a terminal: scripts say --recovery-key or --no-recovery-key.
+            Question::CreateRecoveryKey { .. } => Ok(io::stdin().is_terminal()
+                && confirm(
+                    "Create a recovery key (the way back in if every password is forgotten or the keystore is lost)?",
+                )),
+        }
+    }
+
+    /// Shows the key; on a terminal, has it typed back so a miswritten copy is caught now.
+    fn show_recovery_key(&mut self, dir: &Path, key: &RecoveryKey) -> Result<(), UiError> {
+        println!(
+            "Recovery key for {} — write it down and keep it away from the device; it is shown only once:\n\n    {}\n",
+            clean(&dir.display().to_string()),
+            &*key.to_display()
+        );
+        if !io::stdin().is_terminal() {
+            return Ok(());
+        }
+        for _ in 0..3 {
+            eprint!("Type the recovery key back to confirm: ");
+            // Room for any sane answer up front, so reading does not reallocate and strand copies.
+            let mut line = Zeroizing::new(String::with_capacity(256));
+            io::stdin().read_line(&mut line)?;
+            match RecoveryKey::parse(&line) {
+                Ok(k) if k == *key => return Ok(()),
+                Ok(_) => eprintln!("that is a valid key, but not this one; check what you wrote"),
+                Err(e) => eprintln!("{e}"),
+            }
+        }
+        Err(UiError::RecoveryKeyNotConfirmed)
     }
 
     fn notice(&mut self, msg: &str) {
