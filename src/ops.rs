@@ -14,6 +14,7 @@ use crate::keystore::{Keystore, KeystoreError, PolicyRecord};
 use crate::protector::{self, NewKind, ProtectorError, ProtectorRecord, UnlockError};
 use crate::recovery::{self, RecoveryError};
 use crate::secret::{MasterKey, Passphrase, ProtectorKey};
+use crate::tpm2::Tpm2Error;
 use crate::ui::{Ui, UiError};
 
 #[derive(Debug, thiserror::Error)]
@@ -54,6 +55,9 @@ pub enum OpsError {
     NoSuchUser(String),
     #[error("protector {0} already protects this policy")]
     AlreadyProtects(ProtectorId),
+    /// A device-bound protector cannot open now (PCRs changed, TPM locked out); the others can.
+    #[error("{source}; {what} still opens with {others}")]
+    UseAnother { source: ProtectorError, what: String, others: String },
 }
 
 impl From<UnlockError> for OpsError {
@@ -293,6 +297,8 @@ impl Dirseal {
                 Ok(k) => k,
                 Err(UnlockError::Ui(e)) => return Err(e.into()),
                 Err(UnlockError::Protector(ProtectorError::IncorrectSecret { .. })) => continue,
+                // No TPM on this machine (or not now): nothing to report at every login.
+                Err(UnlockError::Protector(ProtectorError::Tpm2(Tpm2Error::Unavailable { .. }))) => continue,
                 Err(UnlockError::Protector(e)) => {
                     problems.push((rec.id, e.into()));
                     continue;
@@ -361,9 +367,44 @@ impl Dirseal {
         ui: &mut dyn Ui,
     ) -> Result<(PolicyRecord, MasterKey), OpsError> {
         let policy = self.policy_of(dir)?;
-        let (pid, pkey) = self.unlock_policy_protector(&policy, pick, &dir.display().to_string(), ui)?;
+        let what = dir.display().to_string();
+        let picked = pick.protector;
+        let (pid, pkey) = match self.unlock_policy_protector(&policy, pick, &what, ui) {
+            Err(OpsError::Protector(
+                e @ ProtectorError::Tpm2(Tpm2Error::PcrMismatch { .. } | Tpm2Error::Lockout { .. }),
+            )) => {
+                return Err(self.use_another(&policy, dir, picked, e));
+            }
+            r => r?,
+        };
         let master = self.master_key(&policy, &pid, &pkey)?;
         Ok((policy, master))
+    }
+
+    /// `e` (a TPM protector that cannot open now) with what else opens `dir`: its other protectors
+    /// and its recovery key. `picked` is the one that failed (else the policy has only one).
+    fn use_another(
+        &self,
+        policy: &PolicyRecord,
+        dir: &Path,
+        picked: Option<ProtectorId>,
+        e: ProtectorError,
+    ) -> OpsError {
+        let d = dir.display();
+        let (list, _) = self.protectors_of(policy);
+        let failed = picked.or_else(|| (list.len() == 1).then(|| list[0].id));
+        let mut others: Vec<String> = list
+            .iter()
+            .filter(|r| Some(r.id) != failed)
+            .map(|r| format!("protector {} ({}): `dirseal unlock {d} --protector {}`", r.name, r.kind.name(), r.id))
+            .collect();
+        if crate::recovery::read_blob(dir).is_ok_and(|b| b.is_some()) {
+            others.push(format!("its recovery key: `dirseal unlock --recovery {d}`"));
+        }
+        if others.is_empty() {
+            others.push("nothing else: it has no other protector and no recovery key".into());
+        }
+        OpsError::UseAnother { source: e, what: d.to_string(), others: others.join("; ") }
     }
 
     /// Picks one of `policy`'s protectors (`what` names the policy in errors) and unlocks it.

@@ -229,7 +229,7 @@ pub struct DaParameters {
 
 #[derive(Debug, thiserror::Error)]
 pub enum Tpm2Error {
-    #[error("no usable TPM at {tcti}: {reason}")]
+    #[error("no usable TPM at {tcti}: {reason}; check that this machine has a TPM 2.0 (/dev/tpmrm0), or set tpm2.tcti in the config")]
     Unavailable { tcti: Tcti, reason: String },
     #[error("invalid TPM location (tpm2.tcti) {0:?}: expected e.g. \"device:/dev/tpmrm0\" or \"swtpm:host=127.0.0.1,port=2321\"")]
     BadTcti(String),

@@ -14,8 +14,10 @@ pub enum SecretPrompt<'a> {
     Password { name: &'a str, id: &'a ProtectorId },
     /// A new password for a protector being created or changed; front ends should ask twice.
     NewPassword { name: &'a str },
-    /// The PIN of an existing protector (a TPM or a security key checks it).
-    Pin { name: &'a str, id: &'a ProtectorId },
+    /// The PIN of an existing protector (a TPM or a security key checks it). `device` names what
+    /// checks it ("TPM"; empty when unspecified); `tries_left` is how many wrong PINs it still
+    /// takes before locking out, when it says.
+    Pin { name: &'a str, id: &'a ProtectorId, device: &'static str, tries_left: Option<u32> },
     /// A new PIN for a protector being created or changed; front ends should ask twice.
     NewPin { name: &'a str },
     /// A recovery key, typed back from paper.

@@ -1,7 +1,12 @@
 //! The TPM sealing machinery against a real software TPM (swtpm), one per test.
 use std::time::Duration;
 
+use dirseal::config::Config;
+use dirseal::ids::ProtectorId;
 use dirseal::kdf::{Argon2Params, MIN_MEMORY_KIB};
+use dirseal::keystore::Keystore;
+use dirseal::protector::tpm2::NewTpm2;
+use dirseal::protector::{self, NewKind, ProtectorError};
 use dirseal::secret::{Passphrase, ProtectorKey};
 use dirseal::tpm2::{self, DaParameters, PcrSet, SealedKey, Tcti, Tpm, Tpm2Error};
 use dirseal_testfs::Swtpm;
@@ -184,7 +189,8 @@ fn a_missing_tpm_is_a_clear_error() {
     assert!(e.to_string().contains("no usable TPM at device:/nonexistent/tpmrm0"), "{e}");
 }
 
-/// The golden files: a TPM state and a key sealed in it by an earlier build. If this fails, the
+/// The golden files: a TPM state, keys sealed in it and a TPM protector record made by an earlier
+/// build. If this fails, the
 /// sealing format changed: old protectors would stop opening.
 const GOLDEN: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/tpm2-golden");
 
@@ -195,6 +201,16 @@ struct Golden {
     key: Vec<u8>,
     sealed: SealedKey,
     pcr_sealed: SealedKey,
+    /// A whole protector record (`protector.json`) and the protector key it gives.
+    protector_id: ProtectorId,
+    #[serde(with = "hex::serde")]
+    protector_key: Vec<u8>,
+}
+
+fn config_for(tcti: &str) -> Config {
+    let mut c = Config { argon2: Some(FAST), ..Config::default() };
+    c.tpm2.tcti = Some(tcti.parse().unwrap());
+    c
 }
 
 #[test]
@@ -205,6 +221,22 @@ fn golden_sealed_key_still_unseals() {
     assert_eq!(key.as_bytes().as_slice(), g.key.as_slice());
     let key = unseal(&t, &g.pcr_sealed, Some(&g.pin)).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(key.as_bytes().as_slice(), g.key.as_slice());
+
+    // The protector record, read from a keystore as dirseal reads it, opens with the PIN.
+    let ks = tempfile::tempdir().unwrap();
+    let store = Keystore::open(ks.path()).unwrap();
+    let file = ks.path().join(format!("protectors/{}.json", g.protector_id));
+    std::fs::copy(format!("{GOLDEN}/protector.json"), &file).unwrap();
+    std::fs::set_permissions(&file, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let rec = store.protector(&g.protector_id).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(rec.kind.name(), "tpm2");
+    let config = config_for(&t.tcti());
+    let pkey = protector::unlock(&rec, &config, Some(&pin(&g.pin))).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(pkey.as_bytes().as_slice(), g.protector_key.as_slice());
+    assert!(matches!(
+        protector::unlock(&rec, &config, Some(&pin("0000"))),
+        Err(ProtectorError::Tpm2(Tpm2Error::WrongPin { tries_left: Some(2) }))
+    ));
 }
 
 /// Writes new golden files (run by hand: `DIRSEAL_GOLDEN_OUT=tests/data/tpm2-golden cargo test
@@ -215,11 +247,19 @@ fn make_golden() {
     let out = std::path::PathBuf::from(std::env::var("DIRSEAL_GOLDEN_OUT").expect("DIRSEAL_GOLDEN_OUT"));
     let mut t = Swtpm::start();
     let key = ProtectorKey::random();
+    let new = NewKind::Tpm2(NewTpm2 { no_pin: false, pcrs: "7".parse().unwrap() });
+    let (rec, pkey) =
+        protector::create("golden", Some(1000), &new, &mut config_for(&t.tcti()), Some(&pin("2580"))).unwrap();
+    let ks = tempfile::tempdir().unwrap();
+    Keystore::open(ks.path()).unwrap().save_protector(&rec).unwrap();
+    std::fs::copy(ks.path().join(format!("protectors/{}.json", rec.id)), out.join("protector.json")).unwrap();
     let g = Golden {
         pin: "2580".into(),
         key: key.as_bytes().to_vec(),
         sealed: seal(&t, &key, Some("2580"), ""),
         pcr_sealed: seal(&t, &key, Some("2580"), "0,7"),
+        protector_id: rec.id,
+        protector_key: pkey.as_bytes().to_vec(),
     };
     t.stop();
     std::fs::create_dir_all(out.join("state")).unwrap();

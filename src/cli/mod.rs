@@ -15,6 +15,7 @@ use dirseal::ids::{KeyIdentifier, ProtectorId};
 use dirseal::keystore::{PolicyRecord, ProtectorRecord};
 use dirseal::ops::{self, Dirseal, LockReport, NewProtector, Pick, ProtectorChoice, ProtectorSummary};
 use dirseal::protector::{self, KindOptions, NewKind};
+use dirseal::tpm2::PcrSet;
 
 pub use term::clean;
 use term::TermUi;
@@ -169,6 +170,12 @@ pub struct KdfArgs {
     /// Argon2id memory for this protector, in MiB (default: min(RAM/8, 256))
     #[arg(long, value_name = "MIB")]
     kdf_memory_mib: Option<u32>,
+    /// tpm2: no PIN; the TPM unseals for anyone who runs code as root here (see docs/tpm2.md)
+    #[arg(long)]
+    no_pin: bool,
+    /// tpm2: refuse to unseal once these PCRs (SHA-256 bank) differ from their values now, e.g. 7
+    #[arg(long, value_name = "N[,N...]")]
+    pcr: Option<PcrSet>,
 }
 
 #[derive(Args, Default)]
@@ -191,7 +198,12 @@ pub struct ProtectorArgs {
 
 impl KdfArgs {
     fn kind(&self, name: &str) -> Result<NewKind> {
-        let opts = KindOptions { kdf_time_ms: self.kdf_time_ms, kdf_memory_mib: self.kdf_memory_mib };
+        let opts = KindOptions {
+            kdf_time_ms: self.kdf_time_ms,
+            kdf_memory_mib: self.kdf_memory_mib,
+            no_pin: self.no_pin,
+            pcrs: self.pcr.clone(),
+        };
         Ok(NewKind::named(name, &opts)?)
     }
 }
@@ -446,6 +458,9 @@ struct ProtectorOut {
     #[serde(flatten)]
     summary: ProtectorSummary,
     policies: Vec<KeyIdentifier>,
+    /// Wrong PINs its device still takes (TPM protectors whose TPM answers).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tries_left: Option<u32>,
 }
 
 #[derive(Serialize)]
@@ -480,6 +495,7 @@ fn overview_data(ds: &Dirseal) -> Result<Overview> {
         match r {
             Ok(r) => protectors.push(ProtectorOut {
                 policies: records.iter().filter(|p| p.wrapped.contains_key(&r.id)).map(|p| p.id).collect(),
+                tries_left: if r.kind.ask().secret.is_some() { r.kind.tries_left(ds.config()) } else { None },
                 summary: ProtectorSummary::of(&r),
             }),
             Err(e) => problems.push(e.to_string()),
@@ -515,7 +531,8 @@ fn print_protectors(o: &Overview) {
         } else {
             format!("{} polic{}", r.policies.len(), if r.policies.len() == 1 { "y" } else { "ies" })
         };
-        println!("{}  {used}", protector_line(&r.summary));
+        let tries = r.tries_left.map(|n| format!("  ({n} PIN tries left)")).unwrap_or_default();
+        println!("{}  {used}{tries}", protector_line(&r.summary));
     }
 }
 

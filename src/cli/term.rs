@@ -1,6 +1,7 @@
 //! The CLI's [`Ui`]: secrets from the terminal without echo, or one line per prompt from a pipe.
 use std::io::{self, IsTerminal, Read, Write};
 
+use dirseal::ids::ProtectorId;
 use dirseal::secret::Passphrase;
 use std::path::Path;
 
@@ -80,6 +81,17 @@ fn ask(prompt: &str) -> Result<Passphrase, UiError> {
         .ok_or_else(|| UiError::NoInput { hint: "type it on a terminal, or pipe one line per prompt on stdin".into() })
 }
 
+/// "TPM PIN for alice (3 tries left): ": for a device that counts tries, the tries are what matters
+/// to the person typing.
+fn pin_prompt(name: &str, id: &ProtectorId, device: &str, tries_left: Option<u32>) -> String {
+    match (device, tries_left) {
+        ("", _) => format!("PIN for protector {} ({id}): ", clean(name)),
+        (d, Some(1)) => format!("{d} PIN for {} (1 try left): ", clean(name)),
+        (d, Some(n)) => format!("{d} PIN for {} ({n} tries left): ", clean(name)),
+        (d, None) => format!("{d} PIN for {} ({id}): ", clean(name)),
+    }
+}
+
 /// A new secret; asked twice only where a human types (scripts pipe one line per prompt).
 fn ask_new(prompt: &str, repeat: &str) -> Result<Passphrase, UiError> {
     let first = ask(prompt)?;
@@ -96,7 +108,7 @@ impl Ui for TermUi {
     fn secret(&mut self, prompt: &SecretPrompt<'_>) -> Result<Passphrase, UiError> {
         match prompt {
             SecretPrompt::Password { name, id } => ask(&format!("Password for protector {} ({id}): ", clean(name))),
-            SecretPrompt::Pin { name, id } => ask(&format!("PIN for protector {} ({id}): ", clean(name))),
+            SecretPrompt::Pin { name, id, device, tries_left } => ask(&pin_prompt(name, id, device, *tries_left)),
             SecretPrompt::NewPassword { name } => {
                 ask_new(&format!("New password for protector {}: ", clean(name)), "Repeat the new password: ")
             }
@@ -189,5 +201,13 @@ mod tests {
     fn clean_escapes_controls() {
         assert_eq!(super::clean("a\x1b[31mb\n"), "a\\u{1b}[31mb\\n");
         assert_eq!(super::clean("plain ü"), "plain ü");
+    }
+
+    #[test]
+    fn pin_prompts_show_tries_left() {
+        let id: super::ProtectorId = "0123456789abcdef".parse().unwrap();
+        assert_eq!(super::pin_prompt("alice", &id, "TPM", Some(3)), "TPM PIN for alice (3 tries left): ");
+        assert_eq!(super::pin_prompt("a\nb", &id, "TPM", Some(1)), "TPM PIN for a\\nb (1 try left): ");
+        assert_eq!(super::pin_prompt("k", &id, "", None), "PIN for protector k (0123456789abcdef): ");
     }
 }

@@ -11,6 +11,7 @@
 //! Recovery keys are not a kind: they live with the directory (an xattr, see [`crate::recovery`]),
 //! open exactly one directory, survive the loss of the keystore, and are never offered at login.
 pub mod password;
+pub mod tpm2;
 
 use serde::{Deserialize, Serialize};
 
@@ -19,6 +20,7 @@ use crate::ids::ProtectorId;
 use crate::kdf::KdfError;
 use crate::keystore::FORMAT_VERSION;
 use crate::secret::{Passphrase, ProtectorKey, PROTECTOR_KEY_LEN};
+use crate::tpm2::{PcrSet, Tpm2Error};
 use crate::ui::{SecretPrompt, Ui, UiError};
 use crate::wrap::{self, Kek, Wrapped};
 
@@ -31,16 +33,19 @@ const MAX_NAME_CHARS: usize = 128;
 pub enum ProtectorKind {
     /// Argon2id(password, salt) wraps the protector key.
     Password(password::Password),
+    /// A key sealed by the TPM (behind a PIN and/or PCR values) wraps the protector key.
+    Tpm2(tpm2::Tpm2),
 }
 
 /// What a new protector of each kind is made from (front ends fill in the kind's options).
 #[derive(Clone, Debug)]
 pub enum NewKind {
     Password(password::NewPassword),
+    Tpm2(tpm2::NewTpm2),
 }
 
 /// Names of the kinds a front end can create, for `--protector-type` and service arguments.
-pub const KIND_NAMES: &[&str] = &["password"];
+pub const KIND_NAMES: &[&str] = &["password", "tpm2"];
 
 /// A secret the person types.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -59,12 +64,15 @@ pub struct Ask {
 
 impl Ask {
     /// The login order's rank: nothing is typed before every protector that needs no typing
-    /// was tried — a FIDO2 touch first, then a TPM without PIN, then PINs and passwords.
+    /// was tried — a FIDO2 touch first, then a TPM without PIN, then passwords, then PINs.
     fn login_rank(self) -> u8 {
         match (self.secret, self.touch) {
             (None, true) => 0,
             (None, false) => 1,
-            (Some(_), _) => 2,
+            (Some(Secret::Password), _) => 2,
+            // A wrong PIN costs one of the device's few tries: the typed secret goes to PINs only
+            // when no password protector took it.
+            (Some(Secret::Pin), _) => 3,
         }
     }
 
@@ -92,6 +100,10 @@ pub enum ProtectorError {
     NoAnswer { what: &'static str },
     #[error(transparent)]
     Kdf(#[from] KdfError),
+    #[error(transparent)]
+    Tpm2(#[from] Tpm2Error),
+    #[error("option {option} does not apply to {kind} protectors")]
+    BadOption { option: &'static str, kind: &'static str },
 }
 
 /// A protector as kept in the keystore: a protector key wrapped by whatever its kind derives.
@@ -110,6 +122,7 @@ impl ProtectorKind {
     pub fn name(&self) -> &'static str {
         match self {
             ProtectorKind::Password(_) => "password",
+            ProtectorKind::Tpm2(_) => "tpm2",
         }
     }
 
@@ -117,29 +130,64 @@ impl ProtectorKind {
     pub fn ask(&self) -> Ask {
         match self {
             ProtectorKind::Password(_) => password::ASK,
+            ProtectorKind::Tpm2(t) => t.ask(),
         }
+    }
+
+    /// How many wrong PINs the device behind this protector still takes (`None`: no such limit or
+    /// the device cannot be asked now).
+    pub fn tries_left(&self, config: &Config) -> Option<u32> {
+        match self {
+            ProtectorKind::Password(_) => None,
+            ProtectorKind::Tpm2(_) => tpm2::da_status(config).ok().map(|s| s.tries_left()),
+        }
+    }
+
+    /// The prompt for this kind's secret. A device that cannot take a try now (a TPM in lockout, or
+    /// missing) is reported before anything is asked.
+    fn prompt<'a>(
+        &self,
+        rec: &'a ProtectorRecord,
+        config: &Config,
+        s: Secret,
+    ) -> Result<SecretPrompt<'a>, ProtectorError> {
+        let (name, id) = (rec.name.as_str(), &rec.id);
+        Ok(match (self, s) {
+            (ProtectorKind::Tpm2(t), _) => {
+                let st = t.ready(config)?;
+                SecretPrompt::Pin { name, id, device: "TPM", tries_left: Some(st.tries_left()) }
+            }
+            (_, Secret::Password) => SecretPrompt::Password { name, id },
+            (_, Secret::Pin) => SecretPrompt::Pin { name, id, device: "", tries_left: None },
+        })
     }
 
     fn aad_tail(&self) -> String {
         match self {
             ProtectorKind::Password(p) => p.aad(),
+            ProtectorKind::Tpm2(t) => t.aad(),
         }
     }
 
-    fn kek(&self, _config: &Config, secret: Option<&Passphrase>) -> Result<Kek, ProtectorError> {
+    fn kek(&self, config: &Config, secret: Option<&Passphrase>) -> Result<Kek, ProtectorError> {
         match self {
             ProtectorKind::Password(p) => p.kek(secret),
+            ProtectorKind::Tpm2(t) => t.kek(config, secret),
         }
     }
 
     /// The same kind under a new secret; `None` for kinds without one.
     fn rekey(
         &self,
-        _config: &Config,
+        config: &Config,
         secret: Option<&Passphrase>,
     ) -> Option<Result<(ProtectorKind, Kek), ProtectorError>> {
         match self {
             ProtectorKind::Password(p) => Some(p.rekey(secret).map(|(p, k)| (ProtectorKind::Password(p), k))),
+            ProtectorKind::Tpm2(t) if t.sealed.pin.is_some() => {
+                Some(t.rekey(config, secret).map(|(t, k)| (ProtectorKind::Tpm2(t), k)))
+            }
+            ProtectorKind::Tpm2(_) => None,
         }
     }
 }
@@ -152,16 +200,36 @@ pub struct KindOptions {
     pub kdf_time_ms: Option<u64>,
     /// Argon2id memory in MiB (password).
     pub kdf_memory_mib: Option<u32>,
+    /// No PIN (tpm2).
+    pub no_pin: bool,
+    /// PCRs to bind to (tpm2).
+    pub pcrs: Option<PcrSet>,
 }
 
 impl NewKind {
     /// The kind named `name` (one of [`KIND_NAMES`]) with `opts`.
     pub fn named(name: &str, opts: &KindOptions) -> Result<NewKind, ProtectorError> {
+        let refuse = |option: &'static str, given: bool, kind: &'static str| {
+            if given {
+                Err(ProtectorError::BadOption { option, kind })
+            } else {
+                Ok(())
+            }
+        };
         match name {
-            "password" => Ok(NewKind::Password(password::NewPassword {
-                kdf_time_ms: opts.kdf_time_ms,
-                kdf_memory_mib: opts.kdf_memory_mib,
-            })),
+            "password" => {
+                refuse("--no-pin", opts.no_pin, "password")?;
+                refuse("--pcr", opts.pcrs.is_some(), "password")?;
+                Ok(NewKind::Password(password::NewPassword {
+                    kdf_time_ms: opts.kdf_time_ms,
+                    kdf_memory_mib: opts.kdf_memory_mib,
+                }))
+            }
+            "tpm2" => {
+                refuse("--kdf-time-ms", opts.kdf_time_ms.is_some(), "tpm2")?;
+                refuse("--kdf-memory-mib", opts.kdf_memory_mib.is_some(), "tpm2")?;
+                Ok(NewKind::Tpm2(tpm2::NewTpm2 { no_pin: opts.no_pin, pcrs: opts.pcrs.clone().unwrap_or_default() }))
+            }
             _ => Err(ProtectorError::UnknownKind { name: name.to_string() }),
         }
     }
@@ -169,6 +237,7 @@ impl NewKind {
     pub fn name(&self) -> &'static str {
         match self {
             NewKind::Password(_) => "password",
+            NewKind::Tpm2(_) => "tpm2",
         }
     }
 
@@ -176,6 +245,7 @@ impl NewKind {
     pub fn ask(&self) -> Ask {
         match self {
             NewKind::Password(_) => password::ASK,
+            NewKind::Tpm2(t) => t.ask(),
         }
     }
 
@@ -184,6 +254,7 @@ impl NewKind {
     fn create(&self, config: &mut Config, secret: Option<&Passphrase>) -> Result<(ProtectorKind, Kek), ProtectorError> {
         match self {
             NewKind::Password(n) => n.create(config, secret).map(|(p, k)| (ProtectorKind::Password(p), k)),
+            NewKind::Tpm2(n) => n.create(config, secret).map(|(t, k)| (ProtectorKind::Tpm2(t), k)),
         }
     }
 }
@@ -259,8 +330,7 @@ pub fn change_secret(
 pub fn unlock_with(rec: &ProtectorRecord, config: &Config, ui: &mut dyn Ui) -> Result<ProtectorKey, UnlockError> {
     let ask = rec.kind.ask();
     let secret = match ask.secret {
-        Some(Secret::Password) => Some(ui.secret(&SecretPrompt::Password { name: &rec.name, id: &rec.id })?),
-        Some(Secret::Pin) => Some(ui.secret(&SecretPrompt::Pin { name: &rec.name, id: &rec.id })?),
+        Some(s) => Some(ui.secret(&rec.kind.prompt(rec, config, s)?)?),
         None => None,
     };
     if ask.touch {
@@ -379,7 +449,9 @@ pub(crate) mod tests {
         let later = Config { argon2: Some(Argon2Params { time_cost: 2, ..FAST }), ..Config::default() };
         let a2 = change_secret(&a, &ka, &later, Some(&pw("new"))).unwrap();
         assert_eq!(a2.id, a.id);
-        let (ProtectorKind::Password(p1), ProtectorKind::Password(p2)) = (&a.kind, &a2.kind);
+        let (ProtectorKind::Password(p1), ProtectorKind::Password(p2)) = (&a.kind, &a2.kind) else {
+            panic!("password protectors stay password protectors")
+        };
         assert_eq!(p1.kdf, p2.kdf);
         assert_ne!(p1.salt, p2.salt);
         assert!(unlock(&a2, &later, Some(&pw("old"))).is_err());
@@ -417,7 +489,7 @@ pub(crate) mod tests {
     fn password_record_format_is_stable() {
         let (a, ka) = new_password("alice", Some(1000), "pw");
         let json: serde_json::Value = serde_json::from_slice(&to_json(&a)).unwrap();
-        let ProtectorKind::Password(p) = &a.kind;
+        let ProtectorKind::Password(p) = &a.kind else { panic!("a password protector") };
         assert_eq!(
             json["kind"],
             serde_json::json!({"type": "password", "salt": hex::encode(p.salt),
@@ -449,6 +521,7 @@ pub(crate) mod tests {
         assert_eq!(names, ["m-own", "z-own", "a-other"]);
         assert!(Ask { secret: None, touch: true }.login_rank() < Ask { secret: None, touch: false }.login_rank());
         assert!(Ask { secret: None, touch: false }.login_rank() < password::ASK.login_rank());
-        assert_eq!(Ask { secret: Some(Secret::Pin), touch: true }.login_rank(), password::ASK.login_rank());
+        // A PIN costs a device try when wrong: passwords take the typed secret first.
+        assert!(Ask { secret: Some(Secret::Pin), touch: true }.login_rank() > password::ASK.login_rank());
     }
 }

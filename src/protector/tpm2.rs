@@ -1,0 +1,150 @@
+//! TPM2 protectors: a random key-encryption key sealed by the TPM ([`crate::tpm2`]) behind a PIN
+//! that the TPM's dictionary-attack lockout guards, optionally bound to PCR values.
+//! On disk (docs/formats.md): `{"type": "tpm2", "public": hex, "private": hex, "pcrs": [7],
+//! "pin": {"salt": hex, "argon2": {...}} | null}`.
+use serde::{Deserialize, Serialize};
+
+use super::{Ask, ProtectorError, Secret};
+use crate::config::Config;
+use crate::kdf::{self, Argon2Params, KdfError};
+use crate::secret::{Passphrase, ProtectorKey};
+use crate::tpm2::{DaStatus, PcrSet, PinKdf, SealedKey, Tpm, Tpm2Error, DEFAULT_PIN_KDF};
+use crate::wrap::Kek;
+
+/// A TPM2 protector's parameters. Parsed from disk only with a PIN cost inside the bounds of
+/// [`Argon2Params::check`] and non-empty blobs.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "SealedKey", into = "SealedKey")]
+pub struct Tpm2 {
+    pub sealed: SealedKey,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BadTpm2 {
+    #[error(transparent)]
+    Kdf(#[from] KdfError),
+    #[error("the sealed TPM object is empty")]
+    Empty,
+}
+
+impl TryFrom<SealedKey> for Tpm2 {
+    type Error = BadTpm2;
+    fn try_from(sealed: SealedKey) -> Result<Tpm2, BadTpm2> {
+        if let Some(p) = &sealed.pin {
+            p.argon2.check()?;
+        }
+        if sealed.public.is_empty() || sealed.private.is_empty() {
+            return Err(BadTpm2::Empty);
+        }
+        Ok(Tpm2 { sealed })
+    }
+}
+
+impl From<Tpm2> for SealedKey {
+    fn from(t: Tpm2) -> SealedKey {
+        t.sealed
+    }
+}
+
+/// How to make a new TPM2 protector.
+#[derive(Clone, Debug, Default)]
+pub struct NewTpm2 {
+    /// Seal with no PIN: anyone who can run code as root on this machine (with the bound PCRs
+    /// unchanged) can unseal it.
+    pub no_pin: bool,
+    pub pcrs: PcrSet,
+}
+
+const WITH_PIN: Ask = Ask { secret: Some(Secret::Pin), touch: false };
+const NO_PIN: Ask = Ask { secret: None, touch: false };
+
+/// The PIN stretching: [`DEFAULT_PIN_KDF`], or the machine's configured cost when that is lighter
+/// (tests; small machines).
+fn pin_kdf(config: &Config) -> Argon2Params {
+    let memory_kib = DEFAULT_PIN_KDF.memory_kib.min(kdf::memory_cap_kib());
+    match config.argon2 {
+        Some(p) if p.memory_kib < memory_kib => p,
+        _ => Argon2Params { memory_kib, ..DEFAULT_PIN_KDF },
+    }
+}
+
+pub(super) fn da_status(config: &Config) -> Result<DaStatus, Tpm2Error> {
+    Tpm::open(&config.tpm2.tcti())?.da_status()
+}
+
+fn seal(config: &Config, pin: Option<&Passphrase>, pcrs: &PcrSet) -> Result<(Tpm2, Kek), ProtectorError> {
+    let kek = ProtectorKey::random();
+    let sealed = Tpm::open(&config.tpm2.tcti())?.seal(&kek, pin, pcrs, pin_kdf(config))?;
+    Ok((Tpm2 { sealed }, Kek::from_slice(kek.as_bytes())))
+}
+
+impl Tpm2 {
+    pub(super) fn ask(&self) -> Ask {
+        if self.sealed.pin.is_some() {
+            WITH_PIN
+        } else {
+            NO_PIN
+        }
+    }
+
+    /// The kind's part of the record's associated data: both blobs, the PCRs and the PIN's
+    /// stretching, so none can be swapped or weakened in the file.
+    pub(super) fn aad(&self) -> String {
+        let pin = match &self.sealed.pin {
+            Some(PinKdf { salt, argon2: a }) => {
+                format!("pin:{}:{}:{}:{}", hex::encode(salt), a.time_cost, a.memory_kib, a.parallelism)
+            }
+            None => "nopin".into(),
+        };
+        format!(
+            "tpm2:{}:{}:pcrs={}:{pin}",
+            hex::encode(&self.sealed.public),
+            hex::encode(&self.sealed.private),
+            self.sealed.pcrs
+        )
+    }
+
+    /// The TPM's dictionary-attack state, checked before a PIN is asked: a locked-out TPM is
+    /// reported without asking (and without costing anything).
+    pub(super) fn ready(&self, config: &Config) -> Result<DaStatus, ProtectorError> {
+        let st = da_status(config)?;
+        if st.in_lockout && self.sealed.pin.is_some() {
+            return Err(Tpm2Error::Lockout { recovery_time_s: Some(st.recovery_time_s) }.into());
+        }
+        Ok(st)
+    }
+
+    /// Unseals; a wrong PIN costs one TPM try and is never retried.
+    pub(super) fn kek(&self, config: &Config, secret: Option<&Passphrase>) -> Result<Kek, ProtectorError> {
+        if self.sealed.pin.is_some() && secret.is_none() {
+            return Err(ProtectorError::NoAnswer { what: "TPM PIN" });
+        }
+        let key = Tpm::open(&config.tpm2.tcti())?.unseal(&self.sealed, secret)?;
+        Ok(Kek::from_slice(key.as_bytes()))
+    }
+
+    /// A new PIN: a fresh key sealed under it, bound to the same PCRs (at their current values).
+    pub(super) fn rekey(&self, config: &Config, secret: Option<&Passphrase>) -> Result<(Tpm2, Kek), ProtectorError> {
+        let pin = secret.ok_or(ProtectorError::NoAnswer { what: "TPM PIN" })?;
+        seal(config, Some(pin), &self.sealed.pcrs)
+    }
+}
+
+impl NewTpm2 {
+    pub(super) fn ask(&self) -> Ask {
+        if self.no_pin {
+            NO_PIN
+        } else {
+            WITH_PIN
+        }
+    }
+
+    pub(super) fn create(&self, config: &Config, secret: Option<&Passphrase>) -> Result<(Tpm2, Kek), ProtectorError> {
+        let pin = match (self.no_pin, secret) {
+            (true, _) => None,
+            (false, Some(p)) => Some(p),
+            (false, None) => return Err(ProtectorError::NoAnswer { what: "TPM PIN" }),
+        };
+        seal(config, pin, &self.pcrs)
+    }
+}

@@ -1,0 +1,148 @@
+//! TPM2 protectors through the `dirseal` binary: a real ext4 (loop) and a software TPM per test.
+mod common;
+
+use std::fs;
+use std::io::Write;
+
+use common::{p, Env};
+use dirseal_testfs::Swtpm;
+
+/// An Env whose config points at `tpm`.
+fn env_with(tpm: &str) -> Env {
+    let env = Env::new();
+    let mut f = fs::OpenOptions::new().append(true).open(env.config()).unwrap();
+    writeln!(f, "[tpm2]\ntcti = \"{tpm}\"").unwrap();
+    env
+}
+
+fn protectors(env: &Env) -> Vec<serde_json::Value> {
+    let out = env.ok(&["protector", "list", "--json"], "");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    v["protectors"].as_array().unwrap().clone()
+}
+
+fn id_of(env: &Env, name: &str) -> String {
+    let list = protectors(env);
+    let r = list.iter().find(|r| r["name"] == name).unwrap_or_else(|| panic!("no protector {name}: {list:?}"));
+    r["id"].as_str().unwrap().to_string()
+}
+
+fn tries_left(env: &Env, name: &str) -> Option<u64> {
+    protectors(env).iter().find(|r| r["name"] == name).and_then(|r| r["tries_left"].as_u64())
+}
+
+#[test]
+fn tpm_pin_unlocks_wrong_pins_cost_one_try_lockout_leaves_other_protectors() {
+    let tpm = Swtpm::start();
+    let env = env_with(&tpm.tcti());
+    let d = env.mnt().join("home");
+    fs::create_dir(&d).unwrap();
+    env.ok(&["encrypt", p(&d), "--protector-type", "tpm2", "--protector-name", "tpm", "--recovery-key"], "1234\n");
+    fs::write(d.join("f"), b"secret").unwrap();
+    // A password protector next to it, proven with the TPM PIN.
+    env.ok(
+        &["policy", "add-protector", p(&d), "--protector-type", "password", "--protector-name", "pw"],
+        "1234\npw1\n",
+    );
+    assert_eq!(tries_left(&env, "tpm"), Some(3));
+    assert_eq!(tries_left(&env, "pw"), None);
+    let (tpm_id, pw_id) = (id_of(&env, "tpm"), id_of(&env, "pw"));
+
+    env.ok(&["lock", p(&d)], "");
+    env.ok(&["unlock", p(&d), "--protector", &tpm_id], "1234\n");
+    assert_eq!(fs::read(d.join("f")).unwrap(), b"secret");
+    assert_eq!(tries_left(&env, "tpm"), Some(3), "a right PIN costs nothing");
+
+    env.ok(&["lock", p(&d)], "");
+    let err = env.fails(&["unlock", p(&d), "--protector", &tpm_id], "9999\n");
+    assert!(err.contains("wrong TPM PIN; 2 tries left"), "{err}");
+    assert_eq!(tries_left(&env, "tpm"), Some(2), "a wrong PIN costs exactly one try");
+    let err = env.fails(&["unlock", p(&d), "--protector", &tpm_id], "9998\n");
+    assert!(err.contains("wrong TPM PIN; 1 try left"), "{err}");
+    let err = env.fails(&["unlock", p(&d), "--protector", &tpm_id], "9997\n");
+    assert!(err.contains("no tries left"), "{err}");
+
+    // Locked out: said before any PIN is asked (no input given: asking would fail otherwise),
+    // with what else opens the directory.
+    let err = env.fails(&["unlock", p(&d), "--protector", &tpm_id], "");
+    assert!(!err.contains("no secret was given"), "no PIN may be asked in lockout: {err}");
+    assert!(err.contains("locked out") && err.contains("at most 17 min"), "{err}");
+    assert!(err.contains(&format!("protector pw (password): `dirseal unlock {} --protector {pw_id}`", p(&d))), "{err}");
+    assert!(err.contains("its recovery key: `dirseal unlock --recovery"), "{err}");
+    assert_eq!(tries_left(&env, "tpm"), Some(0));
+    env.ok(&["unlock", p(&d), "--protector", &pw_id], "pw1\n");
+    assert_eq!(fs::read(d.join("f")).unwrap(), b"secret");
+    env.ok(&["lock", p(&d)], "");
+
+    // With a 2 s recovery time the TPM forgives failures and the PIN works again.
+    env.ok(&["tpm2", "setup", "--recovery-time", "2"], "");
+    std::thread::sleep(std::time::Duration::from_millis(2500));
+    assert!(tries_left(&env, "tpm").unwrap() >= 1);
+    env.ok(&["unlock", p(&d), "--protector", &tpm_id], "1234\n");
+    assert_eq!(fs::read(d.join("f")).unwrap(), b"secret");
+}
+
+#[test]
+fn pcr_bound_protector_refuses_after_the_pcr_changes_and_names_the_others() {
+    let tpm = Swtpm::start();
+    let env = env_with(&tpm.tcti());
+    let out = env.ok(&["protector", "create", "--type", "tpm2", "--name", "boot", "--no-pin", "--pcr", "7"], "");
+    assert!(out.contains("created protector"), "{out}");
+    let boot = id_of(&env, "boot");
+    let d = env.mnt().join("data");
+    fs::create_dir(&d).unwrap();
+    // No PIN: nothing is read from stdin.
+    env.ok(&["encrypt", p(&d), "--protector", &boot, "--no-recovery-key"], "");
+    env.ok(&["policy", "add-protector", p(&d), "--protector-type", "password", "--protector-name", "pw"], "pw\n");
+    fs::write(d.join("f"), b"x").unwrap();
+    env.ok(&["lock", p(&d)], "");
+    env.ok(&["unlock", p(&d), "--protector", &boot], "");
+    assert_eq!(fs::read(d.join("f")).unwrap(), b"x");
+    env.ok(&["lock", p(&d)], "");
+
+    tpm.pcr_extend(7);
+    let err = env.fails(&["unlock", p(&d), "--protector", &boot], "");
+    assert!(err.contains("PCRs 7 changed since this protector was created"), "{err}");
+    assert!(err.contains("still opens with protector pw (password)"), "{err}");
+    assert!(!err.contains("recovery key"), "it has none: {err}");
+    env.ok(&["unlock", p(&d), "--protector", &id_of(&env, "pw")], "pw\n");
+    assert_eq!(fs::read(d.join("f")).unwrap(), b"x");
+    // A PCR refusal costs no try; a no-PIN protector shows no tries.
+    assert_eq!(tries_left(&env, "boot"), None);
+    let st = env.ok(&["tpm2", "status", "--json"], "");
+    assert!(st.contains("\"lockout_counter\": 0"), "{st}");
+}
+
+#[test]
+fn a_missing_tpm_is_a_clear_error_at_create_and_nothing_is_saved() {
+    let tpm = Swtpm::start();
+    let gone = tpm.tcti();
+    drop(tpm);
+    let env = env_with(&gone);
+    let err = env.fails(&["protector", "create", "--type", "tpm2", "--name", "t"], "1234\n");
+    assert!(err.contains("no usable TPM at swtpm:host=127.0.0.1"), "{err}");
+    assert!(err.contains("tpm2.tcti"), "{err}");
+    assert!(protectors(&env).is_empty());
+    let d = env.mnt().join("d");
+    fs::create_dir(&d).unwrap();
+    let err = env.fails(&["encrypt", p(&d), "--protector-type", "tpm2", "--no-recovery-key"], "1234\n");
+    assert!(err.contains("no usable TPM"), "{err}");
+    assert!(env.status_json(&d)["encrypted"] == false);
+    // Options of other kinds are refused, not dropped.
+    let err = env.fails(&["protector", "create", "--type", "password", "--name", "x", "--no-pin"], "pw\n");
+    assert!(err.contains("--no-pin does not apply to password protectors"), "{err}");
+    let err = env.fails(&["protector", "create", "--type", "tpm2", "--name", "x", "--pcr", "99"], "");
+    assert!(err.contains("PCR 99"), "{err}");
+}
+
+#[test]
+fn tpm_pin_change_keeps_the_protector() {
+    let tpm = Swtpm::start();
+    let env = env_with(&tpm.tcti());
+    env.ok(&["protector", "create", "--type", "tpm2", "--name", "t"], "1111\n");
+    let id = id_of(&env, "t");
+    env.ok(&["protector", "verify", &id], "1111\n");
+    env.ok(&["protector", "change-password", &id], "1111\n2222\n");
+    env.fails(&["protector", "verify", &id], "1111\n");
+    env.ok(&["protector", "verify", &id], "2222\n");
+}
