@@ -146,3 +146,24 @@ fn tpm_pin_change_keeps_the_protector() {
     env.fails(&["protector", "verify", &id], "1111\n");
     env.ok(&["protector", "verify", &id], "2222\n");
 }
+
+#[test]
+fn convert_with_a_new_tpm_protector() {
+    let tpm = Swtpm::start();
+    let env = env_with(&tpm.tcti());
+    let d = env.mnt().join("home");
+    fs::create_dir_all(d.join("sub")).unwrap();
+    fs::write(d.join("sub/f"), b"data").unwrap();
+    env.ok(
+        &["convert", p(&d), "--yes", "--no-recovery-key", "--protector-type", "tpm2", "--protector-name", "t"],
+        "4321\n",
+    );
+    let st = env.status_json(&d);
+    assert_eq!(st["encrypted"], true);
+    assert_eq!(st["protectors"][0]["kind"], "tpm2");
+    env.ok(&["lock", p(&d)], "");
+    env.fails(&["unlock", p(&d)], "1111\n");
+    env.ok(&["unlock", p(&d)], "4321\n");
+    assert_eq!(fs::read(d.join("sub/f")).unwrap(), b"data");
+    assert_eq!(tries_left(&env, "t"), Some(2));
+}
