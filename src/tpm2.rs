@@ -245,6 +245,8 @@ pub enum Tpm2Error {
     ForeignBlob,
     #[error("the TPM protector's sealed key is damaged: {0}")]
     Corrupt(String),
+    #[error("TPM PINs are not accepted over the network while fewer than {min} tries are left ({tries_left} now), so that nobody can lock the owner out remotely; log in at the device, or wait for the TPM to forgive failures")]
+    NetworkRefused { tries_left: u32, min: u32 },
     #[error("a PIN is needed for this TPM protector")]
     PinRequired,
     #[error("the TPM's lockout hierarchy has a password; dirseal cannot use it: change the dictionary-attack parameters with `tpm2_dictionarylockout -p`")]

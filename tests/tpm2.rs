@@ -336,3 +336,76 @@ fn cli_status_without_a_tpm_says_so() {
     assert!(!ok && err.contains("no usable TPM at swtpm:"), "{err}");
     assert!(!err.contains("WARNING"), "{err}");
 }
+
+/// A login front end's Ui: every password or PIN prompt gets the one typed secret.
+struct LoginUi {
+    typed: &'static str,
+    network: bool,
+}
+
+impl dirseal::ui::Ui for LoginUi {
+    fn secret(&mut self, p: &dirseal::ui::SecretPrompt<'_>) -> Result<Passphrase, dirseal::ui::UiError> {
+        use dirseal::ui::SecretPrompt::*;
+        match p {
+            Password { .. } | Pin { .. } | NewPin { .. } => Ok(pin(self.typed)),
+            _ => Err(dirseal::ui::UiError::Cancelled),
+        }
+    }
+    fn network_login(&self) -> bool {
+        self.network
+    }
+}
+
+/// A keystore with one TPM protector (PIN 1234, uid 1000) opening one policy.
+fn login_setup(tcti: &str) -> (tempfile::TempDir, dirseal::ops::Dirseal, dirseal::keystore::PolicyRecord) {
+    use dirseal::ops::{Dirseal, NewProtector};
+    let etc = tempfile::tempdir().unwrap();
+    let cfg = etc.path().join("config.toml");
+    config_for(tcti).save(&cfg).unwrap();
+    let mut ds = Dirseal::open(&cfg, Some(&etc.path().join("ks"))).unwrap();
+    let new = NewProtector { name: "tpm", uid: Some(1000), kind: NewKind::Tpm2(NewTpm2::default()) };
+    let (rec, pkey) = ds.create_protector(&new, &mut LoginUi { typed: "1234", network: false }).unwrap();
+    let master = dirseal::secret::MasterKey::random();
+    let mut policy = dirseal::keystore::PolicyRecord::new(dirseal::fscrypt::key_identifier(&master), None);
+    policy.add_protector(&rec.id, &pkey, &master);
+    ds.keystore().save_policy(&policy).unwrap();
+    (etc, ds, policy)
+}
+
+#[test]
+fn login_tries_the_tpm_pin_once_and_refuses_network_logins_when_tries_are_few() {
+    let t = Swtpm::start();
+    let (_etc, ds, policy) = login_setup(&t.tcti());
+    let login = |typed, network| ds.login(&policy, 1000, &mut LoginUi { typed, network }).unwrap();
+
+    let l = login("1234", false);
+    assert!(l.opened.is_some() && l.problems.is_empty());
+    // A wrong secret costs exactly one try and is reported, never retried.
+    let l = login("0000", false);
+    assert!(l.opened.is_none());
+    assert_eq!(l.problems.len(), 1);
+    assert!(l.problems[0].1.to_string().contains("wrong TPM PIN; 2 tries left"), "{}", l.problems[0].1);
+    assert_eq!(counter(&t), 1);
+    // Over the network with 2 tries left (min_local_tries = 2): still allowed.
+    assert!(login("1234", true).opened.is_some());
+    assert!(login("1111", false).opened.is_none());
+    // 1 try left: a network login is refused before the TPM is asked, and costs nothing.
+    let l = login("1234", true);
+    assert!(l.opened.is_none());
+    assert!(l.problems[0].1.to_string().contains("not accepted over the network while fewer than 2 tries"));
+    assert_eq!(counter(&t), 2);
+    // At the device it still opens.
+    assert!(login("1234", false).opened.is_some());
+    assert_eq!(counter(&t), 2);
+}
+
+#[test]
+fn login_skips_a_missing_tpm_silently() {
+    let t = Swtpm::start();
+    let (etc, _ds, policy) = login_setup(&t.tcti());
+    drop(t);
+    let ds = dirseal::ops::Dirseal::open(&etc.path().join("config.toml"), Some(&etc.path().join("ks"))).unwrap();
+    let l = ds.login(&policy, 1000, &mut LoginUi { typed: "1234", network: false }).unwrap();
+    assert!(l.opened.is_none());
+    assert!(l.problems.is_empty(), "{:?}", l.problems.iter().map(|p| p.1.to_string()).collect::<Vec<_>>());
+}

@@ -150,11 +150,16 @@ impl ProtectorKind {
         rec: &'a ProtectorRecord,
         config: &Config,
         s: Secret,
+        network: bool,
     ) -> Result<SecretPrompt<'a>, ProtectorError> {
         let (name, id) = (rec.name.as_str(), &rec.id);
         Ok(match (self, s) {
             (ProtectorKind::Tpm2(t), _) => {
                 let st = t.ready(config)?;
+                let min = config.tpm2.min_local_tries();
+                if network && st.tries_left() < min {
+                    return Err(Tpm2Error::NetworkRefused { tries_left: st.tries_left(), min }.into());
+                }
                 SecretPrompt::Pin { name, id, device: "TPM", tries_left: Some(st.tries_left()) }
             }
             (_, Secret::Password) => SecretPrompt::Password { name, id },
@@ -330,7 +335,7 @@ pub fn change_secret(
 pub fn unlock_with(rec: &ProtectorRecord, config: &Config, ui: &mut dyn Ui) -> Result<ProtectorKey, UnlockError> {
     let ask = rec.kind.ask();
     let secret = match ask.secret {
-        Some(s) => Some(ui.secret(&rec.kind.prompt(rec, config, s)?)?),
+        Some(s) => Some(ui.secret(&rec.kind.prompt(rec, config, s, ui.network_login())?)?),
         None => None,
     };
     if ask.touch {
