@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # `dirseal convert` against its peers on the same scratch ext4, same tree, caches dropped:
 #   cp -a + sync and rsync -aHAXS + sync into an fscrypt directory, and dd of one large file.
-# Prints wall time and peak RSS of each, and the ratios. Record results in docs/performance.md.
+# Prints wall time and peak RSS of each, and the ratios; then convert's move mode (for nearly
+# full disks) against its copy mode: time and peak extra space used on the filesystem.
+# Record results in docs/performance.md.
 # Usage: sudo scripts/bench-convert.sh [SMALL_FILES=20000] [MEDIUM_FILES=200] [LARGE_MIB=64] [SMALL_MAX_BYTES=8192]
 # (200000 0 0 512 measures peak RSS on a 200,000-file tree)
 set -euo pipefail
@@ -21,7 +23,7 @@ cleanup() {
 }
 trap cleanup EXIT
 # Room for four copies of the tree plus the conversion's staging copy.
-size_mib=$(( (small * 8 / 1024 + medium + 3 * large_mib + 40) * 6 + 512 ))
+size_mib=$(( (small * 8 / 1024 + medium + 3 * large_mib + 40) * 7 + 512 ))
 truncate -s "${size_mib}M" "$work/fs.img"
 mkfs.ext4 -q -O encrypt -N $(( small * 6 + 100000 )) "$work/fs.img"
 mkdir "$mnt"
@@ -62,12 +64,28 @@ du -sh "$tpl" | sed 's/^/tree: /'
 drop() { sync; echo 3 > /proc/sys/vm/drop_caches; }
 # Runs "$@" and prints "<seconds> <peak RSS KiB>".
 measure() { /usr/bin/time -f '%e %M' -o "$work/time" "$@" >/dev/null 2>"$work/err" || { cat "$work/err" >&2; exit 1; }; cat "$work/time"; }
+used_mib() { df -B1M --output=used "$mnt" | tail -1 | tr -d ' '; }
+# Like measure, and also prints the peak of extra space used on the filesystem meanwhile (MiB,
+# sampled every 50 ms).
+measure_space() {
+  local base peak u pid
+  base=$(used_mib) peak=$base
+  measure "$@" > "$work/m" &
+  pid=$!
+  while kill -0 "$pid" 2>/dev/null; do
+    u=$(used_mib); [ "$u" -gt "$peak" ] && peak=$u
+    sleep 0.05
+  done
+  wait "$pid"
+  echo "$(cat "$work/m") $((peak - base))"
+}
 
-cp -a "$tpl" "$mnt/conv"; cp -a "$tpl" "$mnt/cpsrc"; cp -a "$tpl" "$mnt/rsrc"
+cp -a "$tpl" "$mnt/conv"; cp -a "$tpl" "$mnt/cpsrc"; cp -a "$tpl" "$mnt/rsrc"; cp -a "$tpl" "$mnt/mv"
 mkdir "$mnt/cpdst" "$mnt/rdst" "$mnt/dddst"
 for d in cpdst rdst dddst; do echo bench | "$bin" encrypt "$mnt/$d" --protector-name "$d" >/dev/null; done
 
-drop; read -r t_conv m_conv < <(measure sh -c "echo bench | '$bin' convert '$mnt/conv' --yes --protector-name conv")
+drop; read -r t_conv m_conv s_conv < <(measure_space sh -c "echo bench | '$bin' convert '$mnt/conv' --yes --protector-name conv --mode copy")
+drop; read -r t_mv m_mv s_mv < <(measure_space sh -c "echo bench | '$bin' convert '$mnt/mv' --yes --protector-name mv --mode move")
 drop; read -r t_cp m_cp < <(measure sh -c "cp -a '$mnt/cpsrc/.' '$mnt/cpdst/' && sync")
 drop; read -r t_rs m_rs < <(measure sh -c "rsync -aHAXS '$mnt/rsrc/' '$mnt/rdst/' && sync")
 big=$tpl/Games/big0.pak
@@ -83,7 +101,9 @@ r() { awk -v a="$1" -v b="$2" 'BEGIN { if (b == 0) b = 0.001; printf "%.2f", a /
 echo
 printf '%-28s %8s %12s %10s\n' tool seconds "peak RSS" "vs cp -a"
 printf '%-28s %8s %9s KiB %9sx\n' "dirseal convert" "$t_conv" "$m_conv" "$(r "$t_conv" "$t_cp")"
+printf '%-28s %8s %9s KiB %9sx\n' "dirseal convert --mode move" "$t_mv" "$m_mv" "$(r "$t_mv" "$t_cp")"
 printf '%-28s %8s %9s KiB %9sx\n' "cp -a + sync" "$t_cp" "$m_cp" 1.00
 printf '%-28s %8s %9s KiB %9sx\n' "rsync -aHAXS + sync" "$t_rs" "$m_rs" "$(r "$t_rs" "$t_cp")"
 echo
 echo "large file (${mib} MiB): dd into fscrypt $(r "$mib" "$t_dd") MiB/s; dirseal convert of it alone $(r "$mib" "$t_one") MiB/s (includes verify and setup) = $(r "$t_dd" "$t_one")x of dd"
+echo "move mode: $(r "$t_conv" "$t_mv")x the throughput of copy mode (target >= 0.80); peak extra space ${s_mv} MiB (copy mode ${s_conv} MiB, tree $(du -sm "$tpl" | cut -f1) MiB)"

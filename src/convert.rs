@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use dirseal_migrate::{self as migrate, Census, Host, HostError, MigrateError, Outcome, Request, State, StatusView};
+pub use dirseal_migrate::{Method, Mode};
 use dirseal_recovery::RecoveryKey;
 use sha2::{Digest, Sha256};
 
@@ -99,6 +100,9 @@ pub struct Options {
     pub threads: usize,
     /// Seal the new master key under a new recovery key; `None` asks the Ui.
     pub recovery_key: Option<bool>,
+    /// Copy the data, move it (for a nearly full disk: no second copy, no backup window), or
+    /// pick by free space (the census says which, and why).
+    pub mode: Mode,
 }
 
 /// A checked conversion, ready for [`run`].
@@ -138,7 +142,15 @@ pub struct Converted {
 fn request<'a>(plan_source: &'a Path, workdir: &'a Path, o: &Options) -> Request<'a> {
     let threads =
         if o.threads == 0 { std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2) } else { o.threads };
-    Request { source: plan_source, workdir, keep_backup: o.keep_backup, wipe: o.wipe, force: o.force, threads }
+    Request {
+        source: plan_source,
+        workdir,
+        keep_backup: o.keep_backup,
+        wipe: o.wipe,
+        force: o.force,
+        threads,
+        mode: o.mode,
+    }
 }
 
 /// Whether a conversion in `state` still has work to do (resume it, or finish it).
@@ -190,11 +202,7 @@ pub fn run(
                     ProtectorChoice::Existing(id) => Pick { protector: Some(id) },
                     ProtectorChoice::New(_) => Pick::default(),
                 };
-                let policy = ds.keystore().policy(&id).map_err(OpsError::from)?;
-                let what = format!("the conversion of {}", source.display());
-                let (pid, pkey) = ds.unlock_policy_protector(&policy, pick, &what, ui)?;
-                let master = ds.master_key(&policy, &pid, &pkey)?;
-                ds.add_key(&source, &master)?;
+                load_staging_key(ds, &source, &id, pick, ui)?;
             }
             ui.notice(&format!("resuming the conversion of {} ({state})", source.display()));
             let outcome = migrate::convert(&req, &KeyHost::new(ds, &source, hooks))?;
@@ -228,6 +236,23 @@ pub fn run(
     }
 }
 
+/// Loads the key of a conversion's staging directory again (after a reboot), with a protector's
+/// secret.
+fn load_staging_key(
+    ds: &Dirseal,
+    source: &Path,
+    id: &KeyIdentifier,
+    pick: Pick,
+    ui: &mut dyn Ui,
+) -> Result<(), ConvertError> {
+    let policy = ds.keystore().policy(id).map_err(OpsError::from)?;
+    let what = format!("the conversion of {}", source.display());
+    let (pid, pkey) = ds.unlock_policy_protector(&policy, pick, &what, ui)?;
+    let master = ds.master_key(&policy, &pid, &pkey)?;
+    ds.add_key(source, &master)?;
+    Ok(())
+}
+
 /// The end of a conversion other than completing it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Finish {
@@ -239,9 +264,24 @@ pub enum Finish {
     Commit,
 }
 
-pub fn finish(ds: &Dirseal, dir: &Path, how: Finish, hooks: &Hooks<'_>) -> Result<Outcome, ConvertError> {
+/// Aborting a move reads the moved files back out of the encrypted staging directory: its key is
+/// loaded first if needed (the Ui asks a protector's secret).
+pub fn finish(
+    ds: &Dirseal,
+    dir: &Path,
+    how: Finish,
+    ui: &mut dyn Ui,
+    hooks: &Hooks<'_>,
+) -> Result<Outcome, ConvertError> {
     let source = absolute(dir)?;
     let workdir = workdir_for(&source)?;
+    if how == Finish::Abort {
+        if let Some(v) = migrate::status(&workdir)?.filter(|v| v.method == Method::Move) {
+            if let Some(id) = staging_key_needed(&source, &v)? {
+                load_staging_key(ds, &source, &id, Pick::default(), ui)?;
+            }
+        }
+    }
     let host = KeyHost::new(ds, &source, hooks);
     Ok(match how {
         Finish::Abort => migrate::abort(&workdir, &host)?,
@@ -375,7 +415,15 @@ pub fn status(source: &Path) -> Result<Option<StatusView>, ConvertError> {
 pub fn in_progress(dir: &Path) -> Result<bool, ConvertError> {
     Ok(matches!(
         status(&absolute(dir)?)?.map(|v| v.state),
-        Some(State::Prepared | State::Copying | State::Copied | State::Verified)
+        Some(
+            State::Prepared
+                | State::Copying
+                | State::Copied
+                | State::Verified
+                | State::Moving
+                | State::Moved
+                | State::MovingBack
+        )
     ))
 }
 
@@ -389,5 +437,7 @@ fn phase_name(p: migrate::Phase) -> &'static str {
         Disposing => "disposing",
         Aborting => "aborting",
         RollingBack => "rolling back",
+        Moving => "moving",
+        MovingBack => "moving back",
     }
 }

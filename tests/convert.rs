@@ -226,6 +226,20 @@ fn crash_at_every_fault_point_then_resume() {
             | RollbackAfterSwap
             | RollbackEntry
             | RollbackBeforeRecord => &[],
+            // Move mode: tests/move_mode.rs crashes a real encrypted move; crash.rs reaches each.
+            AfterRecordMoving
+            | MoveEntryCopied
+            | MoveBatchSynced
+            | MoveEntryRemoved
+            | MoveFileStarted
+            | MoveChunkCopied
+            | MoveChunkRecorded
+            | MoveFileDone
+            | AfterRecordSettling
+            | SettleDir
+            | AfterRecordMoved
+            | AfterRecordMovingBack
+            | BeforeRecordAbortedMove => &[],
         }
     }
     let env = Env::new();

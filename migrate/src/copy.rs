@@ -245,7 +245,7 @@ impl Copier<'_, '_> {
             }
             remove::remove_tree(stg_dir.as_fd(), name, false, &mut |_| Ok(())).map_err(|e| ctx.dst_err(&rel, e))?;
         }
-        let stg_ino = self.create(&fd, m.kind, stg_dir, name, &rel, m.nlink > 1)?;
+        let stg_ino = create(ctx, &fd, m.kind, stg_dir, name, &rel, m.nlink > 1)?;
         if m.nlink > 1 {
             self.set_rep(m.ino, &rel, stg_ino);
         }
@@ -288,80 +288,80 @@ impl Copier<'_, '_> {
         Ok(fsx::xattrs(fd.as_fd()).map_err(|err| ctx.src_err(rel, err))?
             == fsx::xattrs(efd.as_fd()).map_err(|err| ctx.dst_err(rel, err))?)
     }
+}
 
-    /// Creates the staging copy of a non-directory entry; returns its inode number (when `need_ino`, else 0). Re-copies
-    /// while the source changes under it (size, mtime or ctime differ before and after).
-    fn create(
-        &self,
-        fd: &OwnedFd,
-        kind: Kind,
-        stg_dir: &OwnedFd,
-        name: &OsStr,
-        rel: &Path,
-        need_ino: bool,
-    ) -> Result<u64, MigrateError> {
-        let ctx = self.ctx;
-        let serr = |e| ctx.src_err(rel, e);
-        let derr = |e| ctx.dst_err(rel, e);
-        for attempt in 0..MAX_TRIES {
-            if attempt > 0 {
-                ctx.recopied.fetch_add(1, Ordering::Relaxed);
-            }
-            let before = fsx::stat_fd(fd).map_err(serr)?;
-            if before.kind != kind {
-                return Err(MigrateError::KeepsChanging { path: ctx.display(rel) });
-            }
-            if kind == Kind::File {
-                let rfd = fsx::reopen(fd.as_fd(), OFlags::RDONLY | OFlags::NOATIME).map_err(serr)?;
-                let tmp = fsx::tmpfile(stg_dir).map_err(derr)?;
-                let mut on_chunk = |n: u64| {
-                    ctx.add_bytes(n);
-                    ctx.check_stop().map_err(|_| std::io::Error::from(std::io::ErrorKind::Interrupted))
-                };
-                if let Err(e) = fsx::copy_sparse(
-                    rfd.as_fd(),
-                    tmp.as_fd(),
-                    before.size,
-                    before.blocks * 512 >= before.size,
-                    &mut on_chunk,
-                ) {
-                    ctx.check_stop()?;
-                    // Both ends report through copy_file_range; only the destination runs out of space.
-                    return Err(derr(e));
-                }
-                let x = fsx::xattrs(fd.as_fd()).map_err(serr)?;
-                fsx::apply_meta(tmp.as_fd(), &before, &x).map_err(derr)?;
-                let after = fsx::stat_fd(fd).map_err(serr)?;
-                if after.changed_since(&before) {
-                    continue;
-                }
-                // No fsync per file: a killed process loses nothing from the page cache, and after
-                // a power loss ext4 shows an unsynced file short (its on-disk size grows only with
-                // written blocks), so the resumed pass recopies it. Everything is made durable by
-                // one syncfs before `Copied` is recorded, and verification compares content before
-                // the swap. Per-file fsync made conversion several times slower than `cp -a`.
-                fsx::link_fd(&tmp, stg_dir, name).map_err(derr)?;
-                fault::point(Point::CopyFile);
-                // The staging inode number matters only to hard-link groups; skip the stat otherwise.
-                return Ok(if need_ino { fsx::stat_fd(&tmp).map_err(derr)?.ino } else { 0 });
-            }
-            let target = match kind {
-                Kind::Symlink => Some(fsx::read_link(fd).map_err(serr)?),
-                _ => None,
+/// Creates the copy of a non-directory entry (in staging, or back in the source when a move is
+/// aborted); returns its inode number (when `need_ino`, else 0). Re-copies
+/// while the source changes under it (size, mtime or ctime differ before and after).
+pub(crate) fn create(
+    ctx: &Ctx,
+    fd: &OwnedFd,
+    kind: Kind,
+    stg_dir: &OwnedFd,
+    name: &OsStr,
+    rel: &Path,
+    need_ino: bool,
+) -> Result<u64, MigrateError> {
+    let serr = |e| ctx.src_err(rel, e);
+    let derr = |e| ctx.dst_err(rel, e);
+    for attempt in 0..MAX_TRIES {
+        if attempt > 0 {
+            ctx.recopied.fetch_add(1, Ordering::Relaxed);
+        }
+        let before = fsx::stat_fd(fd).map_err(serr)?;
+        if before.kind != kind {
+            return Err(MigrateError::KeepsChanging { path: ctx.display(rel) });
+        }
+        if kind == Kind::File {
+            let rfd = fsx::reopen(fd.as_fd(), OFlags::RDONLY | OFlags::NOATIME).map_err(serr)?;
+            let tmp = fsx::tmpfile(stg_dir).map_err(derr)?;
+            let mut on_chunk = |n: u64| {
+                ctx.add_bytes(n);
+                ctx.check_stop().map_err(|_| std::io::Error::from(std::io::ErrorKind::Interrupted))
             };
-            fsx::make_special(stg_dir, name, &before, target.as_deref()).map_err(derr)?;
-            fault::point(Point::CopySpecialMade);
-            let sfd = fsx::open_path(stg_dir, name).map_err(derr)?;
+            if let Err(e) = fsx::copy_sparse(
+                rfd.as_fd(),
+                tmp.as_fd(),
+                before.size,
+                before.blocks * 512 >= before.size,
+                &mut on_chunk,
+            ) {
+                ctx.check_stop()?;
+                // Both ends report through copy_file_range; only the destination runs out of space.
+                return Err(derr(e));
+            }
             let x = fsx::xattrs(fd.as_fd()).map_err(serr)?;
-            fsx::apply_meta(sfd.as_fd(), &before, &x).map_err(derr)?;
+            fsx::apply_meta(tmp.as_fd(), &before, &x).map_err(derr)?;
             let after = fsx::stat_fd(fd).map_err(serr)?;
             if after.changed_since(&before) {
-                fsx::unlink(stg_dir, name).map_err(derr)?;
                 continue;
             }
-            fault::point(Point::CopySpecial);
-            return Ok(if need_ino { fsx::stat_fd(&sfd).map_err(derr)?.ino } else { 0 });
+            // No fsync per file: a killed process loses nothing from the page cache, and after
+            // a power loss ext4 shows an unsynced file short (its on-disk size grows only with
+            // written blocks), so the resumed pass recopies it. Everything is made durable by
+            // one syncfs before `Copied` is recorded, and verification compares content before
+            // the swap. Per-file fsync made conversion several times slower than `cp -a`.
+            fsx::link_fd(&tmp, stg_dir, name).map_err(derr)?;
+            fault::point(Point::CopyFile);
+            // The staging inode number matters only to hard-link groups; skip the stat otherwise.
+            return Ok(if need_ino { fsx::stat_fd(&tmp).map_err(derr)?.ino } else { 0 });
         }
-        Err(MigrateError::KeepsChanging { path: ctx.display(rel) })
+        let target = match kind {
+            Kind::Symlink => Some(fsx::read_link(fd).map_err(serr)?),
+            _ => None,
+        };
+        fsx::make_special(stg_dir, name, &before, target.as_deref()).map_err(derr)?;
+        fault::point(Point::CopySpecialMade);
+        let sfd = fsx::open_path(stg_dir, name).map_err(derr)?;
+        let x = fsx::xattrs(fd.as_fd()).map_err(serr)?;
+        fsx::apply_meta(sfd.as_fd(), &before, &x).map_err(derr)?;
+        let after = fsx::stat_fd(fd).map_err(serr)?;
+        if after.changed_since(&before) {
+            fsx::unlink(stg_dir, name).map_err(derr)?;
+            continue;
+        }
+        fault::point(Point::CopySpecial);
+        return Ok(if need_ino { fsx::stat_fd(&sfd).map_err(derr)?.ino } else { 0 });
     }
+    Err(MigrateError::KeepsChanging { path: ctx.display(rel) })
 }

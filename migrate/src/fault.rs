@@ -56,6 +56,27 @@ points! {
     DisposeEntry = "dispose-entry",
     BeforeTrim = "before-trim",
     AfterRecordDone = "after-record-done",
+    AfterRecordMoving = "after-record-moving",
+    /// After each small file or special file copied by a move (in or back).
+    MoveEntryCopied = "move-entry-copied",
+    /// After each batch of a move made durable, before its originals are removed.
+    MoveBatchSynced = "move-batch-synced",
+    /// After each original of a batch removed.
+    MoveEntryRemoved = "move-entry-removed",
+    /// After a large file is recorded in flight.
+    MoveFileStarted = "move-file-started",
+    /// After each chunk copied and synced, before it is recorded.
+    MoveChunkCopied = "move-chunk-copied",
+    /// After each chunk recorded, before the original shrinks (or, moving back, is punched).
+    MoveChunkRecorded = "move-chunk-recorded",
+    /// After a large file's original name removed, before the journal forgets it.
+    MoveFileDone = "move-file-done",
+    AfterRecordSettling = "after-record-settling",
+    /// After each staging directory settled.
+    SettleDir = "settle-dir",
+    AfterRecordMoved = "after-record-moved",
+    AfterRecordMovingBack = "after-record-moving-back",
+    BeforeRecordAbortedMove = "before-record-aborted-move",
     AfterRecordAborted = "after-record-aborted",
     /// After each staging entry removed by an abort.
     AbortEntry = "abort-entry",

@@ -53,7 +53,7 @@ impl Kind {
 }
 
 /// A timestamp with nanoseconds, as statx reports it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Time {
     pub sec: i64,
     pub nsec: u32,
@@ -415,6 +415,70 @@ pub(crate) fn copy_sparse(
     Ok(())
 }
 
+/// Copies the data of `src` in `[start, end)` to the same offsets of `dst`, skipping holes (what
+/// is a hole in `src` is left untouched in `dst`, which the caller has made a hole). `on_chunk` as
+/// for [`copy_sparse`].
+pub(crate) fn copy_span(
+    src: BorrowedFd<'_>,
+    dst: BorrowedFd<'_>,
+    start: u64,
+    end: u64,
+    on_chunk: &mut dyn FnMut(u64) -> io::Result<()>,
+) -> io::Result<()> {
+    const CHUNK: u64 = 1 << 20;
+    let mut off = start;
+    while off < end {
+        let data = match rustix::fs::seek(src, SeekFrom::Data(off)) {
+            Ok(d) if d < end => d,
+            Ok(_) | Err(Errno::NXIO) => break,
+            Err(e) => return Err(e.into()),
+        };
+        let hole = rustix::fs::seek(src, SeekFrom::Hole(data))?.min(end);
+        let mut pos = data;
+        while pos < hole {
+            let n = copy_range(src, dst, pos, (hole - pos).min(CHUNK))?;
+            if n == 0 {
+                return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the file shrank while it was moved"));
+            }
+            pos += n;
+            on_chunk(n)?;
+        }
+        off = hole;
+    }
+    Ok(())
+}
+
+/// Deallocates `[off, off + len)` of a regular file (it reads as zeros; the size stays).
+pub(crate) fn punch(fd: BorrowedFd<'_>, off: u64, len: u64) -> io::Result<()> {
+    if len == 0 {
+        return Ok(());
+    }
+    use rustix::fs::FallocateFlags as F;
+    Ok(rustix::fs::fallocate(fd, F::PUNCH_HOLE | F::KEEP_SIZE, off, len)?)
+}
+
+/// Overwrites the allocated data of `[start, end)` with zeros and syncs it (wiping what a move
+/// leaves behind before it is truncated away).
+pub(crate) fn zero_span(fd: BorrowedFd<'_>, start: u64, end: u64) -> io::Result<()> {
+    let zeros = vec![0u8; 1 << 20];
+    let mut off = start;
+    while off < end {
+        let data = match rustix::fs::seek(fd, SeekFrom::Data(off)) {
+            Ok(d) if d < end => d,
+            Ok(_) | Err(Errno::NXIO) => break,
+            Err(e) => return Err(e.into()),
+        };
+        let hole = rustix::fs::seek(fd, SeekFrom::Hole(data))?.min(end);
+        let mut pos = data;
+        while pos < hole {
+            let len = (hole - pos).min(zeros.len() as u64) as usize;
+            pos += rustix::io::pwrite(fd, &zeros[..len], pos)? as u64;
+        }
+        off = hole;
+    }
+    Ok(rustix::fs::fdatasync(fd)?)
+}
+
 fn copy_range(src: BorrowedFd<'_>, dst: BorrowedFd<'_>, pos: u64, len: u64) -> io::Result<u64> {
     let (mut i, mut o) = (pos, pos);
     match rustix::fs::copy_file_range(src, Some(&mut i), dst, Some(&mut o), len as usize) {
@@ -434,24 +498,7 @@ fn copy_range(src: BorrowedFd<'_>, dst: BorrowedFd<'_>, pos: u64, len: u64) -> i
 
 /// Overwrites every allocated data range of a regular file with zeros and syncs it.
 pub(crate) fn zero_data(fd: BorrowedFd<'_>) -> io::Result<()> {
-    let zeros = vec![0u8; 1 << 20];
-    let mut off = 0u64;
-    loop {
-        let data = match rustix::fs::seek(fd, SeekFrom::Data(off)) {
-            Ok(d) => d,
-            Err(Errno::NXIO) => break,
-            Err(e) => return Err(e.into()),
-        };
-        let hole = rustix::fs::seek(fd, SeekFrom::Hole(data))?;
-        let mut pos = data;
-        while pos < hole {
-            let len = (hole - pos).min(zeros.len() as u64) as usize;
-            pos += rustix::io::pwrite(fd, &zeros[..len], pos)? as u64;
-        }
-        off = hole;
-    }
-    rustix::fs::fsync(fd)?;
-    Ok(())
+    zero_span(fd, 0, u64::MAX)
 }
 
 /// Applies owner, xattrs, permissions and times, in the order that keeps each of them: chown

@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::fault::{self, Point};
 use crate::fsx;
+use crate::fsx::Time;
 use crate::{MigrateError, State};
 
 const JOURNAL: &str = "journal.json";
@@ -66,6 +67,129 @@ impl From<HexPath> for String {
     }
 }
 
+/// A path relative to the tree's root, stored as hex of its bytes: non-empty, no NUL, and only
+/// normal components (no `/` at the start, no `.` or `..`), so it can only name an entry beneath
+/// the root.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub(crate) struct HexRel(pub PathBuf);
+
+impl TryFrom<String> for HexRel {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        let bytes = hex::decode(&s).map_err(|e| format!("relative path is not hex: {e}"))?;
+        let p = PathBuf::from(OsStr::from_bytes(&bytes));
+        let normal = p.components().all(|c| matches!(c, std::path::Component::Normal(_)));
+        if bytes.is_empty() || bytes.contains(&0) || !normal || bytes.ends_with(b"/") {
+            return Err("a relative path must be non-empty, without NUL, `.`, `..` or a leading `/`".into());
+        }
+        Ok(HexRel(p))
+    }
+}
+
+impl From<HexRel> for String {
+    fn from(p: HexRel) -> String {
+        hex::encode(p.0.as_os_str().as_bytes())
+    }
+}
+
+/// Bytes stored as hex (xattr names and values).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub(crate) struct HexBytes(pub Vec<u8>);
+
+impl TryFrom<String> for HexBytes {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        hex::decode(&s).map(HexBytes).map_err(|e| format!("bytes are not hex: {e}"))
+    }
+}
+
+impl From<HexBytes> for String {
+    fn from(b: HexBytes) -> String {
+        hex::encode(b.0)
+    }
+}
+
+/// How a conversion puts the data into staging.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Method {
+    /// A full copy next to the original, verified, swapped; the original is removed afterwards.
+    #[default]
+    Copy,
+    /// Each file moves into staging (large ones chunk by chunk from the end), so only a few
+    /// chunks of extra space are needed; there is no backup window.
+    Move,
+}
+
+impl std::fmt::Display for Method {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Method::Copy => "copy",
+            Method::Move => "move",
+        })
+    }
+}
+
+/// The regular file whose data is split between the trees: the source name holds bytes
+/// `[0, size - moved)`, the staging name `[size - moved, size)`. Its metadata is kept here because
+/// shrinking or punching a file may drop some of it (file capabilities) and changes its times.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "RawInFlight")]
+pub(crate) struct InFlight {
+    pub rel: HexRel,
+    pub size: u64,
+    pub moved: u64,
+    /// Moving back into the source (an abort) rather than into staging.
+    pub back: bool,
+    pub perm: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub atime: Time,
+    pub mtime: Time,
+    pub xattrs: Vec<(HexBytes, HexBytes)>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawInFlight {
+    rel: HexRel,
+    size: u64,
+    moved: u64,
+    back: bool,
+    perm: u32,
+    uid: u32,
+    gid: u32,
+    atime: Time,
+    mtime: Time,
+    xattrs: Vec<(HexBytes, HexBytes)>,
+}
+
+impl TryFrom<RawInFlight> for InFlight {
+    type Error = String;
+    fn try_from(r: RawInFlight) -> Result<InFlight, String> {
+        if r.moved > r.size {
+            return Err("more of the file in flight moved than it holds".into());
+        }
+        if r.perm & !0o7777 != 0 || r.atime.nsec >= 1_000_000_000 || r.mtime.nsec >= 1_000_000_000 {
+            return Err("the metadata of the file in flight is out of range".into());
+        }
+        Ok(InFlight {
+            rel: r.rel,
+            size: r.size,
+            moved: r.moved,
+            back: r.back,
+            perm: r.perm,
+            uid: r.uid,
+            gid: r.gid,
+            atime: r.atime,
+            mtime: r.mtime,
+            xattrs: r.xattrs,
+        })
+    }
+}
+
 /// The persisted state. Fields that only exist in some states live inside their variant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "name", rename_all = "snake_case", try_from = "RawStep")]
@@ -79,6 +203,14 @@ pub(crate) enum Step {
         round: u32,
     },
     Verified,
+    /// Move mode: files are moving into staging (see mv.rs).
+    Moving,
+    /// Move mode: every file is in staging; the staging directories get their final metadata.
+    Settling,
+    /// Move mode: staging holds the whole tree with its metadata, ready for the swap.
+    Moved,
+    /// Move mode, aborted: files are moving back into the source.
+    MovingBack,
     /// `disposing`: removal of the old tree has begun, so rolling back is no longer possible.
     Swapped {
         disposing: bool,
@@ -107,14 +239,18 @@ impl TryFrom<RawStep> for Step {
             ("copying", Some(round), None) => Step::Copying { round },
             ("copied", Some(round), None) => Step::Copied { round },
             ("verified", None, None) => Step::Verified,
+            ("moving", None, None) => Step::Moving,
+            ("settling", None, None) => Step::Settling,
+            ("moved", None, None) => Step::Moved,
+            ("moving_back", None, None) => Step::MovingBack,
             ("swapped", None, Some(disposing)) => Step::Swapped { disposing },
             ("rolling_back", None, None) => Step::RollingBack,
             ("done", None, None) => Step::Done,
             ("aborted", None, None) => Step::Aborted,
             ("rolled_back", None, None) => Step::RolledBack,
             (
-                name @ ("prepared" | "copying" | "copied" | "verified" | "swapped" | "rolling_back" | "done"
-                | "aborted" | "rolled_back"),
+                name @ ("prepared" | "copying" | "copied" | "verified" | "moving" | "settling" | "moved"
+                | "moving_back" | "swapped" | "rolling_back" | "done" | "aborted" | "rolled_back"),
                 _,
                 _,
             ) => return Err(format!("state {name:?} with missing or extra fields")),
@@ -130,6 +266,9 @@ impl Step {
             Step::Copying { .. } => State::Copying,
             Step::Copied { .. } => State::Copied,
             Step::Verified => State::Verified,
+            Step::Moving | Step::Settling => State::Moving,
+            Step::Moved => State::Moved,
+            Step::MovingBack => State::MovingBack,
             Step::Swapped { .. } => State::Swapped,
             Step::RollingBack => State::RollingBack,
             Step::Done => State::Done,
@@ -166,6 +305,10 @@ pub(crate) struct Journal {
     /// Files seen changing while copied, over all runs.
     pub recopied: u64,
     pub step: Step,
+    /// How the data goes into staging (journals written before move mode existed are copies).
+    pub method: Method,
+    /// Move mode: the one regular file whose data is split between the two trees.
+    pub inflight: Option<InFlight>,
 }
 
 /// The journal as it is on disk, before its fields are checked against each other.
@@ -188,6 +331,10 @@ struct RawJournal {
     bytes_done: u64,
     recopied: u64,
     step: Step,
+    #[serde(default)]
+    method: Method,
+    #[serde(default)]
+    inflight: Option<InFlight>,
 }
 
 /// Longest token a host may hand out (a policy id is 32 hex digits).
@@ -204,6 +351,18 @@ impl TryFrom<RawJournal> for Journal {
         }
         if r.files_done > r.files_total || r.bytes_done > r.bytes_total {
             return Err("progress exceeds the recorded totals".into());
+        }
+        let moving = matches!(r.step, Step::Moving | Step::MovingBack);
+        if r.inflight.is_some() && !(moving && r.method == Method::Move) {
+            return Err("a file in flight outside a move".into());
+        }
+        let copy_step = matches!(r.step, Step::Copying { .. } | Step::Copied { .. } | Step::Verified);
+        let move_step = matches!(r.step, Step::Moving | Step::Settling | Step::Moved | Step::MovingBack);
+        if (copy_step && r.method != Method::Copy) || (move_step && r.method != Method::Move) {
+            return Err(format!("state {:?} does not belong to a {} conversion", r.step, r.method));
+        }
+        if r.method == Method::Move && r.keep_backup {
+            return Err("a move keeps no backup".into());
         }
         if let Step::Copying { round } | Step::Copied { round } = r.step {
             if round >= crate::MAX_ROUNDS {
@@ -227,6 +386,8 @@ impl TryFrom<RawJournal> for Journal {
             bytes_done: r.bytes_done,
             recopied: r.recopied,
             step: r.step,
+            method: r.method,
+            inflight: r.inflight,
         })
     }
 }
@@ -496,6 +657,29 @@ mod tests {
             bytes_done: 30,
             recopied: 1,
             step,
+            method: Method::Copy,
+            inflight: None,
+        }
+    }
+
+    fn moving(step: Step) -> Journal {
+        let t = Time { sec: 1_700_000_000, nsec: 5 };
+        Journal {
+            keep_backup: false,
+            method: Method::Move,
+            inflight: matches!(step, Step::Moving | Step::MovingBack).then(|| InFlight {
+                rel: HexRel(PathBuf::from(OsStr::from_bytes(b"games/big\xff.pak"))),
+                size: 600 << 20,
+                moved: 64 << 20,
+                back: step == Step::MovingBack,
+                perm: 0o4755,
+                uid: 1000,
+                gid: 1000,
+                atime: t,
+                mtime: t,
+                xattrs: vec![(HexBytes(b"user.a".to_vec()), HexBytes(vec![0, 1, 255]))],
+            }),
+            ..sample(step)
         }
     }
 
@@ -517,6 +701,16 @@ mod tests {
             let text = serde_json::to_string(&j).unwrap();
             assert_eq!(serde_json::from_str::<Journal>(&text).unwrap(), j);
         }
+        for step in [Step::Prepared, Step::Moving, Step::Settling, Step::Moved, Step::MovingBack, Step::Done] {
+            let j = moving(step);
+            let text = serde_json::to_string(&j).unwrap();
+            assert_eq!(serde_json::from_str::<Journal>(&text).unwrap(), j);
+        }
+        // A journal from before move mode (no method, no file in flight) is a copy.
+        let mut old = serde_json::to_value(sample(Step::Copied { round: 1 })).unwrap();
+        old.as_object_mut().unwrap().remove("method");
+        old.as_object_mut().unwrap().remove("inflight");
+        assert_eq!(serde_json::from_value::<Journal>(old).unwrap(), sample(Step::Copied { round: 1 }));
         // docs/crash-safety.md shows this layout; old journals must keep parsing.
         let v: serde_json::Value = serde_json::to_value(sample(Step::Swapped { disposing: true })).unwrap();
         assert_eq!(v["version"], 1);
@@ -549,5 +743,23 @@ mod tests {
         assert!(bad(&|v| v["step"] = serde_json::json!({"name": "done", "x": 1})).contains("unknown field"));
         assert!(bad(&|v| v["step"] = serde_json::json!({"name": "flying"})).contains("unknown state"));
         assert!(bad(&|v| v["surprise"] = 1.into()).contains("unknown field"));
+        assert!(bad(&|v| v["step"] = serde_json::json!({"name": "moving"})).contains("does not belong"));
+        let good = serde_json::to_value(moving(Step::Moving)).unwrap();
+        let bad = |f: &dyn Fn(&mut serde_json::Value)| {
+            let mut v = good.clone();
+            f(&mut v);
+            match serde_json::from_value::<Journal>(v.clone()) {
+                Ok(_) => panic!("parsed: {v}"),
+                Err(e) => e.to_string(),
+            }
+        };
+        assert!(bad(&|v| v["inflight"]["moved"] = (601u64 << 20).into()).contains("more of the file"));
+        assert!(bad(&|v| v["inflight"]["rel"] = hex::encode("a/../../etc").into()).contains("relative path"));
+        assert!(bad(&|v| v["inflight"]["rel"] = hex::encode("/etc/shadow").into()).contains("relative path"));
+        assert!(bad(&|v| v["inflight"]["rel"] = "".into()).contains("relative path"));
+        assert!(bad(&|v| v["inflight"]["perm"] = 0o170000.into()).contains("out of range"));
+        assert!(bad(&|v| v["step"] = serde_json::json!({"name": "moved"})).contains("outside a move"));
+        assert!(bad(&|v| v["keep_backup"] = true.into()).contains("no backup"));
+        assert!(bad(&|v| v["method"] = "teleport".into()).contains("unknown variant"));
     }
 }

@@ -6,8 +6,12 @@
 //! work directory before the step it enables, so a run killed at any instant can be resumed by
 //! running it again (see docs/crash-safety.md).
 //!
+//! In move mode (for a nearly full filesystem) the files move into staging instead, chunk by
+//! chunk for large ones, so only a few chunks of free space are needed (see mv.rs).
+//!
 //! States: `Prepared → Copying → Copied → Verified → Swapped → Done`, plus `Aborted` (before the
-//! swap), `RollingBack → RolledBack` (after a swap kept with `keep_backup`).
+//! swap), `RollingBack → RolledBack` (after a swap kept with `keep_backup`). Move mode:
+//! `Prepared → Moving → Moved → Swapped → Done`, and `MovingBack → Aborted` for an abort.
 #![forbid(unsafe_code)]
 
 mod copy;
@@ -15,6 +19,7 @@ mod ctx;
 pub mod fault;
 mod fsx;
 mod journal;
+mod mv;
 mod remove;
 mod scan;
 mod verify;
@@ -28,6 +33,7 @@ use ctx::Ctx;
 use fault::Point;
 use journal::{HexPath, Journal, Step, Version, Workdir, STAGING};
 
+pub use journal::Method;
 pub use scan::{census_dirs_listed, find_users};
 
 /// What to convert and how.
@@ -48,6 +54,19 @@ pub struct Request<'a> {
     pub force: bool,
     /// Worker threads for copying and hashing (0 counts as 1).
     pub threads: usize,
+    /// Copy, move, or pick by free space. Applies when a conversion starts; a resumed one keeps
+    /// its recorded method.
+    pub mode: Mode,
+}
+
+/// How the caller wants the data to go into staging.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Mode {
+    Copy,
+    Move,
+    /// Copy when a second copy fits with the margin, else move.
+    #[default]
+    Auto,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -98,6 +117,10 @@ pub enum Phase {
     Disposing,
     Aborting,
     RollingBack,
+    /// Move mode: files moving into staging, then their directories settling.
+    Moving,
+    /// Move mode, aborted: files moving back.
+    MovingBack,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -116,6 +139,12 @@ pub enum State {
     Copying,
     Copied,
     Verified,
+    /// Move mode: files are moving into the staging directory (the directory is unusable).
+    Moving,
+    /// Move mode: everything is in the staging directory, not yet swapped into place.
+    Moved,
+    /// Move mode: an abort is moving files back; run the abort again to finish it.
+    MovingBack,
     Swapped,
     /// A rollback was started and not finished; run [`rollback`] again.
     RollingBack,
@@ -131,6 +160,9 @@ impl fmt::Display for State {
             State::Copying => "copying",
             State::Copied => "copied",
             State::Verified => "verified",
+            State::Moving => "moving",
+            State::Moved => "moved",
+            State::MovingBack => "moving back",
             State::Swapped => "swapped",
             State::RollingBack => "rolling back",
             State::Done => "done",
@@ -144,6 +176,7 @@ impl fmt::Display for State {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Outcome {
     pub state: State,
+    pub method: Method,
     pub token: String,
     /// Entries in the tree (below its root) and bytes of regular file content.
     pub files: u64,
@@ -158,6 +191,7 @@ pub struct Outcome {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StatusView {
     pub state: State,
+    pub method: Method,
     pub source: PathBuf,
     pub token: String,
     pub started_unix: u64,
@@ -220,6 +254,16 @@ pub enum MigrateError {
     MountPointInside { path: PathBuf },
     #[error("not enough free space for a copy of {}: about {needed} bytes needed, {available} available; free some space and try again", path.display())]
     NoSpace { path: PathBuf, needed: u64, available: u64 },
+    #[error("not enough free space to move {} into the encrypted directory: about {needed} bytes needed (a few chunks, the directories and the hard-linked files, which are copied), {available} available; free some space and try again", path.display())]
+    NoSpaceToMove { path: PathBuf, needed: u64, available: u64 },
+    #[error("not enough free space for a copy of {}: about {needed} bytes needed, {available} available, and a move keeps no backup; free some space, or convert without keeping a backup", path.display())]
+    NoSpaceForBackup { path: PathBuf, needed: u64, available: u64 },
+    #[error("the filesystem ran out of space while moving {}; the move is paused and nothing is lost (every file is whole in one of the two trees, the journal says which); free some space and run the same command again to continue", path.display())]
+    MoveOutOfSpace { path: PathBuf },
+    #[error("cannot continue moving {}: {reason}; something changed the directory or its staging copy during the move; nothing more was changed (see docs/crash-safety.md to recover by hand)", path.display())]
+    MoveInconsistent { path: PathBuf, reason: String },
+    #[error("moving {} into the encrypted directory keeps no backup of the original; convert without keeping a backup, or by copying (which needs room for a second copy)", path.display())]
+    MoveWithBackup { path: PathBuf },
     #[error("not enough free inodes for a copy of {}: {needed} needed, {available} available; delete some files and try again", path.display())]
     NoInodes { path: PathBuf, needed: u64, available: u64 },
     #[error("{} is in use: {}; close these programs (or log the user out) and try again, or force the conversion", path.display(), list_users(users))]
@@ -329,16 +373,24 @@ fn host_err(step: &'static str) -> impl Fn(HostError) -> MigrateError {
     move |source| MigrateError::Host { step, source }
 }
 
-/// What a new conversion will copy and need, as counted by [`preflight`].
+/// What a new conversion will copy and need, as counted by [`preflight`], and how it will put
+/// the data into staging.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Census {
     /// Entries below the root.
     pub entries: u64,
     /// Bytes of regular file content.
     pub bytes: u64,
-    /// Free space the copy needs (allocated blocks plus a margin) and what the filesystem has.
+    /// Copy or move: asked for, or picked by [`Mode::Auto`] (then `auto` is set).
+    pub method: Method,
+    pub auto: bool,
+    /// Free space the chosen method needs, and what the filesystem has.
     pub space_needed: u64,
     pub space_available: u64,
+    /// Free space a copy needs (allocated blocks plus a margin) and a move needs (a few chunks,
+    /// the directories and the hard-linked files, which are copied).
+    pub copy_needed: u64,
+    pub move_needed: u64,
     pub inodes_needed: u64,
     pub inodes_available: u64,
     /// Files with hard links outside the tree (they stop being shared: see the outcome's notes).
@@ -365,12 +417,41 @@ impl Plan {
 }
 
 /// Checks everything that can be checked without writing: the source, the work dir location,
-/// free space and inodes, and (unless forced) that no process uses the directory. Walks the tree
-/// once, for the census the plan carries.
+/// free space and inodes, and (unless forced) that no process uses the directory; decides
+/// between copying and moving. Walks the tree once, for the census the plan carries.
 pub fn preflight(req: &Request, host: &dyn Host) -> Result<Plan, MigrateError> {
     let src = Source::resolve(req.source)?;
     let census = preflight_source(req, host, &src)?;
     Ok(Plan { src, census })
+}
+
+/// Free space a move needs: the chunk in flight or one batch (whichever is pending; both
+/// counted, with a block of rounding per file), a block per directory, the hard-linked files
+/// (copied, not moved), and a margin.
+fn move_needed(c: &scan::Census) -> u64 {
+    mv::CHUNK + mv::BATCH_BYTES + mv::BATCH_FILES as u64 * 4096 + (c.dirs + 1) * 4096 + c.linked_alloc + (16 << 20)
+}
+
+/// Picks copy or move by free space (and the request), or refuses. Returns the method, whether
+/// it was picked automatically, and what a copy and a move need.
+fn choose_method(
+    req: &Request,
+    src: &Source,
+    census: &scan::Census,
+    available: u64,
+) -> Result<(Method, bool, u64, u64), MigrateError> {
+    let copy_needed = census.alloc + census.alloc / 20 + (8 << 20);
+    let move_needed = move_needed(census);
+    let auto = req.mode == Mode::Auto;
+    let path = || src.path.clone();
+    match req.mode {
+        Mode::Copy | Mode::Auto if available >= copy_needed => Ok((Method::Copy, auto, copy_needed, move_needed)),
+        Mode::Copy => Err(MigrateError::NoSpace { path: path(), needed: copy_needed, available }),
+        Mode::Move if req.keep_backup => Err(MigrateError::MoveWithBackup { path: path() }),
+        _ if req.keep_backup => Err(MigrateError::NoSpaceForBackup { path: path(), needed: copy_needed, available }),
+        Mode::Move | Mode::Auto if available >= move_needed => Ok((Method::Move, auto, copy_needed, move_needed)),
+        Mode::Move | Mode::Auto => Err(MigrateError::NoSpaceToMove { path: path(), needed: move_needed, available }),
+    }
 }
 
 /// The checks that need no walk of the tree.
@@ -407,19 +488,23 @@ fn preflight_source(req: &Request, host: &dyn Host, src: &Source) -> Result<Cens
     })?;
     let vfs = rustix::fs::fstatvfs(&src.fd).map_err(|e| io_err("checking free space on", &src.path)(e.into()))?;
     let available = vfs.f_bavail.saturating_mul(vfs.f_frsize);
-    let needed = census.alloc + census.alloc / 20 + (8 << 20);
-    if available < needed {
-        return Err(MigrateError::NoSpace { path: src.path.clone(), needed, available });
-    }
-    let inodes = census.entries + 1 + census.entries / 20 + 16;
+    let (method, auto, copy_needed, move_needed) = choose_method(req, src, &census, available)?;
+    let inodes = match method {
+        Method::Copy => census.entries + 1 + census.entries / 20 + 16,
+        Method::Move => census.dirs + census.linked + mv::BATCH_FILES as u64 + 16,
+    };
     if vfs.f_favail < inodes {
         return Err(MigrateError::NoInodes { path: src.path.clone(), needed: inodes, available: vfs.f_favail });
     }
     Ok(Census {
         entries: census.entries,
         bytes: census.bytes,
-        space_needed: needed,
+        method,
+        auto,
+        space_needed: if method == Method::Copy { copy_needed } else { move_needed },
         space_available: available,
+        copy_needed,
+        move_needed,
         inodes_needed: inodes,
         inodes_available: vfs.f_favail,
         outside_links: census.outside_links,
@@ -578,6 +663,8 @@ fn begin(req: &Request, host: &dyn Host, src: &Source, census: &Census) -> Resul
         bytes_done: 0,
         recopied: 0,
         step: Step::Prepared,
+        method: census.method,
+        inflight: None,
     };
     wd.record(&mut j, Step::Prepared, Point::AfterPrepare)?;
     run(req, host, &wd, j, false)
@@ -679,8 +766,44 @@ fn run(req: &Request, host: &dyn Host, wd: &Workdir, mut j: Journal, resumed: bo
     let mut notes = Vec::new();
     loop {
         match j.step {
+            Step::Prepared if j.method == Method::Move => {
+                wd.record(&mut j, Step::Moving, Point::AfterRecordMoving)?;
+            }
             Step::Prepared => {
                 wd.record(&mut j, Step::Copying { round: 0 }, Point::AfterRecordCopying)?;
+            }
+            Step::Moving => {
+                ensure_unlocked(host, wd, &j, &mut unlocked)?;
+                let (src, stg) = open_pair(&j, wd)?;
+                let source = j.source.0.clone();
+                let ctx = Ctx::new(host, &source, src.meta.mnt_id, Phase::Moving, j.files_total, j.bytes_total);
+                ctx.tick(true);
+                let moved = mv::Mover::new(&ctx, wd, &mut j, &src.fd, &stg, false).run();
+                if let Err(e) = moved {
+                    return Err(after_pass(wd, &mut j, &ctx, move_err(e)));
+                }
+                rustix::fs::syncfs(&stg).map_err(|e| io_err("syncing", &wd.staging_path())(e.into()))?;
+                j.files_done = j.files_total;
+                j.bytes_done = j.bytes_total;
+                wd.record(&mut j, Step::Settling, Point::AfterRecordSettling)?;
+            }
+            Step::Settling => {
+                ensure_unlocked(host, wd, &j, &mut unlocked)?;
+                let (src, stg) = open_pair(&j, wd)?;
+                let source = j.source.0.clone();
+                let ctx = Ctx::new(host, &source, src.meta.mnt_id, Phase::Moving, j.files_total, j.bytes_total);
+                if let Err(e) = mv::settle(&ctx, &src.fd, &stg) {
+                    return Err(after_pass(wd, &mut j, &ctx, e));
+                }
+                rustix::fs::syncfs(&stg).map_err(|e| io_err("syncing", &wd.staging_path())(e.into()))?;
+                wd.record(&mut j, Step::Moved, Point::AfterRecordMoved)?;
+            }
+            Step::MovingBack => {
+                return Err(MigrateError::WrongState {
+                    op: "resume",
+                    state: State::MovingBack,
+                    hint: "an abort is moving the files back; run the abort again to finish it",
+                })
             }
             Step::Copying { round } => {
                 ensure_unlocked(host, wd, &j, &mut unlocked)?;
@@ -728,7 +851,7 @@ fn run(req: &Request, host: &dyn Host, wd: &Workdir, mut j: Journal, resumed: bo
                 }
                 wd.record(&mut j, Step::Verified, Point::AfterRecordVerified)?;
             }
-            Step::Verified => {
+            Step::Verified | Step::Moved => {
                 swap(req, host, wd, &j)?;
                 wd.record(&mut j, Step::Swapped { disposing: false }, Point::AfterRecordSwapped)?;
             }
@@ -758,6 +881,15 @@ fn run(req: &Request, host: &dyn Host, wd: &Workdir, mut j: Journal, resumed: bo
                 })
             }
         }
+    }
+}
+
+/// Running out of space while moving pauses the move (its own message: the original is no longer
+/// untouched, but every file is whole somewhere).
+fn move_err(e: MigrateError) -> MigrateError {
+    match e {
+        MigrateError::OutOfSpace { path } => MigrateError::MoveOutOfSpace { path },
+        e => e,
     }
 }
 
@@ -871,7 +1003,7 @@ fn dispose(host: &dyn Host, wd: &Workdir, j: &Journal, notes: &mut Vec<String>) 
 }
 
 fn outcome(j: &Journal, wd: &Workdir, mut notes: Vec<String>) -> Outcome {
-    let backup = matches!(j.step, Step::Swapped { .. }).then(|| wd.staging_path());
+    let backup = (j.method == Method::Copy && matches!(j.step, Step::Swapped { .. })).then(|| wd.staging_path());
     if j.step == Step::Done {
         if j.wipe {
             notes.push(
@@ -902,6 +1034,7 @@ fn outcome(j: &Journal, wd: &Workdir, mut notes: Vec<String>) -> Outcome {
     }
     Outcome {
         state: j.step.public(),
+        method: j.method,
         token: j.token.clone(),
         files: j.files_total,
         bytes: j.bytes_total,
@@ -923,9 +1056,11 @@ fn open_recorded(workdir: &Path) -> Result<(Workdir, journal::WorkdirLock, Journ
 pub fn status(workdir: &Path) -> Result<Option<StatusView>, MigrateError> {
     let Some(wd) = Workdir::open(workdir, false)? else { return Ok(None) };
     let Some(j) = wd.read()? else { return Ok(None) };
-    let backup = matches!(j.step, Step::Swapped { disposing: false }).then(|| wd.staging_path());
+    let backup =
+        (j.method == Method::Copy && matches!(j.step, Step::Swapped { disposing: false })).then(|| wd.staging_path());
     Ok(Some(StatusView {
         state: j.step.public(),
+        method: j.method,
         source: j.source.0,
         token: j.token,
         started_unix: j.started_unix,
@@ -957,6 +1092,34 @@ pub fn abort(workdir: &Path, host: &dyn Host) -> Result<Outcome, MigrateError> {
             }
             wd.record(&mut j, Step::Aborted, Point::AfterRecordAborted)?;
         }
+        Step::Moving | Step::Settling | Step::Moved => {
+            if place(&j, &wd)? == Place::Exchanged {
+                // Crashed right after the swap: there is no backup to go back to; finishing is the
+                // only way on.
+                wd.record(&mut j, Step::Swapped { disposing: false }, None)?;
+                return Err(MigrateError::WrongState {
+                    op: "abort",
+                    state: State::Swapped,
+                    hint: "the encrypted directory was already swapped into place and a move keeps no backup; run the conversion again to finish it",
+                });
+            }
+            host.ensure_unlocked(&j.token, &wd.staging_path()).map_err(host_err("unlocking the staging directory"))?;
+            let (src, stg) = open_pair(&j, &wd)?;
+            let ctx = Ctx::new(host, &j.source.0, src.meta.mnt_id, Phase::MovingBack, j.files_total, j.bytes_total);
+            ctx.tick(true);
+            let inflight = j.inflight.as_ref().map(|f| f.rel.0.clone());
+            mv::prepare_back(&ctx, &src.fd, &stg, inflight.as_deref(), j.step != Step::Moving)?;
+            rustix::fs::syncfs(&stg).map_err(|e| io_err("syncing", &wd.staging_path())(e.into()))?;
+            if let Some(f) = &mut j.inflight {
+                f.back = true;
+            }
+            wd.record(&mut j, Step::MovingBack, Point::AfterRecordMovingBack)?;
+            move_back(host, &wd, &mut j)?;
+        }
+        Step::MovingBack => {
+            host.ensure_unlocked(&j.token, &wd.staging_path()).map_err(host_err("unlocking the staging directory"))?;
+            move_back(host, &wd, &mut j)?;
+        }
         Step::Aborted => {}
         Step::Swapped { .. } | Step::RollingBack | Step::Done | Step::RolledBack => {
             return Err(MigrateError::WrongState {
@@ -972,9 +1135,33 @@ pub fn abort(workdir: &Path, host: &dyn Host) -> Result<Outcome, MigrateError> {
     Ok(outcome(&j, &wd, Vec::new()))
 }
 
+/// Moves every file back into the source, restores the source directories' times and records
+/// `Aborted` (the staging directories are removed next, as after any abort).
+fn move_back(host: &dyn Host, wd: &Workdir, j: &mut Journal) -> Result<(), MigrateError> {
+    let (src, stg) = open_pair(j, wd)?;
+    let source = j.source.0.clone();
+    let ctx = Ctx::new(host, &source, src.meta.mnt_id, Phase::MovingBack, j.files_total, j.bytes_total);
+    ctx.tick(true);
+    let moved = mv::Mover::new(&ctx, wd, j, &src.fd, &stg, true).run();
+    if let Err(e) = moved {
+        return Err(after_pass(wd, j, &ctx, move_err(e)));
+    }
+    mv::restore_dir_times(&ctx, &src.fd, &stg)?;
+    rustix::fs::syncfs(&src.fd).map_err(|e| io_err("syncing", &source)(e.into()))?;
+    fault::point(Point::BeforeRecordAbortedMove);
+    wd.record(j, Step::Aborted, Point::AfterRecordAborted)
+}
+
 /// Undoes a swap whose backup was kept: swaps the original back, then removes the encrypted copy.
 pub fn rollback(workdir: &Path, host: &dyn Host) -> Result<Outcome, MigrateError> {
     let (wd, _lock, mut j) = open_recorded(workdir)?;
+    if j.method == Method::Move && !j.step.is_final() {
+        return Err(MigrateError::WrongState {
+            op: "roll back",
+            state: j.step.public(),
+            hint: "a move keeps no backup; abort it before the swap, or run the conversion again to finish it",
+        });
+    }
     match j.step {
         Step::Swapped { disposing: false } => {
             wd.record(&mut j, Step::RollingBack, Point::AfterRecordRollingBack)?;
@@ -988,7 +1175,14 @@ pub fn rollback(workdir: &Path, host: &dyn Host) -> Result<Outcome, MigrateError
                 hint: "the old copy was already (partly) removed; finish the conversion instead",
             })
         }
-        Step::Prepared | Step::Copying { .. } | Step::Copied { .. } | Step::Verified => {
+        Step::Prepared
+        | Step::Copying { .. }
+        | Step::Copied { .. }
+        | Step::Verified
+        | Step::Moving
+        | Step::Settling
+        | Step::Moved
+        | Step::MovingBack => {
             return Err(MigrateError::WrongState {
                 op: "roll back",
                 state: j.step.public(),

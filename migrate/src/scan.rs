@@ -21,6 +21,11 @@ pub(crate) struct Census {
     pub alloc: u64,
     /// Multiply-linked files with links outside the tree.
     pub outside_links: u64,
+    /// Directories below the root.
+    pub dirs: u64,
+    /// Multiply-linked inodes and the space they take (each counted once): move mode copies them.
+    pub linked: u64,
+    pub linked_alloc: u64,
 }
 
 /// Directories the census has listed, in this process: a test checks that a conversion walks
@@ -55,12 +60,20 @@ pub(crate) fn census(ctx: &Ctx, root: &OwnedFd) -> Result<Census, MigrateError> 
                 c.entries += 1;
                 c.alloc += m.blocks * 512;
                 match m.kind {
-                    Kind::Dir => pending.push(n),
+                    Kind::Dir => {
+                        c.dirs += 1;
+                        pending.push(n)
+                    }
                     Kind::File => c.bytes += m.size,
                     _ => {}
                 }
                 if m.kind != Kind::Dir && m.nlink > 1 {
-                    links.entry(m.ino).or_insert((m.nlink, 0)).1 += 1;
+                    let seen = links.entry(m.ino).or_insert_with(|| {
+                        c.linked += 1;
+                        c.linked_alloc += m.blocks * 512;
+                        (m.nlink, 0)
+                    });
+                    seen.1 += 1;
                 }
             }
             ctx.files_done.store(c.entries, std::sync::atomic::Ordering::Relaxed);

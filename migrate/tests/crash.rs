@@ -32,6 +32,8 @@ impl Run {
 fn child(op: &str, src: &Path, wd: &Path, flags: &[&str], env: &[(&str, String)]) -> Run {
     let mut c = Command::new(CHILD);
     c.arg(op).arg(src).arg(wd).args(flags).env_remove("DIRSEAL_FAULT").env_remove("TEST_KILL");
+    // Move mode in 1 MiB chunks and batches of 8 files: a small tree still moves in many of each.
+    c.env("DIRSEAL_MOVE_CHUNK", "1048576").env("DIRSEAL_MOVE_BATCH", "8");
     for (k, v) in env {
         c.env(k, v);
     }
@@ -77,6 +79,10 @@ enum Op {
     Rollback,
     /// A conversion that keeps its backup, a commit, then the commit again.
     Commit,
+    /// A move, then a resume.
+    Move,
+    /// A move stopped with a large file moved and one in flight, an abort, then the abort again.
+    MoveAbort,
 }
 
 /// One crash: at the `at`-th arrival at the point, during `op`, run with `flags`.
@@ -112,7 +118,17 @@ fn crashes(p: Point) -> Vec<Crash> {
         DisposeEntry => vec![at(Convert, 20), at(Commit, 10)],
         BeforeTrim => vec![Crash { op: Convert, at: 1, flags: WIPE }],
         AfterRecordDone => vec![at(Convert, 1), at(Commit, 1)],
-        AfterRecordAborted => vec![at(Abort, 1)],
+        AfterRecordAborted => vec![at(Abort, 1), at(MoveAbort, 1)],
+        AfterRecordMoving | AfterRecordSettling | AfterRecordMoved => vec![at(Move, 1)],
+        MoveEntryCopied => vec![at(Move, 1), at(Move, 40), at(MoveAbort, 1), at(MoveAbort, 10)],
+        MoveBatchSynced => vec![at(Move, 1), at(Move, 2), at(MoveAbort, 1)],
+        MoveEntryRemoved => vec![at(Move, 1), at(Move, 20), at(MoveAbort, 3)],
+        MoveFileStarted => vec![at(Move, 1), at(Move, 2), at(MoveAbort, 1)],
+        MoveChunkCopied => vec![at(Move, 1), at(Move, 3), at(MoveAbort, 1), at(MoveAbort, 2)],
+        MoveChunkRecorded => vec![at(Move, 1), at(Move, 2), at(Move, 4), at(MoveAbort, 1), at(MoveAbort, 3)],
+        MoveFileDone => vec![at(Move, 1), at(Move, 2), at(MoveAbort, 1), at(MoveAbort, 2)],
+        SettleDir => vec![at(Move, 1), at(Move, 5)],
+        AfterRecordMovingBack | BeforeRecordAbortedMove => vec![at(MoveAbort, 1)],
         AbortEntry => vec![at(Abort, 1), at(Abort, 15)],
         LeftoverEntry => vec![at(Leftover, 5)],
         AfterRecordRollingBack | RollbackAfterSwap | RollbackBeforeRecord => vec![at(Rollback, 1)],
@@ -231,6 +247,157 @@ fn crashes_while_aborting_rolling_back_or_committing_resume() {
     assert_eq!(migrate::status(&wd).unwrap().unwrap().state, State::Swapped);
     finishes("rollback", &src, &wd, &[], "rolled back");
     assert_same(&manifest(&src), &before, "rolled back after the crash at the swap");
+}
+
+/// A tree for move mode: every kind of entry, files large enough to move chunk by chunk, and
+/// enough small ones for several batches.
+fn move_tree(src: &Path) {
+    build_tree(src);
+    common::add_large(src);
+    add_bulk(src, 60, 0);
+}
+
+const MOVE: &[&str] = &["--mode", "move"];
+
+#[test]
+fn a_crash_at_every_fault_point_of_a_move_loses_nothing_and_resumes() {
+    let c = Case::new();
+    for (i, (point, _)) in points_of(Op::Move).iter().enumerate() {
+        let (src, wd) = c.other(&format!("m{i}"));
+        move_tree(&src);
+        let before = manifest(&src);
+        faults("convert", &src, &wd, MOVE, point);
+        finishes("convert", &src, &wd, MOVE, "done");
+        assert_same(&manifest(&src), &before, &format!("after resuming from {point}"));
+        assert_eq!(wd_names(&wd), ["journal.json", "lock"], "{point}");
+        fs::remove_dir_all(&src).unwrap();
+    }
+}
+
+#[test]
+fn a_crash_at_every_fault_point_of_an_aborted_move_loses_nothing_and_the_abort_finishes() {
+    let c = Case::new();
+    // The root's entries move first, its large files in 15 chunks (all-hole 3, sparse.img 12);
+    // then large/ (5 and 3 chunks) is the only directory with more. The 21st chunk leaves every
+    // file of the root moved, one file of large/ moved and the other in flight.
+    let midway = format!("{}:21", Point::MoveChunkRecorded);
+    for (i, (point, _)) in points_of(Op::MoveAbort).iter().enumerate() {
+        let (src, wd) = c.other(&format!("b{i}"));
+        move_tree(&src);
+        let before = manifest(&src);
+        let original = fs::metadata(&src).unwrap().ino();
+        faults("convert", &src, &wd, MOVE, &midway);
+        faults("abort", &src, &wd, &[], point);
+        finishes("abort", &src, &wd, &[], "aborted");
+        assert_eq!(fs::metadata(&src).unwrap().ino(), original, "{point}");
+        assert_same(&manifest(&src), &before, &format!("after aborting, with a crash at {point}"));
+        assert_eq!(wd_names(&wd), ["journal.json", "lock"], "{point}");
+        fs::remove_dir_all(&src).unwrap();
+    }
+}
+
+/// xorshift64*, seeded from the clock (or `TEST_SEED`); the seed is printed so a failing run can
+/// be replayed.
+struct Rng(u64);
+
+impl Rng {
+    fn new() -> Rng {
+        let seed = std::env::var("TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1
+        });
+        eprintln!("TEST_SEED={seed}");
+        Rng(seed)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
+    }
+}
+
+/// A moment to SIGKILL a move: mostly a random poll (every entry and every MiB) of the move,
+/// sometimes the swap or the disposal.
+fn move_moment(rng: &mut Rng, phase: &str) -> String {
+    match rng.below(10) {
+        0 if phase == "moving" => "exchange-after".into(),
+        1 if phase == "moving" => format!("poll-disposing:{}", 1 + rng.below(3)),
+        _ => format!("poll-{phase}:{}", 2 + rng.below(30)),
+    }
+}
+
+#[test]
+fn sigkill_at_100_random_moments_of_moves_each_then_resumed_loses_nothing() {
+    let c = Case::new();
+    let mut rng = Rng::new();
+    let (mut kills, mut trees) = (0, 0);
+    while kills < 100 {
+        trees += 1;
+        let (src, wd) = c.other(&format!("r{trees}"));
+        move_tree(&src);
+        let before = manifest(&src);
+        loop {
+            let moment = move_moment(&mut rng, "moving");
+            let r = child("convert", &src, &wd, MOVE, &[("TEST_KILL", moment.clone())]);
+            if r.signal == Some(9) {
+                kills += 1;
+                continue;
+            }
+            assert!(r.code == Some(0) && r.stdout.contains("state=done"), "after {kills} kills: {}", r.show());
+            break;
+        }
+        assert_same(&manifest(&src), &before, &format!("tree {trees}, after {kills} kills in all"));
+        assert_eq!(wd_names(&wd), ["journal.json", "lock"]);
+        fs::remove_dir_all(&src).unwrap();
+    }
+    eprintln!("{kills} kills over {trees} moves");
+}
+
+#[test]
+fn sigkill_at_100_random_moments_of_moves_and_their_aborts_then_aborted_loses_nothing() {
+    let c = Case::new();
+    let mut rng = Rng::new();
+    let (mut kills, mut trees) = (0, 0);
+    while kills < 100 {
+        trees += 1;
+        let (src, wd) = c.other(&format!("a{trees}"));
+        move_tree(&src);
+        let before = manifest(&src);
+        let original = fs::metadata(&src).unwrap().ino();
+        // Kill the move a few times (a run that reaches its end first leaves nothing to abort).
+        let mut finished = false;
+        for _ in 0..2 + rng.below(4) {
+            let moment = format!("poll-moving:{}", 2 + rng.below(40));
+            let r = child("convert", &src, &wd, MOVE, &[("TEST_KILL", moment)]);
+            if r.signal != Some(9) {
+                assert!(r.stdout.contains("state=done"), "{}", r.show());
+                finished = true;
+                break;
+            }
+            kills += 1;
+        }
+        if finished {
+            assert_same(&manifest(&src), &before, &format!("tree {trees}, moved"));
+            fs::remove_dir_all(&src).unwrap();
+            continue;
+        }
+        loop {
+            let moment = move_moment(&mut rng, "moving-back");
+            let r = child("abort", &src, &wd, &[], &[("TEST_KILL", moment)]);
+            if r.signal == Some(9) {
+                kills += 1;
+                continue;
+            }
+            assert!(r.code == Some(0) && r.stdout.contains("state=aborted"), "after {kills} kills: {}", r.show());
+            break;
+        }
+        assert_eq!(fs::metadata(&src).unwrap().ino(), original);
+        assert_same(&manifest(&src), &before, &format!("tree {trees}, after {kills} kills in all"));
+        assert_eq!(wd_names(&wd), ["journal.json", "lock"]);
+        fs::remove_dir_all(&src).unwrap();
+    }
+    eprintln!("{kills} kills over {trees} aborted moves");
 }
 
 #[test]

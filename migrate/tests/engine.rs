@@ -11,7 +11,7 @@ use std::sync::Mutex;
 
 use common::host::{Event, PlainHost};
 use common::{add_bulk, assert_same, build_tree, manifest, req, walk, wd_names, Case};
-use dirseal_migrate::{self as migrate, MigrateError, Phase, State};
+use dirseal_migrate::{self as migrate, Method, MigrateError, Mode, Phase, State};
 use dirseal_testfs::Options;
 
 fn ino(p: &Path) -> u64 {
@@ -199,6 +199,105 @@ fn out_of_space_mid_copy_keeps_the_source_and_resumes() {
     let out = migrate::convert(&req(&c.src, &c.wd), &PlainHost::new()).unwrap();
     assert_eq!(out.state, State::Done);
     assert_same(&manifest(&c.src), &before, "after resume");
+}
+
+fn move_req<'a>(src: &'a Path, wd: &'a Path, mode: Mode) -> migrate::Request<'a> {
+    migrate::Request { mode, ..req(src, wd) }
+}
+
+/// Takes free space (as root sees it, reserved blocks included) until `left` bytes remain.
+fn fill_until(dir: &Path, filler: &Path, left: u64) {
+    let vfs = rustix::fs::statvfs(dir).unwrap();
+    let free = vfs.f_bfree * vfs.f_frsize;
+    let f = fs::File::create(filler).unwrap();
+    // Blocks the filesystem keeps for itself make the last few MiB unreachable: back off a little.
+    let mut len = free.saturating_sub(left);
+    while let Err(e) = rustix::fs::fallocate(&f, rustix::fs::FallocateFlags::empty(), 0, len) {
+        assert_eq!(e, rustix::io::Errno::NOSPC);
+        len -= len.min(1 << 20);
+    }
+}
+
+fn available(dir: &Path) -> u64 {
+    let vfs = rustix::fs::statvfs(dir).unwrap();
+    vfs.f_bavail * vfs.f_frsize
+}
+
+#[test]
+fn auto_copies_when_a_copy_fits_moves_when_not_and_refuses_below_a_move() {
+    let c = Case::new();
+    build_tree(&c.src);
+    common::add_large(&c.src);
+    fs::write(c.src.join("large/big-60m"), vec![0x42u8; 60 << 20]).unwrap();
+    let before = manifest(&c.src);
+    let host = PlainHost::new();
+    let plan = *migrate::preflight(&move_req(&c.src, &c.wd, Mode::Auto), &host).unwrap().census();
+    assert_eq!((plan.method, plan.auto), (Method::Copy, true), "{plan:?}");
+    assert!(plan.copy_needed > 60 << 20 && plan.move_needed < plan.copy_needed, "{plan:?}");
+    // Leave room for a move but not for a copy.
+    let filler = c.fs.path().join("filler");
+    let room = (plan.move_needed + plan.copy_needed) / 2;
+    let vfs = rustix::fs::statvfs(c.fs.path()).unwrap();
+    let reserved = (vfs.f_bfree - vfs.f_bavail) * vfs.f_frsize;
+    fill_until(c.fs.path(), &filler, room + reserved);
+    assert!(available(c.fs.path()).abs_diff(room) < 1 << 20);
+    let plan = *migrate::preflight(&move_req(&c.src, &c.wd, Mode::Auto), &host).unwrap().census();
+    assert_eq!((plan.method, plan.auto), (Method::Move, true), "{plan:?}");
+    let e = migrate::preflight(&move_req(&c.src, &c.wd, Mode::Copy), &host).unwrap_err();
+    assert!(matches!(e, MigrateError::NoSpace { .. }), "{e:?}");
+    let e = migrate::preflight(&migrate::Request { keep_backup: true, ..move_req(&c.src, &c.wd, Mode::Auto) }, &host)
+        .unwrap_err();
+    assert!(e.to_string().contains("a move keeps no backup"), "{e}");
+    let e = migrate::preflight(&migrate::Request { keep_backup: true, ..move_req(&c.src, &c.wd, Mode::Move) }, &host)
+        .unwrap_err();
+    assert!(matches!(e, MigrateError::MoveWithBackup { .. }), "{e:?}");
+    // Below what a move needs: refused, naming the amount, writing nothing.
+    fs::remove_file(&filler).unwrap();
+    fill_until(c.fs.path(), &filler, plan.move_needed / 2 + reserved);
+    let e = migrate::convert(&move_req(&c.src, &c.wd, Mode::Auto), &host).unwrap_err();
+    match &e {
+        MigrateError::NoSpaceToMove { needed, available, .. } => assert!(needed > available, "{e:?}"),
+        _ => panic!("{e:?}"),
+    }
+    assert!(e.to_string().contains("free some space"), "{e}");
+    assert!(!c.wd.exists(), "a refusal must write nothing");
+    // With room for a move only, auto moves; every entry comes out as it was.
+    fs::remove_file(&filler).unwrap();
+    fill_until(c.fs.path(), &filler, room + reserved);
+    let out = migrate::convert(&move_req(&c.src, &c.wd, Mode::Auto), &host).unwrap();
+    assert_eq!((out.state, out.method), (State::Done, Method::Move));
+    assert!(out.backup.is_none());
+    assert_same(&manifest(&c.src), &before, "after an automatic move");
+    assert_eq!(wd_names(&c.wd), ["journal.json", "lock"]);
+    let st = migrate::status(&c.wd).unwrap().unwrap();
+    assert_eq!((st.state, st.method), (State::Done, Method::Move));
+}
+
+#[test]
+fn out_of_space_mid_move_pauses_and_resumes() {
+    let c = Case::new();
+    build_tree(&c.src);
+    add_bulk(&c.src, 100, 0);
+    common::add_large(&c.src);
+    fs::write(c.src.join("large/big-40m"), vec![0x17u8; 40 << 20]).unwrap();
+    let before = manifest(&c.src);
+    let filler = c.fs.path().join("filler");
+    let f2 = filler.clone();
+    // Another program takes nearly all the space once the move has started.
+    let host = PlainHost::with(move |e, _| {
+        if e == Event::Poll(Phase::Moving, 20) {
+            fill_until(f2.parent().unwrap(), &f2, 1 << 20);
+        }
+    });
+    let e = migrate::convert(&move_req(&c.src, &c.wd, Mode::Move), &host).unwrap_err();
+    assert!(matches!(e, MigrateError::MoveOutOfSpace { .. }), "{e:?}");
+    let msg = e.to_string();
+    assert!(msg.contains("paused") && msg.contains("nothing is lost") && msg.contains("free some space"), "{msg}");
+    assert_eq!(migrate::status(&c.wd).unwrap().unwrap().state, State::Moving);
+    fs::remove_file(&filler).unwrap();
+    let out = migrate::convert(&move_req(&c.src, &c.wd, Mode::Copy), &PlainHost::new()).unwrap();
+    assert_eq!((out.state, out.method), (State::Done, Method::Move), "a resumed move stays a move");
+    assert_same(&manifest(&c.src), &before, "after resuming the paused move");
 }
 
 #[test]

@@ -564,6 +564,7 @@ fn interrupted_conversion(home: &Path) {
         wipe: false,
         force: true,
         threads: 1,
+        mode: dirseal_migrate::Mode::Copy,
     };
     let e = dirseal_migrate::convert(&req, &Stopped(Default::default())).unwrap_err();
     assert!(matches!(e, dirseal_migrate::MigrateError::Interrupted { .. }), "{e:?}");

@@ -13,7 +13,7 @@ use serde::Serialize;
 use dirseal::convert::{self, ConvertError, Converted, Finish, Hooks, Options};
 use dirseal::ops::Dirseal;
 use dirseal::ui::Progress;
-use dirseal_migrate::{Outcome, State, StatusView};
+use dirseal_migrate::{Method, Outcome, State, StatusView};
 
 use super::term::{clean, TermUi};
 use super::ProtectorArgs;
@@ -38,6 +38,11 @@ pub struct ConvertArgs {
     /// Convert even if programs use the directory (their changes during the copy are recopied)
     #[arg(long)]
     force: bool,
+    /// copy: a second copy next to the original (needs room for it); move: the data moves into the
+    /// encrypted directory chunk by chunk (for a nearly full disk; no backup window); auto: copy
+    /// when it fits, else move
+    #[arg(long = "mode", value_enum, default_value = "auto", value_name = "MODE")]
+    data_mode: DataMode,
     /// Copy threads [default: number of CPUs]
     #[arg(long, value_name = "N")]
     threads: Option<usize>,
@@ -61,10 +66,18 @@ pub struct ConvertArgs {
     status: bool,
 }
 
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum DataMode {
+    Copy,
+    Move,
+    Auto,
+}
+
 #[derive(Serialize)]
 struct OutcomeOut<'a> {
     path: &'a Path,
     state: String,
+    method: String,
     files: u64,
     bytes: u64,
     policy: &'a str,
@@ -76,6 +89,7 @@ struct OutcomeOut<'a> {
 struct StatusOut<'a> {
     path: &'a Path,
     state: String,
+    method: String,
     policy: &'a str,
     files_done: u64,
     files_total: u64,
@@ -89,6 +103,7 @@ fn status_out(v: &StatusView) -> StatusOut<'_> {
     StatusOut {
         path: &v.source,
         state: v.state.to_string(),
+        method: v.method.to_string(),
         policy: &v.token,
         files_done: v.files_done,
         files_total: v.files_total,
@@ -181,7 +196,7 @@ pub fn run(ds: &mut Dirseal, args: ConvertArgs, ui: &mut TermUi) -> Result<i32> 
         _ => None,
     };
     let result = if let Some(how) = finish {
-        convert::finish(ds, &abs, how, &hooks).map(|outcome| Converted { outcome, recovery_key_saved: None })
+        convert::finish(ds, &abs, how, ui, &hooks).map(|outcome| Converted { outcome, recovery_key_saved: None })
     } else {
         if args.resume && !convert::status(&abs)?.is_some_and(|v| convert::unfinished(v.state)) {
             return Err(ConvertError::NotInProgress { path: abs.clone() })
@@ -193,6 +208,11 @@ pub fn run(ds: &mut Dirseal, args: ConvertArgs, ui: &mut TermUi) -> Result<i32> 
             force: args.force,
             threads: args.threads.unwrap_or(0),
             recovery_key: args.recovery.decided(),
+            mode: match args.data_mode {
+                DataMode::Copy => convert::Mode::Copy,
+                DataMode::Move => convert::Mode::Move,
+                DataMode::Auto => convert::Mode::Auto,
+            },
         };
         let plan = convert::plan(ds, &abs, options, &hooks)?;
         let user = args.protector.user_or_owner(&abs)?;
@@ -216,6 +236,7 @@ fn report(abs: &Path, o: &Outcome, json: bool) -> Result<()> {
         let out = OutcomeOut {
             path: abs,
             state: o.state.to_string(),
+            method: o.method.to_string(),
             files: o.files,
             bytes: o.bytes,
             policy: &o.token,
@@ -228,8 +249,11 @@ fn report(abs: &Path, o: &Outcome, json: bool) -> Result<()> {
     let d = clean(&abs.display().to_string());
     match o.state {
         State::Done => println!(
-            "{d} is now encrypted (policy {}) and unlocked: {} entries, {} bytes copied",
-            o.token, o.files, o.bytes
+            "{d} is now encrypted (policy {}) and unlocked: {} entries, {} bytes {}",
+            o.token,
+            o.files,
+            o.bytes,
+            if o.method == Method::Move { "moved" } else { "copied" }
         ),
         State::Swapped => {
             println!("{d} is now encrypted (policy {}) and unlocked; the old plaintext is kept", o.token);
@@ -239,6 +263,9 @@ fn report(abs: &Path, o: &Outcome, json: bool) -> Result<()> {
             println!(
                 "  run `dirseal convert --commit {d}` to delete it, or `dirseal convert --rollback {d}` to restore it"
             );
+        }
+        State::Aborted if o.method == Method::Move => {
+            println!("aborted the conversion of {d}; every file was moved back as it was")
         }
         State::Aborted => println!("aborted the conversion of {d}; the original is untouched"),
         State::RolledBack => println!("rolled back: {d} holds the original plaintext again"),

@@ -123,20 +123,20 @@ impl Ui for TermUi {
 
     fn confirm(&mut self, q: &Question<'_>) -> Result<bool, UiError> {
         match q {
-            Question::Convert { dir, .. } => {
+            Question::Convert { dir, census } => {
+                let d = clean(&dir.display().to_string());
+                let how = method_text(census);
                 if self.assume_yes {
+                    eprintln!("dirseal: converting {d}: {how}");
                     return Ok(true);
                 }
-                let d = clean(&dir.display().to_string());
                 if !io::stdin().is_terminal() {
                     return Err(UiError::Unconfirmed {
                         what: format!("converting {d}"),
                         hint: "pass --yes when not on a terminal".into(),
                     });
                 }
-                Ok(confirm(&format!(
-                    "Encrypt {d} in place? Its data is copied into an encrypted directory that replaces it."
-                )))
+                Ok(confirm(&format!("Encrypt {d} in place? {how}")))
             }
             // Only on a terminal: scripts say --recovery-key or --no-recovery-key.
             Question::CreateRecoveryKey { .. } => Ok(io::stdin().is_terminal()
@@ -193,6 +193,33 @@ pub fn confirm(question: &str) -> bool {
     let _ = io::stderr().flush();
     let mut line = String::new();
     io::stdin().read_line(&mut line).is_ok() && line.trim_start().starts_with(['y', 'Y'])
+}
+
+/// Which way the data goes (copy or move) and why, for the confirmation.
+fn method_text(c: &dirseal_migrate::Census) -> String {
+    use indicatif::HumanBytes as B;
+    match c.method {
+        dirseal_migrate::Method::Copy => format!(
+            "Its data is copied into an encrypted directory that replaces it (copy mode{}).",
+            if c.auto { ": there is room for a second copy" } else { "" }
+        ),
+        dirseal_migrate::Method::Move => format!(
+            "Its data moves into an encrypted directory, large files chunk by chunk (move mode: {}). \
+             There is no backup window: until the move finishes the directory is unusable (logins are \
+             refused) and `dirseal convert --abort` moves everything back; once it finishes, the \
+             plaintext is gone.",
+            if c.auto {
+                format!(
+                    "a copy needs {}, only {} is free; a move needs {}",
+                    B(c.copy_needed),
+                    B(c.space_available),
+                    B(c.move_needed)
+                )
+            } else {
+                "as asked".to_string()
+            }
+        ),
+    }
 }
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 //! with the plain test host so tests can kill it at exact moments and resume in a new process.
 //!
 //! `dirseal-migrate-test-child <convert|abort|rollback|commit> SOURCE WORKDIR [--keep-backup]
-//! [--wipe] [--force] [--threads N]`
+//! [--wipe] [--force] [--threads N] [--mode copy|move|auto]`
 //!
 //! Environment (besides `DIRSEAL_FAULT`, read by the engine):
 //! - `TEST_KILL=<event>`: SIGKILL this process at the first host event matching (see
@@ -20,7 +20,7 @@ mod host;
 use std::io::{Read, Write};
 use std::path::PathBuf;
 
-use dirseal_migrate::{self as migrate, Request};
+use dirseal_migrate::{self as migrate, Mode, Request};
 use host::PlainHost;
 
 fn main() {
@@ -41,6 +41,11 @@ fn main() {
         wipe: flag("--wipe"),
         force: flag("--force"),
         threads,
+        mode: match args.iter().position(|a| a == "--mode").and_then(|i| args.get(i + 1)).map(String::as_str) {
+            Some("move") => Mode::Move,
+            Some("auto") => Mode::Auto,
+            _ => Mode::Copy,
+        },
     };
     let kill = std::env::var("TEST_KILL").ok();
     let hold = std::env::var("TEST_HOLD").ok();

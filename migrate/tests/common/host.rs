@@ -54,6 +54,8 @@ pub fn phase_name(p: Phase) -> &'static str {
         Phase::Disposing => "disposing",
         Phase::Aborting => "aborting",
         Phase::RollingBack => "rolling-back",
+        Phase::Moving => "moving",
+        Phase::MovingBack => "moving-back",
     }
 }
 

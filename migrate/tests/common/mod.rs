@@ -19,7 +19,15 @@ use dirseal_testfs::{Options, TestFs};
 use rustix::fs::{AtFlags, Mode, OFlags, Timespec, Timestamps, CWD};
 
 pub fn req<'a>(src: &'a Path, wd: &'a Path) -> Request<'a> {
-    Request { source: src, workdir: wd, keep_backup: false, wipe: false, force: false, threads: 2 }
+    Request {
+        source: src,
+        workdir: wd,
+        keep_backup: false,
+        wipe: false,
+        force: false,
+        threads: 2,
+        mode: dirseal_migrate::Mode::Copy,
+    }
 }
 
 pub fn run(cmd: &str, args: &[&OsStr]) {
@@ -209,6 +217,35 @@ pub fn add_bulk(root: &Path, n: usize, big_mib: usize) {
         fs::write(bulk.join("big"), vec![7u8; big_mib << 20]).unwrap();
     }
     chown(&bulk, m.uid(), m.gid());
+}
+
+/// Adds files that move chunk by chunk (the tests set a 1 MiB chunk) under `root/large`: a sparse
+/// one with data islands across chunk boundaries, setuid and a file capability (which shrinking a
+/// file drops), and a dense one; owned like `root`, with set times.
+pub fn add_large(root: &Path) {
+    use std::os::unix::fs::FileExt;
+    let m = fs::metadata(root).unwrap();
+    let dir = root.join("large");
+    fs::create_dir(&dir).unwrap();
+    let sparse = dir.join("sparse-5m");
+    let f = fs::File::create(&sparse).unwrap();
+    f.write_all_at(&[9u8; 8192], 0).unwrap();
+    f.write_all_at(&(0..300_000u32).map(|i| (i % 253) as u8).collect::<Vec<u8>>(), (1 << 20) - 100_000).unwrap();
+    f.set_len(5 << 20).unwrap();
+    f.write_all_at(&[8u8; 5000], (5 << 20) - 5000).unwrap();
+    drop(f);
+    let dense = dir.join("dense-3m");
+    fs::write(&dense, (0..(3u32 << 20)).map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8).collect::<Vec<u8>>())
+        .unwrap();
+    for p in [&sparse, &dense, &dir] {
+        chown(p, m.uid(), m.gid());
+    }
+    fs::set_permissions(&sparse, fs::Permissions::from_mode(0o4755)).unwrap();
+    xattr(&sparse, "security.capability", &[0, 0, 0, 2, 0, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+    xattr(&dense, "user.big", b"dense");
+    set_times(&sparse, (1_100_000_000, 1), (1_600_000_000, 2));
+    set_times(&dense, (1_100_000_001, 3), (1_600_000_001, 4));
+    set_times(&dir, (1_100_000_002, 5), (1_600_000_002, 6));
 }
 
 /// Relative paths of every entry below `root` (not following symlinks).

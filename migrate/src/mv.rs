@@ -1,0 +1,618 @@
+//! Move mode: the data moves into staging instead of being copied next to itself, so a nearly
+//! full filesystem can be converted. See docs/crash-safety.md for the invariants.
+//!
+//! One rule says where every entry is, whatever instant a crash hits:
+//! - moving in (`back == false`): an entry whose *source* name exists is in the source (a staging
+//!   entry of that name is a leftover and is removed before the entry is moved);
+//! - moving back (an abort): an entry whose *staging* name exists is in staging (a source entry
+//!   of that name is a leftover);
+//! - except the one regular file the journal names as in flight, whose data is split: bytes
+//!   `[0, size - moved)` under the source name, `[size - moved, size)` under the staging name.
+//!
+//! Small files move in batches (each copied whole, then one `syncfs`, then the sources removed),
+//! large ones chunk by chunk (copy a chunk, `fdatasync`, record `moved`, then truncate the
+//! source, or punch the staging file when moving back). Multiply-linked files are copied, not
+//! moved: their names stay in the source until the old tree is disposed of after the swap (the
+//! rule then keeps them in the source across any crash), and their staging names are linked as
+//! one group. Directories are created in staging as they are entered; their original times (which
+//! moving entries out of them changes) are kept in a root-only xattr on the staging directory
+//! until [`settle`] applies the final metadata.
+
+use std::collections::HashMap;
+use std::ffi::{OsStr, OsString};
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use rustix::fs::OFlags;
+use rustix::io::Errno;
+
+use crate::copy;
+use crate::ctx::Ctx;
+use crate::fault::{self, Point};
+use crate::fsx::{self, Kind, Meta, Time};
+use crate::journal::{HexBytes, HexRel, InFlight, Journal, Workdir};
+use crate::{remove, MigrateError};
+
+/// Files larger than this move chunk by chunk; smaller ones are copied whole in batches.
+pub(crate) const CHUNK: u64 = 16 << 20;
+
+/// A test override (builds with `fault-injection` only) of a size below.
+fn test_override(_var: &str) -> Option<u64> {
+    #[cfg(feature = "fault-injection")]
+    if let Some(n) = std::env::var(_var).ok().and_then(|v| v.parse::<u64>().ok()) {
+        return Some(n.max(1));
+    }
+    None
+}
+
+/// The chunk size (`DIRSEAL_MOVE_CHUNK` in tests, so small files move in many chunks). Any size
+/// is safe across runs: progress is recorded in bytes, not chunks.
+fn chunk() -> u64 {
+    test_override("DIRSEAL_MOVE_CHUNK").map_or(CHUNK, |n| n.max(4096))
+}
+
+/// Files per batch (`DIRSEAL_MOVE_BATCH` in tests, so a small tree makes many batches).
+fn batch_files() -> usize {
+    test_override("DIRSEAL_MOVE_BATCH").map_or(BATCH_FILES, |n| n as usize)
+}
+/// A batch is synced (and its sources removed) once it holds this many bytes or files.
+pub(crate) const BATCH_BYTES: u64 = 16 << 20;
+pub(crate) const BATCH_FILES: usize = 1024;
+/// The original access and modification times of a directory, on its staging copy until
+/// settled: 2 × (i64 seconds, u32 nanoseconds), little-endian. `trusted.` needs CAP_SYS_ADMIN
+/// to read or write, so users never see it.
+const TIMES: &[u8] = b"trusted.dirseal.times";
+
+fn encode_times(m: &Meta) -> Vec<u8> {
+    let mut v = Vec::with_capacity(24);
+    for t in [m.atime, m.mtime] {
+        v.extend_from_slice(&t.sec.to_le_bytes());
+        v.extend_from_slice(&t.nsec.to_le_bytes());
+    }
+    v
+}
+
+fn decode_times(v: &[u8]) -> Option<(Time, Time)> {
+    if v.len() != 24 {
+        return None;
+    }
+    let t = |b: &[u8]| {
+        let sec = i64::from_le_bytes(b[..8].try_into().ok()?);
+        let nsec = u32::from_le_bytes(b[8..12].try_into().ok()?);
+        (nsec < 1_000_000_000).then_some(Time { sec, nsec })
+    };
+    Some((t(&v[..12])?, t(&v[12..])?))
+}
+
+/// The recorded times of a staging directory, if it still carries them.
+fn recorded_times(x: &[(Vec<u8>, Vec<u8>)]) -> Option<(Time, Time)> {
+    x.iter().find(|(n, _)| n == TIMES).and_then(|(_, v)| decode_times(v))
+}
+
+fn set_times_xattr(fd: BorrowedFd<'_>, m: &Meta) -> io::Result<()> {
+    let p = fsx::proc_path(fd);
+    rustix::fs::setxattr(p.as_str(), OsStr::from_bytes(TIMES), &encode_times(m), rustix::fs::XattrFlags::empty())?;
+    Ok(())
+}
+
+/// A directory handle, real (not O_PATH: it must be fsync-able), below `root`.
+fn dir_beneath(root: &OwnedFd, rel: &Path) -> io::Result<OwnedFd> {
+    if rel.as_os_str().is_empty() {
+        return root.try_clone();
+    }
+    let p = fsx::open_beneath(root, rel)?;
+    fsx::reopen(p.as_fd(), OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOATIME)
+}
+
+fn interrupted() -> io::Error {
+    io::Error::from(io::ErrorKind::Interrupted)
+}
+
+/// Moves every entry of one tree into the other (in, or back on abort). Holds the journal for
+/// the records of the file in flight.
+pub(crate) struct Mover<'c, 'a> {
+    pub ctx: &'c Ctx<'a>,
+    pub wd: &'c Workdir,
+    pub j: &'c mut Journal,
+    pub src_root: &'c OwnedFd,
+    pub stg_root: &'c OwnedFd,
+    pub back: bool,
+    batch: Vec<(OwnedFd, OsString, PathBuf)>,
+    batch_bytes: u64,
+    /// Source inode → (staging name, staging inode) of multiply-linked files copied in this run.
+    links: HashMap<u64, (PathBuf, u64)>,
+}
+
+struct Frame {
+    from: OwnedFd,
+    to: OwnedFd,
+    rel: PathBuf,
+    subdirs: Vec<OsString>,
+}
+
+impl<'c, 'a> Mover<'c, 'a> {
+    pub(crate) fn new(
+        ctx: &'c Ctx<'a>,
+        wd: &'c Workdir,
+        j: &'c mut Journal,
+        src_root: &'c OwnedFd,
+        stg_root: &'c OwnedFd,
+        back: bool,
+    ) -> Self {
+        Mover { ctx, wd, j, src_root, stg_root, back, batch: Vec::new(), batch_bytes: 0, links: HashMap::new() }
+    }
+
+    fn origin_root(&self) -> &'c OwnedFd {
+        if self.back {
+            self.stg_root
+        } else {
+            self.src_root
+        }
+    }
+
+    fn dest_root(&self) -> &'c OwnedFd {
+        if self.back {
+            self.src_root
+        } else {
+            self.stg_root
+        }
+    }
+
+    /// A failure on the side entries come from / go to.
+    fn origin_err(&self, rel: &Path, e: io::Error) -> MigrateError {
+        if self.back {
+            self.ctx.dst_err(rel, e)
+        } else {
+            self.ctx.src_err(rel, e)
+        }
+    }
+
+    fn dest_err(&self, rel: &Path, e: io::Error) -> MigrateError {
+        self.ctx.dst_err(rel, e)
+    }
+
+    /// Moves everything: first the file in flight, then the tree, one directory at a time.
+    pub(crate) fn run(&mut self) -> Result<(), MigrateError> {
+        if let Some(f) = self.j.inflight.clone() {
+            self.large(f)?;
+        }
+        let root = Path::new("");
+        let from = self.origin_root().try_clone().map_err(|e| self.origin_err(root, e))?;
+        let to = self.dest_root().try_clone().map_err(|e| self.dest_err(root, e))?;
+        self.prepare_dir(&from, &to, root)?;
+        let subdirs = self.entries(&from, &to, root)?;
+        let mut stack = vec![Frame { from, to, rel: PathBuf::new(), subdirs }];
+        while let Some(top) = stack.last_mut() {
+            let Some(name) = top.subdirs.pop() else {
+                stack.pop();
+                continue;
+            };
+            self.ctx.check_stop()?;
+            let rel = top.rel.join(&name);
+            let from = match fsx::open_dir(&top.from, &name) {
+                Ok(fd) => fd,
+                Err(e) if fsx::is_errno(&e, Errno::NOENT) => continue,
+                Err(e) => return Err(self.origin_err(&rel, e)),
+            };
+            match fsx::stat_at(&top.to, &name).map_err(|e| self.dest_err(&rel, e))? {
+                Some(m) if m.kind == Kind::Dir => {}
+                other => {
+                    if other.is_some() {
+                        // A leftover of the other kind under this name (see the rule above).
+                        remove::remove_tree(top.to.as_fd(), &name, false, &mut |_| Ok(()))
+                            .map_err(|e| self.dest_err(&rel, e))?;
+                    }
+                    fsx::mkdir(&top.to, &name).map_err(|e| self.dest_err(&rel, e))?;
+                }
+            }
+            let to = fsx::open_dir(&top.to, &name).map_err(|e| self.dest_err(&rel, e))?;
+            self.prepare_dir(&from, &to, &rel)?;
+            self.ctx.file_done();
+            let subdirs = self.entries(&from, &to, &rel)?;
+            stack.push(Frame { from, to, rel, subdirs });
+        }
+        self.flush()
+    }
+
+    /// Moving in: before anything leaves a source directory, its staging copy records the
+    /// directory's times (durably), since moving entries out changes them.
+    fn prepare_dir(&self, from: &OwnedFd, to: &OwnedFd, rel: &Path) -> Result<(), MigrateError> {
+        if self.back {
+            return Ok(());
+        }
+        let x = fsx::xattrs(to.as_fd()).map_err(|e| self.dest_err(rel, e))?;
+        if recorded_times(&x).is_none() {
+            let m = fsx::stat_fd(from).map_err(|e| self.origin_err(rel, e))?;
+            self.ctx.check_entry(&m, rel)?;
+            set_times_xattr(to.as_fd(), &m).map_err(|e| self.dest_err(rel, e))?;
+            fsx::fsync(to).map_err(|e| self.dest_err(rel, e))?;
+        }
+        Ok(())
+    }
+
+    /// Moves the non-directory entries of one directory; returns its subdirectories.
+    fn entries(&mut self, from: &OwnedFd, to: &OwnedFd, rel: &Path) -> Result<Vec<OsString>, MigrateError> {
+        let mut subdirs = Vec::new();
+        for name in fsx::list_names(from).map_err(|e| self.origin_err(rel, e))? {
+            let r = rel.join(&name);
+            let Some(m) = fsx::stat_at(from, &name).map_err(|e| self.origin_err(&r, e))? else { continue };
+            if !self.back {
+                self.ctx.check_entry(&m, &r)?;
+            }
+            if m.kind == Kind::Dir {
+                subdirs.push(name);
+                continue;
+            }
+            self.ctx.check_stop()?;
+            self.entry(from, to, &name, &r, &m)?;
+        }
+        Ok(subdirs)
+    }
+
+    fn entry(&mut self, from: &OwnedFd, to: &OwnedFd, name: &OsStr, rel: &Path, m: &Meta) -> Result<(), MigrateError> {
+        let ctx = self.ctx;
+        let existing = fsx::stat_at(to, name).map_err(|e| self.dest_err(rel, e))?;
+        if m.nlink > 1 && !self.back {
+            // Copied, never moved: the source names keep the data until the disposal.
+            if let Some((rep, ino)) = self.links.get(&m.ino).cloned() {
+                if existing.map(|e| e.ino) != Some(ino) {
+                    if existing.is_some() {
+                        fsx::unlink(to, name).map_err(|e| self.dest_err(rel, e))?;
+                    }
+                    let rfd = fsx::open_beneath(self.dest_root(), &rep).map_err(|e| self.dest_err(&rep, e))?;
+                    fsx::link_fd(&rfd, to, name).map_err(|e| self.dest_err(rel, e))?;
+                }
+            } else {
+                if existing.is_some() {
+                    remove::remove_tree(to.as_fd(), name, false, &mut |_| Ok(())).map_err(|e| self.dest_err(rel, e))?;
+                }
+                let fd = fsx::open_path(from, name).map_err(|e| self.origin_err(rel, e))?;
+                let ino = copy::create(ctx, &fd, m.kind, to, name, rel, true)?;
+                self.links.insert(m.ino, (rel.to_path_buf(), ino));
+            }
+            ctx.file_done();
+            return Ok(());
+        }
+        if existing.is_some() {
+            remove::remove_tree(to.as_fd(), name, false, &mut |_| Ok(())).map_err(|e| self.dest_err(rel, e))?;
+        }
+        if m.kind == Kind::File && m.size > chunk() {
+            self.flush()?;
+            return self.start_large(from, name, rel, m);
+        }
+        let fd = fsx::open_path(from, name).map_err(|e| self.origin_err(rel, e))?;
+        copy::create(ctx, &fd, m.kind, to, name, rel, false)?;
+        fault::point(Point::MoveEntryCopied);
+        let dir = from.try_clone().map_err(|e| self.origin_err(rel, e))?;
+        self.batch.push((dir, name.to_os_string(), rel.to_path_buf()));
+        self.batch_bytes += if m.kind == Kind::File { m.size } else { 0 };
+        if self.batch.len() >= batch_files() || self.batch_bytes >= BATCH_BYTES {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Makes the batch's copies durable, then removes their originals.
+    fn flush(&mut self) -> Result<(), MigrateError> {
+        if self.batch.is_empty() {
+            return Ok(());
+        }
+        let root = Path::new("");
+        rustix::fs::syncfs(self.dest_root()).map_err(|e| self.dest_err(root, e.into()))?;
+        fault::point(Point::MoveBatchSynced);
+        let wipe = self.j.wipe && !self.back;
+        for (dir, name, rel) in std::mem::take(&mut self.batch) {
+            if wipe {
+                let m = fsx::stat_at(&dir, &name).map_err(|e| self.origin_err(&rel, e))?;
+                if let Some(m) = m.filter(|m| m.kind == Kind::File) {
+                    let p = fsx::open_path(&dir, &name).map_err(|e| self.origin_err(&rel, e))?;
+                    if m.size > 0 {
+                        let w = fsx::reopen(p.as_fd(), OFlags::WRONLY | OFlags::NOATIME)
+                            .map_err(|e| self.origin_err(&rel, e))?;
+                        fsx::zero_data(w.as_fd()).map_err(|e| self.origin_err(&rel, e))?;
+                    }
+                }
+            }
+            match fsx::unlink(&dir, &name) {
+                Ok(()) => {}
+                Err(e) if fsx::is_errno(&e, Errno::NOENT) => {}
+                Err(e) => return Err(self.origin_err(&rel, e)),
+            }
+            fault::point(Point::MoveEntryRemoved);
+            self.ctx.file_done();
+        }
+        self.batch_bytes = 0;
+        Ok(())
+    }
+
+    /// Records a large file as in flight, then moves it.
+    fn start_large(&mut self, from: &OwnedFd, name: &OsStr, rel: &Path, m: &Meta) -> Result<(), MigrateError> {
+        let fd = fsx::open_path(from, name).map_err(|e| self.origin_err(rel, e))?;
+        let x = fsx::xattrs(fd.as_fd()).map_err(|e| self.origin_err(rel, e))?;
+        let f = InFlight {
+            rel: HexRel(rel.to_path_buf()),
+            size: m.size,
+            moved: if self.back { m.size } else { 0 },
+            back: self.back,
+            perm: m.perm,
+            uid: m.uid,
+            gid: m.gid,
+            atime: m.atime,
+            mtime: m.mtime,
+            xattrs: x.into_iter().map(|(n, v)| (HexBytes(n), HexBytes(v))).collect(),
+        };
+        self.save(Some(f.clone()))?;
+        fault::point(Point::MoveFileStarted);
+        self.large(f)
+    }
+
+    /// Writes the journal with this file in flight (or none), and the progress counters.
+    fn save(&mut self, f: Option<InFlight>) -> Result<(), MigrateError> {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.j.inflight = f;
+        self.j.files_done = self.ctx.files_done.load(Relaxed).min(self.j.files_total);
+        self.j.bytes_done = self.ctx.bytes_done.load(Relaxed).min(self.j.bytes_total);
+        self.wd.write(self.j)
+    }
+
+    /// Moves (the rest of) the file in flight, chunk by chunk, and finishes it.
+    fn large(&mut self, mut f: InFlight) -> Result<(), MigrateError> {
+        let rel = f.rel.0.clone();
+        let (parent, name) = match (rel.parent(), rel.file_name()) {
+            (Some(p), Some(n)) => (p.to_path_buf(), n.to_os_string()),
+            _ => return Err(MigrateError::Internal("a file in flight without a name")),
+        };
+        let (from_root, to_root) = if f.back { (self.stg_root, self.src_root) } else { (self.src_root, self.stg_root) };
+        let from_dir = dir_beneath(from_root, &parent).map_err(|e| self.origin_err(&rel, e))?;
+        let to_dir = dir_beneath(to_root, &parent).map_err(|e| self.dest_err(&rel, e))?;
+        let n = f.size;
+        let chunk = chunk();
+        let fresh = if f.back { f.moved == n } else { f.moved == 0 };
+        let Some(fm) = fsx::stat_at(&from_dir, &name).map_err(|e| self.origin_err(&rel, e))? else {
+            // The original name is gone: the move of this file finished; only the record lags.
+            return self.finish_large(&f, &from_dir, &to_dir, &name);
+        };
+        let lost = |what: &str| MigrateError::MoveInconsistent { path: self.ctx.display(&rel), reason: what.into() };
+        if fm.kind != Kind::File || fm.nlink != 1 {
+            return Err(lost("the file in flight is no longer a regular file with one name"));
+        }
+        let to_meta = fsx::stat_at(&to_dir, &name).map_err(|e| self.dest_err(&rel, e))?;
+        let usable = to_meta.is_some_and(|t| t.kind == Kind::File && t.nlink == 1);
+        if !usable {
+            if !fresh {
+                return Err(lost("the part already moved is missing"));
+            }
+            if to_meta.is_some() {
+                remove::remove_tree(to_dir.as_fd(), &name, false, &mut |_| Ok(()))
+                    .map_err(|e| self.dest_err(&rel, e))?;
+            }
+            let fd = rustix::fs::openat(
+                &to_dir,
+                name.as_os_str(),
+                OFlags::CREATE | OFlags::EXCL | OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                rustix::fs::Mode::from_raw_mode(0o600),
+            )
+            .map_err(|e| self.dest_err(&rel, e.into()))?;
+            fsx::fsync(&fd).map_err(|e| self.dest_err(&rel, e))?;
+            fsx::fsync(&to_dir).map_err(|e| self.dest_err(&rel, e))?;
+        }
+        let dst_path = fsx::open_path(&to_dir, &name).map_err(|e| self.dest_err(&rel, e))?;
+        let dst =
+            fsx::reopen(dst_path.as_fd(), OFlags::WRONLY | OFlags::NOATIME).map_err(|e| self.dest_err(&rel, e))?;
+        let src_path = fsx::open_path(&from_dir, &name).map_err(|e| self.origin_err(&rel, e))?;
+        let src =
+            fsx::reopen(src_path.as_fd(), OFlags::RDWR | OFlags::NOATIME).map_err(|e| self.origin_err(&rel, e))?;
+        // What the destination holds outside its recorded part may be a chunk copied before a
+        // crash and never recorded: make it a hole, so the holes of the original stay holes.
+        let split = n - f.moved;
+        let dst_err = |e| self.dest_err(&rel, e);
+        if f.back {
+            rustix::fs::ftruncate(&dst, split).map_err(|e| dst_err(e.into()))?;
+            rustix::fs::ftruncate(&dst, n).map_err(|e| dst_err(e.into()))?;
+        } else {
+            rustix::fs::ftruncate(&dst, n).map_err(|e| dst_err(e.into()))?;
+            fsx::punch(dst.as_fd(), 0, split).map_err(dst_err)?;
+            if fm.size > split {
+                rustix::fs::ftruncate(&src, split).map_err(|e| self.origin_err(&rel, e.into()))?;
+            }
+        }
+        let ctx = self.ctx;
+        ctx.add_bytes(if f.back { n - f.moved } else { f.moved });
+        let mut on_chunk = |k: u64| {
+            ctx.add_bytes(k);
+            ctx.check_stop().map_err(|_| interrupted())
+        };
+        loop {
+            let (start, end) = if f.back {
+                if f.moved == 0 {
+                    break;
+                }
+                let start = n - f.moved;
+                (start, n.min((start / chunk + 1) * chunk))
+            } else {
+                if f.moved == n {
+                    break;
+                }
+                let end = n - f.moved;
+                ((end - 1) / chunk * chunk, end)
+            };
+            if let Err(e) = fsx::copy_span(src.as_fd(), dst.as_fd(), start, end, &mut on_chunk) {
+                ctx.check_stop()?;
+                return Err(self.dest_err(&rel, e));
+            }
+            rustix::fs::fdatasync(&dst).map_err(|e| self.dest_err(&rel, e.into()))?;
+            fault::point(Point::MoveChunkCopied);
+            f.moved = if f.back { n - end } else { n - start };
+            self.save(Some(f.clone()))?;
+            fault::point(Point::MoveChunkRecorded);
+            if f.back {
+                // Frees the chunk's blocks in staging; a crash before this only delays that.
+                match fsx::punch(src.as_fd(), start, end - start) {
+                    Ok(()) => {}
+                    Err(e) if fsx::is_errno(&e, Errno::OPNOTSUPP) => {}
+                    Err(e) => return Err(self.origin_err(&rel, e)),
+                }
+            } else {
+                if self.j.wipe {
+                    fsx::zero_span(src.as_fd(), start, end).map_err(|e| self.origin_err(&rel, e))?;
+                }
+                rustix::fs::ftruncate(&src, start).map_err(|e| self.origin_err(&rel, e.into()))?;
+            }
+        }
+        drop(src);
+        self.finish_large(&f, &from_dir, &to_dir, &name)
+    }
+
+    /// The whole file is at its destination: give it its metadata, make it durable, remove the
+    /// original name (durably), and only then forget the file in flight.
+    fn finish_large(
+        &mut self,
+        f: &InFlight,
+        from_dir: &OwnedFd,
+        to_dir: &OwnedFd,
+        name: &OsStr,
+    ) -> Result<(), MigrateError> {
+        let rel = &f.rel.0;
+        let p = fsx::open_path(to_dir, name).map_err(|e| self.dest_err(rel, e))?;
+        let m = fsx::stat_fd(&p).map_err(|e| self.dest_err(rel, e))?;
+        if m.kind != Kind::File {
+            return Err(MigrateError::MoveInconsistent {
+                path: self.ctx.display(rel),
+                reason: "the moved file is no longer a regular file".into(),
+            });
+        }
+        let want = Meta { perm: f.perm, uid: f.uid, gid: f.gid, atime: f.atime, mtime: f.mtime, ..m };
+        let x: Vec<(Vec<u8>, Vec<u8>)> = f.xattrs.iter().map(|(n, v)| (n.0.clone(), v.0.clone())).collect();
+        fsx::apply_meta(p.as_fd(), &want, &x).map_err(|e| self.dest_err(rel, e))?;
+        let r = fsx::reopen(p.as_fd(), OFlags::RDONLY | OFlags::NOATIME).map_err(|e| self.dest_err(rel, e))?;
+        fsx::fsync(&r).map_err(|e| self.dest_err(rel, e))?;
+        match fsx::unlink(from_dir, name) {
+            Ok(()) => {}
+            Err(e) if fsx::is_errno(&e, Errno::NOENT) => {}
+            Err(e) => return Err(self.origin_err(rel, e)),
+        }
+        fsx::fsync(from_dir).map_err(|e| self.origin_err(rel, e))?;
+        fault::point(Point::MoveFileDone);
+        self.ctx.file_done();
+        self.save(None)
+    }
+}
+
+/// What [`each_dir`] calls for every directory: the source twin (if it exists), the staging
+/// directory, the relative path and whether it is the root.
+type DirVisit<'f> = &'f mut dyn FnMut(Option<&OwnedFd>, &OwnedFd, &Path, bool) -> Result<(), MigrateError>;
+
+/// Walks the staging directories (with their source twins), depth first; `f` gets both handles,
+/// the relative path, the staging directory's xattrs and whether it is the root.
+fn each_dir(src_root: &OwnedFd, stg_root: &OwnedFd, ctx: &Ctx, f: DirVisit<'_>) -> Result<(), MigrateError> {
+    let root = Path::new("");
+    let mut stack = vec![(
+        Some(src_root.try_clone().map_err(|e| ctx.src_err(root, e))?),
+        stg_root.try_clone().map_err(|e| ctx.dst_err(root, e))?,
+        PathBuf::new(),
+    )];
+    while let Some((s, t, rel)) = stack.pop() {
+        ctx.check_stop()?;
+        f(s.as_ref(), &t, &rel, rel.as_os_str().is_empty())?;
+        for name in fsx::list_names(&t).map_err(|e| ctx.dst_err(&rel, e))? {
+            let r = rel.join(&name);
+            match fsx::stat_at(&t, &name).map_err(|e| ctx.dst_err(&r, e))? {
+                Some(m) if m.kind == Kind::Dir => {}
+                _ => continue,
+            }
+            let tfd = fsx::open_dir(&t, &name).map_err(|e| ctx.dst_err(&r, e))?;
+            let sfd = match &s {
+                Some(s) => match fsx::open_dir(s, &name) {
+                    Ok(fd) => Some(fd),
+                    Err(e) if fsx::is_errno(&e, Errno::NOENT) => None,
+                    Err(e) => return Err(ctx.src_err(&r, e)),
+                },
+                None => None,
+            };
+            stack.push((sfd, tfd, r));
+        }
+    }
+    Ok(())
+}
+
+/// Moving in is finished: every staging directory gets its source twin's owner, mode and xattrs
+/// and its recorded times (which removes the record). The host's attributes on the staging root
+/// are kept. Idempotent: a directory without a record is settled already.
+pub(crate) fn settle(ctx: &Ctx, src_root: &OwnedFd, stg_root: &OwnedFd) -> Result<(), MigrateError> {
+    each_dir(src_root, stg_root, ctx, &mut |s, t, rel, is_root| {
+        let have = fsx::xattrs(t.as_fd()).map_err(|e| ctx.dst_err(rel, e))?;
+        let Some((atime, mtime)) = recorded_times(&have) else { return Ok(()) };
+        let Some(s) = s else {
+            return Err(MigrateError::MoveInconsistent {
+                path: ctx.display(rel),
+                reason: "the original directory disappeared during the move".into(),
+            });
+        };
+        let sm = fsx::stat_fd(s).map_err(|e| ctx.src_err(rel, e))?;
+        let mut x = fsx::xattrs(s.as_fd()).map_err(|e| ctx.src_err(rel, e))?;
+        if is_root {
+            for (n, v) in have {
+                if n != TIMES && !x.iter().any(|(m, _)| *m == n) {
+                    x.push((n, v));
+                }
+            }
+        }
+        fsx::apply_meta(t.as_fd(), &Meta { atime, mtime, ..sm }, &x).map_err(|e| ctx.dst_err(rel, e))?;
+        fault::point(Point::SettleDir);
+        Ok(())
+    })
+}
+
+/// Before moving back (an abort): every staging directory records the original times (settled
+/// ones carry them as their own; in an unsettled move a directory without a record was just made,
+/// so its source twin is untouched), and every staging copy whose source name still exists is
+/// removed, except the file in flight. After this, "the staging name exists" means "it is there".
+pub(crate) fn prepare_back(
+    ctx: &Ctx,
+    src_root: &OwnedFd,
+    stg_root: &OwnedFd,
+    inflight: Option<&Path>,
+    settling: bool,
+) -> Result<(), MigrateError> {
+    each_dir(src_root, stg_root, ctx, &mut |s, t, rel, _| {
+        let have = fsx::xattrs(t.as_fd()).map_err(|e| ctx.dst_err(rel, e))?;
+        if recorded_times(&have).is_none() {
+            let m = match (settling, s) {
+                (false, Some(s)) => fsx::stat_fd(s).map_err(|e| ctx.src_err(rel, e))?,
+                _ => fsx::stat_fd(t).map_err(|e| ctx.dst_err(rel, e))?,
+            };
+            set_times_xattr(t.as_fd(), &m).map_err(|e| ctx.dst_err(rel, e))?;
+        }
+        for name in fsx::list_names(t).map_err(|e| ctx.dst_err(rel, e))? {
+            let r = rel.join(&name);
+            let Some(m) = fsx::stat_at(t, &name).map_err(|e| ctx.dst_err(&r, e))? else { continue };
+            if m.kind == Kind::Dir || Some(r.as_path()) == inflight {
+                continue;
+            }
+            let in_source = match s {
+                Some(s) => fsx::stat_at(s, &name).map_err(|e| ctx.src_err(&r, e))?.is_some(),
+                None => false,
+            };
+            if in_source {
+                fsx::unlink(t, &name).map_err(|e| ctx.dst_err(&r, e))?;
+            }
+        }
+        Ok(())
+    })
+}
+
+/// After moving back: the source directories get their original times again.
+pub(crate) fn restore_dir_times(ctx: &Ctx, src_root: &OwnedFd, stg_root: &OwnedFd) -> Result<(), MigrateError> {
+    each_dir(src_root, stg_root, ctx, &mut |s, t, rel, _| {
+        let have = fsx::xattrs(t.as_fd()).map_err(|e| ctx.dst_err(rel, e))?;
+        if let (Some((atime, mtime)), Some(s)) = (recorded_times(&have), s) {
+            let sm = fsx::stat_fd(s).map_err(|e| ctx.src_err(rel, e))?;
+            let times = Meta { atime, mtime, ..sm }.times();
+            rustix::fs::utimensat(s, c"", &times, rustix::fs::AtFlags::EMPTY_PATH)
+                .map_err(|e| ctx.src_err(rel, e.into()))?;
+        }
+        Ok(())
+    })
+}
