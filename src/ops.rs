@@ -278,9 +278,12 @@ impl Dirseal {
         (ok, problems)
     }
 
-    /// The protectors a login tries, in the one login order ([`protector::login_order`]).
+    /// The protectors a login of `uid` may try, in the one login order
+    /// ([`protector::login_order`]): only the user's own (`uid` = theirs). A protector shared
+    /// into the directory by someone else opens it with the CLI but never logs anyone in.
     pub fn login_protectors(&self, policy: &PolicyRecord, uid: u32) -> Vec<ProtectorRecord> {
         let (mut list, _) = self.protectors_of(policy);
+        list.retain(|r| r.uid == Some(uid));
         protector::login_order(&mut list, uid);
         list
     }

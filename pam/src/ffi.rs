@@ -6,19 +6,15 @@ use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::ptr;
 
 use dirseal::secret::{MasterKey, Passphrase};
+
+use crate::session::Entry;
 use zeroize::Zeroizing;
 
 pub const PAM_SUCCESS: c_int = 0;
 pub const PAM_SERVICE_ERR: c_int = 3;
-pub const PAM_SYSTEM_ERR: c_int = 4;
 pub const PAM_PERM_DENIED: c_int = 6;
-pub const PAM_AUTH_ERR: c_int = 7;
-pub const PAM_AUTHINFO_UNAVAIL: c_int = 9;
-pub const PAM_USER_UNKNOWN: c_int = 10;
 pub const PAM_SESSION_ERR: c_int = 14;
 pub const PAM_CONV_ERR: c_int = 19;
-pub const PAM_AUTHTOK_ERR: c_int = 20;
-pub const PAM_AUTHTOK_RECOVERY_ERR: c_int = 21;
 pub const PAM_IGNORE: c_int = 25;
 
 pub const PAM_SILENT: c_int = 0x8000;
@@ -30,7 +26,6 @@ const PAM_CONV: c_int = 5;
 pub const PAM_AUTHTOK: c_int = 6;
 pub const PAM_OLDAUTHTOK: c_int = 7;
 
-const PAM_PROMPT_ECHO_OFF: c_int = 1;
 const PAM_ERROR_MSG: c_int = 3;
 const PAM_TEXT_INFO: c_int = 4;
 
@@ -70,7 +65,6 @@ type CleanupFn = unsafe extern "C" fn(*mut PamHandleT, *mut c_void, c_int);
 extern "C" {
     fn pam_get_user(pamh: *mut PamHandleT, user: *mut *const c_char, prompt: *const c_char) -> c_int;
     fn pam_get_item(pamh: *const PamHandleT, item_type: c_int, item: *mut *const c_void) -> c_int;
-    fn pam_set_item(pamh: *mut PamHandleT, item_type: c_int, item: *const c_void) -> c_int;
     fn pam_set_data(pamh: *mut PamHandleT, name: *const c_char, data: *mut c_void, cleanup: Option<CleanupFn>)
         -> c_int;
     fn pam_get_data(pamh: *const PamHandleT, name: *const c_char, data: *mut *const c_void) -> c_int;
@@ -101,12 +95,12 @@ pub struct Pam {
     h: *mut PamHandleT,
 }
 
-/// Frees (and zeroizes) a master key stored with `pam_set_data`.
-unsafe extern "C" fn drop_master(_h: *mut PamHandleT, data: *mut c_void, _status: c_int) {
+/// Frees (and zeroizes, for a master key) a value stored with `pam_set_data`.
+unsafe extern "C" fn drop_boxed<T>(_h: *mut PamHandleT, data: *mut c_void, _status: c_int) {
     if !data.is_null() {
-        // SAFETY: `data` came from Box::into_raw(Box<MasterKey>) in `set_master`, and libpam calls
+        // SAFETY: `data` came from Box::into_raw(Box<T>) in `set_boxed::<T>`, and libpam calls
         // the cleanup exactly once per stored pointer.
-        drop(unsafe { Box::from_raw(data.cast::<MasterKey>()) });
+        drop(unsafe { Box::from_raw(data.cast::<T>()) });
     }
 }
 
@@ -153,17 +147,6 @@ impl Pam {
         Some(Passphrase::new(Zeroizing::new(bytes.to_vec())))
     }
 
-    pub fn set_authtok(&self, item: c_int, pw: &Passphrase) -> bool {
-        let mut buf = Zeroizing::new(Vec::with_capacity(pw.as_bytes().len() + 1));
-        buf.extend_from_slice(pw.as_bytes());
-        buf.push(0);
-        if buf[..buf.len() - 1].contains(&0) {
-            return false;
-        }
-        // SAFETY: libpam copies the NUL-terminated string before returning.
-        unsafe { pam_set_item(self.h, item, buf.as_ptr().cast()) == PAM_SUCCESS }
-    }
-
     fn converse(&self, style: c_int, text: &str) -> Result<Option<Passphrase>, c_int> {
         let mut conv: *const c_void = ptr::null();
         // SAFETY: valid handle; PAM_CONV yields a pointer to the application's pam_conv.
@@ -208,11 +191,6 @@ impl Pam {
         Ok(answer)
     }
 
-    /// Asks for a secret without echo.
-    pub fn prompt_secret(&self, text: &str) -> Result<Passphrase, c_int> {
-        self.converse(PAM_PROMPT_ECHO_OFF, text)?.ok_or(PAM_CONV_ERR)
-    }
-
     pub fn error_msg(&self, text: &str) {
         let _ = self.converse(PAM_ERROR_MSG, text);
     }
@@ -223,32 +201,100 @@ impl Pam {
 
     /// Keeps `key` for the session entry points; libpam zeroizes and frees it via the cleanup.
     pub fn set_master(&self, name: &CStr, key: MasterKey) -> bool {
-        let raw = Box::into_raw(Box::new(key)).cast::<c_void>();
-        // SAFETY: `raw` is a valid heap pointer whose ownership passes to libpam with its cleanup.
-        let r = unsafe { pam_set_data(self.h, name.as_ptr(), raw, Some(drop_master)) };
-        if r != PAM_SUCCESS {
-            // SAFETY: libpam did not take ownership, so we still own `raw`.
-            drop(unsafe { Box::from_raw(raw.cast::<MasterKey>()) });
-        }
-        r == PAM_SUCCESS
+        self.set_boxed(name, key)
     }
 
     /// A copy of the key stored by `set_master`, if any.
     pub fn master(&self, name: &CStr) -> Option<MasterKey> {
-        let mut p: *const c_void = ptr::null();
-        // SAFETY: valid handle; `p` receives the pointer stored by `set_master`.
-        let r = unsafe { pam_get_data(self.h, name.as_ptr(), &mut p) };
-        if r != PAM_SUCCESS || p.is_null() {
-            return None;
-        }
-        // SAFETY: only `set_master` stores data under our names, always a Box<MasterKey>.
-        Some(unsafe { &*p.cast::<MasterKey>() }.duplicate())
+        // SAFETY: only `set_master` stores data under the names it is given.
+        unsafe { self.get_boxed::<MasterKey, _>(name, MasterKey::duplicate) }
     }
 
     /// Drops the stored key now (after it has been handed to the kernel).
     pub fn clear_master(&self, name: &CStr) {
         // SAFETY: replacing the data runs the cleanup of the old pointer; null data has no cleanup.
         unsafe { pam_set_data(self.h, name.as_ptr(), ptr::null_mut(), None) };
+    }
+
+    /// Keeps the session `open_session` recorded, for `close_session` (possibly in a forked
+    /// child, which shares the handle).
+    pub fn set_session(&self, name: &CStr, e: Entry) -> bool {
+        self.set_boxed(name, e)
+    }
+
+    pub fn session(&self, name: &CStr) -> Option<Entry> {
+        // SAFETY: only `set_session` stores data under the names it is given.
+        unsafe { self.get_boxed::<Entry, _>(name, |e| *e) }
+    }
+
+    /// Hands `value` to libpam under `name`, dropped (zeroized if its type does) by the cleanup.
+    fn set_boxed<T: 'static>(&self, name: &CStr, value: T) -> bool {
+        let raw = Box::into_raw(Box::new(value)).cast::<c_void>();
+        // SAFETY: `raw` is a valid heap pointer whose ownership passes to libpam with the cleanup
+        // for its own type.
+        let r = unsafe { pam_set_data(self.h, name.as_ptr(), raw, Some(drop_boxed::<T>)) };
+        if r != PAM_SUCCESS {
+            // SAFETY: libpam did not take ownership, so we still own `raw`.
+            drop(unsafe { Box::from_raw(raw.cast::<T>()) });
+        }
+        r == PAM_SUCCESS
+    }
+
+    /// # Safety
+    /// Whatever is stored under `name` must have been stored by `set_boxed::<T>`.
+    unsafe fn get_boxed<T, R>(&self, name: &CStr, f: impl FnOnce(&T) -> R) -> Option<R> {
+        let mut p: *const c_void = ptr::null();
+        // SAFETY: valid handle; `p` receives the pointer stored by `set_boxed`.
+        let r = unsafe { pam_get_data(self.h, name.as_ptr(), &mut p) };
+        if r != PAM_SUCCESS || p.is_null() {
+            return None;
+        }
+        // SAFETY: the caller guarantees the pointer is a live Box<T> owned by libpam.
+        Some(f(unsafe { &*p.cast::<T>() }))
+    }
+}
+
+/// What the shadow database says about an account, without its password hash.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shadow {
+    /// The first byte of the hash field (`!` = locked by `passwd -l`/`usermod -L`, `*` = no
+    /// password); `None` when the field is empty.
+    pub hash_first: Option<u8>,
+    /// Days since 1970 of the last change (0 = must change at next login), -1 if unset.
+    pub last_change: i64,
+    pub max_days: i64,
+    /// Day (since 1970) the account expires, -1 if never.
+    pub expire: i64,
+}
+
+/// The shadow entry of `user` (`getspnam_r`); `Ok(None)` if there is none. Needs root.
+pub fn shadow(user: &str) -> Result<Option<Shadow>, std::io::Error> {
+    let name = CString::new(user).map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+    let mut size = 4096;
+    loop {
+        // Zeroized on drop: it holds the password hash.
+        let mut buf = Zeroizing::new(vec![0 as c_char; size]);
+        // SAFETY: all-zero is a valid `spwd` (null pointers and integers); it is only read after
+        // getspnam_r filled it.
+        let mut sp: libc::spwd = unsafe { std::mem::zeroed() };
+        let mut result: *mut libc::spwd = ptr::null_mut();
+        // SAFETY: `name` is NUL-terminated; `sp` and `buf` are writable and outlive the call,
+        // which stores its strings in `buf` and points `result` at `sp` (or null).
+        let rc = unsafe { libc::getspnam_r(name.as_ptr(), &mut sp, buf.as_mut_ptr(), buf.len(), &mut result) };
+        if rc == libc::ERANGE && size < 1 << 20 {
+            size *= 4;
+            continue;
+        }
+        if rc != 0 && rc != libc::ENOENT {
+            return Err(std::io::Error::from_raw_os_error(rc));
+        }
+        if result.is_null() {
+            return Ok(None);
+        }
+        // SAFETY: on success `sp_pwdp` is null or a NUL-terminated string inside `buf`.
+        let hash_first = (!sp.sp_pwdp.is_null()).then(|| unsafe { *sp.sp_pwdp } as u8).filter(|b| *b != 0);
+        let out = Shadow { hash_first, last_change: sp.sp_lstchg, max_days: sp.sp_max, expire: sp.sp_expire };
+        return Ok(Some(out));
     }
 }
 

@@ -1,13 +1,21 @@
-//! `pam_dirseal.so`: unlock a dirseal-encrypted home at login, lock it at the last logout, and
-//! follow password changes (docs/pam.md).
+//! `pam_dirseal.so`: unlock a dirseal-encrypted home at login with the password the system
+//! accepted, lock it at the last logout, and follow password changes (docs/pam.md).
+//!
+//! The password database stays in charge of logins: `pam_unix` (or whatever the stack has)
+//! authenticates; this module only *uses* the password it accepted to open the user's own
+//! password protector, never authenticates anyone with it, and never fails a login because the
+//! home stayed locked. So `passwd -l`, expiry and resets take effect at once, and a protector
+//! shared into someone's home (another user's) never logs anyone in.
 //!
 //! The module acts for root on behalf of whoever runs the PAM stack (`su`, `sudo`, a display
 //! manager), so it trusts nothing they control: it never reads the environment; its settings come
 //! only from module arguments and the root-owned config; the home comes from the passwd database;
 //! the keystore record is looked up by the identifier the kernel reports for the home and must
-//! carry that identifier; and a key is used only if it hashes to that identifier.
+//! carry that identifier; and a key is used only if it hashes to that identifier. Run by anyone
+//! but root (a screen locker checking the user's password) it steps aside.
 #![deny(unsafe_code)]
 
+pub mod account;
 mod ffi;
 mod session;
 
@@ -24,9 +32,12 @@ use dirseal::secret::Passphrase;
 use dirseal::ui::{SecretPrompt, Ui, UiError};
 
 use ffi::*;
+use session::{Entry, Sessions};
 
 /// Where `auth` leaves the unwrapped master key for `open_session`.
 const MASTER_DATA: &CStr = c"dirseal_master_key";
+/// Where `open_session` leaves the session it recorded for `close_session`.
+const SESSION_DATA: &CStr = c"dirseal_session";
 const DEFAULT_RUNDIR: &str = "/run/dirseal";
 
 /// Module arguments: the only settings besides the root-owned config.
@@ -39,21 +50,30 @@ struct Args {
     debug: bool,
     /// Makes the entry point panic, to test the panic guard with the real module.
     test_panic: bool,
+    /// Pauses at named points, so the tests can line up a login against a logout.
+    test_delays: Vec<(String, u64)>,
 }
 
 impl Args {
     fn parse(pam: &Pam, raw: &[String]) -> Args {
         let mut a = Args::default();
         let abs = |v: &str| Some(PathBuf::from(v)).filter(|p| p.is_absolute());
+        // Debug builds only: the tests load a debug build to exercise the panic guard and races,
+        // and a release build must not carry switches that break or stall logins.
+        let delay = |v: &str| {
+            let (point, ms) = v.split_once(':')?;
+            Some((point.to_string(), ms.parse::<u64>().ok()?.min(60_000)))
+        };
         for arg in raw {
             match arg.split_once('=') {
                 Some(("config", v)) if abs(v).is_some() => a.config = abs(v),
                 Some(("keystore", v)) if abs(v).is_some() => a.keystore = abs(v),
                 Some(("rundir", v)) if abs(v).is_some() => a.rundir = abs(v),
+                Some(("test_delay", v)) if cfg!(debug_assertions) && delay(v).is_some() => {
+                    a.test_delays.extend(delay(v))
+                }
                 None if arg == "unlock_only" => a.unlock_only = true,
                 None if arg == "debug" => a.debug = true,
-                // Debug builds only: the tests load a debug build to exercise the panic guard, and
-                // a release build must not carry a switch that turns every login into an error.
                 None if arg == "test_panic" && cfg!(debug_assertions) => a.test_panic = true,
                 _ => pam.log(
                     LOG_WARNING,
@@ -75,6 +95,13 @@ impl Args {
     fn open(&self) -> Result<Dirseal, OpsError> {
         Dirseal::open_existing(self.config(), self.keystore.as_deref())
     }
+
+    /// Sleeps where a test asked to (never in release builds: the argument is not parsed there).
+    fn pause(&self, point: &str) {
+        for (_, ms) in self.test_delays.iter().filter(|(p, _)| p == point) {
+            std::thread::sleep(std::time::Duration::from_millis(*ms));
+        }
+    }
 }
 
 /// The account being served, from the passwd database (never from the caller's environment).
@@ -93,7 +120,9 @@ fn account(pam: &Pam) -> Option<Account> {
 }
 
 /// Runs an entry point with the panic guard: a panic becomes PAM_SERVICE_ERR, never an unwind
-/// into libpam (undefined behaviour) or an abort of the login program.
+/// into libpam (undefined behaviour) or an abort of the login program. A caller without root's
+/// rights (a screen locker, a user's own `pamtester`) cannot read the keystore or add keys:
+/// the module steps aside for it rather than fail its stack.
 pub(crate) fn guard(
     pam: &Pam,
     raw_args: impl FnOnce() -> Vec<String>,
@@ -104,6 +133,12 @@ pub(crate) fn guard(
         let args = Args::parse(pam, &raw_args());
         if args.test_panic {
             panic!("test_panic module argument");
+        }
+        if !nix::unistd::geteuid().is_root() {
+            if args.debug {
+                pam.log(LOG_DEBUG, "not running as root (a screen locker?); stepping aside");
+            }
+            return PAM_IGNORE;
         }
         f(pam, &args, flags)
     }));
@@ -166,31 +201,47 @@ fn home_state(pam: &Pam, args: &Args, acct: &Account) -> Result<Home, String> {
     }
 }
 
+/// `auth`, after the module that checked the password (the profile puts it in the additional
+/// block, behind `pam_unix`): opens the user's own password protectors with the password that was
+/// accepted and keeps the key for `open_session`. Always PAM_IGNORE: whatever the password opens,
+/// this module never decides a login, so a misplaced line cannot turn it into an authenticator.
 pub(crate) fn authenticate(pam: &Pam, args: &Args, flags: c_int) -> c_int {
-    let Some(acct) = account(pam) else { return PAM_USER_UNKNOWN };
+    let Some(acct) = account(pam) else { return PAM_IGNORE };
     let (ds, policy) = match home_state(pam, args, &acct) {
-        Ok(Home::Unmanaged) => return PAM_USER_UNKNOWN,
-        Ok(Home::Converting) => return converting(pam, args, &acct, flags, (PAM_USER_UNKNOWN, PAM_AUTH_ERR)),
         Ok(Home::Managed { ds, policy }) => (ds, policy),
+        // A home being converted is still plaintext; `acct_mgmt` decides whether the login may go on.
+        Ok(Home::Unmanaged | Home::Converting) => return PAM_IGNORE,
         Err(e) => {
-            pam.log(LOG_ERR, &format!("cannot read the dirseal keystore for {}: {e}", acct.name));
-            return PAM_AUTHINFO_UNAVAIL;
+            pam.log(LOG_ERR, &format!("cannot read the dirseal keystore for {}: {e}; home stays locked", acct.name));
+            return PAM_IGNORE;
         }
     };
-    // The library's login order: protectors that need no typing are tried before anything is
-    // asked; every password protector then gets the one login password.
-    if ds.login_protectors(&policy, acct.uid).is_empty() {
-        pam.log(LOG_NOTICE, &format!("{} has no protector usable at login; stepping aside", acct.home.display()));
-        return PAM_USER_UNKNOWN;
+    let home = acct.home.display();
+    // Only the user's own protectors: one shared into the home by another user opens it with the
+    // CLI, never at this user's login.
+    let protectors = ds.login_protectors(&policy, acct.uid);
+    if protectors.is_empty() {
+        tell(
+            pam,
+            flags,
+            LOG_NOTICE,
+            &format!(
+                "dirseal: your home {home} stays locked: none of its protectors belongs to {}; `dirseal status {home}` \
+                 lists them, `dirseal unlock {home}` opens it",
+                acct.name
+            ),
+        );
+        return PAM_IGNORE;
     }
-    let mut ui = LoginUi { pam, flags, password: None, failed: None };
+    // The library's login order: protectors that need no typing first, then every password
+    // (and PIN) protector gets the one password the stack accepted.
+    let mut ui = LoginUi { pam, flags, password: pam.authtok(PAM_AUTHTOK) };
     let login = match ds.login(&policy, acct.uid, &mut ui) {
         Ok(l) => l,
         Err(e) => {
-            if ui.failed.is_none() {
-                pam.log(LOG_ERR, &format!("{}: {e}", acct.name));
-            }
-            return ui.failed.unwrap_or(PAM_AUTH_ERR);
+            // A key or token login: no password went through the stack, and this module asks none.
+            pam.log(LOG_NOTICE, &format!("{home} stays locked: {e}"));
+            return PAM_IGNORE;
         }
     };
     for (id, e) in &login.problems {
@@ -199,64 +250,45 @@ pub(crate) fn authenticate(pam: &Pam, args: &Args, flags: c_int) -> c_int {
     if let Some((rec, master)) = login.opened {
         if !pam.set_master(MASTER_DATA, master) {
             pam.log(LOG_ERR, "cannot keep the key for the session (pam_set_data failed)");
-            return PAM_SYSTEM_ERR;
+        } else if args.debug {
+            pam.log(LOG_DEBUG, &format!("{}: protector {} ({}) opened", acct.name, rec.id, rec.name));
         }
-        if args.debug {
-            pam.log(LOG_DEBUG, &format!("{}: protector {} ({}) accepted", acct.name, rec.id, rec.name));
-        }
-        return PAM_SUCCESS;
+        return PAM_IGNORE;
     }
-    pam.log(
+    // The system accepted this password but the home's protector wants another: the two drifted
+    // apart (an administrator reset the system password). Log in, leave the home locked, and
+    // name the one command that opens it and brings its password in line.
+    tell(
+        pam,
+        flags,
         LOG_NOTICE,
         &format!(
-            "authentication failure for {}: no protector of {} accepted the password",
-            acct.name,
-            acct.home.display()
+            "dirseal: your home {home} stays locked: it still opens with your previous password, not the one you \
+             just logged in with. Run `dirseal change-password {home} --protector {}` (as root) with the previous \
+             password and then the current one; without the previous password, `dirseal recovery restore {home} \
+             --user {}` uses the recovery key.",
+            protectors[0].id, acct.name
         ),
     );
-    PAM_AUTH_ERR
+    PAM_IGNORE
 }
 
-/// The login's [`Ui`]: every password prompt is answered with the one login password (the
-/// stack's PAM_AUTHTOK, else asked once and left there for later modules); a PIN is asked
-/// through the conversation; a touch is announced. Nothing else is asked at login.
+/// The login's [`Ui`]: every password or PIN prompt is answered with the password the stack
+/// already accepted (PAM_AUTHTOK); nothing is ever asked. A touch is announced.
 struct LoginUi<'a> {
     pam: &'a Pam,
     flags: c_int,
     password: Option<Passphrase>,
-    /// The PAM code of a failed conversation, which becomes the entry point's answer.
-    failed: Option<c_int>,
-}
-
-impl LoginUi<'_> {
-    fn prompt(&mut self, text: &str) -> Result<Passphrase, UiError> {
-        self.pam.prompt_secret(text).map_err(|code| {
-            self.failed = Some(code);
-            UiError::Cancelled
-        })
-    }
 }
 
 impl Ui for LoginUi<'_> {
     fn secret(&mut self, prompt: &SecretPrompt<'_>) -> Result<Passphrase, UiError> {
         match prompt {
-            SecretPrompt::Password { .. } => {
-                if let Some(pw) = &self.password {
-                    return Ok(pw.duplicate());
-                }
-                let pw = match self.pam.authtok(PAM_AUTHTOK) {
-                    Some(pw) => pw,
-                    None => {
-                        let pw = self.prompt("Password: ")?;
-                        // Later modules (pam_unix with use_first_pass, keyrings) reuse it.
-                        self.pam.set_authtok(PAM_AUTHTOK, &pw);
-                        pw
-                    }
-                };
-                self.password = Some(pw.duplicate());
-                Ok(pw)
-            }
-            SecretPrompt::Pin { name, .. } => self.prompt(&format!("PIN for {name}: ")),
+            SecretPrompt::Password { .. } | SecretPrompt::Pin { .. } => self
+                .password
+                .as_ref()
+                .map(Passphrase::duplicate)
+                .ok_or(UiError::NoInput { hint: "no password was accepted by the stack to open it with".into() }),
             SecretPrompt::NewPassword { .. } | SecretPrompt::NewPin { .. } | SecretPrompt::RecoveryKey { .. } => {
                 Err(UiError::Cancelled)
             }
@@ -288,33 +320,61 @@ fn converting(pam: &Pam, args: &Args, acct: &Account, flags: c_int, (allowed, re
 
 pub(crate) fn open_session(pam: &Pam, args: &Args, _flags: c_int) -> c_int {
     let Some(acct) = account(pam) else { return PAM_IGNORE };
-    let (ds, policy) = match home_state(pam, args, &acct) {
-        Ok(Home::Managed { ds, policy }) => (ds, policy),
-        // Counted too: the home becomes managed when the conversion swaps, and the sessions open
+    let managed = match home_state(pam, args, &acct) {
+        Ok(Home::Managed { ds, policy }) => Some((ds, policy)),
+        // Recorded too: the home becomes managed when the conversion swaps, and the sessions open
         // by then must keep the last logout from locking it under them.
-        Ok(Home::Converting) => {
-            count(pam, args, &acct, 1);
-            return PAM_IGNORE;
-        }
+        Ok(Home::Converting) => None,
         Ok(Home::Unmanaged) => return PAM_IGNORE,
         Err(e) => {
             pam.log(LOG_ERR, &format!("{}: {e}", acct.name));
             return PAM_SESSION_ERR;
         }
     };
+    // The key is added under the sessions lock, so a logout deciding "last session" on this home
+    // cannot remove it after this login added it.
+    let mut sessions = match Sessions::open(args.rundir(), &acct.home) {
+        Ok(s) => s,
+        Err(e) => {
+            pam.log(LOG_ERR, &format!("sessions of {}: {e}; leaving it as it is", acct.home.display()));
+            return PAM_SESSION_ERR;
+        }
+    };
+    log_dropped(pam, &acct, &sessions);
     let mut result = PAM_SUCCESS;
-    if let Some(master) = pam.master(MASTER_DATA) {
-        // The key was checked against this policy in auth; the home could have been re-encrypted
-        // since (a long-running login screen), so check again against what the kernel says now.
-        if fscrypt::key_identifier(&master) != policy.id {
-            pam.log(LOG_ERR, &format!("{}: the key from auth is not this home's key any more", acct.home.display()));
-            result = PAM_SESSION_ERR;
-        } else if let Err(e) = ds.add_key(&acct.home, &master) {
-            pam.log(LOG_ERR, &format!("cannot unlock {}: {e}", acct.home.display()));
+    match Entry::current(acct.uid) {
+        Ok(me) => {
+            sessions.add(me);
+            if !pam.set_session(SESSION_DATA, me) {
+                pam.log(LOG_WARNING, "cannot keep the session record for close_session (pam_set_data failed)");
+            }
+        }
+        Err(e) => {
+            pam.log(LOG_ERR, &format!("{e}; the session on {} is not recorded", acct.home.display()));
             result = PAM_SESSION_ERR;
         }
-        pam.clear_master(MASTER_DATA);
-    } else {
+    }
+    if let Some((ds, policy)) = managed {
+        if let Err(e) = unlock(pam, &ds, &policy, &acct) {
+            pam.log(LOG_ERR, &e);
+            result = PAM_SESSION_ERR;
+        }
+    }
+    if args.debug {
+        pam.log(LOG_DEBUG, &format!("{}: {} session(s)", acct.home.display(), sessions.live()));
+    }
+    if let Err(e) = sessions.save() {
+        pam.log(LOG_ERR, &format!("sessions of {}: {e}", acct.home.display()));
+        result = PAM_SESSION_ERR;
+    }
+    args.pause("after-open");
+    result
+}
+
+/// Adds the key `auth` kept, if any, and forgets it.
+fn unlock(pam: &Pam, ds: &Dirseal, policy: &PolicyRecord, acct: &Account) -> Result<(), String> {
+    let home = acct.home.display();
+    let Some(master) = pam.master(MASTER_DATA) else {
         let present = fscrypt::mount_point(&acct.home)
             .and_then(|mp| fscrypt::key_status(&mp, &policy.id))
             .is_ok_and(|s| s == KeyStatus::Present);
@@ -322,107 +382,127 @@ pub(crate) fn open_session(pam: &Pam, args: &Args, _flags: c_int) -> c_int {
             pam.log(
                 LOG_NOTICE,
                 &format!(
-                    "{} stays locked: the password did not go through pam_dirseal's auth (key or token login, \
-                     or another module); unlock it with `dirseal unlock {}`",
-                    acct.home.display(),
-                    acct.home.display()
+                    "{home} stays locked: no password that opens it went through the stack (key or token login, or \
+                     a password it does not follow); `dirseal unlock {home}` opens it"
                 ),
             );
         }
+        return Ok(());
+    };
+    pam.clear_master(MASTER_DATA);
+    // The key was checked against this policy in auth; the home could have been re-encrypted
+    // since (a long-running login screen), so check again against what the kernel says now.
+    if fscrypt::key_identifier(&master) != policy.id {
+        return Err(format!("{home}: the key from auth is not this home's key any more"));
     }
-    // Counted even when unlocking failed: close_session will decrement for this session too.
-    count(pam, args, &acct, 1);
-    result
+    ds.add_key(&acct.home, &master).map_err(|e| format!("cannot unlock {home}: {e}"))
 }
 
-/// Adjusts the user's session count; `None` when it cannot be trusted.
-fn count(pam: &Pam, args: &Args, acct: &Account, delta: i64) -> Option<u64> {
-    match session::adjust(args.rundir(), acct.uid, delta) {
-        Ok(n) => {
-            if args.debug {
-                pam.log(LOG_DEBUG, &format!("uid {}: {n} session(s)", acct.uid));
-            }
-            Some(n)
-        }
-        Err(e) => {
-            pam.log(LOG_WARNING, &format!("session count for uid {}: {e}", acct.uid));
-            None
-        }
+fn log_dropped(pam: &Pam, acct: &Account, sessions: &Sessions) {
+    for e in &sessions.dropped {
+        pam.log(
+            LOG_NOTICE,
+            &format!(
+                "{}: forgetting the session of uid {} opened by pid {}, which ended without closing it",
+                acct.home.display(),
+                e.uid,
+                e.pid
+            ),
+        );
     }
 }
 
 pub(crate) fn close_session(pam: &Pam, args: &Args, _flags: c_int) -> c_int {
     let Some(acct) = account(pam) else { return PAM_IGNORE };
     let ds = match home_state(pam, args, &acct) {
-        Ok(Home::Managed { ds, .. }) => ds,
-        Ok(Home::Converting) => {
-            count(pam, args, &acct, -1);
-            return PAM_IGNORE;
-        }
+        Ok(Home::Managed { ds, .. }) => Some(ds),
+        Ok(Home::Converting) => None,
         Ok(Home::Unmanaged) => return PAM_IGNORE,
         Err(e) => {
             pam.log(LOG_ERR, &format!("{}: {e}", acct.name));
             return PAM_SESSION_ERR;
         }
     };
-    // Without a trustworthy count, locking could pull the key from under another session.
-    let Some(left) = count(pam, args, &acct, -1) else {
-        pam.log(LOG_WARNING, &format!("not locking {}: the session count is unknown", acct.home.display()));
-        return PAM_SUCCESS;
+    // Held until the end: "last session" is decided and the key removed under one lock.
+    let mut sessions = match Sessions::open(args.rundir(), &acct.home) {
+        Ok(s) => s,
+        Err(e) => {
+            // Without the list, locking could pull the key from under another session.
+            pam.log(LOG_WARNING, &format!("not locking {}: its sessions are unknown ({e})", acct.home.display()));
+            return PAM_SUCCESS;
+        }
     };
-    if left > 0 || args.unlock_only {
-        return PAM_SUCCESS;
+    log_dropped(pam, &acct, &sessions);
+    // The session this handle opened (also when close_session runs in a forked child). Without
+    // one (open_session ran in another handle) nothing is removed: the dead are already dropped.
+    if let Some(me) = pam.session(SESSION_DATA) {
+        sessions.remove(&me);
     }
+    let left = sessions.live();
+    if args.debug {
+        pam.log(LOG_DEBUG, &format!("{}: {left} session(s) left", acct.home.display()));
+    }
+    if let Some(ds) = ds.filter(|_| left == 0 && !args.unlock_only) {
+        args.pause("close-decided");
+        lock(pam, &ds, &acct);
+    }
+    if let Err(e) = sessions.save() {
+        pam.log(LOG_ERR, &format!("sessions of {}: {e}", acct.home.display()));
+    }
+    PAM_SUCCESS
+}
+
+fn lock(pam: &Pam, ds: &Dirseal, acct: &Account) {
+    let home = acct.home.display();
     match ds.lock(&acct.home, false) {
-        Ok(r) if r.locked => pam.log(LOG_NOTICE, &format!("locked {}", acct.home.display())),
+        Ok(r) if r.locked => pam.log(LOG_NOTICE, &format!("locked {home}")),
         Ok(r) if r.files_busy => {
             let holders: Vec<String> =
                 r.busy.iter().map(|p| format!("pid {} ({}): {}", p.pid, p.comm, p.how)).collect();
             pam.log(
                 LOG_NOTICE,
                 &format!(
-                    "{} is only partly locked: files are still open{}{}; `dirseal lock {}` finishes once they \
+                    "{home} is only partly locked: files are still open{}{}; `dirseal lock {home}` finishes once they \
                      close (docs/pam.md: systemd --user)",
-                    acct.home.display(),
                     if holders.is_empty() { "" } else { " by " },
                     holders.join(", "),
-                    acct.home.display()
                 ),
             );
         }
         Ok(r) if r.other_users => pam.log(
             LOG_NOTICE,
             &format!(
-                "{} stays unlocked: other users added its key too; `dirseal lock --all-users {}` removes every claim",
-                acct.home.display(),
-                acct.home.display()
+                "{home} stays unlocked: other users added its key too; `dirseal lock --all-users {home}` removes every \
+                 claim"
             ),
         ),
-        Ok(_) => pam.log(LOG_WARNING, &format!("{} is still unlocked after removing the key", acct.home.display())),
-        Err(e) => pam.log(LOG_ERR, &format!("cannot lock {}: {e}", acct.home.display())),
+        Ok(_) => pam.log(LOG_WARNING, &format!("{home} is still unlocked after removing the key")),
+        // Already locked (`dirseal lock` by hand, or the key never went in): nothing to do.
+        Err(OpsError::Fscrypt(fscrypt::FscryptError::KeyNotPresent { .. })) => {}
+        Err(e) => pam.log(LOG_ERR, &format!("cannot lock {home}: {e}")),
     }
-    PAM_SUCCESS
 }
 
-/// The protector a password change updates: the user's own password protector of the home. A
-/// protector nobody owns may open other directories too; the login password does not decide it.
+/// The protector a password change updates: the user's own password protector of the home.
 fn own_protector(ds: &Dirseal, policy: &PolicyRecord, uid: u32) -> Option<ProtectorRecord> {
-    ds.login_protectors(policy, uid)
-        .into_iter()
-        .find(|r| r.uid == Some(uid) && r.kind.ask().secret == Some(Secret::Password))
+    ds.login_protectors(policy, uid).into_iter().find(|r| r.kind.ask().secret == Some(Secret::Password))
 }
 
 /// `passwd` runs this twice: PAM_PRELIM_CHECK (may the change happen?) then PAM_UPDATE_AUTHTOK.
-/// With the pam-auth-update profile this module runs after pam_unix, which asked for the old and
-/// new passwords and left them in PAM_OLDAUTHTOK/PAM_AUTHTOK.
+/// The password database decides the change (the profile puts this module after `pam_unix`,
+/// `optional`): the prelim pass has nothing to check, and the update pass only follows the
+/// change that `pam_unix` made, rewrapping the user's own password protector from the old
+/// password (PAM_OLDAUTHTOK) to the new (PAM_AUTHTOK). It never asks and never blocks a change;
+/// when it cannot follow, it says what restores the match.
 pub(crate) fn chauthtok(pam: &Pam, args: &Args, flags: c_int) -> c_int {
-    let prelim = flags & PAM_PRELIM_CHECK != 0;
-    if !prelim && flags & PAM_UPDATE_AUTHTOK == 0 {
+    if flags & PAM_PRELIM_CHECK != 0 {
+        return PAM_IGNORE;
+    }
+    if flags & PAM_UPDATE_AUTHTOK == 0 {
         return PAM_SERVICE_ERR;
     }
-    // Every "not ours" answer is PAM_IGNORE: the profile makes this module `required` in the
-    // password stack, so anything else would block the change of an unrelated password.
     let Some(acct) = account(pam) else { return PAM_IGNORE };
+    let home = acct.home.display();
     let (ds, policy) = match home_state(pam, args, &acct) {
         Ok(Home::Managed { ds, policy }) => (ds, policy),
         Ok(_) => return PAM_IGNORE,
@@ -431,86 +511,54 @@ pub(crate) fn chauthtok(pam: &Pam, args: &Args, flags: c_int) -> c_int {
                 pam,
                 flags,
                 LOG_ERR,
-                &format!("dirseal: cannot read the keystore for {}: {e}; nothing was changed.", acct.home.display()),
-            );
-            return PAM_AUTHTOK_ERR;
-        }
-    };
-    let home = acct.home.display();
-    let Some(rec) = own_protector(&ds, &policy, acct.uid) else {
-        if !prelim {
-            tell(
-                pam,
-                flags,
-                LOG_NOTICE,
                 &format!(
-                    "dirseal: {home} has no password protector belonging to {}, so it keeps opening with its \
-                     current password; `dirseal status {home}` lists its protectors.",
-                    acct.name
+                    "dirseal: cannot read the keystore for {home} ({e}); the home keeps its previous password: run \
+                     `dirseal status {home}`"
                 ),
             );
-        }
-        return PAM_IGNORE;
-    };
-    let old = match pam.authtok(PAM_OLDAUTHTOK) {
-        Some(pw) => pw,
-        // Root resetting someone's password does not know the old one (pam_unix does not ask
-        // root for it): the system password may change, the protector cannot. Say once, in the
-        // update pass, what restores the match.
-        None if nix::unistd::getuid().is_root() => {
-            if !prelim {
-                tell(
-                    pam,
-                    flags,
-                    LOG_NOTICE,
-                    &format!(
-                        "dirseal: the encrypted home {home} still opens with {}'s old password, and logins check \
-                         that one. Run `dirseal change-password {home} --protector {}` (asks the old password), \
-                         or without it `dirseal recovery restore {home} --user {}` (asks the recovery key).",
-                        acct.name, rec.id, acct.name
-                    ),
-                );
-            }
             return PAM_IGNORE;
         }
-        None => match pam.prompt_secret("Current password: ") {
-            Ok(pw) => {
-                pam.set_authtok(PAM_OLDAUTHTOK, &pw);
-                pw
-            }
-            Err(code) => return code,
-        },
+    };
+    let Some(rec) = own_protector(&ds, &policy, acct.uid) else {
+        pam.log(LOG_NOTICE, &format!("{home} has no password protector belonging to {}; nothing to follow", acct.name));
+        return PAM_IGNORE;
+    };
+    let Some(new) = pam.authtok(PAM_AUTHTOK) else {
+        pam.log(LOG_WARNING, &format!("no new password in the stack; {home} keeps its previous password"));
+        return PAM_IGNORE;
+    };
+    let not_following = |why: &str| {
+        tell(
+            pam,
+            flags,
+            LOG_NOTICE,
+            &format!(
+                "dirseal: {why}, so the encrypted home {home} still opens with {}'s previous password and stays locked \
+                 at login. Run `dirseal change-password {home} --protector {}` (as root) with the previous password \
+                 and then the new one; without the previous password, `dirseal recovery restore {home} --user {}` \
+                 uses the recovery key.",
+                acct.name, rec.id, acct.name
+            ),
+        )
+    };
+    // Root resetting a password (`passwd alice`): pam_unix does not ask it for the old one.
+    let Some(old) = pam.authtok(PAM_OLDAUTHTOK) else {
+        not_following("the password was reset without the previous one");
+        return PAM_IGNORE;
     };
     let pkey = match protector::unlock(&rec, ds.config(), Some(&old)) {
         Ok(k) => k,
         Err(ProtectorError::IncorrectSecret { .. }) => {
-            tell(
-                pam,
-                flags,
-                LOG_NOTICE,
-                &format!(
-                    "dirseal: the current password does not open the encrypted home {home}; nothing was changed. \
-                     If it has a different password, an administrator can align it with \
-                     `dirseal change-password {home} --protector {}`.",
-                    rec.id
-                ),
-            );
-            return PAM_AUTHTOK_RECOVERY_ERR;
+            // Already in step with the new password (set by hand before): nothing to do.
+            if protector::unlock(&rec, ds.config(), Some(&new)).is_err() {
+                not_following("the home's password and the system's had drifted apart");
+            }
+            return PAM_IGNORE;
         }
         Err(e) => {
-            tell(pam, flags, LOG_ERR, &format!("dirseal: cannot use protector {}: {e}; nothing was changed.", rec.id));
-            return PAM_AUTHTOK_ERR;
+            not_following(&format!("protector {} cannot be used ({e})", rec.id));
+            return PAM_IGNORE;
         }
-    };
-    if prelim {
-        return PAM_SUCCESS;
-    }
-    let new = match pam.authtok(PAM_AUTHTOK) {
-        Some(pw) => pw,
-        None => match ask_new(pam, flags) {
-            Ok(pw) => pw,
-            Err(code) => return code,
-        },
     };
     // The protector keeps its Argon2id cost, as with `dirseal change-password`.
     match ds.change_secret_with(&rec.id, &pkey, Some(&new)) {
@@ -519,38 +567,20 @@ pub(crate) fn chauthtok(pam: &Pam, args: &Args, flags: c_int) -> c_int {
             PAM_SUCCESS
         }
         Err(e) => {
-            tell(
-                pam,
-                flags,
-                LOG_ERR,
-                &format!(
-                    "dirseal: cannot update the password of {home} ({e}); it still opens with the old password. \
-                     Run `dirseal change-password {home} --protector {}`.",
-                    rec.id
-                ),
-            );
-            PAM_AUTHTOK_ERR
+            not_following(&format!("updating it failed ({e})"));
+            PAM_IGNORE
         }
     }
-}
-
-fn ask_new(pam: &Pam, flags: c_int) -> Result<Passphrase, c_int> {
-    let a = pam.prompt_secret("New password: ")?;
-    let b = pam.prompt_secret("Retype new password: ")?;
-    if a != b || a.is_empty() {
-        tell(pam, flags, LOG_NOTICE, "dirseal: the new passwords are empty or differ; nothing was changed.");
-        return Err(PAM_AUTHTOK_ERR);
-    }
-    pam.set_authtok(PAM_AUTHTOK, &a);
-    Ok(a)
 }
 
 pub(crate) fn setcred(_pam: &Pam, _args: &Args, _flags: c_int) -> c_int {
     PAM_SUCCESS
 }
 
-/// Not in the default profile (docs/pam.md): an `account required` line additionally refuses
-/// logins that skip auth (SSH keys) while the home is being converted. Everything else is ignored.
+/// After authentication: while the home is being converted, refuse the login (every login,
+/// SSH keys included, goes through the account stack), unless the config allows it; the refusal
+/// comes only after the password was accepted, so it tells nobody else which homes are being
+/// converted. Everything else is ignored.
 pub(crate) fn acct_mgmt(pam: &Pam, args: &Args, flags: c_int) -> c_int {
     let Some(acct) = account(pam) else { return PAM_IGNORE };
     if dirseal::convert::in_progress(&acct.home).unwrap_or(false) {

@@ -180,14 +180,25 @@ fn pamtester_as(u: &User, service: &str, ops: &[&str], stdin: &str) -> Output {
     run_pamtester(c, service, &u.name, ops, stdin, &[])
 }
 
-fn run_pamtester(mut c: Command, service: &str, user: &str, ops: &[&str], stdin: &str, env: &[(&str, &str)]) -> Output {
+fn run_pamtester(c: Command, service: &str, user: &str, ops: &[&str], stdin: &str, env: &[(&str, &str)]) -> Output {
+    start_pamtester(c, service, user, ops, stdin, env).wait_with_output().unwrap()
+}
+
+fn start_pamtester(
+    mut c: Command,
+    service: &str,
+    user: &str,
+    ops: &[&str],
+    stdin: &str,
+    env: &[(&str, &str)],
+) -> std::process::Child {
     c.arg(service).arg(user).args(ops).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
     for (k, v) in env {
         c.env(k, v);
     }
     let mut child = c.spawn().expect("pamtester");
     let _ = child.stdin.take().unwrap().write_all(stdin.as_bytes());
-    child.wait_with_output().unwrap()
+    child
 }
 
 fn ok(o: &Output) -> bool {
@@ -212,71 +223,131 @@ fn unlocked(u: &User) -> bool {
     fs::read(u.home.join("diary.txt")).is_ok_and(|b| b == b"dear diary")
 }
 
-const AUTH_THEN: &str = "auth [success=done user_unknown=ignore default=die] {so} {args}\nauth required pam_NEXT.so\n\
-                         account required pam_permit.so\n\
-                         session optional {so} {args}\n\
-                         session required pam_permit.so\n";
-
-/// The control field of the `section` ("Auth", "Session", "Password") line of the profile we ship,
-/// data/pam-configs/dirseal, so the stacks below are the ones pam-auth-update will write.
-fn profile_control(section: &str) -> String {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../data/pam-configs/dirseal");
-    let text = fs::read_to_string(path).unwrap();
-    let header = format!("{section}:");
-    let line = text.lines().skip_while(|l| *l != header).nth(1).unwrap();
-    let (control, module) = line.trim().rsplit_once(char::is_whitespace).unwrap();
-    assert_eq!(module, "pam_dirseal.so", "{line}");
-    control.trim().to_string()
+/// The stack `pam-auth-update` writes with Debian's unix profile and ours enabled, from the
+/// profile we ship (data/pam-configs/dirseal), in a scratch root: common-auth, -account,
+/// -session and -password one after the other, ready for one service file. `pam_unix` gets
+/// `nodelay` only to keep its failure delay out of the test's run time; our lines get the test's
+/// paths.
+fn pam_auth_update(enable: bool) -> String {
+    let root = tempfile::tempdir().unwrap();
+    let configs = root.path().join("usr/share/pam-configs");
+    fs::create_dir_all(&configs).unwrap();
+    fs::create_dir_all(root.path().join("etc/pam.d")).unwrap();
+    fs::create_dir_all(root.path().join("var/lib/pam")).unwrap();
+    let unix = fs::read_to_string("/usr/share/pam-configs/unix").unwrap();
+    fs::write(configs.join("unix"), unix.replace("pam_unix.so nullok", "pam_unix.so nullok nodelay")).unwrap();
+    let ours = fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../data/pam-configs/dirseal")).unwrap();
+    assert!(ours.contains("pam_dirseal.so"));
+    fs::write(configs.join("dirseal"), ours.replace("pam_dirseal.so", "{so} {args}")).unwrap();
+    let run = |args: &[&str]| {
+        let o = Command::new("pam-auth-update")
+            .arg("--root")
+            .arg(root.path())
+            .args(args)
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "pam-auth-update {args:?}: {}", show(&o));
+    };
+    run(&["--force", "--enable", "unix", "dirseal"]);
+    if !enable {
+        run(&["--disable", "dirseal"]);
+    }
+    ["auth", "account", "session", "password"]
+        .iter()
+        .map(|t| fs::read_to_string(root.path().join(format!("etc/pam.d/common-{t}"))).unwrap())
+        .collect()
 }
 
-/// What pam-auth-update writes into Debian 12's common-auth/-account/-session/-password with the
-/// unix profile and ours enabled: `end` becomes a jump past the primary block. `nodelay` only
-/// keeps pam_unix's failure delay out of the test's run time.
-fn debian_stack() -> String {
-    format!(
-        "auth {auth} {{so}} {{args}}\n\
-         auth [success=1 default=ignore] pam_unix.so nullok nodelay\n\
-         auth requisite pam_deny.so\n\
-         auth required pam_permit.so\n\
-         account required pam_permit.so\n\
-         session required pam_permit.so\n\
-         session {session} {{so}} {{args}}\n\
-         password [success=1 default=ignore] pam_unix.so yescrypt nodelay\n\
-         password requisite pam_deny.so\n\
-         password required pam_permit.so\n\
-         password {password} {{so}} {{args}}\n",
-        auth = profile_control("Auth").replace("success=end", "success=2"),
-        session = profile_control("Session"),
-        password = profile_control("Password"),
-    )
+fn shipped_stack() -> String {
+    pam_auth_update(true)
 }
 
-/// The service's session counter file of `u`.
-fn counter(s: &Setup, u: &User) -> PathBuf {
-    s.etc.path().join("run").join(format!("{}.sessions", u.uid))
+/// `stack` with `extra` added to our session line (test switches for one service only).
+fn session_args(stack: &str, extra: &str) -> String {
+    stack
+        .lines()
+        .map(
+            |l| {
+                if l.starts_with("session") && l.contains("{so}") {
+                    format!("{l} {extra}\n")
+                } else {
+                    format!("{l}\n")
+                }
+            },
+        )
+        .collect()
+}
+
+/// A managed user whose system password is the home's password too.
+fn in_step_user(s: &Setup, pw: &'static str) -> User {
+    let u = s.managed_user(pw);
+    u.set_system_password(pw);
+    u
+}
+
+/// Runs pamtester in the background (for sessions held open by a `test_delay`).
+fn spawn(service: &str, user: &str, ops: &[&str], stdin: &str) -> std::process::Child {
+    start_pamtester(Command::new("pamtester"), service, user, ops, stdin, &[])
+}
+
+/// Waits up to `secs` for `cond`.
+fn eventually(secs: u64, cond: impl Fn() -> bool) -> bool {
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while std::time::Instant::now() < end {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    cond()
 }
 
 #[test]
-fn login_unlocks_and_last_logout_locks() {
+fn the_profile_gives_a_working_stack_enabled_and_disabled() {
     let mut s = Setup::new();
-    let u = s.managed_user("hunter2");
-    // An unknown argument is logged and ignored, not fatal.
-    let svc = s.service(&AUTH_THEN.replace("NEXT", "deny").replace("{args}", "{args} no_such_option"));
-    let o = pamtester(&svc, &u.name, &["authenticate", "open_session"], "hunter2\n", &[]);
+    let u = in_step_user(&s, "home-Password-1");
+    let plain = User::new(s.fs.path());
+    plain.set_system_password("plain-Password-1");
+    let on = shipped_stack();
+    assert!(on.contains("{so}"), "{on}");
+    let off = pam_auth_update(false);
+    assert!(!off.contains("{so}"), "--disable must remove every line: {off}");
+    let (on, off) = (s.service(&on), s.service(&off));
+    for svc in [&on, &off] {
+        let o = pamtester(svc, &u.name, &["authenticate", "acct_mgmt", "open_session"], "home-Password-1\n", &[]);
+        assert!(ok(&o), "{}", show(&o));
+        let o = pamtester(svc, &plain.name, &["authenticate", "acct_mgmt", "open_session"], "plain-Password-1\n", &[]);
+        assert!(ok(&o), "{}", show(&o));
+        assert!(!ok(&pamtester(svc, &plain.name, &["authenticate"], "home-Password-1\n", &[])));
+        assert!(!ok(&pamtester(svc, &u.name, &["authenticate"], "wrong-Password\n", &[])));
+    }
+    // Only the enabled stack opened the home (the session above outlived no process: it is
+    // still unlocked because nobody closed it).
+    assert!(unlocked(&u));
+    s.ds().lock(&u.home, false).unwrap();
+    let o = pamtester(&off, &u.name, &["authenticate", "open_session"], "home-Password-1\n", &[]);
     assert!(ok(&o), "{}", show(&o));
-    assert!(unlocked(&u), "open_session must unlock the home");
-    // The session count lives in the root-only run directory.
+    assert!(!unlocked(&u), "the disabled stack must not touch the home");
+}
+
+#[test]
+fn login_unlocks_and_the_last_logout_locks() {
+    let mut s = Setup::new();
+    let u = in_step_user(&s, "hunter2-Password");
+    let stack = shipped_stack();
+    // An unknown argument is logged and ignored, not fatal.
+    let svc = s.service(&stack.replace("{args}", "{args} no_such_option"));
+    let hold = s.service(&session_args(&stack, "test_delay=after-open:3000"));
+    // A session held open for 3 s, and a second one opened and closed meanwhile.
+    let first = spawn(&hold, &u.name, &["authenticate", "open_session", "close_session"], "hunter2-Password\n");
+    assert!(eventually(3, || unlocked(&u)), "open_session must unlock the home");
     let run = s.etc.path().join("run");
     assert_eq!(fs::metadata(&run).unwrap().permissions().mode() & 0o777, 0o700);
-    assert_eq!(fs::read_to_string(counter(&s, &u)).unwrap(), "1");
-    // A second session, then both end: only the last one locks.
-    let o = pamtester(&svc, &u.name, &["authenticate", "open_session"], "hunter2\n", &[]);
-    assert!(ok(&o), "{}", show(&o));
-    assert_eq!(fs::read_to_string(counter(&s, &u)).unwrap(), "2");
-    let o = pamtester(&svc, &u.name, &["close_session"], "", &[]);
+    let o = pamtester(&svc, &u.name, &["authenticate", "open_session", "close_session"], "hunter2-Password\n", &[]);
     assert!(ok(&o), "{}", show(&o));
     assert!(unlocked(&u), "another session is still open");
-    let o = pamtester(&svc, &u.name, &["close_session"], "", &[]);
+    let o = first.wait_with_output().unwrap();
     assert!(ok(&o), "{}", show(&o));
     assert!(!unlocked(&u), "the last close_session must lock");
     // Locked means the names are ciphertext again, not just unreadable contents.
@@ -286,167 +357,220 @@ fn login_unlocks_and_last_logout_locks() {
 }
 
 #[test]
-fn wrong_password_is_denied_and_stays_locked() {
+fn a_login_racing_the_last_logout_keeps_the_home_unlocked_for_its_session() {
     let mut s = Setup::new();
-    let u = s.managed_user("right");
-    let svc = s.service(&AUTH_THEN.replace("NEXT", "permit"));
-    let o = pamtester(&svc, &u.name, &["authenticate"], "wrong\n", &[]);
-    assert!(!ok(&o), "{}", show(&o));
-    assert!(text(&o).contains("Authentication failure"), "PAM_AUTH_ERR expected: {}", show(&o));
-    // pamtester stops at the failed operation; a session opened anyway finds no key to add.
-    let o = pamtester(&svc, &u.name, &["open_session"], "", &[]);
+    let u = in_step_user(&s, "race-Password-1");
+    let stack = shipped_stack();
+    // The logout pauses after deciding it is the last session and before removing the key; the
+    // login starts during that pause and then holds its session open.
+    let leaving = s.service(&session_args(&stack, "test_delay=close-decided:1500"));
+    let arriving = s.service(&session_args(&stack, "test_delay=after-open:4000"));
+    let out = spawn(&leaving, &u.name, &["authenticate", "open_session", "close_session"], "race-Password-1\n");
+    assert!(eventually(3, || unlocked(&u)));
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let mut stays = spawn(&arriving, &u.name, &["authenticate", "open_session"], "race-Password-1\n");
+    let o = out.wait_with_output().unwrap();
     assert!(ok(&o), "{}", show(&o));
-    assert!(!unlocked(&u));
+    assert!(stays.try_wait().unwrap().is_none(), "the login's session must still be open");
+    assert!(eventually(2, || unlocked(&u)), "the home must be unlocked while the new session lives");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(unlocked(&u), "and stay unlocked");
+    assert!(stays.try_wait().unwrap().is_none());
+    stays.wait().unwrap();
 }
 
 #[test]
-fn the_shipped_profile_logs_in_managed_and_other_users() {
+fn a_session_killed_without_logout_does_not_keep_the_home_unlocked() {
     let mut s = Setup::new();
-    let u = s.managed_user("home-Password-1");
-    // Out of step on purpose: for a managed user the home's password is the one that counts.
-    u.set_system_password("system-Password-1");
-    let plain = User::new(s.fs.path());
-    plain.set_system_password("plain-Password-1");
-    let svc = s.service(&debian_stack());
-    assert!(!ok(&pamtester(&svc, &u.name, &["authenticate"], "system-Password-1\n", &[])));
+    let u = in_step_user(&s, "kill-Password-1");
+    let stack = shipped_stack();
+    let hold = s.service(&session_args(&stack, "test_delay=after-open:20000"));
+    let svc = s.service(&stack);
+    let mut killed = spawn(&hold, &u.name, &["authenticate", "open_session", "close_session"], "kill-Password-1\n");
+    assert!(eventually(3, || unlocked(&u)));
+    killed.kill().unwrap();
+    killed.wait().unwrap();
+    let o = pamtester(&svc, &u.name, &["authenticate", "open_session", "close_session"], "kill-Password-1\n", &[]);
+    assert!(ok(&o), "{}", show(&o));
+    assert!(!unlocked(&u), "the killed session must be forgotten and the last logout lock");
+}
+
+#[test]
+fn a_shared_protector_of_another_user_never_logs_the_owner_in() {
+    let mut s = Setup::new();
+    let alice = in_step_user(&s, "alice-Password-1");
+    let bob = User::new(s.fs.path());
+    bob.set_system_password("bob-Password-1");
+    // Bob's protector shares alice's home (a shared directory): it opens it with the CLI.
+    let mut ds = s.ds();
+    let policy = ds.policy_of(&alice.home).unwrap();
+    let kind = NewKind::named("password", &KindOptions::default()).unwrap();
+    let n = NewProtector { name: &bob.name, uid: Some(bob.uid), kind };
+    ds.add_protector_to_policy(
+        &policy.id,
+        Default::default(),
+        ProtectorChoice::New(n),
+        &mut Answers(vec!["alice-Password-1", "bob-Password-1"]),
+    )
+    .unwrap();
+    let svc = s.service(&shipped_stack());
+    let o = pamtester(&svc, &alice.name, &["authenticate"], "bob-Password-1\n", &[]);
+    assert!(!ok(&o), "bob's password must not log in as alice: {}", show(&o));
+    // Even when alice's own system password is that same string, bob's protector is never
+    // tried for her: she logs in (the system says so) and her home stays locked.
+    alice.set_system_password("bob-Password-1");
+    let o = pamtester(&svc, &alice.name, &["authenticate", "open_session"], "bob-Password-1\n", &[]);
+    assert!(ok(&o), "{}", show(&o));
+    assert!(!unlocked(&alice));
+}
+
+#[test]
+fn after_passwd_lock_or_expiry_the_old_password_fails() {
+    let mut s = Setup::new();
+    let u = in_step_user(&s, "lock-Password-1");
+    let svc = s.service(&shipped_stack());
+    assert!(ok(&pamtester(&svc, &u.name, &["authenticate", "acct_mgmt"], "lock-Password-1\n", &[])));
+    accounts("passwd", &["-l", &u.name], None).unwrap();
+    let o = pamtester(&svc, &u.name, &["authenticate", "open_session"], "lock-Password-1\n", &[]);
+    assert!(!ok(&o), "a locked password must not log in: {}", show(&o));
     assert!(!unlocked(&u));
-    let o = pamtester(&svc, &u.name, &["authenticate", "acct_mgmt", "open_session"], "home-Password-1\n", &[]);
+    accounts("passwd", &["-u", &u.name], None).unwrap();
+    assert!(ok(&pamtester(&svc, &u.name, &["authenticate", "acct_mgmt"], "lock-Password-1\n", &[])));
+    accounts("chage", &["-E", "0", &u.name], None).unwrap();
+    let o = pamtester(&svc, &u.name, &["authenticate", "acct_mgmt"], "lock-Password-1\n", &[]);
+    assert!(!ok(&o), "an expired account must not log in: {}", show(&o));
+}
+
+#[test]
+fn after_a_root_reset_the_new_password_logs_in_and_the_home_says_how_to_follow() {
+    let mut s = Setup::new();
+    let u = in_step_user(&s, "old-Password-1");
+    let svc = s.service(&shipped_stack());
+    // pamtester runs as root, like `passwd USER`: pam_unix asks only the new password.
+    let o = {
+        let _g = passwd_lock();
+        pamtester(&svc, &u.name, &["chauthtok"], "reset-Password-2\nreset-Password-2\n", &[])
+    };
+    assert!(ok(&o), "the system password change must go through: {}", show(&o));
+    assert!(text(&o).contains(&format!("dirseal change-password {}", u.home.display())), "{}", show(&o));
+    // The old password is refused; the new one logs in, the home stays locked and says why.
+    assert!(!ok(&pamtester(&svc, &u.name, &["authenticate"], "old-Password-1\n", &[])));
+    let o = pamtester(&svc, &u.name, &["authenticate", "acct_mgmt", "open_session"], "reset-Password-2\n", &[]);
+    assert!(ok(&o), "{}", show(&o));
+    assert!(!unlocked(&u));
+    let fix = format!("dirseal change-password {} --protector", u.home.display());
+    assert!(text(&o).contains(&fix), "the login must name the fix: {}", show(&o));
+    // The fix named: the previous password, then the current one. Then logins open the home.
+    let pid = *s.ds().policy_of(&u.home).unwrap().wrapped.keys().next().unwrap();
+    s.ds().change_secret(&pid, &mut Answers(vec!["old-Password-1", "reset-Password-2"])).unwrap();
+    let o = pamtester(&svc, &u.name, &["authenticate", "open_session"], "reset-Password-2\n", &[]);
     assert!(ok(&o), "{}", show(&o));
     assert!(unlocked(&u));
-    assert!(ok(&pamtester(&svc, &u.name, &["close_session"], "", &[])));
-    assert!(!unlocked(&u));
-    // Users dirseal does not manage meet pam_unix alone.
-    let o = pamtester(&svc, &plain.name, &["authenticate", "acct_mgmt", "open_session"], "plain-Password-1\n", &[]);
-    assert!(ok(&o), "{}", show(&o));
-    assert!(!ok(&pamtester(&svc, &plain.name, &["authenticate"], "home-Password-1\n", &[])));
+    assert!(!text(&o).contains(&fix), "{}", show(&o));
 }
 
 #[test]
-fn a_session_without_our_auth_leaves_the_home_locked() {
+fn a_user_running_the_stack_without_root_is_never_failed() {
     let mut s = Setup::new();
-    let u = s.managed_user("pw");
-    // SSH keys, or another module, authenticate: pam_dirseal never sees the password.
-    let svc = s.service("auth required pam_permit.so\nsession optional {so} {args}\n");
-    let o = pamtester(&svc, &u.name, &["authenticate", "open_session"], "", &[]);
-    assert!(ok(&o), "{}", show(&o));
-    assert!(!unlocked(&u));
-    assert_eq!(fs::read_to_string(counter(&s, &u)).unwrap(), "1", "the session is counted all the same");
-}
-
-#[test]
-fn unmanaged_users_fall_through_to_the_next_module() {
-    let mut s = Setup::new();
-    let plain = User::new(s.fs.path());
-    fs::write(plain.home.join("x"), b"plain").unwrap();
-    let permit = s.service(&AUTH_THEN.replace("NEXT", "permit"));
-    let deny = s.service(&AUTH_THEN.replace("NEXT", "deny"));
-    let o = pamtester(&permit, &plain.name, &["authenticate"], "whatever\n", &[]);
-    assert!(ok(&o), "pam_permit after an unmanaged user: {}", show(&o));
-    let o = pamtester(&deny, &plain.name, &["authenticate"], "whatever\n", &[]);
-    assert!(!ok(&o), "pam_deny after an unmanaged user: {}", show(&o));
-    // A user that does not exist at all steps aside too.
-    let o = pamtester(&permit, "dst-no-such-user", &["authenticate"], "x\n", &[]);
-    assert!(ok(&o), "{}", show(&o));
-
-    // With pam_unix behind it, pam_unix alone decides (and asks for the password itself).
-    plain.set_system_password("unix-Password-1");
-    let unix = s.service(&AUTH_THEN.replace("pam_NEXT.so", "pam_unix.so nodelay"));
-    assert!(ok(&pamtester(&unix, &plain.name, &["authenticate"], "unix-Password-1\n", &[])));
-    assert!(!ok(&pamtester(&unix, &plain.name, &["authenticate"], "not-it\n", &[])));
-
-    // A home encrypted by someone else (no record in this keystore, or no keystore at all) is
-    // not ours either. The later keystore= argument wins.
-    let foreign = s.managed_user("pw");
-    let other_ks = tempfile::tempdir().unwrap();
-    for ks in [other_ks.path().to_path_buf(), other_ks.path().join("missing")] {
-        let elsewhere = s.service(
-            &AUTH_THEN.replace("NEXT", "permit").replace("{args}", &format!("{{args}} keystore={}", ks.display())),
-        );
-        let o = pamtester(&elsewhere, &foreign.name, &["authenticate", "open_session"], "wrong\n", &[]);
+    let u = in_step_user(&s, "own-Password-1");
+    // A screen locker, or the user's own pamtester: not root. Our lines `required` here, as an
+    // administrator might write them: stepping aside must not fail the stack.
+    let strict = s.service(
+        "auth required pam_unix.so nodelay\nauth required {so} {args}\n\
+         session required pam_permit.so\nsession required {so} {args}\n",
+    );
+    let shipped = s.service(&shipped_stack());
+    let as_user = |svc: &str, ops: &[&str], pw: &str| {
+        let mut c = Command::new("setpriv");
+        c.arg(format!("--reuid={}", u.uid)).arg(format!("--regid={}", u.uid)).arg("--clear-groups").arg("pamtester");
+        run_pamtester(c, svc, &u.name, ops, pw, &[])
+    };
+    for svc in [&strict, &shipped] {
+        let o = as_user(svc, &["authenticate"], "own-Password-1\n");
         assert!(ok(&o), "{}", show(&o));
-        assert!(!unlocked(&foreign));
+        assert!(!ok(&as_user(svc, &["authenticate"], "wrong-Password\n")), "pam_unix still decides");
     }
-    assert!(!other_ks.path().join("missing").exists(), "the module creates no keystore");
+    let o = as_user(&strict, &["authenticate", "open_session", "close_session"], "own-Password-1\n");
+    assert!(ok(&o), "{}", show(&o));
+    assert!(!unlocked(&u), "a process without root's rights cannot unlock anything");
 }
 
 #[test]
 fn password_change_follows_and_the_old_one_stops_working() {
     let mut s = Setup::new();
-    let u = s.managed_user("old-Password-1");
-    u.set_system_password("old-Password-1");
-    let pw = s.service(&debian_stack());
-    let auth = s.service(&AUTH_THEN.replace("NEXT", "deny"));
-    let unix = s.service("auth required pam_unix.so nodelay\n");
+    let u = in_step_user(&s, "old-Password-1");
+    let svc = s.service(&shipped_stack());
     // The user runs passwd: pam_unix asks the current and the new password, pam_dirseal follows.
     let o = {
         let _g = passwd_lock();
-        pamtester_as(&u, &pw, &["chauthtok"], "old-Password-1\nnew-Password-2\nnew-Password-2\n")
+        pamtester_as(&u, &svc, &["chauthtok"], "old-Password-1\nnew-Password-2\nnew-Password-2\n")
     };
     assert!(ok(&o), "{}", show(&o));
-    assert!(!ok(&pamtester(&auth, &u.name, &["authenticate"], "old-Password-1\n", &[])));
-    let o = pamtester(&auth, &u.name, &["authenticate", "open_session"], "new-Password-2\n", &[]);
+    assert!(!ok(&pamtester(&svc, &u.name, &["authenticate"], "old-Password-1\n", &[])));
+    let o = pamtester(&svc, &u.name, &["authenticate", "open_session"], "new-Password-2\n", &[]);
     assert!(ok(&o), "{}", show(&o));
-    assert!(unlocked(&u));
-    assert!(ok(&pamtester(&unix, &u.name, &["authenticate"], "new-Password-2\n", &[])), "system password changed");
+    assert!(unlocked(&u), "the home follows the new password");
 }
 
 #[test]
-fn password_change_alone_asks_the_current_password_itself() {
-    let mut s = Setup::new();
-    let u = s.managed_user("old-pw");
-    let pw = s.service("password required {so} {args}\n");
-    let auth = s.service(&AUTH_THEN.replace("NEXT", "deny"));
-    let o = pamtester_as(&u, &pw, &["chauthtok"], "bad\nnew-pw\nnew-pw\n");
-    assert!(!ok(&o), "a wrong current password must fail: {}", show(&o));
-    assert!(text(&o).contains("does not open the encrypted home"), "{}", show(&o));
-    let o = pamtester_as(&u, &pw, &["chauthtok"], "old-pw\nnew-pw\nother\n");
-    assert!(!ok(&o), "mismatched new passwords must fail: {}", show(&o));
-    assert!(ok(&pamtester(&auth, &u.name, &["authenticate"], "old-pw\n", &[])), "nothing changed yet");
-    let o = pamtester_as(&u, &pw, &["chauthtok"], "old-pw\nnew-pw\nnew-pw\n");
-    assert!(ok(&o), "{}", show(&o));
-    assert!(!ok(&pamtester(&auth, &u.name, &["authenticate"], "old-pw\n", &[])));
-    assert!(ok(&pamtester(&auth, &u.name, &["authenticate"], "new-pw\n", &[])));
-}
-
-#[test]
-fn a_home_password_out_of_step_blocks_the_change_before_anything_changes() {
+fn a_password_change_is_never_blocked_by_a_home_out_of_step() {
     let mut s = Setup::new();
     let u = s.managed_user("home-Password-1");
     u.set_system_password("system-Password-1");
-    let pw = s.service(&debian_stack());
-    let unix = s.service("auth required pam_unix.so nodelay\n");
+    let svc = s.service(&shipped_stack());
     let o = {
         let _g = passwd_lock();
-        pamtester_as(&u, &pw, &["chauthtok"], "system-Password-1\nnew-Password-2\nnew-Password-2\n")
+        pamtester_as(&u, &svc, &["chauthtok"], "system-Password-1\nnew-Password-2\nnew-Password-2\n")
     };
-    assert!(!ok(&o), "{}", show(&o));
+    assert!(ok(&o), "the system decides: {}", show(&o));
     assert!(text(&o).contains("dirseal change-password"), "{}", show(&o));
-    // PRELIM_CHECK failed, so pam_unix never reached its update.
-    assert!(ok(&pamtester(&unix, &u.name, &["authenticate"], "system-Password-1\n", &[])));
-    assert!(!ok(&pamtester(&unix, &u.name, &["authenticate"], "new-Password-2\n", &[])));
+    assert!(ok(&pamtester(&svc, &u.name, &["authenticate"], "new-Password-2\n", &[])));
+    // The home kept its own password.
+    let rec = s.ds().protector_of_dir(&u.home, Default::default()).unwrap();
+    assert!(
+        dirseal::protector::unlock(&rec, s.ds().config(), Some(&Passphrase::from_str_copy("home-Password-1"))).is_ok()
+    );
 }
 
 #[test]
-fn root_resetting_a_password_is_told_what_to_run_and_not_blocked() {
+fn a_session_without_a_password_leaves_the_home_locked() {
     let mut s = Setup::new();
-    let u = s.managed_user("home-Password-1");
-    u.set_system_password("home-Password-1");
-    let pw = s.service(&debian_stack());
-    let auth = s.service(&AUTH_THEN.replace("NEXT", "deny"));
-    let unix = s.service("auth required pam_unix.so nodelay\n");
-    // pamtester runs as root, like `passwd USER`: pam_unix asks only the new password.
-    let o = {
-        let _g = passwd_lock();
-        pamtester(&pw, &u.name, &["chauthtok"], "reset-Password-2\nreset-Password-2\n", &[])
-    };
-    assert!(ok(&o), "the system password change must go through: {}", show(&o));
-    let all = text(&o);
-    assert!(all.contains(&format!("dirseal change-password {}", u.home.display())), "{all}");
-    assert!(all.contains("dirseal recovery restore"), "{all}");
-    assert!(ok(&pamtester(&unix, &u.name, &["authenticate"], "reset-Password-2\n", &[])));
-    // The protector is unchanged: still the old password.
-    assert!(ok(&pamtester(&auth, &u.name, &["authenticate"], "home-Password-1\n", &[])));
-    assert!(!ok(&pamtester(&auth, &u.name, &["authenticate"], "reset-Password-2\n", &[])));
+    let u = in_step_user(&s, "pw-Password-1");
+    // SSH keys, or another module, authenticate: pam_dirseal never sees a password.
+    let stack = shipped_stack();
+    let session: String = stack.lines().filter(|l| l.starts_with("session")).map(|l| format!("{l}\n")).collect();
+    let svc = s.service(&format!("auth required pam_permit.so\n{session}"));
+    let o = pamtester(&svc, &u.name, &["authenticate", "open_session", "close_session"], "", &[]);
+    assert!(ok(&o), "{}", show(&o));
+    assert!(!unlocked(&u));
+}
+
+#[test]
+fn unmanaged_users_and_foreign_homes_are_left_to_the_system() {
+    let mut s = Setup::new();
+    let svc = s.service(&shipped_stack());
+    let plain = User::new(s.fs.path());
+    plain.set_system_password("unix-Password-1");
+    assert!(ok(&pamtester(
+        &svc,
+        &plain.name,
+        &["authenticate", "open_session", "close_session"],
+        "unix-Password-1\n",
+        &[]
+    )));
+    assert!(!ok(&pamtester(&svc, &plain.name, &["authenticate"], "not-it\n", &[])));
+    assert!(!ok(&pamtester(&svc, "dst-no-such-user", &["authenticate"], "x\n", &[])));
+    // A home encrypted by someone else (no record in this keystore, or no keystore at all) is
+    // not ours either. The later keystore= argument wins.
+    let foreign = in_step_user(&s, "pw-Password-1");
+    let other_ks = tempfile::tempdir().unwrap();
+    for ks in [other_ks.path().to_path_buf(), other_ks.path().join("missing")] {
+        let elsewhere = s.service(&shipped_stack().replace("{args}", &format!("{{args}} keystore={}", ks.display())));
+        let o = pamtester(&elsewhere, &foreign.name, &["authenticate", "open_session"], "pw-Password-1\n", &[]);
+        assert!(ok(&o), "{}", show(&o));
+        assert!(!unlocked(&foreign));
+    }
+    assert!(!other_ks.path().join("missing").exists(), "the module creates no keystore");
 }
 
 #[test]
@@ -459,18 +583,17 @@ fn a_panic_is_caught_as_service_error() {
     // pamtester exits 1 with the PAM error text; a panic unwinding into libpam would abort it.
     assert_eq!(o.status.code(), Some(1), "{}", show(&o));
     assert!(text(&o).contains("Error in service module"), "PAM_SERVICE_ERR expected: {}", show(&o));
-    assert!(!unlocked(&u));
-    // Without the switch the same stack succeeds, so the failure above is the panic.
-    let svc = s.service("auth required {so} {args}\n");
+    // Without the switch the same stack goes on to pam_permit, so the failure above is the panic.
+    let svc = s.service("auth required {so} {args}\nauth required pam_permit.so\n");
     assert!(ok(&pamtester(&svc, &u.name, &["authenticate"], "pw\n", &[])));
 }
 
 #[test]
 fn the_callers_environment_changes_nothing() {
     let mut s = Setup::new();
-    let u = s.managed_user("pw");
+    let u = in_step_user(&s, "env-Password-1");
     let empty = tempfile::tempdir().unwrap();
-    let svc = s.service(&AUTH_THEN.replace("NEXT", "deny"));
+    let svc = s.service(&shipped_stack());
     let bogus_config = empty.path().join("config.toml");
     fs::write(&bogus_config, "keystore = \"/nonexistent\"\n").unwrap();
     let env = [
@@ -478,20 +601,21 @@ fn the_callers_environment_changes_nothing() {
         ("DIRSEAL_KEYSTORE", empty.path().to_str().unwrap()),
         ("DIRSEAL_FAULT", "after-prepare"),
     ];
-    let o = pamtester(&svc, &u.name, &["authenticate", "open_session"], "pw\n", &env);
+    let o = pamtester(&svc, &u.name, &["authenticate", "open_session"], "env-Password-1\n", &env);
     assert!(ok(&o), "{}", show(&o));
     assert!(unlocked(&u));
 }
 
 #[test]
-fn a_keystore_entry_for_another_key_is_refused() {
+fn a_keystore_entry_for_another_key_opens_nothing() {
     let mut s = Setup::new();
-    let a = s.managed_user("pw-a");
+    let a = in_step_user(&s, "pw-a-Password");
     let ds = s.ds();
     let policy = ds.policy_of(&a.home).unwrap();
     let pid = *policy.wrapped.keys().next().unwrap();
     let prec = ds.keystore().protector(&pid).unwrap();
-    let pkey = dirseal::protector::unlock(&prec, ds.config(), Some(&Passphrase::from_str_copy("pw-a"))).unwrap();
+    let pkey =
+        dirseal::protector::unlock(&prec, ds.config(), Some(&Passphrase::from_str_copy("pw-a-Password"))).unwrap();
     // Forge: the same policy id and protector, but wrapping a different master key. Every
     // cryptographic check of the file passes; only the key-identifier check can catch it.
     let mut forged = dirseal::keystore::PolicyRecord::new(policy.id, None);
@@ -500,31 +624,49 @@ fn a_keystore_entry_for_another_key_is_refused() {
         let _l = ds.keystore().lock().unwrap();
         ds.keystore().save_policy(&forged).unwrap();
     }
-    let svc = s.service(&AUTH_THEN.replace("NEXT", "permit"));
-    let o = pamtester(&svc, &a.name, &["authenticate", "open_session"], "pw-a\n", &[]);
-    assert!(!ok(&o), "a forged entry must not authenticate: {}", show(&o));
+    let svc = s.service(&shipped_stack());
+    let o = pamtester(&svc, &a.name, &["authenticate", "open_session"], "pw-a-Password\n", &[]);
+    assert!(ok(&o), "the system password still logs in: {}", show(&o));
     assert!(!unlocked(&a));
 }
 
 #[test]
-fn another_homes_policy_record_swapped_in_is_refused() {
+fn another_homes_policy_record_swapped_in_opens_nothing() {
     let mut s = Setup::new();
-    let a = s.managed_user("pw-a");
-    let b = s.managed_user("pw-b");
+    let a = in_step_user(&s, "pw-a-Password");
+    let b = in_step_user(&s, "pw-b-Password");
     let ds = s.ds();
     let (pa, pb) = (ds.policy_of(&a.home).unwrap().id, ds.policy_of(&b.home).unwrap().id);
-    // b's record, complete and valid, under a's name: b's password must not open a's login.
+    // b's record, complete and valid, under a's name.
     let policies = s.keystore().join("policies");
     fs::copy(policies.join(format!("{pb}.json")), policies.join(format!("{pa}.json"))).unwrap();
-    let svc = s.service(&AUTH_THEN.replace("NEXT", "permit"));
-    for pw in ["pw-b\n", "pw-a\n"] {
-        let o = pamtester(&svc, &a.name, &["authenticate", "open_session"], pw, &[]);
-        assert!(!ok(&o), "{}", show(&o));
-    }
+    // a's system password is b's home password: still, b's record opens nothing for a.
+    a.set_system_password("pw-b-Password");
+    let svc = s.service(&shipped_stack());
+    let o = pamtester(&svc, &a.name, &["authenticate", "open_session"], "pw-b-Password\n", &[]);
+    assert!(ok(&o), "{}", show(&o));
     assert!(!unlocked(&a));
     // b is unaffected.
-    assert!(ok(&pamtester(&svc, &b.name, &["authenticate", "open_session"], "pw-b\n", &[])));
+    assert!(ok(&pamtester(&svc, &b.name, &["authenticate", "open_session"], "pw-b-Password\n", &[])));
     assert!(unlocked(&b));
+}
+
+#[test]
+fn standalone_logins_are_refused_for_locked_or_expired_accounts() {
+    use pam_dirseal::account::{standalone_login_allowed as allowed, Refusal};
+    let s = Setup::new();
+    let u = User::new(s.fs.path());
+    u.set_system_password("gate-Password-1");
+    assert_eq!(allowed(&u.name), Ok(()));
+    accounts("usermod", &["-L", &u.name], None).unwrap();
+    assert_eq!(allowed(&u.name), Err(Refusal::Locked(u.name.clone())));
+    accounts("usermod", &["-U", &u.name], None).unwrap();
+    assert_eq!(allowed(&u.name), Ok(()));
+    accounts("chage", &["-E", "0", &u.name], None).unwrap();
+    assert_eq!(allowed(&u.name), Err(Refusal::AccountExpired(u.name.clone())));
+    accounts("chage", &["-E", "-1", "-d", "0", &u.name], None).unwrap();
+    assert_eq!(allowed(&u.name), Err(Refusal::PasswordExpired(u.name.clone())));
+    assert_eq!(allowed("dst-no-such-user"), Err(Refusal::NoEntry("dst-no-such-user".into())));
 }
 
 /// Leaves a conversion of `home` recorded mid-copy, as if it had been interrupted.
@@ -572,24 +714,28 @@ fn interrupted_conversion(home: &Path) {
 }
 
 #[test]
-fn login_during_a_conversion_is_refused_unless_allowed() {
+fn login_during_a_conversion_is_refused_only_after_authentication() {
     let mut s = Setup::new();
     let u = User::new(s.fs.path());
+    u.set_system_password("conv-Password-1");
     fs::write(u.home.join("file"), b"plaintext still").unwrap();
     interrupted_conversion(&u.home);
-    let svc = s.service(&AUTH_THEN.replace("NEXT", "permit"));
-    let acct = s.service("account required {so} {args}\naccount required pam_permit.so\n");
-    let o = pamtester(&svc, &u.name, &["authenticate"], "pw\n", &[]);
+    let svc = s.service(&shipped_stack());
+    // A wrong password learns nothing about the conversion.
+    let o = pamtester(&svc, &u.name, &["authenticate", "acct_mgmt"], "wrong-Password\n", &[]);
     assert!(!ok(&o), "{}", show(&o));
-    assert!(text(&o).contains("Encryption of your home directory is in progress"), "{}", show(&o));
-    // Logins that skip auth (SSH keys) meet the same refusal in the account stack.
-    let o = pamtester(&acct, &u.name, &["acct_mgmt"], "", &[]);
+    assert!(!text(&o).contains("in progress"), "{}", show(&o));
+    // The right one passes authentication and meets the refusal in the account stack, which
+    // logins that skip auth (SSH keys) go through too.
+    let o = pamtester(&svc, &u.name, &["authenticate"], "conv-Password-1\n", &[]);
+    assert!(ok(&o), "{}", show(&o));
+    let o = pamtester(&svc, &u.name, &["authenticate", "acct_mgmt"], "conv-Password-1\n", &[]);
     assert!(!ok(&o), "{}", show(&o));
     assert!(text(&o).contains("Encryption of your home directory is in progress"), "{}", show(&o));
     // The admin allows it: the module steps aside and the rest of the stack decides.
     fs::write(s.config(), format!("{FAST_CONFIG}[pam]\nallow_login_during_conversion = true\n")).unwrap();
-    assert!(ok(&pamtester(&svc, &u.name, &["authenticate"], "pw\n", &[])));
-    assert!(ok(&pamtester(&acct, &u.name, &["acct_mgmt"], "", &[])));
+    let o = pamtester(&svc, &u.name, &["authenticate", "acct_mgmt", "open_session"], "conv-Password-1\n", &[]);
+    assert!(ok(&o), "{}", show(&o));
 }
 
 #[test]
@@ -610,12 +756,9 @@ fn account_management_ignores_everyone_else() {
 #[test]
 fn unlock_only_never_locks() {
     let mut s = Setup::new();
-    let u = s.managed_user("pw");
-    let svc = s.service(
-        "auth [success=done user_unknown=ignore default=die] {so} {args}\nauth required pam_deny.so\nsession optional {so} {args} unlock_only\n",
-    );
-    let o = pamtester(&svc, &u.name, &["authenticate", "open_session", "close_session"], "pw\n", &[]);
+    let u = in_step_user(&s, "only-Password-1");
+    let svc = s.service(&session_args(&shipped_stack(), "unlock_only"));
+    let o = pamtester(&svc, &u.name, &["authenticate", "open_session", "close_session"], "only-Password-1\n", &[]);
     assert!(ok(&o), "{}", show(&o));
     assert!(unlocked(&u), "unlock_only must leave the home unlocked at the last logout");
-    assert_eq!(fs::read_to_string(counter(&s, &u)).unwrap(), "0", "sessions are still counted");
 }
