@@ -7,6 +7,8 @@
 //! directory's policy (saved in the keystore before any data is copied, so an interrupted
 //! conversion can always be resumed with the same secret) and the privileged syscalls the engine
 //! may not make itself.
+use std::ffi::OsStr;
+use std::os::fd::BorrowedFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -327,18 +329,27 @@ fn host_err(e: impl std::fmt::Display) -> HostError {
 }
 
 impl Host for KeyHost<'_> {
-    fn prepare_staging(&self, staging: &Path) -> Result<String, HostError> {
+    fn prepare_staging(&self, staging: BorrowedFd<'_>, path: &Path) -> Result<String, HostError> {
         let (prec, pkey) = self
             .protector
             .as_ref()
             .ok_or_else(|| HostError("internal: no protector chosen for a new conversion".into()))?;
         // The hint names the source: after the swap that path is the encrypted directory.
         let (policy, master) = self.ds.new_policy(self.source, prec, pkey).map_err(host_err)?;
-        fscrypt::set_policy(staging, &policy.id).map_err(host_err)?;
+        fscrypt::set_policy_fd(staging, path, &policy.id).map_err(host_err)?;
         if let Some(key) = self.recovery {
-            crate::recovery::install(staging, &policy.id, &master, key).map_err(host_err)?;
+            crate::recovery::install_at(staging, path, &policy.id, &master, key).map_err(host_err)?;
         }
         Ok(policy.id.to_string())
+    }
+
+    fn check_staging(&self, token: &str, staging: BorrowedFd<'_>, path: &Path) -> Result<(), HostError> {
+        let id: KeyIdentifier = token.parse().map_err(host_err)?;
+        match fscrypt::get_policy_fd(staging, path).map_err(host_err)? {
+            Some(p) if p == fscrypt::PolicyV2::new(id) => Ok(()),
+            Some(p) => Err(HostError(format!("it is encrypted with policy {}, not {id}", p.identifier))),
+            None => Err(HostError(format!("it is not encrypted at all, where policy {id} was recorded"))),
+        }
     }
 
     fn ensure_unlocked(&self, token: &str, staging: &Path) -> Result<(), HostError> {
@@ -357,8 +368,8 @@ impl Host for KeyHost<'_> {
         fscrypt::is_encrypted(path).map_err(host_err)
     }
 
-    fn exchange(&self, a: &Path, b: &Path) -> Result<(), HostError> {
-        fscrypt::rename_exchange(a, b).map_err(host_err)
+    fn exchange(&self, a_dir: BorrowedFd<'_>, a: &OsStr, b_dir: BorrowedFd<'_>, b: &OsStr) -> Result<(), HostError> {
+        fscrypt::rename_exchange_at(a_dir, a, b_dir, b).map_err(host_err)
     }
 
     fn trim(&self, dir: &Path) -> Result<(), HostError> {

@@ -1,7 +1,7 @@
 //! Recovery keys stored with the data: the master key sealed by a recovery key in a root-only
 //! `trusted.dirseal.recovery` xattr on the encrypted directory itself, so that a reinstall that
 //! wiped the keystore still leaves a way in (docs/recovery-format.md).
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use dirseal_recovery::{BlobError, ParseError, RecoveryKey, Sealed};
@@ -64,16 +64,15 @@ pub fn read_blob(dir: &Path) -> Result<Option<Sealed>, RecoveryError> {
     }
 }
 
-fn write_blob(dir: &Path, blob: &Sealed) -> Result<(), RecoveryError> {
-    let fd = open_dir(dir)?;
-    rustix::fs::fsetxattr(&fd, XATTR, &blob.to_bytes(), rustix::fs::XattrFlags::CREATE).map_err(|e| {
+fn write_blob(fd: BorrowedFd<'_>, dir: &Path, blob: &Sealed) -> Result<(), RecoveryError> {
+    rustix::fs::fsetxattr(fd, XATTR, &blob.to_bytes(), rustix::fs::XattrFlags::CREATE).map_err(|e| {
         if e == rustix::io::Errno::EXIST {
             RecoveryError::Exists { path: dir.to_path_buf() }
         } else {
             RecoveryError::Xattr { path: dir.to_path_buf(), op: "write", source: e.into() }
         }
     })?;
-    rustix::fs::fsync(&fd).map_err(|e| RecoveryError::Xattr { path: dir.to_path_buf(), op: "sync", source: e.into() })
+    rustix::fs::fsync(fd).map_err(|e| RecoveryError::Xattr { path: dir.to_path_buf(), op: "sync", source: e.into() })
 }
 
 /// Deletes the recovery attribute; `false` if there was none.
@@ -92,9 +91,20 @@ fn metadata(policy: &KeyIdentifier) -> Vec<u8> {
 
 /// Seals `master` (the key of `policy`, on `dir`) under `key` and stores it on `dir`.
 pub fn install(dir: &Path, policy: &KeyIdentifier, master: &MasterKey, key: &RecoveryKey) -> Result<(), RecoveryError> {
+    install_at(open_dir(dir)?.as_fd(), dir, policy, master, key)
+}
+
+/// [`install`] on a directory already open (`path` only names it in errors).
+pub fn install_at(
+    dir: BorrowedFd<'_>,
+    path: &Path,
+    policy: &KeyIdentifier,
+    master: &MasterKey,
+    key: &RecoveryKey,
+) -> Result<(), RecoveryError> {
     let blob = dirseal_recovery::seal(key, &policy.0, master.as_bytes(), &metadata(policy))
-        .map_err(|source| RecoveryError::Blob { path: dir.to_path_buf(), source })?;
-    write_blob(dir, &blob)
+        .map_err(|source| RecoveryError::Blob { path: path.to_path_buf(), source })?;
+    write_blob(dir, path, &blob)
 }
 
 /// Parses what the user typed.

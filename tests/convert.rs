@@ -526,3 +526,89 @@ fn a_conversion_walks_the_tree_once_for_its_census() {
     assert_eq!(manifest(&home), before);
     assert_eq!(env.status_json(&home)["encrypted"], true);
 }
+
+/// The flags `lsattr -d` shows for `dir` (`E`: encrypted).
+fn lsattr(dir: &Path) -> String {
+    let out = std::process::Command::new("lsattr").args(["-d", p(dir)]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).split_whitespace().next().unwrap_or_default().to_string()
+}
+
+#[test]
+fn a_user_owned_dirseal_under_a_1777_mount_root_is_never_written_to() {
+    let env = Env::new();
+    let uid = fresh_uid();
+    // A scratch disk everyone may write to, with the sticky bit.
+    fs::set_permissions(env.mnt(), fs::Permissions::from_mode(0o1777)).unwrap();
+    let home = env.mnt().join("home/carol");
+    build_home(&home, uid);
+    let before = manifest(&home);
+    // The user makes the work dir's parent before root converts.
+    let trap = env.mnt().join(".dirseal");
+    fs::create_dir(&trap).unwrap();
+    std::os::unix::fs::chown(&trap, Some(uid), Some(uid)).unwrap();
+    fs::set_permissions(&trap, fs::Permissions::from_mode(0o777)).unwrap();
+    let stamp = |d: &Path| {
+        let m = fs::metadata(d).unwrap();
+        (m.mtime(), m.mtime_nsec(), m.ctime(), m.ctime_nsec(), m.nlink())
+    };
+    let trap_before = stamp(&trap);
+    let err = env.fails(&["convert", p(&home), "--yes", "--protector-name", "owner"], "pw\n");
+    assert!(err.contains(&format!("belongs to uid {uid}")) && err.contains(".dirseal.suspect"), "{err}");
+    assert!(names(&trap).is_empty(), "nothing may be written into the user's directory");
+    assert_eq!(stamp(&trap), trap_before);
+    assert_eq!(manifest(&home), before, "the source is untouched");
+    assert_eq!(env.status_json(&home)["encrypted"], false);
+    let o: serde_json::Value = serde_json::from_str(&env.ok(&["status", "--json"], "")).unwrap();
+    assert_eq!(o["policies"].as_array().unwrap().len(), 0, "a refusal must not create a policy");
+    // The fix the message names; then the conversion is genuine, on the same 1777 root.
+    fs::rename(&trap, env.mnt().join(".dirseal.suspect")).unwrap();
+    let out = convert_ok(&env, &home, &[]);
+    assert!(out.contains("is now encrypted"), "{out}");
+    assert!(lsattr(&home).contains('E'), "lsattr: {}", lsattr(&home));
+    let st = env.status_json(&home);
+    assert_eq!((st["encrypted"].as_bool(), st["key"].as_str()), (Some(true), Some("unlocked")));
+    assert_eq!(manifest(&home), before);
+    assert!(names(&env.mnt().join(".dirseal.suspect")).is_empty());
+    let wd = fs::metadata(env.mnt().join(".dirseal")).unwrap();
+    assert_eq!((wd.uid(), wd.mode() & 0o7777), (0, 0o700));
+}
+
+#[cfg(feature = "fault-injection")]
+#[test]
+fn a_staging_dir_swapped_for_an_unencrypted_one_is_detected_before_the_swap() {
+    let env = Env::new();
+    // Before the first copy (an empty staging dir) and right before the swap (a full copy).
+    for (i, point) in [Point::AfterRecordCopying, Point::AfterRecordVerified].into_iter().enumerate() {
+        let home = env.mnt().join(format!("h{i}"));
+        build_home(&home, fresh_uid());
+        let before = manifest(&home);
+        crash_convert(&env, &home, &format!("{point}:1"));
+        let convert = env.mnt().join(".dirseal/convert");
+        let wd = fs::read_dir(&convert)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .find(|d| fs::read_to_string(d.join("journal.json")).unwrap().contains(&hex::encode(p(&home))))
+            .unwrap();
+        // What the attack aimed at: the journal and the staging slot agree, but the copy there is
+        // plaintext (the policy went to another directory).
+        let (stg, fake) = (wd.join("staging"), wd.join("fake"));
+        fs::create_dir(&fake).unwrap();
+        let st = std::process::Command::new("cp").args(["-a", &format!("{}/.", p(&stg)), p(&fake)]).status().unwrap();
+        assert!(st.success());
+        fs::rename(&stg, wd.join("real")).unwrap();
+        fs::rename(&fake, &stg).unwrap();
+        assert!(!lsattr(&stg).contains('E'));
+        let jpath = wd.join("journal.json");
+        let mut j: serde_json::Value = serde_json::from_str(&fs::read_to_string(&jpath).unwrap()).unwrap();
+        j["staging_ino"] = fs::metadata(&stg).unwrap().ino().into();
+        fs::write(&jpath, serde_json::to_vec_pretty(&j).unwrap()).unwrap();
+        let err = env.fails(&["convert", p(&home), "--yes"], "pw\n");
+        assert!(err.contains("does not carry the encryption recorded"), "{point}: {err}");
+        if point == Point::AfterRecordCopying {
+            assert!(names(&stg).is_empty(), "nothing may be copied into plaintext staging");
+        }
+        assert_eq!(manifest(&home), before, "{point}: the source is untouched");
+        assert_eq!(env.status_json(&home)["encrypted"], false, "{point}");
+    }
+}

@@ -406,65 +406,108 @@ fn wd_io(path: &Path, what: &'static str, e: io::Error) -> MigrateError {
     MigrateError::Io { what, path: path.to_path_buf(), source: e }
 }
 
+/// What [`Workdir::walk`] does about a missing directory on the path.
+#[derive(Clone, Copy)]
+enum Walk {
+    /// Nothing there: no work dir (`None`).
+    Find,
+    /// Nothing there: fine if it could be created safely.
+    Check,
+    /// Create it.
+    Create,
+}
+
+/// Why root must not trust `m` as a directory on its work dir's path: another user owns it, or
+/// can rename what is in it (group/world-writable without the sticky bit, which leaves others
+/// only their own entries).
+fn untrusted(dir: &Path, m: &fsx::Meta) -> Option<String> {
+    if m.uid != 0 {
+        return Some(format!(
+            "{d} belongs to uid {}, who could swap what root keeps there; as root, move it out of the way \
+             (`mv {d} {d}.suspect`) so that dirseal creates its own",
+            m.uid,
+            d = dir.display()
+        ));
+    }
+    if m.perm & 0o022 != 0 && m.perm & 0o1000 == 0 {
+        return Some(format!(
+            "{d} is writable by others (mode {:o}) without the sticky bit; make it `chmod go-w {d}` or `chmod +t {d}`",
+            m.perm,
+            d = dir.display()
+        ));
+    }
+    None
+}
+
 impl Workdir {
-    /// Opens the work dir, creating it (and missing parents) as root 0700. Refuses a symlink, a
-    /// non-directory, another owner or wider permissions, and a parent others can write to.
+    /// Opens the work dir, creating missing directories (root, 0700) one at a time relative to
+    /// their parent's handle, never following a symlink. Every directory from the mount root
+    /// holding the work dir down to it must be root-owned and not writable by others (a sticky
+    /// one, like a 1777 filesystem root, counts: others cannot rename root's entries in it), and
+    /// nothing is created under one that is not: a user who owns or can rename a directory on
+    /// the path could otherwise make root's journal and staging copy theirs. The work dir itself
+    /// must be root's, mode 700. The handle returned is what every later step goes through.
     pub(crate) fn open(path: &Path, create: bool) -> Result<Option<Workdir>, MigrateError> {
+        Workdir::walk(path, if create { Walk::Create } else { Walk::Find })
+    }
+
+    /// Refuses a work dir location that [`Workdir::open`] would refuse to create, without
+    /// creating anything: the checks of a new conversion come before any question or secret.
+    pub(crate) fn check_location(path: &Path) -> Result<(), MigrateError> {
+        Workdir::walk(path, Walk::Check).map(|_| ())
+    }
+
+    fn walk(path: &Path, how: Walk) -> Result<Option<Workdir>, MigrateError> {
         if !path.is_absolute() {
             return Err(unsafe_wd(path, "it must be an absolute path"));
         }
-        let no_symlinks = fsx::is_redirected;
         let symlinked = || unsafe_wd(path, "it or one of its parent directories is a symbolic link or not a directory");
-        if create {
-            let mut missing = Vec::new();
-            let mut p = path;
-            loop {
-                match fsx::stat_path(p) {
-                    Ok(Some(_)) => break,
-                    Ok(None) => missing.push(p),
-                    Err(e) if no_symlinks(&e) => return Err(symlinked()),
-                    Err(e) => return Err(wd_io(p, "inspecting", e)),
+        let root = Path::new("/");
+        let mut fd = fsx::open_dir_path(root).map_err(|e| wd_io(root, "opening", e))?;
+        let mut here = root.to_path_buf();
+        let mut meta = fsx::stat_fd(&fd).map_err(|e| wd_io(root, "inspecting", e))?;
+        // The first reason not to trust the path, since the last mount root.
+        let mut flaw = untrusted(root, &meta);
+        for c in path.components().skip(1) {
+            let std::path::Component::Normal(name) = c else {
+                return Err(unsafe_wd(path, "it must not contain `.` or `..`"));
+            };
+            let next = here.join(name);
+            let child = match fsx::open_dir(&fd, name) {
+                Ok(child) => child,
+                Err(e) if fsx::is_errno(&e, Errno::NOENT) => {
+                    match (how, &flaw) {
+                        (Walk::Find, _) | (Walk::Check, None) => return Ok(None),
+                        (_, Some(reason)) => return Err(unsafe_wd(path, reason.as_str())),
+                        (Walk::Create, None) => {}
+                    }
+                    match rustix::fs::mkdirat(&fd, name, Mode::from_raw_mode(0o700)) {
+                        Ok(()) | Err(Errno::EXIST) => {}
+                        Err(e) => return Err(wd_io(&next, "creating", e.into())),
+                    }
+                    // The new entry must survive a crash before anything inside it is trusted to.
+                    fsx::fsync(&fd).map_err(|e| wd_io(&here, "syncing", e))?;
+                    fsx::open_dir(&fd, name).map_err(|e| wd_io(&next, "opening", e))?
                 }
-                p = match p.parent() {
-                    Some(q) => q,
-                    None => break,
-                };
+                Err(e) if fsx::is_redirected(&e) => return Err(symlinked()),
+                Err(e) => return Err(wd_io(&next, "opening", e)),
+            };
+            meta = fsx::stat_fd(&child).map_err(|e| wd_io(&next, "inspecting", e))?;
+            if meta.mount_root {
+                // A mount root cannot be renamed: what lies above it no longer matters.
+                flaw = None;
             }
-            for p in missing.into_iter().rev() {
-                match rustix::fs::mkdirat(rustix::fs::CWD, p, Mode::from_raw_mode(0o700)) {
-                    Ok(()) | Err(Errno::EXIST) => {}
-                    Err(e) => return Err(wd_io(p, "creating", e.into())),
-                }
-                // The new entry must survive a crash before anything inside it is trusted to.
-                if let Some(parent) = p.parent() {
-                    let pfd = fsx::open_dir_path(parent).map_err(|e| wd_io(parent, "opening", e))?;
-                    fsx::fsync(&pfd).map_err(|e| wd_io(parent, "syncing", e))?;
-                }
-            }
+            flaw = flaw.or_else(|| untrusted(&next, &meta));
+            (fd, here) = (child, next);
         }
-        let fd = match fsx::open_dir_path(path) {
-            Ok(fd) => fd,
-            Err(e) if !create && fsx::is_errno(&e, Errno::NOENT) => return Ok(None),
-            Err(e) if no_symlinks(&e) => return Err(symlinked()),
-            Err(e) => return Err(wd_io(path, "opening", e)),
-        };
-        let m = fsx::stat_fd(&fd).map_err(|e| wd_io(path, "inspecting", e))?;
-        if m.uid != 0 || m.perm != 0o700 {
+        if let Some(reason) = flaw {
+            return Err(unsafe_wd(path, reason));
+        }
+        if meta.uid != 0 || meta.perm != 0o700 {
             return Err(unsafe_wd(
                 path,
-                format!("it is owned by uid {} with mode {:o}, expected uid 0 and mode 700", m.uid, m.perm),
+                format!("it is owned by uid {} with mode {:o}, expected uid 0 and mode 700", meta.uid, meta.perm),
             ));
-        }
-        if let Some(parent) = path.parent() {
-            let pm = fsx::stat_path(parent)
-                .map_err(|e| wd_io(parent, "inspecting", e))?
-                .ok_or_else(|| unsafe_wd(path, "its parent vanished"))?;
-            if pm.uid != 0 || pm.perm & 0o022 != 0 {
-                return Err(unsafe_wd(
-                    path,
-                    format!("its parent {} is not root-owned or is writable by others", parent.display()),
-                ));
-            }
         }
         Ok(Some(Workdir { path: path.to_path_buf(), fd }))
     }

@@ -24,9 +24,10 @@ mod remove;
 mod scan;
 mod verify;
 
+use std::ffi::OsStr;
 use std::fmt;
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use ctx::Ctx;
@@ -43,8 +44,9 @@ pub struct Request<'a> {
     pub source: &'a Path,
     /// Root-only work directory on the same filesystem, e.g. `<mount>/.dirseal/convert/<id>/`,
     /// one per source (it holds one journal). Absolute, free of symlinks, outside the source;
-    /// created (mode 0700, with missing parents, all synced) if missing. Its parent must be
-    /// root-owned and not group/world-writable.
+    /// created (mode 0700, with missing parents, all synced) if missing. Every directory from
+    /// the mount root down to it must be root-owned and not writable by others (sticky ones
+    /// excepted); it is opened once and every later step goes through that handle.
     pub workdir: &'a Path,
     /// Keep the old tree after the swap (state stays `Swapped`) for [`rollback`] or [`commit`].
     pub keep_backup: bool,
@@ -76,24 +78,34 @@ pub struct HostError(pub String);
 /// What the engine needs from its caller: the encryption of the staging directory and the few
 /// privileged operations that live outside this crate.
 pub trait Host: Sync {
-    /// Make the empty staging dir (just created by the engine, mode 0700 root) encrypted and
-    /// unlocked. Called once per conversion, before `Prepared` is recorded (a crash before that
+    /// Make the empty staging dir (just created by the engine, mode 0700 root; `staging` is the
+    /// engine's handle on it, `path` only names it in messages) encrypted and unlocked, through
+    /// the handle: a path could be made to lead elsewhere. Called once per conversion, before `Prepared` is recorded (a crash before that
     /// record starts the conversion over, with a new staging dir). Returns a token (e.g. the
     /// policy id; at most 256 bytes, no control characters) that the engine stores in the
     /// journal and hands back to [`Host::ensure_unlocked`]. Attributes the host sets on the
     /// staging root (e.g. a recovery blob) are kept; the source root's are added to them.
-    fn prepare_staging(&self, staging: &Path) -> Result<String, HostError>;
+    fn prepare_staging(&self, staging: BorrowedFd<'_>, path: &Path) -> Result<String, HostError>;
+    /// Whether the staging dir (the engine's handle on it) carries the encryption `token` names.
+    /// Asked before every copy pass and right before the swap; an error stops the conversion
+    /// with nothing swapped.
+    fn check_staging(&self, token: &str, staging: BorrowedFd<'_>, path: &Path) -> Result<(), HostError>;
     /// On resume: make sure the staging dir identified by token is unlocked again (after a reboot
     /// the key is gone).
     fn ensure_unlocked(&self, token: &str, staging: &Path) -> Result<(), HostError>;
     /// Whether `path` is already an encrypted directory.
     fn is_encrypted(&self, path: &Path) -> Result<bool, HostError>;
-    /// Atomically exchange two paths on one filesystem (`renameat2(RENAME_EXCHANGE)`). Both are
-    /// absolute and were just checked to hold no symlink; the host must not follow one either
-    /// (open each parent with `openat2(RESOLVE_NO_SYMLINKS)` and exchange the final names
-    /// relative to those), or a user who owns a directory on the source's path could redirect
-    /// the swap between the engine's check and the rename.
-    fn exchange(&self, a: &Path, b: &Path) -> Result<(), HostError>;
+    /// Atomically exchange `a_name` in directory `a_dir` with `b_name` in `b_dir`
+    /// (`renameat2(RENAME_EXCHANGE)`), relative to these handles, which the engine opened without
+    /// following symlinks and checked to hold the expected entries: nothing is looked up by path
+    /// again, so nobody can redirect the swap between the check and the rename.
+    fn exchange(
+        &self,
+        a_dir: BorrowedFd<'_>,
+        a_name: &OsStr,
+        b_dir: BorrowedFd<'_>,
+        b_name: &OsStr,
+    ) -> Result<(), HostError>;
     /// Discard unused blocks of the filesystem holding `mountpoint_or_dir` (FITRIM).
     fn trim(&self, mountpoint_or_dir: &Path) -> Result<(), HostError>;
     /// Progress, called at most a few times per second, and always once at each phase start (on
@@ -270,6 +282,8 @@ pub enum MigrateError {
     InUse { path: PathBuf, users: Vec<ProcessUse> },
     #[error("work directory {} is unsafe: {reason}; fix or remove it and try again", path.display())]
     UnsafeWorkdir { path: PathBuf, reason: String },
+    #[error("the staging copy in {} does not carry the encryption recorded for it ({reason}); nothing was swapped and the original is untouched: abort the conversion and start it again", workdir.display())]
+    StagingNotEncrypted { workdir: PathBuf, reason: String },
     #[error("work directory {} is not on the same mount as {}; it must be on the directory's filesystem", workdir.display(), source_dir.display())]
     WorkdirElsewhere { workdir: PathBuf, source_dir: PathBuf },
     #[error("work directory {} lies inside {}; use one outside the directory being converted", workdir.display(), source_dir.display())]
@@ -554,7 +568,7 @@ fn check_workdir_location(workdir: &Path, src: &Source) -> Result<(), MigrateErr
     if meta.mnt_id != src.meta.mnt_id {
         return Err(MigrateError::WorkdirElsewhere { workdir: workdir.to_path_buf(), source_dir: src.path.clone() });
     }
-    Ok(())
+    Workdir::check_location(workdir)
 }
 
 /// Starts a conversion (running the [`preflight`] checks itself) or resumes the unfinished one
@@ -629,8 +643,10 @@ fn begin(req: &Request, host: &dyn Host, src: &Source, census: &Census) -> Resul
     fsx::mkdir(&wd.fd, STAGING.as_ref()).map_err(io_err("creating", &wd.staging_path()))?;
     wd.sync()?;
     fault::point(Point::AfterStagingCreated);
-    let token =
-        host.prepare_staging(&wd.staging_path()).map_err(host_err("preparing the encrypted staging directory"))?;
+    let stg_fd = fsx::open_dir(&wd.fd, STAGING.as_ref()).map_err(io_err("opening", &wd.staging_path()))?;
+    let token = host
+        .prepare_staging(stg_fd.as_fd(), &wd.staging_path())
+        .map_err(host_err("preparing the encrypted staging directory"))?;
     if token.len() > journal::MAX_TOKEN || token.chars().any(char::is_control) {
         return Err(MigrateError::Host {
             step: "preparing the encrypted staging directory",
@@ -639,7 +655,6 @@ fn begin(req: &Request, host: &dyn Host, src: &Source, census: &Census) -> Resul
     }
     // What the host did to the staging dir (its encryption policy) must be on disk before the
     // journal that relies on it.
-    let stg_fd = fsx::open_dir(&wd.fd, STAGING.as_ref()).map_err(io_err("opening", &wd.staging_path()))?;
     fsx::fsync(&stg_fd).map_err(io_err("syncing", &wd.staging_path()))?;
     let stg = fsx::stat_fd(&stg_fd).map_err(io_err("inspecting", &wd.staging_path()))?;
     fault::point(Point::BeforeRecordPrepared);
@@ -713,6 +728,11 @@ fn open_pair(j: &Journal, wd: &Workdir) -> Result<(Source, OwnedFd), MigrateErro
     if src.meta.ino != j.source_ino || src.meta.dev != j.source_dev {
         return Err(MigrateError::SourceReplaced { path: j.source.0.clone() });
     }
+    Ok((src, open_staging(j, wd)?))
+}
+
+/// The staging dir, through the work dir's handle, if it is still the inode the journal names.
+fn open_staging(j: &Journal, wd: &Workdir) -> Result<OwnedFd, MigrateError> {
     let stg = fsx::open_dir(&wd.fd, STAGING.as_ref()).map_err(io_err("opening", &wd.staging_path()))?;
     let m = fsx::stat_fd(&stg).map_err(io_err("inspecting", &wd.staging_path()))?;
     if m.ino != j.staging_ino {
@@ -721,7 +741,43 @@ fn open_pair(j: &Journal, wd: &Workdir) -> Result<(Source, OwnedFd), MigrateErro
             reason: "its staging directory was replaced".into(),
         });
     }
-    Ok((src, stg))
+    Ok(stg)
+}
+
+/// Refuses to go on unless the staging copy carries the encryption the journal's token names.
+fn check_encrypted(host: &dyn Host, j: &Journal, wd: &Workdir, stg: &OwnedFd) -> Result<(), MigrateError> {
+    host.check_staging(&j.token, stg.as_fd(), &wd.staging_path())
+        .map_err(|e| MigrateError::StagingNotEncrypted { workdir: wd.path.clone(), reason: e.0 })
+}
+
+/// Exchanges the source with the work dir's staging entry, relative to handles opened once: the
+/// source's parent (opened without following any symlink) must hold `at_source` under the
+/// source's name, and the staging entry must be `at_staging`.
+fn exchange(
+    host: &dyn Host,
+    j: &Journal,
+    wd: &Workdir,
+    (at_source, at_staging): (u64, u64),
+    step: &'static str,
+) -> Result<(), MigrateError> {
+    let replaced = || MigrateError::SourceReplaced { path: j.source.0.clone() };
+    let (parent, name) = match fsx::open_parent(&j.source.0) {
+        Ok(Some(p)) => p,
+        Ok(None) => return Err(replaced()),
+        Err(e) if fsx::is_redirected(&e) => return Err(replaced()),
+        Err(e) => return Err(io_err("opening the parent of", &j.source.0)(e)),
+    };
+    let here = fsx::stat_at(&parent, name).map_err(io_err("inspecting", &j.source.0))?;
+    if !here.is_some_and(|m| m.dev == j.source_dev && m.ino == at_source) {
+        return Err(replaced());
+    }
+    if wd.staging_meta()?.is_none_or(|m| m.ino != at_staging) {
+        return Err(MigrateError::UnsafeWorkdir {
+            path: wd.path.clone(),
+            reason: "its staging directory was replaced".into(),
+        });
+    }
+    host.exchange(parent.as_fd(), name, wd.fd.as_fd(), STAGING.as_ref()).map_err(host_err(step))
 }
 
 fn pool(threads: usize) -> Result<rayon::ThreadPool, MigrateError> {
@@ -808,6 +864,7 @@ fn run(req: &Request, host: &dyn Host, wd: &Workdir, mut j: Journal, resumed: bo
             Step::Copying { round } => {
                 ensure_unlocked(host, wd, &j, &mut unlocked)?;
                 let (src, stg) = open_pair(&j, wd)?;
+                check_encrypted(host, &j, wd, &stg)?;
                 let source = j.source.0.clone();
                 let save = checkpoint(wd, &j);
                 let ctx = Ctx::new(host, &source, src.meta.mnt_id, Phase::Copying, j.files_total, j.bytes_total)
@@ -952,7 +1009,8 @@ fn swap(req: &Request, host: &dyn Host, wd: &Workdir, j: &Journal) -> Result<(),
             if !req.force {
                 check_not_in_use(&j.source.0)?;
             }
-            host.exchange(&j.source.0, &wd.staging_path()).map_err(host_err("swapping the copy into place"))?;
+            check_encrypted(host, j, wd, &open_staging(j, wd)?)?;
+            exchange(host, j, wd, (j.source_ino, j.staging_ino), "swapping the copy into place")?;
             fault::point(Point::AfterSwap);
             if place(j, wd)? != Place::Exchanged {
                 return Err(MigrateError::SourceReplaced { path: j.source.0.clone() });
@@ -1201,7 +1259,7 @@ pub fn rollback(workdir: &Path, host: &dyn Host) -> Result<Outcome, MigrateError
     ctx.tick(true);
     match place(&j, &wd)? {
         Place::Exchanged => {
-            host.exchange(&j.source.0, &wd.staging_path()).map_err(host_err("swapping the original back"))?;
+            exchange(host, &j, &wd, (j.staging_ino, j.source_ino), "swapping the original back")?;
             fault::point(Point::RollbackAfterSwap);
             sync_swap(&j, &wd)?;
         }

@@ -369,6 +369,17 @@ fn preflight_refuses_encrypted_symlinks_files_and_bad_work_dirs() {
     fs::set_permissions(&open, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let e = migrate::convert(&req(&c.src, &open), &host).unwrap_err();
     assert!(matches!(e, MigrateError::UnsafeWorkdir { .. }) && e.to_string().contains("mode 755"), "{e:?}");
+    // A parent others may write to (no sticky bit), or that a user owns: nothing is created
+    // below it.
+    let shared = c.fs.path().join("shared");
+    fs::create_dir(&shared).unwrap();
+    for (mode, owner, says) in [(0o777, 0, "chmod go-w"), (0o755, 4242, "belongs to uid 4242")] {
+        fs::set_permissions(&shared, std::os::unix::fs::PermissionsExt::from_mode(mode)).unwrap();
+        std::os::unix::fs::chown(&shared, Some(owner), None).unwrap();
+        let e = migrate::convert(&req(&c.src, &shared.join("convert/wd")), &host).unwrap_err();
+        assert!(matches!(e, MigrateError::UnsafeWorkdir { .. }) && e.to_string().contains(says), "{e:?}");
+        assert!(fs::read_dir(&shared).unwrap().next().is_none(), "nothing may be created in {mode:o}/{owner}");
+    }
     fs::create_dir(c.fs.path().join("real")).unwrap();
     std::os::unix::fs::symlink("real", c.fs.path().join("via-link")).unwrap();
     let e = migrate::convert(&req(&c.src, &c.fs.path().join("via-link/wd")), &host).unwrap_err();
@@ -709,8 +720,10 @@ fn a_symlink_put_in_the_source_path_is_never_followed() {
                 assert!(matches!(e, MigrateError::SourceReplaced { .. }), "{e:?}");
                 assert!(e.to_string().contains("put the directory back"), "{e}");
             }
-            // Between that look and the rename, the host's own symlink-free lookup refuses.
-            _ => assert!(matches!(e, MigrateError::Host { .. }), "{e:?}"),
+            // Between that look and the rename: the rename goes through the handles opened at the
+            // look, so it swaps the genuine source wherever it was moved, never the decoy; the
+            // look after it finds the path redirected.
+            _ => assert!(matches!(e, MigrateError::SourceReplaced { .. }), "{e:?}"),
         }
         assert_eq!(fs::read_dir(users.join("decoy/data")).unwrap().count(), 0, "the decoy is untouched");
         assert_eq!(migrate::status(&wd).unwrap().unwrap().state, State::Verified);

@@ -679,7 +679,11 @@ fn interrupted_conversion(home: &Path) {
                 self.0.store(true, std::sync::atomic::Ordering::Relaxed);
             }
         }
-        fn prepare_staging(&self, _: &Path) -> Result<String, dirseal_migrate::HostError> {
+        fn prepare_staging(
+            &self,
+            _: std::os::fd::BorrowedFd<'_>,
+            _: &Path,
+        ) -> Result<String, dirseal_migrate::HostError> {
             Ok("test".into())
         }
         fn ensure_unlocked(&self, _: &str, _: &Path) -> Result<(), dirseal_migrate::HostError> {
@@ -688,7 +692,21 @@ fn interrupted_conversion(home: &Path) {
         fn is_encrypted(&self, _: &Path) -> Result<bool, dirseal_migrate::HostError> {
             Ok(false)
         }
-        fn exchange(&self, _: &Path, _: &Path) -> Result<(), dirseal_migrate::HostError> {
+        fn check_staging(
+            &self,
+            _: &str,
+            _: std::os::fd::BorrowedFd<'_>,
+            _: &Path,
+        ) -> Result<(), dirseal_migrate::HostError> {
+            Ok(())
+        }
+        fn exchange(
+            &self,
+            _: std::os::fd::BorrowedFd<'_>,
+            _: &std::ffi::OsStr,
+            _: std::os::fd::BorrowedFd<'_>,
+            _: &std::ffi::OsStr,
+        ) -> Result<(), dirseal_migrate::HostError> {
             Err(dirseal_migrate::HostError("not in this test".into()))
         }
         fn trim(&self, _: &Path) -> Result<(), dirseal_migrate::HostError> {

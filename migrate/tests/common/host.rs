@@ -4,6 +4,8 @@
 //!
 //! Shared by the in-process tests and the child binary (tests/bin/engine_child.rs).
 
+use std::ffi::OsStr;
+use std::os::fd::BorrowedFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -117,13 +119,22 @@ impl PlainHost {
 }
 
 impl Host for PlainHost {
-    fn prepare_staging(&self, staging: &Path) -> Result<String, HostError> {
-        let m = std::fs::symlink_metadata(staging).map_err(|e| HostError(e.to_string()))?;
-        if !m.is_dir() || std::fs::read_dir(staging).map_err(|e| HostError(e.to_string()))?.next().is_some() {
-            return Err(HostError("staging is not an empty directory".into()));
+    fn prepare_staging(&self, staging: BorrowedFd<'_>, path: &Path) -> Result<String, HostError> {
+        let m = rustix::fs::fstat(staging).map_err(|e| HostError(e.to_string()))?;
+        let here = std::fs::symlink_metadata(path).map_err(|e| HostError(e.to_string()))?;
+        use std::os::unix::fs::MetadataExt;
+        if here.ino() != m.st_ino
+            || !here.is_dir()
+            || std::fs::read_dir(path).map_err(|e| HostError(e.to_string()))?.next().is_some()
+        {
+            return Err(HostError("staging is not the empty directory the handle holds".into()));
         }
         self.event(Event::Prepare);
         Ok("plain-token".into())
+    }
+
+    fn check_staging(&self, token: &str, _: BorrowedFd<'_>, _: &Path) -> Result<(), HostError> {
+        self.ensure_unlocked(token, Path::new("/"))
     }
 
     fn ensure_unlocked(&self, token: &str, _: &Path) -> Result<(), HostError> {
@@ -138,26 +149,11 @@ impl Host for PlainHost {
         Ok(self.encrypted.load(Ordering::SeqCst))
     }
 
-    /// Parents are opened without following any symlink (what a privileged host must do: a
-    /// user could otherwise redirect the rename), then the two names are exchanged.
-    fn exchange(&self, a: &Path, b: &Path) -> Result<(), HostError> {
-        use rustix::fs::{openat2, renameat_with, Mode, OFlags, RenameFlags, ResolveFlags, CWD};
+    fn exchange(&self, a_dir: BorrowedFd<'_>, a: &OsStr, b_dir: BorrowedFd<'_>, b: &OsStr) -> Result<(), HostError> {
+        use rustix::fs::{renameat_with, RenameFlags};
         let n = self.exchanges.fetch_add(1, Ordering::SeqCst) + 1;
         self.event(Event::ExchangeBefore(n));
-        let parent = |p: &Path| {
-            let dir = p.parent().ok_or_else(|| HostError(format!("{} has no parent", p.display())))?;
-            openat2(
-                CWD,
-                dir,
-                OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
-                Mode::empty(),
-                ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
-            )
-            .map_err(|e| HostError(format!("{}: {e}", dir.display())))
-        };
-        let name = |p: &Path| p.file_name().map(|n| n.to_owned()).ok_or_else(|| HostError("no name".into()));
-        let (da, db) = (parent(a)?, parent(b)?);
-        renameat_with(&da, name(a)?, &db, name(b)?, RenameFlags::EXCHANGE).map_err(|e| HostError(e.to_string()))?;
+        renameat_with(a_dir, a, b_dir, b, RenameFlags::EXCHANGE).map_err(|e| HostError(e.to_string()))?;
         self.event(Event::ExchangeAfter(n));
         Ok(())
     }
