@@ -74,6 +74,11 @@ fn clear_files(
     Ok(subdirs)
 }
 
+/// A regular file with no other name anywhere: its contents may be overwritten.
+fn sole_file(m: &Meta) -> bool {
+    m.kind == Kind::File && m.nlink == 1
+}
+
 fn remove_file(
     dir: BorrowedFd<'_>,
     name: &OsStr,
@@ -81,12 +86,15 @@ fn remove_file(
     wipe: bool,
     on_removed: &mut dyn FnMut(&Meta) -> io::Result<()>,
 ) -> io::Result<()> {
-    // Other links (possibly outside the tree) still need the contents.
+    // Other links (possibly outside the tree) still need the contents. The link count is
+    // checked again on the handle that is written: the name may lead to another inode by now.
     if wipe && m.kind == Kind::File && m.nlink == 1 {
         let pfd = fsx::open_path(dir, name)?;
-        if fsx::stat_fd(&pfd)?.kind == Kind::File {
+        if sole_file(&fsx::stat_fd(&pfd)?) {
             let wfd = fsx::reopen(pfd.as_fd(), OFlags::WRONLY | OFlags::NOATIME)?;
-            fsx::zero_data(wfd.as_fd())?;
+            if sole_file(&fsx::stat_fd(&wfd)?) {
+                fsx::zero_data(wfd.as_fd())?;
+            }
         }
     }
     match fsx::unlink(dir, name) {
@@ -95,4 +103,32 @@ fn remove_file(
         Err(e) => return Err(e),
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The first look said "one link", but by the time the file is opened its inode has another
+    /// name (a link made in between): wiping must not destroy what that name still shows.
+    #[test]
+    fn wipe_rechecks_the_link_count_on_the_handle_it_writes() {
+        let d = tempfile::tempdir().unwrap();
+        let (f, other) = (d.path().join("f"), d.path().join("other"));
+        std::fs::write(&f, b"still needed").unwrap();
+        let dir = fsx::open_dir_path(d.path()).unwrap();
+        let stale = fsx::stat_at(&dir, OsStr::new("f")).unwrap().unwrap();
+        assert_eq!(stale.nlink, 1);
+        std::fs::hard_link(&f, &other).unwrap();
+        remove_file(dir.as_fd(), OsStr::new("f"), &stale, true, &mut |_| Ok(())).unwrap();
+        assert!(!f.exists());
+        assert_eq!(std::fs::read(&other).unwrap(), b"still needed");
+        // With one link, it is wiped before the unlink (seen through a handle kept open).
+        let keep = std::fs::File::open(&other).unwrap();
+        let m = fsx::stat_at(&dir, OsStr::new("other")).unwrap().unwrap();
+        remove_file(dir.as_fd(), OsStr::new("other"), &m, true, &mut |_| Ok(())).unwrap();
+        let mut left = Vec::new();
+        std::io::Read::read_to_end(&mut &keep, &mut left).unwrap();
+        assert!(left.iter().all(|b| *b == 0), "{left:?}");
+    }
 }

@@ -1,5 +1,5 @@
 //! The CLI's [`Ui`]: secrets from the terminal without echo, or one line per prompt from a pipe.
-use std::io::{self, IsTerminal, Read, Write};
+use std::io::{self, IsTerminal, Write};
 
 use dirseal::ids::ProtectorId;
 use dirseal::secret::Passphrase;
@@ -43,31 +43,37 @@ impl Drop for NoEcho {
     }
 }
 
-/// Reads one line byte by byte into a buffer that never reallocates (no stray copies of the
-/// secret), without the line terminator. `None` at end of input.
-fn read_line() -> Result<Option<Passphrase>, UiError> {
-    let mut buf = Zeroizing::new(Vec::with_capacity(MAX_SECRET));
-    let mut stdin = io::stdin().lock();
+/// Reads one line from fd 0 a byte at a time into a buffer that never reallocates, without the
+/// line terminator; `None` at end of input, an error past `max` bytes. Never through std's
+/// `Stdin`: its 8 KiB buffer would keep the secret, and the lines read ahead with it, until the
+/// process exits. Every read of standard input in the CLI goes through here, so none is buffered.
+fn read_raw_line(max: usize) -> io::Result<Option<Zeroizing<Vec<u8>>>> {
+    let mut buf = Zeroizing::new(Vec::with_capacity(max));
     let mut byte = [0u8; 1];
     loop {
-        match stdin.read(&mut byte) {
+        match rustix::io::read(io::stdin(), &mut byte[..]) {
             Ok(0) if buf.is_empty() => return Ok(None),
             Ok(0) => break,
             Ok(_) if byte[0] == b'\n' => break,
             Ok(_) => {
-                if buf.len() == MAX_SECRET {
-                    return Err(UiError::Io(io::Error::other("secret line longer than 4096 bytes")));
+                if buf.len() == max {
+                    return Err(io::Error::other(format!("input line longer than {max} bytes")));
                 }
                 buf.push(byte[0]);
             }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(rustix::io::Errno::INTR) => continue,
             Err(e) => return Err(e.into()),
         }
     }
     if buf.last() == Some(&b'\r') {
         buf.pop();
     }
-    Ok(Some(Passphrase::new(buf)))
+    byte.fill(0);
+    Ok(Some(buf))
+}
+
+fn read_line() -> Result<Option<Passphrase>, UiError> {
+    Ok(read_raw_line(MAX_SECRET)?.map(Passphrase::new))
 }
 
 fn ask(prompt: &str) -> Result<Passphrase, UiError> {
@@ -158,10 +164,8 @@ impl Ui for TermUi {
         }
         for _ in 0..3 {
             eprint!("Type the recovery key back to confirm: ");
-            // Room for any sane answer up front, so reading does not reallocate and strand copies.
-            let mut line = Zeroizing::new(String::with_capacity(256));
-            io::stdin().read_line(&mut line)?;
-            match RecoveryKey::parse(&line) {
+            let Some(line) = read_raw_line(256)? else { return Err(UiError::RecoveryKeyNotConfirmed) };
+            match RecoveryKey::parse(std::str::from_utf8(&line).unwrap_or("\u{fffd}")) {
                 Ok(k) if k == *key => return Ok(()),
                 Ok(_) => eprintln!("that is a valid key, but not this one; check what you wrote"),
                 Err(e) => eprintln!("{e}"),
@@ -191,8 +195,10 @@ pub fn clean(s: &str) -> String {
 pub fn confirm(question: &str) -> bool {
     eprint!("{question} [y/N] ");
     let _ = io::stderr().flush();
-    let mut line = String::new();
-    io::stdin().read_line(&mut line).is_ok() && line.trim_start().starts_with(['y', 'Y'])
+    read_raw_line(256)
+        .ok()
+        .flatten()
+        .is_some_and(|l| l.trim_ascii_start().first().is_some_and(|c| *c == b'y' || *c == b'Y'))
 }
 
 /// Which way the data goes (copy or move) and why, for the confirmation.
