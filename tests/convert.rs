@@ -77,10 +77,17 @@ fn convert_ok(env: &Env, dir: &Path, extra: &[&str]) -> String {
 /// Starts a new conversion that the engine's fault hook kills at `point` (exit status 99).
 #[cfg(feature = "fault-injection")]
 fn crash_convert(env: &Env, dir: &Path, point: &str) {
+    crash_convert_with(env, dir, point, &[])
+}
+
+#[cfg(feature = "fault-injection")]
+fn crash_convert_with(env: &Env, dir: &Path, point: &str, extra: &[&str]) {
     use std::io::Write;
     use std::process::Stdio;
+    let mut args = vec!["convert", p(dir), "--yes", "--protector-name", "owner"];
+    args.extend_from_slice(extra);
     let mut c = env
-        .cmd(&["convert", p(dir), "--yes", "--protector-name", "owner"])
+        .cmd(&args)
         .env("DIRSEAL_FAULT", point)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -578,12 +585,14 @@ fn a_user_owned_dirseal_under_a_1777_mount_root_is_never_written_to() {
 #[test]
 fn a_staging_dir_swapped_for_an_unencrypted_one_is_detected_before_the_swap() {
     let env = Env::new();
-    // Before the first copy (an empty staging dir) and right before the swap (a full copy).
-    for (i, point) in [Point::AfterRecordCopying, Point::AfterRecordVerified].into_iter().enumerate() {
+    // Before the first copy or move (an empty staging dir) and right before the swap (a full copy).
+    let cases =
+        [(Point::AfterRecordCopying, "copy"), (Point::AfterRecordMoving, "move"), (Point::AfterRecordVerified, "copy")];
+    for (i, (point, mode)) in cases.into_iter().enumerate() {
         let home = env.mnt().join(format!("h{i}"));
         build_home(&home, fresh_uid());
         let before = manifest(&home);
-        crash_convert(&env, &home, &format!("{point}:1"));
+        crash_convert_with(&env, &home, &format!("{point}:1"), &["--mode", mode]);
         let convert = env.mnt().join(".dirseal/convert");
         let wd = fs::read_dir(&convert)
             .unwrap()
@@ -605,8 +614,8 @@ fn a_staging_dir_swapped_for_an_unencrypted_one_is_detected_before_the_swap() {
         fs::write(&jpath, serde_json::to_vec_pretty(&j).unwrap()).unwrap();
         let err = env.fails(&["convert", p(&home), "--yes"], "pw\n");
         assert!(err.contains("does not carry the encryption recorded"), "{point}: {err}");
-        if point == Point::AfterRecordCopying {
-            assert!(names(&stg).is_empty(), "nothing may be copied into plaintext staging");
+        if point != Point::AfterRecordVerified {
+            assert!(names(&stg).is_empty(), "{point}: nothing may be copied or moved into plaintext staging");
         }
         assert_eq!(manifest(&home), before, "{point}: the source is untouched");
         assert_eq!(env.status_json(&home)["encrypted"], false, "{point}");

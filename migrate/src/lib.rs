@@ -831,6 +831,7 @@ fn run(req: &Request, host: &dyn Host, wd: &Workdir, mut j: Journal, resumed: bo
             Step::Moving => {
                 ensure_unlocked(host, wd, &j, &mut unlocked)?;
                 let (src, stg) = open_pair(&j, wd)?;
+                check_encrypted(host, &j, wd, &stg)?;
                 let source = j.source.0.clone();
                 let ctx = Ctx::new(host, &source, src.meta.mnt_id, Phase::Moving, j.files_total, j.bytes_total);
                 ctx.tick(true);
