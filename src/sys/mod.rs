@@ -302,3 +302,4 @@ pub fn is_encrypted_at(dir: BorrowedFd<'_>, name: &OsStr, nofollow: bool) -> Res
     let bit = libc::STATX_ATTR_ENCRYPTED as u64;
     Ok(stx.stx_attributes_mask & bit != 0 && stx.stx_attributes & bit != 0)
 }
+pub mod fido2;

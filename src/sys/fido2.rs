@@ -1,0 +1,602 @@
+//! The only `unsafe` for FIDO2: a small safe face over libfido2 (through `libfido2-sys`, linked
+//! against the system library).
+//!
+//! A device is either a real hidraw node found by libfido2's own enumeration, or a *socket
+//! device*: an authenticator speaking CTAPHID reports over a unix stream socket, reached through
+//! `fido_dev_set_io_functions`. Both go through the same libfido2 code from the CTAPHID INIT
+//! handshake up, so tests against a software authenticator exercise the production path. Which
+//! sockets count as devices is the caller's decision (dirseal takes them only from the root-owned
+//! config); this module only refuses a socket not owned by root or by the caller's own uid.
+#![allow(unsafe_code)]
+
+use std::ffi::{c_char, c_int, c_uchar, c_void, CStr, CString};
+use std::io::{Read, Write};
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::os::unix::net::UnixStream;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
+use std::sync::Once;
+use std::time::{Duration, Instant};
+
+use libfido2_sys as ffi;
+use zeroize::{Zeroize, Zeroizing};
+
+/// Length of an hmac-secret output for one 32-byte salt.
+pub const HMAC_SECRET_LEN: usize = 32;
+/// Longest a socket device may stay silent when libfido2 itself waits without limit (open).
+const SOCKET_SILENCE_CAP: Duration = Duration::from_secs(60);
+
+/// Where an authenticator is.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum DevicePath {
+    /// A hidraw node as listed by libfido2 (`/dev/hidrawN`).
+    Hid(String),
+    /// A unix socket speaking CTAPHID reports (software authenticators; root-configured only).
+    Socket(PathBuf),
+}
+
+impl std::fmt::Display for DevicePath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DevicePath::Hid(p) => f.write_str(p),
+            DevicePath::Socket(p) => write!(f, "{}", p.display()),
+        }
+    }
+}
+
+/// A connected authenticator as listed, before opening it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HidInfo {
+    pub path: String,
+    pub manufacturer: String,
+    pub product: String,
+    pub vendor_id: u16,
+    pub product_id: u16,
+}
+
+/// What an opened authenticator says of itself (CTAP getInfo).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct AuthenticatorInfo {
+    pub versions: Vec<String>,
+    pub extensions: Vec<String>,
+    /// Option name → value (`clientPin`, `uv`, `up`, `rk`, …).
+    pub options: Vec<(String, bool)>,
+    pub pin_protocols: Vec<u8>,
+}
+
+impl AuthenticatorInfo {
+    pub fn option(&self, name: &str) -> Option<bool> {
+        self.options.iter().find(|(n, _)| n == name).map(|(_, v)| *v)
+    }
+    pub fn hmac_secret(&self) -> bool {
+        self.extensions.iter().any(|e| e == "hmac-secret")
+    }
+}
+
+/// The 32-byte hmac-secret output: key material, zeroized on drop, no `Debug`.
+pub struct HmacSecret(Box<[u8; HMAC_SECRET_LEN]>);
+
+impl HmacSecret {
+    pub fn as_bytes(&self) -> &[u8; HMAC_SECRET_LEN] {
+        &self.0
+    }
+}
+
+impl Drop for HmacSecret {
+    fn drop(&mut self) {
+        self.0.zeroize();
+    }
+}
+
+/// A PIN on its way to the authenticator: NUL-terminated, zeroized on drop.
+pub struct Pin(Zeroizing<Vec<u8>>);
+
+impl Pin {
+    /// `None` if the PIN holds a NUL byte (no authenticator could take it).
+    pub fn new(pin: &[u8]) -> Option<Pin> {
+        if pin.contains(&0) {
+            return None;
+        }
+        let mut v = Zeroizing::new(Vec::with_capacity(pin.len() + 1));
+        v.extend_from_slice(pin);
+        v.push(0);
+        Some(Pin(v))
+    }
+    fn as_ptr(&self) -> *const c_char {
+        self.0.as_ptr().cast()
+    }
+}
+
+fn opt_ptr(p: Option<&Pin>) -> *const c_char {
+    p.map_or(std::ptr::null(), Pin::as_ptr)
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum Fido2Error {
+    #[error("cannot open security key {path}: {reason}")]
+    Open { path: String, reason: String },
+    #[error("no touch on the security key within {0} s")]
+    Timeout(u64),
+    #[error("wrong PIN for the security key{}", retries_left(*.retries))]
+    PinInvalid { retries: Option<u32> },
+    #[error("the security key's PIN is blocked after too many wrong PINs; only a reset of the key (which erases its credentials) unblocks it")]
+    PinBlocked,
+    #[error(
+        "the security key refuses PINs after three wrong ones in a row; unplug it and plug it back in, then try again"
+    )]
+    PinAuthBlocked,
+    #[error("the security key requires its PIN")]
+    PinRequired,
+    #[error("the security key has no PIN set")]
+    PinNotSet,
+    #[error("the security key rejected the new PIN (too short or too long: 4 to 63 characters)")]
+    PinPolicy,
+    #[error("this security key does not hold the credential")]
+    NoCredential,
+    #[error("the security key does not support {0}")]
+    Unsupported(&'static str),
+    #[error("the operation was cancelled on the security key")]
+    Cancelled,
+    #[error("security key error: {msg} (libfido2 code {code})")]
+    Other { code: i32, msg: String },
+}
+
+fn retries_left(r: Option<u32>) -> String {
+    match r {
+        Some(1) => "; 1 try left before the key blocks its PIN".into(),
+        Some(n) => format!("; {n} tries left before the key blocks its PIN"),
+        None => String::new(),
+    }
+}
+
+fn strerr(code: c_int) -> String {
+    // SAFETY: fido_strerr returns a pointer to a static NUL-terminated string for any code.
+    unsafe { CStr::from_ptr(ffi::fido_strerr(code)) }.to_string_lossy().into_owned()
+}
+
+fn check(code: c_int) -> Result<(), Fido2Error> {
+    match code {
+        ffi::FIDO_OK => Ok(()),
+        ffi::FIDO_ERR_PIN_INVALID => Err(Fido2Error::PinInvalid { retries: None }),
+        ffi::FIDO_ERR_PIN_BLOCKED => Err(Fido2Error::PinBlocked),
+        ffi::FIDO_ERR_PIN_AUTH_BLOCKED => Err(Fido2Error::PinAuthBlocked),
+        ffi::FIDO_ERR_PIN_REQUIRED => Err(Fido2Error::PinRequired),
+        ffi::FIDO_ERR_PIN_NOT_SET => Err(Fido2Error::PinNotSet),
+        ffi::FIDO_ERR_PIN_POLICY_VIOLATION => Err(Fido2Error::PinPolicy),
+        ffi::FIDO_ERR_NO_CREDENTIALS => Err(Fido2Error::NoCredential),
+        ffi::FIDO_ERR_KEEPALIVE_CANCEL => Err(Fido2Error::Cancelled),
+        ffi::FIDO_ERR_UNSUPPORTED_EXTENSION => Err(Fido2Error::Unsupported("the hmac-secret extension")),
+        ffi::FIDO_ERR_UNSUPPORTED_OPTION | ffi::FIDO_ERR_INVALID_OPTION => {
+            Err(Fido2Error::Unsupported("the requested option (user verification?)"))
+        }
+        c => Err(Fido2Error::Other { code: c, msg: strerr(c) }),
+    }
+}
+
+fn init() {
+    static INIT: Once = Once::new();
+    // SAFETY: fido_init only sets up logging; called once before any other libfido2 call.
+    INIT.call_once(|| unsafe { ffi::fido_init(0) });
+}
+
+/// Authenticators libfido2 finds on the HID bus.
+pub fn list_hid() -> Result<Vec<HidInfo>, Fido2Error> {
+    init();
+    const MAX: usize = 64;
+    // SAFETY: allocates MAX entries; freed below with the same count.
+    let mut list = unsafe { ffi::fido_dev_info_new(MAX) };
+    if list.is_null() {
+        return Err(Fido2Error::Other { code: ffi::FIDO_ERR_INTERNAL, msg: "out of memory".into() });
+    }
+    let mut n = 0usize;
+    // SAFETY: `list` holds MAX entries; libfido2 writes at most MAX and the count into `n`.
+    let r = unsafe { ffi::fido_dev_info_manifest(list, MAX, &mut n) };
+    let mut out = Vec::new();
+    if r == ffi::FIDO_OK {
+        for i in 0..n.min(MAX) {
+            // SAFETY: i < n ≤ MAX; the accessors return NUL-terminated strings owned by the list
+            // (or NULL, handled by `cstr`), valid until it is freed below.
+            unsafe {
+                let di = ffi::fido_dev_info_ptr(list, i);
+                out.push(HidInfo {
+                    path: cstr(ffi::fido_dev_info_path(di)),
+                    manufacturer: cstr(ffi::fido_dev_info_manufacturer_string(di)),
+                    product: cstr(ffi::fido_dev_info_product_string(di)),
+                    vendor_id: ffi::fido_dev_info_vendor(di) as u16,
+                    product_id: ffi::fido_dev_info_product(di) as u16,
+                });
+            }
+        }
+    }
+    // SAFETY: frees what fido_dev_info_new allocated, with the same count; sets `list` to NULL.
+    unsafe { ffi::fido_dev_info_free(&mut list, MAX) };
+    check(r)?;
+    Ok(out)
+}
+
+/// # Safety
+/// `p` is NULL or a valid NUL-terminated string.
+unsafe fn cstr(p: *const c_char) -> String {
+    if p.is_null() {
+        String::new()
+    } else {
+        // SAFETY: non-NULL and NUL-terminated per the contract.
+        unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+    }
+}
+
+/// The socket transport's per-open state, owned by libfido2 between open and close.
+struct SocketIo {
+    stream: UnixStream,
+}
+
+fn socket_open(path: &CStr) -> Option<Box<SocketIo>> {
+    use std::os::unix::ffi::OsStrExt;
+    let stream = UnixStream::connect(std::ffi::OsStr::from_bytes(path.to_bytes())).ok()?;
+    Some(Box::new(SocketIo { stream }))
+}
+
+impl SocketIo {
+    fn read_report(&mut self, buf: &mut [u8], ms: c_int) -> Option<usize> {
+        let wait = if ms < 0 { SOCKET_SILENCE_CAP } else { Duration::from_millis(ms as u64) };
+        let deadline = Instant::now() + wait;
+        let mut got = 0;
+        while got < buf.len() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return None;
+            }
+            self.stream.set_read_timeout(Some(left)).ok()?;
+            match self.stream.read(&mut buf[got..]) {
+                Ok(0) => return None,
+                Ok(n) => got += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => return None,
+            }
+        }
+        Some(got)
+    }
+}
+
+unsafe extern "C" fn io_open(path: *const c_char) -> *mut c_void {
+    let r = catch_unwind(|| {
+        // SAFETY: libfido2 passes the NUL-terminated path given to fido_dev_open.
+        let path = unsafe { CStr::from_ptr(path) };
+        socket_open(path).map_or(std::ptr::null_mut(), |b| Box::into_raw(b).cast())
+    });
+    r.unwrap_or(std::ptr::null_mut())
+}
+
+unsafe extern "C" fn io_close(h: *mut c_void) {
+    // SAFETY: `h` came from Box::into_raw in io_open and libfido2 closes each handle once.
+    let _ = catch_unwind(AssertUnwindSafe(|| drop(unsafe { Box::from_raw(h.cast::<SocketIo>()) })));
+}
+
+unsafe extern "C" fn io_read(h: *mut c_void, buf: *mut c_uchar, len: usize, ms: c_int) -> c_int {
+    let r = catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: `h` is our live SocketIo (between open and close, used by one thread); `buf`
+        // has room for `len` bytes.
+        let (io, buf) = unsafe { (&mut *h.cast::<SocketIo>(), std::slice::from_raw_parts_mut(buf, len)) };
+        io.read_report(buf, ms).map_or(-1, |n| n as c_int)
+    }));
+    r.unwrap_or(-1)
+}
+
+unsafe extern "C" fn io_write(h: *mut c_void, buf: *const c_uchar, len: usize) -> c_int {
+    let r = catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: as in io_read; `buf` holds `len` bytes.
+        let (io, buf) = unsafe { (&mut *h.cast::<SocketIo>(), std::slice::from_raw_parts(buf, len)) };
+        // libfido2 prefixes each report with the HID report id (0), which is not sent on the wire.
+        match buf.split_first() {
+            Some((_, report)) if io.stream.write_all(report).is_ok() => len as c_int,
+            _ => -1,
+        }
+    }));
+    r.unwrap_or(-1)
+}
+
+/// An open authenticator.
+pub struct Device {
+    dev: *mut ffi::fido_dev_t,
+    path: DevicePath,
+    timeout: Duration,
+}
+
+/// What to ask for in an assertion.
+pub struct AssertRequest<'a> {
+    pub rp_id: &'a str,
+    pub credential_ids: &'a [&'a [u8]],
+    /// None = a probe: which credential does this key hold (no touch, no secret).
+    pub salt: Option<&'a [u8; 32]>,
+    pub pin: Option<&'a Pin>,
+    pub uv: bool,
+}
+
+/// One hmac-secret from an assertion, with the credential that produced it.
+pub struct Assertion {
+    pub credential_id: Vec<u8>,
+    pub secret: Option<HmacSecret>,
+    pub user_verified: bool,
+}
+
+impl Device {
+    /// Opens `path` (CTAPHID INIT and getInfo); `timeout` bounds every later operation,
+    /// including the wait for a touch.
+    pub fn open(path: &DevicePath, timeout: Duration) -> Result<Device, Fido2Error> {
+        init();
+        let fail = |reason: String| Fido2Error::Open { path: path.to_string(), reason };
+        let cpath = match path {
+            DevicePath::Hid(p) => CString::new(p.as_bytes()),
+            DevicePath::Socket(p) => {
+                check_socket(p).map_err(fail)?;
+                CString::new(p.as_os_str().as_encoded_bytes())
+            }
+        }
+        .map_err(|_| fail("path holds a NUL byte".into()))?;
+        // SAFETY: plain allocation; NULL checked; freed in Drop (or below on failure).
+        let dev = unsafe { ffi::fido_dev_new() };
+        if dev.is_null() {
+            return Err(fail("out of memory".into()));
+        }
+        let mut d = Device { dev, path: path.clone(), timeout };
+        if let DevicePath::Socket(_) = path {
+            let io = ffi::fido_dev_io_t {
+                open: Some(io_open),
+                close: Some(io_close),
+                read: Some(io_read),
+                write: Some(io_write),
+            };
+            // SAFETY: `d.dev` is a fresh device; libfido2 copies the struct of function pointers.
+            check(unsafe { ffi::fido_dev_set_io_functions(d.dev, &io) }).map_err(|e| fail(e.to_string()))?;
+        }
+        let ms = c_int::try_from(timeout.as_millis()).unwrap_or(c_int::MAX);
+        // SAFETY: valid device; any timeout value is accepted.
+        check(unsafe { ffi::fido_dev_set_timeout(d.dev, ms) }).map_err(|e| fail(e.to_string()))?;
+        // SAFETY: valid device and NUL-terminated path; libfido2 copies what it keeps.
+        let r = unsafe { ffi::fido_dev_open(d.dev, cpath.as_ptr()) };
+        if r != ffi::FIDO_OK {
+            // Not open: Drop must not call fido_dev_close.
+            // SAFETY: frees the never-opened device and NULLs the pointer.
+            unsafe { ffi::fido_dev_free(&mut d.dev) };
+            return Err(fail(strerr(r)));
+        }
+        // SAFETY: open device.
+        if !unsafe { ffi::fido_dev_is_fido2(d.dev) } {
+            return Err(fail("a U2F-only key (no FIDO2, no hmac-secret)".into()));
+        }
+        Ok(d)
+    }
+
+    pub fn path(&self) -> &DevicePath {
+        &self.path
+    }
+
+    pub fn info(&mut self) -> Result<AuthenticatorInfo, Fido2Error> {
+        let info = Owned::<ffi::fido_cbor_info_t>::new(
+            // SAFETY: plain allocation, NULL-checked by Owned.
+            unsafe { ffi::fido_cbor_info_new() },
+            ffi::fido_cbor_info_free,
+        )?;
+        // SAFETY: open device, valid info object.
+        check(unsafe { ffi::fido_dev_get_cbor_info(self.dev, info.0) })?;
+        // SAFETY: each (ptr, len) pair describes arrays owned by `info`, alive until it drops;
+        // the strings are NUL-terminated.
+        unsafe {
+            let strs =
+                |p: *mut *mut c_char, n: usize| -> Vec<String> { (0..n).map(|i| cstr(*p.add(i))).collect::<Vec<_>>() };
+            let i = info.0;
+            let names = strs(ffi::fido_cbor_info_options_name_ptr(i), ffi::fido_cbor_info_options_len(i));
+            let vals = ffi::fido_cbor_info_options_value_ptr(i);
+            let protos = ffi::fido_cbor_info_protocols_ptr(i);
+            Ok(AuthenticatorInfo {
+                versions: strs(ffi::fido_cbor_info_versions_ptr(i), ffi::fido_cbor_info_versions_len(i)),
+                extensions: strs(ffi::fido_cbor_info_extensions_ptr(i), ffi::fido_cbor_info_extensions_len(i)),
+                options: names.into_iter().enumerate().map(|(k, n)| (n, *vals.add(k))).collect(),
+                pin_protocols: (0..ffi::fido_cbor_info_protocols_len(i)).map(|k| *protos.add(k)).collect(),
+            })
+        }
+    }
+
+    /// PIN tries left before the key blocks its PIN.
+    pub fn pin_retries(&mut self) -> Result<u32, Fido2Error> {
+        let mut n: c_int = 0;
+        // SAFETY: open device; writes one int.
+        check(unsafe { ffi::fido_dev_get_retry_count(self.dev, &mut n) })?;
+        Ok(n.max(0) as u32)
+    }
+
+    /// Sets the PIN (`old` = None) or changes it.
+    pub fn set_pin(&mut self, new: &Pin, old: Option<&Pin>) -> Result<(), Fido2Error> {
+        // SAFETY: open device; NUL-terminated PINs (or NULL for no old PIN).
+        let r = unsafe { ffi::fido_dev_set_pin(self.dev, new.as_ptr(), opt_ptr(old)) };
+        let t = self.timed(r, Instant::now());
+        self.with_retries(t)
+    }
+
+    /// A non-resident ES256 credential with hmac-secret for `rp_id`; waits for a touch.
+    /// Returns the credential id.
+    pub fn make_credential(
+        &mut self,
+        rp_id: &str,
+        user_id: &[u8],
+        user_name: &str,
+        pin: Option<&Pin>,
+        uv: bool,
+    ) -> Result<Vec<u8>, Fido2Error> {
+        let bad = |_| Fido2Error::Other { code: ffi::FIDO_ERR_INVALID_ARGUMENT, msg: "NUL byte in a name".into() };
+        let rp = CString::new(rp_id).map_err(bad)?;
+        let name = CString::new(user_name).map_err(bad)?;
+        // SAFETY: plain allocation, NULL-checked by Owned.
+        let cred = Owned::<ffi::fido_cred_t>::new(unsafe { ffi::fido_cred_new() }, ffi::fido_cred_free)?;
+        let cdh: [u8; 32] = rand::random();
+        // SAFETY: valid cred object; every pointer/length pair is a live Rust buffer or a
+        // NUL-terminated CString, all copied by libfido2.
+        unsafe {
+            check(ffi::fido_cred_set_type(cred.0, ffi::COSE_ES256))?;
+            check(ffi::fido_cred_set_clientdata_hash(cred.0, cdh.as_ptr(), cdh.len()))?;
+            check(ffi::fido_cred_set_rp(cred.0, rp.as_ptr(), rp.as_ptr()))?;
+            check(ffi::fido_cred_set_user(
+                cred.0,
+                user_id.as_ptr(),
+                user_id.len(),
+                name.as_ptr(),
+                name.as_ptr(),
+                std::ptr::null(),
+            ))?;
+            check(ffi::fido_cred_set_extensions(cred.0, ffi::FIDO_EXT_HMAC_SECRET))?;
+            check(ffi::fido_cred_set_rk(cred.0, ffi::fido_opt_t_FIDO_OPT_OMIT))?;
+            if uv {
+                check(ffi::fido_cred_set_uv(cred.0, ffi::fido_opt_t_FIDO_OPT_TRUE))?;
+            }
+        }
+        let start = Instant::now();
+        // SAFETY: open device, prepared cred, NUL-terminated PIN or NULL.
+        let r = unsafe { ffi::fido_dev_make_cred(self.dev, cred.0, opt_ptr(pin)) };
+        let t = self.timed(r, start);
+        self.with_retries(t)?;
+        // SAFETY: id_ptr/id_len describe a buffer owned by `cred`, copied before it drops.
+        let id = unsafe { blob(ffi::fido_cred_id_ptr(cred.0), ffi::fido_cred_id_len(cred.0)) };
+        // SAFETY: valid cred object after a successful make_cred.
+        let flags = unsafe { ffi::fido_cred_flags(cred.0) };
+        const ED: u8 = 0x80;
+        if id.is_empty() || flags & ED == 0 {
+            return Err(Fido2Error::Unsupported("the hmac-secret extension"));
+        }
+        Ok(id)
+    }
+
+    /// An assertion over the credentials listed; with a salt, waits for a touch and returns the
+    /// hmac-secret; without, asks for no touch and only says which credential the key holds.
+    pub fn assert(&mut self, req: &AssertRequest<'_>) -> Result<Assertion, Fido2Error> {
+        let rp = CString::new(req.rp_id)
+            .map_err(|_| Fido2Error::Other { code: ffi::FIDO_ERR_INVALID_ARGUMENT, msg: "NUL in rp id".into() })?;
+        // SAFETY: plain allocation, NULL-checked by Owned.
+        let a = Owned::<ffi::fido_assert_t>::new(unsafe { ffi::fido_assert_new() }, ffi::fido_assert_free)?;
+        let cdh: [u8; 32] = rand::random();
+        let (up, uv) = match (req.salt.is_some(), req.uv) {
+            (false, _) => (ffi::fido_opt_t_FIDO_OPT_FALSE, ffi::fido_opt_t_FIDO_OPT_OMIT),
+            (true, true) if req.pin.is_none() => (ffi::fido_opt_t_FIDO_OPT_TRUE, ffi::fido_opt_t_FIDO_OPT_TRUE),
+            (true, _) => (ffi::fido_opt_t_FIDO_OPT_TRUE, ffi::fido_opt_t_FIDO_OPT_OMIT),
+        };
+        // SAFETY: valid assert object; all buffers are live and copied by libfido2.
+        unsafe {
+            check(ffi::fido_assert_set_rp(a.0, rp.as_ptr()))?;
+            check(ffi::fido_assert_set_clientdata_hash(a.0, cdh.as_ptr(), cdh.len()))?;
+            for id in req.credential_ids {
+                check(ffi::fido_assert_allow_cred(a.0, id.as_ptr(), id.len()))?;
+            }
+            if let Some(salt) = req.salt {
+                check(ffi::fido_assert_set_extensions(a.0, ffi::FIDO_EXT_HMAC_SECRET))?;
+                check(ffi::fido_assert_set_hmac_salt(a.0, salt.as_ptr(), salt.len()))?;
+            }
+            check(ffi::fido_assert_set_up(a.0, up))?;
+            check(ffi::fido_assert_set_uv(a.0, uv))?;
+        }
+        let pin = if req.salt.is_some() { req.pin } else { None };
+        let start = Instant::now();
+        // SAFETY: open device, prepared assert, NUL-terminated PIN or NULL.
+        let r = unsafe { ffi::fido_dev_get_assert(self.dev, a.0, opt_ptr(pin)) };
+        let t = self.timed(r, start);
+        self.with_retries(t)?;
+        // SAFETY: index 0 exists when count ≥ 1 (checked); the buffers belong to `a` and are
+        // copied before it drops.
+        unsafe {
+            if ffi::fido_assert_count(a.0) < 1 {
+                return Err(Fido2Error::NoCredential);
+            }
+            let credential_id = blob(ffi::fido_assert_id_ptr(a.0, 0), ffi::fido_assert_id_len(a.0, 0));
+            let user_verified = ffi::fido_assert_flags(a.0, 0) & 0x04 != 0;
+            let secret = if req.salt.is_some() {
+                let p = ffi::fido_assert_hmac_secret_ptr(a.0, 0);
+                let n = ffi::fido_assert_hmac_secret_len(a.0, 0);
+                if p.is_null() || n != HMAC_SECRET_LEN {
+                    return Err(Fido2Error::Unsupported("the hmac-secret extension"));
+                }
+                let mut s = Box::new([0u8; HMAC_SECRET_LEN]);
+                s.copy_from_slice(std::slice::from_raw_parts(p, n));
+                Some(HmacSecret(s))
+            } else {
+                None
+            };
+            Ok(Assertion { credential_id, secret, user_verified })
+        }
+    }
+
+    /// Maps a failed read after the whole timeout to [`Fido2Error::Timeout`] (and tells the key
+    /// to stop waiting for a touch).
+    fn timed(&mut self, r: c_int, start: Instant) -> Result<(), Fido2Error> {
+        let e = check(r);
+        if matches!(r, ffi::FIDO_ERR_RX | ffi::FIDO_ERR_USER_ACTION_TIMEOUT | ffi::FIDO_ERR_ACTION_TIMEOUT)
+            && (start.elapsed() + Duration::from_millis(200) >= self.timeout || r != ffi::FIDO_ERR_RX)
+        {
+            // SAFETY: open device; a CANCEL is harmless if nothing is pending.
+            unsafe { ffi::fido_dev_cancel(self.dev) };
+            return Err(Fido2Error::Timeout(self.timeout.as_secs().max(1)));
+        }
+        e
+    }
+
+    /// Fills in how many PIN tries are left after a wrong PIN.
+    fn with_retries(&mut self, r: Result<(), Fido2Error>) -> Result<(), Fido2Error> {
+        match r {
+            Err(Fido2Error::PinInvalid { .. }) => Err(Fido2Error::PinInvalid { retries: self.pin_retries().ok() }),
+            r => r,
+        }
+    }
+}
+
+impl Drop for Device {
+    fn drop(&mut self) {
+        if !self.dev.is_null() {
+            // SAFETY: an open device (Device only exists opened); close then free, NULLing it.
+            unsafe {
+                ffi::fido_dev_close(self.dev);
+                ffi::fido_dev_free(&mut self.dev);
+            }
+        }
+    }
+}
+
+/// # Safety
+/// `p` is NULL or points to `n` readable bytes.
+unsafe fn blob(p: *const c_uchar, n: usize) -> Vec<u8> {
+    if p.is_null() {
+        Vec::new()
+    } else {
+        // SAFETY: per the contract.
+        unsafe { std::slice::from_raw_parts(p, n) }.to_vec()
+    }
+}
+
+/// A libfido2 object freed by its `*_free(&mut ptr)` function.
+struct Owned<T>(*mut T, unsafe extern "C" fn(*mut *mut T));
+
+impl<T> Owned<T> {
+    fn new(p: *mut T, free: unsafe extern "C" fn(*mut *mut T)) -> Result<Owned<T>, Fido2Error> {
+        if p.is_null() {
+            return Err(Fido2Error::Other { code: ffi::FIDO_ERR_INTERNAL, msg: "out of memory".into() });
+        }
+        Ok(Owned(p, free))
+    }
+}
+
+impl<T> Drop for Owned<T> {
+    fn drop(&mut self) {
+        // SAFETY: `self.0` came from the matching *_new function and is freed once.
+        unsafe { (self.1)(&mut self.0) };
+    }
+}
+
+/// A socket device must be a socket owned by root or by us: nobody else can put an
+/// authenticator of their choosing in our path.
+fn check_socket(p: &Path) -> Result<(), String> {
+    let md = std::fs::symlink_metadata(p).map_err(|e| format!("{e}"))?;
+    if !md.file_type().is_socket() {
+        return Err("not a unix socket".into());
+    }
+    let me = rustix::process::geteuid().as_raw();
+    if md.uid() != 0 && md.uid() != me {
+        return Err(format!("the socket is owned by uid {}, not root", md.uid()));
+    }
+    Ok(())
+}
