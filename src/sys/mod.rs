@@ -3,7 +3,7 @@
 //! Kernel interfaces that neither libc nor nix wrap: the fscrypt ioctls (UAPI `<linux/fscrypt.h>`)
 //! and `statx` for the encrypted attribute. Each is exposed as one safe function taking a borrowed
 //! fd, returning the raw [`Errno`] so that `crate::fscrypt` can map it to a meaningful error.
-//! [`tpm2`] holds the two TPM commands tss-esapi does not wrap.
+//! [`tpm2`] holds the two TPM commands tss-esapi does not wrap; [`fido2`] is the libfido2 wrapper.
 #![allow(unsafe_code)]
 // The structs keep their kernel names so they can be checked against the UAPI header by eye.
 #![allow(non_camel_case_types)]
@@ -16,6 +16,7 @@ use std::os::unix::ffi::OsStrExt;
 use nix::errno::Errno;
 use zeroize::Zeroize;
 
+pub mod fido2;
 pub mod tpm2;
 
 pub const FSCRYPT_POLICY_V1: u8 = 0;
@@ -302,4 +303,3 @@ pub fn is_encrypted_at(dir: BorrowedFd<'_>, name: &OsStr, nofollow: bool) -> Res
     let bit = libc::STATX_ATTR_ENCRYPTED as u64;
     Ok(stx.stx_attributes_mask & bit != 0 && stx.stx_attributes & bit != 0)
 }
-pub mod fido2;
