@@ -26,6 +26,27 @@ pub struct Config {
     pub pam: PamConfig,
     #[serde(default)]
     pub tpm2: Tpm2Config,
+    #[serde(default, skip_serializing_if = "Fido2Config::is_default")]
+    pub fido2: Fido2Config,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Fido2Config {
+    /// How long an unlock waits for a touch of the key; default
+    /// [`crate::fido2::DEFAULT_TOUCH_TIMEOUT`] (30 s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub touch_timeout_secs: Option<u64>,
+    /// Unix sockets of software authenticators to treat as connected keys (tests, demos). Only
+    /// this root-owned file can name one; each must be a socket owned by root.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub socket_devices: Vec<PathBuf>,
+}
+
+impl Fido2Config {
+    fn is_default(&self) -> bool {
+        *self == Fido2Config::default()
+    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -83,6 +104,12 @@ impl Config {
         if let Some(p) = &c.argon2 {
             p.check().map_err(|e| invalid(e.to_string()))?;
         }
+        if c.fido2.touch_timeout_secs.is_some_and(|t| !(1..=600).contains(&t)) {
+            return Err(invalid("[fido2] touch_timeout_secs must be between 1 and 600".into()));
+        }
+        if let Some(p) = c.fido2.socket_devices.iter().find(|p| !p.is_absolute()) {
+            return Err(invalid(format!("[fido2] socket device {} is not an absolute path", p.display())));
+        }
         if let Some(k) = &c.keystore {
             if !k.is_absolute() {
                 return Err(invalid(format!("keystore path {} is not absolute", k.display())));
@@ -124,6 +151,7 @@ mod tests {
                 tcti: Some("swtpm:host=127.0.0.1,port=2321".parse().unwrap()),
                 min_local_tries: Some(3),
             },
+            fido2: Fido2Config { touch_timeout_secs: Some(10), socket_devices: vec!["/run/soft.sock".into()] },
         };
         c.save(&p).unwrap();
         assert_eq!(Config::load(&p).unwrap(), c);
@@ -139,6 +167,8 @@ mod tests {
             "keystore = \"rel/path\"",
             "[argon2]\ntime_cost = 0\nmemory_kib = 1\nparallelism = 1",
             "[tpm2]\ntcti = \"nonsense\"",
+            "[fido2]\ntouch_timeout_secs = 0",
+            "[fido2]\nsocket_devices = [\"rel.sock\"]",
         ] {
             securefile::write_atomic(&p, bad.as_bytes()).unwrap();
             let e = Config::load(&p).unwrap_err();

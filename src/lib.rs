@@ -7,6 +7,7 @@
 
 pub mod config;
 pub mod convert;
+pub mod fido2;
 pub mod fscrypt;
 pub mod ids;
 pub mod kdf;

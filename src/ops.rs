@@ -419,9 +419,44 @@ impl Dirseal {
         ui: &mut dyn Ui,
     ) -> Result<(ProtectorId, ProtectorKey), OpsError> {
         let (list, problems) = self.protectors_of(policy);
+        if pick.protector.is_none() && list.len() > 1 {
+            return self.unlock_untyped_first(policy, what, (list, problems), ui);
+        }
         let rec = self.pick(policy, pick, what, (&list, &problems))?;
         let pkey = self.unlock_protector(rec, ui)?;
         Ok((rec.id, pkey))
+    }
+
+    /// Several protectors and none chosen: those that need nothing typed (a security key to
+    /// touch) are tried first, in the login order; when none opens, the one protector left that
+    /// needs a secret is asked for it, and with several the caller must choose.
+    fn unlock_untyped_first(
+        &self,
+        policy: &PolicyRecord,
+        what: &str,
+        (mut list, problems): (Vec<ProtectorRecord>, Vec<String>),
+        ui: &mut dyn Ui,
+    ) -> Result<(ProtectorId, ProtectorKey), OpsError> {
+        protector::login_order(&mut list, rustix::process::getuid().as_raw());
+        let (untyped, typed): (Vec<_>, Vec<_>) = list.into_iter().partition(|r| r.kind.ask().secret.is_none());
+        let mut last = None;
+        for rec in &untyped {
+            match self.unlock_protector(rec, ui) {
+                Ok(k) => return Ok((rec.id, k)),
+                Err(OpsError::Ui(e)) => return Err(e.into()),
+                Err(e) => {
+                    ui.notice(&format!("protector {} ({}): {e}", rec.name, rec.id));
+                    last = Some(e);
+                }
+            }
+        }
+        match (typed.as_slice(), last) {
+            ([], Some(e)) => Err(e),
+            (typed, _) => {
+                let rec = self.pick(policy, Pick { protector: None }, what, (typed, &problems))?;
+                Ok((rec.id, self.unlock_protector(rec, ui)?))
+            }
+        }
     }
 
     /// Adds `key` to the kernel for the filesystem holding `dir`.

@@ -20,6 +20,8 @@ pub enum SecretPrompt<'a> {
     Pin { name: &'a str, id: &'a ProtectorId, device: &'static str, tries_left: Option<u32> },
     /// A new PIN for a protector being created or changed; front ends should ask twice.
     NewPin { name: &'a str },
+    /// The PIN a security key already has, while a protector is being created on it: asked once.
+    KeyPin { name: &'a str },
     /// A recovery key, typed back from paper.
     RecoveryKey { dir: &'a Path },
 }

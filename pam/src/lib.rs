@@ -289,7 +289,10 @@ impl Ui for LoginUi<'_> {
                 .as_ref()
                 .map(Passphrase::duplicate)
                 .ok_or(UiError::NoInput { hint: "no password was accepted by the stack to open it with".into() }),
-            SecretPrompt::NewPassword { .. } | SecretPrompt::NewPin { .. } | SecretPrompt::RecoveryKey { .. } => {
+            SecretPrompt::NewPassword { .. }
+            | SecretPrompt::NewPin { .. }
+            | SecretPrompt::KeyPin { .. }
+            | SecretPrompt::RecoveryKey { .. } => {
                 Err(UiError::Cancelled)
             }
         }

@@ -780,3 +780,47 @@ fn unlock_only_never_locks() {
     assert!(ok(&o), "{}", show(&o));
     assert!(unlocked(&u), "unlock_only must leave the home unlocked at the last logout");
 }
+
+/// A managed user whose home also opens with a FIDO2 protector of theirs, on a software key the
+/// root-owned config names; the key is returned (dropping it unplugs it).
+fn managed_user_with_key(s: &Setup, password: &'static str) -> (User, dirseal_softfido::SoftFido) {
+    let sock = s.etc.path().join(format!("key-{}.sock", rand_hex()));
+    let key = dirseal_softfido::SoftFido::start(&sock, dirseal_softfido::Options::default()).unwrap();
+    let cfg = fs::read_to_string(s.config()).unwrap();
+    fs::write(s.config(), format!("{cfg}[fido2]\ntouch_timeout_secs = 5\nsocket_devices = [{sock:?}]\n")).unwrap();
+    let u = s.managed_user(password);
+    let mut ds = s.ds();
+    let policy = ds.policy_of(&u.home).unwrap();
+    let kind = NewKind::named("fido2", &KindOptions::default()).unwrap();
+    let n = NewProtector { name: "yubikey", uid: Some(u.uid), kind };
+    let pick = dirseal::ops::Pick { protector: None };
+    ds.add_protector_to_policy(&policy.id, pick, ProtectorChoice::New(n), &mut Answers(vec![password])).unwrap();
+    assert_eq!(key.touches(), 2, "making the credential and its first hmac-secret");
+    (u, key)
+}
+
+#[test]
+fn security_key_logs_in_without_a_password_and_its_absence_costs_nothing() {
+    let mut s = Setup::new();
+    let (u, key) = managed_user_with_key(&s, "pw");
+    let svc = s.service(&AUTH_THEN.replace("NEXT", "deny"));
+    // Key present: touched, nothing typed (stdin is empty: any prompt would fail the login).
+    let o = pamtester(&svc, &u.name, &["authenticate", "open_session"], "", &[]);
+    assert!(ok(&o), "{}", show(&o));
+    assert!(text(&o).contains("Touch your security key (yubikey)."), "{}", show(&o));
+    assert!(unlocked(&u));
+    assert_eq!(key.touches(), 3);
+    let o = pamtester(&svc, &u.name, &["close_session"], "", &[]);
+    assert!(ok(&o), "{}", show(&o));
+    assert!(!unlocked(&u));
+
+    // Key unplugged: straight to the password prompt, no touch announced, no waiting.
+    drop(key);
+    let t = std::time::Instant::now();
+    let o = pamtester(&svc, &u.name, &["authenticate", "open_session"], "pw\n", &[]);
+    let took = t.elapsed();
+    assert!(ok(&o), "{}", show(&o));
+    assert!(!text(&o).contains("Touch your security key"), "{}", show(&o));
+    assert!(took < std::time::Duration::from_secs(3), "{took:?}");
+    assert!(unlocked(&u));
+}

@@ -1,5 +1,6 @@
 //! The `dirseal` command line: thin glue from clap to [`dirseal::ops`].
 mod convert;
+mod fido2;
 mod recovery;
 mod term;
 mod tpm2;
@@ -93,6 +94,9 @@ enum Cmd {
     /// The TPM: status and dictionary-attack (wrong PIN) protection
     #[command(subcommand)]
     Tpm2(tpm2::Tpm2Cmd),
+    /// Security keys (FIDO2): which are connected and what they support
+    #[command(subcommand)]
+    Fido2(fido2::Fido2Cmd),
     /// Write shell completions and man pages into DIR
     #[command(hide = true)]
     GenerateDocs { dir: PathBuf },
@@ -176,6 +180,15 @@ pub struct KdfArgs {
     /// tpm2: refuse to unseal once these PCRs (SHA-256 bank) differ from their values now, e.g. 7
     #[arg(long, value_name = "N[,N...]")]
     pcr: Option<PcrSet>,
+    /// FIDO2: the security key to use, as `dirseal fido2 list` shows it (needed if several)
+    #[arg(long, value_name = "PATH")]
+    device: Option<String>,
+    /// FIDO2: require the security key's PIN at every unlock
+    #[arg(long)]
+    pin: bool,
+    /// FIDO2: require the security key's built-in user verification (fingerprint)
+    #[arg(long)]
+    uv: bool,
 }
 
 #[derive(Args, Default)]
@@ -203,6 +216,9 @@ impl KdfArgs {
             kdf_memory_mib: self.kdf_memory_mib,
             no_pin: self.no_pin,
             pcrs: self.pcr.clone(),
+            device: self.device.clone(),
+            pin: self.pin,
+            uv: self.uv,
         };
         Ok(NewKind::named(name, &opts)?)
     }
@@ -315,6 +331,9 @@ fn run(cli: Cli) -> Result<i32> {
     if let Cmd::Tpm2(cmd) = cli.cmd {
         return tpm2::run(&dirseal::config::Config::load(&cli.config)?, cmd);
     }
+    if let Cmd::Fido2(cmd) = cli.cmd {
+        return fido2::run(&dirseal::config::Config::load(&cli.config)?, cmd);
+    }
     let mut ds = Dirseal::open(&cli.config, cli.keystore.as_deref())?;
     let json = matches!(
         cli.cmd,
@@ -348,7 +367,7 @@ fn run(cli: Cli) -> Result<i32> {
         Cmd::Protector(cmd) => protector(&mut ds, cmd, &mut ui)?,
         Cmd::Policy(cmd) => policy(&mut ds, cmd, &mut ui)?,
         Cmd::Recovery(cmd) => recovery::run(&mut ds, cmd, &mut ui)?,
-        Cmd::GenerateDocs { .. } | Cmd::Tpm2(_) => unreachable!("handled above"),
+        Cmd::GenerateDocs { .. } | Cmd::Tpm2(_) | Cmd::Fido2(_) => unreachable!("handled above"),
     }
     Ok(0)
 }

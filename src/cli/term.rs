@@ -121,6 +121,7 @@ impl Ui for TermUi {
             SecretPrompt::NewPin { name } => {
                 ask_new(&format!("New PIN for protector {}: ", clean(name)), "Repeat the new PIN: ")
             }
+            SecretPrompt::KeyPin { name } => ask(&format!("PIN of the security key for protector {}: ", clean(name))),
             SecretPrompt::RecoveryKey { dir } => {
                 ask(&format!("Recovery key for {}: ", clean(&dir.display().to_string())))
             }
@@ -172,6 +173,11 @@ impl Ui for TermUi {
             }
         }
         Err(UiError::RecoveryKeyNotConfirmed)
+    }
+
+    /// On stderr, so it shows even when stdout is a pipe or JSON.
+    fn touch(&mut self, name: &str, _id: Option<&dirseal::ids::ProtectorId>) {
+        eprintln!("Touch your security key ({})…", clean(name));
     }
 
     fn notice(&mut self, msg: &str) {

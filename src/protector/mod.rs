@@ -10,6 +10,7 @@
 //!
 //! Recovery keys are not a kind: they live with the directory (an xattr, see [`crate::recovery`]),
 //! open exactly one directory, survive the loss of the keystore, and are never offered at login.
+pub mod fido2;
 pub mod password;
 pub mod tpm2;
 
@@ -35,6 +36,8 @@ pub enum ProtectorKind {
     Password(password::Password),
     /// A key sealed by the TPM (behind a PIN and/or PCR values) wraps the protector key.
     Tpm2(tpm2::Tpm2),
+    /// A security key's hmac-secret (through HKDF) wraps the protector key.
+    Fido2(fido2::Fido2),
 }
 
 /// What a new protector of each kind is made from (front ends fill in the kind's options).
@@ -42,16 +45,19 @@ pub enum ProtectorKind {
 pub enum NewKind {
     Password(password::NewPassword),
     Tpm2(tpm2::NewTpm2),
+    Fido2(fido2::NewFido2),
 }
 
 /// Names of the kinds a front end can create, for `--protector-type` and service arguments.
-pub const KIND_NAMES: &[&str] = &["password", "tpm2"];
+pub const KIND_NAMES: &[&str] = &["password", "tpm2", "fido2"];
 
 /// A secret the person types.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Secret {
     Password,
     Pin,
+    /// The PIN a security key already has (asked once, also when creating a protector on it).
+    KeyPin,
 }
 
 /// What unlocking (or creating) a protector asks of the person: a typed secret, a touch of a
@@ -72,14 +78,14 @@ impl Ask {
             (Some(Secret::Password), _) => 2,
             // A wrong PIN costs one of the device's few tries: the typed secret goes to PINs only
             // when no password protector took it.
-            (Some(Secret::Pin), _) => 3,
+            (Some(Secret::Pin | Secret::KeyPin), _) => 3,
         }
     }
 
     fn word(self) -> &'static str {
         match self.secret {
             Some(Secret::Password) => "password",
-            Some(Secret::Pin) => "PIN",
+            Some(Secret::Pin | Secret::KeyPin) => "PIN",
             None => "device",
         }
     }
@@ -98,12 +104,16 @@ pub enum ProtectorError {
     /// A front end called a kind without the answer its [`Ask`] named: a bug, not a user error.
     #[error("internal error: no {what} was supplied to the protector")]
     NoAnswer { what: &'static str },
+    #[error("several security keys are connected; say which one to use")]
+    SeveralKeys,
     #[error(transparent)]
     Kdf(#[from] KdfError),
     #[error(transparent)]
     Tpm2(#[from] Tpm2Error),
     #[error("option {option} does not apply to {kind} protectors")]
     BadOption { option: &'static str, kind: &'static str },
+    #[error(transparent)]
+    Fido2(#[from] crate::fido2::Fido2Error),
 }
 
 /// A protector as kept in the keystore: a protector key wrapped by whatever its kind derives.
@@ -123,6 +133,7 @@ impl ProtectorKind {
         match self {
             ProtectorKind::Password(_) => "password",
             ProtectorKind::Tpm2(_) => "tpm2",
+            ProtectorKind::Fido2(_) => "fido2",
         }
     }
 
@@ -131,6 +142,7 @@ impl ProtectorKind {
         match self {
             ProtectorKind::Password(_) => password::ASK,
             ProtectorKind::Tpm2(t) => t.ask(),
+            ProtectorKind::Fido2(f) => f.ask(),
         }
     }
 
@@ -140,6 +152,8 @@ impl ProtectorKind {
         match self {
             ProtectorKind::Password(_) => None,
             ProtectorKind::Tpm2(_) => tpm2::da_status(config).ok().map(|s| s.tries_left()),
+            ProtectorKind::Fido2(f) if f.pin => f.locate(config).ok().and_then(|mut d| d.pin_retries().ok()),
+            ProtectorKind::Fido2(_) => None,
         }
     }
 
@@ -162,8 +176,9 @@ impl ProtectorKind {
                 }
                 SecretPrompt::Pin { name, id, device: "TPM", tries_left: Some(st.tries_left()) }
             }
+            (ProtectorKind::Fido2(_), _) => SecretPrompt::Pin { name, id, device: "security key", tries_left: None },
             (_, Secret::Password) => SecretPrompt::Password { name, id },
-            (_, Secret::Pin) => SecretPrompt::Pin { name, id, device: "", tries_left: None },
+            (_, Secret::Pin | Secret::KeyPin) => SecretPrompt::Pin { name, id, device: "", tries_left: None },
         })
     }
 
@@ -171,6 +186,16 @@ impl ProtectorKind {
         match self {
             ProtectorKind::Password(p) => p.aad(),
             ProtectorKind::Tpm2(t) => t.aad(),
+            ProtectorKind::Fido2(f) => f.aad(),
+        }
+    }
+
+    /// Checks, asking nothing and waiting for nothing, that the device this protector needs is
+    /// there, so a login moves on at once when it is not.
+    fn locate(&self, config: &Config) -> Result<(), ProtectorError> {
+        match self {
+            ProtectorKind::Password(_) | ProtectorKind::Tpm2(_) => Ok(()),
+            ProtectorKind::Fido2(f) => f.locate(config).map(drop),
         }
     }
 
@@ -178,6 +203,7 @@ impl ProtectorKind {
         match self {
             ProtectorKind::Password(p) => p.kek(secret),
             ProtectorKind::Tpm2(t) => t.kek(config, secret),
+            ProtectorKind::Fido2(f) => f.kek(config, secret),
         }
     }
 
@@ -193,6 +219,8 @@ impl ProtectorKind {
                 Some(t.rekey(config, secret).map(|(t, k)| (ProtectorKind::Tpm2(t), k)))
             }
             ProtectorKind::Tpm2(_) => None,
+            // The key's PIN is the key's business (its vendor tool changes it); the record keeps.
+            ProtectorKind::Fido2(_) => None,
         }
     }
 }
@@ -209,6 +237,12 @@ pub struct KindOptions {
     pub no_pin: bool,
     /// PCRs to bind to (tpm2).
     pub pcrs: Option<PcrSet>,
+    /// Which connected security key (fido2).
+    pub device: Option<String>,
+    /// Require the security key's PIN at every unlock (fido2).
+    pub pin: bool,
+    /// Require the security key's built-in user verification (fido2).
+    pub uv: bool,
 }
 
 impl NewKind {
@@ -225,6 +259,9 @@ impl NewKind {
             "password" => {
                 refuse("--no-pin", opts.no_pin, "password")?;
                 refuse("--pcr", opts.pcrs.is_some(), "password")?;
+                refuse("--device", opts.device.is_some(), "password")?;
+                refuse("--pin", opts.pin, "password")?;
+                refuse("--uv", opts.uv, "password")?;
                 Ok(NewKind::Password(password::NewPassword {
                     kdf_time_ms: opts.kdf_time_ms,
                     kdf_memory_mib: opts.kdf_memory_mib,
@@ -233,7 +270,17 @@ impl NewKind {
             "tpm2" => {
                 refuse("--kdf-time-ms", opts.kdf_time_ms.is_some(), "tpm2")?;
                 refuse("--kdf-memory-mib", opts.kdf_memory_mib.is_some(), "tpm2")?;
+                refuse("--device", opts.device.is_some(), "tpm2")?;
+                refuse("--pin", opts.pin, "tpm2")?;
+                refuse("--uv", opts.uv, "tpm2")?;
                 Ok(NewKind::Tpm2(tpm2::NewTpm2 { no_pin: opts.no_pin, pcrs: opts.pcrs.clone().unwrap_or_default() }))
+            }
+            "fido2" => {
+                refuse("--kdf-time-ms", opts.kdf_time_ms.is_some(), "fido2")?;
+                refuse("--kdf-memory-mib", opts.kdf_memory_mib.is_some(), "fido2")?;
+                refuse("--no-pin", opts.no_pin, "fido2")?;
+                refuse("--pcr", opts.pcrs.is_some(), "fido2")?;
+                Ok(NewKind::Fido2(fido2::NewFido2 { device: opts.device.clone(), pin: opts.pin, uv: opts.uv }))
             }
             _ => Err(ProtectorError::UnknownKind { name: name.to_string() }),
         }
@@ -243,14 +290,16 @@ impl NewKind {
         match self {
             NewKind::Password(_) => "password",
             NewKind::Tpm2(_) => "tpm2",
+            NewKind::Fido2(_) => "fido2",
         }
     }
 
-    /// What creating one asks for (a secret here is a new one: front ends ask twice).
+    /// What creating one asks for (a new password or PIN is asked twice; a key's PIN once).
     pub fn ask(&self) -> Ask {
         match self {
             NewKind::Password(_) => password::ASK,
             NewKind::Tpm2(t) => t.ask(),
+            NewKind::Fido2(f) => f.ask(),
         }
     }
 
@@ -260,6 +309,7 @@ impl NewKind {
         match self {
             NewKind::Password(n) => n.create(config, secret).map(|(p, k)| (ProtectorKind::Password(p), k)),
             NewKind::Tpm2(n) => n.create(config, secret).map(|(t, k)| (ProtectorKind::Tpm2(t), k)),
+            NewKind::Fido2(n) => n.create(config, secret).map(|(p, k)| (ProtectorKind::Fido2(p), k)),
         }
     }
 }
@@ -334,6 +384,7 @@ pub fn change_secret(
 /// kind waits for it.
 pub fn unlock_with(rec: &ProtectorRecord, config: &Config, ui: &mut dyn Ui) -> Result<ProtectorKey, UnlockError> {
     let ask = rec.kind.ask();
+    rec.kind.locate(config)?;
     let secret = match ask.secret {
         Some(s) => Some(ui.secret(&rec.kind.prompt(rec, config, s, ui.network_login())?)?),
         None => None,
@@ -349,6 +400,7 @@ pub fn ask_new(ask: Ask, name: &str, ui: &mut dyn Ui) -> Result<Option<Passphras
     let secret = match ask.secret {
         Some(Secret::Password) => ui.secret(&SecretPrompt::NewPassword { name })?,
         Some(Secret::Pin) => ui.secret(&SecretPrompt::NewPin { name })?,
+        Some(Secret::KeyPin) => ui.secret(&SecretPrompt::KeyPin { name })?,
         None => return Ok(None),
     };
     if secret.is_empty() {

@@ -135,6 +135,8 @@ pub enum Fido2Error {
     NoCredential,
     #[error("the security key does not support {0}")]
     Unsupported(&'static str),
+    #[error("no connected security key holds this protector's credential; plug the key in and try again")]
+    NotConnected,
     #[error("the operation was cancelled on the security key")]
     Cancelled,
     #[error("security key error: {msg} (libfido2 code {code})")]
@@ -349,9 +351,7 @@ impl Device {
             // SAFETY: `d.dev` is a fresh device; libfido2 copies the struct of function pointers.
             check(unsafe { ffi::fido_dev_set_io_functions(d.dev, &io) }).map_err(|e| fail(e.to_string()))?;
         }
-        let ms = c_int::try_from(timeout.as_millis()).unwrap_or(c_int::MAX);
-        // SAFETY: valid device; any timeout value is accepted.
-        check(unsafe { ffi::fido_dev_set_timeout(d.dev, ms) }).map_err(|e| fail(e.to_string()))?;
+        d.set_timeout(timeout).map_err(|e| fail(e.to_string()))?;
         // SAFETY: valid device and NUL-terminated path; libfido2 copies what it keeps.
         let r = unsafe { ffi::fido_dev_open(d.dev, cpath.as_ptr()) };
         if r != ffi::FIDO_OK {
@@ -369,6 +369,15 @@ impl Device {
 
     pub fn path(&self) -> &DevicePath {
         &self.path
+    }
+
+    /// Bounds every later operation, the wait for a touch included.
+    pub fn set_timeout(&mut self, timeout: Duration) -> Result<(), Fido2Error> {
+        let ms = c_int::try_from(timeout.as_millis()).unwrap_or(c_int::MAX);
+        // SAFETY: open device; any timeout value is accepted.
+        check(unsafe { ffi::fido_dev_set_timeout(self.dev, ms) })?;
+        self.timeout = timeout;
+        Ok(())
     }
 
     pub fn info(&mut self) -> Result<AuthenticatorInfo, Fido2Error> {
