@@ -137,6 +137,10 @@ fn pin_required_wrong_pin_shows_retries_blocked_pin_is_clear() {
     let k = keys(&[Options::default()], 5);
     let err = k.env.fails(&["protector", "create", "--type", "fido2", "--name", "x", "--pin"], "1234\n");
     assert!(err.contains("has no PIN set"), "{err}");
+    let err = k.env.fails(&["protector", "create", "--type", "fido2", "--name", "x", "--uv"], "");
+    assert!(err.contains("does not support built-in user verification"), "{err}");
+    let err = k.env.fails(&["protector", "create", "--type", "fido2", "--name", "x", "--kdf-time-ms", "5"], "");
+    assert!(err.contains("does not apply to fido2 protectors"), "{err}");
     drop(k);
     let k = keys(&[Options { pin: Some("1234".into()), ..Default::default() }], 5);
     let id = k.create("pinned", &["--pin"], "1234\n");

@@ -261,3 +261,23 @@ fn python_fido2() -> std::path::PathBuf {
     }
     dir
 }
+
+#[test]
+fn builtin_user_verification() {
+    let f = fx(&[Options { builtin_uv: true, ..Default::default() }, Options::default()]);
+    let mut d = open(&f.keys[0], Duration::from_secs(5));
+    assert_eq!(d.info().unwrap().option("uv"), Some(true));
+    let id = d.make_credential(RP, b"u", "alice", None, true).unwrap();
+    let get = |d: &mut Device, uv| {
+        d.assert(&AssertRequest { rp_id: RP, credential_ids: &[&id], salt: Some(&[9; 32]), pin: None, uv }).unwrap()
+    };
+    let (with, without) = (get(&mut d, true), get(&mut d, false));
+    assert!(with.user_verified && !without.user_verified);
+    assert_ne!(with.secret.unwrap().as_bytes(), without.secret.unwrap().as_bytes());
+    // Without built-in verification the request fails (libfido2 wants a PIN) instead of being
+    // silently downgraded.
+    let mut other = open(&f.keys[1], Duration::from_secs(5));
+    let e = other.make_credential(RP, b"u", "alice", None, true).unwrap_err();
+    assert!(matches!(e, Fido2Error::Unsupported(_) | Fido2Error::PinRequired), "{e}");
+    assert!(f.keys[0].take_log().iter().any(|l| l.starts_with("clientPIN 6")), "UV went through the token command");
+}

@@ -123,12 +123,16 @@ impl Fido2 {
 
     pub(super) fn kek(&self, config: &Config, secret: Option<&Passphrase>) -> Result<Kek, ProtectorError> {
         let pin = pin_of(secret, self.pin)?;
-        let mut dev = self.locate(config)?;
+        self.kek_from_device(&mut self.locate(config)?, pin.as_ref())
+    }
+
+    /// Asks `dev` for the hmac-secret of this record's credential and salt (a touch).
+    fn kek_from_device(&self, dev: &mut Device, pin: Option<&Pin>) -> Result<Kek, ProtectorError> {
         let a = dev.assert(&AssertRequest {
             rp_id: &self.rp_id,
             credential_ids: &[&self.credential_id],
             salt: Some(&self.salt),
-            pin: pin.as_ref(),
+            pin,
             uv: self.uv,
         })?;
         let s = a.secret.ok_or(Fido2Error::Unsupported("the hmac-secret extension"))?;
@@ -167,15 +171,7 @@ impl NewFido2 {
         let user_id: [u8; 16] = rand::random();
         let credential_id = dev.make_credential(keys::RP_ID, &user_id, "dirseal", pin.as_ref(), self.uv)?;
         let rec = Fido2 { rp_id: keys::RP_ID.into(), credential_id, salt: rand::random(), pin: self.pin, uv: self.uv };
-        let a = dev.assert(&AssertRequest {
-            rp_id: &rec.rp_id,
-            credential_ids: &[&rec.credential_id],
-            salt: Some(&rec.salt),
-            pin: pin.as_ref(),
-            uv: rec.uv,
-        })?;
-        let s = a.secret.ok_or(Fido2Error::Unsupported("the hmac-secret extension"))?;
-        let kek = kek_from(s.as_bytes(), &rec.credential_id);
+        let kek = rec.kek_from_device(&mut dev, pin.as_ref())?;
         Ok((rec, kek))
     }
 }

@@ -120,7 +120,7 @@ impl Authenticator {
                 0x01 => self.make_credential(&p, presence),
                 0x02 => self.get_assertion(&p, presence),
                 0x04 => Ok(self.get_info()),
-                0x06 => self.client_pin(&p),
+                0x06 => self.client_pin(&p, presence),
                 _ => Err(ERR_INVALID_COMMAND),
             }
         });
@@ -128,8 +128,7 @@ impl Authenticator {
             Ok(Value::Null) => vec![OK],
             Ok(v) => {
                 let mut out = vec![OK];
-                // Invariant: serializing an in-memory Value into a Vec cannot fail.
-                ciborium::into_writer(&v, &mut out).expect("CBOR into Vec");
+                out.extend(cbor(v));
                 out
             }
             Err(code) => vec![code],
@@ -175,7 +174,7 @@ impl Authenticator {
         Ok(proto.kdf(z.raw_secret_bytes()))
     }
 
-    fn client_pin(&mut self, p: &Params) -> Reply {
+    fn client_pin(&mut self, p: &Params, presence: &mut dyn FnMut() -> Result<(), u8>) -> Reply {
         let sub = p.uint(2)?.ok_or(ERR_MISSING_PARAMETER)?;
         match sub {
             0x01 => Ok(map(vec![(3, int(self.pin_retries.into()))])),
@@ -238,6 +237,22 @@ impl Authenticator {
                 self.token = Some(PinToken { token, proto, permissions, rp_id });
                 Ok(map(vec![(2, Value::Bytes(proto.encrypt(&shared, &token)))]))
             }
+            // getPinUvAuthTokenUsingUvWithPermissions: the built-in verification (here: the touch
+            // of the finger on the sensor) instead of a PIN.
+            0x06 if self.opts.builtin_uv => {
+                let proto = self.proto(p, 1)?;
+                let shared = self.shared_secret(proto, p.get(3).ok_or(ERR_MISSING_PARAMETER)?)?;
+                let permissions = p.uint(9)?.ok_or(ERR_MISSING_PARAMETER)?;
+                if permissions == 0 {
+                    return Err(ERR_INVALID_PARAMETER_PROTO);
+                }
+                let rp_id = p.text(10)?.map(str::to_owned);
+                presence()?;
+                let token: [u8; 32] = rand::random();
+                self.token = Some(PinToken { token, proto, permissions, rp_id });
+                Ok(map(vec![(2, Value::Bytes(proto.encrypt(&shared, &token)))]))
+            }
+            0x07 if self.opts.builtin_uv => Ok(map(vec![(5, int(8))])),
             _ => Err(ERR_INVALID_COMMAND_SUB),
         }
     }
@@ -353,10 +368,10 @@ impl Authenticator {
         auth_data.extend_from_slice(&(cred_id.len() as u16).to_be_bytes());
         auth_data.extend_from_slice(&cred_id);
         let (x, y) = xy(&secrets.key.public_key());
-        ciborium::into_writer(&cose_key(x, y, -7), &mut auth_data).expect("CBOR into Vec");
+        auth_data.extend(cbor(cose_key(x, y, -7)));
         if want_hmac {
             let ext = Value::Map(vec![(text("hmac-secret"), Value::Bool(true))]);
-            ciborium::into_writer(&ext, &mut auth_data).expect("CBOR into Vec");
+            auth_data.extend(cbor(ext));
         }
         // Packed self-attestation: signed by the credential key itself.
         let sig: Signature = SigningKey::from(&secrets.key).sign(&[&auth_data[..], cdh].concat());
@@ -445,7 +460,7 @@ impl Authenticator {
         let mut auth_data = auth_data_head(&rp_hash, flags, self.sign_count);
         if let Some(out) = hmac_out {
             let ext = Value::Map(vec![(text("hmac-secret"), Value::Bytes(out))]);
-            ciborium::into_writer(&ext, &mut auth_data).expect("CBOR into Vec");
+            auth_data.extend(cbor(ext));
         }
         let sig: Signature = SigningKey::from(&secrets.key).sign(&[&auth_data[..], &cdh].concat());
         Ok(map(vec![
@@ -526,6 +541,30 @@ fn decode_new_pin(proto: Proto, shared: &[u8], enc: &[u8]) -> Result<Vec<u8>, u8
         return Err(ERR_PIN_POLICY_VIOLATION);
     }
     Ok(pin)
+}
+
+/// CTAP2 canonical CBOR (RFC 7049 §3.9): every map sorted by its keys' encodings, shorter
+/// first, then bytewise. libfido2 refuses replies that are not.
+fn cbor(v: Value) -> Vec<u8> {
+    fn canonical(v: Value) -> Value {
+        match v {
+            Value::Map(m) => {
+                let mut m: Vec<(Vec<u8>, Value, Value)> =
+                    m.into_iter().map(|(k, v)| (raw(&k), canonical(k), canonical(v))).collect();
+                m.sort_by(|a, b| (a.0.len(), &a.0).cmp(&(b.0.len(), &b.0)));
+                Value::Map(m.into_iter().map(|(_, k, v)| (k, v)).collect())
+            }
+            Value::Array(a) => Value::Array(a.into_iter().map(canonical).collect()),
+            v => v,
+        }
+    }
+    fn raw(v: &Value) -> Vec<u8> {
+        let mut out = Vec::new();
+        // Invariant: serializing an in-memory Value into a Vec cannot fail.
+        ciborium::into_writer(v, &mut out).expect("CBOR into Vec");
+        out
+    }
+    raw(&canonical(v))
 }
 
 fn auth_data_head(rp_hash: &[u8; 32], flags: u8, count: u32) -> Vec<u8> {
@@ -634,5 +673,25 @@ impl Params {
             Some(Value::Integer(i)) => u64::try_from(*i).map(Some).map_err(|_| ERR_INVALID_CBOR),
             Some(_) => Err(ERR_INVALID_CBOR),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replies_are_canonical_cbor() {
+        let v = Value::Map(vec![
+            (text("clientPin"), Value::Bool(true)),
+            (text("uv"), Value::Bool(true)),
+            (int(-1), int(1)),
+            (int(3), Value::Map(vec![(text("up"), Value::Bool(true)), (text("rk"), Value::Bool(false))])),
+        ]);
+        let back: Value = ciborium::from_reader(&cbor(v)[..]).unwrap();
+        let Value::Map(m) = back else { panic!("not a map") };
+        let keys: Vec<Value> = m.iter().map(|(k, _)| k.clone()).collect();
+        assert_eq!(keys, vec![int(3), int(-1), text("uv"), text("clientPin")]);
+        assert_eq!(m[0].1, Value::Map(vec![(text("rk"), Value::Bool(false)), (text("up"), Value::Bool(true))]));
     }
 }
