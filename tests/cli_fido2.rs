@@ -65,6 +65,11 @@ fn create_lock_unlock_by_touch_then_fall_back() {
     assert_eq!(list[0]["path"], p(k.keys[0].path()), "{list}");
     assert!(list[0]["info"]["extensions"].as_array().unwrap().contains(&"hmac-secret".into()), "{list}");
 
+    // libfido2's debug log (FIDO_DEBUG) is the environment's to switch on, never ours to print.
+    let out = k.env.cmd(&["fido2", "list"]).env("FIDO_DEBUG", "1").output().unwrap();
+    assert!(out.status.success() && out.stderr.is_empty(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("hmac-secret: yes"));
+
     let id = k.create("yubi", &[], "");
     assert_eq!(k.keys[0].touches(), 2, "make credential + first hmac-secret");
     let listed: serde_json::Value = serde_json::from_str(&k.env.ok(&["protector", "list", "--json"], "")).unwrap();

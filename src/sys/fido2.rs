@@ -175,10 +175,18 @@ fn check(code: c_int) -> Result<(), Fido2Error> {
     }
 }
 
+/// libfido2 turns its debug log on when the environment has `FIDO_DEBUG`; in a PAM module the
+/// environment is the caller's, and the log (CTAP frames) is not theirs to see: it goes nowhere.
+unsafe extern "C" fn discard_log(_msg: *const c_char) {}
+
 fn init() {
     static INIT: Once = Once::new();
-    // SAFETY: fido_init only sets up logging; called once before any other libfido2 call.
-    INIT.call_once(|| unsafe { ffi::fido_init(0) });
+    // SAFETY: fido_init only sets up logging, and the handler is a function that ignores its
+    // argument; both run once, before any other libfido2 call.
+    INIT.call_once(|| unsafe {
+        ffi::fido_init(0);
+        ffi::fido_set_log_handler(Some(discard_log));
+    });
 }
 
 /// Authenticators libfido2 finds on the HID bus.
