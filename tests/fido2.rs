@@ -281,3 +281,35 @@ fn builtin_user_verification() {
     assert!(matches!(e, Fido2Error::Unsupported(_) | Fido2Error::PinRequired), "{e}");
     assert!(f.keys[0].take_log().iter().any(|l| l.starts_with("clientPIN 6")), "UV went through the token command");
 }
+
+/// The library's protector flow with a recording Ui: the PIN prompt names the device and the
+/// tries it has left; the touch is announced after the PIN, just before the key waits.
+#[test]
+fn pin_prompt_shows_the_keys_tries_left() {
+    use dirseal::protector::{self, fido2::NewFido2, NewKind};
+    use dirseal::secret::Passphrase;
+    use dirseal::ui::{SecretPrompt, Ui, UiError};
+
+    struct Rec(Vec<String>);
+    impl Ui for Rec {
+        fn secret(&mut self, p: &SecretPrompt<'_>) -> Result<Passphrase, UiError> {
+            if let SecretPrompt::Pin { device, tries_left, .. } = p {
+                self.0.push(format!("pin {device} {tries_left:?}"));
+            }
+            Ok(Passphrase::from_str_copy(if self.0.len() < 2 { "0000" } else { "1234" }))
+        }
+        fn touch(&mut self, name: &str, _: Option<&dirseal::ids::ProtectorId>) {
+            self.0.push(format!("touch {name}"));
+        }
+    }
+    let f = fx(&[Options { pin: Some("1234".into()), ..Default::default() }]);
+    let mut config = dirseal::config::Config::default();
+    config.fido2.socket_devices = vec![f.keys[0].path().to_path_buf()];
+    let new = NewKind::Fido2(NewFido2 { device: None, pin: true, uv: false });
+    let (rec, key) = protector::create("k", None, &new, &mut config, Some(&Passphrase::from_str_copy("1234"))).unwrap();
+    let mut ui = Rec(Vec::new());
+    let e = protector::unlock_with(&rec, &config, &mut ui).err().unwrap();
+    assert!(e.to_string().contains("7 tries left"), "{e}");
+    assert!(protector::unlock_with(&rec, &config, &mut ui).unwrap() == key);
+    assert_eq!(ui.0, ["pin Security key Some(8)", "touch k", "pin Security key Some(7)", "touch k"]);
+}

@@ -176,7 +176,10 @@ impl ProtectorKind {
                 }
                 SecretPrompt::Pin { name, id, device: "TPM", tries_left: Some(st.tries_left()) }
             }
-            (ProtectorKind::Fido2(_), _) => SecretPrompt::Pin { name, id, device: "security key", tries_left: None },
+            (ProtectorKind::Fido2(f), _) => {
+                let tries_left = f.locate(config)?.pin_retries().ok();
+                SecretPrompt::Pin { name, id, device: "Security key", tries_left }
+            }
             (_, Secret::Password) => SecretPrompt::Password { name, id },
             (_, Secret::Pin | Secret::KeyPin) => SecretPrompt::Pin { name, id, device: "", tries_left: None },
         })
