@@ -294,14 +294,31 @@ impl Dirseal {
     /// login password. A protector that fails for another reason than a wrong secret is reported in
     /// `problems` and the next one is tried; a Ui error (cancelled, conversation failed) ends it.
     pub fn login(&self, policy: &PolicyRecord, uid: u32, ui: &mut dyn Ui) -> Result<Login, OpsError> {
+        self.login_where(policy, uid, ui, |_| true)
+    }
+
+    /// [`Dirseal::login`] over the login protectors `keep` accepts. Those that need a security
+    /// key's own PIN are never among them: a login has no such PIN, and offering it the password
+    /// would spend the key's few tries.
+    pub fn login_where(
+        &self,
+        policy: &PolicyRecord,
+        uid: u32,
+        ui: &mut dyn Ui,
+        keep: impl Fn(&ProtectorRecord) -> bool,
+    ) -> Result<Login, OpsError> {
         let mut problems = Vec::new();
-        for rec in self.login_protectors(policy, uid) {
+        let mut list = self.login_protectors(policy, uid);
+        list.retain(|r| keep(r) && r.kind.ask().secret != Some(protector::Secret::KeyPin));
+        for rec in list {
             let pkey = match protector::unlock_with(&rec, &self.config, ui) {
                 Ok(k) => k,
                 Err(UnlockError::Ui(e)) => return Err(e.into()),
                 Err(UnlockError::Protector(ProtectorError::IncorrectSecret { .. })) => continue,
                 // No TPM on this machine (or not now): nothing to report at every login.
                 Err(UnlockError::Protector(ProtectorError::Tpm2(Tpm2Error::Unavailable { .. }))) => continue,
+                // No security key holding the credential plugged in: the usual case, not a problem.
+                Err(UnlockError::Protector(ProtectorError::Fido2(crate::fido2::Fido2Error::NotConnected))) => continue,
                 Err(UnlockError::Protector(e)) => {
                     problems.push((rec.id, e.into()));
                     continue;

@@ -227,6 +227,16 @@ impl Pam {
         unsafe { self.get_boxed::<Entry, _>(name, |e| *e) }
     }
 
+    /// Marks `name` as done for the rest of this PAM transaction.
+    pub fn set_flag(&self, name: &CStr) -> bool {
+        self.set_boxed(name, 1u8)
+    }
+
+    pub fn flag(&self, name: &CStr) -> bool {
+        // SAFETY: only `set_flag` stores data under the names it is given.
+        unsafe { self.get_boxed::<u8, _>(name, |_| ()) }.is_some()
+    }
+
     /// Hands `value` to libpam under `name`, dropped (zeroized if its type does) by the cleanup.
     fn set_boxed<T: 'static>(&self, name: &CStr, value: T) -> bool {
         let raw = Box::into_raw(Box::new(value)).cast::<c_void>();

@@ -36,6 +36,9 @@ use session::{Entry, Sessions};
 
 /// Where `auth` leaves the unwrapped master key for `open_session`.
 const MASTER_DATA: &CStr = c"dirseal_master_key";
+/// Set by a `standalone` pass that asked for a touch, so the password pass after it does not
+/// wait for the same key again.
+const TOUCH_TRIED: &CStr = c"dirseal_touch_tried";
 /// Where `open_session` leaves the session it recorded for `close_session`.
 const SESSION_DATA: &CStr = c"dirseal_session";
 const DEFAULT_RUNDIR: &str = "/run/dirseal";
@@ -47,6 +50,9 @@ struct Args {
     keystore: Option<PathBuf>,
     rundir: Option<PathBuf>,
     unlock_only: bool,
+    /// This line logs users in on its own with a touch of their security key (`auth sufficient`
+    /// before `pam_unix`); without it the module only uses the password the stack accepted.
+    standalone: bool,
     debug: bool,
     /// Makes the entry point panic, to test the panic guard with the real module.
     test_panic: bool,
@@ -73,6 +79,7 @@ impl Args {
                     a.test_delays.extend(delay(v))
                 }
                 None if arg == "unlock_only" => a.unlock_only = true,
+                None if arg == "standalone" => a.standalone = true,
                 None if arg == "debug" => a.debug = true,
                 None if arg == "test_panic" && cfg!(debug_assertions) => a.test_panic = true,
                 _ => pam.log(
@@ -205,6 +212,7 @@ fn home_state(pam: &Pam, args: &Args, acct: &Account) -> Result<Home, String> {
 /// block, behind `pam_unix`): opens the user's own password protectors with the password that was
 /// accepted and keeps the key for `open_session`. Always PAM_IGNORE: whatever the password opens,
 /// this module never decides a login, so a misplaced line cannot turn it into an authenticator.
+/// Only a line that says `standalone` logs users in, by a security key's touch ([`standalone`]).
 pub(crate) fn authenticate(pam: &Pam, args: &Args, flags: c_int) -> c_int {
     let Some(acct) = account(pam) else { return PAM_IGNORE };
     let (ds, policy) = match home_state(pam, args, &acct) {
@@ -216,6 +224,9 @@ pub(crate) fn authenticate(pam: &Pam, args: &Args, flags: c_int) -> c_int {
             return PAM_IGNORE;
         }
     };
+    if args.standalone {
+        return standalone(pam, flags, &acct, &ds, &policy);
+    }
     let home = acct.home.display();
     // Only the user's own protectors: one shared into the home by another user opens it with the
     // CLI, never at this user's login.
@@ -234,9 +245,11 @@ pub(crate) fn authenticate(pam: &Pam, args: &Args, flags: c_int) -> c_int {
         return PAM_IGNORE;
     }
     // The library's login order: protectors that need no typing first, then every password
-    // (and PIN) protector gets the one password the stack accepted.
+    // (and PIN) protector gets the one password the stack accepted. A key the stand-alone pass
+    // already waited for is not waited for twice.
     let mut ui = LoginUi { pam, flags, password: pam.authtok(PAM_AUTHTOK) };
-    let login = match ds.login(&policy, acct.uid, &mut ui) {
+    let tried = pam.flag(TOUCH_TRIED);
+    let login = match ds.login_where(&policy, acct.uid, &mut ui, |r| !(tried && touch_only(r))) {
         Ok(l) => l,
         Err(e) => {
             // A key or token login: no password went through the stack, and this module asks none.
@@ -273,6 +286,47 @@ pub(crate) fn authenticate(pam: &Pam, args: &Args, flags: c_int) -> c_int {
     PAM_IGNORE
 }
 
+/// A protector that opens with a touch of something the user holds and nothing typed (a FIDO2 key
+/// without PIN): the only kind that may log anyone in on its own. A TPM without PIN is not one —
+/// it would let anyone at the console in.
+fn touch_only(r: &ProtectorRecord) -> bool {
+    r.kind.ask() == protector::Ask { secret: None, touch: true }
+}
+
+/// The `standalone` pass (`auth sufficient pam_dirseal.so standalone`, before `pam_unix`): the
+/// user's own touch-only protectors, tried without asking anything, log them in — unless the
+/// password database has closed the account. No such protector, or no key plugged in: `PAM_IGNORE`
+/// at once, and the stack goes on to the password.
+fn standalone(pam: &Pam, flags: c_int, acct: &Account, ds: &Dirseal, policy: &PolicyRecord) -> c_int {
+    if !ds.login_protectors(policy, acct.uid).iter().any(touch_only) {
+        return PAM_IGNORE;
+    }
+    if let Err(r) = account::standalone_login_allowed(&acct.name) {
+        pam.log(LOG_NOTICE, &format!("no security-key login for {}: {r}", acct.name));
+        return PAM_IGNORE;
+    }
+    let mut ui = LoginUi { pam, flags, password: None };
+    let login = ds.login_where(policy, acct.uid, &mut ui, touch_only);
+    pam.set_flag(TOUCH_TRIED);
+    let login = match login {
+        Ok(l) => l,
+        Err(e) => {
+            pam.log(LOG_NOTICE, &format!("no security-key login for {}: {e}", acct.name));
+            return PAM_IGNORE;
+        }
+    };
+    for (id, e) in &login.problems {
+        pam.log(LOG_WARNING, &format!("{}: protector {id}: {e}", acct.name));
+    }
+    let Some((rec, master)) = login.opened else { return PAM_IGNORE };
+    if !pam.set_master(MASTER_DATA, master) {
+        pam.log(LOG_ERR, "cannot keep the key for the session (pam_set_data failed)");
+        return PAM_IGNORE;
+    }
+    pam.log(LOG_NOTICE, &format!("{} logged in with security key protector {} ({})", acct.name, rec.id, rec.name));
+    PAM_SUCCESS
+}
+
 /// The login's [`Ui`]: every password or PIN prompt is answered with the password the stack
 /// already accepted (PAM_AUTHTOK); nothing is ever asked. A touch is announced.
 struct LoginUi<'a> {
@@ -292,9 +346,7 @@ impl Ui for LoginUi<'_> {
             SecretPrompt::NewPassword { .. }
             | SecretPrompt::NewPin { .. }
             | SecretPrompt::KeyPin { .. }
-            | SecretPrompt::RecoveryKey { .. } => {
-                Err(UiError::Cancelled)
-            }
+            | SecretPrompt::RecoveryKey { .. } => Err(UiError::Cancelled),
         }
     }
 

@@ -787,7 +787,7 @@ fn managed_user_with_key(s: &Setup, password: &'static str) -> (User, dirseal_so
     let sock = s.etc.path().join(format!("key-{}.sock", rand_hex()));
     let key = dirseal_softfido::SoftFido::start(&sock, dirseal_softfido::Options::default()).unwrap();
     let cfg = fs::read_to_string(s.config()).unwrap();
-    fs::write(s.config(), format!("{cfg}[fido2]\ntouch_timeout_secs = 5\nsocket_devices = [{sock:?}]\n")).unwrap();
+    fs::write(s.config(), format!("{cfg}[fido2]\ntouch_timeout_secs = 2\nsocket_devices = [{sock:?}]\n")).unwrap();
     let u = s.managed_user(password);
     let mut ds = s.ds();
     let policy = ds.policy_of(&u.home).unwrap();
@@ -799,20 +799,53 @@ fn managed_user_with_key(s: &Setup, password: &'static str) -> (User, dirseal_so
     (u, key)
 }
 
+/// The stack docs/pam.md gives for security-key logins: a `standalone` line before `pam_unix`,
+/// then the usual one after it.
+const KEY_STACK: &str = "auth sufficient {so} {args} standalone\n\
+                         auth [success=1 default=ignore] pam_unix.so nullok nodelay\n\
+                         auth requisite pam_deny.so\n\
+                         auth required pam_permit.so\n\
+                         auth optional {so} {args}\n\
+                         account required pam_permit.so\n\
+                         session optional {so} {args}\n\
+                         session required pam_permit.so\n";
+
 #[test]
 fn security_key_logs_in_without_a_password_and_its_absence_costs_nothing() {
     let mut s = Setup::new();
     let (u, key) = managed_user_with_key(&s, "pw");
-    let svc = s.service(&AUTH_THEN.replace("NEXT", "deny"));
+    u.set_system_password("pw");
+    let svc = s.service(KEY_STACK);
     // Key present: touched, nothing typed (stdin is empty: any prompt would fail the login).
     let o = pamtester(&svc, &u.name, &["authenticate", "open_session"], "", &[]);
     assert!(ok(&o), "{}", show(&o));
     assert!(text(&o).contains("Touch your security key (yubikey)."), "{}", show(&o));
+    assert!(!text(&o).contains("assword"), "nothing may be asked: {}", show(&o));
     assert!(unlocked(&u));
     assert_eq!(key.touches(), 3);
     let o = pamtester(&svc, &u.name, &["close_session"], "", &[]);
     assert!(ok(&o), "{}", show(&o));
     assert!(!unlocked(&u));
+
+    // Key present but not touched: one wait of the configured timeout, then the password, and the
+    // pass after pam_unix does not wait for the key again.
+    key.set_presence(dirseal_softfido::Presence::Withhold);
+    let t = std::time::Instant::now();
+    let o = pamtester(&svc, &u.name, &["authenticate", "open_session"], "pw\n", &[]);
+    let took = t.elapsed();
+    assert!(ok(&o), "{}", show(&o));
+    assert!(took >= std::time::Duration::from_secs(2) && took < std::time::Duration::from_secs(5), "{took:?}");
+    assert_eq!(key.presence_requests(), 4, "asked once, not twice");
+    assert!(unlocked(&u), "the password opened it");
+    assert!(ok(&pamtester(&svc, &u.name, &["close_session"], "", &[])));
+    key.set_presence(dirseal_softfido::Presence::Grant);
+
+    // A locked account: the key logs nobody in, and is not even asked.
+    accounts("usermod", &["-L", &u.name], None).unwrap();
+    let o = pamtester(&svc, &u.name, &["authenticate"], "", &[]);
+    assert!(!ok(&o), "{}", show(&o));
+    assert_eq!(key.presence_requests(), 4);
+    accounts("usermod", &["-U", &u.name], None).unwrap();
 
     // Key unplugged: straight to the password prompt, no touch announced, no waiting.
     drop(key);
