@@ -193,3 +193,51 @@ fn one_key_opens_two_homes() {
     assert_eq!(fs::read_to_string(a.join("f")).unwrap(), "alice");
     assert_eq!(fs::read_to_string(b.join("f")).unwrap(), "bob");
 }
+
+/// A login has only the login password: a protector that needs the security key's own PIN is
+/// never offered it (each wrong PIN would spend one of the key's eight tries), even when the
+/// password happens to be the PIN.
+#[test]
+fn login_never_offers_the_password_as_a_security_key_pin() {
+    use dirseal::ops::{Dirseal, NewProtector, Pick, ProtectorChoice};
+    use dirseal::protector::{KindOptions, NewKind};
+    use dirseal::secret::Passphrase;
+    use dirseal::ui::{SecretPrompt, Ui, UiError};
+
+    struct Always(&'static str);
+    impl Ui for Always {
+        fn secret(&mut self, _: &SecretPrompt<'_>) -> Result<Passphrase, UiError> {
+            Ok(Passphrase::from_str_copy(self.0))
+        }
+    }
+    let k = keys(&[Options { pin: Some("1234".into()), ..Default::default() }], 5);
+    let mut ds = Dirseal::open(&k.env.config(), Some(&k.env.keystore())).unwrap();
+    let d = k.env.mnt().join("home");
+    fs::create_dir(&d).unwrap();
+    let pw = NewKind::named("password", &KindOptions::default()).unwrap();
+    let (policy, _) = ds
+        .encrypt(&d, ProtectorChoice::New(NewProtector { name: "pw", uid: Some(4242), kind: pw }), &mut Always("pw"))
+        .unwrap();
+    // The password proves access, then the new protector takes the key's PIN.
+    let fido = NewKind::named("fido2", &KindOptions { pin: true, ..Default::default() }).unwrap();
+    let key = ProtectorChoice::New(NewProtector { name: "key", uid: Some(4242), kind: fido });
+    let mut answers = Seq(vec!["pw", "1234"]);
+    ds.add_protector_to_policy(&policy.id, Pick { protector: None }, key, &mut answers).unwrap();
+    let requests = k.keys[0].presence_requests();
+    assert_eq!(k.keys[0].pin_retries(), 8);
+
+    // Every prompt answered with the key's PIN: the password protector refuses it, and the key
+    // is never asked.
+    let policy = ds.policy_of(&d).unwrap();
+    let login = ds.login(&policy, 4242, &mut Always("1234")).unwrap();
+    assert!(login.opened.is_none());
+    assert_eq!((k.keys[0].presence_requests(), k.keys[0].pin_retries()), (requests, 8));
+    assert!(ds.login(&policy, 4242, &mut Always("pw")).unwrap().opened.is_some());
+
+    struct Seq(Vec<&'static str>);
+    impl Ui for Seq {
+        fn secret(&mut self, _: &SecretPrompt<'_>) -> Result<Passphrase, UiError> {
+            Ok(Passphrase::from_str_copy(self.0.remove(0)))
+        }
+    }
+}
