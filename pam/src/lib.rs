@@ -230,8 +230,7 @@ pub(crate) fn authenticate(pam: &Pam, args: &Args, flags: c_int) -> c_int {
     let home = acct.home.display();
     // Only the user's own protectors: one shared into the home by another user opens it with the
     // CLI, never at this user's login.
-    let protectors = ds.login_protectors(&policy, acct.uid);
-    if protectors.is_empty() {
+    if ds.login_protectors(&policy, acct.uid).is_empty() {
         tell(
             pam,
             flags,
@@ -268,21 +267,29 @@ pub(crate) fn authenticate(pam: &Pam, args: &Args, flags: c_int) -> c_int {
         }
         return PAM_IGNORE;
     }
-    // The system accepted this password but the home's protector wants another: the two drifted
-    // apart (an administrator reset the system password). Log in, leave the home locked, and
-    // name the one command that opens it and brings its password in line.
-    tell(
-        pam,
-        flags,
-        LOG_NOTICE,
-        &format!(
+    let text = if !login.problems.is_empty() {
+        format!(
+            "dirseal: your home {home} stays locked: its protector could not be used (the system log says why); \
+             `dirseal status {home}` shows what is wrong"
+        )
+    } else if let Some(rec) = own_protector(&ds, &policy, acct.uid) {
+        // The system accepted this password but the home's protector wants another: the two
+        // drifted apart (an administrator reset the system password). Log in, leave the home
+        // locked, and name the one command that opens it and brings its password in line.
+        format!(
             "dirseal: your home {home} stays locked: it still opens with your previous password, not the one you \
              just logged in with. Run `dirseal change-password {home} --protector {}` (as root) with the previous \
              password and then the current one; without the previous password, `dirseal recovery restore {home} \
              --user {}` uses the recovery key.",
-            protectors[0].id, acct.name
-        ),
-    );
+            rec.id, acct.name
+        )
+    } else {
+        format!(
+            "dirseal: your home {home} stays locked: none of your protectors of it opens with your login password; \
+             `dirseal unlock {home}` opens it"
+        )
+    };
+    tell(pam, flags, LOG_NOTICE, &text);
     PAM_IGNORE
 }
 

@@ -628,6 +628,8 @@ fn a_keystore_entry_for_another_key_opens_nothing() {
     let o = pamtester(&svc, &a.name, &["authenticate", "open_session"], "pw-a-Password\n", &[]);
     assert!(ok(&o), "the system password still logs in: {}", show(&o));
     assert!(!unlocked(&a));
+    // Not mistaken for a password out of step: the user is told to look at the home's status.
+    assert!(text(&o).contains("could not be used") && !text(&o).contains("previous password"), "{}", show(&o));
 }
 
 #[test]
