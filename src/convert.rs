@@ -438,6 +438,12 @@ pub fn in_progress(dir: &Path) -> Result<bool, ConvertError> {
     ))
 }
 
+/// Whether `dir` is mid-conversion by moving: part of it may already be in the staging directory,
+/// so no login may use it, whatever the configuration allows during a copy.
+pub fn moving(dir: &Path) -> Result<bool, ConvertError> {
+    Ok(status(&absolute(dir)?)?.is_some_and(|v| v.method == Method::Move && unfinished(v.state)))
+}
+
 fn phase_name(p: migrate::Phase) -> &'static str {
     use migrate::Phase::*;
     match p {
