@@ -434,3 +434,9 @@ pub fn in_progress(dir: &Path) -> Result<bool, ConvertError> {
         )
     ))
 }
+
+/// Whether `dir` is mid-conversion by moving: part of it may already be in the staging directory,
+/// so no login may use it, whatever the configuration allows during a copy.
+pub fn moving(dir: &Path) -> Result<bool, ConvertError> {
+    Ok(status(&absolute(dir)?)?.is_some_and(|v| v.method == Method::Move && unfinished(v.state)))
+}

@@ -415,6 +415,27 @@ pub(crate) fn copy_sparse(
     Ok(())
 }
 
+/// Calls `f` with each data range `[from, to)` of `fd` within `[start, end)` (holes skipped).
+fn data_ranges(
+    fd: BorrowedFd<'_>,
+    start: u64,
+    end: u64,
+    f: &mut dyn FnMut(u64, u64) -> io::Result<()>,
+) -> io::Result<()> {
+    let mut off = start;
+    while off < end {
+        let data = match rustix::fs::seek(fd, SeekFrom::Data(off)) {
+            Ok(d) if d < end => d,
+            Ok(_) | Err(Errno::NXIO) => break,
+            Err(e) => return Err(e.into()),
+        };
+        let hole = rustix::fs::seek(fd, SeekFrom::Hole(data))?.min(end);
+        f(data, hole)?;
+        off = hole;
+    }
+    Ok(())
+}
+
 /// Copies the data of `src` in `[start, end)` to the same offsets of `dst`, skipping holes (what
 /// is a hole in `src` is left untouched in `dst`, which the caller has made a hole). `on_chunk` as
 /// for [`copy_sparse`].
@@ -426,26 +447,17 @@ pub(crate) fn copy_span(
     on_chunk: &mut dyn FnMut(u64) -> io::Result<()>,
 ) -> io::Result<()> {
     const CHUNK: u64 = 1 << 20;
-    let mut off = start;
-    while off < end {
-        let data = match rustix::fs::seek(src, SeekFrom::Data(off)) {
-            Ok(d) if d < end => d,
-            Ok(_) | Err(Errno::NXIO) => break,
-            Err(e) => return Err(e.into()),
-        };
-        let hole = rustix::fs::seek(src, SeekFrom::Hole(data))?.min(end);
-        let mut pos = data;
-        while pos < hole {
-            let n = copy_range(src, dst, pos, (hole - pos).min(CHUNK))?;
+    data_ranges(src, start, end, &mut |mut pos, to| {
+        while pos < to {
+            let n = copy_range(src, dst, pos, (to - pos).min(CHUNK))?;
             if n == 0 {
                 return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the file shrank while it was moved"));
             }
             pos += n;
             on_chunk(n)?;
         }
-        off = hole;
-    }
-    Ok(())
+        Ok(())
+    })
 }
 
 /// Deallocates `[off, off + len)` of a regular file (it reads as zeros; the size stays).
@@ -461,21 +473,13 @@ pub(crate) fn punch(fd: BorrowedFd<'_>, off: u64, len: u64) -> io::Result<()> {
 /// leaves behind before it is truncated away).
 pub(crate) fn zero_span(fd: BorrowedFd<'_>, start: u64, end: u64) -> io::Result<()> {
     let zeros = vec![0u8; 1 << 20];
-    let mut off = start;
-    while off < end {
-        let data = match rustix::fs::seek(fd, SeekFrom::Data(off)) {
-            Ok(d) if d < end => d,
-            Ok(_) | Err(Errno::NXIO) => break,
-            Err(e) => return Err(e.into()),
-        };
-        let hole = rustix::fs::seek(fd, SeekFrom::Hole(data))?.min(end);
-        let mut pos = data;
-        while pos < hole {
-            let len = (hole - pos).min(zeros.len() as u64) as usize;
+    data_ranges(fd, start, end, &mut |mut pos, to| {
+        while pos < to {
+            let len = (to - pos).min(zeros.len() as u64) as usize;
             pos += rustix::io::pwrite(fd, &zeros[..len], pos)? as u64;
         }
-        off = hole;
-    }
+        Ok(())
+    })?;
     Ok(rustix::fs::fdatasync(fd)?)
 }
 

@@ -50,14 +50,23 @@ impl From<Version> for u32 {
 #[serde(try_from = "String", into = "String")]
 pub(crate) struct HexPath(pub PathBuf);
 
+/// Decodes a hex-stored path (`what` names it in the error).
+fn unhex_path(s: &str, what: &str) -> Result<PathBuf, String> {
+    let bytes = hex::decode(s).map_err(|e| format!("{what} is not hex: {e}"))?;
+    if bytes.contains(&0) {
+        return Err(format!("{what} contains NUL"));
+    }
+    Ok(PathBuf::from(OsStr::from_bytes(&bytes)))
+}
+
 impl TryFrom<String> for HexPath {
     type Error = String;
     fn try_from(s: String) -> Result<Self, String> {
-        let bytes = hex::decode(&s).map_err(|e| format!("source path is not hex: {e}"))?;
-        if bytes.first() != Some(&b'/') || bytes.contains(&0) {
-            return Err("source path must be absolute and contain no NUL".into());
+        let p = unhex_path(&s, "source path")?;
+        if !p.is_absolute() {
+            return Err("source path must be absolute".into());
         }
-        Ok(HexPath(PathBuf::from(OsStr::from_bytes(&bytes))))
+        Ok(HexPath(p))
     }
 }
 
@@ -77,10 +86,10 @@ pub(crate) struct HexRel(pub PathBuf);
 impl TryFrom<String> for HexRel {
     type Error = String;
     fn try_from(s: String) -> Result<Self, String> {
-        let bytes = hex::decode(&s).map_err(|e| format!("relative path is not hex: {e}"))?;
-        let p = PathBuf::from(OsStr::from_bytes(&bytes));
+        let p = unhex_path(&s, "relative path")?;
         let normal = p.components().all(|c| matches!(c, std::path::Component::Normal(_)));
-        if bytes.is_empty() || bytes.contains(&0) || !normal || bytes.ends_with(b"/") {
+        let bytes = p.as_os_str().as_bytes();
+        if bytes.is_empty() || !normal || bytes.ends_with(b"/") {
             return Err("a relative path must be non-empty, without NUL, `.`, `..` or a leading `/`".into());
         }
         Ok(HexRel(p))

@@ -366,16 +366,21 @@ impl Ui for LoginUi<'_> {
 
 /// A login while the home is being converted: `refused` unless the config allows it, then
 /// `allowed` (the home is still plaintext: nothing to unlock, so the rest of the stack decides).
+/// A home being moved (part of it may already be in the staging directory) is always refused.
 fn converting(pam: &Pam, args: &Args, acct: &Account, flags: c_int, (allowed, refused): (c_int, c_int)) -> c_int {
-    if args.open().is_ok_and(|ds| ds.config().pam.allow_login_during_conversion) {
+    let moving = dirseal::convert::moving(&acct.home).unwrap_or(true);
+    if !moving && args.open().is_ok_and(|ds| ds.config().pam.allow_login_during_conversion) {
         return allowed;
     }
     pam.log(LOG_NOTICE, &format!("refusing login of {}: conversion of {} in progress", acct.name, acct.home.display()));
     if flags & PAM_SILENT == 0 {
-        pam.error_msg(
+        pam.error_msg(if moving {
+            "Your home directory is being moved into encrypted storage and cannot be used until the move \
+             has finished; you can log in then (an administrator can follow it with `dirseal convert --status`)."
+        } else {
             "Encryption of your home directory is in progress; you can log in once it has finished \
-             (an administrator can follow it with `dirseal convert --status`).",
-        );
+             (an administrator can follow it with `dirseal convert --status`)."
+        });
     }
     refused
 }

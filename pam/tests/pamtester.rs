@@ -668,13 +668,13 @@ fn standalone_logins_are_refused_for_locked_or_expired_accounts() {
     assert_eq!(allowed("dst-no-such-user"), Err(Refusal::NoEntry("dst-no-such-user".into())));
 }
 
-/// Leaves a conversion of `home` recorded mid-copy, as if it had been interrupted.
-fn interrupted_conversion(home: &Path) {
-    /// Stops the engine as soon as the copy starts, so the journal says "copying".
+/// Leaves a conversion of `home` recorded mid-copy (or mid-move), as if it had been interrupted.
+fn interrupted_conversion(home: &Path, mode: dirseal_migrate::Mode) {
+    /// Stops the engine as soon as the copy (or move) starts, so the journal says "copying".
     struct Stopped(std::sync::atomic::AtomicBool);
     impl dirseal_migrate::Host for Stopped {
         fn progress(&self, p: &dirseal_migrate::Progress) {
-            if p.phase == dirseal_migrate::Phase::Copying {
+            if matches!(p.phase, dirseal_migrate::Phase::Copying | dirseal_migrate::Phase::Moving) {
                 self.0.store(true, std::sync::atomic::Ordering::Relaxed);
             }
         }
@@ -723,7 +723,7 @@ fn interrupted_conversion(home: &Path) {
         wipe: false,
         force: true,
         threads: 1,
-        mode: dirseal_migrate::Mode::Copy,
+        mode,
     };
     let e = dirseal_migrate::convert(&req, &Stopped(Default::default())).unwrap_err();
     assert!(matches!(e, dirseal_migrate::MigrateError::Interrupted { .. }), "{e:?}");
@@ -737,7 +737,7 @@ fn login_during_a_conversion_is_refused_only_after_authentication() {
     let u = User::new(s.fs.path());
     u.set_system_password("conv-Password-1");
     fs::write(u.home.join("file"), b"plaintext still").unwrap();
-    interrupted_conversion(&u.home);
+    interrupted_conversion(&u.home, dirseal_migrate::Mode::Copy);
     let svc = s.service(&shipped_stack());
     // A wrong password learns nothing about the conversion.
     let o = pamtester(&svc, &u.name, &["authenticate", "acct_mgmt"], "wrong-Password\n", &[]);
@@ -754,6 +754,20 @@ fn login_during_a_conversion_is_refused_only_after_authentication() {
     fs::write(s.config(), format!("{FAST_CONFIG}[pam]\nallow_login_during_conversion = true\n")).unwrap();
     let o = pamtester(&svc, &u.name, &["authenticate", "acct_mgmt", "open_session"], "conv-Password-1\n", &[]);
     assert!(ok(&o), "{}", show(&o));
+}
+
+#[test]
+fn login_during_a_move_is_refused_even_when_logins_during_conversions_are_allowed() {
+    let mut s = Setup::new();
+    let u = User::new(s.fs.path());
+    u.set_system_password("move-Password-1");
+    fs::write(u.home.join("file"), b"half of the home may be in the staging directory").unwrap();
+    interrupted_conversion(&u.home, dirseal_migrate::Mode::Move);
+    fs::write(s.config(), format!("{FAST_CONFIG}[pam]\nallow_login_during_conversion = true\n")).unwrap();
+    let svc = s.service(&shipped_stack());
+    let o = pamtester(&svc, &u.name, &["authenticate", "acct_mgmt", "open_session"], "move-Password-1\n", &[]);
+    assert!(!ok(&o), "{}", show(&o));
+    assert!(text(&o).contains("cannot be used until the move has finished"), "{}", show(&o));
 }
 
 #[test]
