@@ -25,6 +25,8 @@ pub const PAM_UPDATE_AUTHTOK: c_int = 0x2000;
 const PAM_CONV: c_int = 5;
 pub const PAM_AUTHTOK: c_int = 6;
 pub const PAM_OLDAUTHTOK: c_int = 7;
+pub const PAM_SERVICE: c_int = 1;
+pub const PAM_RHOST: c_int = 4;
 
 const PAM_ERROR_MSG: c_int = 3;
 const PAM_TEXT_INFO: c_int = 4;
@@ -131,6 +133,19 @@ impl Pam {
         }
         // SAFETY: on success `p` is a NUL-terminated string owned by libpam.
         let s = unsafe { CStr::from_ptr(p) };
+        s.to_str().ok().map(str::to_owned)
+    }
+
+    /// A string item (PAM_SERVICE, PAM_RHOST); `None` when unset or not UTF-8.
+    pub fn item(&self, item: c_int) -> Option<String> {
+        let mut p: *const c_void = ptr::null();
+        // SAFETY: valid handle and item type; libpam writes a pointer it owns.
+        let r = unsafe { pam_get_item(self.h, item, &mut p) };
+        if r != PAM_SUCCESS || p.is_null() {
+            return None;
+        }
+        // SAFETY: PAM_SERVICE and PAM_RHOST are NUL-terminated strings owned by libpam.
+        let s = unsafe { CStr::from_ptr(p.cast::<c_char>()) };
         s.to_str().ok().map(str::to_owned)
     }
 

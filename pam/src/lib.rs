@@ -246,7 +246,7 @@ pub(crate) fn authenticate(pam: &Pam, args: &Args, flags: c_int) -> c_int {
     // The library's login order: protectors that need no typing first, then every password
     // (and PIN) protector gets the one password the stack accepted. A key the stand-alone pass
     // already waited for is not waited for twice.
-    let mut ui = LoginUi { pam, flags, password: pam.authtok(PAM_AUTHTOK) };
+    let mut ui = LoginUi { pam, network: network_login(pam), flags, password: pam.authtok(PAM_AUTHTOK) };
     let tried = pam.flag(TOUCH_TRIED);
     let login = match ds.login_where(&policy, acct.uid, &mut ui, |r| !(tried && touch_only(r))) {
         Ok(l) => l,
@@ -312,7 +312,7 @@ fn standalone(pam: &Pam, flags: c_int, acct: &Account, ds: &Dirseal, policy: &Po
         pam.log(LOG_NOTICE, &format!("no security-key login for {}: {r}", acct.name));
         return PAM_IGNORE;
     }
-    let mut ui = LoginUi { pam, flags, password: None };
+    let mut ui = LoginUi { pam, network: network_login(pam), flags, password: None };
     let login = ds.login_where(policy, acct.uid, &mut ui, touch_only);
     pam.set_flag(TOUCH_TRIED);
     let login = match login {
@@ -338,6 +338,8 @@ fn standalone(pam: &Pam, flags: c_int, acct: &Account, ds: &Dirseal, policy: &Po
 /// already accepted (PAM_AUTHTOK); nothing is ever asked. A touch is announced.
 struct LoginUi<'a> {
     pam: &'a Pam,
+    /// A network login (see [`network_login`]): TPM PINs are refused while tries are few.
+    network: bool,
     flags: c_int,
     password: Option<Passphrase>,
 }
@@ -357,11 +359,27 @@ impl Ui for LoginUi<'_> {
         }
     }
 
+    fn network_login(&self) -> bool {
+        self.network
+    }
+
     fn touch(&mut self, name: &str, _id: Option<&dirseal::ids::ProtectorId>) {
         if self.flags & PAM_SILENT == 0 {
             self.pam.info_msg(&format!("Touch your security key ({name})."));
         }
     }
+}
+
+/// Services through which people log in over the network, for stacks that do not set PAM_RHOST.
+const NETWORK_SERVICES: &[&str] = &["sshd", "xrdp-sesman", "vsftpd", "rlogin", "rsh", "telnet"];
+
+/// Whether this login comes over the network: a remote host is named (sshd sets it), or the
+/// service is a network one. A guess that errs towards "network": the cost is only that a TPM PIN
+/// with few tries left must be typed at the device.
+fn network_login(pam: &Pam) -> bool {
+    let rhost = pam.item(PAM_RHOST).is_some_and(|h| !h.is_empty());
+    let service = pam.item(PAM_SERVICE).unwrap_or_default();
+    rhost || NETWORK_SERVICES.contains(&service.as_str())
 }
 
 /// A login while the home is being converted: `refused` unless the config allows it, then

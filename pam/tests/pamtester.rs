@@ -874,3 +874,74 @@ fn security_key_logs_in_without_a_password_and_its_absence_costs_nothing() {
     assert!(took < std::time::Duration::from_secs(3), "{took:?}");
     assert!(unlocked(&u));
 }
+
+/// A user whose home is opened by their own TPM protector with `pin` (on `tpm`), locked.
+fn managed_tpm_user(s: &Setup, tpm: &dirseal_testfs::Swtpm, pin: &'static str) -> User {
+    let mut f = fs::OpenOptions::new().append(true).open(s.config()).unwrap();
+    writeln!(f, "[tpm2]\ntcti = \"{}\"", tpm.tcti()).unwrap();
+    let u = User::new(s.fs.path());
+    let mut ds = s.ds();
+    let kind = NewKind::named("tpm2", &KindOptions::default()).unwrap();
+    let n = NewProtector { name: &u.name, uid: Some(u.uid), kind };
+    ds.encrypt(&u.home, ProtectorChoice::New(n), &mut Answers(vec![pin])).unwrap();
+    fs::write(u.home.join("diary.txt"), b"dear diary").unwrap();
+    assert!(ds.lock(&u.home, false).unwrap().locked);
+    u
+}
+
+fn tpm_tries_left(tpm: &dirseal_testfs::Swtpm) -> u32 {
+    let mut t = dirseal::tpm2::Tpm::open(&tpm.tcti().parse().unwrap()).unwrap();
+    t.da_status().unwrap().tries_left()
+}
+
+/// pamtester as a login from `rhost`.
+fn pamtester_from(rhost: &str, service: &str, user: &str, ops: &[&str], stdin: &str) -> Output {
+    let mut c = Command::new("pamtester");
+    c.arg("-I").arg(format!("rhost={rhost}"));
+    run_pamtester(c, service, user, ops, stdin, &[])
+}
+
+#[test]
+fn tpm_pin_at_login_costs_one_try_when_wrong_and_is_refused_over_the_network_when_tries_are_few() {
+    let tpm = dirseal_testfs::Swtpm::start();
+    let mut s = Setup::new();
+    let u = managed_tpm_user(&s, &tpm, "2468");
+    u.set_system_password("2468");
+    let svc = s.service(&shipped_stack());
+    let o = pamtester(&svc, &u.name, &["authenticate", "open_session"], "2468\n", &[]);
+    assert!(ok(&o), "{}", show(&o));
+    assert!(unlocked(&u), "the accepted password is the TPM PIN");
+    s.ds().lock(&u.home, false).unwrap();
+    assert_eq!(tpm_tries_left(&tpm), 3, "a right PIN costs nothing");
+
+    // The system accepts a password that is not the PIN: the login goes on, the home stays
+    // locked, and the TPM counts exactly one failure.
+    u.set_system_password("other-Password-1");
+    let o = pamtester(&svc, &u.name, &["authenticate", "open_session"], "other-Password-1\n", &[]);
+    assert!(ok(&o), "{}", show(&o));
+    assert!(!unlocked(&u));
+    assert_eq!(tpm_tries_left(&tpm), 2);
+    // A password the system refuses never reaches the TPM.
+    assert!(!ok(&pamtester(&svc, &u.name, &["authenticate"], "wrong-Password\n", &[])));
+    assert_eq!(tpm_tries_left(&tpm), 2);
+
+    u.set_system_password("2468");
+    // Over the network with 2 tries left (tpm2.min_local_tries = 2): allowed.
+    let o = pamtester_from("192.0.2.7", &svc, &u.name, &["authenticate", "open_session"], "2468\n");
+    assert!(ok(&o), "{}", show(&o));
+    assert!(unlocked(&u));
+    s.ds().lock(&u.home, false).unwrap();
+    u.set_system_password("other-Password-1");
+    assert!(ok(&pamtester(&svc, &u.name, &["authenticate"], "other-Password-1\n", &[])));
+    assert_eq!(tpm_tries_left(&tpm), 1);
+    // 1 try left: a network login does not try the PIN (the TPM is not asked); at the device it does.
+    u.set_system_password("2468");
+    let o = pamtester_from("192.0.2.7", &svc, &u.name, &["authenticate", "open_session"], "2468\n");
+    assert!(ok(&o), "{}", show(&o));
+    assert!(!unlocked(&u));
+    assert_eq!(tpm_tries_left(&tpm), 1);
+    let o = pamtester(&svc, &u.name, &["authenticate", "open_session"], "2468\n", &[]);
+    assert!(ok(&o), "{}", show(&o));
+    assert!(unlocked(&u));
+    assert_eq!(tpm_tries_left(&tpm), 1);
+}
