@@ -373,15 +373,7 @@ impl Host for KeyHost<'_> {
     }
 
     fn trim(&self, dir: &Path) -> Result<(), HostError> {
-        // An absolute path: root must not run whatever `fstrim` its PATH finds.
-        let fstrim = ["/usr/sbin/fstrim", "/sbin/fstrim"].into_iter().find(|p| Path::new(p).exists());
-        let Some(fstrim) = fstrim else { return Err(HostError("fstrim is not installed (util-linux)".into())) };
-        let out = std::process::Command::new(fstrim).arg(dir).env_clear().output().map_err(host_err)?;
-        if out.status.success() {
-            Ok(())
-        } else {
-            Err(HostError(format!("fstrim {}: {}", dir.display(), String::from_utf8_lossy(&out.stderr).trim())))
-        }
+        crate::scrub::trim(dir).map(drop).map_err(host_err)
     }
 
     fn progress(&self, p: &migrate::Progress) {

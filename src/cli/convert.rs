@@ -1,10 +1,8 @@
 //! `dirseal convert`: flags to [`dirseal::convert`]'s plan and run, a progress bar (or JSON
 //! lines), and clean stops on SIGINT/SIGTERM.
-use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -15,6 +13,7 @@ use dirseal::ops::Dirseal;
 use dirseal::ui::Progress;
 use dirseal_migrate::{Method, Outcome, State, StatusView};
 
+use super::progress::Reporter;
 use super::term::{clean, TermUi};
 use super::ProtectorArgs;
 
@@ -111,62 +110,6 @@ fn status_out(v: &StatusView) -> StatusOut<'_> {
         bytes_total: v.bytes_total,
         keep_backup: v.keep_backup,
         started_unix: v.started_unix,
-    }
-}
-
-/// Progress for humans (a bar on a terminal) or front ends (JSON lines, at most one per second).
-struct Reporter {
-    bar: Option<indicatif::ProgressBar>,
-    json: Option<Mutex<Option<(Instant, String)>>>,
-}
-
-impl Reporter {
-    fn new(json: bool) -> Reporter {
-        if json {
-            return Reporter { bar: None, json: Some(Mutex::new(None)) };
-        }
-        if !std::io::stderr().is_terminal() {
-            return Reporter { bar: None, json: None };
-        }
-        let bar = indicatif::ProgressBar::new(0);
-        let style = indicatif::ProgressStyle::with_template(
-            "{msg:10} [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta} {prefix}",
-        )
-        .map(|s| s.progress_chars("=> "))
-        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
-        bar.set_style(style);
-        Reporter { bar: Some(bar), json: None }
-    }
-
-    fn report(&self, p: &Progress) {
-        if let Some(bar) = &self.bar {
-            bar.set_message(p.phase.clone());
-            bar.set_length(p.bytes_total);
-            bar.set_position(p.bytes_done);
-            bar.set_prefix(format!("{}/{} files", p.files_done, p.files_total));
-        }
-        if let Some(last) = &self.json {
-            let mut last = last.lock().unwrap_or_else(|e| e.into_inner());
-            // One line per second, and one at every phase change so front ends see each phase.
-            let same_phase = last.as_ref().is_some_and(|(_, ph)| *ph == p.phase);
-            if same_phase && last.as_ref().is_some_and(|(t, _)| t.elapsed() < Duration::from_secs(1)) {
-                return;
-            }
-            *last = Some((Instant::now(), p.phase.clone()));
-            #[derive(Serialize)]
-            struct Line<'a> {
-                progress: &'a Progress,
-            }
-            if let Ok(s) = serde_json::to_string(&Line { progress: p }) {
-                println!("{s}");
-            }
-        }
-    }
-
-    fn finish(&self) {
-        if let Some(bar) = &self.bar {
-            bar.finish_and_clear();
-        }
     }
 }
 

@@ -25,13 +25,18 @@ struct NoEcho {
 }
 
 impl NoEcho {
+    /// No echo, but the newline that ends the line is shown (password prompts).
     fn new() -> Option<NoEcho> {
+        NoEcho::with(true)
+    }
+
+    fn with(echo_newline: bool) -> Option<NoEcho> {
         use nix::sys::termios::{tcgetattr, tcsetattr, LocalFlags, SetArg};
         let stdin = io::stdin();
         let saved = tcgetattr(&stdin).ok()?;
         let mut t = saved.clone();
         t.local_flags.remove(LocalFlags::ECHO);
-        t.local_flags.insert(LocalFlags::ECHONL);
+        t.local_flags.set(LocalFlags::ECHONL, echo_newline);
         tcsetattr(&stdin, SetArg::TCSANOW, &t).ok()?;
         Some(NoEcho { saved })
     }
@@ -76,7 +81,8 @@ fn read_line() -> Result<Option<Passphrase>, UiError> {
     Ok(read_raw_line(MAX_SECRET)?.map(Passphrase::new))
 }
 
-fn ask(prompt: &str) -> Result<Passphrase, UiError> {
+/// Asks for one secret line on stderr, without echo on a terminal.
+pub fn ask(prompt: &str) -> Result<Passphrase, UiError> {
     let tty = io::stdin().is_terminal();
     if tty {
         eprint!("{prompt}");
@@ -145,8 +151,10 @@ impl Ui for TermUi {
                 }
                 Ok(confirm(&format!("Encrypt {d} in place? {how}")))
             }
-            // Only on a terminal: scripts say --recovery-key or --no-recovery-key.
-            Question::CreateRecoveryKey { .. } => Ok(io::stdin().is_terminal()
+            // Only on a terminal: scripts say --recovery-key or --no-recovery-key. `--yes` asks
+            // nothing but secrets, so no key unless --recovery-key says so.
+            Question::CreateRecoveryKey { .. } => Ok(!self.assume_yes
+                && io::stdin().is_terminal()
                 && confirm(
                     "Create a recovery key (the way back in if every password is forgotten or the keystore is lost)?",
                 )),
@@ -164,9 +172,9 @@ impl Ui for TermUi {
             return Ok(());
         }
         for _ in 0..3 {
-            eprint!("Type the recovery key back to confirm: ");
-            let Some(line) = read_raw_line(256)? else { return Err(UiError::RecoveryKeyNotConfirmed) };
-            match RecoveryKey::parse(std::str::from_utf8(&line).unwrap_or("\u{fffd}")) {
+            // Not echoed: the key is a secret, and a typed copy would stay in the scrollback.
+            let line = ask("Type the recovery key back to confirm: ")?;
+            match RecoveryKey::parse(std::str::from_utf8(line.as_bytes()).unwrap_or("\u{fffd}")) {
                 Ok(k) if k == *key => return Ok(()),
                 Ok(_) => eprintln!("that is a valid key, but not this one; check what you wrote"),
                 Err(e) => eprintln!("{e}"),
@@ -197,14 +205,44 @@ pub fn clean(s: &str) -> String {
     s.chars().map(|c| if c.is_control() { c.escape_default().to_string() } else { c.to_string() }).collect()
 }
 
-/// Asks a yes/no question on the terminal; `false` unless the answer starts with y.
+/// y/yes or n/no in any case, around blanks; an empty line takes the default (no). Anything else
+/// is not an answer.
+fn yes_no(line: &[u8]) -> Option<bool> {
+    match line.trim_ascii().to_ascii_lowercase().as_slice() {
+        b"y" | b"yes" => Some(true),
+        b"n" | b"no" | b"" => Some(false),
+        _ => None,
+    }
+}
+
+/// Asks a yes/no question until it gets an answer (the default is no; end of input is no).
+///
+/// What is typed is not echoed: a password typed one prompt too early must not appear on screen
+/// or in a terminal's scrollback. The accepted answer is shown instead; anything else is neither
+/// shown nor taken as "no", the question is asked again.
 pub fn confirm(question: &str) -> bool {
-    eprint!("{question} [y/N] ");
-    let _ = io::stderr().flush();
-    read_raw_line(256)
-        .ok()
-        .flatten()
-        .is_some_and(|l| l.trim_ascii_start().first().is_some_and(|c| *c == b'y' || *c == b'Y'))
+    let tty = io::stdin().is_terminal();
+    loop {
+        eprint!("{question} [y/N] ");
+        let _ = io::stderr().flush();
+        let echo = if tty { NoEcho::with(false) } else { None };
+        let line = read_line();
+        drop(echo);
+        let answer = match &line {
+            Ok(Some(l)) => yes_no(l.as_bytes()),
+            // End of input or an unreadable line: nothing was agreed to.
+            Ok(None) | Err(_) => Some(false),
+        };
+        match answer {
+            Some(a) => {
+                if tty {
+                    eprintln!("{}", if a { "yes" } else { "no" });
+                }
+                return a;
+            }
+            None => eprintln!("\nplease answer y or n (what you typed was not shown)"),
+        }
+    }
 }
 
 /// Which way the data goes (copy or move) and why, for the confirmation.
@@ -236,6 +274,20 @@ fn method_text(c: &dirseal_migrate::Census) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn yes_no_answers_and_non_answers() {
+        use super::yes_no;
+        for y in [&b"y"[..], b"Y", b" yes ", b"YES\r"] {
+            assert_eq!(yes_no(y), Some(true), "{y:?}");
+        }
+        for n in [&b"n"[..], b"No", b"", b"  "] {
+            assert_eq!(yes_no(n), Some(false), "{n:?}");
+        }
+        for other in [&b"hunter2"[..], b"yy", b"ja", b"ye s", b"y\x1b"] {
+            assert_eq!(yes_no(other), None, "{other:?}");
+        }
+    }
+
     #[test]
     fn clean_escapes_controls() {
         assert_eq!(super::clean("a\x1b[31mb\n"), "a\\u{1b}[31mb\\n");
