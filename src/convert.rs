@@ -105,6 +105,9 @@ pub struct Options {
     /// Copy the data, move it (for a nearly full disk: no second copy, no backup window), or
     /// pick by free space (the census says which, and why).
     pub mode: Mode,
+    /// Measure the filesystem's encrypted write rate for the summary's time estimate: a short
+    /// probe (a few MiB in a temporary encrypted directory with a throwaway key, removed again).
+    pub estimate: bool,
 }
 
 /// A checked conversion, ready for [`run`].
@@ -120,8 +123,9 @@ pub struct Plan {
 
 #[derive(Debug)]
 pub enum Planned {
-    /// A new conversion that passed every check: what it will copy and needs, and the owner.
-    New { census: Census, owner: Owner, engine: Box<migrate::Plan> },
+    /// A new conversion that passed every check: what it will copy and needs, the owner, and the
+    /// measured time estimate when [`Options::estimate`] asked for one (and the probe could run).
+    New { census: Census, owner: Owner, engine: Box<migrate::Plan>, estimate: Option<Estimate> },
     /// An unfinished conversion. `staging_key` names the policy whose key must be loaded again
     /// first (after a reboot): [`run`] asks for a protector's secret then.
     Resume { state: State, staging_key: Option<KeyIdentifier> },
@@ -180,7 +184,143 @@ pub fn plan(ds: &Dirseal, dir: &Path, options: Options, hooks: &Hooks<'_>) -> Re
     let host = KeyHost::new(ds, &source, hooks);
     let engine = migrate::preflight(&request(&source, &workdir, &options), &host)?;
     let census = *engine.census();
-    Ok(Plan { source, workdir, options, what: Planned::New { census, owner, engine: Box::new(engine) } })
+    let estimate = if options.estimate { estimate(&source, &census) } else { None };
+    Ok(Plan { source, workdir, options, what: Planned::New { census, owner, engine: Box::new(engine), estimate } })
+}
+
+/// What a new conversion involves, as a person should see it before saying yes (and as front
+/// ends show it: the CLI's `plan` object).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Summary {
+    pub path: PathBuf,
+    /// Entries below the directory.
+    pub entries: u64,
+    /// File data the copy moves: sizes, but sparse files count only their allocated data.
+    pub data_bytes: u64,
+    /// The sum of file sizes (what `ls` shows; more than the data when files are sparse).
+    pub apparent_bytes: u64,
+    /// Free space the copy needs, and what the filesystem has.
+    pub space_needed: u64,
+    pub space_available: u64,
+    /// The directory's owner: they cannot log in (the PAM module refuses) or use the directory
+    /// until the conversion is done. Root-owned directories have no such owner.
+    pub owner_uid: u32,
+    pub owner_name: Option<String>,
+    /// Whether a recovery key will be made; `None`: the front end is asked next.
+    pub recovery_key: Option<bool>,
+    pub keep_backup: bool,
+    pub wipe: bool,
+    /// Copy or move, and whether [`Mode::Auto`] picked it; what each would need.
+    pub method: migrate::Method,
+    pub auto: bool,
+    pub copy_needed: u64,
+    pub move_needed: u64,
+    pub estimate: Option<Estimate>,
+}
+
+/// A time estimate from rates measured on the filesystem itself, not constants.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Estimate {
+    /// Encrypted writes, synced, into a probe directory on the filesystem.
+    pub write_bytes_per_sec: u64,
+    /// Creating one small encrypted file.
+    pub micros_per_entry: u64,
+    /// Copy (data at the write rate, entries at the per-entry cost) plus verification (reading
+    /// both copies back, counted as half the copy's data time).
+    pub seconds: u64,
+}
+
+impl Plan {
+    /// The summary of a new conversion; `None` when resuming one.
+    pub fn summary(&self) -> Option<Summary> {
+        let Planned::New { census, owner, estimate, .. } = &self.what else { return None };
+        Some(summary(&self.source, &self.options, census, owner, *estimate))
+    }
+}
+
+fn summary(source: &Path, options: &Options, census: &Census, owner: &Owner, estimate: Option<Estimate>) -> Summary {
+    let owner_name = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(owner.uid)).ok().flatten().map(|u| u.name);
+    Summary {
+        path: source.to_path_buf(),
+        entries: census.entries,
+        data_bytes: census.data,
+        apparent_bytes: census.bytes,
+        space_needed: census.space_needed,
+        space_available: census.space_available,
+        owner_uid: owner.uid,
+        owner_name,
+        recovery_key: options.recovery_key,
+        keep_backup: options.keep_backup,
+        wipe: options.wipe,
+        method: census.method,
+        auto: census.auto,
+        copy_needed: census.copy_needed,
+        move_needed: census.move_needed,
+        estimate,
+    }
+}
+
+/// Most bytes the rate probe writes (less when space is short), and the small files it creates.
+const PROBE_BYTES: u64 = 16 << 20;
+const PROBE_FILES: u64 = 200;
+
+/// Measures encrypted write speed and per-file cost on the filesystem of `source`, in a
+/// temporary directory under its root-only `.dirseal`, encrypted with a throwaway key; everything
+/// is removed again. `None` when the probe cannot run (too little space, any error): the summary
+/// then has no estimate rather than a made-up one.
+fn estimate(source: &Path, census: &Census) -> Option<Estimate> {
+    // A quarter of the headroom the copy leaves, whole MiB: the probe never costs the copy space.
+    let bytes = (census.space_available.saturating_sub(census.space_needed) / 4).min(PROBE_BYTES) >> 20 << 20;
+    if bytes < 2 << 20 {
+        return None;
+    }
+    let mp = fscrypt::mount_point(source).ok()?;
+    let base = mp.join(".dirseal");
+    std::fs::create_dir_all(&base).ok()?;
+    // Probes of killed runs: their keys are gone and their names are ciphertext, but they unlink.
+    for e in std::fs::read_dir(&base).ok()?.flatten() {
+        if e.file_name().to_string_lossy().starts_with("probe.") {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+    let key = crate::secret::MasterKey::random();
+    let id = fscrypt::add_key(&mp, &key).ok()?;
+    let dir = base.join(format!("probe.{:016x}", rand::random::<u64>()));
+    let measured = probe(&dir, &id, bytes);
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = fscrypt::remove_key(&mp, &id, false);
+    let (write_bytes_per_sec, micros_per_entry) = measured.ok()?;
+    let data_secs = census.data as f64 / write_bytes_per_sec as f64;
+    let entry_secs = census.entries as f64 * micros_per_entry as f64 / 1e6;
+    // Verification reads both copies back, much of it from the page cache: measured at about half
+    // the copy's time on this machine's loop ext4.
+    Some(Estimate { write_bytes_per_sec, micros_per_entry, seconds: (1.5 * data_secs + entry_secs).ceil() as u64 })
+}
+
+/// Writes `bytes` (synced) and [`PROBE_FILES`] small files into a new encrypted `dir`: bytes per
+/// second and microseconds per file.
+fn probe(dir: &Path, id: &KeyIdentifier, bytes: u64) -> std::io::Result<(u64, u64)> {
+    use rand::RngCore;
+    use std::io::Write;
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new().mode(0o700).create(dir)?;
+    fscrypt::set_policy(dir, id).map_err(std::io::Error::other)?;
+    let mut buf = vec![0u8; 1 << 20];
+    rand::thread_rng().fill_bytes(&mut buf);
+    let t = std::time::Instant::now();
+    let mut f = std::fs::File::create(dir.join("w"))?;
+    for _ in 0..bytes / buf.len() as u64 {
+        f.write_all(&buf)?;
+    }
+    f.sync_all()?;
+    let rate = (bytes as f64 / t.elapsed().as_secs_f64().max(1e-6)) as u64;
+    let t = std::time::Instant::now();
+    for i in 0..PROBE_FILES {
+        std::fs::write(dir.join(format!("s{i}")), &buf[..4096])?;
+    }
+    rustix::fs::syncfs(std::fs::File::open(dir)?)?;
+    let per_entry = (t.elapsed().as_micros() as u64 / PROBE_FILES).max(1);
+    Ok((rate.max(1), per_entry))
 }
 
 /// Runs a plan. A new conversion: the Ui confirms ([`Question::Convert`]), a recovery key is
@@ -210,8 +350,9 @@ pub fn run(
             let outcome = migrate::convert(&req, &KeyHost::new(ds, &source, hooks))?;
             Ok(Converted { outcome, recovery_key_saved: None })
         }
-        Planned::New { census, engine, .. } => {
-            if !ui.confirm(&Question::Convert { dir: &source, census: &census })? {
+        Planned::New { census, owner, engine, estimate } => {
+            let summary = summary(&source, &options, &census, &owner, estimate);
+            if !ui.confirm(&Question::Convert { dir: &source, summary: &summary })? {
                 return Err(UiError::Cancelled.into());
             }
             let want_key = match options.recovery_key {

@@ -94,6 +94,19 @@ fn questions_re_ask_and_nothing_typed_is_echoed() {
     let d = home(&env);
     let mut t = Term::spawn(&env, &["convert", p(&d), "--protector-name", "o"]);
     t.wait_for("[y/N]", 1);
+    // The summary comes first, from the preflight walk and a measured write rate.
+    let text = t.text();
+    for needle in [
+        "contents:     1 entries, 4 B of data",
+        "free space:   needs",
+        "time:         about",
+        "MiB/s encrypted writes",
+        "programs must not write in the directory",
+        "recovery key: asked next",
+        "`--scrub`",
+    ] {
+        assert!(text.contains(needle), "{needle:?} missing before the question:\n{text}");
+    }
     // The password, typed one prompt too early.
     t.type_unechoed("Zq9-secret-pw");
     t.wait_for("please answer y or n", 1);

@@ -37,7 +37,7 @@ fn scrub_json(env: &Env, extra: &[&str]) -> serde_json::Value {
     args.extend_from_slice(extra);
     let out = env.ok(&args, "");
     let last = out.lines().last().unwrap_or_default();
-    serde_json::from_str::<serde_json::Value>(last).unwrap_or_else(|e| panic!("{e}: {out}"))["result"].clone()
+    serde_json::from_str::<serde_json::Value>(last).unwrap_or_else(|e| panic!("{e}: {out}"))["scrub"].clone()
 }
 
 #[test]
@@ -157,8 +157,8 @@ fn interrupted_or_killed_scrub_gives_the_space_back() {
     let o = child.wait_with_output().unwrap();
     assert_eq!(o.status.code(), Some(1), "{rest}");
     let result: serde_json::Value = serde_json::from_str(rest.lines().last().unwrap()).unwrap();
-    assert_eq!(result["result"]["interrupted"], true, "{rest}");
-    assert_eq!(result["result"]["trim"]["result"], "skipped", "{rest}");
+    assert_eq!(result["scrub"]["interrupted"], true, "{rest}");
+    assert_eq!(result["scrub"]["trim"]["result"], "skipped", "{rest}");
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("interrupted") && err.contains("free space is back"), "{err}");
     assert!(available(env.mnt()).abs_diff(before) <= 1 << 20);

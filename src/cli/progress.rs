@@ -9,8 +9,22 @@ use dirseal::ui::Progress;
 
 /// Progress for humans (a bar on a terminal) or front ends (JSON lines, at most one per second).
 pub struct Reporter {
-    bar: Option<indicatif::ProgressBar>,
+    /// On a terminal: the bar while one is shown, and whether it is the counting-only style.
+    bar: Option<Mutex<Option<(indicatif::ProgressBar, bool)>>>,
     json: Option<Mutex<Option<(Instant, String)>>>,
+}
+
+fn style(counting: bool) -> indicatif::ProgressStyle {
+    // Before the totals are known (the census walk) there is nothing to measure against: a
+    // spinner and a count, not a bar at 0 B/0 B.
+    let template = if counting {
+        "{spinner} {msg:10} {prefix}"
+    } else {
+        "{msg:10} [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta} {prefix}"
+    };
+    indicatif::ProgressStyle::with_template(template)
+        .map(|s| s.progress_chars("=> "))
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
 }
 
 impl Reporter {
@@ -18,26 +32,35 @@ impl Reporter {
         if json {
             return Reporter { bar: None, json: Some(Mutex::new(None)) };
         }
-        if !std::io::stderr().is_terminal() {
-            return Reporter { bar: None, json: None };
-        }
-        let bar = indicatif::ProgressBar::new(0);
-        let style = indicatif::ProgressStyle::with_template(
-            "{msg:10} [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta} {prefix}",
-        )
-        .map(|s| s.progress_chars("=> "))
-        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
-        bar.set_style(style);
-        Reporter { bar: Some(bar), json: None }
+        let bar = std::io::stderr().is_terminal().then(|| Mutex::new(None));
+        Reporter { bar, json: None }
     }
 
     pub fn report(&self, p: &Progress) {
         if let Some(bar) = &self.bar {
-            bar.set_message(p.phase.clone());
-            bar.set_length(p.bytes_total);
-            bar.set_position(p.bytes_done);
-            if p.files_total > 0 {
-                bar.set_prefix(format!("{}/{} files", p.files_done, p.files_total));
+            let mut bar = bar.lock().unwrap_or_else(|e| e.into_inner());
+            let counting = p.bytes_total == 0 && p.files_total == 0;
+            let (b, was_counting) = bar.get_or_insert_with(|| {
+                let b = indicatif::ProgressBar::new(0);
+                b.set_style(style(counting));
+                (b, counting)
+            });
+            if *was_counting != counting {
+                b.set_style(style(counting));
+                *was_counting = counting;
+            }
+            b.set_message(p.phase.clone());
+            if counting {
+                b.set_prefix(format!("{} entries", p.files_done));
+                b.tick();
+            } else {
+                b.set_length(p.bytes_total);
+                b.set_position(p.bytes_done);
+                b.set_prefix(if p.files_total > 0 {
+                    format!("{}/{} files", p.files_done, p.files_total)
+                } else {
+                    String::new()
+                });
             }
         }
         if let Some(last) = &self.json {
@@ -58,9 +81,12 @@ impl Reporter {
         }
     }
 
+    /// Removes the bar (before a question, or at the end); the next report starts a new one.
     pub fn finish(&self) {
         if let Some(bar) = &self.bar {
-            bar.finish_and_clear();
+            if let Some((b, _)) = bar.lock().unwrap_or_else(|e| e.into_inner()).take() {
+                b.finish_and_clear();
+            }
         }
     }
 }

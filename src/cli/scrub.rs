@@ -1,6 +1,6 @@
 //! `dirseal scrub`: overwrite a filesystem's free space, then say plainly what that did and did not
 //! reach.
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
@@ -54,13 +54,19 @@ pub fn run(args: ScrubArgs) -> Result<i32> {
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(sig, Arc::clone(&stop))?;
     }
-    let reporter = Reporter::new(args.json);
     let opts = scrub::Options { reserve: args.reserve, no_trim: args.no_trim };
-    let result = scrub::scrub(&args.mountpoint, &opts, &stop, &|p| reporter.report(p));
+    scrub_and_report(&args.mountpoint, &opts, &stop, args.json)
+}
+
+/// Scrubs with a progress bar (or JSON lines) and prints the report (JSON: `{"scrub": ...}`);
+/// exit code 1 when interrupted.
+pub fn scrub_and_report(path: &Path, opts: &scrub::Options, stop: &AtomicBool, json: bool) -> Result<i32> {
+    let reporter = Reporter::new(json);
+    let result = scrub::scrub(path, opts, stop, &|p| reporter.report(p));
     reporter.finish();
     let r = result?;
-    if args.json {
-        println!("{}", serde_json::to_string(&serde_json::json!({ "result": &r }))?);
+    if json {
+        println!("{}", serde_json::to_string(&serde_json::json!({ "scrub": &r }))?);
     } else {
         print_report(&r);
     }

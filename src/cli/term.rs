@@ -136,11 +136,15 @@ impl Ui for TermUi {
 
     fn confirm(&mut self, q: &Question<'_>) -> Result<bool, UiError> {
         match q {
-            Question::Convert { dir, census } => {
+            Question::Convert { dir, summary } => {
                 let d = clean(&dir.display().to_string());
-                let how = method_text(census);
                 if self.assume_yes {
-                    eprintln!("dirseal: converting {d}: {how}");
+                    // Nothing asked, but a person watching still learns what is starting.
+                    if !self.json && io::stderr().is_terminal() {
+                        eprintln!("{}", summary_text(summary));
+                    } else {
+                        eprintln!("dirseal: converting {d}: {}", method_text(summary));
+                    }
                     return Ok(true);
                 }
                 if !io::stdin().is_terminal() {
@@ -149,7 +153,8 @@ impl Ui for TermUi {
                         hint: "pass --yes when not on a terminal".into(),
                     });
                 }
-                Ok(confirm(&format!("Encrypt {d} in place? {how}")))
+                eprintln!("{}", summary_text(summary));
+                Ok(confirm(&format!("Encrypt {d} in place?")))
             }
             // Only on a terminal: scripts say --recovery-key or --no-recovery-key. `--yes` asks
             // nothing but secrets, so no key unless --recovery-key says so.
@@ -195,6 +200,63 @@ impl Ui for TermUi {
             println!("{}", clean(msg));
         }
     }
+}
+
+/// "about 40 s", "about 12 min", "about 3 h 5 min".
+fn duration(secs: u64) -> String {
+    match secs {
+        0..=59 => format!("about {} s", secs.max(1)),
+        60..=3599 => format!("about {} min", secs.div_ceil(60)),
+        _ => format!("about {} h {} min", secs / 3600, (secs % 3600) / 60),
+    }
+}
+
+/// What the conversion involves, before the question (issue: a person must know the size, the
+/// time, the space, who is locked out and whether a recovery key is made before saying yes).
+pub fn summary_text(s: &dirseal::convert::Summary) -> String {
+    use indicatif::HumanBytes;
+    let d = clean(&s.path.display().to_string());
+    let mut out =
+        format!("Encrypting {d} in place: its data is copied into an encrypted directory that replaces it.\n");
+    let mut data = format!("{} entries, {} of data", s.entries, HumanBytes(s.data_bytes));
+    if s.apparent_bytes > s.data_bytes {
+        data.push_str(&format!(" ({} apparent: sparse files count only their data)", HumanBytes(s.apparent_bytes)));
+    }
+    out.push_str(&format!("  contents:     {data}\n"));
+    out.push_str(&format!(
+        "  free space:   needs {}, has {}\n",
+        HumanBytes(s.space_needed),
+        HumanBytes(s.space_available)
+    ));
+    out.push_str(&match &s.estimate {
+        Some(e) => format!(
+            "  time:         {} (measured here: {}/s encrypted writes, {} µs per file)\n",
+            duration(e.seconds),
+            HumanBytes(e.write_bytes_per_sec),
+            e.micros_per_entry
+        ),
+        None => "  time:         unknown (the write-rate probe could not run)\n".to_string(),
+    });
+    let who = match (&s.owner_name, s.owner_uid) {
+        (_, 0) => "programs must not write in the directory".to_string(),
+        (Some(n), uid) => format!("{} (uid {uid}) cannot log in, and nothing may use the directory", clean(n)),
+        (None, uid) => format!("uid {uid} cannot log in, and nothing may use the directory"),
+    };
+    out.push_str(&format!("  meanwhile:    {who}; an interrupted run resumes with `dirseal convert {d}`\n"));
+    out.push_str(match s.recovery_key {
+        Some(true) => "  recovery key: yes, shown before anything is encrypted\n",
+        Some(false) => "  recovery key: no (if every password is lost, so is the data)\n",
+        None => "  recovery key: asked next\n",
+    });
+    out.push_str(&if s.keep_backup {
+        format!("  afterwards:   the old plaintext is kept until `dirseal convert --commit {d}`")
+    } else if s.wipe {
+        "  afterwards:   the old plaintext is overwritten, then deleted".to_string()
+    } else {
+        "  afterwards:   the old plaintext's blocks are freed, not overwritten; `--scrub` (or `dirseal scrub`) overwrites them"
+            .to_string()
+    });
+    out
 }
 
 /// Escapes control characters so a hostile file name or protector name cannot drive the terminal.
@@ -246,7 +308,7 @@ pub fn confirm(question: &str) -> bool {
 }
 
 /// Which way the data goes (copy or move) and why, for the confirmation.
-fn method_text(c: &dirseal_migrate::Census) -> String {
+fn method_text(c: &dirseal::convert::Summary) -> String {
     use indicatif::HumanBytes as B;
     match c.method {
         dirseal_migrate::Method::Copy => format!(
