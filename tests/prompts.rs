@@ -73,6 +73,14 @@ impl Term {
         self.master.write_all(format!("{line}\n").as_bytes()).unwrap();
     }
 
+    /// Answers the new-password prompt and its repetition.
+    fn new_password(&mut self, pw: &str) {
+        self.wait_for("New password for protector o", 1);
+        self.type_unechoed(pw);
+        self.wait_for("Repeat the new password", 1);
+        self.type_unechoed(pw);
+    }
+
     fn finish(mut self) -> (bool, String) {
         let st = self.child.wait().unwrap();
         // Let the reader drain what is left.
@@ -115,10 +123,7 @@ fn questions_re_ask_and_nothing_typed_is_echoed() {
     t.wait_for("recovery key", 1);
     t.wait_for("[y/N]", 3);
     t.type_unechoed("n");
-    t.wait_for("New password for protector o", 1);
-    t.type_unechoed("Zq9-secret-pw");
-    t.wait_for("Repeat the new password", 1);
-    t.type_unechoed("Zq9-secret-pw");
+    t.new_password("Zq9-secret-pw");
     let (ok, out) = t.finish();
     assert!(ok, "{out}");
     assert!(out.contains("is now encrypted"), "{out}");
@@ -131,10 +136,7 @@ fn yes_asks_nothing_but_the_secret() {
     let env = Env::new();
     let d = home(&env);
     let mut t = Term::spawn(&env, &["convert", p(&d), "--yes", "--protector-name", "o"]);
-    t.wait_for("New password for protector o", 1);
-    t.type_unechoed("Zq9-secret-pw");
-    t.wait_for("Repeat the new password", 1);
-    t.type_unechoed("Zq9-secret-pw");
+    t.new_password("Zq9-secret-pw");
     let (ok, out) = t.finish();
     assert!(ok, "{out}");
     assert!(!out.contains("[y/N]"), "--yes asked a question:\n{out}");
