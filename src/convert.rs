@@ -8,7 +8,7 @@
 //! conversion can always be resumed with the same secret) and the privileged syscalls the engine
 //! may not make itself.
 use std::ffi::OsStr;
-use std::os::fd::BorrowedFd;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -275,19 +275,12 @@ fn estimate(source: &Path, census: &Census) -> Option<Estimate> {
         return None;
     }
     let mp = fscrypt::mount_point(source).ok()?;
-    let base = mp.join(".dirseal");
-    std::fs::create_dir_all(&base).ok()?;
-    // Probes of killed runs: their keys are gone and their names are ciphertext, but they unlink.
-    for e in std::fs::read_dir(&base).ok()?.flatten() {
-        if e.file_name().to_string_lossy().starts_with("probe.") {
-            let _ = std::fs::remove_dir_all(e.path());
-        }
-    }
+    let base = probe_base(&mp).ok()?;
     let key = crate::secret::MasterKey::random();
     let id = fscrypt::add_key(&mp, &key).ok()?;
-    let dir = base.join(format!("probe.{:016x}", rand::random::<u64>()));
-    let measured = probe(&dir, &id, bytes);
-    let _ = std::fs::remove_dir_all(&dir);
+    let name = format!("probe.{:016x}", rand::random::<u64>());
+    let measured = probe(&base, &name, &mp.join(".dirseal").join(&name), &id, bytes);
+    remove_probe(&base, &name);
     let _ = fscrypt::remove_key(&mp, &id, false);
     let (write_bytes_per_sec, micros_per_entry) = measured.ok()?;
     let data_secs = census.data as f64 / write_bytes_per_sec as f64;
@@ -297,18 +290,64 @@ fn estimate(source: &Path, census: &Census) -> Option<Estimate> {
     Some(Estimate { write_bytes_per_sec, micros_per_entry, seconds: (1.5 * data_secs + entry_secs).ceil() as u64 })
 }
 
-/// Writes `bytes` (synced) and [`PROBE_FILES`] small files into a new encrypted `dir`: bytes per
-/// second and microseconds per file.
-fn probe(dir: &Path, id: &KeyIdentifier, bytes: u64) -> std::io::Result<(u64, u64)> {
+/// `<mount>/.dirseal`, opened without following symlinks and made if missing (mode 0700): only a
+/// root-owned directory no one else can write is trusted, since root writes into it (a mount
+/// root may be world-writable, and a user's `.dirseal` could redirect the probe). Probes of
+/// killed runs are removed: their keys are gone, but their entries unlink.
+fn probe_base(mp: &Path) -> std::io::Result<OwnedFd> {
+    use rustix::fs::{Mode, OFlags};
+    let root = rustix::fs::open(mp, OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())?;
+    match rustix::fs::mkdirat(&root, ".dirseal", Mode::from_raw_mode(0o700)) {
+        Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+        Err(e) => return Err(e.into()),
+    }
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let base = rustix::fs::openat(&root, ".dirseal", flags, Mode::empty())?;
+    let st = rustix::fs::fstat(&base)?;
+    if st.st_uid != 0 || st.st_mode & 0o022 != 0 {
+        return Err(std::io::Error::other("the .dirseal directory is not root's alone"));
+    }
+    for e in rustix::fs::Dir::read_from(&base)?.flatten() {
+        if let Some(n) = e.file_name().to_str().ok().filter(|n| n.starts_with("probe.")) {
+            remove_probe(&base, n);
+        }
+    }
+    Ok(base)
+}
+
+/// Removes a probe directory and its plain files (all it ever holds), fd-relative.
+fn remove_probe(base: &OwnedFd, name: &str) {
+    use rustix::fs::{AtFlags, Mode, OFlags};
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    if let Ok(dir) = rustix::fs::openat(base, name, flags, Mode::empty()) {
+        if let Ok(entries) = rustix::fs::Dir::read_from(&dir) {
+            for e in entries.flatten() {
+                if e.file_name().to_bytes() != b"." && e.file_name().to_bytes() != b".." {
+                    let _ = rustix::fs::unlinkat(&dir, e.file_name(), AtFlags::empty());
+                }
+            }
+        }
+    }
+    let _ = rustix::fs::unlinkat(base, name, AtFlags::REMOVEDIR);
+}
+
+/// Writes `bytes` (synced) and [`PROBE_FILES`] small files into a new encrypted directory `name`
+/// under `base`: bytes per second and microseconds per file. `path` names it in errors.
+fn probe(base: &OwnedFd, name: &str, path: &Path, id: &KeyIdentifier, bytes: u64) -> std::io::Result<(u64, u64)> {
     use rand::RngCore;
+    use rustix::fs::{Mode, OFlags};
     use std::io::Write;
-    use std::os::unix::fs::DirBuilderExt;
-    std::fs::DirBuilder::new().mode(0o700).create(dir)?;
-    fscrypt::set_policy(dir, id).map_err(std::io::Error::other)?;
+    rustix::fs::mkdirat(base, name, Mode::from_raw_mode(0o700))?;
+    let dir = rustix::fs::openat(base, name, OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW, Mode::empty())?;
+    fscrypt::set_policy_fd(dir.as_fd(), path, id).map_err(std::io::Error::other)?;
+    let create = |n: &str| -> std::io::Result<std::fs::File> {
+        let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        Ok(rustix::fs::openat(&dir, n, flags, Mode::from_raw_mode(0o600))?.into())
+    };
     let mut buf = vec![0u8; 1 << 20];
     rand::thread_rng().fill_bytes(&mut buf);
     let t = std::time::Instant::now();
-    let mut f = std::fs::File::create(dir.join("w"))?;
+    let mut f = create("w")?;
     for _ in 0..bytes / buf.len() as u64 {
         f.write_all(&buf)?;
     }
@@ -316,9 +355,9 @@ fn probe(dir: &Path, id: &KeyIdentifier, bytes: u64) -> std::io::Result<(u64, u6
     let rate = (bytes as f64 / t.elapsed().as_secs_f64().max(1e-6)) as u64;
     let t = std::time::Instant::now();
     for i in 0..PROBE_FILES {
-        std::fs::write(dir.join(format!("s{i}")), &buf[..4096])?;
+        create(&format!("s{i}"))?.write_all(&buf[..4096])?;
     }
-    rustix::fs::syncfs(std::fs::File::open(dir)?)?;
+    rustix::fs::syncfs(&dir)?;
     let per_entry = (t.elapsed().as_micros() as u64 / PROBE_FILES).max(1);
     Ok((rate.max(1), per_entry))
 }

@@ -114,3 +114,26 @@ fn convert_scrub_overwrites_the_old_plaintext_when_done() {
     let out = env.ok(&["convert", "--commit", "--scrub", "--json", p(&other)], "");
     assert_eq!(lines(&out, "scrub")[0]["interrupted"], false, "{out}");
 }
+
+#[test]
+fn the_probe_never_writes_into_a_dirseal_dir_someone_else_controls() {
+    let env = Env::new();
+    let home = env.mnt().join("home");
+    fs::create_dir(&home).unwrap();
+    fs::write(home.join("f"), b"x").unwrap();
+    // A user got there first: their .dirseal, with a symlink where a probe might go.
+    let uid = common::fresh_uid();
+    let theirs = env.mnt().join(".dirseal");
+    fs::create_dir(&theirs).unwrap();
+    std::os::unix::fs::symlink("/etc", theirs.join("probe.0000000000000000")).unwrap();
+    std::os::unix::fs::lchown(&theirs, Some(uid), Some(uid)).unwrap();
+    let out = env.run(&["convert", p(&home), "--yes", "--json", "--protector-name", "o"], "pw\n");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if let Some(plan) = lines(&stdout, "plan").first() {
+        assert!(plan["estimate"].is_null(), "{plan}");
+    }
+    let probes: Vec<_> = common::names(&theirs).into_iter().filter(|n| n.starts_with("probe.")).collect();
+    assert_eq!(probes, vec!["probe.0000000000000000"], "the probe touched a user's directory");
+    assert!(!std::path::Path::new("/etc/w").exists() && !std::path::Path::new("/etc/s0").exists());
+    assert!(fs::symlink_metadata(theirs.join("probe.0000000000000000")).unwrap().file_type().is_symlink());
+}
