@@ -216,8 +216,7 @@ fn duration(secs: u64) -> String {
 pub fn summary_text(s: &dirseal::convert::Summary) -> String {
     use indicatif::HumanBytes;
     let d = clean(&s.path.display().to_string());
-    let mut out =
-        format!("Encrypting {d} in place: its data is copied into an encrypted directory that replaces it.\n");
+    let mut out = format!("Encrypting {d} in place. {}\n", method_text(s));
     let mut data = format!("{} entries, {} of data", s.entries, HumanBytes(s.data_bytes));
     if s.apparent_bytes > s.data_bytes {
         data.push_str(&format!(" ({} apparent: sparse files count only their data)", HumanBytes(s.apparent_bytes)));
