@@ -8,7 +8,7 @@
 //! conversion can always be resumed with the same secret) and the privileged syscalls the engine
 //! may not make itself.
 use std::ffi::OsStr;
-use std::os::fd::BorrowedFd;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -102,6 +102,9 @@ pub struct Options {
     /// Copy the data, move it (for a nearly full disk: no second copy, no backup window), or
     /// pick by free space (the census says which, and why).
     pub mode: Mode,
+    /// Measure the filesystem's encrypted write rate for the summary's time estimate: a short
+    /// probe (a few MiB in a temporary encrypted directory with a throwaway key, removed again).
+    pub estimate: bool,
 }
 
 /// A checked conversion, ready for [`run`].
@@ -117,8 +120,9 @@ pub struct Plan {
 
 #[derive(Debug)]
 pub enum Planned {
-    /// A new conversion that passed every check: what it will copy and needs, and the owner.
-    New { census: Census, owner: Owner, engine: Box<migrate::Plan> },
+    /// A new conversion that passed every check: what it will copy and needs, the owner, and the
+    /// measured time estimate when [`Options::estimate`] asked for one (and the probe could run).
+    New { census: Census, owner: Owner, engine: Box<migrate::Plan>, estimate: Option<Estimate> },
     /// An unfinished conversion. `staging_key` names the policy whose key must be loaded again
     /// first (after a reboot): [`run`] asks for a protector's secret then.
     Resume { state: State, staging_key: Option<KeyIdentifier> },
@@ -177,7 +181,182 @@ pub fn plan(ds: &Dirseal, dir: &Path, options: Options, hooks: &Hooks<'_>) -> Re
     let host = KeyHost::new(ds, &source, hooks);
     let engine = migrate::preflight(&request(&source, &workdir, &options), &host)?;
     let census = *engine.census();
-    Ok(Plan { source, workdir, options, what: Planned::New { census, owner, engine: Box::new(engine) } })
+    let estimate = if options.estimate { estimate(&source, &census) } else { None };
+    Ok(Plan { source, workdir, options, what: Planned::New { census, owner, engine: Box::new(engine), estimate } })
+}
+
+/// What a new conversion involves, as a person should see it before saying yes (and as front
+/// ends show it: the CLI's `plan` object).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Summary {
+    pub path: PathBuf,
+    /// Entries below the directory.
+    pub entries: u64,
+    /// File data the copy moves: sizes, but sparse files count only their allocated data.
+    pub data_bytes: u64,
+    /// The sum of file sizes (what `ls` shows; more than the data when files are sparse).
+    pub apparent_bytes: u64,
+    /// Free space the copy needs, and what the filesystem has.
+    pub space_needed: u64,
+    pub space_available: u64,
+    /// The directory's owner: they cannot log in (the PAM module refuses) or use the directory
+    /// until the conversion is done. Root-owned directories have no such owner.
+    pub owner_uid: u32,
+    pub owner_name: Option<String>,
+    /// Whether a recovery key will be made; `None`: the front end is asked next.
+    pub recovery_key: Option<bool>,
+    pub keep_backup: bool,
+    pub wipe: bool,
+    /// Copy or move, and whether [`Mode::Auto`] picked it; what each would need.
+    pub method: migrate::Method,
+    pub auto: bool,
+    pub copy_needed: u64,
+    pub move_needed: u64,
+    pub estimate: Option<Estimate>,
+}
+
+/// A time estimate from rates measured on the filesystem itself, not constants.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Estimate {
+    /// Encrypted writes, synced, into a probe directory on the filesystem.
+    pub write_bytes_per_sec: u64,
+    /// Creating one small encrypted file.
+    pub micros_per_entry: u64,
+    /// Copy (data at the write rate, entries at the per-entry cost) plus verification (reading
+    /// both copies back, counted as half the copy's data time).
+    pub seconds: u64,
+}
+
+impl Plan {
+    /// The summary of a new conversion; `None` when resuming one.
+    pub fn summary(&self) -> Option<Summary> {
+        let Planned::New { census, owner, estimate, .. } = &self.what else { return None };
+        Some(summary(&self.source, &self.options, census, owner, *estimate))
+    }
+}
+
+fn summary(source: &Path, options: &Options, census: &Census, owner: &Owner, estimate: Option<Estimate>) -> Summary {
+    let owner_name = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(owner.uid)).ok().flatten().map(|u| u.name);
+    Summary {
+        path: source.to_path_buf(),
+        entries: census.entries,
+        data_bytes: census.data,
+        apparent_bytes: census.bytes,
+        space_needed: census.space_needed,
+        space_available: census.space_available,
+        owner_uid: owner.uid,
+        owner_name,
+        recovery_key: options.recovery_key,
+        keep_backup: options.keep_backup,
+        wipe: options.wipe,
+        method: census.method,
+        auto: census.auto,
+        copy_needed: census.copy_needed,
+        move_needed: census.move_needed,
+        estimate,
+    }
+}
+
+/// Most bytes the rate probe writes (less when space is short), and the small files it creates.
+const PROBE_BYTES: u64 = 16 << 20;
+const PROBE_FILES: u64 = 200;
+
+/// Measures encrypted write speed and per-file cost on the filesystem of `source`, in a
+/// temporary directory under its root-only `.dirseal`, encrypted with a throwaway key; everything
+/// is removed again. `None` when the probe cannot run (too little space, any error): the summary
+/// then has no estimate rather than a made-up one.
+fn estimate(source: &Path, census: &Census) -> Option<Estimate> {
+    // A quarter of the headroom the copy leaves, whole MiB: the probe never costs the copy space.
+    let bytes = (census.space_available.saturating_sub(census.space_needed) / 4).min(PROBE_BYTES) >> 20 << 20;
+    if bytes < 2 << 20 {
+        return None;
+    }
+    let mp = fscrypt::mount_point(source).ok()?;
+    let base = probe_base(&mp).ok()?;
+    let key = crate::secret::MasterKey::random();
+    let id = fscrypt::add_key(&mp, &key).ok()?;
+    let name = format!("probe.{:016x}", rand::random::<u64>());
+    let measured = probe(&base, &name, &mp.join(".dirseal").join(&name), &id, bytes);
+    remove_probe(&base, &name);
+    let _ = fscrypt::remove_key(&mp, &id, false);
+    let (write_bytes_per_sec, micros_per_entry) = measured.ok()?;
+    let data_secs = census.data as f64 / write_bytes_per_sec as f64;
+    let entry_secs = census.entries as f64 * micros_per_entry as f64 / 1e6;
+    // Verification reads both copies back, much of it from the page cache: measured at about half
+    // the copy's time on this machine's loop ext4.
+    Some(Estimate { write_bytes_per_sec, micros_per_entry, seconds: (1.5 * data_secs + entry_secs).ceil() as u64 })
+}
+
+/// `<mount>/.dirseal`, opened without following symlinks and made if missing (mode 0700): only a
+/// root-owned directory no one else can write is trusted, since root writes into it (a mount
+/// root may be world-writable, and a user's `.dirseal` could redirect the probe). Probes of
+/// killed runs are removed: their keys are gone, but their entries unlink.
+fn probe_base(mp: &Path) -> std::io::Result<OwnedFd> {
+    use rustix::fs::{Mode, OFlags};
+    let root = rustix::fs::open(mp, OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())?;
+    match rustix::fs::mkdirat(&root, ".dirseal", Mode::from_raw_mode(0o700)) {
+        Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+        Err(e) => return Err(e.into()),
+    }
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let base = rustix::fs::openat(&root, ".dirseal", flags, Mode::empty())?;
+    let st = rustix::fs::fstat(&base)?;
+    if st.st_uid != 0 || st.st_mode & 0o022 != 0 {
+        return Err(std::io::Error::other("the .dirseal directory is not root's alone"));
+    }
+    for e in rustix::fs::Dir::read_from(&base)?.flatten() {
+        if let Some(n) = e.file_name().to_str().ok().filter(|n| n.starts_with("probe.")) {
+            remove_probe(&base, n);
+        }
+    }
+    Ok(base)
+}
+
+/// Removes a probe directory and its plain files (all it ever holds), fd-relative.
+fn remove_probe(base: &OwnedFd, name: &str) {
+    use rustix::fs::{AtFlags, Mode, OFlags};
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    if let Ok(dir) = rustix::fs::openat(base, name, flags, Mode::empty()) {
+        if let Ok(entries) = rustix::fs::Dir::read_from(&dir) {
+            for e in entries.flatten() {
+                if e.file_name().to_bytes() != b"." && e.file_name().to_bytes() != b".." {
+                    let _ = rustix::fs::unlinkat(&dir, e.file_name(), AtFlags::empty());
+                }
+            }
+        }
+    }
+    let _ = rustix::fs::unlinkat(base, name, AtFlags::REMOVEDIR);
+}
+
+/// Writes `bytes` (synced) and [`PROBE_FILES`] small files into a new encrypted directory `name`
+/// under `base`: bytes per second and microseconds per file. `path` names it in errors.
+fn probe(base: &OwnedFd, name: &str, path: &Path, id: &KeyIdentifier, bytes: u64) -> std::io::Result<(u64, u64)> {
+    use rand::RngCore;
+    use rustix::fs::{Mode, OFlags};
+    use std::io::Write;
+    rustix::fs::mkdirat(base, name, Mode::from_raw_mode(0o700))?;
+    let dir = rustix::fs::openat(base, name, OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW, Mode::empty())?;
+    fscrypt::set_policy_fd(dir.as_fd(), path, id).map_err(std::io::Error::other)?;
+    let create = |n: &str| -> std::io::Result<std::fs::File> {
+        let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        Ok(rustix::fs::openat(&dir, n, flags, Mode::from_raw_mode(0o600))?.into())
+    };
+    let mut buf = vec![0u8; 1 << 20];
+    rand::thread_rng().fill_bytes(&mut buf);
+    let t = std::time::Instant::now();
+    let mut f = create("w")?;
+    for _ in 0..bytes / buf.len() as u64 {
+        f.write_all(&buf)?;
+    }
+    f.sync_all()?;
+    let rate = (bytes as f64 / t.elapsed().as_secs_f64().max(1e-6)) as u64;
+    let t = std::time::Instant::now();
+    for i in 0..PROBE_FILES {
+        create(&format!("s{i}"))?.write_all(&buf[..4096])?;
+    }
+    rustix::fs::syncfs(&dir)?;
+    let per_entry = (t.elapsed().as_micros() as u64 / PROBE_FILES).max(1);
+    Ok((rate.max(1), per_entry))
 }
 
 /// Runs a plan. A new conversion: the Ui confirms ([`Question::Convert`]), a recovery key is
@@ -207,8 +386,9 @@ pub fn run(
             let outcome = migrate::convert(&req, &KeyHost::new(ds, &source, hooks))?;
             Ok(Converted { outcome, recovery_key_saved: None })
         }
-        Planned::New { census, engine, .. } => {
-            if !ui.confirm(&Question::Convert { dir: &source, census: &census })? {
+        Planned::New { census, owner, engine, estimate } => {
+            let summary = summary(&source, &options, &census, &owner, estimate);
+            if !ui.confirm(&Question::Convert { dir: &source, summary: &summary })? {
                 return Err(UiError::Cancelled.into());
             }
             let want_key = match options.recovery_key {
@@ -370,15 +550,7 @@ impl Host for KeyHost<'_> {
     }
 
     fn trim(&self, dir: &Path) -> Result<(), HostError> {
-        // An absolute path: root must not run whatever `fstrim` its PATH finds.
-        let fstrim = ["/usr/sbin/fstrim", "/sbin/fstrim"].into_iter().find(|p| Path::new(p).exists());
-        let Some(fstrim) = fstrim else { return Err(HostError("fstrim is not installed (util-linux)".into())) };
-        let out = std::process::Command::new(fstrim).arg(dir).env_clear().output().map_err(host_err)?;
-        if out.status.success() {
-            Ok(())
-        } else {
-            Err(HostError(format!("fstrim {}: {}", dir.display(), String::from_utf8_lossy(&out.stderr).trim())))
-        }
+        crate::scrub::trim(dir).map(drop).map_err(host_err)
     }
 
     fn progress(&self, p: &migrate::Progress) {

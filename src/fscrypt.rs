@@ -142,13 +142,15 @@ pub fn key_identifier(key: &MasterKey) -> KeyIdentifier {
 }
 
 /// One line of /proc/self/mountinfo, the parts dirseal needs.
-#[derive(Debug, PartialEq, Eq)]
-struct MountEntry {
-    major: u64,
-    minor: u64,
-    mount_point: PathBuf,
-    fstype: String,
-    source: String,
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MountEntry {
+    /// The filesystem's device number (`st_dev` of its files).
+    pub major: u64,
+    pub minor: u64,
+    pub mount_point: PathBuf,
+    pub fstype: String,
+    /// The mounted device (or `none`, `tmpfs`, ...), as the mount table names it.
+    pub source: String,
 }
 
 /// Undoes the kernel's octal escapes (`\040` space, `\011` tab, `\012` newline, `\134` backslash).
@@ -232,7 +234,8 @@ fn pick_mount(entries: Vec<MountEntry>, resolved: &Path, major: u64, minor: u64)
     best
 }
 
-fn mount_entry(path: &Path) -> Result<MountEntry, FscryptError> {
+/// The mount holding `path` (which is not followed if it is a symlink).
+pub fn mount_entry(path: &Path) -> Result<MountEntry, FscryptError> {
     let meta = std::fs::symlink_metadata(path).map_err(|e| from_io(e, path, "inspect"))?;
     let resolved = resolve_nofollow(path)?;
     let text = std::fs::read_to_string(MOUNTINFO).map_err(|e| from_io(e, Path::new(MOUNTINFO), "read"))?;
@@ -273,15 +276,39 @@ fn open_dir(path: &Path, op: &'static str) -> Result<File, FscryptError> {
 
 /// Fails with [`FscryptError::NotSupported`] unless the filesystem at `mountpoint` can encrypt.
 pub fn check_supported(mountpoint: &Path) -> Result<(), FscryptError> {
-    let dir = open_dir(mountpoint, "open")?;
+    match support(mountpoint)? {
+        Support::Enabled => Ok(()),
+        Support::NotEnabled | Support::Unsupported => Err(not_supported(mountpoint)),
+    }
+}
+
+/// Whether a filesystem can hold encrypted directories.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Support {
+    /// fscrypt works here.
+    Enabled,
+    /// ext4 or f2fs without the encrypt feature: it can be turned on (unmounted).
+    NotEnabled,
+    /// This kind of filesystem has no fscrypt (tmpfs, btrfs, xfs, ...), or the kernel lacks it.
+    Unsupported,
+}
+
+/// Asks the kernel whether the filesystem mounted at `mountpoint` can encrypt.
+pub fn support(mountpoint: &Path) -> Result<Support, FscryptError> {
+    let path = mountpoint;
+    let dir = open_dir(path, "open")?;
     // ext4 without the encrypt feature refuses every fscrypt ioctl with EOPNOTSUPP, including this
     // read-only one; any other answer means the ioctl reached fscrypt.
     match sys::get_encryption_policy_ex(dir.as_fd()) {
-        Err(Errno::EOPNOTSUPP | Errno::ENOTTY) => Err(not_supported(mountpoint)),
-        Err(Errno::EACCES | Errno::EPERM) => {
-            Err(FscryptError::PermissionDenied { path: mountpoint.to_path_buf(), op: "check encryption support on" })
+        Err(Errno::EOPNOTSUPP | Errno::ENOTTY) => {
+            let fstype = mount_entry(path).map(|m| m.fstype).unwrap_or_default();
+            Ok(if matches!(fstype.as_str(), "ext4" | "f2fs") { Support::NotEnabled } else { Support::Unsupported })
         }
-        _ => Ok(()),
+        Err(Errno::EACCES | Errno::EPERM) => {
+            Err(FscryptError::PermissionDenied { path: path.to_path_buf(), op: "check encryption support on" })
+        }
+        _ => Ok(Support::Enabled),
     }
 }
 

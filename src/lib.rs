@@ -15,6 +15,7 @@ pub mod keystore;
 pub mod ops;
 pub mod protector;
 pub mod recovery;
+pub mod scrub;
 pub mod secret;
 pub mod securefile;
 mod sys;

@@ -96,6 +96,17 @@ pub struct DirStatus {
     pub protectors: Vec<ProtectorSummary>,
     /// Something a user should fix (unreadable protector file, missing policy, ...).
     pub problems: Vec<String>,
+    /// The filesystem holding the path, and whether it can encrypt at all.
+    pub filesystem: FsStatus,
+}
+
+/// The filesystem under a path, as `status` reports it.
+#[derive(Clone, Debug, Serialize)]
+pub struct FsStatus {
+    pub mount_point: PathBuf,
+    pub fstype: String,
+    pub device: String,
+    pub encryption: fscrypt::Support,
 }
 
 /// What `dirseal lock` achieved.
@@ -483,7 +494,20 @@ impl Dirseal {
         Ok(())
     }
 
+    /// Whether `dir` is encrypted and its key is fully loaded, so unlocking has nothing to do.
+    /// A partly removed key is not: adding it again is what finishes an interrupted lock's undo.
+    pub fn is_unlocked(&self, dir: &Path) -> Result<bool, OpsError> {
+        let Some(policy) = fscrypt::get_policy(dir)? else { return Ok(false) };
+        let mp = fscrypt::mount_point(dir)?;
+        Ok(fscrypt::key_status(&mp, &policy.identifier)? == KeyStatus::Present)
+    }
+
+    /// Loads `dir`'s key, asking for a protector's secret; an unlocked directory asks nothing.
     pub fn unlock(&self, dir: &Path, pick: Pick, ui: &mut dyn Ui) -> Result<(), OpsError> {
+        if self.is_unlocked(dir)? {
+            ui.notice(&format!("{} is already unlocked", dir.display()));
+            return Ok(());
+        }
         let (_, master) = self.master_key_of_dir(dir, pick, ui)?;
         self.add_key(dir, &master)?;
         ui.notice(&format!("unlocked {}", dir.display()));
@@ -663,8 +687,20 @@ impl Dirseal {
         Ok(rec.clone())
     }
 
+    /// The state of any path: encrypted or not, and whether its filesystem could be. A filesystem
+    /// without fscrypt is an answer here, not an error.
     pub fn dir_status(&self, dir: &Path) -> Result<DirStatus, OpsError> {
-        let policy = fscrypt::get_policy(dir)?;
+        let m = fscrypt::mount_entry(dir)?;
+        let filesystem = FsStatus {
+            encryption: fscrypt::support(&m.mount_point)?,
+            mount_point: m.mount_point,
+            fstype: m.fstype,
+            device: m.source,
+        };
+        let policy = match filesystem.encryption {
+            fscrypt::Support::Enabled => fscrypt::get_policy(dir)?,
+            fscrypt::Support::NotEnabled | fscrypt::Support::Unsupported => None,
+        };
         let mut st = DirStatus {
             path: dir.to_path_buf(),
             encrypted: policy.is_some(),
@@ -673,10 +709,10 @@ impl Dirseal {
             managed: false,
             protectors: Vec::new(),
             problems: Vec::new(),
+            filesystem,
         };
         let Some(p) = policy else { return Ok(st) };
-        let mp = fscrypt::mount_point(dir)?;
-        st.key = Some(key_word(fscrypt::key_status(&mp, &p.identifier)?));
+        st.key = Some(key_word(fscrypt::key_status(&st.filesystem.mount_point, &p.identifier)?));
         match self.keystore.policy(&p.identifier) {
             Ok(rec) => {
                 st.managed = true;
@@ -702,6 +738,10 @@ impl Dirseal {
 impl Dirseal {
     /// Unlocks `dir` with its recovery key; works without any keystore entry.
     pub fn unlock_with_recovery(&self, dir: &Path, ui: &mut dyn Ui) -> Result<(), OpsError> {
+        if self.is_unlocked(dir)? {
+            ui.notice(&format!("{} is already unlocked", dir.display()));
+            return Ok(());
+        }
         let key = recovery::ask_key(dir, ui)?;
         let (_, master) = recovery::master_key(dir, &key)?;
         self.add_key(dir, &master)?;

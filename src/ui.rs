@@ -29,8 +29,9 @@ pub enum SecretPrompt<'a> {
 /// A yes/no question before something that cannot be taken back quietly.
 #[derive(Clone, Debug)]
 pub enum Question<'a> {
-    /// Encrypt `dir` in place; the census says what the copy involves.
-    Convert { dir: &'a Path, census: &'a dirseal_migrate::Census },
+    /// Encrypt `dir` in place; the summary says what it involves (size, time, space, who is
+    /// locked out meanwhile, whether a recovery key will be made).
+    Convert { dir: &'a Path, summary: &'a crate::convert::Summary },
     /// Make a recovery key for `dir` (the way back in if every protector is lost).
     CreateRecoveryKey { dir: &'a Path },
 }

@@ -98,7 +98,8 @@ fn two_protectors_one_policy_and_one_protector_two_policies() {
     env.ok(&["unlock", p(&a), "--protector", &alice], "apw\n");
     env.ok(&["unlock", p(&b)], "apw\n");
     assert_eq!(fs::read(b.join("g")).unwrap(), b"more");
-    // bob does not open b.
+    // bob does not open b (locked: unlocking an unlocked directory asks nothing).
+    env.ok(&["lock", p(&b)], "");
     let err = env.fails(&["unlock", p(&b), "--protector", &bob], "bpw\n");
     assert!(err.contains("does not protect"), "{err}");
 
@@ -357,4 +358,74 @@ fn lock_all_users_removes_other_users_claims() {
     assert_eq!(fs::read(d.join("f")).unwrap(), b"shared data", "another user's claim keeps it open");
     env.ok(&["lock", "--all-users", p(&d)], "");
     assert_eq!(env.status_json(&d)["key"], "locked");
+}
+
+#[test]
+fn status_answers_for_any_path() {
+    // A filesystem without the encrypt feature: an answer, not an error.
+    let env = Env::with(common::Options { encrypt: false, ..Default::default() });
+    let d = env.mnt().join("d");
+    fs::create_dir(&d).unwrap();
+    let st = env.status_json(&d);
+    assert_eq!(st["encrypted"], false);
+    assert_eq!(st["filesystem"]["fstype"], "ext4");
+    assert_eq!(st["filesystem"]["encryption"], "not-enabled");
+    assert_eq!(st["filesystem"]["mount_point"], p(env.mnt()));
+    let text = env.ok(&["status", p(&d)], "");
+    assert!(text.contains("encrypted:  no") && text.contains("tune2fs -O encrypt /dev/loop"), "{text}");
+    // A file, on the same filesystem.
+    fs::write(d.join("f"), b"x").unwrap();
+    assert_eq!(env.status_json(&d.join("f"))["encrypted"], false);
+    // A filesystem that can never encrypt.
+    let st = env.status_json(std::path::Path::new("/proc"));
+    assert_eq!(st["filesystem"]["encryption"], "unsupported", "{st}");
+    assert!(env.ok(&["status", "/proc"], "").contains("cannot encrypt (fscrypt needs ext4 or f2fs)"));
+
+    // A capable filesystem, plain and encrypted directories.
+    let env = Env::new();
+    let plain = env.mnt().join("plain");
+    fs::create_dir(&plain).unwrap();
+    let st = env.status_json(&plain);
+    assert_eq!((st["encrypted"].as_bool(), st["filesystem"]["encryption"].as_str()), (Some(false), Some("enabled")));
+    let e = env.mnt().join("e");
+    fs::create_dir(&e).unwrap();
+    env.ok(&["encrypt", p(&e), "--protector-name", "m"], "pw\n");
+    let st = env.status_json(&e);
+    assert_eq!((st["encrypted"].as_bool(), st["key"].as_str()), (Some(true), Some("unlocked")));
+    // A missing path is still an error.
+    let err = env.fails(&["status", p(&env.mnt().join("missing"))], "");
+    assert!(err.contains("missing"), "{err}");
+}
+
+#[test]
+fn unlocking_an_unlocked_directory_asks_nothing() {
+    let env = Env::new();
+    let d = env.mnt().join("d");
+    fs::create_dir(&d).unwrap();
+    env.ok(&["encrypt", p(&d), "--protector-name", "m", "--recovery-key"], "pw\n");
+    // No input at all: a secret would be "no secret was given".
+    let out = env.ok(&["unlock", p(&d)], "");
+    assert!(out.contains("already unlocked"), "{out}");
+    let out = env.ok(&["unlock", "--recovery", p(&d)], "");
+    assert!(out.contains("already unlocked"), "{out}");
+    env.ok(&["lock", p(&d)], "");
+    let err = env.fails(&["unlock", p(&d)], "");
+    assert!(err.contains("no secret was given"), "{err}");
+    env.ok(&["unlock", p(&d)], "pw\n");
+}
+
+#[test]
+fn owner_without_passwd_entry_gets_a_protector_named_by_uid() {
+    let env = Env::new();
+    let uid = common::fresh_uid();
+    assert!(nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)).unwrap().is_none());
+    let d = env.mnt().join("home");
+    fs::create_dir(&d).unwrap();
+    fs::write(d.join("f"), b"mine").unwrap();
+    std::os::unix::fs::chown(&d, Some(uid), Some(uid)).unwrap();
+    std::os::unix::fs::chown(d.join("f"), Some(uid), Some(uid)).unwrap();
+    env.ok(&["convert", p(&d), "--yes", "--no-recovery-key"], "pw\n");
+    let st = env.status_json(&d);
+    assert_eq!(st["protectors"][0]["name"], format!("uid {uid}"));
+    assert_eq!(st["protectors"][0]["uid"], uid);
 }

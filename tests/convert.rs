@@ -319,7 +319,7 @@ fn json_progress_and_result() {
     assert!(v["result"]["files"].as_u64().unwrap() > 40);
     for l in out.lines() {
         let v: serde_json::Value = serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}"));
-        assert!(v.get("progress").is_some() || v.get("result").is_some(), "{l}");
+        assert!(v.get("plan").is_some() || v.get("progress").is_some() || v.get("result").is_some(), "{l}");
     }
 }
 

@@ -56,7 +56,7 @@ fn a_nearly_full_filesystem_is_converted_by_moving_and_every_entry_stays_the_sam
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "{stdout}{stderr}");
     assert!(stderr.contains("move mode: a copy needs") && stderr.contains("no backup window"), "{stderr}");
-    assert!(stdout.contains("is now encrypted") && stdout.contains("bytes moved"), "{stdout}");
+    assert!(stdout.contains("is now encrypted") && stdout.contains("of data moved"), "{stdout}");
     assert_eq!(env.status_json(&home)["encrypted"], true);
     engine::assert_same(&engine::manifest(&home), &before, "after the move");
     assert!(available(env.mnt()) > 100 << 20, "the old copy's space is free again");

@@ -91,6 +91,12 @@ pub(crate) struct Meta {
 }
 
 impl Meta {
+    /// The bytes of data a copy moves: the size, but no more than the allocated blocks (a sparse
+    /// file's holes are not copied). Counts progress and the census.
+    pub(crate) fn data(&self) -> u64 {
+        self.size.min(self.blocks.saturating_mul(512))
+    }
+
     /// Same type, permissions, owner, size, device number and modification time: what the copy
     /// sets, with mtime set last, so an entry matching on all of these is complete.
     pub(crate) fn same_copy(&self, other: &Meta) -> bool {

@@ -208,7 +208,8 @@ pub struct Outcome {
     pub state: State,
     pub method: Method,
     pub token: String,
-    /// Entries in the tree (below its root) and bytes of regular file content.
+    /// Entries in the tree (below its root) and bytes of regular file data: a copy counts what it
+    /// copies (a sparse file's allocated data, not its size; see [`Census::data`]), a move sizes.
     pub files: u64,
     pub bytes: u64,
     /// The old tree, kept in the work dir, when the state is `Swapped`.
@@ -395,8 +396,11 @@ fn host_err(step: &'static str) -> impl Fn(HostError) -> MigrateError {
 pub struct Census {
     /// Entries below the root.
     pub entries: u64,
-    /// Bytes of regular file content.
+    /// Bytes of regular file content, as sizes say (sparse files count their holes).
     pub bytes: u64,
+    /// Bytes of regular file data: the sizes, but a sparse file counts only its allocated blocks.
+    /// What a copy actually reads and writes, and what its progress counts.
+    pub data: u64,
     /// Copy or move: asked for, or picked by [`Mode::Auto`] (then `auto` is set).
     pub method: Method,
     pub auto: bool,
@@ -515,6 +519,7 @@ fn preflight_source(req: &Request, host: &dyn Host, src: &Source) -> Result<Cens
     Ok(Census {
         entries: census.entries,
         bytes: census.bytes,
+        data: census.data,
         method,
         auto,
         space_needed: if method == Method::Copy { copy_needed } else { move_needed },
@@ -674,7 +679,9 @@ fn begin(req: &Request, host: &dyn Host, src: &Source, census: &Census) -> Resul
         keep_backup: req.keep_backup,
         wipe: req.wipe,
         files_total: census.entries,
-        bytes_total: census.bytes,
+        // A copy counts data, not sizes (a sparse disk image would make the bar and ETA lie); a
+        // move moves whole sizes chunk by chunk and counts those.
+        bytes_total: if census.method == Method::Copy { census.data } else { census.bytes },
         outside_links: census.outside_links,
         files_done: 0,
         bytes_done: 0,
@@ -1034,7 +1041,7 @@ fn dispose(host: &dyn Host, wd: &Workdir, j: &Journal, notes: &mut Vec<String>) 
             let mut first = true;
             let removed = remove::remove_tree(wd.fd.as_fd(), STAGING.as_ref(), j.wipe, &mut |m| {
                 if m.kind == fsx::Kind::File {
-                    ctx.bytes_done.fetch_add(m.size, std::sync::atomic::Ordering::Relaxed);
+                    ctx.bytes_done.fetch_add(m.data(), std::sync::atomic::Ordering::Relaxed);
                 }
                 ctx.file_done();
                 if first {

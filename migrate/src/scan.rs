@@ -16,6 +16,8 @@ pub(crate) struct Census {
     pub entries: u64,
     /// Sum of regular file sizes.
     pub bytes: u64,
+    /// Sum of regular files' data ([`fsx::Meta::data`]): what the copy reads and writes.
+    pub data: u64,
     /// Space actually allocated (st_blocks), root included: what the copy will need.
     pub alloc: u64,
     /// Multiply-linked files with links outside the tree.
@@ -63,7 +65,10 @@ pub(crate) fn census(ctx: &Ctx, root: &OwnedFd) -> Result<Census, MigrateError> 
                         c.dirs += 1;
                         pending.push(n)
                     }
-                    Kind::File => c.bytes += m.size,
+                    Kind::File => {
+                        c.bytes += m.size;
+                        c.data += m.data();
+                    }
                     _ => {}
                 }
                 if m.kind != Kind::Dir && m.nlink > 1 {

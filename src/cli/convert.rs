@@ -1,13 +1,12 @@
 //! `dirseal convert`: flags to [`dirseal::convert`]'s plan and run, a progress bar (or JSON
 //! lines), and clean stops on SIGINT/SIGTERM.
-use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use indicatif::HumanBytes;
 use serde::Serialize;
 
 use dirseal::convert::{self, ConvertError, Converted, Finish, Hooks, Options};
@@ -15,6 +14,7 @@ use dirseal::ops::Dirseal;
 use dirseal::ui::Progress;
 use dirseal_migrate::{Method, Outcome, State, StatusView};
 
+use super::progress::Reporter;
 use super::term::{clean, TermUi};
 use super::ProtectorArgs;
 
@@ -35,6 +35,10 @@ pub struct ConvertArgs {
     /// Overwrite the old plaintext before deleting it, then TRIM the filesystem
     #[arg(long)]
     wipe: bool,
+    /// When done, overwrite the filesystem's free space (`dirseal scrub`): the old plaintext and
+    /// what files deleted earlier left behind
+    #[arg(long)]
+    scrub: bool,
     /// Convert even if programs use the directory (their changes during the copy are recopied)
     #[arg(long)]
     force: bool,
@@ -79,7 +83,11 @@ struct OutcomeOut<'a> {
     state: String,
     method: String,
     files: u64,
+    /// Data copied (the same as `data_bytes`; kept for older readers).
     bytes: u64,
+    data_bytes: u64,
+    /// Sum of file sizes, when known (not on a resumed run).
+    apparent_bytes: Option<u64>,
     policy: &'a str,
     backup: Option<&'a Path>,
     notes: &'a [String],
@@ -114,62 +122,6 @@ fn status_out(v: &StatusView) -> StatusOut<'_> {
     }
 }
 
-/// Progress for humans (a bar on a terminal) or front ends (JSON lines, at most one per second).
-struct Reporter {
-    bar: Option<indicatif::ProgressBar>,
-    json: Option<Mutex<Option<(Instant, String)>>>,
-}
-
-impl Reporter {
-    fn new(json: bool) -> Reporter {
-        if json {
-            return Reporter { bar: None, json: Some(Mutex::new(None)) };
-        }
-        if !std::io::stderr().is_terminal() {
-            return Reporter { bar: None, json: None };
-        }
-        let bar = indicatif::ProgressBar::new(0);
-        let style = indicatif::ProgressStyle::with_template(
-            "{msg:10} [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta} {prefix}",
-        )
-        .map(|s| s.progress_chars("=> "))
-        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
-        bar.set_style(style);
-        Reporter { bar: Some(bar), json: None }
-    }
-
-    fn report(&self, p: &Progress) {
-        if let Some(bar) = &self.bar {
-            bar.set_message(p.phase.clone());
-            bar.set_length(p.bytes_total);
-            bar.set_position(p.bytes_done);
-            bar.set_prefix(format!("{}/{} files", p.files_done, p.files_total));
-        }
-        if let Some(last) = &self.json {
-            let mut last = last.lock().unwrap_or_else(|e| e.into_inner());
-            // One line per second, and one at every phase change so front ends see each phase.
-            let same_phase = last.as_ref().is_some_and(|(_, ph)| *ph == p.phase);
-            if same_phase && last.as_ref().is_some_and(|(t, _)| t.elapsed() < Duration::from_secs(1)) {
-                return;
-            }
-            *last = Some((Instant::now(), p.phase.clone()));
-            #[derive(Serialize)]
-            struct Line<'a> {
-                progress: &'a Progress,
-            }
-            if let Ok(s) = serde_json::to_string(&Line { progress: p }) {
-                println!("{s}");
-            }
-        }
-    }
-
-    fn finish(&self) {
-        if let Some(bar) = &self.bar {
-            bar.finish_and_clear();
-        }
-    }
-}
-
 pub fn run(ds: &mut Dirseal, args: ConvertArgs, ui: &mut TermUi) -> Result<i32> {
     let Some(dir) = args.dir.clone() else {
         if args.status {
@@ -195,6 +147,8 @@ pub fn run(ds: &mut Dirseal, args: ConvertArgs, ui: &mut TermUi) -> Result<i32> 
         (_, _, true) => Some(Finish::Commit),
         _ => None,
     };
+    // Sizes as the plan counted them, for the result (a resumed run has none).
+    let mut summary = None;
     let result = if let Some(how) = finish {
         convert::finish(ds, &abs, how, ui, &hooks).map(|outcome| Converted { outcome, recovery_key_saved: None })
     } else {
@@ -207,7 +161,9 @@ pub fn run(ds: &mut Dirseal, args: ConvertArgs, ui: &mut TermUi) -> Result<i32> 
             wipe: args.wipe,
             force: args.force,
             threads: args.threads.unwrap_or(0),
-            recovery_key: args.recovery.decided(),
+            // --yes asks nothing but secrets: no recovery key unless the flags say so.
+            recovery_key: args.recovery.decided().or(args.yes.then_some(false)),
+            estimate: true,
             mode: match args.data_mode {
                 DataMode::Copy => convert::Mode::Copy,
                 DataMode::Move => convert::Mode::Move,
@@ -215,6 +171,11 @@ pub fn run(ds: &mut Dirseal, args: ConvertArgs, ui: &mut TermUi) -> Result<i32> 
             },
         };
         let plan = convert::plan(ds, &abs, options, &hooks)?;
+        reporter.finish();
+        summary = plan.summary();
+        if let (Some(s), true) = (&summary, args.json) {
+            println!("{}", serde_json::to_string(&serde_json::json!({ "plan": s }))?);
+        }
         let user = args.protector.user_or_owner(&abs)?;
         ui.assume_yes = args.yes;
         convert::run(ds, plan, args.protector.choice(&user)?, ui, &hooks)
@@ -227,11 +188,29 @@ pub fn run(ds: &mut Dirseal, args: ConvertArgs, ui: &mut TermUi) -> Result<i32> 
             d = clean(&abs.display().to_string())
         );
     }
-    report(&abs, &done.outcome, args.json)?;
+    report(&abs, &done.outcome, summary.as_ref().map(|s| s.apparent_bytes), args.json)?;
+    if args.scrub {
+        return scrub_after(&abs, &done.outcome, &stop, args.json);
+    }
     Ok(0)
 }
 
-fn report(abs: &Path, o: &Outcome, json: bool) -> Result<()> {
+/// `--scrub`: once the old plaintext is deleted, overwrite the filesystem's free space.
+fn scrub_after(abs: &Path, o: &Outcome, stop: &AtomicBool, json: bool) -> Result<i32> {
+    if o.state != State::Done {
+        eprintln!(
+            "dirseal: not scrubbing: the conversion is {}, so the old plaintext is still there; run `dirseal convert --commit --scrub {}` when you are sure",
+            o.state,
+            clean(&abs.display().to_string())
+        );
+        return Ok(0);
+    }
+    let mp = dirseal::fscrypt::mount_point(abs)?;
+    super::scrub::scrub_and_report(&mp, &dirseal::scrub::Options::default(), stop, json)
+}
+
+/// The result; `apparent` is the sum of file sizes when the plan counted it (a new conversion).
+fn report(abs: &Path, o: &Outcome, apparent: Option<u64>, json: bool) -> Result<()> {
     if json {
         let out = OutcomeOut {
             path: abs,
@@ -239,6 +218,8 @@ fn report(abs: &Path, o: &Outcome, json: bool) -> Result<()> {
             method: o.method.to_string(),
             files: o.files,
             bytes: o.bytes,
+            data_bytes: o.bytes,
+            apparent_bytes: apparent,
             policy: &o.token,
             backup: o.backup.as_deref(),
             notes: &o.notes,
@@ -248,13 +229,19 @@ fn report(abs: &Path, o: &Outcome, json: bool) -> Result<()> {
     }
     let d = clean(&abs.display().to_string());
     match o.state {
-        State::Done => println!(
-            "{d} is now encrypted (policy {}) and unlocked: {} entries, {} bytes {}",
-            o.token,
-            o.files,
-            o.bytes,
-            if o.method == Method::Move { "moved" } else { "copied" }
-        ),
+        State::Done => {
+            let sizes = match apparent {
+                Some(a) if a != o.bytes => format!(" (files' apparent size {}: sparse files)", HumanBytes(a)),
+                _ => String::new(),
+            };
+            println!(
+                "{d} is now encrypted (policy {}) and unlocked: {} entries, {} of data {}{sizes}",
+                o.token,
+                o.files,
+                HumanBytes(o.bytes),
+                if o.method == Method::Move { "moved" } else { "copied" }
+            )
+        }
         State::Swapped => {
             println!("{d} is now encrypted (policy {}) and unlocked; the old plaintext is kept", o.token);
             if let Some(b) = &o.backup {

@@ -1,7 +1,9 @@
 //! The `dirseal` command line: thin glue from clap to [`dirseal::ops`].
 mod convert;
 mod fido2;
+mod progress;
 mod recovery;
+mod scrub;
 mod term;
 mod tpm2;
 
@@ -97,6 +99,8 @@ enum Cmd {
     /// Security keys (FIDO2): which are connected and what they support
     #[command(subcommand)]
     Fido2(fido2::Fido2Cmd),
+    /// Overwrite a filesystem's free space (old plaintext of deleted or converted files), then TRIM
+    Scrub(scrub::ScrubArgs),
     /// Write shell completions and man pages into DIR
     #[command(hide = true)]
     GenerateDocs { dir: PathBuf },
@@ -199,7 +203,7 @@ pub struct ProtectorArgs {
     /// Kind of new protector to create
     #[arg(long, default_value = "password", value_parser = clap::builder::PossibleValuesParser::new(protector::KIND_NAMES))]
     protector_type: String,
-    /// Name of the new protector [default: the user's name, else "password"]
+    /// Name of the new protector [default: the owner's user name ("uid N" without a passwd entry), else the kind]
     #[arg(long, value_name = "NAME")]
     protector_name: Option<String>,
     /// The user the directory and its new password protector belong to
@@ -242,7 +246,7 @@ impl ProtectorArgs {
         Ok(Some(User { uid, name }))
     }
 
-    /// `--user`, else the owner of `dir` when that is a real (non-root) account: the password of
+    /// `--user`, else the owner of `dir` unless that is root: the password of
     /// a converted home is its owner's, which is what PAM later matches by uid.
     pub fn user_or_owner(&self, dir: &Path) -> Result<Option<User>> {
         if self.user.is_some() {
@@ -253,10 +257,14 @@ impl ProtectorArgs {
         if meta.uid() == 0 {
             return Ok(None);
         }
-        Ok(nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(meta.uid()))
+        let uid = meta.uid();
+        // An owner without a passwd entry (a uid from another system, a container) is still the
+        // owner: the protector is theirs and is named by the uid, not a misleading "password".
+        let name = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
             .ok()
             .flatten()
-            .map(|u| User { uid: u.uid.as_raw(), name: u.name }))
+            .map_or_else(|| format!("uid {uid}"), |u| u.name);
+        Ok(Some(User { uid, name }))
     }
 
     fn choice<'a>(&'a self, user: &'a Option<User>) -> Result<ProtectorChoice<'a>> {
@@ -328,6 +336,10 @@ fn run(cli: Cli) -> Result<i32> {
         return Ok(0);
     }
     require_root()?;
+    // Scrubbing touches no keys: it must work with a missing or broken config and keystore.
+    if let Cmd::Scrub(args) = cli.cmd {
+        return scrub::run(args);
+    }
     if let Cmd::Tpm2(cmd) = cli.cmd {
         return tpm2::run(&dirseal::config::Config::load(&cli.config)?, cmd);
     }
@@ -367,7 +379,7 @@ fn run(cli: Cli) -> Result<i32> {
         Cmd::Protector(cmd) => protector(&mut ds, cmd, &mut ui)?,
         Cmd::Policy(cmd) => policy(&mut ds, cmd, &mut ui)?,
         Cmd::Recovery(cmd) => recovery::run(&mut ds, cmd, &mut ui)?,
-        Cmd::GenerateDocs { .. } | Cmd::Tpm2(_) | Cmd::Fido2(_) => unreachable!("handled above"),
+        Cmd::GenerateDocs { .. } | Cmd::Tpm2(_) | Cmd::Fido2(_) | Cmd::Scrub(_) => unreachable!("handled above"),
     }
     Ok(0)
 }
@@ -430,6 +442,7 @@ fn status_dir(ds: &Dirseal, dir: &Path, json: bool) -> Result<()> {
     }
     let s = &out.status;
     println!("{}", clean(&s.path.display().to_string()));
+    println!("  filesystem: {}", filesystem_line(&s.filesystem));
     match s.policy {
         None => println!("  encrypted:  no"),
         Some(p) => {
@@ -457,6 +470,24 @@ fn status_dir(ds: &Dirseal, dir: &Path, json: bool) -> Result<()> {
         println!("  problem:    {}", clean(p));
     }
     Ok(())
+}
+
+/// The filesystem under a path and whether it can encrypt, with the way to enable it.
+fn filesystem_line(f: &ops::FsStatus) -> String {
+    use dirseal::fscrypt::Support;
+    let at = format!("{} at {} ({})", clean(&f.fstype), clean(&f.mount_point.display().to_string()), clean(&f.device));
+    match f.encryption {
+        Support::Enabled => format!("{at}, can encrypt"),
+        Support::NotEnabled if f.fstype == "f2fs" => format!(
+            "{at}, cannot encrypt until its encrypt feature is enabled: `fsck.f2fs -O encrypt {}` (unmounted)",
+            clean(&f.device)
+        ),
+        Support::NotEnabled => format!(
+            "{at}, cannot encrypt until its encrypt feature is enabled: `tune2fs -O encrypt {}` (unmounted)",
+            clean(&f.device)
+        ),
+        Support::Unsupported => format!("{at}, cannot encrypt (fscrypt needs ext4 or f2fs)"),
+    }
 }
 
 fn protector_line(p: &ProtectorSummary) -> String {

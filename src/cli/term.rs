@@ -25,13 +25,18 @@ struct NoEcho {
 }
 
 impl NoEcho {
+    /// No echo, but the newline that ends the line is shown (password prompts).
     fn new() -> Option<NoEcho> {
+        NoEcho::with(true)
+    }
+
+    fn with(echo_newline: bool) -> Option<NoEcho> {
         use nix::sys::termios::{tcgetattr, tcsetattr, LocalFlags, SetArg};
         let stdin = io::stdin();
         let saved = tcgetattr(&stdin).ok()?;
         let mut t = saved.clone();
         t.local_flags.remove(LocalFlags::ECHO);
-        t.local_flags.insert(LocalFlags::ECHONL);
+        t.local_flags.set(LocalFlags::ECHONL, echo_newline);
         tcsetattr(&stdin, SetArg::TCSANOW, &t).ok()?;
         Some(NoEcho { saved })
     }
@@ -76,7 +81,8 @@ fn read_line() -> Result<Option<Passphrase>, UiError> {
     Ok(read_raw_line(MAX_SECRET)?.map(Passphrase::new))
 }
 
-fn ask(prompt: &str) -> Result<Passphrase, UiError> {
+/// Asks for one secret line on stderr, without echo on a terminal.
+pub fn ask(prompt: &str) -> Result<Passphrase, UiError> {
     let tty = io::stdin().is_terminal();
     if tty {
         eprint!("{prompt}");
@@ -130,11 +136,15 @@ impl Ui for TermUi {
 
     fn confirm(&mut self, q: &Question<'_>) -> Result<bool, UiError> {
         match q {
-            Question::Convert { dir, census } => {
+            Question::Convert { dir, summary } => {
                 let d = clean(&dir.display().to_string());
-                let how = method_text(census);
                 if self.assume_yes {
-                    eprintln!("dirseal: converting {d}: {how}");
+                    // Nothing asked, but a person watching still learns what is starting.
+                    if !self.json && io::stderr().is_terminal() {
+                        eprintln!("{}", summary_text(summary));
+                    } else {
+                        eprintln!("dirseal: converting {d}: {}", method_text(summary));
+                    }
                     return Ok(true);
                 }
                 if !io::stdin().is_terminal() {
@@ -143,10 +153,13 @@ impl Ui for TermUi {
                         hint: "pass --yes when not on a terminal".into(),
                     });
                 }
-                Ok(confirm(&format!("Encrypt {d} in place? {how}")))
+                eprintln!("{}", summary_text(summary));
+                Ok(confirm(&format!("Encrypt {d} in place?")))
             }
-            // Only on a terminal: scripts say --recovery-key or --no-recovery-key.
-            Question::CreateRecoveryKey { .. } => Ok(io::stdin().is_terminal()
+            // Only on a terminal: scripts say --recovery-key or --no-recovery-key. `--yes` asks
+            // nothing but secrets, so no key unless --recovery-key says so.
+            Question::CreateRecoveryKey { .. } => Ok(!self.assume_yes
+                && io::stdin().is_terminal()
                 && confirm(
                     "Create a recovery key (the way back in if every password is forgotten or the keystore is lost)?",
                 )),
@@ -164,9 +177,9 @@ impl Ui for TermUi {
             return Ok(());
         }
         for _ in 0..3 {
-            eprint!("Type the recovery key back to confirm: ");
-            let Some(line) = read_raw_line(256)? else { return Err(UiError::RecoveryKeyNotConfirmed) };
-            match RecoveryKey::parse(std::str::from_utf8(&line).unwrap_or("\u{fffd}")) {
+            // Not echoed: the key is a secret, and a typed copy would stay in the scrollback.
+            let line = ask("Type the recovery key back to confirm: ")?;
+            match RecoveryKey::parse(std::str::from_utf8(line.as_bytes()).unwrap_or("\u{fffd}")) {
                 Ok(k) if k == *key => return Ok(()),
                 Ok(_) => eprintln!("that is a valid key, but not this one; check what you wrote"),
                 Err(e) => eprintln!("{e}"),
@@ -189,6 +202,62 @@ impl Ui for TermUi {
     }
 }
 
+/// "about 40 s", "about 12 min", "about 3 h 5 min".
+fn duration(secs: u64) -> String {
+    match secs {
+        0..=59 => format!("about {} s", secs.max(1)),
+        60..=3599 => format!("about {} min", secs.div_ceil(60)),
+        _ => format!("about {} h {} min", secs / 3600, (secs % 3600) / 60),
+    }
+}
+
+/// What the conversion involves, before the question (issue: a person must know the size, the
+/// time, the space, who is locked out and whether a recovery key is made before saying yes).
+pub fn summary_text(s: &dirseal::convert::Summary) -> String {
+    use indicatif::HumanBytes;
+    let d = clean(&s.path.display().to_string());
+    let mut out = format!("Encrypting {d} in place. {}\n", method_text(s));
+    let mut data = format!("{} entries, {} of data", s.entries, HumanBytes(s.data_bytes));
+    if s.apparent_bytes > s.data_bytes {
+        data.push_str(&format!(" ({} apparent: sparse files count only their data)", HumanBytes(s.apparent_bytes)));
+    }
+    out.push_str(&format!("  contents:     {data}\n"));
+    out.push_str(&format!(
+        "  free space:   needs {}, has {}\n",
+        HumanBytes(s.space_needed),
+        HumanBytes(s.space_available)
+    ));
+    out.push_str(&match &s.estimate {
+        Some(e) => format!(
+            "  time:         {} (measured here: {}/s encrypted writes, {} µs per file)\n",
+            duration(e.seconds),
+            HumanBytes(e.write_bytes_per_sec),
+            e.micros_per_entry
+        ),
+        None => "  time:         unknown (the write-rate probe could not run)\n".to_string(),
+    });
+    let who = match (&s.owner_name, s.owner_uid) {
+        (_, 0) => "programs must not write in the directory".to_string(),
+        (Some(n), uid) => format!("{} (uid {uid}) cannot log in, and nothing may use the directory", clean(n)),
+        (None, uid) => format!("uid {uid} cannot log in, and nothing may use the directory"),
+    };
+    out.push_str(&format!("  meanwhile:    {who}; an interrupted run resumes with `dirseal convert {d}`\n"));
+    out.push_str(match s.recovery_key {
+        Some(true) => "  recovery key: yes, shown before anything is encrypted\n",
+        Some(false) => "  recovery key: no (if every password is lost, so is the data)\n",
+        None => "  recovery key: asked next\n",
+    });
+    out.push_str(&if s.keep_backup {
+        format!("  afterwards:   the old plaintext is kept until `dirseal convert --commit {d}`")
+    } else if s.wipe {
+        "  afterwards:   the old plaintext is overwritten, then deleted".to_string()
+    } else {
+        "  afterwards:   the old plaintext's blocks are freed, not overwritten; `--scrub` (or `dirseal scrub`) overwrites them"
+            .to_string()
+    });
+    out
+}
+
 /// Escapes control characters so a hostile file name or protector name cannot drive the terminal.
 pub fn clean(s: &str) -> String {
     if !s.chars().any(char::is_control) {
@@ -197,18 +266,48 @@ pub fn clean(s: &str) -> String {
     s.chars().map(|c| if c.is_control() { c.escape_default().to_string() } else { c.to_string() }).collect()
 }
 
-/// Asks a yes/no question on the terminal; `false` unless the answer starts with y.
+/// y/yes or n/no in any case, around blanks; an empty line takes the default (no). Anything else
+/// is not an answer.
+fn yes_no(line: &[u8]) -> Option<bool> {
+    match line.trim_ascii().to_ascii_lowercase().as_slice() {
+        b"y" | b"yes" => Some(true),
+        b"n" | b"no" | b"" => Some(false),
+        _ => None,
+    }
+}
+
+/// Asks a yes/no question until it gets an answer (the default is no; end of input is no).
+///
+/// What is typed is not echoed: a password typed one prompt too early must not appear on screen
+/// or in a terminal's scrollback. The accepted answer is shown instead; anything else is neither
+/// shown nor taken as "no", the question is asked again.
 pub fn confirm(question: &str) -> bool {
-    eprint!("{question} [y/N] ");
-    let _ = io::stderr().flush();
-    read_raw_line(256)
-        .ok()
-        .flatten()
-        .is_some_and(|l| l.trim_ascii_start().first().is_some_and(|c| *c == b'y' || *c == b'Y'))
+    let tty = io::stdin().is_terminal();
+    loop {
+        eprint!("{question} [y/N] ");
+        let _ = io::stderr().flush();
+        let echo = if tty { NoEcho::with(false) } else { None };
+        let line = read_line();
+        drop(echo);
+        let answer = match &line {
+            Ok(Some(l)) => yes_no(l.as_bytes()),
+            // End of input or an unreadable line: nothing was agreed to.
+            Ok(None) | Err(_) => Some(false),
+        };
+        match answer {
+            Some(a) => {
+                if tty {
+                    eprintln!("{}", if a { "yes" } else { "no" });
+                }
+                return a;
+            }
+            None => eprintln!("\nplease answer y or n (what you typed was not shown)"),
+        }
+    }
 }
 
 /// Which way the data goes (copy or move) and why, for the confirmation.
-fn method_text(c: &dirseal_migrate::Census) -> String {
+fn method_text(c: &dirseal::convert::Summary) -> String {
     use indicatif::HumanBytes as B;
     match c.method {
         dirseal_migrate::Method::Copy => format!(
@@ -236,6 +335,20 @@ fn method_text(c: &dirseal_migrate::Census) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn yes_no_answers_and_non_answers() {
+        use super::yes_no;
+        for y in [&b"y"[..], b"Y", b" yes ", b"YES\r"] {
+            assert_eq!(yes_no(y), Some(true), "{y:?}");
+        }
+        for n in [&b"n"[..], b"No", b"", b"  "] {
+            assert_eq!(yes_no(n), Some(false), "{n:?}");
+        }
+        for other in [&b"hunter2"[..], b"yy", b"ja", b"ye s", b"y\x1b"] {
+            assert_eq!(yes_no(other), None, "{other:?}");
+        }
+    }
+
     #[test]
     fn clean_escapes_controls() {
         assert_eq!(super::clean("a\x1b[31mb\n"), "a\\u{1b}[31mb\\n");

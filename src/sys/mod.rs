@@ -1,7 +1,7 @@
 //! The only module with `unsafe`.
 //!
-//! Kernel interfaces that neither libc nor nix wrap: the fscrypt ioctls (UAPI `<linux/fscrypt.h>`)
-//! and `statx` for the encrypted attribute. Each is exposed as one safe function taking a borrowed
+//! Kernel interfaces that neither libc nor nix wrap: the fscrypt ioctls (UAPI `<linux/fscrypt.h>`),
+//! `statx` for the encrypted attribute, and `FITRIM` (UAPI `<linux/fs.h>`). Each is exposed as one safe function taking a borrowed
 //! fd, returning the raw [`Errno`] so that `crate::fscrypt` can map it to a meaningful error.
 //! [`tpm2`] holds the two TPM commands tss-esapi does not wrap; [`fido2`] is the libfido2 wrapper.
 #![allow(unsafe_code)]
@@ -143,6 +143,16 @@ const _: () = assert!(offset_of!(AddKeyBuf, raw) == size_of::<fscrypt_add_key_ar
 const _: () = assert!(size_of::<fscrypt_remove_key_arg>() == 64);
 const _: () = assert!(size_of::<fscrypt_get_key_status_arg>() == 128);
 const _: () = assert!(offset_of!(fscrypt_get_key_status_arg, status) == 64);
+const _: () = assert!(size_of::<fstrim_range>() == 24);
+
+/// `struct fstrim_range` (`<linux/fs.h>`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct fstrim_range {
+    pub start: u64,
+    pub len: u64,
+    pub minlen: u64,
+}
 
 mod ioctls {
     use super::*;
@@ -177,6 +187,8 @@ mod ioctls {
         nix::request_code_readwrite!(b'f', 26, size_of::<fscrypt_get_key_status_arg>()),
         fscrypt_get_key_status_arg
     );
+    // `#define FITRIM _IOWR('X', 121, struct fstrim_range)`.
+    nix::ioctl_readwrite!(fitrim, b'X', 121, fstrim_range);
 }
 
 /// FS_IOC_SET_ENCRYPTION_POLICY on a directory fd.
@@ -248,6 +260,18 @@ pub fn get_encryption_key_status(
     // matching the request code's size; the kernel fills in its output fields.
     unsafe { ioctls::fs_ioc_get_encryption_key_status(fd.as_raw_fd(), &mut arg) }?;
     Ok(arg)
+}
+
+/// FITRIM on any fd of a mounted filesystem: discards every free block the device can discard.
+/// Returns the number of bytes the filesystem reports as trimmed. `EOPNOTSUPP` means the device
+/// (or the filesystem) does not support discard.
+pub fn fitrim(fd: BorrowedFd<'_>) -> Result<u64, Errno> {
+    let mut range = fstrim_range { start: 0, len: u64::MAX, minlen: 0 };
+    // SAFETY: `fd` is live for the call; `range` is an initialised, exclusively borrowed
+    // `fstrim_range` of the size encoded in the request code; the kernel reads it and writes back
+    // `len` (the bytes trimmed), all within the struct.
+    unsafe { ioctls::fitrim(fd.as_raw_fd(), &mut range) }?;
+    Ok(range.len)
 }
 
 /// A single path component, so an fd-relative call cannot wander through intermediate symlinks.

@@ -1,0 +1,421 @@
+//! Overwriting a filesystem's free space, so that plaintext left in free blocks (files deleted
+//! before a conversion, the old copy a conversion released) cannot be read back from the device.
+//!
+//! A fill file of fresh random data grows in bounded chunks until the space left to ordinary
+//! programs falls to a safety reserve, checked before every chunk, so other programs keep working;
+//! it is synced and released, and then `FITRIM` tells the device which blocks are free.
+//!
+//! The fill file is an unnamed `O_TMPFILE`: whatever ends the process (an error, a signal, even
+//! SIGKILL) its space returns to the filesystem when the descriptor closes, or at the next mount
+//! after a crash (the filesystem's orphan list), and no name is ever left behind.
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::fd::AsFd;
+use std::os::unix::fs::FileExt;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use nix::errno::Errno;
+use rand::{RngCore, SeedableRng};
+use serde::Serialize;
+
+use crate::fscrypt::{self, FscryptError};
+use crate::ui::Progress;
+
+/// Bytes written per step: the unit of free-space checks and of stopping.
+const CHUNK: u64 = 1 << 20;
+/// Bytes between syncs: bounds the dirty page cache (the rest of the system keeps its cache) and
+/// keeps progress honest about what reached the device.
+const SYNC_EVERY: u64 = 64 << 20;
+const MIB: u64 = 1 << 20;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ScrubError {
+    #[error(transparent)]
+    Fscrypt(#[from] FscryptError),
+    #[error("the filesystem at {mount_point} is mounted read-only; its free space cannot be overwritten")]
+    ReadOnly { mount_point: PathBuf },
+    #[error("the conversion of {source_dir} on {mount_point} is not finished ({state}): it needs the free space, or keeps the old plaintext on purpose; finish it (or abort or roll it back), then scrub")]
+    Converting { mount_point: PathBuf, source_dir: PathBuf, state: String },
+    #[error("cannot {op} {path}: {source}")]
+    Io { path: PathBuf, op: &'static str, source: io::Error },
+}
+
+fn io_err<'a>(path: &'a Path, op: &'static str) -> impl FnOnce(io::Error) -> ScrubError + 'a {
+    move |source| match source.raw_os_error() {
+        Some(libc::EROFS) => ScrubError::ReadOnly { mount_point: path.to_path_buf() },
+        _ => ScrubError::Io { path: path.to_path_buf(), op, source },
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    /// Free space (as ordinary programs see it) never to fill; `None` is [`default_reserve`].
+    pub reserve: Option<u64>,
+    /// Skip `FITRIM` after the overwrite.
+    pub no_trim: bool,
+}
+
+/// 1% of the filesystem, at least 16 MiB and at most 1 GiB: room for logs, caches and a running
+/// game while the disk is otherwise full.
+pub fn default_reserve(fs_size: u64) -> u64 {
+    (fs_size / 100).clamp(16 * MIB, 1024 * MIB)
+}
+
+/// What kind of storage holds the filesystem, as the kernel reports it: it decides what an
+/// overwrite reaches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Medium {
+    /// A spinning disk: a block written is the block that held the old data.
+    Rotational,
+    /// Flash (SSD, NVMe, eMMC, SD): the controller writes elsewhere and remaps.
+    SolidState,
+    /// A loop device: what reaches a disk depends on the filesystem holding its backing file.
+    Loop,
+    Unknown,
+}
+
+/// The result of `FITRIM`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case", tag = "result")]
+pub enum Trim {
+    /// The filesystem passed its free blocks to the device as discards (`bytes` as it counts them).
+    Done {
+        bytes: u64,
+    },
+    /// The device (or the filesystem) does not support discard.
+    Unsupported,
+    /// Not attempted: asked not to, or the overwrite was interrupted.
+    Skipped,
+    Failed {
+        reason: String,
+    },
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    pub mount_point: PathBuf,
+    pub fstype: String,
+    pub device: String,
+    pub medium: Medium,
+    /// Size of the filesystem.
+    pub size: u64,
+    /// Free space to ordinary programs before the overwrite.
+    pub available_before: u64,
+    /// ... and after the fill file was released: the space is back.
+    pub available_after: u64,
+    /// The safety reserve kept for other programs.
+    pub reserve: u64,
+    /// Free blocks only root may use (ext4's reserved blocks): left unwritten too, since filling
+    /// them first takes all space from ordinary programs.
+    pub root_reserved: u64,
+    /// Random data written and synced to the device.
+    pub written: u64,
+    /// Free space the fill never held: what stayed free at its peak. The sweep then wrote
+    /// `swept` more bytes into free space beyond the fill's end, which usually covers much of it
+    /// (the kernel, not dirseal, picks the blocks).
+    pub unwritten: u64,
+    pub swept: u64,
+    pub trim: Trim,
+    /// Stopped by a signal: the fill file was released, nothing was trimmed.
+    pub interrupted: bool,
+    /// Why the fill stopped before the reserve, if it did.
+    pub stopped_early: Option<String>,
+}
+
+/// Free space as ordinary programs see it, all free space, and the filesystem's size, in bytes.
+struct Space {
+    available: u64,
+    free: u64,
+    size: u64,
+    block: u64,
+}
+
+fn space(f: &impl AsFd, path: &Path) -> Result<Space, ScrubError> {
+    let v = rustix::fs::fstatvfs(f).map_err(|e| io_err(path, "check the free space of")(e.into()))?;
+    Ok(Space {
+        available: v.f_bavail.saturating_mul(v.f_frsize),
+        free: v.f_bfree.saturating_mul(v.f_frsize),
+        size: v.f_blocks.saturating_mul(v.f_frsize),
+        block: v.f_frsize.max(1),
+    })
+}
+
+/// Refuses while a conversion on this filesystem is unfinished: its copy needs the free space.
+fn check_no_conversion(mount_point: &Path) -> Result<(), ScrubError> {
+    let Ok(entries) = std::fs::read_dir(mount_point.join(".dirseal/convert")) else { return Ok(()) };
+    for e in entries.flatten() {
+        if let Ok(Some(v)) = dirseal_migrate::status(&e.path()) {
+            use dirseal_migrate::State;
+            if !matches!(v.state, State::Done | State::Aborted | State::RolledBack) {
+                return Err(ScrubError::Converting {
+                    mount_point: mount_point.to_path_buf(),
+                    source_dir: v.source,
+                    state: v.state.to_string(),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The storage kind of block device `major:minor` from sysfs (a partition's queue is its disk's).
+fn medium(major: u64, minor: u64) -> Medium {
+    let dev = PathBuf::from(format!("/sys/dev/block/{major}:{minor}"));
+    if dev.join("loop").exists() {
+        return Medium::Loop;
+    }
+    for q in [dev.join("queue/rotational"), dev.join("../queue/rotational")] {
+        match std::fs::read_to_string(q).as_deref().map(str::trim) {
+            Ok("1") => return Medium::Rotational,
+            Ok("0") => return Medium::SolidState,
+            _ => {}
+        }
+    }
+    Medium::Unknown
+}
+
+/// An unnamed file on the filesystem at `mount_point` (readable by root only, though it never has a
+/// name to open it by). Filesystems without `O_TMPFILE` get a fresh name that is removed at once.
+fn fill_file(mount_point: &Path) -> Result<File, ScrubError> {
+    let mut o = OpenOptions::new();
+    o.write(true).mode(0o600);
+    match o.clone().custom_flags(libc::O_TMPFILE | libc::O_NOFOLLOW).open(mount_point) {
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EOPNOTSUPP | libc::EISDIR)) => {}
+        r => return r.map_err(io_err(mount_point, "create a fill file on")),
+    }
+    let name = mount_point.join(format!(".dirseal-scrub.{:016x}", rand::random::<u64>()));
+    let f = o.create_new(true).custom_flags(libc::O_NOFOLLOW).open(&name).map_err(io_err(&name, "create"))?;
+    std::fs::remove_file(&name).map_err(io_err(&name, "remove"))?;
+    Ok(f)
+}
+
+/// Overwrites the free space of the filesystem holding `path` with random data, keeping `reserve`
+/// free for other programs, then releases it and trims. `stop` is checked before every chunk;
+/// progress phases are "filling", "syncing" and "trimming".
+pub fn scrub(
+    path: &Path,
+    opts: &Options,
+    stop: &AtomicBool,
+    on_progress: &(dyn Fn(&Progress) + Sync),
+) -> Result<Report, ScrubError> {
+    let m = fscrypt::mount_entry(path)?;
+    let mp = m.mount_point.clone();
+    check_no_conversion(&mp)?;
+    let file = fill_file(&mp)?;
+    let start = space(&file, &mp)?;
+    let reserve = opts.reserve.unwrap_or_else(|| default_reserve(start.size));
+    let progress = |phase: &str, done: u64, total: u64| {
+        on_progress(&Progress { phase: phase.into(), bytes_done: done, bytes_total: total, ..Default::default() })
+    };
+
+    let mut fill = Fill {
+        file,
+        mp: &mp,
+        // Fresh random data: a repeated pattern could be compressed or deduplicated by the device,
+        // so fewer cells would be overwritten than the filesystem counts.
+        rng: rand::rngs::StdRng::from_entropy(),
+        buf: vec![0u8; CHUNK as usize],
+        reserve,
+        stop,
+        end: 0,
+        head: 0,
+        since_sync: 0,
+        written: 0,
+        interrupted: false,
+        stopped_early: None,
+    };
+    // Filling: grow the file until only the reserve is left.
+    let mut peak_free = start.free;
+    while let Some(room) = fill.room()? {
+        progress("filling", fill.written, fill.written + room);
+        if !fill.append(room)? {
+            break;
+        }
+        peak_free = peak_free.min(space(&fill.file, &mp)?.free);
+    }
+    fill.sync()?;
+    peak_free = peak_free.min(space(&fill.file, &mp)?.free);
+    // Sweeping: the allocator left some free blocks aside (small holes, the reserve, root's
+    // blocks), often exactly where small deleted files were. Release the oldest part of the fill
+    // and write as much at its end, repeatedly: an append is placed after the file's last block,
+    // so the writes move on through the free space the fill has not reached yet, while what is
+    // held never grows past the reserve.
+    let sweep = (6 * peak_free).min(fill.end);
+    let mut swept = 0;
+    while !fill.interrupted && fill.stopped_early.is_none() && swept < sweep {
+        progress("sweeping", swept, sweep);
+        let k = (sweep - swept).min(CHUNK);
+        if !fill.release_head(k)? {
+            break;
+        }
+        if !fill.append(k)? {
+            break;
+        }
+        swept += k;
+    }
+    if !fill.interrupted {
+        progress("syncing", fill.written, fill.written);
+        fill.sync()?;
+    }
+    let Fill { file, written, interrupted, stopped_early, .. } = fill;
+    // Release the space, then commit the transaction that frees it: freed blocks are neither
+    // counted as free nor trimmable until the journal commits.
+    drop(file);
+    let root = File::open(&mp).map_err(io_err(&mp, "open"))?;
+    rustix::fs::syncfs(&root).map_err(|e| io_err(&mp, "sync")(e.into()))?;
+
+    let trim = if interrupted || opts.no_trim {
+        Trim::Skipped
+    } else {
+        progress("trimming", written, written);
+        match crate::sys::fitrim(root.as_fd()) {
+            Ok(bytes) => Trim::Done { bytes },
+            Err(Errno::EOPNOTSUPP | Errno::ENOTTY) => Trim::Unsupported,
+            Err(e) => Trim::Failed { reason: e.desc().to_string() },
+        }
+    };
+    let end = space(&root, &mp)?;
+    Ok(Report {
+        medium: medium(m.major, m.minor),
+        mount_point: mp,
+        fstype: m.fstype,
+        device: m.source,
+        size: start.size,
+        available_before: start.available,
+        available_after: end.available,
+        reserve,
+        root_reserved: start.free.saturating_sub(start.available),
+        written,
+        unwritten: if interrupted { start.free.saturating_sub(written) } else { peak_free },
+        swept,
+        trim,
+        interrupted,
+        stopped_early,
+    })
+}
+
+/// The fill file and its bookkeeping. Its data lives at `head..end`; `head..` grows as the sweep
+/// releases the oldest part.
+struct Fill<'a> {
+    file: File,
+    mp: &'a Path,
+    rng: rand::rngs::StdRng,
+    buf: Vec<u8>,
+    reserve: u64,
+    stop: &'a AtomicBool,
+    end: u64,
+    head: u64,
+    since_sync: u64,
+    /// Random bytes written, including those later released by the sweep.
+    written: u64,
+    interrupted: bool,
+    stopped_early: Option<String>,
+}
+
+impl Fill<'_> {
+    /// Room left above the reserve, rounded down to whole blocks (a partial block allocates a
+    /// whole one, which would cross the reserve); `None` when there is none or the fill must stop.
+    /// Below the reserve (the fill's own metadata, or another program writing) the difference is
+    /// given back first.
+    fn room(&mut self) -> Result<Option<u64>, ScrubError> {
+        if self.stop.load(Ordering::Relaxed) {
+            self.interrupted = true;
+            return Ok(None);
+        }
+        let now = space(&self.file, self.mp)?;
+        if now.available < self.reserve {
+            let deficit = self.reserve - now.available;
+            let give = (deficit.div_ceil(now.block) * now.block).min(self.end - self.head);
+            self.end -= give;
+            self.file.set_len(self.end).map_err(io_err(self.mp, "shrink the fill file on"))?;
+            if deficit > CHUNK {
+                self.stopped_early =
+                    Some("other programs were using the space, so the fill gave it back and stopped".into());
+            }
+            return Ok(None);
+        }
+        let room = (now.available - self.reserve) / now.block * now.block;
+        Ok((room > 0).then_some(room))
+    }
+
+    /// Writes up to one chunk of `max` bytes of random data at the end. `false` when the fill
+    /// must stop (interrupted, no room, filesystem full).
+    fn append(&mut self, max: u64) -> Result<bool, ScrubError> {
+        let Some(room) = self.room()? else { return Ok(false) };
+        let n = room.min(max).min(CHUNK) as usize;
+        self.rng.fill_bytes(&mut self.buf[..n]);
+        match self.file.write_all_at(&self.buf[..n], self.end) {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => {
+                self.stopped_early = Some("the filesystem was full earlier than its free-space count said".into());
+                return Ok(false);
+            }
+            Err(e) => return Err(io_err(self.mp, "write the fill file on")(e)),
+        }
+        self.end += n as u64;
+        self.written += n as u64;
+        self.since_sync += n as u64;
+        if self.since_sync >= SYNC_EVERY {
+            self.sync()?;
+        }
+        Ok(true)
+    }
+
+    /// Frees `k` bytes at the start of the data (a hole; the size stays). `false` when the
+    /// filesystem cannot punch holes, which ends the sweep.
+    fn release_head(&mut self, k: u64) -> Result<bool, ScrubError> {
+        // The released part must be on the device first: a hole punched in unwritten page cache
+        // overwrote nothing.
+        if self.head + k > self.end - self.since_sync {
+            self.sync()?;
+        }
+        let flags = rustix::fs::FallocateFlags::PUNCH_HOLE | rustix::fs::FallocateFlags::KEEP_SIZE;
+        match rustix::fs::fallocate(&self.file, flags, self.head, k) {
+            Ok(()) => {
+                self.head += k;
+                Ok(true)
+            }
+            Err(rustix::io::Errno::OPNOTSUPP) => Ok(false),
+            Err(e) => Err(io_err(self.mp, "release part of the fill file on")(e.into())),
+        }
+    }
+
+    fn sync(&mut self) -> Result<(), ScrubError> {
+        if self.since_sync > 0 {
+            sync_and_drop_cache(&self.file, self.mp)?;
+            self.since_sync = 0;
+        }
+        Ok(())
+    }
+}
+
+/// Makes what was written durable and lets the kernel drop it from the page cache, so the fill
+/// does not push the rest of the system's cache out.
+fn sync_and_drop_cache(f: &File, mp: &Path) -> Result<(), ScrubError> {
+    f.sync_data().map_err(io_err(mp, "sync the fill file on"))?;
+    // Advice only: a kernel that ignores it just keeps the pages cached.
+    let _ = rustix::fs::fadvise(f, 0, None, rustix::fs::Advice::DontNeed);
+    Ok(())
+}
+
+/// `FITRIM` on the filesystem holding `path`: the bytes trimmed.
+pub fn trim(path: &Path) -> Result<u64, ScrubError> {
+    let mp = fscrypt::mount_point(path)?;
+    let root = File::open(&mp).map_err(io_err(&mp, "open"))?;
+    crate::sys::fitrim(root.as_fd()).map_err(|e| io_err(&mp, "trim")(io::Error::from(e)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_reserve_is_one_percent_within_bounds() {
+        assert_eq!(default_reserve(256 * MIB), 16 * MIB);
+        assert_eq!(default_reserve(64 * 1024 * MIB), 64 * 1024 * MIB / 100);
+        assert_eq!(default_reserve(4 * 1024 * 1024 * MIB), 1024 * MIB);
+    }
+}

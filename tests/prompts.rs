@@ -1,0 +1,161 @@
+//! What a person at a terminal sees: `convert` driven through a real pseudo-terminal. Yes/no
+//! questions re-ask on anything but an answer and never echo what was typed; secrets never echo;
+//! `--yes` asks nothing but the secret.
+mod common;
+
+use std::fs;
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
+use std::process::{Child, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{p, Env};
+use nix::sys::termios::{tcgetattr, LocalFlags};
+
+/// A child process on the slave side of a pty, and everything it wrote to the master.
+struct Term {
+    master: std::fs::File,
+    seen: Arc<Mutex<Vec<u8>>>,
+    child: Child,
+}
+
+impl Term {
+    fn spawn(env: &Env, args: &[&str]) -> Term {
+        let pty = nix::pty::openpty(None, None).unwrap();
+        let slave: OwnedFd = pty.slave;
+        let mut cmd = env.cmd(args);
+        cmd.stdin(Stdio::from(slave.try_clone().unwrap()))
+            .stdout(Stdio::from(slave.try_clone().unwrap()))
+            .stderr(Stdio::from(slave));
+        let child = cmd.spawn().unwrap();
+        drop(cmd); // closes our copies of the slave, so the master sees EOF/EIO at exit
+        let master = std::fs::File::from(pty.master);
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let mut reader = master.try_clone().unwrap();
+        let sink = seen.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = reader.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                sink.lock().unwrap().extend_from_slice(&buf[..n]);
+            }
+        });
+        Term { master, seen, child }
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.seen.lock().unwrap()).into_owned()
+    }
+
+    /// Waits until `needle` has appeared `n` times in the output.
+    fn wait_for(&mut self, needle: &str, n: usize) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while self.text().matches(needle).count() < n {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                panic!("dirseal exited ({st}) before {needle:?} x{n}:\n{}", self.text());
+            }
+            assert!(Instant::now() < deadline, "timed out waiting for {needle:?} x{n}:\n{}", self.text());
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Types `line` once the program has turned echo off (the master reports the slave's modes),
+    /// so anything that shows up in the output was echoed by the program, not by a race.
+    fn type_unechoed(&mut self, line: &str) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while tcgetattr(self.master.as_fd()).unwrap().local_flags.contains(LocalFlags::ECHO) {
+            assert!(Instant::now() < deadline, "echo never turned off:\n{}", self.text());
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        self.master.write_all(format!("{line}\n").as_bytes()).unwrap();
+    }
+
+    /// Answers the new-password prompt and its repetition.
+    fn new_password(&mut self, pw: &str) {
+        self.wait_for("New password for protector o", 1);
+        self.type_unechoed(pw);
+        self.wait_for("Repeat the new password", 1);
+        self.type_unechoed(pw);
+    }
+
+    fn finish(mut self) -> (bool, String) {
+        let st = self.child.wait().unwrap();
+        // Let the reader drain what is left.
+        std::thread::sleep(Duration::from_millis(100));
+        (st.success(), self.text())
+    }
+}
+
+fn home(env: &Env) -> std::path::PathBuf {
+    let d = env.mnt().join("home");
+    fs::create_dir(&d).unwrap();
+    fs::write(d.join("f"), b"data").unwrap();
+    d
+}
+
+#[test]
+fn questions_re_ask_and_nothing_typed_is_echoed() {
+    let env = Env::new();
+    let d = home(&env);
+    let mut t = Term::spawn(&env, &["convert", p(&d), "--protector-name", "o"]);
+    t.wait_for("[y/N]", 1);
+    // The summary comes first, from the preflight walk and a measured write rate.
+    let text = t.text();
+    for needle in [
+        "contents:     1 entries, 4 B of data",
+        "free space:   needs",
+        "time:         about",
+        "MiB/s encrypted writes",
+        "programs must not write in the directory",
+        "recovery key: asked next",
+        "`--scrub`",
+    ] {
+        assert!(text.contains(needle), "{needle:?} missing before the question:\n{text}");
+    }
+    // The password, typed one prompt too early.
+    t.type_unechoed("Zq9-secret-pw");
+    t.wait_for("please answer y or n", 1);
+    t.wait_for("[y/N]", 2);
+    t.type_unechoed("y");
+    t.wait_for("recovery key", 1);
+    t.wait_for("[y/N]", 3);
+    t.type_unechoed("n");
+    t.new_password("Zq9-secret-pw");
+    let (ok, out) = t.finish();
+    assert!(ok, "{out}");
+    assert!(out.contains("is now encrypted"), "{out}");
+    assert!(!out.contains("Zq9"), "a secret was echoed:\n{out}");
+    assert_eq!(env.status_json(&d)["encrypted"], true);
+}
+
+#[test]
+fn yes_asks_nothing_but_the_secret() {
+    let env = Env::new();
+    let d = home(&env);
+    let mut t = Term::spawn(&env, &["convert", p(&d), "--yes", "--protector-name", "o"]);
+    t.new_password("Zq9-secret-pw");
+    let (ok, out) = t.finish();
+    assert!(ok, "{out}");
+    assert!(!out.contains("[y/N]"), "--yes asked a question:\n{out}");
+    assert!(!out.contains("Zq9"), "{out}");
+    assert_eq!(env.status_json(&d)["recovery_key"], false);
+}
+
+#[test]
+fn end_of_input_at_a_question_is_no() {
+    let env = Env::new();
+    let d = home(&env);
+    let mut t = Term::spawn(&env, &["convert", p(&d)]);
+    t.wait_for("[y/N]", 1);
+    // Ctrl-D at the start of a line.
+    while tcgetattr(t.master.as_fd()).unwrap().local_flags.contains(LocalFlags::ECHO) {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    t.master.write_all(b"\x04").unwrap();
+    let (ok, out) = t.finish();
+    assert!(!ok && out.contains("cancelled; nothing was changed"), "{out}");
+    assert_eq!(env.status_json(&d)["encrypted"], false);
+}
