@@ -289,6 +289,9 @@ impl Step {
 pub(crate) struct Journal {
     pub version: Version,
     pub source: HexPath,
+    /// The device at the start, for the record only: device numbers change across reboots
+    /// (device-mapper and loop minors are handed out in activation order), so identity checks
+    /// compare with the work dir's device now ([`Workdir::dev`]).
     pub source_dev: u64,
     pub source_ino: u64,
     pub staging_ino: u64,
@@ -548,6 +551,12 @@ impl Workdir {
             Err(e) => return Err(wd_io(&self.path.join(LOCK), "opening the lock file", e.into())),
         };
         self.acquire(&fd, FlockOperation::NonBlockingLockShared, self.key()?)
+    }
+
+    /// The device the work dir is on now. The source shares it (the work dir sits on the source's
+    /// filesystem, and the swap is a rename within it).
+    pub(crate) fn dev(&self) -> Result<u64, MigrateError> {
+        Ok(self.key()?.0)
     }
 
     fn key(&self) -> Result<(u64, u64), MigrateError> {

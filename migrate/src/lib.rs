@@ -725,7 +725,7 @@ fn remove_staging(wd: &Workdir, point: Point) -> Result<(), MigrateError> {
 /// Opens source and staging and checks they are still the inodes the journal names.
 fn open_pair(j: &Journal, wd: &Workdir) -> Result<(Source, OwnedFd), MigrateError> {
     let src = Source::open(j.source.0.clone())?;
-    if src.meta.ino != j.source_ino || src.meta.dev != j.source_dev {
+    if src.meta.ino != j.source_ino || src.meta.dev != wd.dev()? {
         return Err(MigrateError::SourceReplaced { path: j.source.0.clone() });
     }
     Ok((src, open_staging(j, wd)?))
@@ -983,7 +983,7 @@ fn place(j: &Journal, wd: &Workdir) -> Result<Place, MigrateError> {
     };
     let t = wd.staging_meta()?;
     let (s, t) = (s.map(|m| (m.dev, m.ino)), t.map(|m| m.ino));
-    let dev = j.source_dev;
+    let dev = wd.dev()?;
     Ok(match (s, t) {
         (Some((d, si)), Some(ti)) if d == dev && si == j.source_ino && ti == j.staging_ino => Place::Original,
         (Some((d, si)), Some(ti)) if d == dev && si == j.staging_ino && ti == j.source_ino => Place::Exchanged,
