@@ -61,7 +61,7 @@ modprobe -d "$kroot" -S "$kver" --show-depends -a "${mods[@]}" | awk '$1 == "ins
 out=$vm/out
 rm -rf "$out"; mkdir -p "$out"
 if [ -z "$cmd" ]; then
-  cmd="python3 $repo/scripts/vm/guest.py --repo $repo --out /mnt --mode $mode${only:+ --only $only}"
+  cmd="python3 $repo/scripts/vm/guest.py --repo $repo --target $target --out /mnt --mode $mode${only:+ --only $only} ${VM_GUEST_ARGS:-}"
 fi
 start=$(date +%s)
 set +e

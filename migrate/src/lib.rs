@@ -677,6 +677,7 @@ fn begin(req: &Request, host: &dyn Host, src: &Source, census: &Census) -> Resul
         files_done: 0,
         bytes_done: 0,
         recopied: 0,
+        root_times: None,
         step: Step::Prepared,
         method: census.method,
         inflight: None,
@@ -907,6 +908,8 @@ fn run(req: &Request, host: &dyn Host, wd: &Workdir, mut j: Journal, resumed: bo
                     wd.record(&mut j, Step::Copying { round: round + 1 }, Point::AfterRecordRecopy)?;
                     continue;
                 }
+                let root = fsx::stat_fd(&src.fd).map_err(io_err("inspecting", &j.source.0))?;
+                j.root_times = Some(journal::RootTimes { atime: root.atime, mtime: root.mtime });
                 wd.record(&mut j, Step::Verified, Point::AfterRecordVerified)?;
             }
             Step::Verified | Step::Moved => {
@@ -1020,7 +1023,23 @@ fn swap(req: &Request, host: &dyn Host, wd: &Workdir, j: &Journal) -> Result<(),
         Place::Exchanged => {}
         _ => return Err(MigrateError::SourceReplaced { path: j.source.0.clone() }),
     }
+    restore_root_times(j, wd)?;
     sync_swap(j, wd)
+}
+
+/// Puts the recorded times back on both roots after an exchange (a moved directory's mtime
+/// changes on f2fs, which rewrites its ".." entry; ext4 leaves it). Repeatable, so a resume
+/// after a crash right after the exchange does it too.
+fn restore_root_times(j: &Journal, wd: &Workdir) -> Result<(), MigrateError> {
+    let Some(t) = j.root_times else { return Ok(()) };
+    let src = fsx::open_dir_path(&j.source.0).map_err(io_err("opening", &j.source.0))?;
+    let stg = fsx::open_dir(&wd.fd, STAGING.as_ref()).map_err(io_err("opening", &wd.staging_path()))?;
+    for (fd, path) in [(&src, j.source.0.clone()), (&stg, wd.staging_path())] {
+        fsx::set_times(fd.as_fd(), t.atime, t.mtime)
+            .and_then(|()| fsx::fsync(fd))
+            .map_err(io_err("setting the times of", &path))?;
+    }
+    Ok(())
 }
 
 /// Deletes (or wipes, then deletes) the old tree now in the staging slot. Safe to repeat.
@@ -1262,9 +1281,12 @@ pub fn rollback(workdir: &Path, host: &dyn Host) -> Result<Outcome, MigrateError
         Place::Exchanged => {
             exchange(host, &j, &wd, (j.staging_ino, j.source_ino), "swapping the original back")?;
             fault::point(Point::RollbackAfterSwap);
+            restore_root_times(&j, &wd)?;
             sync_swap(&j, &wd)?;
         }
-        Place::Original | Place::OriginalOnly => {}
+        // A crash may have come between the exchange back and putting the times back.
+        Place::Original => restore_root_times(&j, &wd)?,
+        Place::OriginalOnly => {}
         Place::CopyOnly | Place::Unknown => return Err(MigrateError::SourceReplaced { path: j.source.0.clone() }),
     }
     if place(&j, &wd)? == Place::Original {

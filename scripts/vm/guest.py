@@ -46,8 +46,9 @@ def say(msg):
 
 
 def run(cmd, check=True, stdin=None, env=None):
+    t0 = time.time()
     p = subprocess.run(cmd, input=stdin, capture_output=True, text=True, env=env)
-    log(f"$ {' '.join(cmd)} -> {p.returncode}")
+    log(f"$ {' '.join(cmd)} -> {p.returncode} ({time.time() - t0:.2f} s)")
     if p.stdout.strip():
         log("  out: " + p.stdout.strip().replace("\n", "\n  out: "))
     if p.stderr.strip():
@@ -350,6 +351,7 @@ class Recording:
         """Power cut after `n` log entries: fsck, mount, the directory is the untouched plaintext or
         an encrypted tree, then the same convert finishes the job."""
         what = f"point {n}"
+        log(f"== {what}")
         shutil.copyfile(self.replay_img, self.check_img)
         dev = losetup(self.check_img)
         try:
