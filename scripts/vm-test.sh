@@ -63,9 +63,11 @@ rm -rf "$out"; mkdir -p "$out"
 if [ -z "$cmd" ]; then
   cmd="python3 $repo/scripts/vm/guest.py --repo $repo --target $target --out /mnt --mode $mode${only:+ --only $only} ${VM_GUEST_ARGS:-}"
 fi
+# A hung guest must not hang the suite: generous limits, several times the usual run.
+limit=1500; [ "$mode" = full ] && limit=10800
 start=$(date +%s)
 set +e
-timeout 1800 qemu-system-x86_64 -accel tcg,thread=multi -cpu max -smp 2 -m 1536 \
+timeout "$limit" qemu-system-x86_64 -accel tcg,thread=multi -cpu max -smp 2 -m 1536 \
   -nographic -no-reboot -nodefaults -serial stdio \
   -kernel "$kroot/boot/vmlinuz-$kver" -initrd "$vm/initrd.img" \
   -append "console=ttyS0 quiet loglevel=3 panic=-1 dirseal.cmd=$(printf '%s' "$cmd" | base64 -w0)" \
@@ -75,6 +77,7 @@ qrc=$?
 set -e
 echo "vm-test: guest ran $(( $(date +%s) - start )) s"
 [ -f "$out/summary" ] && cat "$out/summary"
+if [ $qrc -eq 124 ]; then echo "vm-test: FAILED: the guest did not finish within $limit s (log in $out)"; exit 1; fi
 if [ $qrc -ne 0 ]; then echo "vm-test: qemu failed (status $qrc)"; exit 1; fi
 [ -f "$out/exit-status" ] || { echo "vm-test: the guest did not finish (no exit status)"; exit 1; }
 rc=$(cat "$out/exit-status")

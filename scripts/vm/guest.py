@@ -434,6 +434,8 @@ def powercut(summary):
             run([rec.replayer(), "replay", rec.log_img, rec.replay_img, str(applied), str(n)])
             applied = n
             replayed += 1
+            if replayed % 50 == 0:
+                say(f"powercut: {replayed} points replayed so far, {lost} lost")
             try:
                 st = rec.check_point(n)
                 states[st] = states.get(st, 0) + 1
