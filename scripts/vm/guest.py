@@ -7,10 +7,12 @@ powercut: records a conversion with dm-log-writes (the tree, the keystore and th
           and the tree must be the untouched plaintext before and the complete encrypted tree after,
           opened through the keystore.
 f2fs:     encrypt, convert (with a crash and a resume), lock/unlock and recovery keys on f2fs.
+tpm2:     TPM2 protectors through /dev/tpmrm0 (swtpm on the host), on f2fs.
 
 Writes a line per result to OUT/summary and details to OUT/guest.log; exits non-zero on failure.
 """
 import argparse
+import contextlib
 import errno
 import fcntl
 import hashlib
@@ -72,7 +74,7 @@ class Dirseal:
     """The binary under test, with a private config and a keystore at `keystore`."""
 
     def __init__(self, keystore, etc):
-        self.bin = os.path.join(ARGS.target, "debug", "dirseal")
+        self.bin = os.path.join(ARGS.bin, "dirseal")
         os.makedirs(etc, exist_ok=True)
         cfg = os.path.join(etc, "config.toml")
         with open(cfg, "w") as f:
@@ -316,7 +318,7 @@ class Recording:
         os.unlink(self.data_img)
 
     def replayer(self):
-        return os.path.join(ARGS.target, "debug", "replay-log")
+        return os.path.join(ARGS.bin, "replay-log")
 
     def points(self, full):
         """Flush points within the conversion, and points between them (the unflushed tail of
@@ -451,18 +453,27 @@ def powercut(summary):
 # ---------------------------------------------------------------- f2fs
 
 
-def f2fs(summary):
-    work = "/tmp/f2fs"
+@contextlib.contextmanager
+def f2fs_scratch(work, size):
+    """A fresh encrypt-capable f2fs on a loop device, with a dirseal whose keystore is on it."""
     os.makedirs(work)
     img = os.path.join(work, "f2fs.img")
     with open(img, "wb") as f:
-        f.truncate(256 << 20)
+        f.truncate(size)
     dev = losetup(img)
     mnt = os.path.join(work, "mnt")
     try:
         run(["mkfs.f2fs", "-q", "-f", "-O", "encrypt", dev])
         mount(dev, mnt, "f2fs")
-        ds = Dirseal(os.path.join(mnt, "keystore"), os.path.join(work, "etc"))
+        yield dev, mnt, Dirseal(os.path.join(mnt, "keystore"), os.path.join(work, "etc"))
+    finally:
+        if os.path.ismount(mnt):
+            run(["umount", "-l", mnt], check=False)
+        run(["losetup", "-d", dev], check=False)
+
+
+def f2fs(summary):
+    with f2fs_scratch("/tmp/f2fs", 256 << 20) as (dev, mnt, ds):
         steps = []
 
         # encrypt an empty dir, fill it, lock: names become ciphertext; unlock with the password.
@@ -473,12 +484,12 @@ def f2fs(summary):
             f.write("kept on f2fs")
         ds("lock", d)
         if "note.txt" in os.listdir(d):
-            raise Failure("f2fs: a locked directory shows its plaintext names")
+            raise Failure("a locked directory shows its plaintext names")
         if ds("unlock", d, stdin="wrong\n", check=False).returncode == 0:
-            raise Failure("f2fs: a wrong password unlocked")
+            raise Failure("a wrong password unlocked")
         ds("unlock", d, stdin="vault pw\n")
         if open(os.path.join(d, "note.txt")).read() != "kept on f2fs":
-            raise Failure("f2fs: contents differ after unlock")
+            raise Failure("contents differ after unlock")
         steps.append("encrypt")
 
         # convert a full tree, killed at a fault point first, resumed, then locked and unlocked.
@@ -489,15 +500,15 @@ def f2fs(summary):
         crashed = run([ds.bin, "convert", home, "--yes", "--protector-name", "home"], check=False,
                       stdin="home pw\n", env=env)
         if crashed.returncode != 99:
-            raise Failure(f"f2fs: the fault point did not stop the conversion (status {crashed.returncode})")
+            raise Failure(f"the fault point did not stop the conversion (status {crashed.returncode})")
         if manifest(home) != want:
-            raise Failure("f2fs: the interrupted conversion changed the original")
+            raise Failure("the interrupted conversion changed the original")
         ds("convert", home, "--yes", "--protector-name", "home", stdin="home pw\n")
         ds("lock", home)
         ds("unlock", home, stdin="home pw\n")
         got = manifest(home)
         if got != want:
-            raise Failure(f"f2fs: the converted tree differs: {diff(want, got)}")
+            raise Failure(f"the converted tree differs: {diff(want, got)}")
         steps.append("convert")
 
         # A recovery key opens the directory when the keystore is gone.
@@ -512,7 +523,7 @@ def f2fs(summary):
         os.rename(ds.env["DIRSEAL_KEYSTORE"], os.path.join(mnt, "keystore.lost"))
         ds("unlock", "--recovery", r, stdin=key + "\n")
         if open(os.path.join(r, "x")).read() != "recover me":
-            raise Failure("f2fs: recovery key unlock gave different contents")
+            raise Failure("recovery key unlock gave different contents")
         ds("recovery", "restore", r, "--protector-name", "fresh", stdin=f"{key}\nfresh pw\n")
         ds("lock", r)
         ds("unlock", r, stdin="fresh pw\n")
@@ -524,47 +535,69 @@ def f2fs(summary):
         os.rename(os.path.join(mnt, "keystore"), os.path.join(mnt, "keystore.new"))
         os.rename(os.path.join(mnt, "keystore.lost"), ds.env["DIRSEAL_KEYSTORE"])
         if os.path.exists(os.path.join(home, "big.bin")):
-            raise Failure("f2fs: the tree is readable after a remount without unlocking")
+            raise Failure("the tree is readable after a remount without unlocking")
         ds("unlock", home, stdin="home pw\n")
         if manifest(home) != want:
-            raise Failure("f2fs: the tree differs after remount and unlock")
+            raise Failure("the tree differs after remount and unlock")
         steps.append("lock/unlock")
         umount(mnt)
         p = run(["fsck.f2fs", dev], check=False)
         if p.returncode != 0:
-            raise Failure(f"f2fs: fsck.f2fs failed: {p.stdout.strip()[-400:]}")
+            raise Failure(f"fsck.f2fs failed: {p.stdout.strip()[-400:]}")
         say(f"f2fs: {', '.join(steps)} passed")
         summary.append("f2fs: ok")
         return True
-    except Failure as e:
-        say(f"f2fs: FAILED: {e}")
-        summary.append("f2fs: FAILED")
-        return False
-    finally:
-        if os.path.ismount(mnt):
-            run(["umount", "-l", mnt], check=False)
-        run(["losetup", "-d", dev], check=False)
+
+
+def tpm2(summary):
+    """TPM2 protectors through the guest kernel's resource manager (the default TCTI), on f2fs."""
+    if not os.path.exists("/dev/tpmrm0"):
+        raise Failure("the guest has no /dev/tpmrm0 (is swtpm attached?)")
+    with f2fs_scratch("/tmp/tpm2", 128 << 20) as (dev, mnt, ds):
+        ds("tpm2", "status")
+        d = os.path.join(mnt, "vault")
+        os.mkdir(d)
+        ds("encrypt", d, "--protector-type", "tpm2", "--protector-name", "tpm", stdin="2580\n")
+        with open(os.path.join(d, "f"), "w") as f:
+            f.write("sealed by the TPM")
+        ds("lock", d)
+        wrong = ds("unlock", d, stdin="1111\n", check=False)
+        if wrong.returncode == 0 or "wrong TPM PIN" not in wrong.stderr:
+            raise Failure(f"a wrong PIN was not refused as such: {wrong.stderr.strip()}")
+        ds("unlock", d, stdin="2580\n")
+        if open(os.path.join(d, "f")).read() != "sealed by the TPM":
+            raise Failure("contents differ after unlock")
+        home = os.path.join(mnt, "home")
+        make_tree(home, seed=3)
+        want = manifest(home)
+        ds("convert", home, "--yes", "--protector-type", "tpm2", "--protector-name", "home", stdin="2580\n")
+        ds("lock", home)
+        ds("unlock", home, stdin="2580\n")
+        got = manifest(home)
+        if got != want:
+            raise Failure(f"the converted tree differs: {diff(want, got)}")
+        say("tpm2: encrypt, wrong PIN, unlock, convert through /dev/tpmrm0 passed")
+        summary.append("tpm2: ok")
+        return True
 
 
 def main():
     global ARGS, LOG
     ap = argparse.ArgumentParser()
-    ap.add_argument("--repo", required=True)
-    ap.add_argument("--target", help="cargo target dir (default REPO/target)")
+    ap.add_argument("--bin", required=True, help="where dirseal and replay-log are")
     ap.add_argument("--out", required=True)
     ap.add_argument("--mode", choices=["sampled", "full"], default="sampled")
-    ap.add_argument("--only", choices=["powercut", "f2fs"])
+    ap.add_argument("--only", choices=["powercut", "f2fs", "tpm2"])
     ap.add_argument("--flush-points", type=int, default=24)
     ap.add_argument("--between-points", type=int, default=8)
     ap.add_argument("--seed", type=int, default=int(time.time()))
     ARGS = ap.parse_args()
-    ARGS.target = ARGS.target or os.path.join(ARGS.repo, "target")
     LOG = open(os.path.join(ARGS.out, "guest.log"), "w")
     say(f"guest: sampling seed {ARGS.seed}")
     summary = []
     ok = True
     t0 = time.time()
-    for name, fn in (("powercut", powercut), ("f2fs", f2fs)):
+    for name, fn in (("powercut", powercut), ("f2fs", f2fs), ("tpm2", tpm2)):
         if ARGS.only and ARGS.only != name:
             continue
         try:
