@@ -26,7 +26,7 @@ vm_log=$(mktemp)
 bash scripts/vm-test.sh --no-deps 2>&1 | tee "$vm_log"
 vm_rc=${PIPESTATUS[0]}
 echo "tests: $pass passed, $fail failed, $skip skipped"
-grep -E '^(powercut|f2fs): |^vm-test: (ok|FAILED)' "$vm_log"
+grep -E '^(powercut: [0-9]+ points|(f2fs|tpm2): (ok|FAILED)|vm-test: (ok|FAILED))' "$vm_log"
 rm -f "$vm_log"
 [ "$rc" -ne 0 ] && exit "$rc"
 exit "$vm_rc"

@@ -854,6 +854,10 @@ fn run(req: &Request, host: &dyn Host, wd: &Workdir, mut j: Journal, resumed: bo
                     return Err(after_pass(wd, &mut j, &ctx, e));
                 }
                 rustix::fs::syncfs(&stg).map_err(|e| io_err("syncing", &wd.staging_path())(e.into()))?;
+                // Settled, the staging root has the original's times (the source root's changed
+                // as entries left it).
+                let root = fsx::stat_fd(&stg).map_err(io_err("inspecting", &wd.staging_path()))?;
+                j.root_times = Some(journal::RootTimes { atime: root.atime, mtime: root.mtime });
                 wd.record(&mut j, Step::Moved, Point::AfterRecordMoved)?;
             }
             Step::MovingBack => {

@@ -801,6 +801,13 @@ fn the_roots_keep_their_times_when_the_exchange_changes_them() {
     let c = Case::new();
     build_tree(&c.src);
     let before = manifest(&c.src);
+    let host = f2fs_like_exchange(&c.src, &c.wd);
+    assert_eq!(migrate::convert(&move_req(&c.src, &c.wd, Mode::Move), &host).unwrap().state, State::Done);
+    assert_same(&manifest(&c.src), &before, "after a move");
+
+    let c = Case::new();
+    build_tree(&c.src);
+    let before = manifest(&c.src);
     let mut r = req(&c.src, &c.wd);
     r.keep_backup = true;
     let host = f2fs_like_exchange(&c.src, &c.wd);

@@ -31,9 +31,11 @@ ARGS = None
 LOG = None
 FAST_CONFIG = "[argon2]\ntime_cost = 1\nmemory_kib = 1024\nparallelism = 1\n"
 PASSWORD = "power-cut pw\n"
-# The conversion modes the power-cut test records: name -> extra `dirseal convert` arguments.
+# The conversion modes the power-cut test records: name -> (extra `dirseal convert` arguments,
+# whether the source stays untouched until the swap).
 CONVERT_MODES = {
-    "copy": [],
+    "copy": ([], True),
+    "move": (["--mode", "move"], False),
 }
 # The filesystems the power-cut test records on: name -> mkfs (no discards: the log must hold
 # every block), fsck that changes nothing, and the share of the sampled points.
@@ -113,9 +115,10 @@ def make_tree(root, seed):
         fh.write(rnd.randbytes(600 * 1024))
     files.append(big)
     sparse = os.path.join(root, "dir 1", "sparse.img")
+    # Larger than a move's 16 MiB chunk, so a move takes it chunk by chunk.
     with open(sparse, "wb") as fh:
-        fh.truncate(8 << 20)
-        for off in (0, 3 << 20, (8 << 20) - 4096):
+        fh.truncate(40 << 20)
+        for off in (0, 3 << 20, 17 << 20, (40 << 20) - 4096):
             fh.seek(off)
             fh.write(rnd.randbytes(4096))
     files.append(sparse)
@@ -198,13 +201,17 @@ def manifest(root):
                 e["link"] = first_path.setdefault(key, rel)
             if stat.S_ISREG(st.st_mode):
                 e["size"] = st.st_size
+                # Holes read as zeros: the data ranges and their bytes say it all (and are fast).
+                e["data"] = data_map(p, st.st_size)
                 h = hashlib.sha256()
                 fd = os.open(p, os.O_RDONLY | os.O_NOATIME)
-                with os.fdopen(fd, "rb") as fh:
-                    for chunk in iter(lambda: fh.read(1 << 20), b""):
-                        h.update(chunk)
+                try:
+                    for start, end in e["data"]:
+                        for off in range(start, end, 1 << 20):
+                            h.update(os.pread(fd, min(1 << 20, end - off), off))
+                finally:
+                    os.close(fd)
                 e["sha256"] = h.hexdigest()
-                e["data"] = data_map(p, st.st_size)
             elif stat.S_ISLNK(st.st_mode):
                 e["target"] = os.readlink(p)
             elif stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
@@ -279,7 +286,7 @@ class Recording:
         self.ds = Dirseal(self.keystore, os.path.join(work, "etc"))
 
     def convert_args(self):
-        return ["convert", self.src, "--yes", "--protector-name", "owner", *CONVERT_MODES[self.mode]]
+        return ["convert", self.src, "--yes", "--protector-name", "owner", *CONVERT_MODES[self.mode][0]]
 
     def record(self):
         for img, size in ((self.data_img, self.size), (self.log_img, 1 << 30)):
@@ -362,7 +369,7 @@ class Recording:
         an encrypted tree, then the same convert finishes the job."""
         what = f"point {n}"
         log(f"== {what}")
-        shutil.copyfile(self.replay_img, self.check_img)
+        run(["cp", "--sparse=always", self.replay_img, self.check_img])
         dev = losetup(self.check_img)
         try:
             # The kernel replays the journal; only then must e2fsck find nothing.
@@ -375,6 +382,8 @@ class Recording:
                 raise Failure(f"{what}: {self.src} is gone")
             if is_encrypted(self.src):
                 state = "encrypted"
+            elif not CONVERT_MODES[self.mode][1]:
+                state = "moving or plaintext"
             else:
                 got = manifest(self.src)
                 if got != self.manifest:
@@ -437,7 +446,7 @@ def powercut(summary):
             applied = n
             replayed += 1
             if replayed % 50 == 0:
-                say(f"powercut: {replayed} points replayed so far, {lost} lost")
+                say(f"powercut[{name}]: {replayed} points replayed so far, {lost} lost")
             try:
                 st = rec.check_point(n)
                 states[st] = states.get(st, 0) + 1
@@ -588,8 +597,8 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--mode", choices=["sampled", "full"], default="sampled")
     ap.add_argument("--only", choices=["powercut", "f2fs", "tpm2"])
-    ap.add_argument("--flush-points", type=int, default=24)
-    ap.add_argument("--between-points", type=int, default=8)
+    ap.add_argument("--flush-points", type=int, default=20, help="sampled flush points per ext4 recording")
+    ap.add_argument("--between-points", type=int, default=6, help="sampled points between flushes per ext4 recording")
     ap.add_argument("--seed", type=int, default=int(time.time()))
     ARGS = ap.parse_args()
     LOG = open(os.path.join(ARGS.out, "guest.log"), "w")
