@@ -1038,6 +1038,12 @@ fn restore_root_times(j: &Journal, wd: &Workdir) -> Result<(), MigrateError> {
     let Some(t) = j.root_times else { return Ok(()) };
     let src = fsx::open_dir_path(&j.source.0).map_err(io_err("opening", &j.source.0))?;
     let stg = fsx::open_dir(&wd.fd, STAGING.as_ref()).map_err(io_err("opening", &wd.staging_path()))?;
+    // Only the two trees of this conversion, in either order, get the times.
+    let ino = |fd: &OwnedFd, path: &Path| fsx::stat_fd(fd).map(|m| m.ino).map_err(io_err("inspecting", path));
+    let pair = (ino(&src, &j.source.0)?, ino(&stg, &wd.staging_path())?);
+    if pair != (j.staging_ino, j.source_ino) && pair != (j.source_ino, j.staging_ino) {
+        return Err(MigrateError::SourceReplaced { path: j.source.0.clone() });
+    }
     for (fd, path) in [(&src, j.source.0.clone()), (&stg, wd.staging_path())] {
         fsx::set_times(fd.as_fd(), t.atime, t.mtime)
             .and_then(|()| fsx::fsync(fd))
