@@ -291,8 +291,9 @@ pub(crate) struct Journal {
     pub source: HexPath,
     /// The device at the start, for the record only: device numbers change across reboots
     /// (device-mapper and loop minors are handed out in activation order), so identity checks
-    /// compare with the work dir's device now ([`Workdir::dev`]).
-    pub source_dev: u64,
+    /// compare with the work dir's device now ([`Workdir::dev`]). Named so no one compares it.
+    #[serde(rename = "source_dev")]
+    pub recorded_dev: u64,
     pub source_ino: u64,
     pub staging_ino: u64,
     pub token: String,
@@ -392,7 +393,7 @@ impl TryFrom<RawJournal> for Journal {
         Ok(Journal {
             version: r.version,
             source: r.source,
-            source_dev: r.source_dev,
+            recorded_dev: r.source_dev,
             source_ino: r.source_ino,
             staging_ino: r.staging_ino,
             token: r.token,
@@ -713,7 +714,7 @@ mod tests {
         Journal {
             version: Version,
             source: HexPath(PathBuf::from(OsStr::from_bytes(b"/home/b\xffd"))),
-            source_dev: 2049,
+            recorded_dev: 2049,
             source_ino: 12,
             staging_ino: 13,
             token: "0123456789abcdef0123456789abcdef".into(),

@@ -661,7 +661,7 @@ fn begin(req: &Request, host: &dyn Host, src: &Source, census: &Census) -> Resul
     let mut j = Journal {
         version: Version,
         source: HexPath(src.path.clone()),
-        source_dev: src.meta.dev,
+        recorded_dev: src.meta.dev,
         source_ino: src.meta.ino,
         staging_ino: stg.ino,
         token,
@@ -769,7 +769,9 @@ fn exchange(
         Err(e) => return Err(io_err("opening the parent of", &j.source.0)(e)),
     };
     let here = fsx::stat_at(&parent, name).map_err(io_err("inspecting", &j.source.0))?;
-    if !here.is_some_and(|m| m.dev == j.source_dev && m.ino == at_source) {
+    // The device as it is now: the recorded one may differ after a reboot (see Journal::recorded_dev).
+    let dev = wd.dev()?;
+    if !here.is_some_and(|m| m.dev == dev && m.ino == at_source) {
         return Err(replaced());
     }
     if wd.staging_meta()?.is_none_or(|m| m.ino != at_staging) {
