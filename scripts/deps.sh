@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Installs every system package the build, the tests and the demo need. Idempotent.
 set -euo pipefail
+cd "$(dirname "$0")/.."
 pkgs=(libtss2-dev libfido2-dev libpam0g-dev libudev-dev libclang-dev pkg-config swtpm swtpm-tools
       tpm2-tools pamtester dbus e2fsprogs acl attr util-linux passwd python3 rsync fscrypt time
-      libssl-dev zlib1g-dev python3-pip)
+      libssl-dev zlib1g-dev python3-pip
+      # The VM tests (scripts/vm-test.sh): guest userland comes from the host root over 9p.
+      busybox-static dmsetup f2fs-tools kmod cpio zstd)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -13,4 +16,25 @@ if [ ${#missing[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+# qemu-system-x86 must match the image's qemu-utils from bookworm-backports (bookworm's 7.2 is refused).
+# The suite is added through a private source list and list dir; the machine's own sources stay as
+# they are.
+if ! command -v qemu-system-x86_64 >/dev/null; then
+  apt_dir=$(realpath -m "${CARGO_TARGET_DIR:-target}/vm/apt")
+  mkdir -p "$apt_dir/lists/partial"
+  mirror=$(grep -rhoE '^(URIs: *|deb +)https?://[^ ]+/debian/?( |$)' /etc/apt/sources.list /etc/apt/sources.list.d/ \
+             2>/dev/null | head -1 | sed -E 's/^(URIs: *|deb +)//; s/ *$//') || true
+  mirror=${mirror:-http://deb.debian.org/debian}
+  {
+    cat /etc/apt/sources.list 2>/dev/null || true
+    echo "deb $mirror bookworm-backports main"
+  } >"$apt_dir/backports.list"
+  apt_opts=(-o "Dir::Etc::SourceList=$apt_dir/backports.list" -o "Dir::State::Lists=$apt_dir/lists"
+            -o "Dir::Cache::pkgcache=" -o "Dir::Cache::srcpkgcache=")
+  echo "installing: qemu-system-x86 (bookworm-backports via $mirror)"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get "${apt_opts[@]}" update -qq
+  apt-get "${apt_opts[@]}" install -y -qq --no-install-recommends -t bookworm-backports qemu-system-x86 >/dev/null
 fi

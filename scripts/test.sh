@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: system packages, format, lints, build, unit + integration tests on real
-# loop-mounted ext4. Needs root (loop devices, fscrypt ioctls, PAM). Prints a final tally.
+# loop-mounted ext4, then power cuts and f2fs in a qemu guest (scripts/vm-test.sh, ~5 min).
+# Needs root (loop devices, fscrypt ioctls, PAM). Prints a final tally.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if [ "$(id -u)" -ne 0 ]; then echo "scripts/test.sh must run as root (loop mounts, fscrypt keys)" >&2; exit 1; fi
@@ -20,5 +21,12 @@ pass=$(grep -Eo '[0-9]+ passed' "$log" | awk '{s+=$1} END {print s+0}')
 fail=$(grep -Eo '[0-9]+ failed' "$log" | awk '{s+=$1} END {print s+0}')
 skip=$(grep -Eo '[0-9]+ ignored' "$log" | awk '{s+=$1} END {print s+0}')
 rm -f "$log"
+# Power cuts (dm-log-writes replays) and f2fs, in a qemu guest: a sample of crash points.
+vm_log=$(mktemp)
+bash scripts/vm-test.sh --no-deps 2>&1 | tee "$vm_log"
+vm_rc=${PIPESTATUS[0]}
 echo "tests: $pass passed, $fail failed, $skip skipped"
-exit "$rc"
+grep -E '^(powercut: [0-9]+ points|(f2fs|tpm2): (ok|FAILED)|vm-test: (ok|FAILED))' "$vm_log"
+rm -f "$vm_log"
+[ "$rc" -ne 0 ] && exit "$rc"
+exit "$vm_rc"

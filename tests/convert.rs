@@ -289,6 +289,34 @@ fn resume_after_reboot_asks_for_the_secret() {
     assert_eq!(manifest(&home), before);
 }
 
+/// Found by the power-cut replays in the VM (scripts/vm-test.sh): after a reboot the filesystem
+/// may have another device number (device-mapper and loop minors follow activation order), and
+/// resume refused the directory as "replaced or moved". Identity is the inode on the work dir's
+/// filesystem as it is now.
+#[cfg(feature = "fault-injection")]
+#[test]
+fn resume_after_the_device_number_changed() {
+    let mut env = Env::new();
+    let points = ["copy-file:5", "after-swap", "after-record-swapped", "mid-dispose"];
+    let mut homes = Vec::new();
+    for (i, point) in points.iter().enumerate() {
+        let home = env.mnt().join(format!("h{i}"));
+        build_home(&home, fresh_uid());
+        let before = manifest(&home);
+        crash_convert(&env, &home, point);
+        homes.push((home, before, point));
+    }
+    let dev = |h: &Path| fs::metadata(h.parent().unwrap()).unwrap().dev();
+    let old = dev(&homes[0].0);
+    env.fs.reattach();
+    assert_ne!(dev(&homes[0].0), old, "the filesystem should have a new device number");
+    for (home, before, point) in &homes {
+        env.ok(&["convert", p(home), "--yes"], "pw\n");
+        assert_eq!(manifest(home), *before, "{point}");
+        assert_eq!(env.status_json(home)["encrypted"], true, "{point}");
+    }
+}
+
 #[cfg(feature = "fault-injection")]
 #[test]
 fn abort_before_swap_restores_nothing_needed() {

@@ -528,6 +528,13 @@ pub(crate) fn apply_meta(fd: BorrowedFd<'_>, m: &Meta, xattrs: &[(Vec<u8>, Vec<u
     Ok(())
 }
 
+/// Sets access and modification time of the inode `fd` holds.
+pub(crate) fn set_times(fd: BorrowedFd<'_>, atime: Time, mtime: Time) -> io::Result<()> {
+    let t = Timestamps { last_access: atime.spec(), last_modification: mtime.spec() };
+    rustix::fs::utimensat(fd, c"", &t, AtFlags::EMPTY_PATH)?;
+    Ok(())
+}
+
 pub(crate) fn fsync(fd: impl AsFd) -> io::Result<()> {
     Ok(rustix::fs::fsync(fd)?)
 }

@@ -298,7 +298,11 @@ impl Step {
 pub(crate) struct Journal {
     pub version: Version,
     pub source: HexPath,
-    pub source_dev: u64,
+    /// The device at the start, for the record only: device numbers change across reboots
+    /// (device-mapper and loop minors are handed out in activation order), so identity checks
+    /// compare with the work dir's device now ([`Workdir::dev`]). Named so no one compares it.
+    #[serde(rename = "source_dev")]
+    pub recorded_dev: u64,
     pub source_ino: u64,
     pub staging_ino: u64,
     pub token: String,
@@ -313,11 +317,23 @@ pub(crate) struct Journal {
     pub bytes_done: u64,
     /// Files seen changing while copied, over all runs.
     pub recopied: u64,
+    /// The root's times when the copy was verified (absent in journals from before it existed).
+    /// f2fs gives a directory moved to another parent a new mtime (it rewrites its ".." entry),
+    /// so each exchange puts these back on both roots.
+    pub root_times: Option<RootTimes>,
     pub step: Step,
     /// How the data goes into staging (journals written before move mode existed are copies).
     pub method: Method,
     /// Move mode: the one regular file whose data is split between the two trees.
     pub inflight: Option<InFlight>,
+}
+
+/// Access and modification time of a tree's root.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RootTimes {
+    pub atime: fsx::Time,
+    pub mtime: fsx::Time,
 }
 
 /// The journal as it is on disk, before its fields are checked against each other.
@@ -339,6 +355,8 @@ struct RawJournal {
     files_done: u64,
     bytes_done: u64,
     recopied: u64,
+    #[serde(default)]
+    root_times: Option<RootTimes>,
     step: Step,
     #[serde(default)]
     method: Method,
@@ -373,6 +391,9 @@ impl TryFrom<RawJournal> for Journal {
         if r.method == Method::Move && r.keep_backup {
             return Err("a move keeps no backup".into());
         }
+        if r.root_times.is_some_and(|t| t.atime.nsec >= 1_000_000_000 || t.mtime.nsec >= 1_000_000_000) {
+            return Err("a root time has 1e9 or more nanoseconds".into());
+        }
         if let Step::Copying { round } | Step::Copied { round } = r.step {
             if round >= crate::MAX_ROUNDS {
                 return Err(format!("copy round {round} is beyond the limit of {}", crate::MAX_ROUNDS));
@@ -381,7 +402,7 @@ impl TryFrom<RawJournal> for Journal {
         Ok(Journal {
             version: r.version,
             source: r.source,
-            source_dev: r.source_dev,
+            recorded_dev: r.source_dev,
             source_ino: r.source_ino,
             staging_ino: r.staging_ino,
             token: r.token,
@@ -394,6 +415,7 @@ impl TryFrom<RawJournal> for Journal {
             files_done: r.files_done,
             bytes_done: r.bytes_done,
             recopied: r.recopied,
+            root_times: r.root_times,
             step: r.step,
             method: r.method,
             inflight: r.inflight,
@@ -559,6 +581,12 @@ impl Workdir {
         self.acquire(&fd, FlockOperation::NonBlockingLockShared, self.key()?)
     }
 
+    /// The device the work dir is on now. The source shares it (the work dir sits on the source's
+    /// filesystem, and the swap is a rename within it).
+    pub(crate) fn dev(&self) -> Result<u64, MigrateError> {
+        Ok(self.key()?.0)
+    }
+
     fn key(&self) -> Result<(u64, u64), MigrateError> {
         let m = fsx::stat_fd(&self.fd).map_err(|e| wd_io(&self.path, "inspecting", e))?;
         Ok((m.dev, m.ino))
@@ -695,7 +723,7 @@ mod tests {
         Journal {
             version: Version,
             source: HexPath(PathBuf::from(OsStr::from_bytes(b"/home/b\xffd"))),
-            source_dev: 2049,
+            recorded_dev: 2049,
             source_ino: 12,
             staging_ino: 13,
             token: "0123456789abcdef0123456789abcdef".into(),
@@ -708,6 +736,10 @@ mod tests {
             files_done: 3,
             bytes_done: 30,
             recopied: 1,
+            root_times: Some(RootTimes {
+                atime: fsx::Time { sec: 1_600_000_000, nsec: 5 },
+                mtime: fsx::Time { sec: -3, nsec: 999_999_999 },
+            }),
             step,
             method: Method::Copy,
             inflight: None,
@@ -768,6 +800,10 @@ mod tests {
         assert_eq!(v["version"], 1);
         assert_eq!(v["source"], "2f686f6d652f62ff64");
         assert_eq!(v["step"], serde_json::json!({"name": "swapped", "disposing": true}));
+        assert_eq!(v["root_times"]["mtime"], serde_json::json!({"sec": -3, "nsec": 999_999_999}));
+        let mut old = v.clone();
+        old.as_object_mut().unwrap().remove("root_times");
+        assert_eq!(serde_json::from_value::<Journal>(old).unwrap().root_times, None, "journals from before root_times");
     }
 
     #[test]
@@ -787,6 +823,7 @@ mod tests {
         assert!(bad(&|v| v["version"] = 7.into()).contains("version 7"));
         assert!(bad(&|v| v["staging_ino"] = 12.into()).contains("inode"));
         assert!(bad(&|v| v["bytes_done"] = 101.into()).contains("exceeds"));
+        assert!(bad(&|v| v["root_times"]["atime"]["nsec"] = 1_000_000_000.into()).contains("nanoseconds"));
         assert!(bad(&|v| v["token"] = "a\nb".into()).contains("control"));
         assert!(bad(&|v| v["token"] = "x".repeat(MAX_TOKEN + 1).into()).contains("too long"));
         assert!(bad(&|v| v["step"] = serde_json::json!({"name": "copied", "round": 3})).contains("beyond"));

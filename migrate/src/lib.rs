@@ -668,7 +668,7 @@ fn begin(req: &Request, host: &dyn Host, src: &Source, census: &Census) -> Resul
     let mut j = Journal {
         version: Version,
         source: HexPath(src.path.clone()),
-        source_dev: src.meta.dev,
+        recorded_dev: src.meta.dev,
         source_ino: src.meta.ino,
         staging_ino: stg.ino,
         token,
@@ -686,6 +686,7 @@ fn begin(req: &Request, host: &dyn Host, src: &Source, census: &Census) -> Resul
         files_done: 0,
         bytes_done: 0,
         recopied: 0,
+        root_times: None,
         step: Step::Prepared,
         method: census.method,
         inflight: None,
@@ -734,7 +735,7 @@ fn remove_staging(wd: &Workdir, point: Point) -> Result<(), MigrateError> {
 /// Opens source and staging and checks they are still the inodes the journal names.
 fn open_pair(j: &Journal, wd: &Workdir) -> Result<(Source, OwnedFd), MigrateError> {
     let src = Source::open(j.source.0.clone())?;
-    if src.meta.ino != j.source_ino || src.meta.dev != j.source_dev {
+    if src.meta.ino != j.source_ino || src.meta.dev != wd.dev()? {
         return Err(MigrateError::SourceReplaced { path: j.source.0.clone() });
     }
     Ok((src, open_staging(j, wd)?))
@@ -777,7 +778,9 @@ fn exchange(
         Err(e) => return Err(io_err("opening the parent of", &j.source.0)(e)),
     };
     let here = fsx::stat_at(&parent, name).map_err(io_err("inspecting", &j.source.0))?;
-    if !here.is_some_and(|m| m.dev == j.source_dev && m.ino == at_source) {
+    // The device as it is now: the recorded one may differ after a reboot (see Journal::recorded_dev).
+    let dev = wd.dev()?;
+    if !here.is_some_and(|m| m.dev == dev && m.ino == at_source) {
         return Err(replaced());
     }
     if wd.staging_meta()?.is_none_or(|m| m.ino != at_staging) {
@@ -862,6 +865,10 @@ fn run(req: &Request, host: &dyn Host, wd: &Workdir, mut j: Journal, resumed: bo
                     return Err(after_pass(wd, &mut j, &ctx, e));
                 }
                 rustix::fs::syncfs(&stg).map_err(|e| io_err("syncing", &wd.staging_path())(e.into()))?;
+                // Settled, the staging root has the original's times (the source root's changed
+                // as entries left it).
+                let root = fsx::stat_fd(&stg).map_err(io_err("inspecting", &wd.staging_path()))?;
+                j.root_times = Some(journal::RootTimes { atime: root.atime, mtime: root.mtime });
                 wd.record(&mut j, Step::Moved, Point::AfterRecordMoved)?;
             }
             Step::MovingBack => {
@@ -916,6 +923,8 @@ fn run(req: &Request, host: &dyn Host, wd: &Workdir, mut j: Journal, resumed: bo
                     wd.record(&mut j, Step::Copying { round: round + 1 }, Point::AfterRecordRecopy)?;
                     continue;
                 }
+                let root = fsx::stat_fd(&src.fd).map_err(io_err("inspecting", &j.source.0))?;
+                j.root_times = Some(journal::RootTimes { atime: root.atime, mtime: root.mtime });
                 wd.record(&mut j, Step::Verified, Point::AfterRecordVerified)?;
             }
             Step::Verified | Step::Moved => {
@@ -992,7 +1001,7 @@ fn place(j: &Journal, wd: &Workdir) -> Result<Place, MigrateError> {
     };
     let t = wd.staging_meta()?;
     let (s, t) = (s.map(|m| (m.dev, m.ino)), t.map(|m| m.ino));
-    let dev = j.source_dev;
+    let dev = wd.dev()?;
     Ok(match (s, t) {
         (Some((d, si)), Some(ti)) if d == dev && si == j.source_ino && ti == j.staging_ino => Place::Original,
         (Some((d, si)), Some(ti)) if d == dev && si == j.staging_ino && ti == j.source_ino => Place::Exchanged,
@@ -1029,7 +1038,29 @@ fn swap(req: &Request, host: &dyn Host, wd: &Workdir, j: &Journal) -> Result<(),
         Place::Exchanged => {}
         _ => return Err(MigrateError::SourceReplaced { path: j.source.0.clone() }),
     }
+    restore_root_times(j, wd)?;
     sync_swap(j, wd)
+}
+
+/// Puts the recorded times back on both roots after an exchange (a moved directory's mtime
+/// changes on f2fs, which rewrites its ".." entry; ext4 leaves it). Repeatable, so a resume
+/// after a crash right after the exchange does it too.
+fn restore_root_times(j: &Journal, wd: &Workdir) -> Result<(), MigrateError> {
+    let Some(t) = j.root_times else { return Ok(()) };
+    let src = fsx::open_dir_path(&j.source.0).map_err(io_err("opening", &j.source.0))?;
+    let stg = fsx::open_dir(&wd.fd, STAGING.as_ref()).map_err(io_err("opening", &wd.staging_path()))?;
+    // Only the two trees of this conversion, in either order, get the times.
+    let ino = |fd: &OwnedFd, path: &Path| fsx::stat_fd(fd).map(|m| m.ino).map_err(io_err("inspecting", path));
+    let pair = (ino(&src, &j.source.0)?, ino(&stg, &wd.staging_path())?);
+    if pair != (j.staging_ino, j.source_ino) && pair != (j.source_ino, j.staging_ino) {
+        return Err(MigrateError::SourceReplaced { path: j.source.0.clone() });
+    }
+    for (fd, path) in [(&src, j.source.0.clone()), (&stg, wd.staging_path())] {
+        fsx::set_times(fd.as_fd(), t.atime, t.mtime)
+            .and_then(|()| fsx::fsync(fd))
+            .map_err(io_err("setting the times of", &path))?;
+    }
+    Ok(())
 }
 
 /// Deletes (or wipes, then deletes) the old tree now in the staging slot. Safe to repeat.
@@ -1271,9 +1302,12 @@ pub fn rollback(workdir: &Path, host: &dyn Host) -> Result<Outcome, MigrateError
         Place::Exchanged => {
             exchange(host, &j, &wd, (j.staging_ino, j.source_ino), "swapping the original back")?;
             fault::point(Point::RollbackAfterSwap);
+            restore_root_times(&j, &wd)?;
             sync_swap(&j, &wd)?;
         }
-        Place::Original | Place::OriginalOnly => {}
+        // A crash may have come between the exchange back and putting the times back.
+        Place::Original => restore_root_times(&j, &wd)?,
+        Place::OriginalOnly => {}
         Place::CopyOnly | Place::Unknown => return Err(MigrateError::SourceReplaced { path: j.source.0.clone() }),
     }
     if place(&j, &wd)? == Place::Original {

@@ -796,3 +796,46 @@ fn a_hostile_tree_cannot_make_root_follow_a_symlink() {
     assert_eq!(fs::read(outside.join("secret")).unwrap(), b"root only");
     assert_eq!(fs::read_dir(&outside).unwrap().count(), 1);
 }
+
+/// f2fs gives a directory moved to another parent a new mtime (it rewrites its ".." entry); the
+/// VM tests (scripts/vm-test.sh) found converted homes with the conversion's time as mtime. This
+/// host does the same on ext4: after every exchange both roots get the current time.
+fn f2fs_like_exchange(src: &Path, wd: &Path) -> PlainHost {
+    let (src, staging) = (src.to_path_buf(), wd.join("staging"));
+    PlainHost::with(move |e, _| {
+        if matches!(e, Event::ExchangeAfter(_)) {
+            for d in [&src, &staging] {
+                let now = std::time::SystemTime::now();
+                fs::File::open(d).unwrap().set_times(fs::FileTimes::new().set_accessed(now).set_modified(now)).unwrap();
+            }
+        }
+    })
+}
+
+#[test]
+fn the_roots_keep_their_times_when_the_exchange_changes_them() {
+    let c = Case::new();
+    build_tree(&c.src);
+    let before = manifest(&c.src);
+    assert_eq!(migrate::convert(&req(&c.src, &c.wd), &f2fs_like_exchange(&c.src, &c.wd)).unwrap().state, State::Done);
+    assert_same(&manifest(&c.src), &before, "after conversion");
+
+    let c = Case::new();
+    build_tree(&c.src);
+    let before = manifest(&c.src);
+    let host = f2fs_like_exchange(&c.src, &c.wd);
+    assert_eq!(migrate::convert(&move_req(&c.src, &c.wd, Mode::Move), &host).unwrap().state, State::Done);
+    assert_same(&manifest(&c.src), &before, "after a move");
+
+    let c = Case::new();
+    build_tree(&c.src);
+    let before = manifest(&c.src);
+    let mut r = req(&c.src, &c.wd);
+    r.keep_backup = true;
+    let host = f2fs_like_exchange(&c.src, &c.wd);
+    assert_eq!(migrate::convert(&r, &host).unwrap().state, State::Swapped);
+    assert_same(&manifest(&c.src), &before, "the copy in place");
+    assert_same(&manifest(&c.wd.join("staging")), &before, "the backup");
+    assert_eq!(migrate::rollback(&c.wd, &host).unwrap().state, State::RolledBack);
+    assert_same(&manifest(&c.src), &before, "after rollback");
+}

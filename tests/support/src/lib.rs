@@ -9,6 +9,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+pub mod logwrites;
 mod swtpm;
 #[cfg(feature = "ui")]
 pub mod ui;
@@ -126,6 +127,25 @@ impl TestFs {
         }
         if let Err(e) = self.mount() {
             panic!("remount: {e}");
+        }
+    }
+
+    /// Unmount, attach the image to another loop device and mount that: like a reboot that
+    /// numbers the devices differently, the filesystem comes back with a new device number.
+    pub fn reattach(&mut self) {
+        if let Err(e) = run(Command::new("umount").arg(&self.mnt)) {
+            panic!("reattach: {e}");
+        }
+        // Attached while the old one still is, so the new device cannot get the old number.
+        let new = match run(Command::new("losetup").args(["--find", "--show"]).arg(&self.image)) {
+            Ok(d) => d,
+            Err(e) => panic!("reattach: {e}"),
+        };
+        if let Some(old) = self.loopdev.replace(new) {
+            let _ = run(Command::new("losetup").args(["-d", &old]));
+        }
+        if let Err(e) = self.mount() {
+            panic!("reattach: {e}");
         }
     }
 }

@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# Privileged filesystem tests in a qemu guest (TCG): power cuts replayed from a dm-log-writes
+# recording of a conversion, the main flows on f2fs, and TPM2 protectors through the guest
+# kernel's resource manager (a host swtpm). The guest runs a Debian 6.1 kernel from
+# the package archive (cached under the target dir) and the host's own userland, shared read-only
+# over 9p, so it tests the binaries of this checkout. Prints a summary; exits non-zero on failure.
+#
+#   scripts/vm-test.sh            sampled crash points (what scripts/test.sh runs)
+#   scripts/vm-test.sh --full     every flush point and every write between them
+#   scripts/vm-test.sh --cmd CMD  boot and run CMD in the guest (debugging), cwd = results dir
+#   VM_GUEST_ARGS="--flush-points 8"  passed to scripts/vm/guest.py; VM_OUT=DIR  results dir
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repo=$PWD
+if [ "$(id -u)" -ne 0 ]; then echo "scripts/vm-test.sh must run as root (apt, the guest's 9p share of /)" >&2; exit 1; fi
+
+mode=sampled cmd="" only="" skip_deps=""
+while [ $# -gt 0 ]; do
+  case $1 in
+    --full) mode=full ;;
+    --cmd) cmd=$2; shift ;;
+    --only) only=$2; shift ;;
+    --no-deps) skip_deps=1 ;;
+    *) echo "usage: scripts/vm-test.sh [--full] [--only powercut|f2fs|tpm2] [--cmd CMD] [--no-deps]" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+target=$(realpath -m "${CARGO_TARGET_DIR:-target}")
+vm=$target/vm
+mkdir -p "$vm"
+[ -n "$skip_deps" ] || bash scripts/deps.sh
+cargo build -q --workspace --features fault-injection
+
+# Kernel: the package's files, unpacked (installing it would run a slow postinst for nothing).
+kroot=$vm/kernel/root
+if ! ls "$kroot"/boot/vmlinuz-* >/dev/null 2>&1; then
+  pkg=$(apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-6/ {print $2; exit}')
+  if [ -z "$pkg" ]; then apt-get update -qq; pkg=$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-6/ {print $2; exit}'); fi
+  [ -n "$pkg" ] || { echo "vm-test: no linux-image-6.* package found in the apt lists" >&2; exit 1; }
+  rm -rf "$vm/kernel"; mkdir -p "$vm/kernel/dl"
+  (cd "$vm/kernel/dl" && apt-get download -q "$pkg" 2>&1 | grep -v '^W: Download is performed unsandboxed' || true)
+  dpkg-deb -x "$vm"/kernel/dl/"$pkg"_*.deb "$kroot.tmp"
+  rm -f "$vm"/kernel/dl/*.deb
+  mv "$kroot.tmp" "$kroot"
+fi
+kver=$(ls "$kroot/lib/modules" | head -1)
+[ -f "$kroot/lib/modules/$kver/modules.dep" ] || depmod -b "$kroot" "$kver"
+
+# Initramfs: static busybox, an init script and the modules the tests need, in dependency order.
+tmp=$(mktemp -d)
+swtpm_pid=""
+trap 'rm -rf "$tmp"; [ -z "$swtpm_pid" ] || kill "$swtpm_pid" 2>/dev/null || true' EXIT
+ird=$tmp/initramfs
+mkdir -p "$ird"/{bin,proc,sys,dev,mod}
+cp /bin/busybox "$ird/bin/busybox"
+cp scripts/vm/init "$ird/init"
+mods=(dm-mod dm-log-writes ext4 f2fs loop virtio_pci virtio_blk 9p 9pnet_virtio
+      aesni_intel xts cts ecb sha512_ssse3 sha512_generic crc32c_intel crc32c_generic)
+modprobe -d "$kroot" -S "$kver" --show-depends -a "${mods[@]}" | awk '$1 == "insmod" {print $2}' |
+  awk '!seen[$0]++' | while read -r ko; do
+    cp "$ko" "$ird/mod/"; echo "/mod/$(basename "$ko")"
+  done >"$ird/modules.list"
+(cd "$ird" && find . | cpio -o -H newc --quiet | gzip -1) >"$tmp/initrd.img"
+
+out=${VM_OUT:-$vm/out}
+rm -rf "$out"; mkdir -p "$out"
+# The binaries under test, frozen for this run (a rebuild during it must not change them); beside
+# the results share, not in it: the guest caches the host root share only.
+bin=$out-bin
+rm -rf "$bin"; mkdir -p "$bin"
+cp "$target/debug/dirseal" "$target/debug/replay-log" "$bin/"
+
+# A software TPM for the guest (its kernel's resource manager gives /dev/tpmrm0, dirseal's
+# default TCTI). Fresh state each run; it ends when qemu closes the connection.
+tpm=$out/tpm
+mkdir -p "$tpm"
+swtpm socket --tpm2 --tpmstate dir="$tpm" --ctrl type=unixio,path="$tpm/sock" --terminate \
+  --log file="$tpm/log" &
+swtpm_pid=$!
+for _ in $(seq 100); do [ -S "$tpm/sock" ] && break; sleep 0.1; done
+[ -S "$tpm/sock" ] || { echo "vm-test: swtpm did not start (see $tpm/log)" >&2; exit 1; }
+if [ -z "$cmd" ]; then
+  cmd="python3 $repo/scripts/vm/guest.py --bin $bin --out /mnt --mode $mode${only:+ --only $only} ${VM_GUEST_ARGS:-}"
+fi
+# A hung guest must not hang the suite: generous limits, several times the usual run.
+limit=1500; [ "$mode" = full ] && limit=10800
+start=$(date +%s)
+set +e
+timeout "$limit" qemu-system-x86_64 -accel tcg,thread=multi -cpu max -smp 2 -m 1536 \
+  -nographic -no-reboot -nodefaults -serial stdio \
+  -kernel "$kroot/boot/vmlinuz-$kver" -initrd "$tmp/initrd.img" \
+  -append "console=ttyS0 quiet loglevel=3 panic=-1 dirseal.cmd=$(printf '%s' "$cmd" | base64 -w0)" \
+  -chardev socket,id=chrtpm,path="$tpm/sock" -tpmdev emulator,id=tpm0,chardev=chrtpm -device tpm-tis,tpmdev=tpm0 \
+  -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on \
+  -virtfs local,path="$out",mount_tag=results,security_model=none
+qrc=$?
+set -e
+echo "vm-test: guest ran $(( $(date +%s) - start )) s"
+[ -f "$out/summary" ] && cat "$out/summary"
+if [ $qrc -eq 124 ]; then echo "vm-test: FAILED: the guest did not finish within $limit s (log in $out)"; exit 1; fi
+if [ $qrc -ne 0 ]; then echo "vm-test: qemu failed (status $qrc)"; exit 1; fi
+[ -f "$out/exit-status" ] || { echo "vm-test: the guest did not finish (no exit status)"; exit 1; }
+rc=$(cat "$out/exit-status")
+[ "$rc" = 0 ] || { echo "vm-test: FAILED (guest status $rc; log in $out)"; exit 1; }
+echo "vm-test: ok"

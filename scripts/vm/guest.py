@@ -1,0 +1,625 @@
+#!/usr/bin/env python3
+"""Guest side of scripts/vm-test.sh: runs as root inside the qemu guest, on the host's userland.
+
+powercut: records a conversion with dm-log-writes (the tree, the keystore and the work dir all on
+          the recorded ext4), then replays the log onto a fresh image at flush points and between
+          them; each image is checked with e2fsck, mounted, the same convert command is run again,
+          and the tree must be the untouched plaintext before and the complete encrypted tree after,
+          opened through the keystore.
+f2fs:     encrypt, convert (with a crash and a resume), lock/unlock and recovery keys on f2fs.
+tpm2:     TPM2 protectors through /dev/tpmrm0 (swtpm on the host), on f2fs.
+
+Writes a line per result to OUT/summary and details to OUT/guest.log; exits non-zero on failure.
+"""
+import argparse
+import contextlib
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import random
+import shutil
+import socket
+import stat
+import struct
+import subprocess
+import sys
+import time
+
+ARGS = None
+LOG = None
+FAST_CONFIG = "[argon2]\ntime_cost = 1\nmemory_kib = 1024\nparallelism = 1\n"
+PASSWORD = "power-cut pw\n"
+# The conversion modes the power-cut test records: name -> (extra `dirseal convert` arguments,
+# whether the source stays untouched until the swap).
+CONVERT_MODES = {
+    "copy": ([], True),
+    "move": (["--mode", "move"], False),
+}
+# The filesystems the power-cut test records on: name -> mkfs (no discards: the log must hold
+# every block), fsck that changes nothing, and the share of the sampled points.
+FILESYSTEMS = {
+    "ext4": (["mkfs.ext4", "-q", "-b", "4096", "-O", "encrypt", "-E", "nodiscard"], ["e2fsck", "-fn"], 1.0),
+    "f2fs": (["mkfs.f2fs", "-q", "-f", "-t", "0", "-O", "encrypt"], ["fsck.f2fs", "-f", "--dry-run"], 0.5),
+}
+
+
+def log(msg):
+    print(msg, file=LOG, flush=True)
+
+
+def say(msg):
+    """A line for the console and the log."""
+    print(msg, flush=True)
+    log(msg)
+
+
+def run(cmd, check=True, stdin=None, env=None):
+    t0 = time.time()
+    p = subprocess.run(cmd, input=stdin, capture_output=True, text=True, env=env)
+    log(f"$ {' '.join(cmd)} -> {p.returncode} ({time.time() - t0:.2f} s)")
+    if p.stdout.strip():
+        log("  out: " + p.stdout.strip().replace("\n", "\n  out: "))
+    if p.stderr.strip():
+        log("  err: " + p.stderr.strip().replace("\n", "\n  err: "))
+    if check and p.returncode != 0:
+        raise Failure(f"{' '.join(cmd)} failed ({p.returncode}): {p.stderr.strip() or p.stdout.strip()}")
+    return p
+
+
+class Failure(Exception):
+    pass
+
+
+class Dirseal:
+    """The binary under test, with a private config and a keystore at `keystore`."""
+
+    def __init__(self, keystore, etc):
+        self.bin = os.path.join(ARGS.bin, "dirseal")
+        os.makedirs(etc, exist_ok=True)
+        cfg = os.path.join(etc, "config.toml")
+        with open(cfg, "w") as f:
+            f.write(FAST_CONFIG)
+        self.env = dict(os.environ, DIRSEAL_CONFIG=cfg, DIRSEAL_KEYSTORE=keystore)
+
+    def __call__(self, *args, stdin="", check=True):
+        return run([self.bin, *args], check=check, stdin=stdin, env=self.env)
+
+
+# ---------------------------------------------------------------- trees and manifests
+
+
+def make_tree(root, seed):
+    """A small tree with every entry kind: regular (empty, small, multi-block, sparse), nested
+    dirs, symlinks (also dangling), hard links (files, a FIFO, a symlink), FIFO, char and block
+    devices, a socket, user/trusted xattrs, an ACL, odd modes, several owners, ns mtimes."""
+    rnd = random.Random(seed)
+    os.makedirs(root)
+    os.chown(root, 1000, 1000)
+    os.chmod(root, 0o750)
+    dirs = [root]
+    for i in range(6):
+        d = os.path.join(rnd.choice(dirs), f"dir {i}")
+        os.mkdir(d)
+        dirs.append(d)
+    files = []
+    for i in range(40):
+        f = os.path.join(rnd.choice(dirs), f"file-{i}.dat")
+        size = rnd.choice([0, 1, 100, 4095, 4096, 5000, 30000, 70000])
+        with open(f, "wb") as fh:
+            fh.write(rnd.randbytes(size))
+        files.append(f)
+    big = os.path.join(root, "big.bin")
+    with open(big, "wb") as fh:
+        fh.write(rnd.randbytes(600 * 1024))
+    files.append(big)
+    sparse = os.path.join(root, "dir 1", "sparse.img")
+    # Larger than a move's 16 MiB chunk, so a move takes it chunk by chunk.
+    with open(sparse, "wb") as fh:
+        fh.truncate(40 << 20)
+        for off in (0, 3 << 20, 17 << 20, (40 << 20) - 4096):
+            fh.seek(off)
+            fh.write(rnd.randbytes(4096))
+    files.append(sparse)
+    os.link(files[3], os.path.join(root, "hardlink-a"))
+    os.link(files[3], os.path.join(dirs[2], "hardlink-b"))
+    os.link(files[7], os.path.join(dirs[4], "another-link"))
+    os.symlink("file-1.dat", os.path.join(root, "rel-link"))
+    os.symlink("/nonexistent/target", os.path.join(dirs[3], "dangling"))
+    os.symlink("../" * 3 + "x" * 200, os.path.join(root, "long-link"))
+    os.link(os.path.join(root, "rel-link"), os.path.join(dirs[1], "linked-symlink"), follow_symlinks=False)
+    fifo = os.path.join(root, "fifo")
+    os.mkfifo(fifo)
+    os.link(fifo, os.path.join(dirs[5], "fifo-link"))
+    os.mknod(os.path.join(root, "null-dev"), 0o620 | stat.S_IFCHR, os.makedev(1, 3))
+    os.mknod(os.path.join(dirs[2], "loop-dev"), 0o600 | stat.S_IFBLK, os.makedev(7, 200))
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(os.path.join(root, "sock"))
+    s.close()
+    os.setxattr(files[0], "user.comment", b"hello")
+    os.setxattr(files[5], "user.big", rnd.randbytes(3000))
+    os.setxattr(files[6], "trusted.secret", b"root only")
+    os.setxattr(dirs[1], "user.dir", b"on a dir")
+    run(["setfacl", "-m", "u:1001:rw", files[8]])
+    os.chmod(files[9], 0o4755)
+    os.chmod(dirs[6], 0o1777)
+    owners = [(0, 0), (1000, 1000), (1001, 100), (65534, 65534)]
+    for p in files + dirs[1:]:
+        os.chown(p, *rnd.choice(owners))
+    for dirpath, dirnames, filenames in os.walk(root, topdown=False):
+        for n in filenames + dirnames:
+            t = rnd.randrange(10**18, 2 * 10**18)
+            os.utime(os.path.join(dirpath, n), ns=(t, t), follow_symlinks=False)
+    t = 1_700_000_000_123_456_789
+    os.utime(root, ns=(t, t))
+
+
+def data_map(path, size):
+    """The data ranges of a regular file, by SEEK_DATA/SEEK_HOLE."""
+    ranges = []
+    fd = os.open(path, os.O_RDONLY | os.O_NOATIME)
+    try:
+        off = 0
+        while off < size:
+            try:
+                start = os.lseek(fd, off, os.SEEK_DATA)
+            except OSError:
+                break
+            end = os.lseek(fd, start, os.SEEK_HOLE)
+            ranges.append((start, end))
+            off = end
+    finally:
+        os.close(fd)
+    return ranges
+
+
+def manifest(root):
+    """Everything a conversion must keep, per relative path (atime and ctime excepted)."""
+    out = {}
+    first_path = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        entries = [dirpath] if dirpath == root else []
+        entries += [os.path.join(dirpath, n) for n in sorted(filenames + dirnames)]
+        for p in entries:
+            rel = os.path.relpath(p, root)
+            st = os.lstat(p)
+            e = {
+                "mode": oct(st.st_mode),
+                "uid": st.st_uid,
+                "gid": st.st_gid,
+                "mtime": st.st_mtime_ns,
+                "xattrs": {
+                    k: os.getxattr(p, k, follow_symlinks=False).hex()
+                    for k in sorted(os.listxattr(p, follow_symlinks=False))
+                    if not k.startswith("security.")
+                },
+            }
+            if st.st_nlink > 1 and not stat.S_ISDIR(st.st_mode):
+                key = (st.st_dev, st.st_ino)
+                e["link"] = first_path.setdefault(key, rel)
+            if stat.S_ISREG(st.st_mode):
+                e["size"] = st.st_size
+                # Holes read as zeros: the data ranges and their bytes say it all (and are fast).
+                e["data"] = data_map(p, st.st_size)
+                h = hashlib.sha256()
+                fd = os.open(p, os.O_RDONLY | os.O_NOATIME)
+                try:
+                    for start, end in e["data"]:
+                        for off in range(start, end, 1 << 20):
+                            h.update(os.pread(fd, min(1 << 20, end - off), off))
+                finally:
+                    os.close(fd)
+                e["sha256"] = h.hexdigest()
+            elif stat.S_ISLNK(st.st_mode):
+                e["target"] = os.readlink(p)
+            elif stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
+                e["rdev"] = st.st_rdev
+            out[rel] = e
+    return out
+
+
+def diff(want, got):
+    """The first few differences between two manifests, as text."""
+    lines = []
+    for k in sorted(set(want) | set(got)):
+        if want.get(k) != got.get(k):
+            lines.append(f"{k}: want {want.get(k)} got {got.get(k)}")
+        if len(lines) >= 5:
+            break
+    return "; ".join(lines)
+
+
+# ---------------------------------------------------------------- devices
+
+
+def losetup(image):
+    return run(["losetup", "--find", "--show", image]).stdout.strip()
+
+
+def mount(dev, mnt, fstype="ext4"):
+    os.makedirs(mnt, exist_ok=True)
+    run(["mount", "-t", fstype, dev, mnt])
+
+
+def umount(mnt):
+    run(["umount", mnt])
+
+
+FS_IOC_GET_ENCRYPTION_POLICY_EX = 0xC0096616
+
+
+def is_encrypted(path):
+    """Whether `path` has an fscrypt policy (ENODATA: none)."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.ioctl(fd, FS_IOC_GET_ENCRYPTION_POLICY_EX, bytearray(struct.pack("<Q", 24) + bytes(24)))
+        return True
+    except OSError as e:
+        if e.errno == errno.ENODATA:
+            return False
+        raise
+    finally:
+        os.close(fd)
+
+
+# ---------------------------------------------------------------- power cut
+
+
+class Recording:
+    """A conversion recorded with dm-log-writes, and the state before it started."""
+
+    def __init__(self, work, fstype, mode):
+        self.work = work
+        self.fstype = fstype
+        self.mkfs, self.fsck_cmd, self.share = FILESYSTEMS[fstype]
+        self.mode = mode
+        self.mnt = os.path.join(work, "mnt")  # the same path for recording and replays
+        self.src = os.path.join(self.mnt, "home", "alice")
+        self.keystore = os.path.join(self.mnt, "keystore")
+        self.size = 128 << 20
+        self.data_img = os.path.join(work, "data.img")
+        self.log_img = os.path.join(work, "log.img")
+        self.replay_img = os.path.join(work, "replay.img")
+        self.check_img = os.path.join(work, "check.img")
+        self.ds = Dirseal(self.keystore, os.path.join(work, "etc"))
+
+    def convert_args(self):
+        return ["convert", self.src, "--yes", "--protector-name", "owner", *CONVERT_MODES[self.mode][0]]
+
+    def record(self):
+        for img, size in ((self.data_img, self.size), (self.log_img, 1 << 30)):
+            with open(img, "wb") as f:
+                f.truncate(size)
+        data_dev, log_dev = losetup(self.data_img), losetup(self.log_img)
+        sectors = self.size // 512
+        run(["dmsetup", "create", "--noudevsync", "lw", "--table", f"0 {sectors} log-writes {data_dev} {log_dev}"])
+        lw = "/dev/mapper/lw"
+        run([*self.mkfs, lw])
+        mount(lw, self.mnt, self.fstype)
+        os.makedirs(os.path.dirname(self.src))
+        make_tree(self.src, seed=14)
+        self.manifest = manifest(self.src)
+        run(["sync"])
+        run(["dmsetup", "message", "lw", "0", "mark", "convert-start"])
+        t0 = time.time()
+        self.ds(*self.convert_args(), stdin=PASSWORD)
+        self.convert_secs = time.time() - t0
+        run(["dmsetup", "message", "lw", "0", "mark", "convert-end"])
+        self.check_done(self.mnt, "the recorded run")
+        umount(self.mnt)
+        run(["dmsetup", "remove", "--noudevsync", "lw"])
+        run(["losetup", "-d", data_dev])
+        run(["losetup", "-d", log_dev])
+        entries = run([self.replayer(), "list", self.log_img]).stdout.splitlines()
+        self.entries = [line.split(" ", 4) for line in entries]
+        marks = {e[4]: int(e[0]) for e in self.entries if int(e[1]) & 8}
+        self.start, self.end = marks["convert-start"], marks["convert-end"]
+        # The replayer is checked against the kernel: the whole log gives the device's bytes.
+        with open(self.replay_img, "wb") as f:
+            f.truncate(self.size)
+        run([self.replayer(), "replay", self.log_img, self.replay_img, "0", str(len(self.entries))])
+        if sha256_file(self.replay_img) != sha256_file(self.data_img):
+            raise Failure("replaying the whole log does not reproduce the recorded device")
+        os.unlink(self.data_img)
+
+    def replayer(self):
+        return os.path.join(ARGS.bin, "replay-log")
+
+    def points(self, full):
+        """Flush points within the conversion, and points between them (the unflushed tail of
+        the log after them dropped). Sampled: a spread of each; full: all of them."""
+        flushes, between = [], []
+        for e in self.entries[self.start + 1 : self.end + 1]:
+            i, flags = int(e[0]), int(e[1])
+            if flags & 8:
+                continue
+            (flushes if flags & 3 else between).append(i + 1)  # a point = number of entries applied
+        if not full:
+            rnd = random.Random(ARGS.seed)
+            flushes = spread(flushes, round(ARGS.flush_points * self.share), rnd)
+            between = spread(between, round(ARGS.between_points * self.share), rnd)
+        return sorted(set(flushes) | set(between) | {self.start + 1, self.end + 1}), len(flushes)
+
+    def check_done(self, mnt, what):
+        """The directory is encrypted, opens through the keystore and holds the original tree."""
+        if not is_encrypted(self.src):
+            raise Failure(f"{what}: {self.src} is not encrypted after the conversion")
+        self.ds("lock", self.src)
+        self.ds("unlock", self.src, stdin=PASSWORD)
+        got = manifest(self.src)
+        if got != self.manifest:
+            raise Failure(f"{what}: the encrypted tree differs from the original: {diff(self.manifest, got)}")
+        leftovers = []
+        wd = os.path.join(mnt, ".dirseal", "convert")
+        for d in os.listdir(wd) if os.path.isdir(wd) else []:
+            extra = set(os.listdir(os.path.join(wd, d))) - {"journal.json", "lock"}
+            leftovers += [os.path.join(d, x) for x in extra]
+        if leftovers:
+            raise Failure(f"{what}: leftovers in the work dir: {leftovers}")
+
+    def fsck(self, what):
+        p = run([*self.fsck_cmd, self.check_img], check=False)
+        if p.returncode != 0 or "[FAIL]" in p.stdout:
+            raise Failure(f"{what}: {self.fsck_cmd[0]} found problems (status {p.returncode}): {p.stdout.strip()[-400:]}")
+
+    def check_point(self, n):
+        """Power cut after `n` log entries: fsck, mount, the directory is the untouched plaintext or
+        an encrypted tree, then the same convert finishes the job."""
+        what = f"point {n}"
+        log(f"== {what}")
+        run(["cp", "--sparse=always", self.replay_img, self.check_img])
+        dev = losetup(self.check_img)
+        try:
+            # The kernel replays the journal; only then must e2fsck find nothing.
+            mount(dev, self.mnt, self.fstype)
+            umount(self.mnt)
+            self.fsck(what)
+            mount(dev, self.mnt, self.fstype)
+            state = "plaintext"
+            if not os.path.isdir(self.src):
+                raise Failure(f"{what}: {self.src} is gone")
+            if is_encrypted(self.src):
+                state = "encrypted"
+            elif not CONVERT_MODES[self.mode][1]:
+                state = "moving or plaintext"
+            else:
+                got = manifest(self.src)
+                if got != self.manifest:
+                    raise Failure(f"{what}: the plaintext was changed: {diff(self.manifest, got)}")
+            again = self.ds(*self.convert_args(), stdin=PASSWORD, check=False)
+            if again.returncode != 0:
+                # Only a finished conversion may refuse a second run.
+                if state != "encrypted" or "already encrypted" not in again.stderr:
+                    raise Failure(f"{what}: running convert again failed: {again.stderr.strip()}")
+                self.ds("unlock", self.src, stdin=PASSWORD)
+            self.check_done(self.mnt, what)
+            umount(self.mnt)
+            self.fsck(what + " after the resume")
+            return state
+        finally:
+            if os.path.ismount(self.mnt):
+                run(["umount", "-l", self.mnt], check=False)
+            run(["losetup", "-d", dev], check=False)
+
+
+def spread(items, k, rnd):
+    """Up to k items: evenly spaced, plus a few at random."""
+    if len(items) <= k:
+        return list(items)
+    even = max(1, k - k // 4)
+    step = len(items) / even
+    picked = {items[int(i * step)] for i in range(even)}
+    picked |= set(rnd.sample(items, k // 4))
+    return sorted(picked)
+
+
+def sha256_file(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def powercut(summary):
+    replayed = lost = 0
+    for fstype, mode in [(f, m) for f in FILESYSTEMS for m in CONVERT_MODES]:
+        name = f"{fstype}/{mode}"
+        work = f"/tmp/powercut-{fstype}-{mode}"
+        rec = Recording(work, fstype, mode)
+        t0 = time.time()
+        rec.record()
+        points, nflush = rec.points(ARGS.mode == "full")
+        say(
+            f"powercut[{name}]: recorded {len(rec.entries)} log entries ({rec.end - rec.start - 1} during the "
+            f"conversion, which took {rec.convert_secs:.1f} s); replaying {len(points)} points "
+            f"({nflush} flush points among them)"
+        )
+        with open(rec.replay_img, "wb") as f:
+            f.truncate(rec.size)
+        applied = 0
+        states = {}
+        for n in points:
+            run([rec.replayer(), "replay", rec.log_img, rec.replay_img, str(applied), str(n)])
+            applied = n
+            replayed += 1
+            if replayed % 50 == 0:
+                say(f"powercut[{name}]: {replayed} points replayed so far, {lost} lost")
+            try:
+                st = rec.check_point(n)
+                states[st] = states.get(st, 0) + 1
+            except Failure as e:
+                lost += 1
+                say(f"powercut[{name}]: LOST at {e}")
+        say(f"powercut[{name}]: {states} in {time.time() - t0:.0f} s")
+        shutil.rmtree(work, ignore_errors=True)
+    summary.append(f"powercut: {replayed} points replayed, {lost} lost")
+    return lost == 0 and replayed > 0
+
+
+# ---------------------------------------------------------------- f2fs
+
+
+@contextlib.contextmanager
+def f2fs_scratch(work, size):
+    """A fresh encrypt-capable f2fs on a loop device, with a dirseal whose keystore is on it."""
+    os.makedirs(work)
+    img = os.path.join(work, "f2fs.img")
+    with open(img, "wb") as f:
+        f.truncate(size)
+    dev = losetup(img)
+    mnt = os.path.join(work, "mnt")
+    try:
+        run(["mkfs.f2fs", "-q", "-f", "-O", "encrypt", dev])
+        mount(dev, mnt, "f2fs")
+        yield dev, mnt, Dirseal(os.path.join(mnt, "keystore"), os.path.join(work, "etc"))
+    finally:
+        if os.path.ismount(mnt):
+            run(["umount", "-l", mnt], check=False)
+        run(["losetup", "-d", dev], check=False)
+
+
+def f2fs(summary):
+    with f2fs_scratch("/tmp/f2fs", 256 << 20) as (dev, mnt, ds):
+        steps = []
+
+        # encrypt an empty dir, fill it, lock: names become ciphertext; unlock with the password.
+        d = os.path.join(mnt, "vault")
+        os.mkdir(d)
+        ds("encrypt", d, "--protector-name", "vault", stdin="vault pw\n")
+        with open(os.path.join(d, "note.txt"), "w") as f:
+            f.write("kept on f2fs")
+        ds("lock", d)
+        if "note.txt" in os.listdir(d):
+            raise Failure("a locked directory shows its plaintext names")
+        if ds("unlock", d, stdin="wrong\n", check=False).returncode == 0:
+            raise Failure("a wrong password unlocked")
+        ds("unlock", d, stdin="vault pw\n")
+        if open(os.path.join(d, "note.txt")).read() != "kept on f2fs":
+            raise Failure("contents differ after unlock")
+        steps.append("encrypt")
+
+        # convert a full tree, killed at a fault point first, resumed, then locked and unlocked.
+        home = os.path.join(mnt, "home")
+        make_tree(home, seed=2)
+        want = manifest(home)
+        env = dict(ds.env, DIRSEAL_FAULT="copy-file:7")
+        crashed = run([ds.bin, "convert", home, "--yes", "--protector-name", "home"], check=False,
+                      stdin="home pw\n", env=env)
+        if crashed.returncode != 99:
+            raise Failure(f"the fault point did not stop the conversion (status {crashed.returncode})")
+        if manifest(home) != want:
+            raise Failure("the interrupted conversion changed the original")
+        ds("convert", home, "--yes", "--protector-name", "home", stdin="home pw\n")
+        ds("lock", home)
+        ds("unlock", home, stdin="home pw\n")
+        got = manifest(home)
+        if got != want:
+            raise Failure(f"the converted tree differs: {diff(want, got)}")
+        steps.append("convert")
+
+        # A recovery key opens the directory when the keystore is gone.
+        r = os.path.join(mnt, "rec")
+        os.mkdir(r)
+        out = ds("encrypt", r, "--protector-name", "rec", "--recovery-key", stdin="rec pw\n").stdout
+        key = next(w for w in out.split() if len(w) == 55 and w.count("-") == 7)
+        with open(os.path.join(r, "x"), "w") as f:
+            f.write("recover me")
+        ds("lock", r)
+        ds("lock", home)
+        os.rename(ds.env["DIRSEAL_KEYSTORE"], os.path.join(mnt, "keystore.lost"))
+        ds("unlock", "--recovery", r, stdin=key + "\n")
+        if open(os.path.join(r, "x")).read() != "recover me":
+            raise Failure("recovery key unlock gave different contents")
+        ds("recovery", "restore", r, "--protector-name", "fresh", stdin=f"{key}\nfresh pw\n")
+        ds("lock", r)
+        ds("unlock", r, stdin="fresh pw\n")
+        steps.append("recovery")
+
+        # Locks survive a remount (keys gone), and the moved-back keystore opens the tree again.
+        umount(mnt)
+        mount(dev, mnt, "f2fs")
+        os.rename(os.path.join(mnt, "keystore"), os.path.join(mnt, "keystore.new"))
+        os.rename(os.path.join(mnt, "keystore.lost"), ds.env["DIRSEAL_KEYSTORE"])
+        if os.path.exists(os.path.join(home, "big.bin")):
+            raise Failure("the tree is readable after a remount without unlocking")
+        ds("unlock", home, stdin="home pw\n")
+        if manifest(home) != want:
+            raise Failure("the tree differs after remount and unlock")
+        steps.append("lock/unlock")
+        umount(mnt)
+        p = run(["fsck.f2fs", dev], check=False)
+        if p.returncode != 0:
+            raise Failure(f"fsck.f2fs failed: {p.stdout.strip()[-400:]}")
+        say(f"f2fs: {', '.join(steps)} passed")
+        summary.append("f2fs: ok")
+        return True
+
+
+def tpm2(summary):
+    """TPM2 protectors through the guest kernel's resource manager (the default TCTI), on f2fs."""
+    if not os.path.exists("/dev/tpmrm0"):
+        raise Failure("the guest has no /dev/tpmrm0 (is swtpm attached?)")
+    with f2fs_scratch("/tmp/tpm2", 128 << 20) as (dev, mnt, ds):
+        ds("tpm2", "status")
+        d = os.path.join(mnt, "vault")
+        os.mkdir(d)
+        ds("encrypt", d, "--protector-type", "tpm2", "--protector-name", "tpm", stdin="2580\n")
+        with open(os.path.join(d, "f"), "w") as f:
+            f.write("sealed by the TPM")
+        ds("lock", d)
+        wrong = ds("unlock", d, stdin="1111\n", check=False)
+        if wrong.returncode == 0 or "wrong TPM PIN" not in wrong.stderr:
+            raise Failure(f"a wrong PIN was not refused as such: {wrong.stderr.strip()}")
+        ds("unlock", d, stdin="2580\n")
+        if open(os.path.join(d, "f")).read() != "sealed by the TPM":
+            raise Failure("contents differ after unlock")
+        home = os.path.join(mnt, "home")
+        make_tree(home, seed=3)
+        want = manifest(home)
+        ds("convert", home, "--yes", "--protector-type", "tpm2", "--protector-name", "home", stdin="2580\n")
+        ds("lock", home)
+        ds("unlock", home, stdin="2580\n")
+        got = manifest(home)
+        if got != want:
+            raise Failure(f"the converted tree differs: {diff(want, got)}")
+        say("tpm2: encrypt, wrong PIN, unlock, convert through /dev/tpmrm0 passed")
+        summary.append("tpm2: ok")
+        return True
+
+
+def main():
+    global ARGS, LOG
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", required=True, help="where dirseal and replay-log are")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--mode", choices=["sampled", "full"], default="sampled")
+    ap.add_argument("--only", choices=["powercut", "f2fs", "tpm2"])
+    ap.add_argument("--flush-points", type=int, default=20, help="sampled flush points per ext4 recording")
+    ap.add_argument("--between-points", type=int, default=6, help="sampled points between flushes per ext4 recording")
+    ap.add_argument("--seed", type=int, default=int(time.time()))
+    ARGS = ap.parse_args()
+    LOG = open(os.path.join(ARGS.out, "guest.log"), "w")
+    say(f"guest: sampling seed {ARGS.seed}")
+    summary = []
+    ok = True
+    t0 = time.time()
+    for name, fn in (("powercut", powercut), ("f2fs", f2fs), ("tpm2", tpm2)):
+        if ARGS.only and ARGS.only != name:
+            continue
+        try:
+            ok = fn(summary) and ok
+        except Failure as e:
+            say(f"{name}: FAILED: {e}")
+            summary.append(f"{name}: FAILED")
+            ok = False
+    summary.append(f"guest: {time.time() - t0:.0f} s")
+    with open(os.path.join(ARGS.out, "summary"), "w") as f:
+        f.write("\n".join(summary) + "\n")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
