@@ -2,7 +2,9 @@
 //! which says what happened and what to do next.
 use dirseal::keystore::KeystoreError;
 use dirseal::ops::OpsError;
+use dirseal::protector::ProtectorError;
 use dirseal::recovery::RecoveryError;
+use dirseal::tpm2::Tpm2Error;
 use dirseal::ui::UiError;
 use zbus::message::{Header, Message};
 use zbus::names::ErrorName;
@@ -20,6 +22,8 @@ pub enum Kind {
     IncorrectSecret,
     /// No such protector, policy or directory, or the directory is not encrypted or not managed.
     NotFound,
+    /// Files are in use, the owner is logged in, or another conversion runs: retry after that.
+    Busy,
     /// The filesystem or this build cannot do it.
     NotSupported,
     /// Anything else; the message says what.
@@ -27,12 +31,13 @@ pub enum Kind {
 }
 
 impl Kind {
-    fn name(self) -> &'static str {
+    pub fn name(self) -> &'static str {
         match self {
             Kind::AccessDenied => "org.freedesktop.DBus.Error.AccessDenied",
             Kind::InvalidArgs => "org.freedesktop.DBus.Error.InvalidArgs",
             Kind::IncorrectSecret => "org.dirseal.Dirseal1.Error.IncorrectSecret",
             Kind::NotFound => "org.dirseal.Dirseal1.Error.NotFound",
+            Kind::Busy => "org.dirseal.Dirseal1.Error.Busy",
             Kind::NotSupported => "org.dirseal.Dirseal1.Error.NotSupported",
             Kind::Failed => "org.dirseal.Dirseal1.Error.Failed",
         }
@@ -94,10 +99,27 @@ impl From<zbus::fdo::Error> for Error {
 
 fn keystore_kind(e: &KeystoreError) -> Kind {
     match e {
-        KeystoreError::IncorrectSecret { .. } => Kind::IncorrectSecret,
         KeystoreError::NotFound { .. } | KeystoreError::NoEntry { .. } => Kind::NotFound,
-        KeystoreError::BadName { .. } => Kind::InvalidArgs,
         _ => Kind::Failed,
+    }
+}
+
+fn protector_kind(e: &ProtectorError) -> Kind {
+    match e {
+        ProtectorError::IncorrectSecret { .. } | ProtectorError::Tpm2(Tpm2Error::WrongPin { .. }) => {
+            Kind::IncorrectSecret
+        }
+        ProtectorError::BadName { .. } | ProtectorError::UnknownKind { .. } | ProtectorError::BadOption { .. } => {
+            Kind::InvalidArgs
+        }
+        ProtectorError::NoSecret { .. } => Kind::NotSupported,
+        _ => Kind::Failed,
+    }
+}
+
+impl From<ProtectorError> for Error {
+    fn from(e: ProtectorError) -> Error {
+        Error::new(protector_kind(&e), e.to_string())
     }
 }
 
@@ -105,6 +127,7 @@ fn ops_kind(e: &OpsError) -> Kind {
     use dirseal::fscrypt::FscryptError as F;
     match e {
         OpsError::Keystore(k) => keystore_kind(k),
+        OpsError::Protector(p) | OpsError::UseAnother { source: p, .. } => protector_kind(p),
         OpsError::Recovery(r) => recovery_kind(r),
         OpsError::NotEncrypted { .. } | OpsError::NotManaged { .. } | OpsError::NotAProtectorOf { .. } => {
             Kind::NotFound
@@ -151,3 +174,26 @@ impl From<dirseal::fscrypt::FscryptError> for Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl From<dirseal::convert::ConvertError> for Error {
+    fn from(e: dirseal::convert::ConvertError) -> Error {
+        use dirseal::convert::ConvertError as C;
+        use dirseal_migrate::MigrateError as M;
+        let kind = match &e {
+            C::Ops(o) => ops_kind(o),
+            C::OwnerActive { .. } | C::Migrate(M::Busy { .. } | M::InUse { .. }) => Kind::Busy,
+            C::Migrate(M::NoSpace { .. } | M::NoInodes { .. }) => Kind::Failed,
+            C::Migrate(
+                M::SourceIsSymlink { .. }
+                | M::NotADirectory { .. }
+                | M::FilesystemRoot { .. }
+                | M::AlreadyEncrypted { .. }
+                | M::EncryptedInside { .. },
+            )
+            | C::Path { .. } => Kind::InvalidArgs,
+            C::Ui(UiError::Empty) => Kind::InvalidArgs,
+            _ => Kind::Failed,
+        };
+        Error::new(kind, e.to_string())
+    }
+}

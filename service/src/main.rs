@@ -5,6 +5,7 @@
 mod auth;
 mod error;
 mod fdio;
+mod jobs;
 mod service;
 
 use std::path::PathBuf;
@@ -27,6 +28,10 @@ struct Args {
     /// Keystore directory [default: from the config, else /var/lib/dirseal]
     #[arg(long, value_name = "DIR")]
     keystore: Option<PathBuf>,
+    /// Root-only directory for records of running conversions (kept across restarts of the
+    /// service, cleared by a reboot)
+    #[arg(long, value_name = "DIR", default_value = "/run/dirsealed")]
+    run_dir: PathBuf,
 }
 
 fn main() -> ExitCode {
@@ -43,7 +48,7 @@ fn run(args: Args) -> Result<()> {
     if !nix::unistd::geteuid().is_root() {
         bail!("dirsealed must run as root: it manages kernel encryption keys and the root-only keystore");
     }
-    let ctx = Arc::new(Ctx::new(args.config, args.keystore));
+    let ctx = Arc::new(Ctx::new(args.config, args.keystore, args.run_dir));
     // Fail early, with the file named, rather than on every call.
     ctx.open().context("opening the config and keystore")?;
     let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT])?;
@@ -54,8 +59,11 @@ fn run(args: Args) -> Result<()> {
         .build()
         .with_context(|| format!("serving {BUS_NAME} on the system bus (is another dirsealed running?)"))?;
     eprintln!("dirsealed: serving {BUS_NAME} at {OBJECT_PATH}");
+    jobs::resume_recorded(&ctx, conn.inner());
     let sig = signals.forever().next();
     eprintln!("dirsealed: stopping on signal {}", sig.unwrap_or_default());
+    // Conversions stop at their next checkpoint, journaled; the next start resumes them.
+    ctx.jobs.stop_all(std::time::Duration::from_secs(25));
     drop(conn);
     Ok(())
 }

@@ -13,10 +13,11 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use dirseal::ids::ProtectorId;
-use dirseal::keystore::{KeystoreError, PolicyRecord, ProtectorRecord};
+use dirseal::keystore::{KeystoreError, PolicyRecord};
 use dirseal::ops::{self, Dirseal, NewProtector, Pick, ProtectorChoice};
+use dirseal::protector::{KindOptions, NewKind, ProtectorKind, ProtectorRecord};
 use dirseal::secret::Passphrase;
-use dirseal::ui::{SecretPrompt, Ui, UiError};
+use dirseal::ui::{Question, SecretPrompt, Ui, UiError};
 use futures_lite::FutureExt;
 use zbus::message::Header;
 use zbus::zvariant::{self, OwnedValue, SerializeDict, Type};
@@ -25,6 +26,7 @@ use zbus::{interface, Connection};
 use crate::auth::{user_name, Caller};
 use crate::error::{Error, Kind, Result};
 use crate::fdio::{read_secret, write_secret};
+use crate::jobs::{self, Jobs};
 
 pub const BUS_NAME: &str = "org.dirseal.Dirseal1";
 pub const OBJECT_PATH: &str = "/org/dirseal/Dirseal1";
@@ -33,13 +35,16 @@ pub const OBJECT_PATH: &str = "/org/dirseal/Dirseal1";
 pub struct Ctx {
     pub config: PathBuf,
     pub keystore: Option<PathBuf>,
+    /// Root-only; records of running conversions (see [`crate::jobs`]).
+    pub run_dir: PathBuf,
+    pub jobs: Jobs,
     /// One operation at a time.
     work: Mutex<()>,
 }
 
 impl Ctx {
-    pub fn new(config: PathBuf, keystore: Option<PathBuf>) -> Ctx {
-        Ctx { config, keystore, work: Mutex::new(()) }
+    pub fn new(config: PathBuf, keystore: Option<PathBuf>, run_dir: PathBuf) -> Ctx {
+        Ctx { config, keystore, run_dir, jobs: Jobs::default(), work: Mutex::new(()) }
     }
 
     /// Opened per call, so changes made meanwhile by the CLI (config, records) are always seen.
@@ -50,7 +55,7 @@ impl Ctx {
 
 /// The secrets a call brought, handed to the library as its [`Ui`] asks for them.
 #[derive(Default)]
-struct Secrets {
+pub struct Secrets {
     /// Current secrets of existing protectors; `None` answers for whichever the library picks.
     current: Vec<(Option<ProtectorId>, Passphrase)>,
     new: Option<Passphrase>,
@@ -60,7 +65,7 @@ struct Secrets {
 impl Ui for Secrets {
     fn secret(&mut self, prompt: &SecretPrompt<'_>) -> std::result::Result<Passphrase, UiError> {
         let found = match prompt {
-            SecretPrompt::Password { id, .. } => {
+            SecretPrompt::Password { id, .. } | SecretPrompt::Pin { id, .. } => {
                 let at = self
                     .current
                     .iter()
@@ -68,10 +73,15 @@ impl Ui for Secrets {
                     .or_else(|| self.current.iter().position(|(k, _)| k.is_none()));
                 at.map(|i| self.current.remove(i).1)
             }
-            SecretPrompt::NewPassword { .. } => self.new.take(),
+            SecretPrompt::NewPassword { .. } | SecretPrompt::NewPin { .. } => self.new.take(),
             SecretPrompt::RecoveryKey { .. } => self.recovery.take(),
         };
         found.ok_or_else(|| UiError::NoInput { hint: "the call carried no secret for this step".into() })
+    }
+
+    /// The call itself is the consent to a conversion; recovery keys are made by `RecoveryAdd`.
+    fn confirm(&mut self, q: &Question<'_>) -> std::result::Result<bool, UiError> {
+        Ok(matches!(q, Question::Convert { .. }))
     }
 }
 
@@ -222,10 +232,10 @@ fn choose(ds: &Dirseal, caller: &Caller, policy: &PolicyRecord, named: &str, wha
 }
 
 /// A new password protector for a call: a user's always belongs to them; root's to the directory's
-/// owner (or to nobody when root owns it, or to `uid` when root says so).
+/// owner (or to nobody when root owns it).
 fn new_protector<'a>(caller: &Caller, name: &'a str, dir_owner: Option<u32>) -> NewProtector<'a> {
     let uid = if caller.is_root() { dir_owner } else { Some(caller.uid) };
-    NewProtector { name, uid, kdf_time_ms: None, kdf_memory_mib: None }
+    NewProtector { name, uid, kind: NewKind::Password(Default::default()) }
 }
 
 /// The name for a new protector: the one given, else its user's login name, else "password".
@@ -398,8 +408,10 @@ impl Service {
         .await
     }
 
-    /// Creates a password protector named `name` with password `secret`. Options: `uid` (u, root
-    /// only: whose protector it is; a user's protector is always their own). Returns its id.
+    /// Creates a protector named `name`: by default a password protector with password `secret`.
+    /// Options: `kind` (s: "password" or "tpm2"; `secret` is then the PIN), `no_pin` (b, tpm2:
+    /// no PIN, `secret` is ignored), `uid` (u, root only: whose protector it is; a user's
+    /// protector is always their own). Returns its id.
     #[zbus(out_args("protector"))]
     async fn create_protector(
         &self,
@@ -411,25 +423,29 @@ impl Service {
     ) -> Result<String> {
         self.call("CreateProtector", name.clone(), conn, &hdr, move |ctx, caller| {
             let mut uid = None;
+            let mut kind = "password".to_string();
+            let mut opts = KindOptions::default();
+            let bad = |o: &str, t: &str| Error::invalid(format!("option {o} must be of type {t}"));
             for (k, v) in &options {
                 match k.as_str() {
-                    "uid" => uid = Some(u32::try_from(v).map_err(|_| Error::invalid("option uid must be a u32"))?),
-                    other => return Err(Error::invalid(format!("unknown option {other:?}; known: uid"))),
+                    "uid" => uid = Some(u32::try_from(v).map_err(|_| bad("uid", "u"))?),
+                    "kind" => {
+                        kind = String::try_from(v.try_clone().map_err(|_| bad("kind", "s"))?)
+                            .map_err(|_| bad("kind", "s"))?
+                    }
+                    "no_pin" => opts.no_pin = bool::try_from(v).map_err(|_| bad("no_pin", "b"))?,
+                    other => return Err(Error::invalid(format!("unknown option {other:?}; known: kind, no_pin, uid"))),
                 }
             }
             if !caller.is_root() && uid.is_some_and(|u| u != caller.uid) {
                 return Err(Error::denied("only root may create a protector for another user"));
             }
+            let kind = NewKind::named(&kind, &opts)?;
             let secret = read_secret(secret.into(), "secret")?;
             let mut ds = ctx.open()?;
-            let n = NewProtector {
-                name: &name,
-                uid: if caller.is_root() { uid } else { Some(caller.uid) },
-                kdf_time_ms: None,
-                kdf_memory_mib: None,
-            };
-            let (rec, _) =
-                ds.create_password_protector(&n, &mut Secrets { new: Some(secret), ..Default::default() })?;
+            let uid = if caller.is_root() { uid } else { Some(caller.uid) };
+            let n = NewProtector { name: &name, uid, kind };
+            let (rec, _) = ds.create_protector(&n, &mut Secrets { new: Some(secret), ..Default::default() })?;
             Ok(rec.id.to_string())
         })
         .await
@@ -518,7 +534,7 @@ impl Service {
         .await
     }
 
-    /// Changes a password protector's password from `old` to `new` (no data is re-encrypted).
+    /// Changes a protector's password or PIN from `old` to `new` (no data is re-encrypted).
     async fn change_secret(
         &self,
         #[zbus(header)] hdr: Header<'_>,
@@ -533,7 +549,7 @@ impl Service {
             let new = read_secret(new.into(), "new")?;
             let ds = ctx.open()?;
             caller.check_protector(&ds.keystore().protector(&id)?)?;
-            ds.change_password(
+            ds.change_secret(
                 &id,
                 &mut Secrets { current: vec![(Some(id), old)], new: Some(new), ..Default::default() },
             )?;
@@ -567,6 +583,95 @@ impl Service {
                     }
                 }
             }
+        })
+        .await
+    }
+
+    /// Encrypts a directory that holds data, in place, as a job: returns the job's object path
+    /// at once (`org.dirseal.Dirseal1.Job`: Progress, Finished, Failed, Cancel). The directory is
+    /// checked first (nothing is written when it is refused). With no `protector` option, `secret`
+    /// is the password of a new protector for the directory's owner; otherwise it proves that
+    /// protector. Calling it for a directory whose conversion was interrupted resumes it (`secret`
+    /// then reloads the staging key after a reboot). Options: `protector` (s), `keep_backup` (b),
+    /// `wipe` (b), `force` (b, root only: convert although the owner is logged in or files are
+    /// open). A user's own home must not be in use by any process, theirs included.
+    #[zbus(out_args("job"))]
+    async fn convert(
+        &self,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+        dir: String,
+        secret: zvariant::OwnedFd,
+        options: HashMap<String, OwnedValue>,
+    ) -> Result<zvariant::OwnedObjectPath> {
+        let bus = conn.clone();
+        let ctx = Arc::clone(&self.ctx);
+        self.call("Convert", dir.clone(), conn, &hdr, move |_, caller| {
+            let path = caller.directory(&dir)?;
+            let mut o = dirseal::convert::Options { recovery_key: Some(false), ..Default::default() };
+            let mut protector = String::new();
+            let bad = |k: &str, t: &str| Error::invalid(format!("option {k} must be of type {t}"));
+            for (k, v) in &options {
+                match k.as_str() {
+                    "protector" => {
+                        protector = String::try_from(v.try_clone().map_err(|_| bad(k, "s"))?).map_err(|_| bad(k, "s"))?
+                    }
+                    "keep_backup" => o.keep_backup = bool::try_from(v).map_err(|_| bad(k, "b"))?,
+                    "wipe" => o.wipe = bool::try_from(v).map_err(|_| bad(k, "b"))?,
+                    "force" => o.force = bool::try_from(v).map_err(|_| bad(k, "b"))?,
+                    other => {
+                        return Err(Error::invalid(format!(
+                            "unknown option {other:?}; known: protector, keep_backup, wipe, force"
+                        )))
+                    }
+                }
+            }
+            if o.force && !caller.is_root() {
+                return Err(Error::denied("only root may force a conversion of a directory in use"));
+            }
+            let secret = read_secret(secret.into(), "secret")?;
+            let ds = ctx.open()?;
+            let source = dirseal::convert::absolute(&path)?;
+            if let Some(job) = ctx.jobs.running_for(&source) {
+                return Ok(job);
+            }
+            if !caller.is_root() {
+                // The caller is logged in by definition, so the owner-is-active check cannot apply;
+                // what must hold is that nothing has the directory open.
+                let users = dirseal_migrate::find_users(&path).unwrap_or_default();
+                if !users.is_empty() {
+                    let list = users.iter().map(|u| format!("pid {} ({}): {}", u.pid, u.comm, u.how)).collect::<Vec<_>>();
+                    return Err(Error::new(
+                        Kind::Busy,
+                        format!("{dir} is in use by {}; close these programs (or log out and convert from another account) and try again", list.join(", ")),
+                    ));
+                }
+                o.force = true;
+            }
+            let idle = std::sync::atomic::AtomicBool::new(false);
+            let hooks = dirseal::convert::Hooks { progress: &|_| {}, stop: &idle };
+            let plan = dirseal::convert::plan(&ds, &path, o, &hooks)?;
+            let mut secrets = Secrets::default();
+            let named = if protector.is_empty() {
+                match plan.what {
+                    dirseal::convert::Planned::New { .. } => secrets.new = Some(secret),
+                    dirseal::convert::Planned::Resume { .. } => secrets.current.push((None, secret)),
+                }
+                None
+            } else {
+                protector_choice(&ds, caller, &protector, secret, &mut secrets)?
+            };
+            let uid = new_protector(caller, "", owner_of(&path)).uid;
+            let start = jobs::Start {
+                ds,
+                plan,
+                protector: named,
+                name: protector_name("", uid),
+                uid,
+                secrets,
+                owner: owner_of(&path).unwrap_or(0),
+            };
+            jobs::spawn(&ctx, &bus, start)
         })
         .await
     }
@@ -687,7 +792,7 @@ impl Service {
         .await
     }
 
-    /// How many wrong PINs the TPM still accepts before it locks out.
+    /// How many wrong PINs the TPM behind a tpm2 protector still accepts before it locks out.
     #[zbus(out_args("tries"))]
     async fn get_tpm_tries_left(
         &self,
@@ -700,13 +805,20 @@ impl Service {
             let ds = Dirseal::open_existing(&ctx.config, ctx.keystore.as_deref())?;
             let rec = ds.keystore().protector(&id)?;
             caller.check_protector(&rec)?;
-            Err(Error::new(
-                Kind::NotSupported,
-                format!(
-                    "protector {id} is a {} protector; this dirseal has no TPM2 protectors yet",
-                    ops::kind_name(&rec.kind)
-                ),
-            ))
+            if !matches!(rec.kind, ProtectorKind::Tpm2(_)) {
+                return Err(Error::new(
+                    Kind::NotSupported,
+                    format!(
+                        "protector {id} is a {} protector; only tpm2 protectors have a TPM's tries",
+                        rec.kind.name()
+                    ),
+                ));
+            }
+            let tcti = ds.config().tpm2.tcti();
+            let status = dirseal::tpm2::Tpm::open(&tcti)
+                .and_then(|mut t| t.da_status())
+                .map_err(|e| Error::failed(e.to_string()))?;
+            Ok(status.tries_left())
         })
         .await
     }

@@ -85,12 +85,15 @@ impl Daemon {
     /// Starts the service with `--config`/`--keystore` and waits until it owns its name. The
     /// environment is cleared except for the bus address, plus `extra_env` (to show it is ignored).
     pub fn start(bus: &Bus, config: &Path, keystore: &Path, log: &Path, extra_env: &[(&str, &str)]) -> Daemon {
+        let run_dir = log.parent().expect("log dir").join("run");
         let out = std::fs::OpenOptions::new().create(true).append(true).open(log).expect("log");
         let child = Command::new(env!("CARGO_BIN_EXE_dirsealed"))
             .arg("--config")
             .arg(config)
             .arg("--keystore")
             .arg(keystore)
+            .arg("--run-dir")
+            .arg(&run_dir)
             .env_clear()
             .env("DBUS_SYSTEM_BUS_ADDRESS", &bus.address)
             .envs(extra_env.iter().copied())
@@ -114,6 +117,20 @@ impl Daemon {
 
     pub fn pid(&self) -> u32 {
         self.child.as_ref().map(Child::id).unwrap_or(0)
+    }
+
+    /// Waits for the service to exit on its own (a crash point); its exit code.
+    pub fn wait_exit(&mut self, limit: Duration) -> Option<i32> {
+        let c = self.child.as_mut()?;
+        let t = Instant::now();
+        while t.elapsed() < limit {
+            if let Ok(Some(st)) = c.try_wait() {
+                self.child = None;
+                return st.code();
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        None
     }
 
     /// SIGKILL: what a crash or an OOM kill does.
@@ -229,9 +246,15 @@ pub struct Harness {
 
 impl Harness {
     pub fn new() -> Harness {
-        let fs = TestFs::new();
+        Harness::with_config("")
+    }
+
+    /// With `extra` appended to the (fast) config, e.g. a `[tpm2]` section.
+    pub fn with_config(extra: &str) -> Harness {
+        // Room for a conversion's copy of a few tens of MB.
+        let fs = TestFs::with(dirseal_testfs::Options { size_mib: 512, ..Default::default() });
         let etc = tempfile::tempdir().expect("tempdir");
-        std::fs::write(etc.path().join("config.toml"), FAST_CONFIG).expect("config");
+        std::fs::write(etc.path().join("config.toml"), format!("{FAST_CONFIG}{extra}")).expect("config");
         std::fs::set_permissions(etc.path().join("config.toml"), std::os::unix::fs::PermissionsExt::from_mode(0o600))
             .expect("chmod");
         let bus = Bus::start();
@@ -255,9 +278,14 @@ impl Harness {
     }
 
     pub fn restart(&mut self) {
+        self.restart_with(&[]);
+    }
+
+    /// Kills the service (if running) and starts it again with `env` added.
+    pub fn restart_with(&mut self, env: &[(&str, &str)]) {
         self.daemon.kill();
         self.daemon =
-            Daemon::start(&self.bus, &self.config(), &self.keystore(), &self.etc.path().join("dirsealed.log"), &[]);
+            Daemon::start(&self.bus, &self.config(), &self.keystore(), &self.etc.path().join("dirsealed.log"), env);
     }
 
     pub fn user(&self) -> User {
@@ -274,8 +302,21 @@ impl Harness {
         secrets: &[(u32, &str)],
         out: Option<(u32, &Path)>,
     ) -> Result<String, CallError> {
+        self.call_at(user, PATH, &format!("{NAME}.{method}"), args, secrets, out)
+    }
+
+    /// Calls `member` (interface.method) on object `path`.
+    pub fn call_at(
+        &self,
+        user: Option<&User>,
+        path: &str,
+        member: &str,
+        args: &[String],
+        secrets: &[(u32, &str)],
+        out: Option<(u32, &Path)>,
+    ) -> Result<String, CallError> {
         let mut script =
-            format!("exec gdbus call --system --dest {NAME} --object-path {PATH} --method {NAME}.{method} \"$@\"");
+            format!("exec gdbus call --system --dest {NAME} --object-path {path} --method {member} \"$@\"");
         let mut cmd = match user {
             Some(u) => {
                 let mut c = Command::new("setpriv");
@@ -379,4 +420,79 @@ pub fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
 
 pub fn write_as_root(path: &Path, bytes: &[u8]) {
     std::fs::File::create(path).and_then(|mut f| f.write_all(bytes)).expect("write");
+}
+
+/// A signal of a conversion job, as a client on the bus receives it.
+#[derive(Debug, Clone)]
+pub enum JobSignal {
+    Progress { path: String, phase: String, bytes_done: u64, bytes_total: u64, eta: i64 },
+    Finished { path: String, state: String },
+    Failed { path: String, name: String, message: String },
+}
+
+/// Subscribes (as root, on a connection of its own) to every job's signals.
+pub fn watch_jobs(bus: &Bus) -> std::sync::mpsc::Receiver<JobSignal> {
+    let conn = bus.connect();
+    let rule = zbus::MatchRule::builder()
+        .msg_type(zbus::message::Type::Signal)
+        .interface("org.dirseal.Dirseal1.Job")
+        .expect("interface")
+        .build();
+    let it = zbus::blocking::MessageIterator::for_match_rule(rule, &conn, Some(10_000)).expect("match rule");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _keep = conn;
+        for m in it {
+            let Ok(m) = m else { break };
+            let h = m.header();
+            let path = h.path().map(|p| p.to_string()).unwrap_or_default();
+            let member = h.member().map(|p| p.to_string()).unwrap_or_default();
+            let sig = match member.as_str() {
+                "Progress" => m.body().deserialize::<(String, u64, u64, u64, u64, i64)>().ok().map(
+                    |(phase, bd, bt, _, _, eta)| JobSignal::Progress {
+                        path,
+                        phase,
+                        bytes_done: bd,
+                        bytes_total: bt,
+                        eta,
+                    },
+                ),
+                "Finished" => m
+                    .body()
+                    .deserialize::<(String, u64, u64, String)>()
+                    .ok()
+                    .map(|(state, ..)| JobSignal::Finished { path, state }),
+                "Failed" => m.body().deserialize::<(String, String)>().ok().map(|(name, message)| JobSignal::Failed {
+                    path,
+                    name,
+                    message,
+                }),
+                _ => None,
+            };
+            if let Some(sig) = sig {
+                if tx.send(sig).is_err() {
+                    break;
+                }
+            }
+        }
+    });
+    rx
+}
+
+/// Fills `dir` with `n` files of `size` bytes of varied content, owned by `uid`.
+pub fn fill(dir: &Path, n: usize, size: usize, uid: u32) {
+    let mut seed = 0x2545F4914F6CDD1Du64;
+    for i in 0..n {
+        let mut buf = vec![0u8; size];
+        for chunk in buf.chunks_mut(8) {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            let b = seed.to_le_bytes();
+            chunk.copy_from_slice(&b[..chunk.len()]);
+        }
+        let p = dir.join(format!("file-{i:03}"));
+        std::fs::write(&p, &buf).expect("write");
+        std::os::unix::fs::chown(&p, Some(uid), Some(uid)).expect("chown");
+    }
 }
