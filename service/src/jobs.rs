@@ -313,7 +313,11 @@ fn run(
             let idle = AtomicBool::new(false);
             let hooks = Hooks { progress: &progress, stop: &idle };
             let before_swap = matches!(at, State::Prepared | State::Copying | State::Copied | State::Verified);
-            let r = if before_swap { Some(convert::finish(&ds, &source, Finish::Abort, &hooks)) } else { None };
+            let r = if before_swap {
+                Some(convert::finish(&ds, &source, Finish::Abort, &mut secrets, &hooks))
+            } else {
+                None
+            };
             match r {
                 Some(Ok(o)) => {
                     set("aborted");

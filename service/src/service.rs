@@ -73,7 +73,11 @@ impl Ui for Secrets {
                     .or_else(|| self.current.iter().position(|(k, _)| k.is_none()));
                 at.map(|i| self.current.remove(i).1)
             }
-            SecretPrompt::NewPassword { .. } | SecretPrompt::NewPin { .. } => self.new.take(),
+            // A security key's own PIN, asked while a protector is created on it, is the new
+            // protector's secret as far as the caller is concerned.
+            SecretPrompt::NewPassword { .. } | SecretPrompt::NewPin { .. } | SecretPrompt::KeyPin { .. } => {
+                self.new.take()
+            }
             SecretPrompt::RecoveryKey { .. } => self.recovery.take(),
         };
         found.ok_or_else(|| UiError::NoInput { hint: "the call carried no secret for this step".into() })
