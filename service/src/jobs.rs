@@ -24,7 +24,7 @@ use zbus::{interface, Connection};
 
 use crate::auth::Caller;
 use crate::error::{Error, Kind, Result};
-use crate::service::{Ctx, Secrets};
+use crate::service::{Ctx, Enrol, Secrets};
 
 const PROGRESS_EVERY: Duration = Duration::from_millis(250);
 
@@ -228,10 +228,8 @@ impl Reporter {
 pub struct Start {
     pub ds: Dirseal,
     pub plan: Plan,
-    /// An existing protector (proved by the secret), else a new password protector `name`.
-    pub protector: Option<dirseal::ids::ProtectorId>,
-    pub name: String,
-    pub uid: Option<u32>,
+    /// The protector of a new conversion (unused by a resumed one).
+    pub enrol: Option<Enrol>,
     pub secrets: Secrets,
     pub owner: u32,
 }
@@ -280,19 +278,18 @@ fn run(
     cancelled: &AtomicBool,
     state: &Mutex<String>,
 ) {
-    let Start { mut ds, plan, protector, name, uid, mut secrets, owner } = start;
+    let Start { mut ds, plan, enrol, mut secrets, owner } = start;
     let source = plan.source.clone();
     let reporter = Reporter { conn: conn.clone(), path: path.clone(), last: Mutex::new(None) };
     let progress = |p: &Progress| reporter.report(p);
     let hooks = Hooks { progress: &progress, stop };
-    let choice = match protector {
-        Some(id) => ProtectorChoice::Existing(id),
-        None => ProtectorChoice::New(dirseal::ops::NewProtector {
-            name: &name,
-            uid,
-            kind: dirseal::protector::NewKind::Password(Default::default()),
-        }),
-    };
+    // A resume without a named protector unlocks the staging key with the policy's only one.
+    let nothing = ProtectorChoice::New(dirseal::ops::NewProtector {
+        name: "",
+        uid: None,
+        kind: dirseal::protector::NewKind::Password(Default::default()),
+    });
+    let choice = enrol.as_ref().map_or(nothing, Enrol::choice);
     let result = convert::run(&mut ds, plan, choice, &mut secrets, &hooks);
     let emitter = SignalEmitter::new(conn, path.as_ref()).ok();
     let set = |s: &str| *state.lock().unwrap_or_else(|e| e.into_inner()) = s.to_string();
@@ -395,15 +392,7 @@ pub fn resume_recorded(ctx: &Arc<Ctx>, conn: &Connection) {
                 }
                 Planned::New { .. } => return Err(Error::new(Kind::NotFound, "no unfinished conversion is recorded")),
             }
-            let start = Start {
-                ds,
-                plan,
-                protector: None,
-                name: String::new(),
-                uid: None,
-                secrets: Secrets::default(),
-                owner: m.uid,
-            };
+            let start = Start { ds, plan, enrol: None, secrets: Secrets::default(), owner: m.uid };
             spawn(ctx, conn, start)
         })();
         match r {

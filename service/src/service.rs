@@ -235,38 +235,54 @@ fn choose(ds: &Dirseal, caller: &Caller, policy: &PolicyRecord, named: &str, wha
     }
 }
 
-/// A new password protector for a call: a user's always belongs to them; root's to the directory's
-/// owner (or to nobody when root owns it).
-fn new_protector<'a>(caller: &Caller, name: &'a str, dir_owner: Option<u32>) -> NewProtector<'a> {
-    let uid = if caller.is_root() { dir_owner } else { Some(caller.uid) };
-    NewProtector { name, uid, kind: NewKind::Password(Default::default()) }
+/// The protector a call enrols: an existing one (proved by the call's secret) or a new password
+/// protector. A user's new protector always belongs to them; root's to the directory's owner (or
+/// to nobody when root owns it). Owned, so a job thread can carry it.
+pub struct Enrol {
+    existing: Option<ProtectorId>,
+    name: String,
+    uid: Option<u32>,
 }
 
-/// The name for a new protector: the one given, else its user's login name, else "password".
-fn protector_name(given: &str, uid: Option<u32>) -> String {
-    match (given.is_empty(), uid) {
-        (false, _) => given.to_string(),
-        (true, Some(u)) => user_name(u),
-        (true, None) => "password".into(),
+impl Enrol {
+    /// `named` empty: a new password protector named `given` (else its user's login name, else
+    /// "password") whose password is `secret`; otherwise that existing protector, which must be
+    /// the caller's, proved by `secret`.
+    fn new(
+        ds: &Dirseal,
+        caller: &Caller,
+        dir: &Path,
+        named: &str,
+        given: &str,
+        secret: Passphrase,
+        secrets: &mut Secrets,
+    ) -> Result<Enrol> {
+        let uid = if caller.is_root() { owner_of(dir) } else { Some(caller.uid) };
+        let name = match (given.is_empty(), uid) {
+            (false, _) => given.to_string(),
+            (true, Some(u)) => user_name(u),
+            (true, None) => "password".into(),
+        };
+        if named.is_empty() {
+            secrets.new = Some(secret);
+            return Ok(Enrol { existing: None, name, uid });
+        }
+        let id = parse_protector_id(named)?;
+        caller.check_protector(&ds.keystore().protector(&id)?)?;
+        secrets.current.push((Some(id), secret));
+        Ok(Enrol { existing: Some(id), name, uid })
     }
-}
 
-/// Existing protector `named` (proved by `secret`) or a new password protector `secret`.
-fn protector_choice(
-    ds: &Dirseal,
-    caller: &Caller,
-    named: &str,
-    secret: Passphrase,
-    secrets: &mut Secrets,
-) -> Result<Option<ProtectorId>> {
-    if named.is_empty() {
-        secrets.new = Some(secret);
-        return Ok(None);
+    pub fn choice(&self) -> ProtectorChoice<'_> {
+        match self.existing {
+            Some(id) => ProtectorChoice::Existing(id),
+            None => ProtectorChoice::New(NewProtector {
+                name: &self.name,
+                uid: self.uid,
+                kind: NewKind::Password(Default::default()),
+            }),
+        }
     }
-    let id = parse_protector_id(named)?;
-    caller.check_protector(&ds.keystore().protector(&id)?)?;
-    secrets.current.push((Some(id), secret));
-    Ok(Some(id))
 }
 
 fn is_incorrect(e: &Error) -> bool {
@@ -372,14 +388,8 @@ impl Service {
             let secret = read_secret(secret.into(), "secret")?;
             let mut ds = ctx.open()?;
             let mut secrets = Secrets::default();
-            let existing = protector_choice(&ds, caller, &protector, secret, &mut secrets)?;
-            let n = new_protector(caller, "", owner_of(&path));
-            let name = protector_name("", n.uid);
-            let choice = match existing {
-                Some(id) => ProtectorChoice::Existing(id),
-                None => ProtectorChoice::New(NewProtector { name: &name, ..n }),
-            };
-            let (policy, _master) = ds.encrypt(&path, choice, &mut secrets)?;
+            let enrol = Enrol::new(&ds, caller, &path, &protector, "", secret, &mut secrets)?;
+            let (policy, _master) = ds.encrypt(&path, enrol.choice(), &mut secrets)?;
             // Invariant: a new policy has exactly the protector it was created with.
             let pid = policy.wrapped.keys().next().map(ToString::to_string).unwrap_or_default();
             Ok((policy.id.to_string(), pid))
@@ -501,14 +511,8 @@ impl Service {
             let policy = ds.policy_of(&path)?;
             let pick = choose(&ds, caller, &policy, &with, &dir)?;
             let mut secrets = Secrets { current: vec![(pick.protector, with_secret)], ..Default::default() };
-            let existing = protector_choice(&ds, caller, &new, new_secret, &mut secrets)?;
-            let n = new_protector(caller, "", owner_of(&path));
-            let name = protector_name(&new_name, n.uid);
-            let choice = match existing {
-                Some(id) => ProtectorChoice::Existing(id),
-                None => ProtectorChoice::New(NewProtector { name: &name, ..n }),
-            };
-            let rec = ds.add_protector_to_policy(&policy.id, pick, choice, &mut secrets)?;
+            let enrol = Enrol::new(&ds, caller, &path, &new, &new_name, new_secret, &mut secrets)?;
+            let rec = ds.add_protector_to_policy(&policy.id, pick, enrol.choice(), &mut secrets)?;
             Ok(rec.id.to_string())
         })
         .await
@@ -656,25 +660,12 @@ impl Service {
             let hooks = dirseal::convert::Hooks { progress: &|_| {}, stop: &idle };
             let plan = dirseal::convert::plan(&ds, &path, o, &hooks)?;
             let mut secrets = Secrets::default();
-            let named = if protector.is_empty() {
-                match plan.what {
-                    dirseal::convert::Planned::New { .. } => secrets.new = Some(secret),
-                    dirseal::convert::Planned::Resume { .. } => secrets.current.push((None, secret)),
-                }
-                None
-            } else {
-                protector_choice(&ds, caller, &protector, secret, &mut secrets)?
-            };
-            let uid = new_protector(caller, "", owner_of(&path)).uid;
-            let start = jobs::Start {
-                ds,
-                plan,
-                protector: named,
-                name: protector_name("", uid),
-                uid,
-                secrets,
-                owner: owner_of(&path).unwrap_or(0),
-            };
+            let enrol = Enrol::new(&ds, caller, &path, &protector, "", secret, &mut secrets)?;
+            if let (dirseal::convert::Planned::Resume { .. }, Some(secret)) = (&plan.what, secrets.new.take()) {
+                // Resuming: the secret reloads the staging key with whichever protector it has.
+                secrets.current.push((None, secret));
+            }
+            let start = jobs::Start { ds, plan, enrol: Some(enrol), secrets, owner: owner_of(&path).unwrap_or(0) };
             jobs::spawn(&ctx, &bus, start)
         })
         .await
@@ -766,14 +757,8 @@ impl Service {
             let secret = read_secret(secret.into(), "secret")?;
             let mut ds = ctx.open()?;
             let mut secrets = Secrets { recovery: Some(key), ..Default::default() };
-            let existing = protector_choice(&ds, caller, &protector, secret, &mut secrets)?;
-            let n = new_protector(caller, "", owner_of(&path));
-            let name = protector_name(&name, n.uid);
-            let choice = match existing {
-                Some(id) => ProtectorChoice::Existing(id),
-                None => ProtectorChoice::New(NewProtector { name: &name, ..n }),
-            };
-            let (_, prec) = ds.restore_with_recovery(&path, choice, &mut secrets)?;
+            let enrol = Enrol::new(&ds, caller, &path, &protector, &name, secret, &mut secrets)?;
+            let (_, prec) = ds.restore_with_recovery(&path, enrol.choice(), &mut secrets)?;
             Ok(prec.id.to_string())
         })
         .await
