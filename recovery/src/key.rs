@@ -364,7 +364,7 @@ mod tests {
         for g in s.split('-') {
             let v: u32 = g.parse().unwrap();
             assert_eq!(g.len(), 6);
-            assert!(v % 11 == 0 && v <= MAX_GROUP_VALUE, "{g}");
+            assert!(v.is_multiple_of(11) && v <= MAX_GROUP_VALUE, "{g}");
         }
         // All-zero output would mean the RNG did nothing.
         assert!(a.0.iter().any(|&b| b != 0));

@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# Installs (or with --uninstall removes) the whole product: the dirseal CLI, the D-Bus service
+# dirsealed with its unit, bus policy and activation file, the PAM module and its pam-config
+# profile, man pages and shell completions.
+#
+#   sudo scripts/install.sh [--prefix /usr] [--destdir DIR] [--build-dir target/release]
+#   sudo scripts/install.sh --uninstall [--prefix /usr] [--destdir DIR]
+#
+# Files that only one place is read from go there whatever the prefix: the PAM module into the
+# multiarch security dir, the profile into /usr/share/pam-configs, the bus policy into
+# /usr/share/dbus-1/system.d. Every file and every directory the install created is recorded in
+# PREFIX/share/dirseal/install-manifest, and --uninstall removes exactly those, so the system is
+# left as before — except the keystore and config (/var/lib/dirseal, /etc/dirseal), which hold the
+# only keys to encrypted data and are never removed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+prefix=/usr destdir= build= uninstall=0
+while [ $# -gt 0 ]; do
+  case $1 in
+    --prefix) prefix=${2:?--prefix needs a directory}; shift 2 ;;
+    --prefix=*) prefix=${1#*=}; shift ;;
+    --destdir) destdir=${2:?--destdir needs a directory}; shift 2 ;;
+    --destdir=*) destdir=${1#*=}; shift ;;
+    --build-dir) build=${2:?--build-dir needs a directory}; shift 2 ;;
+    --build-dir=*) build=${1#*=}; shift ;;
+    --uninstall) uninstall=1; shift ;;
+    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "install.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+case $prefix in /*) ;; *) echo "install.sh: --prefix must be absolute" >&2; exit 2 ;; esac
+if [ -n "$destdir" ]; then destdir=$(realpath -m "$destdir"); fi
+if [ -z "$destdir" ] && [ "$(id -u)" -ne 0 ]; then
+  echo "install.sh: installing into the system needs root (or pass --destdir DIR)" >&2; exit 1
+fi
+
+multiarch=$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || gcc -print-multiarch 2>/dev/null || echo "$(uname -m)-linux-gnu")
+manifest_rel=$prefix/share/dirseal/install-manifest
+manifest=$destdir$manifest_rel
+
+live() { [ -z "$destdir" ]; }
+
+if [ "$uninstall" = 1 ]; then
+  [ -f "$manifest" ] || { echo "install.sh: no install manifest at $manifest; nothing to uninstall" >&2; exit 1; }
+  # Backing out PAM first: removing a module the stack still names would break logins.
+  if live && command -v pam-auth-update >/dev/null && [ -f /usr/share/pam-configs/dirseal ]; then
+    pam-auth-update --package --remove dirseal || true
+  fi
+  if live && command -v systemctl >/dev/null && [ -d /run/systemd/system ]; then
+    systemctl stop dirsealed.service 2>/dev/null || true
+  fi
+  # Files first, then directories deepest first (only if empty: something else may live there).
+  created=$(grep '^d ' "$manifest.dirs" 2>/dev/null | cut -c3- | sort -r || true)
+  grep '^f ' "$manifest" | cut -c3- | while IFS= read -r f; do rm -f -- "$destdir$f"; done
+  rm -f -- "$manifest" "$manifest.dirs"
+  while IFS= read -r d; do
+    [ -n "$d" ] && { rmdir -- "$destdir$d" 2>/dev/null || true; }
+  done <<< "$created"
+  if live && command -v systemctl >/dev/null && [ -d /run/systemd/system ]; then systemctl daemon-reload || true; fi
+  if live && command -v systemctl >/dev/null && systemctl is-active --quiet dbus 2>/dev/null; then systemctl reload dbus || true; fi
+  echo "uninstalled dirseal from ${destdir:-/} (kept: /etc/dirseal and /var/lib/dirseal, the keys to your encrypted data)"
+  exit 0
+fi
+
+if [ -z "$build" ]; then
+  cargo build --release --workspace --quiet
+  build=target/release
+fi
+for f in dirseal dirsealed libpam_dirseal.so; do
+  [ -f "$build/$f" ] || { echo "install.sh: $build/$f is missing; build the workspace first (cargo build --release --workspace)" >&2; exit 1; }
+done
+
+docs=$(mktemp -d)
+trap 'rm -rf "$docs"' EXIT
+"$build/dirseal" generate-docs "$docs" >/dev/null
+
+if [ -n "$destdir" ]; then mkdir -p "$destdir"; fi
+files=() dirs=()
+# mkdir -p that records each directory it creates.
+mkdirs() {
+  local d=$1 missing=()
+  while [ "$d" != / ] && [ ! -d "$destdir$d" ]; do missing+=("$d"); d=$(dirname "$d"); done
+  for ((i=${#missing[@]}-1; i>=0; i--)); do
+    mkdir -m 755 "$destdir${missing[i]}"
+    dirs+=("${missing[i]}")
+  done
+}
+# put MODE SOURCE DEST (DEST without destdir)
+put() {
+  mkdirs "$(dirname "$3")"
+  install -m "$1" "$2" "$destdir$3"
+  files+=("$3")
+}
+
+put 755 "$build/dirseal" "$prefix/sbin/dirseal"
+put 755 "$build/dirsealed" "$prefix/libexec/dirsealed"
+put 644 "$build/libpam_dirseal.so" "/usr/lib/$multiarch/security/pam_dirseal.so"
+put 644 data/pam-configs/dirseal /usr/share/pam-configs/dirseal
+put 644 data/dbus-1/system.d/org.dirseal.Dirseal1.conf /usr/share/dbus-1/system.d/org.dirseal.Dirseal1.conf
+put 644 data/dbus-1/system-services/org.dirseal.Dirseal1.service "$prefix/share/dbus-1/system-services/org.dirseal.Dirseal1.service"
+put 644 data/org.dirseal.Dirseal1.xml "$prefix/share/dbus-1/interfaces/org.dirseal.Dirseal1.xml"
+unit=$docs/dirsealed.service
+sed "s|/usr/libexec/dirsealed|$prefix/libexec/dirsealed|" data/systemd/dirsealed.service > "$unit"
+put 644 "$unit" "$prefix/lib/systemd/system/dirsealed.service"
+for m in "$docs"/man/*.1; do put 644 "$m" "$prefix/share/man/man1/$(basename "$m")"; done
+put 644 "$docs/completions/dirseal.bash" "$prefix/share/bash-completion/completions/dirseal"
+put 644 "$docs/completions/_dirseal" "$prefix/share/zsh/vendor-completions/_dirseal"
+put 644 "$docs/completions/dirseal.fish" "$prefix/share/fish/vendor_completions.d/dirseal.fish"
+# The config dir: root-only, kept on uninstall (it may hold the calibrated cost and settings).
+if [ ! -d "$destdir/etc/dirseal" ]; then mkdirs /etc; install -d -m 700 "$destdir/etc/dirseal"; fi
+
+mkdirs "$(dirname "$manifest_rel")"
+printf 'f %s\n' "${files[@]}" > "$manifest"
+printf 'f %s\n' "$manifest_rel" >> "$manifest"
+{ [ ${#dirs[@]} -eq 0 ] || printf 'd %s\n' "${dirs[@]}"; } > "$manifest.dirs"
+
+if live; then
+  if command -v systemctl >/dev/null && [ -d /run/systemd/system ]; then systemctl daemon-reload; fi
+  if command -v systemctl >/dev/null && systemctl is-active --quiet dbus 2>/dev/null; then systemctl reload dbus; fi
+fi
+echo "installed dirseal into ${destdir:-/} (prefix $prefix): ${#files[@]} files"
+echo "next: enable login unlocking with \`sudo pam-auth-update --enable dirseal\` (keep a root shell open while you try a login)"

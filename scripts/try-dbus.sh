@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# The D-Bus service in two minutes: a private system bus with the shipped policy, dirsealed on it,
+# a scratch ext4 with a sample home owned by a throwaway user, and that user converting their own
+# home through gdbus while the Progress signals scroll by. Then a status call, and one call for
+# someone else's directory, which is refused. Touches nothing outside its temp dir except the
+# throwaway user (removed at the end) and a loop device.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ "$(id -u)" -eq 0 ] || { echo "run as root: sudo scripts/try-dbus.sh (loop mounts, kernel keys, a test user)" >&2; exit 1; }
+bash scripts/deps.sh
+cargo build --quiet --release -p dirsealed
+bin=$PWD/target/release/dirsealed
+
+work=$(mktemp -d /tmp/dirseal-try-dbus.XXXXXX)
+chmod 755 "$work"
+mnt=$work/mnt loopdev= bus_pid= svc_pid= mon_pid= user=dstry$$
+cleanup() {
+  for p in $mon_pid $svc_pid $bus_pid; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  userdel "$user" 2>/dev/null || true
+  umount "$mnt" 2>/dev/null || umount -l "$mnt" 2>/dev/null || true
+  [ -n "$loopdev" ] && losetup -d "$loopdev" 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+
+step "a private system bus with the shipped policy (data/dbus-1/system.d/org.dirseal.Dirseal1.conf)"
+sed -e "s|@SOCKET@|$work/bus|" -e "s|@POLICY@|$PWD/data/dbus-1/system.d/org.dirseal.Dirseal1.conf|" \
+  service/tests/private-bus.conf > "$work/bus.conf"
+dbus-daemon --config-file="$work/bus.conf" --fork --print-address=1 --print-pid=3 3>"$work/bus.pid" 2>/dev/null
+bus_pid=$(cat "$work/bus.pid")
+export DBUS_SYSTEM_BUS_ADDRESS=unix:path=$work/bus
+echo "DBUS_SYSTEM_BUS_ADDRESS=$DBUS_SYSTEM_BUS_ADDRESS"
+
+step "scratch ext4 (encrypt feature) with a sample home for user $user"
+truncate -s 512M "$work/fs.img"
+mkfs.ext4 -q -F -O encrypt "$work/fs.img"
+mkdir "$mnt"
+loopdev=$(losetup --find --show "$work/fs.img")
+mount "$loopdev" "$mnt"
+home=$mnt/$user
+mkdir "$home"
+useradd -M -d "$home" -s /usr/sbin/nologin "$user"
+mkdir -p "$home/Documents" "$home/Saves"
+for i in $(seq 1 40); do head -c 1M /dev/urandom > "$home/Saves/slot-$i.sav"; done
+echo "dear diary" > "$home/Documents/diary.txt"
+chown -R "$user:$user" "$home"; chmod 700 "$home"
+du -sh "$home"
+
+step "dirsealed on the private bus (its own config and keystore)"
+printf '[argon2]\ntime_cost = 2\nmemory_kib = 65536\nparallelism = 1\n' > "$work/config.toml"
+chmod 600 "$work/config.toml"
+"$bin" --config "$work/config.toml" --keystore "$work/keystore" --run-dir "$work/run" 2>"$work/dirsealed.log" &
+svc_pid=$!
+for _ in $(seq 50); do
+  gdbus introspect --system --dest org.dirseal.Dirseal1 --object-path /org/dirseal/Dirseal1 >/dev/null 2>&1 && break
+  sleep 0.1
+done
+gdbus introspect --system --dest org.dirseal.Dirseal1 --object-path /org/dirseal/Dirseal1 | grep -E '^\s+[A-Z][A-Za-z]+\(' | head -20
+
+as_user() { setpriv --reuid="$user" --regid="$user" --clear-groups -- "$@"; }
+call() { local m=$1; shift; gdbus call --system --dest org.dirseal.Dirseal1 --object-path /org/dirseal/Dirseal1 --method "org.dirseal.Dirseal1.$m" "$@"; }
+
+step "watching job signals (gdbus monitor)"
+gdbus monitor --system --dest org.dirseal.Dirseal1 2>/dev/null | grep --line-buffered -E 'Progress|Finished|Failed' &
+mon_pid=$!
+sleep 0.5
+
+step "$user converts their own home; the password goes over a file descriptor (fd 3)"
+echo "+ setpriv --reuid=$user gdbus call ... --method org.dirseal.Dirseal1.Convert \"'$home'\" '@h 3' '{}' 3<<<\"\$PASSWORD\""
+job=$(as_user bash -c "$(declare -f call); call Convert \"'$home'\" '@h 3' '{}' 3<<<'correct horse'" | cut -d"'" -f2)
+echo "job: $job"
+for _ in $(seq 600); do
+  state=$(gdbus call --system --dest org.dirseal.Dirseal1 --object-path "$job" \
+    --method org.freedesktop.DBus.Properties.Get org.dirseal.Dirseal1.Job State | cut -d"'" -f2)
+  [ "$state" = running ] || break
+  sleep 0.2
+done
+sleep 0.3
+echo "job state: $state"
+
+step "$user asks for the status of their home"
+as_user bash -c "$(declare -f call); call GetStatus \"'$home'\""
+
+step "$user locks it: names become ciphertext"
+as_user bash -c "$(declare -f call); call Lock \"'$home'\" false"
+ls "$home" | head -3
+
+step "and unlocks it with the password"
+as_user bash -c "$(declare -f call); call Unlock \"'$home'\" \"''\" '@h 3' 3<<<'correct horse'"
+cat "$home/Documents/diary.txt"
+
+step "$user asks about a directory that is not theirs: refused"
+as_user bash -c "$(declare -f call); call GetStatus \"'$mnt'\"" || true
+
+step "the service's log (no secrets in it)"
+cat "$work/dirsealed.log"

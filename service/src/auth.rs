@@ -1,0 +1,179 @@
+//! Who is calling, and what they may touch. The caller's uid comes from the bus daemon (the
+//! credentials of the message's sender), never from an argument. Root may do anything; any other
+//! user may act only on directories they own and on protectors whose uid is theirs.
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use dirseal::keystore::ProtectorRecord;
+use zbus::message::Header;
+use zbus::Connection;
+
+use crate::error::{Error, Result};
+
+#[derive(Clone, Debug)]
+pub struct Caller {
+    pub uid: u32,
+}
+
+impl Caller {
+    /// The sender's uid as the bus daemon knows it.
+    pub async fn of(conn: &Connection, hdr: &Header<'_>) -> Result<Caller> {
+        let sender = hdr.sender().ok_or_else(|| Error::denied("the call has no sender; it cannot be authorized"))?;
+        let dbus = zbus::fdo::DBusProxy::new(conn).await?;
+        let creds = dbus.get_connection_credentials(sender.clone().into()).await?;
+        let uid = creds.unix_user_id().ok_or_else(|| Error::denied("the bus did not report the caller's uid"))?;
+        Ok(Caller { uid })
+    }
+
+    pub fn is_root(&self) -> bool {
+        self.uid == 0
+    }
+
+    /// A protector the caller may use or change.
+    pub fn check_protector(&self, rec: &ProtectorRecord) -> Result<()> {
+        if self.is_root() || rec.uid == Some(self.uid) {
+            return Ok(());
+        }
+        Err(Error::denied(format!(
+            "protector {} ({}) is not yours (uid {}); you may use only protectors that belong to you (uid {})",
+            rec.id,
+            rec.name,
+            rec.uid.map_or_else(|| "none".into(), |u| u.to_string()),
+            self.uid
+        )))
+    }
+
+    /// The directory the caller named, as a path the service may act on for them.
+    ///
+    /// Root's paths are taken as given (absolute). For anyone else the path must be canonical (no
+    /// symlink, `.` or `..` anywhere), a directory they own, and reachable only through directories
+    /// no unprivileged user can change: otherwise the caller could swap in another directory
+    /// between this check and the operation. A home under root-owned `/home` qualifies.
+    pub fn directory(&self, dir: &str) -> Result<PathBuf> {
+        let path = PathBuf::from(dir);
+        // By the string: `Path::components` silently drops inner `.` components.
+        if !path.is_absolute() || dir.split('/').any(|c| c == "." || c == "..") {
+            return Err(Error::invalid(format!("{dir:?} is not an absolute path without . or .. components")));
+        }
+        if self.is_root() {
+            return Ok(path);
+        }
+        let meta = std::fs::symlink_metadata(&path)
+            .map_err(|e| Error::new(crate::error::Kind::NotFound, format!("cannot inspect {dir}: {e}")))?;
+        if meta.file_type().is_symlink() || !meta.is_dir() {
+            return Err(Error::invalid(format!("{dir} is not a directory (symlinks are not followed)")));
+        }
+        if meta.uid() != self.uid {
+            return Err(Error::denied(format!(
+                "{dir} belongs to {} (uid {}); you (uid {}) may act only on directories you own",
+                user_name(meta.uid()),
+                meta.uid(),
+                self.uid
+            )));
+        }
+        let real = std::fs::canonicalize(&path).map_err(|e| Error::invalid(format!("cannot resolve {dir}: {e}")))?;
+        if real != path {
+            return Err(Error::invalid(format!(
+                "{dir} goes through a symbolic link (it is really {}); pass the real path",
+                real.display()
+            )));
+        }
+        check_ancestors(&path)?;
+        Ok(path)
+    }
+}
+
+/// Every proper ancestor of `path` must be owned by root and not writable by group or others —
+/// or, like /tmp, sticky with the next component owned by root — so no unprivileged user can
+/// rename or replace any component of `path`.
+fn check_ancestors(path: &Path) -> Result<()> {
+    let mut child = path;
+    while let Some(parent) = child.parent() {
+        let pm = std::fs::symlink_metadata(parent)
+            .map_err(|e| Error::failed(format!("cannot inspect {}: {e}", parent.display())))?;
+        let cm = std::fs::symlink_metadata(child)
+            .map_err(|e| Error::failed(format!("cannot inspect {}: {e}", child.display())))?;
+        let group_or_other_write = pm.mode() & 0o022 != 0;
+        let sticky_guarded = pm.mode() & 0o1000 != 0 && cm.uid() == 0;
+        if pm.uid() != 0 || (group_or_other_write && !sticky_guarded) {
+            return Err(Error::denied(format!(
+                "{} is reached through {}, which {} can change; the service acts for users only on directories \
+                 whose parent directories belong to root and are not writable by others (a home such as /home/NAME); \
+                 ask an administrator to run dirseal for this one",
+                path.display(),
+                parent.display(),
+                if pm.uid() != 0 { user_name(pm.uid()) } else { "other users".into() }
+            )));
+        }
+        child = parent;
+    }
+    Ok(())
+}
+
+pub fn user_name(uid: u32) -> String {
+    match nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)) {
+        Ok(Some(u)) => u.name,
+        _ => format!("uid {uid}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_must_be_absolute_and_plain() {
+        let root = Caller { uid: 0 };
+        assert!(root.directory("relative/x").is_err());
+        assert!(root.directory("/a/../b").is_err());
+        assert!(root.directory("/a/./b").is_err());
+        assert_eq!(root.directory("/anything/at/all").unwrap(), PathBuf::from("/anything/at/all"));
+    }
+
+    #[test]
+    fn users_get_only_their_own_stable_directories() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: needs root to chown");
+            return;
+        }
+        let uid = 4_000_123;
+        let user = Caller { uid };
+        // A root-owned 0755 parent: stable. /tmp itself is sticky and root-owned.
+        let top = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(top.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        let mine = top.path().join("mine");
+        std::fs::create_dir(&mine).unwrap();
+        std::os::unix::fs::chown(&mine, Some(uid), None).unwrap();
+        assert_eq!(user.directory(mine.to_str().unwrap()).unwrap(), mine);
+
+        let theirs = top.path().join("theirs");
+        std::fs::create_dir(&theirs).unwrap();
+        let e = user.directory(theirs.to_str().unwrap()).unwrap_err();
+        assert_eq!(e.kind, crate::error::Kind::AccessDenied, "{e}");
+
+        // Inside a directory the user owns: they could swap it, so refused.
+        let inner = mine.join("inner");
+        std::fs::create_dir(&inner).unwrap();
+        std::os::unix::fs::chown(&inner, Some(uid), None).unwrap();
+        let e = user.directory(inner.to_str().unwrap()).unwrap_err();
+        assert_eq!(e.kind, crate::error::Kind::AccessDenied, "{e}");
+
+        // Through a symlink: refused even though the target is theirs.
+        let link = top.path().join("link");
+        std::os::unix::fs::symlink(&mine, &link).unwrap();
+        assert!(user.directory(link.to_str().unwrap()).is_err());
+        assert!(user.directory(link.join("inner").to_str().unwrap()).is_err());
+
+        // Under a world-writable, non-sticky parent: refused.
+        let open = top.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+        let d = open.join("d");
+        std::fs::create_dir(&d).unwrap();
+        std::os::unix::fs::chown(&d, Some(uid), None).unwrap();
+        assert_eq!(user.directory(d.to_str().unwrap()).unwrap_err().kind, crate::error::Kind::AccessDenied);
+        // Sticky and world-writable (like /tmp): the user could rename their own entry, refused.
+        std::fs::set_permissions(&open, std::os::unix::fs::PermissionsExt::from_mode(0o1777)).unwrap();
+        assert_eq!(user.directory(d.to_str().unwrap()).unwrap_err().kind, crate::error::Kind::AccessDenied);
+    }
+}

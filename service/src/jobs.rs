@@ -1,0 +1,408 @@
+//! Conversions started over D-Bus: each runs on its own thread as a job object
+//! (`/org/dirseal/Dirseal1/jobs/N`, interface `org.dirseal.Dirseal1.Job`) that emits Progress,
+//! Finished and Failed signals and can be cancelled. A job does not depend on the client that
+//! started it: it goes on when that client disconnects.
+//!
+//! Restarts: while a job runs, a marker (source path, owner uid) sits in the service's run
+//! directory. When the service starts, it resumes every marked conversion whose journal is
+//! unfinished and whose staging key is still loaded (the service crashed or was restarted, the
+//! machine was not). After a reboot the key is gone: the next `Convert` call for that directory,
+//! with a protector's secret, resumes it.
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use dirseal::convert::{self, ConvertError, Converted, Finish, Hooks, Plan, Planned};
+use dirseal::ops::{Dirseal, ProtectorChoice};
+use dirseal::ui::Progress;
+use dirseal_migrate::{MigrateError, State};
+use serde::{Deserialize, Serialize};
+use zbus::object_server::SignalEmitter;
+use zbus::zvariant::OwnedObjectPath;
+use zbus::{interface, Connection};
+
+use crate::auth::Caller;
+use crate::error::{Error, Kind, Result};
+use crate::service::{Ctx, Enrol, Secrets};
+
+const PROGRESS_EVERY: Duration = Duration::from_millis(250);
+
+/// What the service remembers of a running job across its own restarts.
+#[derive(Serialize, Deserialize)]
+struct Marker {
+    source: PathBuf,
+    uid: u32,
+}
+
+/// The jobs of this service process and what they share.
+#[derive(Default)]
+pub struct Jobs {
+    next: AtomicU64,
+    running: Mutex<Vec<Running>>,
+    /// Set when the service stops: jobs stop at their next checkpoint and keep their markers.
+    shutdown: AtomicBool,
+}
+
+struct Running {
+    source: PathBuf,
+    path: OwnedObjectPath,
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Jobs {
+    /// The job already running for `source`, if any.
+    pub fn running_for(&self, source: &Path) -> Option<OwnedObjectPath> {
+        let list = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        list.iter().find(|r| r.source == source && !r.thread.is_finished()).map(|r| r.path.clone())
+    }
+
+    /// Stops every job at its next checkpoint and waits (up to `limit`) for them to return.
+    pub fn stop_all(&self, limit: Duration) {
+        self.shutdown.store(true, Ordering::SeqCst);
+        let list = std::mem::take(&mut *self.running.lock().unwrap_or_else(|e| e.into_inner()));
+        for r in &list {
+            r.stop.store(true, Ordering::SeqCst);
+        }
+        let t = Instant::now();
+        for r in list {
+            while !r.thread.is_finished() && t.elapsed() < limit {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            if r.thread.is_finished() {
+                let _ = r.thread.join();
+            }
+        }
+    }
+}
+
+fn marker_path(ctx: &Ctx, source: &Path) -> Result<PathBuf> {
+    let workdir = convert::workdir_for(source)?;
+    let name = workdir.file_name().ok_or_else(|| Error::failed("work directory has no name"))?;
+    Ok(ctx.run_dir.join("jobs").join(name))
+}
+
+fn write_marker(ctx: &Ctx, source: &Path, uid: u32) -> Result<()> {
+    let path = marker_path(ctx, source)?;
+    let io = |e: dirseal::securefile::SecureFileError| Error::failed(format!("recording the job: {e}"));
+    dirseal::securefile::ensure_private_dir(&ctx.run_dir).map_err(io)?;
+    dirseal::securefile::ensure_private_dir(&ctx.run_dir.join("jobs")).map_err(io)?;
+    let body = serde_json::to_vec(&Marker { source: source.to_path_buf(), uid })
+        .map_err(|e| Error::failed(format!("recording the job: {e}")))?;
+    dirseal::securefile::write_atomic(&path, &body).map_err(io)
+}
+
+fn remove_marker(ctx: &Ctx, source: &Path) {
+    if let Ok(p) = marker_path(ctx, source) {
+        let _ = std::fs::remove_file(p);
+    }
+}
+
+/// The job object on the bus.
+pub struct Job {
+    source: String,
+    owner: u32,
+    stop: Arc<AtomicBool>,
+    cancelled: Arc<AtomicBool>,
+    state: Arc<Mutex<String>>,
+}
+
+#[interface(name = "org.dirseal.Dirseal1.Job")]
+impl Job {
+    /// The directory being converted.
+    #[zbus(property)]
+    fn dir(&self) -> String {
+        self.source.clone()
+    }
+
+    /// The uid of the user the conversion runs for.
+    #[zbus(property)]
+    fn owner(&self) -> u32 {
+        self.owner
+    }
+
+    /// "running", then the final state: "done", "swapped" (backup kept), "aborted" (cancelled:
+    /// the directory is as it was), "interrupted" (the service stopped; it resumes), "failed".
+    #[zbus(property)]
+    fn state(&self) -> String {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Stops the conversion at its next checkpoint and, before the swap, removes the copy so the
+    /// directory stays as it was. Only its owner or root may cancel it.
+    async fn cancel(
+        &self,
+        #[zbus(header)] hdr: zbus::message::Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> Result<()> {
+        let caller = Caller::of(conn, &hdr).await?;
+        if !caller.is_root() && caller.uid != self.owner {
+            return Err(Error::denied(format!(
+                "this conversion of {} belongs to uid {}; only they or root may cancel it",
+                self.source, self.owner
+            )));
+        }
+        eprintln!("dirsealed: Cancel({}) by uid {}", self.source, caller.uid);
+        self.cancelled.store(true, Ordering::SeqCst);
+        self.stop.store(true, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Where the conversion is: `phase` ("scanning", "copying", "verifying", "swapping",
+    /// "disposing", ...), bytes and entries done and in total, and an estimate of the seconds left
+    /// in this phase (-1 while unknown). At most four per second, and one at each phase change.
+    #[zbus(signal)]
+    async fn progress(
+        emitter: &SignalEmitter<'_>,
+        phase: &str,
+        bytes_done: u64,
+        bytes_total: u64,
+        files_done: u64,
+        files_total: u64,
+        eta_seconds: i64,
+    ) -> zbus::Result<()>;
+
+    /// The conversion ended: `state` as the State property, with the entries and bytes copied and
+    /// the directory's policy.
+    #[zbus(signal)]
+    async fn finished(
+        emitter: &SignalEmitter<'_>,
+        state: &str,
+        files: u64,
+        bytes: u64,
+        policy: &str,
+    ) -> zbus::Result<()>;
+
+    /// The conversion stopped on an error: its D-Bus error name and the message, which says what
+    /// to do next (nothing is lost; `Convert` again resumes).
+    #[zbus(signal)]
+    async fn failed(emitter: &SignalEmitter<'_>, error: &str, message: &str) -> zbus::Result<()>;
+}
+
+/// Throttled progress signals with an ETA from the rate within the current phase.
+struct Reporter {
+    conn: Connection,
+    path: OwnedObjectPath,
+    last: Mutex<Option<(Instant, String, Instant, u64)>>,
+}
+
+impl Reporter {
+    fn report(&self, p: &Progress) {
+        let now = Instant::now();
+        let eta;
+        {
+            let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+            let same_phase = last.as_ref().is_some_and(|(_, ph, _, _)| *ph == p.phase);
+            if same_phase && last.as_ref().is_some_and(|(t, ..)| now.duration_since(*t) < PROGRESS_EVERY) {
+                return;
+            }
+            let (start, start_bytes) = match last.as_ref() {
+                Some((_, _, s, b)) if same_phase => (*s, *b),
+                _ => (now, p.bytes_done),
+            };
+            let secs = now.duration_since(start).as_secs_f64();
+            let done = p.bytes_done.saturating_sub(start_bytes) as f64;
+            eta = if secs > 0.5 && done > 0.0 {
+                (p.bytes_total.saturating_sub(p.bytes_done) as f64 / (done / secs)).round() as i64
+            } else {
+                -1
+            };
+            *last = Some((now, p.phase.clone(), start, start_bytes));
+        }
+        if let Ok(e) = SignalEmitter::new(&self.conn, self.path.as_ref()) {
+            let _ = zbus::block_on(Job::progress(
+                &e,
+                &p.phase,
+                p.bytes_done,
+                p.bytes_total,
+                p.files_done,
+                p.files_total,
+                eta,
+            ));
+        }
+    }
+}
+
+/// What a job needs to run: a checked plan and the protector for a new conversion.
+pub struct Start {
+    pub ds: Dirseal,
+    pub plan: Plan,
+    /// The protector of a new conversion (unused by a resumed one).
+    pub enrol: Option<Enrol>,
+    pub secrets: Secrets,
+    pub owner: u32,
+}
+
+/// Puts the job object on the bus and starts its thread; returns the object path.
+pub fn spawn(ctx: &Arc<Ctx>, conn: &Connection, start: Start) -> Result<OwnedObjectPath> {
+    let n = ctx.jobs.next.fetch_add(1, Ordering::SeqCst) + 1;
+    let path = OwnedObjectPath::try_from(format!("/org/dirseal/Dirseal1/jobs/{n}"))
+        .map_err(|e| Error::failed(format!("job path: {e}")))?;
+    let source = start.plan.source.clone();
+    let stop = Arc::new(AtomicBool::new(false));
+    let cancelled = Arc::new(AtomicBool::new(false));
+    let state = Arc::new(Mutex::new("running".to_string()));
+    let job = Job {
+        source: source.display().to_string(),
+        owner: start.owner,
+        stop: Arc::clone(&stop),
+        cancelled: Arc::clone(&cancelled),
+        state: Arc::clone(&state),
+    };
+    zbus::block_on(conn.object_server().at(path.as_ref(), job))?;
+    write_marker(ctx, &source, start.owner)?;
+    let (ctx2, conn2, path2, stop2) = (Arc::clone(ctx), conn.clone(), path.clone(), Arc::clone(&stop));
+    let thread = std::thread::Builder::new()
+        .name(format!("job {n}"))
+        .spawn(move || {
+            let run = std::panic::AssertUnwindSafe(|| run(&ctx2, &conn2, &path2, start, &stop2, &cancelled, &state));
+            if let Err(p) = std::panic::catch_unwind(run) {
+                let msg = p.downcast_ref::<&str>().map(|s| s.to_string()).unwrap_or_default();
+                eprintln!("dirsealed: job {} panicked: {msg}", path2.as_str());
+            }
+        })
+        .map_err(|e| Error::failed(format!("starting the job thread: {e}")))?;
+    let mut list = ctx.jobs.running.lock().unwrap_or_else(|e| e.into_inner());
+    list.retain(|r| !r.thread.is_finished());
+    list.push(Running { source, path: path.clone(), stop, thread });
+    Ok(path)
+}
+
+fn run(
+    ctx: &Ctx,
+    conn: &Connection,
+    path: &OwnedObjectPath,
+    start: Start,
+    stop: &AtomicBool,
+    cancelled: &AtomicBool,
+    state: &Mutex<String>,
+) {
+    let Start { mut ds, plan, enrol, mut secrets, owner } = start;
+    let source = plan.source.clone();
+    let reporter = Reporter { conn: conn.clone(), path: path.clone(), last: Mutex::new(None) };
+    let progress = |p: &Progress| reporter.report(p);
+    let hooks = Hooks { progress: &progress, stop };
+    // A resume without a named protector unlocks the staging key with the policy's only one.
+    let nothing = ProtectorChoice::New(dirseal::ops::NewProtector {
+        name: "",
+        uid: None,
+        kind: dirseal::protector::NewKind::Password(Default::default()),
+    });
+    let choice = enrol.as_ref().map_or(nothing, Enrol::choice);
+    let result = convert::run(&mut ds, plan, choice, &mut secrets, &hooks);
+    let emitter = SignalEmitter::new(conn, path.as_ref()).ok();
+    let set = |s: &str| *state.lock().unwrap_or_else(|e| e.into_inner()) = s.to_string();
+    let log = |what: &str| eprintln!("dirsealed: job {} ({}, uid {owner}): {what}", path.as_str(), source.display());
+    match result {
+        Ok(Converted { outcome, .. }) => {
+            let word = outcome.state.to_string();
+            set(&word);
+            log(&word);
+            remove_marker(ctx, &source);
+            if let Some(e) = &emitter {
+                let _ = zbus::block_on(Job::finished(e, &word, outcome.files, outcome.bytes, &outcome.token));
+            }
+        }
+        Err(ConvertError::Migrate(MigrateError::Interrupted { state: at })) if cancelled.load(Ordering::SeqCst) => {
+            // Before the swap the copy goes and the original stays; after it, the conversion
+            // cannot be undone by a cancel and is reported as interrupted (it resumes).
+            let idle = AtomicBool::new(false);
+            let hooks = Hooks { progress: &progress, stop: &idle };
+            let before_swap = matches!(at, State::Prepared | State::Copying | State::Copied | State::Verified);
+            let r = if before_swap {
+                Some(convert::finish(&ds, &source, Finish::Abort, &mut secrets, &hooks))
+            } else {
+                None
+            };
+            match r {
+                Some(Ok(o)) => {
+                    set("aborted");
+                    log("cancelled; aborted, the directory is as it was");
+                    remove_marker(ctx, &source);
+                    if let Some(e) = &emitter {
+                        let _ = zbus::block_on(Job::finished(e, "aborted", o.files, o.bytes, &o.token));
+                    }
+                }
+                Some(Err(err)) => fail(ctx, &source, &emitter, &set, &log, Error::from(err)),
+                None => {
+                    set("interrupted");
+                    log("cancelled after the swap; it resumes with the next Convert call");
+                    if let Some(e) = &emitter {
+                        let _ = zbus::block_on(Job::failed(
+                            e,
+                            "org.dirseal.Dirseal1.Error.Failed",
+                            "the conversion was past the swap and cannot be cancelled; call Convert again to finish it",
+                        ));
+                    }
+                }
+            }
+        }
+        Err(ConvertError::Migrate(MigrateError::Interrupted { .. })) if ctx.jobs.shutdown.load(Ordering::SeqCst) => {
+            // The marker stays: the next start of the service resumes it.
+            set("interrupted");
+            log("interrupted by the service stopping; it resumes when the service starts");
+        }
+        Err(e) => fail(ctx, &source, &emitter, &set, &log, Error::from(e)),
+    }
+}
+
+fn fail(
+    ctx: &Ctx,
+    source: &Path,
+    emitter: &Option<SignalEmitter<'_>>,
+    set: &dyn Fn(&str),
+    log: &dyn Fn(&str),
+    err: Error,
+) {
+    set("failed");
+    log(&err.to_string());
+    remove_marker(ctx, source);
+    if let Some(e) = emitter {
+        let _ = zbus::block_on(Job::failed(e, err.kind.name(), &err.message));
+    }
+}
+
+/// At start: resumes the conversions this service was running when it last stopped, where the
+/// staging key is still loaded. Others wait for a `Convert` call with a secret.
+pub fn resume_recorded(ctx: &Arc<Ctx>, conn: &Connection) {
+    let Ok(entries) = std::fs::read_dir(ctx.run_dir.join("jobs")) else { return };
+    for e in entries.flatten() {
+        let path = e.path();
+        let marker = dirseal::securefile::read_private(&path, 64 * 1024)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<Marker>(&b).ok());
+        let Some(m) = marker else {
+            eprintln!("dirsealed: ignoring unreadable job record {}", path.display());
+            let _ = std::fs::remove_file(&path);
+            continue;
+        };
+        let r = (|| -> Result<OwnedObjectPath> {
+            let ds = ctx.open()?;
+            let idle = AtomicBool::new(false);
+            let hooks = Hooks { progress: &|_| {}, stop: &idle };
+            let plan = convert::plan(&ds, &m.source, Default::default(), &hooks)?;
+            match &plan.what {
+                Planned::Resume { staging_key: None, .. } => {}
+                Planned::Resume { staging_key: Some(_), .. } => {
+                    return Err(Error::new(
+                        Kind::NotFound,
+                        "its staging key is not loaded: Convert with a secret resumes it",
+                    ))
+                }
+                Planned::New { .. } => return Err(Error::new(Kind::NotFound, "no unfinished conversion is recorded")),
+            }
+            let start = Start { ds, plan, enrol: None, secrets: Secrets::default(), owner: m.uid };
+            spawn(ctx, conn, start)
+        })();
+        match r {
+            Ok(job) => eprintln!("dirsealed: resumed the conversion of {} as {}", m.source.display(), job.as_str()),
+            Err(e) => {
+                eprintln!("dirsealed: not resuming the conversion of {}: {e}", m.source.display());
+                if e.kind != Kind::NotFound || !e.message.contains("staging key") {
+                    let _ = std::fs::remove_file(&path);
+                }
+            }
+        }
+    }
+}

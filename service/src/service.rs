@@ -1,0 +1,814 @@
+//! `org.dirseal.Dirseal1` at `/org/dirseal/Dirseal1`: the operations of [`dirseal::ops`] for callers
+//! on the system bus, each authorized against the caller's uid (docs/dbus.md).
+//!
+//! Every method: learn the caller's uid from the bus, then run the work on a blocking thread,
+//! one operation at a time (Argon2 is memory-hard: parallel calls must not multiply its memory),
+//! inside `catch_unwind`, and log one line naming the method, the caller and the outcome — never a
+//! secret.
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::MetadataExt;
+use std::panic::AssertUnwindSafe;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use dirseal::ids::ProtectorId;
+use dirseal::keystore::{KeystoreError, PolicyRecord};
+use dirseal::ops::{self, Dirseal, NewProtector, Pick, ProtectorChoice};
+use dirseal::protector::{KindOptions, NewKind, ProtectorKind, ProtectorRecord};
+use dirseal::secret::Passphrase;
+use dirseal::ui::{Question, SecretPrompt, Ui, UiError};
+use futures_lite::FutureExt;
+use zbus::message::Header;
+use zbus::zvariant::{self, OwnedValue, SerializeDict, Type};
+use zbus::{interface, Connection};
+
+use crate::auth::{user_name, Caller};
+use crate::error::{Error, Kind, Result};
+use crate::fdio::{read_secret, write_secret};
+use crate::jobs::{self, Jobs};
+
+pub const BUS_NAME: &str = "org.dirseal.Dirseal1";
+pub const OBJECT_PATH: &str = "/org/dirseal/Dirseal1";
+
+/// Where the service finds its files: from its command line, never the environment.
+pub struct Ctx {
+    pub config: PathBuf,
+    pub keystore: Option<PathBuf>,
+    /// Root-only; records of running conversions (see [`crate::jobs`]).
+    pub run_dir: PathBuf,
+    pub jobs: Jobs,
+    /// One operation at a time.
+    work: Mutex<()>,
+}
+
+impl Ctx {
+    pub fn new(config: PathBuf, keystore: Option<PathBuf>, run_dir: PathBuf) -> Ctx {
+        Ctx { config, keystore, run_dir, jobs: Jobs::default(), work: Mutex::new(()) }
+    }
+
+    /// Opened per call, so changes made meanwhile by the CLI (config, records) are always seen.
+    pub fn open(&self) -> Result<Dirseal> {
+        Ok(Dirseal::open(&self.config, self.keystore.as_deref())?)
+    }
+}
+
+/// The secrets a call brought, handed to the library as its [`Ui`] asks for them.
+#[derive(Default)]
+pub struct Secrets {
+    /// Current secrets of existing protectors; `None` answers for whichever the library picks.
+    current: Vec<(Option<ProtectorId>, Passphrase)>,
+    new: Option<Passphrase>,
+    recovery: Option<Passphrase>,
+}
+
+impl Ui for Secrets {
+    fn secret(&mut self, prompt: &SecretPrompt<'_>) -> std::result::Result<Passphrase, UiError> {
+        let found = match prompt {
+            SecretPrompt::Password { id, .. } | SecretPrompt::Pin { id, .. } => {
+                let at = self
+                    .current
+                    .iter()
+                    .position(|(k, _)| *k == Some(**id))
+                    .or_else(|| self.current.iter().position(|(k, _)| k.is_none()));
+                at.map(|i| self.current.remove(i).1)
+            }
+            // A security key's own PIN, asked while a protector is created on it, is the new
+            // protector's secret as far as the caller is concerned.
+            SecretPrompt::NewPassword { .. } | SecretPrompt::NewPin { .. } | SecretPrompt::KeyPin { .. } => {
+                self.new.take()
+            }
+            SecretPrompt::RecoveryKey { .. } => self.recovery.take(),
+        };
+        found.ok_or_else(|| UiError::NoInput { hint: "the call carried no secret for this step".into() })
+    }
+
+    /// The call itself is the consent to a conversion; recovery keys are made by `RecoveryAdd`.
+    fn confirm(&mut self, q: &Question<'_>) -> std::result::Result<bool, UiError> {
+        Ok(matches!(q, Question::Convert { .. }))
+    }
+}
+
+/// One protector as `ListProtectors` and `GetStatus` show it.
+#[derive(SerializeDict, Type)]
+#[zvariant(signature = "a{sv}")]
+pub struct ProtectorInfo {
+    id: String,
+    name: String,
+    kind: String,
+    /// Absent for protectors that belong to no user.
+    uid: Option<u32>,
+    policies: Option<Vec<String>>,
+}
+
+impl ProtectorInfo {
+    fn of(s: &ops::ProtectorSummary, policies: Option<Vec<String>>) -> ProtectorInfo {
+        ProtectorInfo { id: s.id.to_string(), name: s.name.clone(), kind: s.kind.to_string(), uid: s.uid, policies }
+    }
+}
+
+#[derive(SerializeDict, Type)]
+#[zvariant(signature = "a{sv}")]
+pub struct Status {
+    path: String,
+    encrypted: bool,
+    /// The policy (kernel key identifier); empty when not encrypted.
+    policy: String,
+    /// "locked", "unlocked", "partially-locked"; empty when not encrypted.
+    key: String,
+    managed: bool,
+    protectors: Vec<ProtectorInfo>,
+    problems: Vec<String>,
+    recovery_key: bool,
+    /// State of a recorded conversion ("copying", "done", ...); empty when none.
+    conversion: String,
+}
+
+#[derive(SerializeDict, Type)]
+#[zvariant(signature = "a{sv}")]
+pub struct BusyInfo {
+    pid: u32,
+    comm: String,
+    uid: u32,
+    how: String,
+}
+
+#[derive(SerializeDict, Type)]
+#[zvariant(signature = "a{sv}")]
+pub struct LockInfo {
+    locked: bool,
+    files_busy: bool,
+    other_users: bool,
+    busy: Vec<BusyInfo>,
+}
+
+fn parse_protector_id(s: &str) -> Result<ProtectorId> {
+    s.parse().map_err(|e| Error::invalid(format!("protector: {e}")))
+}
+
+fn panic_error(p: Box<dyn std::any::Any + Send>) -> Error {
+    let what = p
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown".into());
+    Error::failed(format!(
+        "internal error in dirsealed ({what}); nothing more was done. Please report it with the service's log"
+    ))
+}
+
+fn log_outcome<T>(method: &str, caller: &Caller, target: &str, r: &Result<T>) {
+    let who = format!("uid {}", caller.uid);
+    match r {
+        Ok(_) => eprintln!("dirsealed: {method}({target}) by {who}: ok"),
+        Err(e) => eprintln!("dirsealed: {method}({target}) by {who}: {e}"),
+    }
+}
+
+/// The owner of `dir` when it is a real (non-root) account: a new password protector for a
+/// directory belongs to its owner, so PAM later matches it by uid.
+fn owner_of(dir: &Path) -> Option<u32> {
+    let uid = std::fs::symlink_metadata(dir).ok()?.uid();
+    (uid != 0).then_some(uid)
+}
+
+pub struct Service {
+    ctx: Arc<Ctx>,
+}
+
+impl Service {
+    pub fn new(ctx: Arc<Ctx>) -> Service {
+        Service { ctx }
+    }
+
+    /// Authorizes the caller and runs `work` on a blocking thread, one call at a time, with panics
+    /// caught and the outcome logged.
+    async fn call<T, F>(
+        &self,
+        method: &'static str,
+        target: String,
+        conn: &Connection,
+        hdr: &Header<'_>,
+        work: F,
+    ) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Ctx, &Caller) -> Result<T> + Send + 'static,
+    {
+        let ctx = Arc::clone(&self.ctx);
+        let fut = async move {
+            let caller = Caller::of(conn, hdr).await?;
+            blocking::unblock(move || {
+                let _one = ctx.work.lock().unwrap_or_else(|e| e.into_inner());
+                let r = std::panic::catch_unwind(AssertUnwindSafe(|| work(&ctx, &caller)))
+                    .unwrap_or_else(|p| Err(panic_error(p)));
+                log_outcome(method, &caller, &target, &r);
+                r
+            })
+            .await
+        };
+        AssertUnwindSafe(fut).catch_unwind().await.unwrap_or_else(|p| Err(panic_error(p)))
+    }
+}
+
+/// The protector a call names for `policy`, or — when it names none — the one to use: the caller's
+/// own when they are not root (exactly one of theirs must open the policy), else the library's pick.
+fn choose(ds: &Dirseal, caller: &Caller, policy: &PolicyRecord, named: &str, what: &str) -> Result<Pick> {
+    if !named.is_empty() {
+        let id = parse_protector_id(named)?;
+        let rec = ds.keystore().protector(&id)?;
+        caller.check_protector(&rec)?;
+        return Ok(Pick { protector: Some(id) });
+    }
+    if caller.is_root() {
+        return Ok(Pick::default());
+    }
+    let (list, _) = ds.protectors_of(policy);
+    let mine: Vec<&ProtectorRecord> = list.iter().filter(|r| r.uid == Some(caller.uid)).collect();
+    match mine.as_slice() {
+        [one] => Ok(Pick { protector: Some(one.id) }),
+        [] => Err(Error::denied(format!("no protector of yours (uid {}) opens {what}", caller.uid))),
+        many => Err(Error::invalid(format!(
+            "several of your protectors open {what} ({}); name one",
+            many.iter().map(|r| format!("{} {}", r.id, r.name)).collect::<Vec<_>>().join(", ")
+        ))),
+    }
+}
+
+/// The protector a call enrols: an existing one (proved by the call's secret) or a new password
+/// protector. A user's new protector always belongs to them; root's to the directory's owner (or
+/// to nobody when root owns it). Owned, so a job thread can carry it.
+pub struct Enrol {
+    existing: Option<ProtectorId>,
+    name: String,
+    uid: Option<u32>,
+}
+
+impl Enrol {
+    /// `named` empty: a new password protector named `given` (else its user's login name, else
+    /// "password") whose password is `secret`; otherwise that existing protector, which must be
+    /// the caller's, proved by `secret`.
+    fn new(
+        ds: &Dirseal,
+        caller: &Caller,
+        dir: &Path,
+        named: &str,
+        given: &str,
+        secret: Passphrase,
+        secrets: &mut Secrets,
+    ) -> Result<Enrol> {
+        let uid = if caller.is_root() { owner_of(dir) } else { Some(caller.uid) };
+        let name = match (given.is_empty(), uid) {
+            (false, _) => given.to_string(),
+            (true, Some(u)) => user_name(u),
+            (true, None) => "password".into(),
+        };
+        if named.is_empty() {
+            secrets.new = Some(secret);
+            return Ok(Enrol { existing: None, name, uid });
+        }
+        let id = parse_protector_id(named)?;
+        caller.check_protector(&ds.keystore().protector(&id)?)?;
+        secrets.current.push((Some(id), secret));
+        Ok(Enrol { existing: Some(id), name, uid })
+    }
+
+    pub fn choice(&self) -> ProtectorChoice<'_> {
+        match self.existing {
+            Some(id) => ProtectorChoice::Existing(id),
+            None => ProtectorChoice::New(NewProtector {
+                name: &self.name,
+                uid: self.uid,
+                kind: NewKind::Password(Default::default()),
+            }),
+        }
+    }
+}
+
+fn is_incorrect(e: &Error) -> bool {
+    e.kind == Kind::IncorrectSecret
+}
+
+#[interface(name = "org.dirseal.Dirseal1")]
+impl Service {
+    /// Encryption state of a directory, its key status, protectors, recovery key and conversion.
+    #[zbus(out_args("status"))]
+    async fn get_status(
+        &self,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+        dir: String,
+    ) -> Result<Status> {
+        self.call("GetStatus", dir.clone(), conn, &hdr, move |ctx, caller| {
+            let path = caller.directory(&dir)?;
+            let ds = Dirseal::open_existing(&ctx.config, ctx.keystore.as_deref())?;
+            let st = ds.dir_status(&path)?;
+            let conversion = dirseal::convert::absolute(&path)
+                .ok()
+                .and_then(|abs| dirseal::convert::status(&abs).ok().flatten())
+                .map(|v| v.state.to_string())
+                .unwrap_or_default();
+            let recovery_key = st.encrypted && dirseal::recovery::read_blob(&path).is_ok_and(|b| b.is_some());
+            Ok(Status {
+                path: st.path.display().to_string(),
+                encrypted: st.encrypted,
+                policy: st.policy.map(|p| p.to_string()).unwrap_or_default(),
+                key: st.key.unwrap_or_default().to_string(),
+                managed: st.managed,
+                protectors: st.protectors.iter().map(|p| ProtectorInfo::of(p, None)).collect(),
+                problems: st.problems,
+                recovery_key,
+                conversion,
+            })
+        })
+        .await
+    }
+
+    /// Loads the directory's key; `protector` may be empty when one of the caller's opens it.
+    async fn unlock(
+        &self,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+        dir: String,
+        protector: String,
+        secret: zvariant::OwnedFd,
+    ) -> Result<()> {
+        self.call("Unlock", dir.clone(), conn, &hdr, move |ctx, caller| {
+            let path = caller.directory(&dir)?;
+            let secret = read_secret(secret.into(), "secret")?;
+            let ds = ctx.open()?;
+            let policy = ds.policy_of(&path)?;
+            let pick = choose(&ds, caller, &policy, &protector, &dir)?;
+            ds.unlock(&path, pick, &mut Secrets { current: vec![(pick.protector, secret)], ..Default::default() })?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// Removes the directory's key; files still open keep it partly unlocked (see `busy`).
+    #[zbus(out_args("report"))]
+    async fn lock(
+        &self,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+        dir: String,
+        all_users: bool,
+    ) -> Result<LockInfo> {
+        self.call("Lock", dir.clone(), conn, &hdr, move |ctx, caller| {
+            let path = caller.directory(&dir)?;
+            let ds = Dirseal::open_existing(&ctx.config, ctx.keystore.as_deref())?;
+            let r = ds.lock(&path, all_users)?;
+            Ok(LockInfo {
+                locked: r.locked,
+                files_busy: r.files_busy,
+                other_users: r.other_users,
+                busy: r
+                    .busy
+                    .into_iter()
+                    .map(|b| BusyInfo { pid: b.pid, comm: b.comm, uid: b.uid, how: b.how })
+                    .collect(),
+            })
+        })
+        .await
+    }
+
+    /// Encrypts an empty directory. With `protector` empty, `secret` is the password of a new
+    /// protector; otherwise it proves that existing protector. Returns (policy, protector).
+    #[zbus(out_args("policy", "protector"))]
+    async fn encrypt(
+        &self,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+        dir: String,
+        protector: String,
+        secret: zvariant::OwnedFd,
+    ) -> Result<(String, String)> {
+        self.call("Encrypt", dir.clone(), conn, &hdr, move |ctx, caller| {
+            let path = caller.directory(&dir)?;
+            let secret = read_secret(secret.into(), "secret")?;
+            let mut ds = ctx.open()?;
+            let mut secrets = Secrets::default();
+            let enrol = Enrol::new(&ds, caller, &path, &protector, "", secret, &mut secrets)?;
+            let (policy, _master) = ds.encrypt(&path, enrol.choice(), &mut secrets)?;
+            // Invariant: a new policy has exactly the protector it was created with.
+            let pid = policy.wrapped.keys().next().map(ToString::to_string).unwrap_or_default();
+            Ok((policy.id.to_string(), pid))
+        })
+        .await
+    }
+
+    /// The caller's protectors (root: all), each with the policies it opens.
+    #[zbus(out_args("protectors"))]
+    async fn list_protectors(
+        &self,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> Result<Vec<ProtectorInfo>> {
+        self.call("ListProtectors", String::new(), conn, &hdr, move |ctx, caller| {
+            let ds = Dirseal::open_existing(&ctx.config, ctx.keystore.as_deref())?;
+            let ks = ds.keystore();
+            let policies: Vec<PolicyRecord> = ks.policies()?.into_iter().filter_map(|(_, p)| p.ok()).collect();
+            let mut out = Vec::new();
+            for (_, rec) in ks.protectors()? {
+                let Ok(rec) = rec else { continue };
+                if caller.check_protector(&rec).is_err() {
+                    continue;
+                }
+                let used = policies.iter().filter(|p| p.wrapped.contains_key(&rec.id)).map(|p| p.id.to_string());
+                out.push(ProtectorInfo::of(&ops::ProtectorSummary::of(&rec), Some(used.collect())));
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    /// Creates a protector named `name`: by default a password protector with password `secret`.
+    /// Options: `kind` (s: "password" or "tpm2"; `secret` is then the PIN), `no_pin` (b, tpm2:
+    /// no PIN, `secret` is ignored), `uid` (u, root only: whose protector it is; a user's
+    /// protector is always their own). Returns its id.
+    #[zbus(out_args("protector"))]
+    async fn create_protector(
+        &self,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+        name: String,
+        secret: zvariant::OwnedFd,
+        options: HashMap<String, OwnedValue>,
+    ) -> Result<String> {
+        self.call("CreateProtector", name.clone(), conn, &hdr, move |ctx, caller| {
+            let mut uid = None;
+            let mut kind = "password".to_string();
+            let mut opts = KindOptions::default();
+            let bad = |o: &str, t: &str| Error::invalid(format!("option {o} must be of type {t}"));
+            for (k, v) in &options {
+                match k.as_str() {
+                    "uid" => uid = Some(u32::try_from(v).map_err(|_| bad("uid", "u"))?),
+                    "kind" => {
+                        kind = String::try_from(v.try_clone().map_err(|_| bad("kind", "s"))?)
+                            .map_err(|_| bad("kind", "s"))?
+                    }
+                    "no_pin" => opts.no_pin = bool::try_from(v).map_err(|_| bad("no_pin", "b"))?,
+                    other => return Err(Error::invalid(format!("unknown option {other:?}; known: kind, no_pin, uid"))),
+                }
+            }
+            if !caller.is_root() && uid.is_some_and(|u| u != caller.uid) {
+                return Err(Error::denied("only root may create a protector for another user"));
+            }
+            let kind = NewKind::named(&kind, &opts)?;
+            let secret = read_secret(secret.into(), "secret")?;
+            let mut ds = ctx.open()?;
+            let uid = if caller.is_root() { uid } else { Some(caller.uid) };
+            let n = NewProtector { name: &name, uid, kind };
+            let (rec, _) = ds.create_protector(&n, &mut Secrets { new: Some(secret), ..Default::default() })?;
+            Ok(rec.id.to_string())
+        })
+        .await
+    }
+
+    /// Deletes a protector that no policy uses any more.
+    async fn remove_protector(
+        &self,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+        protector: String,
+    ) -> Result<()> {
+        self.call("RemoveProtector", protector.clone(), conn, &hdr, move |ctx, caller| {
+            let id = parse_protector_id(&protector)?;
+            let ds = ctx.open()?;
+            match ds.keystore().protector(&id) {
+                Ok(rec) => caller.check_protector(&rec)?,
+                // An unreadable file names no owner: only root may remove it.
+                Err(KeystoreError::Corrupt { .. }) if caller.is_root() => {}
+                Err(e) => return Err(e.into()),
+            }
+            ds.remove_protector(&id)?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// Lets another protector open the directory, proved by one that already does (`with`, empty:
+    /// the caller's own). `new` empty creates a password protector `new_name` with `new_secret`;
+    /// otherwise `new_secret` proves that existing protector. Returns the added protector's id.
+    #[allow(clippy::too_many_arguments)]
+    #[zbus(out_args("protector"))]
+    async fn add_protector_to_policy(
+        &self,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+        dir: String,
+        with: String,
+        with_secret: zvariant::OwnedFd,
+        new: String,
+        new_secret: zvariant::OwnedFd,
+        new_name: String,
+    ) -> Result<String> {
+        self.call("AddProtectorToPolicy", dir.clone(), conn, &hdr, move |ctx, caller| {
+            let path = caller.directory(&dir)?;
+            let with_secret = read_secret(with_secret.into(), "with_secret")?;
+            let new_secret = read_secret(new_secret.into(), "new_secret")?;
+            let mut ds = ctx.open()?;
+            let policy = ds.policy_of(&path)?;
+            let pick = choose(&ds, caller, &policy, &with, &dir)?;
+            let mut secrets = Secrets { current: vec![(pick.protector, with_secret)], ..Default::default() };
+            let enrol = Enrol::new(&ds, caller, &path, &new, &new_name, new_secret, &mut secrets)?;
+            let rec = ds.add_protector_to_policy(&policy.id, pick, enrol.choice(), &mut secrets)?;
+            Ok(rec.id.to_string())
+        })
+        .await
+    }
+
+    /// Stops a protector from opening the directory (another usable one must remain).
+    async fn remove_protector_from_policy(
+        &self,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+        dir: String,
+        protector: String,
+    ) -> Result<()> {
+        self.call("RemoveProtectorFromPolicy", dir.clone(), conn, &hdr, move |ctx, caller| {
+            let path = caller.directory(&dir)?;
+            let id = parse_protector_id(&protector)?;
+            let ds = ctx.open()?;
+            let policy = ds.policy_of(&path)?;
+            match ds.keystore().protector(&id) {
+                Ok(rec) => caller.check_protector(&rec)?,
+                Err(_) if caller.is_root() => {}
+                Err(e) => return Err(e.into()),
+            }
+            ds.remove_protector_from_policy(&policy.id, &id)?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// Changes a protector's password or PIN from `old` to `new` (no data is re-encrypted).
+    async fn change_secret(
+        &self,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+        protector: String,
+        old: zvariant::OwnedFd,
+        new: zvariant::OwnedFd,
+    ) -> Result<()> {
+        self.call("ChangeSecret", protector.clone(), conn, &hdr, move |ctx, caller| {
+            let id = parse_protector_id(&protector)?;
+            let old = read_secret(old.into(), "old")?;
+            let new = read_secret(new.into(), "new")?;
+            let ds = ctx.open()?;
+            caller.check_protector(&ds.keystore().protector(&id)?)?;
+            ds.change_secret(
+                &id,
+                &mut Secrets { current: vec![(Some(id), old)], new: Some(new), ..Default::default() },
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// Whether `secret` opens the protector; changes nothing.
+    #[zbus(out_args("valid"))]
+    async fn verify_secret(
+        &self,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+        protector: String,
+        secret: zvariant::OwnedFd,
+    ) -> Result<bool> {
+        self.call("VerifySecret", protector.clone(), conn, &hdr, move |ctx, caller| {
+            let id = parse_protector_id(&protector)?;
+            let secret = read_secret(secret.into(), "secret")?;
+            let ds = Dirseal::open_existing(&ctx.config, ctx.keystore.as_deref())?;
+            caller.check_protector(&ds.keystore().protector(&id)?)?;
+            match ds.verify_protector(&id, &mut Secrets { current: vec![(Some(id), secret)], ..Default::default() }) {
+                Ok(_) => Ok(true),
+                Err(e) => {
+                    let e = Error::from(e);
+                    if is_incorrect(&e) {
+                        Ok(false)
+                    } else {
+                        Err(e)
+                    }
+                }
+            }
+        })
+        .await
+    }
+
+    /// Encrypts a directory that holds data, in place, as a job: returns the job's object path
+    /// at once (`org.dirseal.Dirseal1.Job`: Progress, Finished, Failed, Cancel). The directory is
+    /// checked first (nothing is written when it is refused). With no `protector` option, `secret`
+    /// is the password of a new protector for the directory's owner; otherwise it proves that
+    /// protector. Calling it for a directory whose conversion was interrupted resumes it (`secret`
+    /// then reloads the staging key after a reboot). Options: `protector` (s), `keep_backup` (b),
+    /// `wipe` (b), `force` (b, root only: convert although the owner is logged in or files are
+    /// open). A user's own home must not be in use by any process, theirs included.
+    #[zbus(out_args("job"))]
+    async fn convert(
+        &self,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+        dir: String,
+        secret: zvariant::OwnedFd,
+        options: HashMap<String, OwnedValue>,
+    ) -> Result<zvariant::OwnedObjectPath> {
+        let bus = conn.clone();
+        let ctx = Arc::clone(&self.ctx);
+        self.call("Convert", dir.clone(), conn, &hdr, move |_, caller| {
+            let path = caller.directory(&dir)?;
+            let mut o = dirseal::convert::Options { recovery_key: Some(false), ..Default::default() };
+            let mut protector = String::new();
+            let bad = |k: &str, t: &str| Error::invalid(format!("option {k} must be of type {t}"));
+            for (k, v) in &options {
+                match k.as_str() {
+                    "protector" => {
+                        protector = String::try_from(v.try_clone().map_err(|_| bad(k, "s"))?).map_err(|_| bad(k, "s"))?
+                    }
+                    "keep_backup" => o.keep_backup = bool::try_from(v).map_err(|_| bad(k, "b"))?,
+                    "wipe" => o.wipe = bool::try_from(v).map_err(|_| bad(k, "b"))?,
+                    "force" => o.force = bool::try_from(v).map_err(|_| bad(k, "b"))?,
+                    other => {
+                        return Err(Error::invalid(format!(
+                            "unknown option {other:?}; known: protector, keep_backup, wipe, force"
+                        )))
+                    }
+                }
+            }
+            if o.force && !caller.is_root() {
+                return Err(Error::denied("only root may force a conversion of a directory in use"));
+            }
+            let secret = read_secret(secret.into(), "secret")?;
+            let ds = ctx.open()?;
+            let source = dirseal::convert::absolute(&path)?;
+            if let Some(job) = ctx.jobs.running_for(&source) {
+                return Ok(job);
+            }
+            if !caller.is_root() {
+                // The caller is logged in by definition, so the owner-is-active check cannot apply;
+                // what must hold is that nothing has the directory open.
+                let users = dirseal_migrate::find_users(&path).unwrap_or_default();
+                if !users.is_empty() {
+                    let list = users.iter().map(|u| format!("pid {} ({}): {}", u.pid, u.comm, u.how)).collect::<Vec<_>>();
+                    return Err(Error::new(
+                        Kind::Busy,
+                        format!("{dir} is in use by {}; close these programs (or log out and convert from another account) and try again", list.join(", ")),
+                    ));
+                }
+                o.force = true;
+            }
+            let idle = std::sync::atomic::AtomicBool::new(false);
+            let hooks = dirseal::convert::Hooks { progress: &|_| {}, stop: &idle };
+            let plan = dirseal::convert::plan(&ds, &path, o, &hooks)?;
+            let mut secrets = Secrets::default();
+            let enrol = Enrol::new(&ds, caller, &path, &protector, "", secret, &mut secrets)?;
+            if let (dirseal::convert::Planned::Resume { .. }, Some(secret)) = (&plan.what, secrets.new.take()) {
+                // Resuming: the secret reloads the staging key with whichever protector it has.
+                secrets.current.push((None, secret));
+            }
+            let start = jobs::Start { ds, plan, enrol: Some(enrol), secrets, owner: owner_of(&path).unwrap_or(0) };
+            jobs::spawn(&ctx, &bus, start)
+        })
+        .await
+    }
+
+    /// Creates the directory's recovery key (proved by a protector, `protector` empty: the caller's
+    /// own) and writes it, one line, to `out`: shown to the user once, never stored in the clear.
+    async fn recovery_add(
+        &self,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+        dir: String,
+        protector: String,
+        secret: zvariant::OwnedFd,
+        out: zvariant::OwnedFd,
+    ) -> Result<()> {
+        self.call("RecoveryAdd", dir.clone(), conn, &hdr, move |ctx, caller| {
+            let path = caller.directory(&dir)?;
+            let secret = read_secret(secret.into(), "secret")?;
+            let out: OwnedFd = out.into();
+            let ds = ctx.open()?;
+            if dirseal::recovery::read_blob(&path)?.is_some() {
+                return Err(dirseal::recovery::RecoveryError::Exists { path }.into());
+            }
+            let policy = ds.policy_of(&path)?;
+            let pick = choose(&ds, caller, &policy, &protector, &dir)?;
+            let (policy, master) = ds.master_key_of_dir(
+                &path,
+                pick,
+                &mut Secrets { current: vec![(pick.protector, secret)], ..Default::default() },
+            )?;
+            let key = dirseal_recovery::RecoveryKey::generate();
+            let mut line = key.to_display();
+            line.push('\n');
+            // Shown before it is saved: a key nobody received must not become the way in.
+            write_secret(out, line.as_bytes(), "out")?;
+            dirseal::recovery::install(&path, &policy.id, &master, &key)?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// Whether the recovery key read from `key` opens the directory; unlocks nothing.
+    #[zbus(out_args("valid"))]
+    async fn recovery_verify(
+        &self,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+        dir: String,
+        key: zvariant::OwnedFd,
+    ) -> Result<bool> {
+        self.call("RecoveryVerify", dir.clone(), conn, &hdr, move |_ctx, caller| {
+            let path = caller.directory(&dir)?;
+            let typed = read_secret(key.into(), "key")?;
+            let key = dirseal::recovery::parse_key(&typed)?;
+            match dirseal::recovery::master_key(&path, &key) {
+                Ok(_) => Ok(true),
+                Err(e) => {
+                    let e = Error::from(e);
+                    if is_incorrect(&e) {
+                        Ok(false)
+                    } else {
+                        Err(e)
+                    }
+                }
+            }
+        })
+        .await
+    }
+
+    /// Unlocks the directory with its recovery key and enrols a protector (existing `protector`
+    /// proved by `secret`, or with `protector` empty a new password protector `name`), rebuilding
+    /// the policy record if the keystore lost it. Returns the enrolled protector's id.
+    #[allow(clippy::too_many_arguments)]
+    #[zbus(out_args("protector"))]
+    async fn recovery_restore(
+        &self,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+        dir: String,
+        key: zvariant::OwnedFd,
+        protector: String,
+        secret: zvariant::OwnedFd,
+        name: String,
+    ) -> Result<String> {
+        self.call("RecoveryRestore", dir.clone(), conn, &hdr, move |ctx, caller| {
+            let path = caller.directory(&dir)?;
+            let key = read_secret(key.into(), "key")?;
+            let secret = read_secret(secret.into(), "secret")?;
+            let mut ds = ctx.open()?;
+            let mut secrets = Secrets { recovery: Some(key), ..Default::default() };
+            let enrol = Enrol::new(&ds, caller, &path, &protector, &name, secret, &mut secrets)?;
+            let (_, prec) = ds.restore_with_recovery(&path, enrol.choice(), &mut secrets)?;
+            Ok(prec.id.to_string())
+        })
+        .await
+    }
+
+    /// Deletes the directory's recovery key (it stops working).
+    async fn recovery_remove(
+        &self,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+        dir: String,
+    ) -> Result<()> {
+        self.call("RecoveryRemove", dir.clone(), conn, &hdr, move |_ctx, caller| {
+            let path = caller.directory(&dir)?;
+            if !dirseal::recovery::remove_blob(&path)? {
+                return Err(Error::new(Kind::NotFound, format!("{dir} has no recovery key; nothing to remove")));
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    /// How many wrong PINs the TPM behind a tpm2 protector still accepts before it locks out.
+    #[zbus(out_args("tries"))]
+    async fn get_tpm_tries_left(
+        &self,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+        protector: String,
+    ) -> Result<u32> {
+        self.call("GetTpmTriesLeft", protector.clone(), conn, &hdr, move |ctx, caller| {
+            let id = parse_protector_id(&protector)?;
+            let ds = Dirseal::open_existing(&ctx.config, ctx.keystore.as_deref())?;
+            let rec = ds.keystore().protector(&id)?;
+            caller.check_protector(&rec)?;
+            if !matches!(rec.kind, ProtectorKind::Tpm2(_)) {
+                return Err(Error::new(
+                    Kind::NotSupported,
+                    format!(
+                        "protector {id} is a {} protector; only tpm2 protectors have a TPM's tries",
+                        rec.kind.name()
+                    ),
+                ));
+            }
+            let tcti = ds.config().tpm2.tcti();
+            let status = dirseal::tpm2::Tpm::open(&tcti)
+                .and_then(|mut t| t.da_status())
+                .map_err(|e| Error::failed(e.to_string()))?;
+            Ok(status.tries_left())
+        })
+        .await
+    }
+}
