@@ -883,7 +883,7 @@ fn managed_tpm_user(s: &Setup, tpm: &dirseal_testfs::Swtpm, pin: &'static str) -
     let mut ds = s.ds();
     let kind = NewKind::named("tpm2", &KindOptions::default()).unwrap();
     let n = NewProtector { name: &u.name, uid: Some(u.uid), kind };
-    ds.encrypt(&u.home, ProtectorChoice::New(n), &mut Answers(vec![pin])).unwrap();
+    ds.encrypt(&u.home, ProtectorChoice::New(n), &mut Scripted::new(&[pin])).unwrap();
     fs::write(u.home.join("diary.txt"), b"dear diary").unwrap();
     assert!(ds.lock(&u.home, false).unwrap().locked);
     u
