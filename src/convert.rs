@@ -79,13 +79,10 @@ fn owner_of(source: &Path) -> Result<Owner, ConvertError> {
     if uid == 0 {
         return Ok(Owner { uid, pids: Vec::new() });
     }
-    let mut pids = Vec::new();
-    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
-        if std::fs::metadata(entry.path()).is_ok_and(|m| m.uid() == uid) {
-            pids.push(pid);
-        }
-    }
+    let pids = dirseal_procs::pids_of_user(uid).map_err(|e| ConvertError::Path {
+        path: source.to_path_buf(),
+        reason: format!("cannot list processes: {e}"),
+    })?;
     Ok(Owner { uid, pids })
 }
 

@@ -128,8 +128,8 @@ pub struct BusyProcess {
     pub how: String,
 }
 
-impl From<dirseal_migrate::ProcessUse> for BusyProcess {
-    fn from(p: dirseal_migrate::ProcessUse) -> Self {
+impl From<dirseal_procs::ProcessUse> for BusyProcess {
+    fn from(p: dirseal_procs::ProcessUse) -> Self {
         BusyProcess { pid: p.pid, comm: p.comm, uid: p.uid, how: p.how }
     }
 }
@@ -498,7 +498,7 @@ impl Dirseal {
         let out = fscrypt::remove_key(&mp, &policy.identifier, all_users)?;
         let status = fscrypt::key_status(&mp, &policy.identifier)?;
         let busy = if out.files_busy {
-            dirseal_migrate::find_users(dir).unwrap_or_default().into_iter().map(BusyProcess::from).collect()
+            dirseal_procs::find_users(dir).unwrap_or_default().into_iter().map(BusyProcess::from).collect()
         } else {
             Vec::new()
         };

@@ -34,8 +34,9 @@ use ctx::Ctx;
 use fault::Point;
 use journal::{HexPath, Journal, Step, Version, Workdir, STAGING};
 
+pub use dirseal_procs::{find_users, ProcessUse};
 pub use journal::Method;
-pub use scan::{census_dirs_listed, find_users};
+pub use scan::census_dirs_listed;
 
 /// What to convert and how.
 #[derive(Clone, Copy, Debug)]
@@ -216,22 +217,6 @@ pub struct StatusView {
     pub wipe: bool,
     /// The old tree, when it is kept in the work dir.
     pub backup: Option<PathBuf>,
-}
-
-/// A process using the directory.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ProcessUse {
-    pub pid: u32,
-    pub comm: String,
-    pub uid: u32,
-    /// "cwd", "root directory", "open file /x/y", "mapped /x/z".
-    pub how: String,
-}
-
-impl fmt::Display for ProcessUse {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "pid {} ({}, uid {}): {}", self.pid, self.comm, self.uid, self.how)
-    }
 }
 
 fn holder(pid: Option<u32>) -> String {
