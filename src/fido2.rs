@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use crate::config::Fido2Config;
-pub use crate::sys::fido2::{AuthenticatorInfo, Device, DevicePath, Fido2Error};
+pub use crate::sys::fido2::{AssertRequest, AuthenticatorInfo, Device, DevicePath, Fido2Error, Pin};
 
 /// The relying party id of every dirseal credential. Fixed: a credential made for it is useless
 /// to any website, and a website's credential is useless here.

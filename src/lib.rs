@@ -2,7 +2,7 @@
 //! behind protectors (kinds in [`protector`]; recovery keys in [`recovery`]).
 //!
 //! The library never prints or prompts: everything that needs a human goes through [`ui::Ui`].
-//! `unsafe` lives only in [`sys`].
+//! `unsafe` lives only in the crate-private `sys` module (kernel calls rustix does not wrap).
 #![deny(unsafe_code)]
 
 pub mod config;
@@ -17,7 +17,7 @@ pub mod protector;
 pub mod recovery;
 pub mod secret;
 pub mod securefile;
-pub mod sys;
+mod sys;
 pub mod tpm2;
 pub mod ui;
 pub mod wrap;

@@ -1,8 +1,8 @@
-//! libfido2 (the production wrapper, `dirseal::sys::fido2`) against the software authenticator,
+//! libfido2 (the production wrapper, `dirseal::fido2`) against the software authenticator,
 //! over the socket transport: the same code path a real key takes from CTAPHID INIT up.
 use std::time::{Duration, Instant};
 
-use dirseal::sys::fido2::{AssertRequest, Device, DevicePath, Fido2Error, Pin};
+use dirseal::fido2::{AssertRequest, Device, DevicePath, Fido2Error, Pin};
 use dirseal_softfido::{Options, PinProtocol, Presence, SoftFido};
 
 const RP: &str = "dirseal:test";

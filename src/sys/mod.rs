@@ -269,14 +269,12 @@ pub fn rename_exchange(
 ) -> Result<(), Errno> {
     let old = component(oldname)?;
     let new = component(newname)?;
-    // nix wraps renameat2 safely; no unsafe needed here.
-    nix::fcntl::renameat2(
-        Some(olddir.as_raw_fd()),
-        old.as_c_str(),
-        Some(newdir.as_raw_fd()),
-        new.as_c_str(),
-        nix::fcntl::RenameFlags::RENAME_EXCHANGE,
-    )
+    rustix::fs::renameat_with(olddir, old.as_c_str(), newdir, new.as_c_str(), rustix::fs::RenameFlags::EXCHANGE)
+        .map_err(errno)
+}
+
+fn errno(e: rustix::io::Errno) -> Errno {
+    Errno::from_raw(e.raw_os_error())
 }
 
 /// Whether `dir/name` has the fscrypt encrypted attribute, via `statx`. An empty `name` asks
@@ -286,20 +284,14 @@ pub fn rename_exchange(
 /// A filesystem that does not report the attribute in `stx_attributes_mask` cannot encrypt, so
 /// the answer is `false`.
 pub fn is_encrypted_at(dir: BorrowedFd<'_>, name: &OsStr, nofollow: bool) -> Result<bool, Errno> {
+    use rustix::fs::{AtFlags, StatxAttributes, StatxFlags};
     let (cname, mut flags) =
-        if name.is_empty() { (CString::default(), libc::AT_EMPTY_PATH) } else { (component(name)?, 0) };
+        if name.is_empty() { (CString::default(), AtFlags::EMPTY_PATH) } else { (component(name)?, AtFlags::empty()) };
     if nofollow {
-        flags |= libc::AT_SYMLINK_NOFOLLOW;
+        flags |= AtFlags::SYMLINK_NOFOLLOW;
     }
-    // Only the attributes are wanted; no cached-vs-synced distinction matters for them.
-    let mut stx = std::mem::MaybeUninit::<libc::statx>::zeroed();
-    // SAFETY: `dir` is live, `cname` is NUL-terminated and outlives the call, and `stx` is a
-    // writable buffer of `struct statx` size. Zero-initialised so every field is valid even if the
-    // kernel fills only part of it.
-    let rc = unsafe { libc::statx(dir.as_raw_fd(), cname.as_ptr(), flags, 0, stx.as_mut_ptr()) };
-    Errno::result(rc)?;
-    // SAFETY: zero bytes are a valid `statx` (plain integers), and the kernel wrote the rest.
-    let stx = unsafe { stx.assume_init() };
-    let bit = libc::STATX_ATTR_ENCRYPTED as u64;
-    Ok(stx.stx_attributes_mask & bit != 0 && stx.stx_attributes & bit != 0)
+    // Only the attributes are wanted: no field needs to be requested in the mask.
+    let stx = rustix::fs::statx(dir, cname.as_c_str(), flags, StatxFlags::empty()).map_err(errno)?;
+    let bit = StatxAttributes::ENCRYPTED;
+    Ok(stx.stx_attributes_mask.contains(bit) && stx.stx_attributes.contains(bit))
 }
