@@ -383,7 +383,7 @@ impl Host for KeyHost<'_> {
 
     fn progress(&self, p: &migrate::Progress) {
         (self.hooks.progress)(&Progress {
-            phase: phase_name(p.phase).to_string(),
+            phase: p.phase.name().to_string(),
             bytes_done: p.bytes_done,
             bytes_total: p.bytes_total,
             files_done: p.files_done,
@@ -433,19 +433,4 @@ pub fn in_progress(dir: &Path) -> Result<bool, ConvertError> {
                 | State::MovingBack
         )
     ))
-}
-
-fn phase_name(p: migrate::Phase) -> &'static str {
-    use migrate::Phase::*;
-    match p {
-        Scanning => "scanning",
-        Copying => "copying",
-        Verifying => "verifying",
-        Swapping => "swapping",
-        Disposing => "disposing",
-        Aborting => "aborting",
-        RollingBack => "rolling back",
-        Moving => "moving",
-        MovingBack => "moving back",
-    }
 }

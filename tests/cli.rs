@@ -13,6 +13,7 @@ fn protector_ids(env: &Env, dir: &std::path::Path) -> Vec<String> {
 
 #[test]
 fn encrypt_lock_unlock_round_trip() {
+    dirseal_testfs::needs_root!();
     let env = Env::new();
     let d = env.mnt().join("secret");
     fs::create_dir(&d).unwrap();
@@ -47,6 +48,7 @@ fn encrypt_lock_unlock_round_trip() {
 
 #[test]
 fn encrypt_refuses_non_empty_and_symlinks() {
+    dirseal_testfs::needs_root!();
     let env = Env::new();
     let d = env.mnt().join("full");
     fs::create_dir(&d).unwrap();
@@ -67,6 +69,7 @@ fn encrypt_refuses_non_empty_and_symlinks() {
 
 #[test]
 fn two_protectors_one_policy_and_one_protector_two_policies() {
+    dirseal_testfs::needs_root!();
     let env = Env::new();
     let a = env.mnt().join("a");
     let b = env.mnt().join("b");
@@ -113,6 +116,7 @@ fn two_protectors_one_policy_and_one_protector_two_policies() {
 
 #[test]
 fn change_password_and_remove_protector() {
+    dirseal_testfs::needs_root!();
     let env = Env::new();
     let d = env.mnt().join("d");
     fs::create_dir(&d).unwrap();
@@ -140,6 +144,7 @@ fn change_password_and_remove_protector() {
 
 #[test]
 fn corrupted_keystore_files_give_clear_errors() {
+    dirseal_testfs::needs_root!();
     let env = Env::new();
     let a = env.mnt().join("a");
     let b = env.mnt().join("b");
@@ -186,6 +191,7 @@ fn corrupted_keystore_files_give_clear_errors() {
 
 #[test]
 fn busy_lock_names_the_process_and_finishes_later() {
+    dirseal_testfs::needs_root!();
     let env = Env::new();
     let d = env.mnt().join("busy");
     fs::create_dir(&d).unwrap();
@@ -218,6 +224,7 @@ fn busy_lock_names_the_process_and_finishes_later() {
 
 #[test]
 fn errors_are_one_line_with_a_hint() {
+    dirseal_testfs::needs_root!();
     let env = Env::new();
     let d = env.mnt().join("plain");
     fs::create_dir(&d).unwrap();
@@ -242,6 +249,7 @@ fn errors_are_one_line_with_a_hint() {
 
 #[test]
 fn filesystem_without_encrypt_feature_is_explained() {
+    dirseal_testfs::needs_root!();
     let env = Env::with(common::Options { encrypt: false, ..Default::default() });
     let d = env.mnt().join("d");
     fs::create_dir(&d).unwrap();
@@ -264,6 +272,7 @@ fn generate_docs_writes_completions_and_man_pages() {
 
 #[test]
 fn argon2_cost_is_calibrated_once_and_flags_override_it() {
+    dirseal_testfs::needs_root!();
     let env = Env::new();
     // No [argon2] in the config: the first protector calibrates (~1 s) and records the cost.
     std::fs::write(env.config(), "").unwrap();
@@ -288,6 +297,7 @@ fn argon2_cost_is_calibrated_once_and_flags_override_it() {
 
 #[test]
 fn lock_all_users_removes_other_users_claims() {
+    dirseal_testfs::needs_root!();
     use std::os::fd::AsRawFd;
     let env = Env::new();
     let d = env.mnt().join("shared");

@@ -101,6 +101,7 @@ fn crash_convert_with(env: &Env, dir: &Path, point: &str, extra: &[&str]) {
 
 #[test]
 fn convert_home_end_to_end() {
+    dirseal_testfs::needs_root!();
     let env = Env::new();
     let home = env.mnt().join("home/alice");
     build_home(&home, fresh_uid());
@@ -133,6 +134,7 @@ fn convert_home_end_to_end() {
 
 #[test]
 fn refusals_change_nothing() {
+    dirseal_testfs::needs_root!();
     let env = Env::new();
     let home = env.mnt().join("home/bob");
     let uid = fresh_uid();
@@ -178,6 +180,7 @@ fn refusals_change_nothing() {
 
 #[test]
 fn keep_backup_then_rollback_or_commit() {
+    dirseal_testfs::needs_root!();
     let env = Env::new();
     let a = env.mnt().join("a");
     let b = env.mnt().join("b");
@@ -206,6 +209,7 @@ fn keep_backup_then_rollback_or_commit() {
 #[cfg(feature = "fault-injection")]
 #[test]
 fn crash_at_every_fault_point_then_resume() {
+    dirseal_testfs::needs_root!();
     use Point::*;
     /// The arrivals at which the CLI test dies at each point of a plain conversion. The match is
     /// exhaustive, so a new engine point needs a decision here; points with no arrivals are reached only by
@@ -268,6 +272,7 @@ fn crash_at_every_fault_point_then_resume() {
 #[cfg(feature = "fault-injection")]
 #[test]
 fn resume_after_reboot_asks_for_the_secret() {
+    dirseal_testfs::needs_root!();
     let mut env = Env::new();
     let home = env.mnt().join("h");
     build_home(&home, fresh_uid());
@@ -287,6 +292,7 @@ fn resume_after_reboot_asks_for_the_secret() {
 #[cfg(feature = "fault-injection")]
 #[test]
 fn abort_before_swap_restores_nothing_needed() {
+    dirseal_testfs::needs_root!();
     let env = Env::new();
     let home = env.mnt().join("h");
     build_home(&home, fresh_uid());
@@ -302,6 +308,7 @@ fn abort_before_swap_restores_nothing_needed() {
 
 #[test]
 fn json_progress_and_result() {
+    dirseal_testfs::needs_root!();
     let env = Env::new();
     let home = env.mnt().join("j");
     build_home(&home, fresh_uid());
@@ -318,6 +325,7 @@ fn json_progress_and_result() {
 
 #[test]
 fn sigkill_at_many_moments_loses_nothing_and_resumes() {
+    dirseal_testfs::needs_root!();
     let env = Env::new();
     let home = env.mnt().join("k");
     build_home(&home, fresh_uid());
@@ -364,6 +372,7 @@ fn sigkill_at_many_moments_loses_nothing_and_resumes() {
 
 #[test]
 fn sigterm_stops_cleanly_and_says_how_to_resume() {
+    dirseal_testfs::needs_root!();
     use std::io::{BufRead, Write};
     let env = Env::new();
     let home = env.mnt().join("t");
@@ -415,6 +424,7 @@ fn sigterm_stops_cleanly_and_says_how_to_resume() {
 
 #[test]
 fn a_filesystem_without_the_encrypt_feature_is_refused_before_anything_is_written() {
+    dirseal_testfs::needs_root!();
     let env = Env::with(common::Options { encrypt: false, ..Default::default() });
     let home = env.mnt().join("h");
     build_home(&home, fresh_uid());
@@ -429,6 +439,7 @@ fn a_filesystem_without_the_encrypt_feature_is_refused_before_anything_is_writte
 
 #[test]
 fn the_new_protector_belongs_to_the_homes_owner() {
+    dirseal_testfs::needs_root!();
     let env = Env::new();
     let uid = fresh_uid();
     let name = format!("dsc{uid}");
@@ -454,6 +465,7 @@ fn the_new_protector_belongs_to_the_homes_owner() {
 
 #[test]
 fn wipe_and_the_status_of_all_conversions() {
+    dirseal_testfs::needs_root!();
     let env = Env::new();
     let a = env.mnt().join("wa");
     let b = env.mnt().join("wb");
@@ -479,27 +491,11 @@ fn wipe_and_the_status_of_all_conversions() {
 /// not walk it again for another census, and the result is the same as through the CLI.
 #[test]
 fn a_conversion_walks_the_tree_once_for_its_census() {
+    dirseal_testfs::needs_root!();
     use dirseal::convert::{self, Hooks, Options, Planned};
     use dirseal::ops::{Dirseal, NewProtector, ProtectorChoice};
     use dirseal::protector::{KindOptions, NewKind};
-    use dirseal::secret::Passphrase;
-    use dirseal::ui::{Question, SecretPrompt, Ui, UiError};
-
-    struct Scripted {
-        confirmed: Vec<String>,
-    }
-    impl Ui for Scripted {
-        fn secret(&mut self, p: &SecretPrompt<'_>) -> Result<Passphrase, UiError> {
-            match p {
-                SecretPrompt::NewPassword { .. } => Ok(Passphrase::from_str_copy("pw")),
-                other => panic!("unexpected prompt {other:?}"),
-            }
-        }
-        fn confirm(&mut self, q: &Question<'_>) -> Result<bool, UiError> {
-            self.confirmed.push(format!("{q:?}"));
-            Ok(matches!(q, Question::Convert { .. }))
-        }
-    }
+    use dirseal_testfs::ui::Scripted;
 
     let env = Env::new();
     let home = env.mnt().join("walked");
@@ -522,16 +518,21 @@ fn a_conversion_walks_the_tree_once_for_its_census() {
 
     let kind = NewKind::named("password", &KindOptions::default()).unwrap();
     let choice = ProtectorChoice::New(NewProtector { name: "owner", uid: None, kind });
-    let mut ui = Scripted { confirmed: Vec::new() };
+    // Yes to every question: the conversion, and a recovery key.
+    let mut ui = Scripted::new(&["pw"]).yes();
     let done = convert::run(&mut ds, plan, choice, &mut ui, &hooks).unwrap();
     assert_eq!(listed() - start, dirs, "running the plan must not walk the tree for a second census");
     assert_eq!(done.outcome.state, dirseal_migrate::State::Done);
-    assert_eq!(done.recovery_key_saved, None);
-    // Confirmation first, then the recovery key question (answered no here).
-    assert!(ui.confirmed[0].starts_with("Convert"), "{:?}", ui.confirmed);
-    assert!(ui.confirmed[1].starts_with("CreateRecoveryKey"), "{:?}", ui.confirmed);
+    assert_eq!(done.recovery_key_saved, Some(true));
+    // Confirmation, then the recovery key (asked, shown), then the new password.
+    let order: Vec<&str> = ui.asked.iter().map(|a| a.split([' ', '{', '(']).nth(1).unwrap_or("")).collect();
+    assert_eq!(order, ["Convert", "CreateRecoveryKey", "key", "NewPassword"], "{:?}", ui.asked);
     assert_eq!(manifest(&home), before);
     assert_eq!(env.status_json(&home)["encrypted"], true);
+    // The key shown is the one saved with the directory.
+    env.ok(&["lock", p(&home)], "");
+    env.ok(&["unlock", "--recovery", p(&home)], &format!("{}\n", ui.recovery_keys[0]));
+    assert_eq!(manifest(&home), before);
 }
 
 /// The flags `lsattr -d` shows for `dir` (`E`: encrypted).

@@ -11,8 +11,9 @@ fn small_fs() -> TestFs {
     TestFs::with(Options { size_mib: 64, ..Options::default() })
 }
 
+/// Names in `dir` as a set (locked and unlocked listings are compared as sets).
 fn names(dir: &Path) -> BTreeSet<String> {
-    fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect()
+    dirseal_testfs::names(dir).into_iter().collect()
 }
 
 /// A fresh encrypted, unlocked, empty directory `name` under the mount.
@@ -28,6 +29,7 @@ fn encrypted_dir(tfs: &TestFs, name: &str) -> (PathBuf, MasterKey, KeyIdentifier
 
 #[test]
 fn lock_hides_names_and_contents_and_unlock_restores_them() {
+    dirseal_testfs::needs_root!();
     let tfs = small_fs();
     let mp = tfs.path();
     fscrypt::check_supported(mp).unwrap();
@@ -88,6 +90,7 @@ fn lock_hides_names_and_contents_and_unlock_restores_them() {
 
 #[test]
 fn kernel_identifier_equals_local_derivation() {
+    dirseal_testfs::needs_root!();
     let tfs = small_fs();
     // The same vector as the unit test, so the unit test is anchored to the kernel.
     let fixed = MasterKey::from_slice(&(0u8..64).collect::<Vec<_>>()).unwrap();
@@ -102,6 +105,7 @@ fn kernel_identifier_equals_local_derivation() {
 
 #[test]
 fn set_policy_refuses_what_it_cannot_encrypt() {
+    dirseal_testfs::needs_root!();
     let tfs = small_fs();
     let mp = tfs.path();
     let id = fscrypt::key_identifier(&MasterKey::random());
@@ -137,6 +141,7 @@ fn set_policy_refuses_what_it_cannot_encrypt() {
 
 #[test]
 fn filesystem_without_encrypt_feature_is_reported_with_a_fix() {
+    dirseal_testfs::needs_root!();
     let tfs = TestFs::with(Options { size_mib: 64, encrypt: false, ..Options::default() });
     let mp = tfs.path();
     let err = fscrypt::check_supported(mp).unwrap_err();
@@ -160,6 +165,7 @@ fn filesystem_without_encrypt_feature_is_reported_with_a_fix() {
 
 #[test]
 fn open_file_keeps_key_incompletely_removed_until_closed() {
+    dirseal_testfs::needs_root!();
     let tfs = small_fs();
     let mp = tfs.path();
     let (dir, _key, id) = encrypted_dir(&tfs, "busy");
@@ -179,6 +185,7 @@ fn open_file_keeps_key_incompletely_removed_until_closed() {
 
 #[test]
 fn mount_point_is_the_filesystem_root() {
+    dirseal_testfs::needs_root!();
     let tfs = small_fs();
     let root = fs::canonicalize(tfs.path()).unwrap();
     let sub = tfs.path().join("a/b");
@@ -197,6 +204,7 @@ fn mount_point_is_the_filesystem_root() {
 
 #[test]
 fn rename_exchange_swaps_an_encrypted_and_a_plain_directory() {
+    dirseal_testfs::needs_root!();
     let tfs = small_fs();
     let parent = tfs.path().join("p");
     fs::create_dir(&parent).unwrap();
@@ -227,6 +235,7 @@ fn rename_exchange_swaps_an_encrypted_and_a_plain_directory() {
 
 #[test]
 fn is_encrypted_does_not_follow_symlinks() {
+    dirseal_testfs::needs_root!();
     let tfs = small_fs();
     let (enc, _key, _id) = encrypted_dir(&tfs, "enc");
     fs::write(enc.join("f"), b"x").unwrap();
@@ -242,6 +251,7 @@ fn is_encrypted_does_not_follow_symlinks() {
 
 #[test]
 fn rename_exchange_never_follows_a_symlink_in_a_parent() {
+    dirseal_testfs::needs_root!();
     let tfs = small_fs();
     let real = tfs.path().join("real");
     fs::create_dir_all(real.join("a")).unwrap();

@@ -28,6 +28,7 @@ fn key_status(env: &Env, d: &Path) -> String {
 
 #[test]
 fn unlock_with_recovery_key_and_verify() {
+    dirseal_testfs::needs_root!();
     let env = Env::new();
     let (d, key) = encrypted_with_key(&env, "a");
     assert_eq!(env.status_json(&d)["recovery_key"], true);
@@ -51,6 +52,7 @@ fn unlock_with_recovery_key_and_verify() {
 
 #[test]
 fn restore_after_the_keystore_is_gone() {
+    dirseal_testfs::needs_root!();
     let env = Env::new();
     let (d, key) = encrypted_with_key(&env, "home");
     env.ok(&["lock", p(&d)], "");
@@ -69,6 +71,7 @@ fn restore_after_the_keystore_is_gone() {
 
 #[test]
 fn every_class_of_typo_is_named_and_unlocks_nothing() {
+    dirseal_testfs::needs_root!();
     let env = Env::new();
     let (d, key) = encrypted_with_key(&env, "t");
     env.ok(&["lock", p(&d)], "");
@@ -100,6 +103,7 @@ fn every_class_of_typo_is_named_and_unlocks_nothing() {
 
 #[test]
 fn a_key_or_blob_from_another_directory_is_refused() {
+    dirseal_testfs::needs_root!();
     let env = Env::new();
     let (a, key_a) = encrypted_with_key(&env, "a");
     let (b, _) = encrypted_with_key(&env, "b");
@@ -126,6 +130,7 @@ fn a_key_or_blob_from_another_directory_is_refused() {
 
 #[test]
 fn corrupted_or_missing_attribute_gives_a_clear_error() {
+    dirseal_testfs::needs_root!();
     let env = Env::new();
     let (d, key) = encrypted_with_key(&env, "c");
     env.ok(&["lock", p(&d)], "");
@@ -152,6 +157,7 @@ fn corrupted_or_missing_attribute_gives_a_clear_error() {
 
 #[test]
 fn convert_offers_a_recovery_key_that_works_at_once() {
+    dirseal_testfs::needs_root!();
     let env = Env::new();
     let home = env.mnt().join("home");
     fs::create_dir(&home).unwrap();

@@ -136,6 +136,23 @@ pub enum Phase {
     MovingBack,
 }
 
+impl Phase {
+    /// The phase's name for progress displays and JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::Scanning => "scanning",
+            Phase::Copying => "copying",
+            Phase::Verifying => "verifying",
+            Phase::Swapping => "swapping",
+            Phase::Disposing => "disposing",
+            Phase::Aborting => "aborting",
+            Phase::RollingBack => "rolling back",
+            Phase::Moving => "moving",
+            Phase::MovingBack => "moving back",
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Progress {
     pub phase: Phase,

@@ -20,6 +20,7 @@ fn ino(p: &Path) -> u64 {
 
 #[test]
 fn every_kind_of_entry_survives_exactly() {
+    dirseal_testfs::needs_root!();
     let c = Case::new();
     build_tree(&c.src);
     let before = manifest(&c.src);
@@ -47,6 +48,7 @@ fn every_kind_of_entry_survives_exactly() {
 
 #[test]
 fn a_resumed_copy_redoes_only_what_was_in_flight() {
+    dirseal_testfs::needs_root!();
     let c = Case::new();
     build_tree(&c.src);
     add_bulk(&c.src, 150, 0);
@@ -75,6 +77,7 @@ fn a_resumed_copy_redoes_only_what_was_in_flight() {
 
 #[test]
 fn a_file_changed_during_its_copy_is_copied_again() {
+    dirseal_testfs::needs_root!();
     let c = Case::new();
     fs::create_dir(&c.src).unwrap();
     let big = c.src.join("big");
@@ -101,6 +104,7 @@ fn a_file_changed_during_its_copy_is_copied_again() {
 
 #[test]
 fn a_file_changed_before_verification_is_copied_again() {
+    dirseal_testfs::needs_root!();
     let c = Case::new();
     build_tree(&c.src);
     let target = c.src.join("a/plain.txt");
@@ -119,6 +123,7 @@ fn a_file_changed_before_verification_is_copied_again() {
 
 #[test]
 fn verification_catches_a_bad_copy_that_looks_right_and_stray_entries() {
+    dirseal_testfs::needs_root!();
     let c = Case::new();
     build_tree(&c.src);
     let before = manifest(&c.src);
@@ -150,6 +155,7 @@ fn verification_catches_a_bad_copy_that_looks_right_and_stray_entries() {
 
 #[test]
 fn a_tree_that_keeps_changing_gives_up_then_a_later_run_finishes() {
+    dirseal_testfs::needs_root!();
     let c = Case::new();
     build_tree(&c.src);
     let target = c.src.join("a/plain.txt");
@@ -173,6 +179,7 @@ fn a_tree_that_keeps_changing_gives_up_then_a_later_run_finishes() {
 
 #[test]
 fn out_of_space_mid_copy_keeps_the_source_and_resumes() {
+    dirseal_testfs::needs_root!();
     let c = Case::with(Options { size_mib: 64, ..Default::default() });
     fs::create_dir(&c.src).unwrap();
     for i in 0..16 {
@@ -302,6 +309,7 @@ fn out_of_space_mid_move_pauses_and_resumes() {
 
 #[test]
 fn preflight_refuses_the_root_mounts_space_and_inodes_changing_nothing() {
+    dirseal_testfs::needs_root!();
     let c = Case::with(Options { size_mib: 64, inodes: Some(4096), ..Default::default() });
     let host = PlainHost::new();
     let e = migrate::preflight(&req(c.fs.path(), &c.wd), &host).unwrap_err();
@@ -340,6 +348,7 @@ fn preflight_refuses_the_root_mounts_space_and_inodes_changing_nothing() {
 
 #[test]
 fn preflight_refuses_encrypted_symlinks_files_and_bad_work_dirs() {
+    dirseal_testfs::needs_root!();
     let c = Case::new();
     build_tree(&c.src);
     let before = manifest(&c.src);
@@ -398,6 +407,7 @@ fn preflight_refuses_encrypted_symlinks_files_and_bad_work_dirs() {
 
 #[test]
 fn a_directory_in_use_is_refused_and_named_unless_forced() {
+    dirseal_testfs::needs_root!();
     let c = Case::new();
     build_tree(&c.src);
     let host = PlainHost::new();
@@ -449,6 +459,7 @@ fn a_directory_in_use_is_refused_and_named_unless_forced() {
 
 #[test]
 fn a_second_converter_is_refused_while_the_first_runs() {
+    dirseal_testfs::needs_root!();
     let c = Case::new();
     build_tree(&c.src);
     let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
@@ -479,6 +490,7 @@ fn a_second_converter_is_refused_while_the_first_runs() {
 
 #[test]
 fn interrupted_in_every_phase_then_resumed() {
+    dirseal_testfs::needs_root!();
     let c = Case::new();
     let mut n = 0;
     for (spec, state) in [
@@ -509,6 +521,7 @@ fn interrupted_in_every_phase_then_resumed() {
 
 #[test]
 fn abort_before_the_swap_leaves_the_original_and_removes_the_copy() {
+    dirseal_testfs::needs_root!();
     let c = Case::new();
     build_tree(&c.src);
     let before = manifest(&c.src);
@@ -541,6 +554,7 @@ fn abort_before_the_swap_leaves_the_original_and_removes_the_copy() {
 
 #[test]
 fn keep_backup_then_rollback_restores_the_original() {
+    dirseal_testfs::needs_root!();
     let c = Case::new();
     build_tree(&c.src);
     let before = manifest(&c.src);
@@ -571,6 +585,7 @@ fn keep_backup_then_rollback_restores_the_original() {
 
 #[test]
 fn keep_backup_then_commit_removes_the_backup() {
+    dirseal_testfs::needs_root!();
     let c = Case::new();
     build_tree(&c.src);
     let before = manifest(&c.src);
@@ -592,6 +607,7 @@ fn keep_backup_then_commit_removes_the_backup() {
 
 #[test]
 fn wipe_overwrites_old_contents_then_trims_and_says_what_that_cannot_promise() {
+    dirseal_testfs::needs_root!();
     use std::io::{Read, Seek};
     let c = Case::new();
     fs::create_dir_all(c.src.join("d")).unwrap();
@@ -631,6 +647,7 @@ fn wipe_overwrites_old_contents_then_trims_and_says_what_that_cannot_promise() {
 
 #[test]
 fn hard_links_leaving_the_tree_are_reported() {
+    dirseal_testfs::needs_root!();
     let c = Case::new();
     fs::create_dir(&c.src).unwrap();
     fs::write(c.src.join("shared"), b"also outside").unwrap();
@@ -643,6 +660,7 @@ fn hard_links_leaving_the_tree_are_reported() {
 
 #[test]
 fn a_corrupt_journal_is_named_with_what_to_do() {
+    dirseal_testfs::needs_root!();
     let c = Case::new();
     build_tree(&c.src);
     let e = migrate::convert(&req(&c.src, &c.wd), &PlainHost::stopping_at("poll-copying:5")).unwrap_err();
@@ -698,6 +716,7 @@ fn put_back(users: &Path) {
 
 #[test]
 fn a_symlink_put_in_the_source_path_is_never_followed() {
+    dirseal_testfs::needs_root!();
     let c = Case::new();
     let users = c.fs.path().join("users");
     let src = users.join("alice/data");
@@ -752,6 +771,7 @@ fn a_symlink_put_in_the_source_path_is_never_followed() {
 
 #[test]
 fn a_hostile_tree_cannot_make_root_follow_a_symlink() {
+    dirseal_testfs::needs_root!();
     let c = Case::new();
     fs::create_dir_all(c.src.join("docs/inner")).unwrap();
     fs::write(c.src.join("docs/inner/note"), b"mine").unwrap();

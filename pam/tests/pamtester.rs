@@ -9,22 +9,8 @@ use std::process::{Command, Output, Stdio};
 use dirseal::ops::{Dirseal, NewProtector, ProtectorChoice};
 use dirseal::protector::{KindOptions, NewKind};
 use dirseal::secret::Passphrase;
-use dirseal::ui::{SecretPrompt, Ui, UiError};
-use dirseal_testfs::TestFs;
-
-const FAST_CONFIG: &str = "[argon2]\ntime_cost = 1\nmemory_kib = 1024\nparallelism = 1\n";
-
-/// Answers secrets from a list, in order.
-struct Answers(Vec<&'static str>);
-
-impl Ui for Answers {
-    fn secret(&mut self, _: &SecretPrompt<'_>) -> Result<Passphrase, UiError> {
-        if self.0.is_empty() {
-            return Err(UiError::NoInput { hint: "test".into() });
-        }
-        Ok(Passphrase::from_str_copy(self.0.remove(0)))
-    }
-}
+use dirseal_testfs::ui::Scripted;
+use dirseal_testfs::{rand_hex, TestFs, FAST_CONFIG};
 
 fn module() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
@@ -35,12 +21,6 @@ fn module() -> PathBuf {
         }
     }
     panic!("libpam_dirseal.so not found near {}", exe.display());
-}
-
-fn rand_hex() -> String {
-    let mut b = [0u8; 5];
-    fs::File::open("/dev/urandom").and_then(|mut f| std::io::Read::read_exact(&mut f, &mut b)).unwrap();
-    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 /// A system user that exists for the test only.
@@ -151,7 +131,7 @@ impl Setup {
         let mut ds = self.ds();
         let kind = NewKind::named("password", &KindOptions::default()).unwrap();
         let n = NewProtector { name: &u.name, uid: Some(u.uid), kind };
-        ds.encrypt(&u.home, ProtectorChoice::New(n), &mut Answers(vec![password])).unwrap();
+        ds.encrypt(&u.home, ProtectorChoice::New(n), &mut Scripted::new(&[password])).unwrap();
         fs::write(u.home.join("diary.txt"), b"dear diary").unwrap();
         assert!(ds.lock(&u.home, false).unwrap().locked);
         u
@@ -305,6 +285,7 @@ fn eventually(secs: u64, cond: impl Fn() -> bool) -> bool {
 
 #[test]
 fn the_profile_gives_a_working_stack_enabled_and_disabled() {
+    dirseal_testfs::needs_root!();
     let mut s = Setup::new();
     let u = in_step_user(&s, "home-Password-1");
     let plain = User::new(s.fs.path());
@@ -333,6 +314,7 @@ fn the_profile_gives_a_working_stack_enabled_and_disabled() {
 
 #[test]
 fn login_unlocks_and_the_last_logout_locks() {
+    dirseal_testfs::needs_root!();
     let mut s = Setup::new();
     let u = in_step_user(&s, "hunter2-Password");
     let stack = shipped_stack();
@@ -358,6 +340,7 @@ fn login_unlocks_and_the_last_logout_locks() {
 
 #[test]
 fn a_login_racing_the_last_logout_keeps_the_home_unlocked_for_its_session() {
+    dirseal_testfs::needs_root!();
     let mut s = Setup::new();
     let u = in_step_user(&s, "race-Password-1");
     let stack = shipped_stack();
@@ -381,6 +364,7 @@ fn a_login_racing_the_last_logout_keeps_the_home_unlocked_for_its_session() {
 
 #[test]
 fn a_session_killed_without_logout_does_not_keep_the_home_unlocked() {
+    dirseal_testfs::needs_root!();
     let mut s = Setup::new();
     let u = in_step_user(&s, "kill-Password-1");
     let stack = shipped_stack();
@@ -397,6 +381,7 @@ fn a_session_killed_without_logout_does_not_keep_the_home_unlocked() {
 
 #[test]
 fn a_shared_protector_of_another_user_never_logs_the_owner_in() {
+    dirseal_testfs::needs_root!();
     let mut s = Setup::new();
     let alice = in_step_user(&s, "alice-Password-1");
     let bob = User::new(s.fs.path());
@@ -410,7 +395,7 @@ fn a_shared_protector_of_another_user_never_logs_the_owner_in() {
         &policy.id,
         Default::default(),
         ProtectorChoice::New(n),
-        &mut Answers(vec!["alice-Password-1", "bob-Password-1"]),
+        &mut Scripted::new(&["alice-Password-1", "bob-Password-1"]),
     )
     .unwrap();
     let svc = s.service(&shipped_stack());
@@ -426,6 +411,7 @@ fn a_shared_protector_of_another_user_never_logs_the_owner_in() {
 
 #[test]
 fn after_passwd_lock_or_expiry_the_old_password_fails() {
+    dirseal_testfs::needs_root!();
     let mut s = Setup::new();
     let u = in_step_user(&s, "lock-Password-1");
     let svc = s.service(&shipped_stack());
@@ -443,6 +429,7 @@ fn after_passwd_lock_or_expiry_the_old_password_fails() {
 
 #[test]
 fn after_a_root_reset_the_new_password_logs_in_and_the_home_says_how_to_follow() {
+    dirseal_testfs::needs_root!();
     let mut s = Setup::new();
     let u = in_step_user(&s, "old-Password-1");
     let svc = s.service(&shipped_stack());
@@ -462,7 +449,7 @@ fn after_a_root_reset_the_new_password_logs_in_and_the_home_says_how_to_follow()
     assert!(text(&o).contains(&fix), "the login must name the fix: {}", show(&o));
     // The fix named: the previous password, then the current one. Then logins open the home.
     let pid = *s.ds().policy_of(&u.home).unwrap().wrapped.keys().next().unwrap();
-    s.ds().change_secret(&pid, &mut Answers(vec!["old-Password-1", "reset-Password-2"])).unwrap();
+    s.ds().change_secret(&pid, &mut Scripted::new(&["old-Password-1", "reset-Password-2"])).unwrap();
     let o = pamtester(&svc, &u.name, &["authenticate", "open_session"], "reset-Password-2\n", &[]);
     assert!(ok(&o), "{}", show(&o));
     assert!(unlocked(&u));
@@ -471,6 +458,7 @@ fn after_a_root_reset_the_new_password_logs_in_and_the_home_says_how_to_follow()
 
 #[test]
 fn a_user_running_the_stack_without_root_is_never_failed() {
+    dirseal_testfs::needs_root!();
     let mut s = Setup::new();
     let u = in_step_user(&s, "own-Password-1");
     // A screen locker, or the user's own pamtester: not root. Our lines `required` here, as an
@@ -497,6 +485,7 @@ fn a_user_running_the_stack_without_root_is_never_failed() {
 
 #[test]
 fn password_change_follows_and_the_old_one_stops_working() {
+    dirseal_testfs::needs_root!();
     let mut s = Setup::new();
     let u = in_step_user(&s, "old-Password-1");
     let svc = s.service(&shipped_stack());
@@ -514,6 +503,7 @@ fn password_change_follows_and_the_old_one_stops_working() {
 
 #[test]
 fn a_password_change_is_never_blocked_by_a_home_out_of_step() {
+    dirseal_testfs::needs_root!();
     let mut s = Setup::new();
     let u = s.managed_user("home-Password-1");
     u.set_system_password("system-Password-1");
@@ -534,6 +524,7 @@ fn a_password_change_is_never_blocked_by_a_home_out_of_step() {
 
 #[test]
 fn a_session_without_a_password_leaves_the_home_locked() {
+    dirseal_testfs::needs_root!();
     let mut s = Setup::new();
     let u = in_step_user(&s, "pw-Password-1");
     // SSH keys, or another module, authenticate: pam_dirseal never sees a password.
@@ -547,6 +538,7 @@ fn a_session_without_a_password_leaves_the_home_locked() {
 
 #[test]
 fn unmanaged_users_and_foreign_homes_are_left_to_the_system() {
+    dirseal_testfs::needs_root!();
     let mut s = Setup::new();
     let svc = s.service(&shipped_stack());
     let plain = User::new(s.fs.path());
@@ -576,6 +568,7 @@ fn unmanaged_users_and_foreign_homes_are_left_to_the_system() {
 #[test]
 #[cfg_attr(not(debug_assertions), ignore = "the test_panic argument exists only in debug builds")]
 fn a_panic_is_caught_as_service_error() {
+    dirseal_testfs::needs_root!();
     let mut s = Setup::new();
     let u = s.managed_user("pw");
     let svc = s.service("auth required {so} {args} test_panic\n");
@@ -590,6 +583,7 @@ fn a_panic_is_caught_as_service_error() {
 
 #[test]
 fn the_callers_environment_changes_nothing() {
+    dirseal_testfs::needs_root!();
     let mut s = Setup::new();
     let u = in_step_user(&s, "env-Password-1");
     let empty = tempfile::tempdir().unwrap();
@@ -608,6 +602,7 @@ fn the_callers_environment_changes_nothing() {
 
 #[test]
 fn a_keystore_entry_for_another_key_opens_nothing() {
+    dirseal_testfs::needs_root!();
     let mut s = Setup::new();
     let a = in_step_user(&s, "pw-a-Password");
     let ds = s.ds();
@@ -632,6 +627,7 @@ fn a_keystore_entry_for_another_key_opens_nothing() {
 
 #[test]
 fn another_homes_policy_record_swapped_in_opens_nothing() {
+    dirseal_testfs::needs_root!();
     let mut s = Setup::new();
     let a = in_step_user(&s, "pw-a-Password");
     let b = in_step_user(&s, "pw-b-Password");
@@ -653,6 +649,7 @@ fn another_homes_policy_record_swapped_in_opens_nothing() {
 
 #[test]
 fn standalone_logins_are_refused_for_locked_or_expired_accounts() {
+    dirseal_testfs::needs_root!();
     use pam_dirseal::account::{standalone_login_allowed as allowed, Refusal};
     let s = Setup::new();
     let u = User::new(s.fs.path());
@@ -733,6 +730,7 @@ fn interrupted_conversion(home: &Path) {
 
 #[test]
 fn login_during_a_conversion_is_refused_only_after_authentication() {
+    dirseal_testfs::needs_root!();
     let mut s = Setup::new();
     let u = User::new(s.fs.path());
     u.set_system_password("conv-Password-1");
@@ -758,6 +756,7 @@ fn login_during_a_conversion_is_refused_only_after_authentication() {
 
 #[test]
 fn account_management_ignores_everyone_else() {
+    dirseal_testfs::needs_root!();
     let mut s = Setup::new();
     let u = s.managed_user("pw");
     let plain = User::new(s.fs.path());
@@ -773,6 +772,7 @@ fn account_management_ignores_everyone_else() {
 
 #[test]
 fn unlock_only_never_locks() {
+    dirseal_testfs::needs_root!();
     let mut s = Setup::new();
     let u = in_step_user(&s, "only-Password-1");
     let svc = s.service(&session_args(&shipped_stack(), "unlock_only"));
@@ -794,7 +794,7 @@ fn managed_user_with_key(s: &Setup, password: &'static str) -> (User, dirseal_so
     let kind = NewKind::named("fido2", &KindOptions::default()).unwrap();
     let n = NewProtector { name: "yubikey", uid: Some(u.uid), kind };
     let pick = dirseal::ops::Pick { protector: None };
-    ds.add_protector_to_policy(&policy.id, pick, ProtectorChoice::New(n), &mut Answers(vec![password])).unwrap();
+    ds.add_protector_to_policy(&policy.id, pick, ProtectorChoice::New(n), &mut Scripted::new(&[password])).unwrap();
     assert_eq!(key.touches(), 2, "making the credential and its first hmac-secret");
     (u, key)
 }

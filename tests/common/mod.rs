@@ -1,15 +1,13 @@
 //! Shared by the CLI integration tests: a real loop-mounted ext4, a private keystore and config,
 //! and the real `dirseal` binary.
-#![allow(dead_code)]
+// Each suite uses only part of this module.
+#![allow(dead_code, unused_imports)]
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-pub use dirseal_testfs::{Options, TestFs};
-
-/// Argon2id at its minimum cost: tests check behaviour, not strength.
-pub const FAST_CONFIG: &str = "[argon2]\ntime_cost = 1\nmemory_kib = 1024\nparallelism = 1\n";
+pub use dirseal_testfs::{fresh_id as fresh_uid, names, Options, TestFs, FAST_CONFIG};
 
 pub struct Env {
     pub fs: TestFs,
@@ -95,21 +93,4 @@ impl Env {
 
 pub fn p(path: &Path) -> &str {
     path.to_str().expect("test paths are UTF-8")
-}
-
-/// Names in `dir`, sorted.
-pub fn names(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(dir)
-        .expect("read_dir")
-        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
-        .collect();
-    v.sort();
-    v
-}
-
-/// A uid no other test (or real user) uses, so process scans by uid see only this test's own.
-pub fn fresh_uid() -> u32 {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    300_000 + (std::process::id() % 50_000) * 8 + NEXT.fetch_add(1, Ordering::Relaxed) % 8
 }

@@ -47,18 +47,9 @@ impl Event {
     }
 }
 
-pub fn phase_name(p: Phase) -> &'static str {
-    match p {
-        Phase::Scanning => "scanning",
-        Phase::Copying => "copying",
-        Phase::Verifying => "verifying",
-        Phase::Swapping => "swapping",
-        Phase::Disposing => "disposing",
-        Phase::Aborting => "aborting",
-        Phase::RollingBack => "rolling-back",
-        Phase::Moving => "moving",
-        Phase::MovingBack => "moving-back",
-    }
+/// A phase as named in event specs (`start-rolling-back`): its name with dashes.
+pub fn phase_name(p: Phase) -> String {
+    p.name().replace(' ', "-")
 }
 
 type Hook = Box<dyn Fn(Event, &PlainHost) + Send + Sync>;

@@ -39,12 +39,9 @@ fn os(p: &Path) -> &OsStr {
     p.as_os_str()
 }
 
-/// A random id in 200000..900000 (uids and gids no real account has).
-pub fn rand_id() -> u32 {
-    let mut b = [0u8; 4];
-    fs::File::open("/dev/urandom").unwrap().read_exact(&mut b).unwrap();
-    200_000 + u32::from_le_bytes(b) % 700_000
-}
+// Not every suite that includes this module uses both.
+#[allow(unused_imports)]
+pub use dirseal_testfs::{fresh_id as rand_id, names as wd_names};
 
 /// A loop-mounted ext4 with one source directory and its work dir.
 pub struct Case {
@@ -69,14 +66,6 @@ impl Case {
     pub fn other(&self, name: &str) -> (PathBuf, PathBuf) {
         (self.fs.path().join(name), self.fs.path().join(".dirseal/convert").join(name))
     }
-}
-
-/// Names of the entries left in a work dir.
-pub fn wd_names(wd: &Path) -> Vec<String> {
-    let mut v: Vec<String> =
-        fs::read_dir(wd).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into()).collect();
-    v.sort();
-    v
 }
 
 fn set_times(path: &Path, atime: (i64, i64), mtime: (i64, i64)) {

@@ -10,7 +10,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 mod swtpm;
+#[cfg(feature = "ui")]
+pub mod ui;
+mod util;
+
 pub use swtpm::Swtpm;
+pub use util::{fresh_id, is_root, names, rand_hex, FAST_CONFIG};
 
 /// How to build the filesystem.
 #[derive(Clone, Debug)]
@@ -143,6 +148,7 @@ mod tests {
 
     #[test]
     fn mounts_a_real_ext4_and_cleans_up() {
+        crate::needs_root!();
         let fs = TestFs::new();
         let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
         let mnt = fs.path().to_string_lossy().to_string();
