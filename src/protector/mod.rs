@@ -569,6 +569,22 @@ pub(crate) mod tests {
         assert!(parse(weak.as_bytes(), &a.id).unwrap_err().contains("Argon2id"));
     }
 
+    /// A record built from docs/formats.md by an independent implementation
+    /// (tests/data/make_password_golden.py: argon2-cffi and Python's cryptography) opens: what
+    /// earlier dirseal versions wrote stays readable.
+    #[test]
+    fn a_documented_password_record_opens() {
+        let id: ProtectorId = "0123456789abcdef".parse().unwrap();
+        let rec = parse(include_bytes!("../../tests/data/password-golden.json"), &id).unwrap();
+        assert_eq!((rec.name.as_str(), rec.uid, rec.kind.name()), ("alice", Some(1000), "password"));
+        let key = unlock(&rec, &Config::default(), Some(&pw("correct horse"))).unwrap();
+        assert_eq!(key.as_bytes().to_vec(), (200..232).collect::<Vec<u8>>());
+        assert!(matches!(
+            unlock(&rec, &Config::default(), Some(&pw("correct horse!"))),
+            Err(ProtectorError::IncorrectSecret { .. })
+        ));
+    }
+
     #[test]
     fn login_order_puts_no_typing_first_then_own() {
         let (mut a, _) = new_password("z-own", Some(7), "p");
