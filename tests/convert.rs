@@ -544,6 +544,7 @@ fn lsattr(dir: &Path) -> String {
 
 #[test]
 fn a_user_owned_dirseal_under_a_1777_mount_root_is_never_written_to() {
+    dirseal_testfs::needs_root!();
     let env = Env::new();
     let uid = fresh_uid();
     // A scratch disk everyone may write to, with the sticky bit.
@@ -585,6 +586,7 @@ fn a_user_owned_dirseal_under_a_1777_mount_root_is_never_written_to() {
 #[cfg(feature = "fault-injection")]
 #[test]
 fn a_staging_dir_swapped_for_an_unencrypted_one_is_detected_before_the_swap() {
+    dirseal_testfs::needs_root!();
     let env = Env::new();
     // Before the first copy or move (an empty staging dir) and right before the swap (a full copy).
     let cases =

@@ -232,6 +232,7 @@ fn available(dir: &Path) -> u64 {
 
 #[test]
 fn auto_copies_when_a_copy_fits_moves_when_not_and_refuses_below_a_move() {
+    dirseal_testfs::needs_root!();
     let c = Case::new();
     build_tree(&c.src);
     common::add_large(&c.src);
@@ -282,6 +283,7 @@ fn auto_copies_when_a_copy_fits_moves_when_not_and_refuses_below_a_move() {
 
 #[test]
 fn out_of_space_mid_move_pauses_and_resumes() {
+    dirseal_testfs::needs_root!();
     let c = Case::new();
     build_tree(&c.src);
     add_bulk(&c.src, 100, 0);

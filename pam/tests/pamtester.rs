@@ -812,6 +812,7 @@ const KEY_STACK: &str = "auth sufficient {so} {args} standalone\n\
 
 #[test]
 fn security_key_logs_in_without_a_password_and_its_absence_costs_nothing() {
+    dirseal_testfs::needs_root!();
     let mut s = Setup::new();
     let (u, key) = managed_user_with_key(&s, "pw");
     u.set_system_password("pw");
