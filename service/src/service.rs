@@ -661,9 +661,12 @@ impl Service {
             let plan = dirseal::convert::plan(&ds, &path, o, &hooks)?;
             let mut secrets = Secrets::default();
             let enrol = Enrol::new(&ds, caller, &path, &protector, "", secret, &mut secrets)?;
-            if let (dirseal::convert::Planned::Resume { .. }, Some(secret)) = (&plan.what, secrets.new.take()) {
+            if matches!(plan.what, dirseal::convert::Planned::Resume { .. }) {
                 // Resuming: the secret reloads the staging key with whichever protector it has.
-                secrets.current.push((None, secret));
+                // (Only then: a new conversion needs it as the new protector's password.)
+                if let Some(secret) = secrets.new.take() {
+                    secrets.current.push((None, secret));
+                }
             }
             let start = jobs::Start { ds, plan, enrol: Some(enrol), secrets, owner: owner_of(&path).unwrap_or(0) };
             jobs::spawn(&ctx, &bus, start)
