@@ -75,8 +75,9 @@ impl Ui for Secrets {
             }
             // A security key's own PIN, asked while a protector is created on it, is the new
             // protector's secret as far as the caller is concerned.
+            // Asked again (a confirmation, a retry of a step), the same new secret is the answer.
             SecretPrompt::NewPassword { .. } | SecretPrompt::NewPin { .. } | SecretPrompt::KeyPin { .. } => {
-                self.new.take()
+                self.new.as_ref().map(Passphrase::duplicate)
             }
             SecretPrompt::RecoveryKey { .. } => self.recovery.take(),
         };
