@@ -75,9 +75,8 @@ impl Ui for Secrets {
             }
             // A security key's own PIN, asked while a protector is created on it, is the new
             // protector's secret as far as the caller is concerned.
-            // Asked again (a confirmation, a retry of a step), the same new secret is the answer.
             SecretPrompt::NewPassword { .. } | SecretPrompt::NewPin { .. } | SecretPrompt::KeyPin { .. } => {
-                self.new.as_ref().map(Passphrase::duplicate)
+                self.new.take()
             }
             SecretPrompt::RecoveryKey { .. } => self.recovery.take(),
         };
@@ -674,9 +673,11 @@ impl Service {
             // A copy for a later step that needs the staging key again (aborting a cancelled move).
             let spare = secret.duplicate();
             let enrol = Enrol::new(&ds, caller, &path, &protector, "", secret, &mut secrets)?;
-            if let (dirseal::convert::Planned::Resume { .. }, Some(secret)) = (&plan.what, secrets.new.take()) {
+            if matches!(plan.what, dirseal::convert::Planned::Resume { .. }) {
                 // Resuming: the secret reloads the staging key with whichever protector it has.
-                secrets.current.push((None, secret));
+                if let Some(secret) = secrets.new.take() {
+                    secrets.current.push((None, secret));
+                }
             }
             secrets.current.push((None, spare));
             let start = jobs::Start { ds, plan, enrol: Some(enrol), secrets, owner: owner_of(&path).unwrap_or(0) };
