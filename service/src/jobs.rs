@@ -250,8 +250,12 @@ pub fn spawn(ctx: &Arc<Ctx>, conn: &Connection, start: Start) -> Result<OwnedObj
         cancelled: Arc::clone(&cancelled),
         state: Arc::clone(&state),
     };
-    zbus::block_on(conn.object_server().at(path.as_ref(), job))?;
+    // Recorded before the job exists, so a job on the bus always has its record.
     write_marker(ctx, &source, start.owner)?;
+    if let Err(e) = zbus::block_on(conn.object_server().at(path.as_ref(), job)) {
+        remove_marker(ctx, &source);
+        return Err(e.into());
+    }
     let (ctx2, conn2, path2, stop2) = (Arc::clone(ctx), conn.clone(), path.clone(), Arc::clone(&stop));
     let thread = std::thread::Builder::new()
         .name(format!("job {n}"))

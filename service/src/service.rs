@@ -601,7 +601,8 @@ impl Service {
     /// is the password of a new protector for the directory's owner; otherwise it proves that
     /// protector. Calling it for a directory whose conversion was interrupted resumes it (`secret`
     /// then reloads the staging key after a reboot). Options: `protector` (s), `keep_backup` (b),
-    /// `wipe` (b), `force` (b, root only: convert although the owner is logged in or files are
+    /// `wipe` (b), `mode` (s: "copy", "move" — chunk by chunk, for a nearly full disk — or "auto",
+    /// the default), `force` (b, root only: convert although the owner is logged in or files are
     /// open). A user's own home must not be in use by any process, theirs included.
     #[zbus(out_args("job"))]
     async fn convert(
@@ -627,9 +628,18 @@ impl Service {
                     "keep_backup" => o.keep_backup = bool::try_from(v).map_err(|_| bad(k, "b"))?,
                     "wipe" => o.wipe = bool::try_from(v).map_err(|_| bad(k, "b"))?,
                     "force" => o.force = bool::try_from(v).map_err(|_| bad(k, "b"))?,
+                    "mode" => {
+                        let m = String::try_from(v.try_clone().map_err(|_| bad(k, "s"))?).map_err(|_| bad(k, "s"))?;
+                        o.mode = match m.as_str() {
+                            "copy" => dirseal::convert::Mode::Copy,
+                            "move" => dirseal::convert::Mode::Move,
+                            "auto" => dirseal::convert::Mode::Auto,
+                            _ => return Err(Error::invalid("option mode must be \"copy\", \"move\" or \"auto\"")),
+                        }
+                    }
                     other => {
                         return Err(Error::invalid(format!(
-                            "unknown option {other:?}; known: protector, keep_backup, wipe, force"
+                            "unknown option {other:?}; known: protector, keep_backup, wipe, force, mode"
                         )))
                     }
                 }
@@ -660,6 +670,8 @@ impl Service {
             let hooks = dirseal::convert::Hooks { progress: &|_| {}, stop: &idle };
             let plan = dirseal::convert::plan(&ds, &path, o, &hooks)?;
             let mut secrets = Secrets::default();
+            // A copy for a later step that needs the staging key again (aborting a cancelled move).
+            let spare = secret.duplicate();
             let enrol = Enrol::new(&ds, caller, &path, &protector, "", secret, &mut secrets)?;
             if matches!(plan.what, dirseal::convert::Planned::Resume { .. }) {
                 // Resuming: the secret reloads the staging key with whichever protector it has.
@@ -668,6 +680,7 @@ impl Service {
                     secrets.current.push((None, secret));
                 }
             }
+            secrets.current.push((None, spare));
             let start = jobs::Start { ds, plan, enrol: Some(enrol), secrets, owner: owner_of(&path).unwrap_or(0) };
             jobs::spawn(&ctx, &bus, start)
         })

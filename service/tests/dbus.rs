@@ -457,8 +457,10 @@ fn a_conversion_survives_its_client_and_resumes_after_the_service_dies_mid_copy(
     let mut seen = Vec::new();
     h.restart_with(&[("DIRSEAL_FAULT", "copy-file:20")]);
     // Root starts it; the gdbus client exits at once (the job does not depend on it).
-    let job = job_path(&h.ok(None, "Convert", &[s(alice.home_str()), fd(3), "{}".into()], &[(3, "pw-a")]));
-    assert_eq!(h.daemon.wait_exit(Duration::from_secs(60)), Some(99), "the service dies at the 20th file copy");
+    let opts = "{'mode': <'copy'>}".to_string();
+    let job = job_path(&h.ok(None, "Convert", &[s(alice.home_str()), fd(3), opts], &[(3, "pw-a")]));
+    let code = h.daemon.wait_exit(Duration::from_secs(60));
+    assert_eq!(code, Some(99), "the service dies at the 20th file copy:\n{}", h.daemon.log_text());
     assert!(
         !seen.iter().chain(rx.try_iter().collect::<Vec<_>>().iter()).any(|s| matches!(s, JobSignal::Finished { .. })),
         "{job} must not have finished"
