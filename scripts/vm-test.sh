@@ -81,7 +81,10 @@ swtpm_pid=$!
 for _ in $(seq 100); do [ -S "$tpm/sock" ] && break; sleep 0.1; done
 [ -S "$tpm/sock" ] || { echo "vm-test: swtpm did not start (see $tpm/log)" >&2; exit 1; }
 if [ -z "$cmd" ]; then
-  cmd="python3 $repo/scripts/vm/guest.py --bin $bin --out /mnt --mode $mode${only:+ --only $only} ${VM_GUEST_ARGS:-}"
+  # The checkout and the binaries reach the guest as shares of their own, mounted by the guest's init
+  # at fixed paths: the host root share is seen under tmpfs mounts (/tmp, /root, …), and a checkout
+  # may live under one of them (CI clones wherever it likes).
+  cmd="python3 /run/dirseal-repo/scripts/vm/guest.py --bin /run/dirseal-bin --out /mnt --mode $mode${only:+ --only $only} ${VM_GUEST_ARGS:-}"
 fi
 # A hung guest must not hang the suite: generous limits, several times the usual run.
 limit=1500; [ "$mode" = full ] && limit=10800
@@ -93,7 +96,9 @@ timeout "$limit" qemu-system-x86_64 -accel tcg,thread=multi -cpu max -smp 2 -m 1
   -append "console=ttyS0 quiet loglevel=3 panic=-1 dirseal.cmd=$(printf '%s' "$cmd" | base64 -w0)" \
   -chardev socket,id=chrtpm,path="$tpm/sock" -tpmdev emulator,id=tpm0,chardev=chrtpm -device tpm-tis,tpmdev=tpm0 \
   -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on \
-  -virtfs local,path="$out",mount_tag=results,security_model=none
+  -virtfs local,path="$out",mount_tag=results,security_model=none \
+  -virtfs local,path="$repo",mount_tag=repo,security_model=none,readonly=on \
+  -virtfs local,path="$bin",mount_tag=bin,security_model=none,readonly=on
 qrc=$?
 set -e
 echo "vm-test: guest ran $(( $(date +%s) - start )) s"
