@@ -4,12 +4,22 @@
 # home through gdbus while the Progress signals scroll by. Then a status call, and one call for
 # someone else's directory, which is refused. Touches nothing outside its temp dir except the
 # throwaway user (removed at the end) and a loop device.
+#
+# Environment: DIRSEALED=<binary> uses that dirsealed instead of building one (the test suite runs
+# the demo so); SAMPLE_MIB (default 40) and SAMPLE_FILES (default 3000) size the sample home.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "$(id -u)" -eq 0 ] || { echo "run as root: sudo scripts/try-dbus.sh (loop mounts, kernel keys, a test user)" >&2; exit 1; }
+step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+sample_mib=${SAMPLE_MIB:-40} sample_files=${SAMPLE_FILES:-3000}
 bash scripts/deps.sh
-cargo build --quiet --release -p dirsealed
-bin=$PWD/target/release/dirsealed
+if [ -n "${DIRSEALED:-}" ]; then
+  bin=$DIRSEALED
+else
+  step "building dirsealed (cargo build --release; the first build takes several minutes)"
+  cargo build --release -p dirsealed
+  bin=$PWD/target/release/dirsealed
+fi
 
 work=$(mktemp -d /tmp/dirseal-try-dbus.XXXXXX)
 chmod 755 "$work"
@@ -23,12 +33,11 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
-step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 
 step "a private system bus with the shipped policy (data/dbus-1/system.d/org.dirseal.Dirseal1.conf)"
 sed -e "s|@SOCKET@|$work/bus|" -e "s|@POLICY@|$PWD/data/dbus-1/system.d/org.dirseal.Dirseal1.conf|" \
   service/tests/private-bus.conf > "$work/bus.conf"
-dbus-daemon --config-file="$work/bus.conf" --fork --print-address=1 --print-pid=3 3>"$work/bus.pid" 2>/dev/null
+dbus-daemon --config-file="$work/bus.conf" --fork --print-pid=3 3>"$work/bus.pid" 2>/dev/null
 bus_pid=$(cat "$work/bus.pid")
 export DBUS_SYSTEM_BUS_ADDRESS=unix:path=$work/bus
 echo "DBUS_SYSTEM_BUS_ADDRESS=$DBUS_SYSTEM_BUS_ADDRESS"
@@ -43,10 +52,12 @@ home=$mnt/$user
 mkdir "$home"
 useradd -M -d "$home" -s /usr/sbin/nologin "$user"
 mkdir -p "$home/Documents" "$home/Saves"
-for i in $(seq 1 40); do head -c 1M /dev/urandom > "$home/Saves/slot-$i.sav"; done
+for i in $(seq 1 "$sample_mib"); do head -c 1M /dev/urandom > "$home/Saves/slot-$i.sav"; done
+# Many small files too: they make the copy take long enough to show its progress.
+[ "$sample_files" -gt 0 ] && head -c $((sample_files * 4096)) /dev/urandom | split -b 4096 -a 5 -d - "$home/Documents/note-"
 echo "dear diary" > "$home/Documents/diary.txt"
 chown -R "$user:$user" "$home"; chmod 700 "$home"
-du -sh "$home"
+echo "$(du -sh "$home" | cut -f1) in $(find "$home" -type f | wc -l) files"
 
 step "dirsealed on the private bus (its own config and keystore)"
 printf '[argon2]\ntime_cost = 2\nmemory_kib = 65536\nparallelism = 1\n' > "$work/config.toml"
@@ -57,7 +68,9 @@ for _ in $(seq 50); do
   gdbus introspect --system --dest org.dirseal.Dirseal1 --object-path /org/dirseal/Dirseal1 >/dev/null 2>&1 && break
   sleep 0.1
 done
-gdbus introspect --system --dest org.dirseal.Dirseal1 --object-path /org/dirseal/Dirseal1 | grep -E '^\s+[A-Z][A-Za-z]+\(' | head -20
+echo "its methods (docs/dbus.md):"
+gdbus introspect --system --dest org.dirseal.Dirseal1 --object-path /org/dirseal/Dirseal1 |
+  sed -n '/interface org.dirseal.Dirseal1 {/,/^  };/p' | grep -oE '^ +[A-Z][A-Za-z0-9]+\(' | tr -d ' (' | xargs | fold -s -w 100
 
 as_user() { setpriv --reuid="$user" --regid="$user" --clear-groups -- "$@"; }
 call() { local m=$1; shift; gdbus call --system --dest org.dirseal.Dirseal1 --object-path /org/dirseal/Dirseal1 --method "org.dirseal.Dirseal1.$m" "$@"; }
