@@ -119,20 +119,6 @@ impl Daemon {
         self.child.as_ref().map(Child::id).unwrap_or(0)
     }
 
-    /// Waits for the service to exit on its own (a crash point); its exit code.
-    pub fn wait_exit(&mut self, limit: Duration) -> Option<i32> {
-        let c = self.child.as_mut()?;
-        let t = Instant::now();
-        while t.elapsed() < limit {
-            if let Ok(Some(st)) = c.try_wait() {
-                self.child = None;
-                return st.code();
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        None
-    }
-
     /// SIGKILL: what a crash or an OOM kill does.
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
