@@ -18,7 +18,7 @@ if [ -n "${DIRSEALED:-}" ]; then
 else
   step "building dirsealed (cargo build --release; the first build takes several minutes)"
   cargo build --release -p dirsealed
-  bin=$PWD/target/release/dirsealed
+  bin=$(realpath "${CARGO_TARGET_DIR:-target}/release/dirsealed")
 fi
 
 work=$(mktemp -d /tmp/dirseal-try-dbus.XXXXXX)
@@ -64,10 +64,17 @@ printf '[argon2]\ntime_cost = 2\nmemory_kib = 65536\nparallelism = 1\n' > "$work
 chmod 600 "$work/config.toml"
 "$bin" --config "$work/config.toml" --keystore "$work/keystore" --run-dir "$work/run" 2>"$work/dirsealed.log" &
 svc_pid=$!
-for _ in $(seq 50); do
-  gdbus introspect --system --dest org.dirseal.Dirseal1 --object-path /org/dirseal/Dirseal1 >/dev/null 2>&1 && break
+up=
+for _ in $(seq 100); do
+  gdbus introspect --system --dest org.dirseal.Dirseal1 --object-path /org/dirseal/Dirseal1 >/dev/null 2>&1 && { up=1; break; }
+  kill -0 "$svc_pid" 2>/dev/null || break
   sleep 0.1
 done
+if [ -z "$up" ]; then
+  echo "dirsealed ($bin) did not come up on the bus; its log:" >&2
+  cat "$work/dirsealed.log" >&2
+  exit 1
+fi
 echo "its methods (docs/dbus.md):"
 gdbus introspect --system --dest org.dirseal.Dirseal1 --object-path /org/dirseal/Dirseal1 |
   sed -n '/interface org.dirseal.Dirseal1 {/,/^  };/p' | grep -oE '^ +[A-Z][A-Za-z0-9]+\(' | tr -d ' (' | xargs | fold -s -w 100
