@@ -10,7 +10,7 @@ use dirseal::ops::{Dirseal, NewProtector, ProtectorChoice};
 use dirseal::protector::{KindOptions, NewKind};
 use dirseal::secret::Passphrase;
 use dirseal_testfs::ui::Scripted;
-use dirseal_testfs::{rand_hex, TestFs, FAST_CONFIG};
+use dirseal_testfs::{accounts, passwd_lock, rand_hex, TestFs, User, FAST_CONFIG};
 
 fn module() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
@@ -21,67 +21,6 @@ fn module() -> PathBuf {
         }
     }
     panic!("libpam_dirseal.so not found near {}", exe.display());
-}
-
-/// A system user that exists for the test only.
-struct User {
-    name: String,
-    uid: u32,
-    home: PathBuf,
-}
-
-impl User {
-    fn new(home_parent: &Path) -> User {
-        let name = format!("dst{}", rand_hex());
-        let uid = 200_000 + u32::from_str_radix(&name[3..8], 16).unwrap() % 700_000;
-        let home = home_parent.join(&name);
-        fs::create_dir(&home).unwrap();
-        let args = ["-M", "-d", home.to_str().unwrap(), "-u", &uid.to_string(), "-U", "-s", "/usr/sbin/nologin", &name];
-        accounts("useradd", &args, None).unwrap();
-        std::os::unix::fs::chown(&home, Some(uid), Some(uid)).unwrap();
-        User { name, uid, home }
-    }
-
-    /// Sets the system (pam_unix) password.
-    fn set_system_password(&self, pw: &str) {
-        accounts("chpasswd", &[], Some(&format!("{}:{pw}\n", self.name))).unwrap();
-    }
-}
-
-impl Drop for User {
-    fn drop(&mut self) {
-        // Never panic in drop (it may run while a failed test unwinds).
-        let _ = accounts("userdel", &[&self.name], None);
-    }
-}
-
-/// Serialises this binary's writers of /etc/passwd and /etc/shadow (useradd, userdel, chpasswd,
-/// pam_unix changing a password): useradd fails, rather than waits, while another holds the lock.
-fn passwd_lock() -> std::sync::MutexGuard<'static, ()> {
-    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    LOCK.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// Runs an account tool under [`passwd_lock`]; the retry covers programs outside this test
-/// binary holding the lock briefly.
-fn accounts(cmd: &str, args: &[&str], stdin: Option<&str>) -> Result<(), String> {
-    let _g = passwd_lock();
-    for attempt in 0..20 {
-        let mut c = Command::new(cmd);
-        c.args(args).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
-        let mut child = c.spawn().unwrap();
-        let _ = child.stdin.take().unwrap().write_all(stdin.unwrap_or("").as_bytes());
-        let out = child.wait_with_output().unwrap();
-        if out.status.success() {
-            return Ok(());
-        }
-        let err = String::from_utf8_lossy(&out.stderr);
-        if !err.contains("lock") || attempt == 19 {
-            return Err(format!("{cmd} {args:?}: {err}"));
-        }
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-    Ok(())
 }
 
 struct Setup {

@@ -10,6 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use dirseal_testfs::TestFs;
+pub use dirseal_testfs::User;
 use zbus::zvariant::OwnedValue;
 
 pub const NAME: &str = "org.dirseal.Dirseal1";
@@ -146,60 +147,6 @@ impl Daemon {
 impl Drop for Daemon {
     fn drop(&mut self) {
         self.kill();
-    }
-}
-
-fn rand_hex() -> String {
-    let mut b = [0u8; 5];
-    std::fs::File::open("/dev/urandom").and_then(|mut f| std::io::Read::read_exact(&mut f, &mut b)).expect("urandom");
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-/// A system user that exists for the test only (dbus-daemon refuses uids without a passwd entry).
-/// Creating users writes /etc/passwd: tests run only under the global suite lock.
-pub struct User {
-    pub name: String,
-    pub uid: u32,
-    pub home: PathBuf,
-}
-
-impl User {
-    /// A user whose home is a new empty directory in `parent`, owned by them.
-    pub fn new(parent: &Path) -> User {
-        let name = format!("dsd{}", rand_hex());
-        let uid = 200_000 + u32::from_str_radix(&name[3..8], 16).expect("hex") % 700_000;
-        let home = parent.join(&name);
-        std::fs::create_dir(&home).expect("home");
-        let args =
-            ["-M", "-d", home.to_str().expect("utf-8"), "-u", &uid.to_string(), "-U", "-s", "/usr/sbin/nologin", &name];
-        accounts("useradd", &args);
-        std::os::unix::fs::chown(&home, Some(uid), Some(uid)).expect("chown");
-        std::fs::set_permissions(&home, std::os::unix::fs::PermissionsExt::from_mode(0o700)).expect("chmod");
-        User { name, uid, home }
-    }
-
-    pub fn home_str(&self) -> &str {
-        self.home.to_str().expect("utf-8")
-    }
-}
-
-impl Drop for User {
-    fn drop(&mut self) {
-        let _ = Command::new("userdel").arg(&self.name).output();
-    }
-}
-
-fn accounts(cmd: &str, args: &[&str]) {
-    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    for attempt in 0..20 {
-        let out = Command::new(cmd).args(args).output().expect(cmd);
-        if out.status.success() {
-            return;
-        }
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.contains("lock") && attempt < 19, "{cmd} {args:?}: {err}");
-        std::thread::sleep(Duration::from_millis(100));
     }
 }
 

@@ -1,5 +1,5 @@
-//! A real ext4 filesystem on a loop device, for tests that must exercise the kernel; and a
-//! software TPM ([`Swtpm`]) per test.
+//! A real ext4 filesystem on a loop device, for tests that must exercise the kernel; a software
+//! TPM ([`Swtpm`]) per test; and system users that exist for one test ([`User`]).
 //!
 //! Each [`TestFs`] creates a sparse image in its own temp dir, formats it with `mkfs.ext4 -O encrypt`,
 //! and mounts it with `mount -o loop`. Dropping it unmounts and detaches exactly the loop device it
@@ -13,9 +13,11 @@ pub mod logwrites;
 mod swtpm;
 #[cfg(feature = "ui")]
 pub mod ui;
+mod users;
 mod util;
 
 pub use swtpm::Swtpm;
+pub use users::{accounts, passwd_lock, User};
 pub use util::{fresh_id, is_root, names, rand_hex, FAST_CONFIG};
 
 /// How to build the filesystem.
