@@ -52,11 +52,10 @@ fn run(args: Args) -> Result<()> {
     // Fail early, with the file named, rather than on every call.
     ctx.open().context("opening the config and keystore")?;
     let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT])?;
-    let conn = zbus::blocking::connection::Builder::system()
-        .context("connecting to the system bus")?
-        .name(BUS_NAME)?
-        .serve_at(OBJECT_PATH, Service::new(Arc::clone(&ctx)))?
-        .build()
+    let conn = zbus::blocking::Connection::system().context("connecting to the system bus")?;
+    // Served before the name is taken: no call can arrive before the object exists.
+    conn.object_server().at(OBJECT_PATH, Service::new(Arc::clone(&ctx), conn.inner().clone()))?;
+    conn.request_name(BUS_NAME)
         .with_context(|| format!("serving {BUS_NAME} on the system bus (is another dirsealed running?)"))?;
     eprintln!("dirsealed: serving {BUS_NAME} at {OBJECT_PATH}");
     jobs::resume_recorded(&ctx, conn.inner());
@@ -64,6 +63,8 @@ fn run(args: Args) -> Result<()> {
     eprintln!("dirsealed: stopping on signal {}", sig.unwrap_or_default());
     // Conversions stop at their next checkpoint, journaled; the next start resumes them.
     ctx.jobs.stop_all(std::time::Duration::from_secs(25));
+    // The object holds the connection: removing it lets the connection close here.
+    let _ = conn.object_server().remove::<Service, _>(OBJECT_PATH);
     drop(conn);
     Ok(())
 }

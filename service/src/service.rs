@@ -51,6 +51,11 @@ impl Ctx {
     pub fn open(&self) -> Result<Dirseal> {
         Ok(Dirseal::open(&self.config, self.keystore.as_deref())?)
     }
+
+    /// As [`Ctx::open`], for calls that only read: creates no keystore.
+    fn open_existing(&self) -> Result<Dirseal> {
+        Ok(Dirseal::open_existing(&self.config, self.keystore.as_deref())?)
+    }
 }
 
 /// The secrets a call brought, handed to the library as its [`Ui`] asks for them.
@@ -174,30 +179,25 @@ fn owner_of(dir: &Path) -> Option<u32> {
 
 pub struct Service {
     ctx: Arc<Ctx>,
+    /// The connection this object is served on: it asks the bus who calls, and jobs emit on it.
+    conn: Connection,
 }
 
 impl Service {
-    pub fn new(ctx: Arc<Ctx>) -> Service {
-        Service { ctx }
+    pub fn new(ctx: Arc<Ctx>, conn: Connection) -> Service {
+        Service { ctx, conn }
     }
 
-    /// Authorizes the caller and runs `work` on a blocking thread, one call at a time, with panics
-    /// caught and the outcome logged.
-    async fn call<T, F>(
-        &self,
-        method: &'static str,
-        target: String,
-        conn: &Connection,
-        hdr: &Header<'_>,
-        work: F,
-    ) -> Result<T>
+    /// Every method's preamble: learns the caller's uid from the bus, then runs `work` on a
+    /// blocking thread, one call at a time, with panics caught and the outcome logged.
+    async fn call<T, F>(&self, method: &'static str, target: String, hdr: &Header<'_>, work: F) -> Result<T>
     where
         T: Send + 'static,
         F: FnOnce(&Ctx, &Caller) -> Result<T> + Send + 'static,
     {
         let ctx = Arc::clone(&self.ctx);
         let fut = async move {
-            let caller = Caller::of(conn, hdr).await?;
+            let caller = Caller::of(&self.conn, hdr).await?;
             blocking::unblock(move || {
                 let _one = ctx.work.lock().unwrap_or_else(|e| e.into_inner());
                 let r = std::panic::catch_unwind(AssertUnwindSafe(|| work(&ctx, &caller)))
@@ -209,11 +209,22 @@ impl Service {
         };
         AssertUnwindSafe(fut).catch_unwind().await.unwrap_or_else(|p| Err(panic_error(p)))
     }
+
+    /// [`Service::call`] for a method on a directory: `work` gets `dir` as a path the caller may
+    /// act on ([`Caller::directory`]).
+    async fn on_dir<T, F>(&self, method: &'static str, dir: String, hdr: &Header<'_>, work: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Ctx, &Caller, PathBuf) -> Result<T> + Send + 'static,
+    {
+        let target = dir.clone();
+        self.call(method, target, hdr, move |ctx, caller| work(ctx, caller, caller.directory(&dir)?)).await
+    }
 }
 
 /// The protector a call names for `policy`, or — when it names none — the one to use: the caller's
 /// own when they are not root (exactly one of theirs must open the policy), else the library's pick.
-fn choose(ds: &Dirseal, caller: &Caller, policy: &PolicyRecord, named: &str, what: &str) -> Result<Pick> {
+fn choose(ds: &Dirseal, caller: &Caller, policy: &PolicyRecord, named: &str, dir: &Path) -> Result<Pick> {
     if !named.is_empty() {
         let id = parse_protector_id(named)?;
         let rec = ds.keystore().protector(&id)?;
@@ -227,9 +238,10 @@ fn choose(ds: &Dirseal, caller: &Caller, policy: &PolicyRecord, named: &str, wha
     let mine: Vec<&ProtectorRecord> = list.iter().filter(|r| r.uid == Some(caller.uid)).collect();
     match mine.as_slice() {
         [one] => Ok(Pick { protector: Some(one.id) }),
-        [] => Err(Error::denied(format!("no protector of yours (uid {}) opens {what}", caller.uid))),
+        [] => Err(Error::denied(format!("no protector of yours (uid {}) opens {}", caller.uid, dir.display()))),
         many => Err(Error::invalid(format!(
-            "several of your protectors open {what} ({}); name one",
+            "several of your protectors open {} ({}); name one",
+            dir.display(),
             many.iter().map(|r| format!("{} {}", r.id, r.name)).collect::<Vec<_>>().join(", ")
         ))),
     }
@@ -285,23 +297,22 @@ impl Enrol {
     }
 }
 
-fn is_incorrect(e: &Error) -> bool {
-    e.kind == Kind::IncorrectSecret
+/// A check's answer: whether the secret was right; other errors stay errors.
+fn valid<T, E: Into<Error>>(r: std::result::Result<T, E>) -> Result<bool> {
+    match r.map_err(Into::into) {
+        Ok(_) => Ok(true),
+        Err(e) if e.kind == Kind::IncorrectSecret => Ok(false),
+        Err(e) => Err(e),
+    }
 }
 
 #[interface(name = "org.dirseal.Dirseal1")]
 impl Service {
     /// Encryption state of a directory, its key status, protectors, recovery key and conversion.
     #[zbus(out_args("status"))]
-    async fn get_status(
-        &self,
-        #[zbus(header)] hdr: Header<'_>,
-        #[zbus(connection)] conn: &Connection,
-        dir: String,
-    ) -> Result<Status> {
-        self.call("GetStatus", dir.clone(), conn, &hdr, move |ctx, caller| {
-            let path = caller.directory(&dir)?;
-            let ds = Dirseal::open_existing(&ctx.config, ctx.keystore.as_deref())?;
+    async fn get_status(&self, #[zbus(header)] hdr: Header<'_>, dir: String) -> Result<Status> {
+        self.on_dir("GetStatus", dir, &hdr, move |ctx, _caller, path| {
+            let ds = ctx.open_existing()?;
             let st = ds.dir_status(&path)?;
             let conversion = dirseal::convert::absolute(&path)
                 .ok()
@@ -328,17 +339,15 @@ impl Service {
     async fn unlock(
         &self,
         #[zbus(header)] hdr: Header<'_>,
-        #[zbus(connection)] conn: &Connection,
         dir: String,
         protector: String,
         secret: zvariant::OwnedFd,
     ) -> Result<()> {
-        self.call("Unlock", dir.clone(), conn, &hdr, move |ctx, caller| {
-            let path = caller.directory(&dir)?;
+        self.on_dir("Unlock", dir, &hdr, move |ctx, caller, path| {
             let secret = read_secret(secret.into(), "secret")?;
             let ds = ctx.open()?;
             let policy = ds.policy_of(&path)?;
-            let pick = choose(&ds, caller, &policy, &protector, &dir)?;
+            let pick = choose(&ds, caller, &policy, &protector, &path)?;
             ds.unlock(&path, pick, &mut Secrets { current: vec![(pick.protector, secret)], ..Default::default() })?;
             Ok(())
         })
@@ -347,16 +356,9 @@ impl Service {
 
     /// Removes the directory's key; files still open keep it partly unlocked (see `busy`).
     #[zbus(out_args("report"))]
-    async fn lock(
-        &self,
-        #[zbus(header)] hdr: Header<'_>,
-        #[zbus(connection)] conn: &Connection,
-        dir: String,
-        all_users: bool,
-    ) -> Result<LockInfo> {
-        self.call("Lock", dir.clone(), conn, &hdr, move |ctx, caller| {
-            let path = caller.directory(&dir)?;
-            let ds = Dirseal::open_existing(&ctx.config, ctx.keystore.as_deref())?;
+    async fn lock(&self, #[zbus(header)] hdr: Header<'_>, dir: String, all_users: bool) -> Result<LockInfo> {
+        self.on_dir("Lock", dir, &hdr, move |ctx, _caller, path| {
+            let ds = ctx.open_existing()?;
             let r = ds.lock(&path, all_users)?;
             Ok(LockInfo {
                 locked: r.locked,
@@ -378,13 +380,11 @@ impl Service {
     async fn encrypt(
         &self,
         #[zbus(header)] hdr: Header<'_>,
-        #[zbus(connection)] conn: &Connection,
         dir: String,
         protector: String,
         secret: zvariant::OwnedFd,
     ) -> Result<(String, String)> {
-        self.call("Encrypt", dir.clone(), conn, &hdr, move |ctx, caller| {
-            let path = caller.directory(&dir)?;
+        self.on_dir("Encrypt", dir, &hdr, move |ctx, caller, path| {
             let secret = read_secret(secret.into(), "secret")?;
             let mut ds = ctx.open()?;
             let mut secrets = Secrets::default();
@@ -399,13 +399,9 @@ impl Service {
 
     /// The caller's protectors (root: all), each with the policies it opens.
     #[zbus(out_args("protectors"))]
-    async fn list_protectors(
-        &self,
-        #[zbus(header)] hdr: Header<'_>,
-        #[zbus(connection)] conn: &Connection,
-    ) -> Result<Vec<ProtectorInfo>> {
-        self.call("ListProtectors", String::new(), conn, &hdr, move |ctx, caller| {
-            let ds = Dirseal::open_existing(&ctx.config, ctx.keystore.as_deref())?;
+    async fn list_protectors(&self, #[zbus(header)] hdr: Header<'_>) -> Result<Vec<ProtectorInfo>> {
+        self.call("ListProtectors", String::new(), &hdr, move |ctx, caller| {
+            let ds = ctx.open_existing()?;
             let ks = ds.keystore();
             let policies: Vec<PolicyRecord> = ks.policies()?.into_iter().filter_map(|(_, p)| p.ok()).collect();
             let mut out = Vec::new();
@@ -430,12 +426,11 @@ impl Service {
     async fn create_protector(
         &self,
         #[zbus(header)] hdr: Header<'_>,
-        #[zbus(connection)] conn: &Connection,
         name: String,
         secret: zvariant::OwnedFd,
         options: HashMap<String, OwnedValue>,
     ) -> Result<String> {
-        self.call("CreateProtector", name.clone(), conn, &hdr, move |ctx, caller| {
+        self.call("CreateProtector", name.clone(), &hdr, move |ctx, caller| {
             let mut uid = None;
             let mut kind = "password".to_string();
             let mut opts = KindOptions::default();
@@ -466,13 +461,8 @@ impl Service {
     }
 
     /// Deletes a protector that no policy uses any more.
-    async fn remove_protector(
-        &self,
-        #[zbus(header)] hdr: Header<'_>,
-        #[zbus(connection)] conn: &Connection,
-        protector: String,
-    ) -> Result<()> {
-        self.call("RemoveProtector", protector.clone(), conn, &hdr, move |ctx, caller| {
+    async fn remove_protector(&self, #[zbus(header)] hdr: Header<'_>, protector: String) -> Result<()> {
+        self.call("RemoveProtector", protector.clone(), &hdr, move |ctx, caller| {
             let id = parse_protector_id(&protector)?;
             let ds = ctx.open()?;
             match ds.keystore().protector(&id) {
@@ -495,7 +485,6 @@ impl Service {
     async fn add_protector_to_policy(
         &self,
         #[zbus(header)] hdr: Header<'_>,
-        #[zbus(connection)] conn: &Connection,
         dir: String,
         with: String,
         with_secret: zvariant::OwnedFd,
@@ -503,13 +492,12 @@ impl Service {
         new_secret: zvariant::OwnedFd,
         new_name: String,
     ) -> Result<String> {
-        self.call("AddProtectorToPolicy", dir.clone(), conn, &hdr, move |ctx, caller| {
-            let path = caller.directory(&dir)?;
+        self.on_dir("AddProtectorToPolicy", dir, &hdr, move |ctx, caller, path| {
             let with_secret = read_secret(with_secret.into(), "with_secret")?;
             let new_secret = read_secret(new_secret.into(), "new_secret")?;
             let mut ds = ctx.open()?;
             let policy = ds.policy_of(&path)?;
-            let pick = choose(&ds, caller, &policy, &with, &dir)?;
+            let pick = choose(&ds, caller, &policy, &with, &path)?;
             let mut secrets = Secrets { current: vec![(pick.protector, with_secret)], ..Default::default() };
             let enrol = Enrol::new(&ds, caller, &path, &new, &new_name, new_secret, &mut secrets)?;
             let rec = ds.add_protector_to_policy(&policy.id, pick, enrol.choice(), &mut secrets)?;
@@ -522,12 +510,10 @@ impl Service {
     async fn remove_protector_from_policy(
         &self,
         #[zbus(header)] hdr: Header<'_>,
-        #[zbus(connection)] conn: &Connection,
         dir: String,
         protector: String,
     ) -> Result<()> {
-        self.call("RemoveProtectorFromPolicy", dir.clone(), conn, &hdr, move |ctx, caller| {
-            let path = caller.directory(&dir)?;
+        self.on_dir("RemoveProtectorFromPolicy", dir, &hdr, move |ctx, caller, path| {
             let id = parse_protector_id(&protector)?;
             let ds = ctx.open()?;
             let policy = ds.policy_of(&path)?;
@@ -546,12 +532,11 @@ impl Service {
     async fn change_secret(
         &self,
         #[zbus(header)] hdr: Header<'_>,
-        #[zbus(connection)] conn: &Connection,
         protector: String,
         old: zvariant::OwnedFd,
         new: zvariant::OwnedFd,
     ) -> Result<()> {
-        self.call("ChangeSecret", protector.clone(), conn, &hdr, move |ctx, caller| {
+        self.call("ChangeSecret", protector.clone(), &hdr, move |ctx, caller| {
             let id = parse_protector_id(&protector)?;
             let old = read_secret(old.into(), "old")?;
             let new = read_secret(new.into(), "new")?;
@@ -571,26 +556,15 @@ impl Service {
     async fn verify_secret(
         &self,
         #[zbus(header)] hdr: Header<'_>,
-        #[zbus(connection)] conn: &Connection,
         protector: String,
         secret: zvariant::OwnedFd,
     ) -> Result<bool> {
-        self.call("VerifySecret", protector.clone(), conn, &hdr, move |ctx, caller| {
+        self.call("VerifySecret", protector.clone(), &hdr, move |ctx, caller| {
             let id = parse_protector_id(&protector)?;
             let secret = read_secret(secret.into(), "secret")?;
-            let ds = Dirseal::open_existing(&ctx.config, ctx.keystore.as_deref())?;
+            let ds = ctx.open_existing()?;
             caller.check_protector(&ds.keystore().protector(&id)?)?;
-            match ds.verify_protector(&id, &mut Secrets { current: vec![(Some(id), secret)], ..Default::default() }) {
-                Ok(_) => Ok(true),
-                Err(e) => {
-                    let e = Error::from(e);
-                    if is_incorrect(&e) {
-                        Ok(false)
-                    } else {
-                        Err(e)
-                    }
-                }
-            }
+            valid(ds.verify_protector(&id, &mut Secrets { current: vec![(Some(id), secret)], ..Default::default() }))
         })
         .await
     }
@@ -608,15 +582,13 @@ impl Service {
     async fn convert(
         &self,
         #[zbus(header)] hdr: Header<'_>,
-        #[zbus(connection)] conn: &Connection,
         dir: String,
         secret: zvariant::OwnedFd,
         options: HashMap<String, OwnedValue>,
     ) -> Result<zvariant::OwnedObjectPath> {
-        let bus = conn.clone();
+        let bus = self.conn.clone();
         let ctx = Arc::clone(&self.ctx);
-        self.call("Convert", dir.clone(), conn, &hdr, move |_, caller| {
-            let path = caller.directory(&dir)?;
+        self.on_dir("Convert", dir, &hdr, move |_, caller, path| {
             let mut o = dirseal::convert::Options { recovery_key: Some(false), ..Default::default() };
             let mut protector = String::new();
             let bad = |k: &str, t: &str| Error::invalid(format!("option {k} must be of type {t}"));
@@ -661,7 +633,7 @@ impl Service {
                     let list = users.iter().map(|u| format!("pid {} ({}): {}", u.pid, u.comm, u.how)).collect::<Vec<_>>();
                     return Err(Error::new(
                         Kind::Busy,
-                        format!("{dir} is in use by {}; close these programs (or log out and convert from another account) and try again", list.join(", ")),
+                        format!("{} is in use by {}; close these programs (or log out and convert from another account) and try again", path.display(), list.join(", ")),
                     ));
                 }
                 o.force = true;
@@ -692,14 +664,12 @@ impl Service {
     async fn recovery_add(
         &self,
         #[zbus(header)] hdr: Header<'_>,
-        #[zbus(connection)] conn: &Connection,
         dir: String,
         protector: String,
         secret: zvariant::OwnedFd,
         out: zvariant::OwnedFd,
     ) -> Result<()> {
-        self.call("RecoveryAdd", dir.clone(), conn, &hdr, move |ctx, caller| {
-            let path = caller.directory(&dir)?;
+        self.on_dir("RecoveryAdd", dir, &hdr, move |ctx, caller, path| {
             let secret = read_secret(secret.into(), "secret")?;
             let out: OwnedFd = out.into();
             let ds = ctx.open()?;
@@ -707,7 +677,7 @@ impl Service {
                 return Err(dirseal::recovery::RecoveryError::Exists { path }.into());
             }
             let policy = ds.policy_of(&path)?;
-            let pick = choose(&ds, caller, &policy, &protector, &dir)?;
+            let pick = choose(&ds, caller, &policy, &protector, &path)?;
             let (policy, master) = ds.master_key_of_dir(
                 &path,
                 pick,
@@ -729,25 +699,13 @@ impl Service {
     async fn recovery_verify(
         &self,
         #[zbus(header)] hdr: Header<'_>,
-        #[zbus(connection)] conn: &Connection,
         dir: String,
         key: zvariant::OwnedFd,
     ) -> Result<bool> {
-        self.call("RecoveryVerify", dir.clone(), conn, &hdr, move |_ctx, caller| {
-            let path = caller.directory(&dir)?;
+        self.on_dir("RecoveryVerify", dir, &hdr, move |_ctx, _caller, path| {
             let typed = read_secret(key.into(), "key")?;
             let key = dirseal::recovery::parse_key(&typed)?;
-            match dirseal::recovery::master_key(&path, &key) {
-                Ok(_) => Ok(true),
-                Err(e) => {
-                    let e = Error::from(e);
-                    if is_incorrect(&e) {
-                        Ok(false)
-                    } else {
-                        Err(e)
-                    }
-                }
-            }
+            valid(dirseal::recovery::master_key(&path, &key))
         })
         .await
     }
@@ -760,15 +718,13 @@ impl Service {
     async fn recovery_restore(
         &self,
         #[zbus(header)] hdr: Header<'_>,
-        #[zbus(connection)] conn: &Connection,
         dir: String,
         key: zvariant::OwnedFd,
         protector: String,
         secret: zvariant::OwnedFd,
         name: String,
     ) -> Result<String> {
-        self.call("RecoveryRestore", dir.clone(), conn, &hdr, move |ctx, caller| {
-            let path = caller.directory(&dir)?;
+        self.on_dir("RecoveryRestore", dir, &hdr, move |ctx, caller, path| {
             let key = read_secret(key.into(), "key")?;
             let secret = read_secret(secret.into(), "secret")?;
             let mut ds = ctx.open()?;
@@ -781,16 +737,13 @@ impl Service {
     }
 
     /// Deletes the directory's recovery key (it stops working).
-    async fn recovery_remove(
-        &self,
-        #[zbus(header)] hdr: Header<'_>,
-        #[zbus(connection)] conn: &Connection,
-        dir: String,
-    ) -> Result<()> {
-        self.call("RecoveryRemove", dir.clone(), conn, &hdr, move |_ctx, caller| {
-            let path = caller.directory(&dir)?;
+    async fn recovery_remove(&self, #[zbus(header)] hdr: Header<'_>, dir: String) -> Result<()> {
+        self.on_dir("RecoveryRemove", dir, &hdr, move |_ctx, _caller, path| {
             if !dirseal::recovery::remove_blob(&path)? {
-                return Err(Error::new(Kind::NotFound, format!("{dir} has no recovery key; nothing to remove")));
+                return Err(Error::new(
+                    Kind::NotFound,
+                    format!("{} has no recovery key; nothing to remove", path.display()),
+                ));
             }
             Ok(())
         })
@@ -799,15 +752,10 @@ impl Service {
 
     /// How many wrong PINs the TPM behind a tpm2 protector still accepts before it locks out.
     #[zbus(out_args("tries"))]
-    async fn get_tpm_tries_left(
-        &self,
-        #[zbus(header)] hdr: Header<'_>,
-        #[zbus(connection)] conn: &Connection,
-        protector: String,
-    ) -> Result<u32> {
-        self.call("GetTpmTriesLeft", protector.clone(), conn, &hdr, move |ctx, caller| {
+    async fn get_tpm_tries_left(&self, #[zbus(header)] hdr: Header<'_>, protector: String) -> Result<u32> {
+        self.call("GetTpmTriesLeft", protector.clone(), &hdr, move |ctx, caller| {
             let id = parse_protector_id(&protector)?;
-            let ds = Dirseal::open_existing(&ctx.config, ctx.keystore.as_deref())?;
+            let ds = ctx.open_existing()?;
             let rec = ds.keystore().protector(&id)?;
             caller.check_protector(&rec)?;
             if !matches!(rec.kind, ProtectorKind::Tpm2(_)) {

@@ -347,6 +347,15 @@ fn job_path(reply: &str) -> String {
     p[0].clone()
 }
 
+/// Fills `u`'s home with `mib` files of 1 MiB and a directory `small` of `small` files of 512 bytes.
+fn sample_home(u: &User, mib: usize, small: usize) {
+    fill(&u.home, mib, 1 << 20, u.uid);
+    let dir = u.home.join("small");
+    std::fs::create_dir(&dir).unwrap();
+    std::os::unix::fs::chown(&dir, Some(u.uid), Some(u.uid)).unwrap();
+    fill(&dir, small, 512, u.uid);
+}
+
 /// How many entries are below `dir` (0 when it does not exist).
 fn entries(dir: &Path) -> usize {
     let list = std::fs::read_dir(dir).into_iter().flatten().flatten();
@@ -366,11 +375,7 @@ fn a_user_converts_their_home_with_progress_signals_and_can_cancel() {
     let alice = h.user();
     let bob = h.user();
     // Many files: the copy takes long enough that a Cancel sent at once lands before the swap.
-    fill(&alice.home, 32, 1 << 20, alice.uid);
-    let small = alice.home.join("small");
-    std::fs::create_dir(&small).unwrap();
-    std::os::unix::fs::chown(&small, Some(alice.uid), Some(alice.uid)).unwrap();
-    fill(&small, 4000, 512, alice.uid);
+    sample_home(&alice, 32, 4000);
     let original = contents(&alice.home);
     let rx = watch_jobs(&h.bus);
     let mut seen = Vec::new();
@@ -457,11 +462,7 @@ fn a_conversion_survives_its_client_and_resumes_after_the_service_is_killed_mid_
     // syncfs that encrypts it all (the kernel's AES: ~60 MB/s), so 48 MiB keep the conversion in
     // its copying state for most of a second after its first Progress; the small files make the
     // copy itself take a while.
-    fill(&alice.home, 48, 1 << 20, alice.uid);
-    let small = alice.home.join("small");
-    std::fs::create_dir(&small).unwrap();
-    std::os::unix::fs::chown(&small, Some(alice.uid), Some(alice.uid)).unwrap();
-    fill(&small, 1000, 512, alice.uid);
+    sample_home(&alice, 48, 1000);
     let original = contents(&alice.home);
     let rx = watch_jobs(&h.bus);
     let mut seen = Vec::new();
