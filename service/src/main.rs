@@ -55,7 +55,8 @@ fn run(args: Args) -> Result<()> {
     let conn = zbus::blocking::Connection::system().context("connecting to the system bus")?;
     // Served before the name is taken: no call can arrive before the object exists.
     conn.object_server().at(OBJECT_PATH, Service::new(Arc::clone(&ctx), conn.inner().clone()))?;
-    conn.request_name(BUS_NAME)
+    // Not queued behind another owner: a second instance says so and exits.
+    conn.request_name_with_flags(BUS_NAME, zbus::fdo::RequestNameFlags::DoNotQueue.into())
         .with_context(|| format!("serving {BUS_NAME} on the system bus (is another dirsealed running?)"))?;
     eprintln!("dirsealed: serving {BUS_NAME} at {OBJECT_PATH}");
     jobs::resume_recorded(&ctx, conn.inner());

@@ -300,6 +300,39 @@ fn the_service_takes_its_paths_from_options_never_the_environment() {
 }
 
 #[test]
+fn a_second_service_on_the_bus_says_one_runs_and_exits() {
+    if !root_only() {
+        return;
+    }
+    let h = Harness::new();
+    let mut second = std::process::Command::new(env!("CARGO_BIN_EXE_dirsealed"))
+        .arg("--config")
+        .arg(h.config())
+        .arg("--keystore")
+        .arg(h.keystore())
+        .arg("--run-dir")
+        .arg(h.etc.path().join("run2"))
+        .env_clear()
+        .env("DBUS_SYSTEM_BUS_ADDRESS", &h.bus.address)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn dirsealed");
+    let t = Instant::now();
+    while second.try_wait().expect("wait").is_none() {
+        if t.elapsed() > Duration::from_secs(20) {
+            let _ = second.kill();
+            panic!("a second dirsealed waited for the name instead of exiting");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = second.wait_with_output().expect("output");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("is another dirsealed running?"), "{:?}: {err}", out.status);
+    // The first one still serves.
+    h.ok(None, "ListProtectors", &[], &[]);
+}
+
+#[test]
 fn tpm_tries_left_counts_down_with_wrong_pins() {
     if !root_only() {
         return;
