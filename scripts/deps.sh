@@ -3,7 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 pkgs=(libtss2-dev libfido2-dev libpam0g-dev libudev-dev libclang-dev pkg-config swtpm swtpm-tools
-      tpm2-tools pamtester dbus libglib2.0-bin e2fsprogs acl attr util-linux passwd python3 rsync fscrypt time
+      tpm2-tools pamtester dbus libglib2.0-bin polkitd e2fsprogs acl attr util-linux passwd python3 rsync fscrypt time
       libssl-dev zlib1g-dev python3-pip
       # The VM tests (scripts/vm-test.sh): guest userland comes from the host root over 9p.
       busybox-static dmsetup f2fs-tools kmod cpio zstd)

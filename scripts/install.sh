@@ -8,7 +8,7 @@
 #
 # Files that only one place is read from go there whatever the prefix: the PAM module into the
 # multiarch security dir, the profile into /usr/share/pam-configs, the bus policy into
-# /usr/share/dbus-1/system.d. Every file and every directory the install created is recorded in
+# /usr/share/dbus-1/system.d, the polkit action into /usr/share/polkit-1/actions. Every file and every directory the install created is recorded in
 # PREFIX/share/dirseal/install-manifest, and --uninstall removes exactly those, so the system is
 # left as before — except the keystore and config (/var/lib/dirseal, /etc/dirseal), which hold the
 # only keys to encrypted data and are never removed.
@@ -100,6 +100,7 @@ put 644 data/pam-configs/dirseal /usr/share/pam-configs/dirseal
 put 644 data/dbus-1/system.d/org.dirseal.Dirseal1.conf /usr/share/dbus-1/system.d/org.dirseal.Dirseal1.conf
 put 644 data/dbus-1/system-services/org.dirseal.Dirseal1.service "$prefix/share/dbus-1/system-services/org.dirseal.Dirseal1.service"
 put 644 data/org.dirseal.Dirseal1.xml "$prefix/share/dbus-1/interfaces/org.dirseal.Dirseal1.xml"
+put 644 data/polkit-1/actions/org.dirseal.Dirseal1.policy /usr/share/polkit-1/actions/org.dirseal.Dirseal1.policy
 unit=$docs/dirsealed.service
 sed "s|/usr/libexec/dirsealed|$prefix/libexec/dirsealed|" data/systemd/dirsealed.service > "$unit"
 put 644 "$unit" "$prefix/lib/systemd/system/dirsealed.service"

@@ -1,18 +1,29 @@
 //! Who is calling, and what they may touch. The caller's uid comes from the bus daemon (the
 //! credentials of the message's sender), never from an argument. Root may do anything; any other
-//! user may act only on directories they own and on protectors whose uid is theirs.
+//! user may act only on directories they own and on protectors whose uid is theirs — unless
+//! polkit grants them [`MANAGE_ACTION`] for the call, which then goes on as root's would.
+use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use dirseal::keystore::ProtectorRecord;
 use zbus::message::Header;
+use zbus::zvariant::Value;
 use zbus::Connection;
 
 use crate::error::{Error, Result};
 
+/// The polkit action (data/polkit-1/actions/) for acting on what is not the caller's own.
+pub const MANAGE_ACTION: &str = "org.dirseal.Dirseal1.manage";
+
 #[derive(Clone, Debug)]
 pub struct Caller {
     pub uid: u32,
+    /// The sender's unique bus name and the connection to ask polkit about it on.
+    bus: Option<(String, Connection)>,
+    /// Polkit's answer, asked at most once per call and only when the call needs it.
+    admin: OnceLock<bool>,
 }
 
 impl Caller {
@@ -22,16 +33,61 @@ impl Caller {
         let dbus = zbus::fdo::DBusProxy::new(conn).await?;
         let creds = dbus.get_connection_credentials(sender.clone().into()).await?;
         let uid = creds.unix_user_id().ok_or_else(|| Error::denied("the bus did not report the caller's uid"))?;
-        Ok(Caller { uid })
+        Ok(Caller { uid, bus: Some((sender.to_string(), conn.clone())), admin: OnceLock::new() })
     }
 
+    /// A caller known by uid only (no polkit), for tests.
+    #[cfg(test)]
+    pub fn local(uid: u32) -> Caller {
+        Caller { uid, bus: None, admin: OnceLock::new() }
+    }
+
+    /// Root, or a user polkit has already let act as an administrator in this call.
     pub fn is_root(&self) -> bool {
-        self.uid == 0
+        self.uid == 0 || self.admin.get() == Some(&true)
+    }
+
+    /// Whether the caller may act on what is not theirs: root, or a user polkit grants
+    /// [`MANAGE_ACTION`] (it may ask them to authenticate). Without polkitd on the bus: root only.
+    /// Blocks on the bus: call it from a worker thread, never from the bus's executor.
+    pub fn may_administer(&self) -> bool {
+        self.uid == 0 || *self.admin.get_or_init(|| self.polkit_allows())
+    }
+
+    fn polkit_allows(&self) -> bool {
+        let Some((sender, conn)) = &self.bus else { return false };
+        let subject = ("system-bus-name", HashMap::from([("name", Value::from(sender.as_str()))]));
+        let details: HashMap<&str, &str> = HashMap::new();
+        // Flag 1: AllowUserInteraction (the caller's authentication agent may ask for a password).
+        let args = (subject, MANAGE_ACTION, details, 1u32, "");
+        let reply = zbus::block_on(conn.call_method(
+            Some("org.freedesktop.PolicyKit1"),
+            "/org/freedesktop/PolicyKit1/Authority",
+            Some("org.freedesktop.PolicyKit1.Authority"),
+            "CheckAuthorization",
+            &args,
+        ));
+        match reply.and_then(|m| m.body().deserialize::<(bool, bool, HashMap<String, String>)>()) {
+            Ok((authorized, _, _)) => authorized,
+            // No polkitd: the service works without it, and only root acts for others.
+            Err(zbus::Error::MethodError(name, ..)) if name.as_str() == "org.freedesktop.DBus.Error.ServiceUnknown" => {
+                false
+            }
+            Err(e) => {
+                eprintln!("dirsealed: asking polkit about uid {} failed ({e}); treated as not authorized", self.uid);
+                false
+            }
+        }
+    }
+
+    /// Whether the protector is the caller's own (or the caller is root): asks nobody.
+    pub fn owns_protector(&self, rec: &ProtectorRecord) -> bool {
+        self.is_root() || rec.uid == Some(self.uid)
     }
 
     /// A protector the caller may use or change.
     pub fn check_protector(&self, rec: &ProtectorRecord) -> Result<()> {
-        if self.is_root() || rec.uid == Some(self.uid) {
+        if self.owns_protector(rec) || self.may_administer() {
             return Ok(());
         }
         Err(Error::denied(format!(
@@ -63,9 +119,10 @@ impl Caller {
         if meta.file_type().is_symlink() || !meta.is_dir() {
             return Err(Error::invalid(format!("{dir} is not a directory (symlinks are not followed)")));
         }
-        if meta.uid() != self.uid {
+        if meta.uid() != self.uid && !self.may_administer() {
             return Err(Error::denied(format!(
-                "{dir} belongs to {} (uid {}); you (uid {}) may act only on directories you own",
+                "{dir} belongs to {} (uid {}); you (uid {}) may act only on directories you own \
+                 (administrators: polkit action {MANAGE_ACTION})",
                 user_name(meta.uid()),
                 meta.uid(),
                 self.uid
@@ -123,7 +180,7 @@ mod tests {
 
     #[test]
     fn paths_must_be_absolute_and_plain() {
-        let root = Caller { uid: 0 };
+        let root = Caller::local(0);
         assert!(root.directory("relative/x").is_err());
         assert!(root.directory("/a/../b").is_err());
         assert!(root.directory("/a/./b").is_err());
@@ -137,7 +194,7 @@ mod tests {
             return;
         }
         let uid = 4_000_123;
-        let user = Caller { uid };
+        let user = Caller::local(uid);
         // A root-owned 0755 parent: stable. /tmp itself is sticky and root-owned.
         let top = tempfile::tempdir().unwrap();
         std::fs::set_permissions(top.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();

@@ -163,7 +163,12 @@ fn panic_error(p: Box<dyn std::any::Any + Send>) -> Error {
 }
 
 fn log_outcome<T>(method: &str, caller: &Caller, target: &str, r: &Result<T>) {
-    let who = format!("uid {}", caller.uid);
+    let who = match caller.uid {
+        u if u != 0 && caller.is_root() => {
+            format!("uid {u} (as administrator: polkit granted {})", crate::auth::MANAGE_ACTION)
+        }
+        u => format!("uid {u}"),
+    };
     match r {
         Ok(_) => eprintln!("dirsealed: {method}({target}) by {who}: ok"),
         Err(e) => eprintln!("dirsealed: {method}({target}) by {who}: {e}"),
@@ -195,19 +200,7 @@ impl Service {
         T: Send + 'static,
         F: FnOnce(&Ctx, &Caller) -> Result<T> + Send + 'static,
     {
-        let ctx = Arc::clone(&self.ctx);
-        let fut = async move {
-            let caller = Caller::of(&self.conn, hdr).await?;
-            blocking::unblock(move || {
-                let _one = ctx.work.lock().unwrap_or_else(|e| e.into_inner());
-                let r = std::panic::catch_unwind(AssertUnwindSafe(|| work(&ctx, &caller)))
-                    .unwrap_or_else(|p| Err(panic_error(p)));
-                log_outcome(method, &caller, &target, &r);
-                r
-            })
-            .await
-        };
-        AssertUnwindSafe(fut).catch_unwind().await.unwrap_or_else(|p| Err(panic_error(p)))
+        self.checked(method, target, hdr, |_| Ok(()), move |ctx, caller, ()| work(ctx, caller)).await
     }
 
     /// [`Service::call`] for a method on a directory: `work` gets `dir` as a path the caller may
@@ -218,7 +211,40 @@ impl Service {
         F: FnOnce(&Ctx, &Caller, PathBuf) -> Result<T> + Send + 'static,
     {
         let target = dir.clone();
-        self.call(method, target, hdr, move |ctx, caller| work(ctx, caller, caller.directory(&dir)?)).await
+        self.checked(method, target, hdr, move |caller| caller.directory(&dir), work).await
+    }
+
+    /// The two above: `check` runs before the one-at-a-time lock is taken (it may wait for polkit,
+    /// and so for the caller typing a password), `work` with the lock and what `check` returned.
+    async fn checked<T, P, C, F>(
+        &self,
+        method: &'static str,
+        target: String,
+        hdr: &Header<'_>,
+        check: C,
+        work: F,
+    ) -> Result<T>
+    where
+        T: Send + 'static,
+        C: FnOnce(&Caller) -> Result<P> + Send + 'static,
+        F: FnOnce(&Ctx, &Caller, P) -> Result<T> + Send + 'static,
+    {
+        let ctx = Arc::clone(&self.ctx);
+        let fut = async move {
+            let caller = Caller::of(&self.conn, hdr).await?;
+            blocking::unblock(move || {
+                let r = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                    let checked = check(&caller)?;
+                    let _one = ctx.work.lock().unwrap_or_else(|e| e.into_inner());
+                    work(&ctx, &caller, checked)
+                }))
+                .unwrap_or_else(|p| Err(panic_error(p)));
+                log_outcome(method, &caller, &target, &r);
+                r
+            })
+            .await
+        };
+        AssertUnwindSafe(fut).catch_unwind().await.unwrap_or_else(|p| Err(panic_error(p)))
     }
 }
 
@@ -407,7 +433,7 @@ impl Service {
             let mut out = Vec::new();
             for (_, rec) in ks.protectors()? {
                 let Ok(rec) = rec else { continue };
-                if caller.check_protector(&rec).is_err() {
+                if !caller.owns_protector(&rec) {
                     continue;
                 }
                 let used = policies.iter().filter(|p| p.wrapped.contains_key(&rec.id)).map(|p| p.id.to_string());
@@ -446,7 +472,7 @@ impl Service {
                     other => return Err(Error::invalid(format!("unknown option {other:?}; known: kind, no_pin, uid"))),
                 }
             }
-            if !caller.is_root() && uid.is_some_and(|u| u != caller.uid) {
+            if uid.is_some_and(|u| u != caller.uid) && !caller.may_administer() {
                 return Err(Error::denied("only root may create a protector for another user"));
             }
             let kind = NewKind::named(&kind, &opts)?;
@@ -468,7 +494,7 @@ impl Service {
             match ds.keystore().protector(&id) {
                 Ok(rec) => caller.check_protector(&rec)?,
                 // An unreadable file names no owner: only root may remove it.
-                Err(KeystoreError::Corrupt { .. }) if caller.is_root() => {}
+                Err(KeystoreError::Corrupt { .. }) if caller.may_administer() => {}
                 Err(e) => return Err(e.into()),
             }
             ds.remove_protector(&id)?;
@@ -519,7 +545,7 @@ impl Service {
             let policy = ds.policy_of(&path)?;
             match ds.keystore().protector(&id) {
                 Ok(rec) => caller.check_protector(&rec)?,
-                Err(_) if caller.is_root() => {}
+                Err(_) if caller.may_administer() => {}
                 Err(e) => return Err(e.into()),
             }
             ds.remove_protector_from_policy(&policy.id, &id)?;
@@ -616,7 +642,7 @@ impl Service {
                     }
                 }
             }
-            if o.force && !caller.is_root() {
+            if o.force && !caller.may_administer() {
                 return Err(Error::denied("only root may force a conversion of a directory in use"));
             }
             let secret = read_secret(secret.into(), "secret")?;

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
-use support::{fill, s, snapshot, strings, watch_jobs, write_as_root, Daemon, Harness, JobSignal, User};
+use support::{fill, s, snapshot, strings, watch_jobs, write_as_root, Daemon, Harness, JobSignal, Polkit, User};
 
 const DENIED: &str = "org.freedesktop.DBus.Error.AccessDenied";
 
@@ -274,6 +274,50 @@ fn another_users_home_and_protectors_are_denied_and_nothing_changes() {
     let after = (snapshot(&h.keystore()), h.key(&alice.home), snapshot(&h.config()));
     assert!(before == after, "a denied call changed the keystore, the config or the key status");
     assert!(!bool::try_from(h.status(&spare)["encrypted"].try_clone().unwrap()).unwrap());
+}
+
+/// With polkitd on the bus, a user it grants org.dirseal.Dirseal1.manage (the shipped action)
+/// acts on another user's home as root would, and the log says so; a user it does not grant is
+/// refused with a message naming the action; without polkitd the granted user is refused again.
+#[test]
+fn polkit_lets_an_administrator_act_on_another_users_home() {
+    if !root_only() {
+        return;
+    }
+    let h = Harness::new();
+    let alice = h.user();
+    let admin = h.user();
+    let carol = h.user();
+    encrypt_home(&h, &alice, "pw-a");
+    let a = s(alice.home_str());
+    let pk = Polkit::start(&h.bus, &admin.name);
+
+    let st = h.ok(Some(&admin), "GetStatus", std::slice::from_ref(&a), &[]);
+    assert!(st.contains("'encrypted': <true>"), "{st}");
+    h.ok(Some(&admin), "Lock", &[a.clone(), "false".into()], &[]);
+    assert_eq!(h.key(&alice.home), "locked");
+    // As for root, an unnamed protector is the one that opens the home.
+    h.ok(Some(&admin), "Unlock", &[a.clone(), s(""), fd(3)], &[(3, "pw-a")]);
+    assert_eq!(h.key(&alice.home), "unlocked");
+    // Root-only options too: a protector for alice.
+    let opts = format!("{{'uid': <uint32 {}>}}", alice.uid);
+    let id = strings(&h.ok(Some(&admin), "CreateProtector", &[s("by-admin"), fd(3), opts], &[(3, "x")]))[0].clone();
+    assert!(h.ok(Some(&alice), "ListProtectors", &[], &[]).contains(&id));
+    // Listing asks nobody: the administrator's own list holds only their protectors.
+    assert!(!h.ok(Some(&admin), "ListProtectors", &[], &[]).contains(&id));
+
+    let msg = h.fails(Some(&carol), "GetStatus", std::slice::from_ref(&a), &[], DENIED);
+    assert!(msg.contains("org.dirseal.Dirseal1.manage"), "{msg}");
+    h.fails(Some(&carol), "Lock", &[a.clone(), "false".into()], &[], DENIED);
+    let log = h.daemon.log_text();
+    let line = format!("Lock({}) by uid {} (as administrator: polkit granted", alice.home_str(), admin.uid);
+    assert!(log.contains(&line), "{log}");
+
+    // Without polkitd only root acts for others; the service works on.
+    drop(pk);
+    h.fails(Some(&admin), "GetStatus", std::slice::from_ref(&a), &[], DENIED);
+    h.ok(Some(&alice), "GetStatus", std::slice::from_ref(&a), &[]);
+    assert!(!h.daemon.log_text().contains("asking polkit"), "{}", h.daemon.log_text());
 }
 
 #[test]

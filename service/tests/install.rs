@@ -93,6 +93,7 @@ fn install_lays_out_every_file_and_uninstall_restores_the_tree() {
         ("usr/share/dbus-1/system.d/org.dirseal.Dirseal1.conf".into(), 0o644),
         ("usr/share/dbus-1/system-services/org.dirseal.Dirseal1.service".into(), 0o644),
         ("usr/share/dbus-1/interfaces/org.dirseal.Dirseal1.xml".into(), 0o644),
+        ("usr/share/polkit-1/actions/org.dirseal.Dirseal1.policy".into(), 0o644),
         ("usr/lib/systemd/system/dirsealed.service".into(), 0o644),
         ("usr/share/bash-completion/completions/dirseal".into(), 0o644),
         ("usr/share/zsh/vendor-completions/_dirseal".into(), 0o644),
@@ -114,6 +115,7 @@ fn install_lays_out_every_file_and_uninstall_restores_the_tree() {
         ("data/dbus-1/system.d/org.dirseal.Dirseal1.conf", "usr/share/dbus-1/system.d/org.dirseal.Dirseal1.conf"),
         ("data/pam-configs/dirseal", "usr/share/pam-configs/dirseal"),
         ("data/systemd/dirsealed.service", "usr/lib/systemd/system/dirsealed.service"),
+        ("data/polkit-1/actions/org.dirseal.Dirseal1.policy", "usr/share/polkit-1/actions/org.dirseal.Dirseal1.policy"),
     ] {
         assert_eq!(std::fs::read(repo().join(src)).unwrap(), std::fs::read(root.join(dst)).unwrap(), "{dst}");
     }
@@ -155,10 +157,11 @@ fn another_prefix_moves_binaries_and_the_unit_but_not_what_only_one_place_reads(
     assert!(root.join("opt/ds/sbin/dirseal").exists() && root.join("opt/ds/libexec/dirsealed").exists());
     let unit = std::fs::read_to_string(root.join("opt/ds/lib/systemd/system/dirsealed.service")).unwrap();
     assert!(unit.contains("ExecStart=/opt/ds/libexec/dirsealed "), "{unit}");
-    // libpam, pam-auth-update and dbus-daemon read only these places.
+    // libpam, pam-auth-update, dbus-daemon and polkitd read only these places.
     assert!(root.join(format!("usr/lib/{}/security/pam_dirseal.so", multiarch())).exists());
     assert!(root.join("usr/share/pam-configs/dirseal").exists());
     assert!(root.join("usr/share/dbus-1/system.d/org.dirseal.Dirseal1.conf").exists());
+    assert!(root.join("usr/share/polkit-1/actions/org.dirseal.Dirseal1.policy").exists());
     install(root, &["--uninstall", "--prefix", "/opt/ds"]);
     let left: Vec<String> = listing(root).into_iter().map(|(p, _)| p).collect();
     assert_eq!(left, vec!["etc/".to_string(), "etc/dirseal/".to_string()]);

@@ -429,3 +429,62 @@ pub fn fill(dir: &Path, n: usize, size: usize, uid: u32) {
         std::os::unix::fs::chown(&p, Some(uid), Some(uid)).expect("chown");
     }
 }
+
+/// polkitd on the private bus, with the shipped action (data/polkit-1/actions) installed and a
+/// rule granting it to one user. polkitd reads only the system's directories, so this writes
+/// /usr/share/polkit-1/actions and /etc/polkit-1/rules.d (put back on drop): tests that use it
+/// run under the global suite lock.
+pub struct Polkit {
+    child: Child,
+    action: PathBuf,
+    previous_action: Option<Vec<u8>>,
+    rules: PathBuf,
+}
+
+impl Polkit {
+    pub fn start(bus: &Bus, grant_to: &str) -> Polkit {
+        let exe = Path::new("/usr/lib/polkit-1/polkitd");
+        assert!(exe.exists(), "{} is missing (scripts/deps.sh installs polkitd)", exe.display());
+        let action = PathBuf::from("/usr/share/polkit-1/actions/org.dirseal.Dirseal1.policy");
+        let previous_action = std::fs::read(&action).ok();
+        let shipped = std::fs::read(repo().join("data/polkit-1/actions/org.dirseal.Dirseal1.policy")).expect("policy");
+        std::fs::write(&action, shipped).expect("install the polkit action");
+        let rules =
+            PathBuf::from(format!("/etc/polkit-1/rules.d/49-dirseal-test-{}.rules", dirseal_testfs::rand_hex()));
+        let rule = format!(
+            "polkit.addRule(function(action, subject) {{\n  if (action.id == \"org.dirseal.Dirseal1.manage\" \
+             && subject.user == \"{grant_to}\") {{\n    return polkit.Result.YES;\n  }}\n}});\n"
+        );
+        std::fs::write(&rules, rule).expect("write the polkit rule");
+        // Started as root, polkitd switches to its own user.
+        let child = Command::new(exe)
+            .arg("--no-debug")
+            .env_clear()
+            .env("DBUS_SYSTEM_BUS_ADDRESS", &bus.address)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("polkitd");
+        let pk = Polkit { child, action, previous_action, rules };
+        let conn = bus.connect();
+        let dbus = zbus::blocking::fdo::DBusProxy::new(&conn).expect("DBusProxy");
+        let t = Instant::now();
+        while !dbus.name_has_owner("org.freedesktop.PolicyKit1".try_into().expect("name")).unwrap_or(false) {
+            assert!(t.elapsed() < Duration::from_secs(20), "polkitd did not take its name on the private bus");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        pk
+    }
+}
+
+impl Drop for Polkit {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.rules);
+        let _ = match &self.previous_action {
+            Some(bytes) => std::fs::write(&self.action, bytes),
+            None => std::fs::remove_file(&self.action),
+        };
+    }
+}
