@@ -306,6 +306,15 @@ fn polkit_lets_an_administrator_act_on_another_users_home() {
     // Listing asks nobody: the administrator's own list holds only their protectors.
     assert!(!h.ok(Some(&admin), "ListProtectors", &[], &[]).contains(&id));
 
+    // A directory inside alice's home (alice could swap it): refused to alice, not to them.
+    let inner = alice.home.join("inner");
+    std::fs::create_dir(&inner).unwrap();
+    std::os::unix::fs::chown(&inner, Some(alice.uid), Some(alice.uid)).unwrap();
+    let i = s(inner.to_str().unwrap());
+    let msg = h.fails(Some(&alice), "GetStatus", std::slice::from_ref(&i), &[], DENIED);
+    assert!(msg.contains("org.dirseal.Dirseal1.manage"), "{msg}");
+    h.ok(Some(&admin), "GetStatus", std::slice::from_ref(&i), &[]);
+
     let msg = h.fails(Some(&carol), "GetStatus", std::slice::from_ref(&a), &[], DENIED);
     assert!(msg.contains("org.dirseal.Dirseal1.manage"), "{msg}");
     h.fails(Some(&carol), "Lock", &[a.clone(), "false".into()], &[], DENIED);
