@@ -362,6 +362,7 @@ fn lock_all_users_removes_other_users_claims() {
 
 #[test]
 fn status_answers_for_any_path() {
+    dirseal_testfs::needs_root!();
     // A filesystem without the encrypt feature: an answer, not an error.
     let env = Env::with(common::Options { encrypt: false, ..Default::default() });
     let d = env.mnt().join("d");
@@ -399,6 +400,7 @@ fn status_answers_for_any_path() {
 
 #[test]
 fn unlocking_an_unlocked_directory_asks_nothing() {
+    dirseal_testfs::needs_root!();
     let env = Env::new();
     let d = env.mnt().join("d");
     fs::create_dir(&d).unwrap();
@@ -416,6 +418,7 @@ fn unlocking_an_unlocked_directory_asks_nothing() {
 
 #[test]
 fn owner_without_passwd_entry_gets_a_protector_named_by_uid() {
+    dirseal_testfs::needs_root!();
     let env = Env::new();
     let uid = common::fresh_uid();
     assert!(nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)).unwrap().is_none());

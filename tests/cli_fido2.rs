@@ -60,6 +60,7 @@ impl Keys {
 
 #[test]
 fn create_lock_unlock_by_touch_then_fall_back() {
+    dirseal_testfs::needs_root!();
     let k = keys(&[Options::default()], 3);
     let list: serde_json::Value = serde_json::from_str(&k.env.ok(&["fido2", "list", "--json"], "")).unwrap();
     assert_eq!(list[0]["path"], p(k.keys[0].path()), "{list}");
@@ -113,6 +114,7 @@ fn create_lock_unlock_by_touch_then_fall_back() {
 
 #[test]
 fn two_keys_the_right_one_is_found_and_another_key_is_refused() {
+    dirseal_testfs::needs_root!();
     let k = keys(&[Options::default(), Options::default()], 5);
     let err = k.env.fails(&["protector", "create", "--type", "fido2", "--name", "x"], "");
     assert!(err.contains("several security keys are connected"), "{err}");
@@ -139,6 +141,7 @@ fn two_keys_the_right_one_is_found_and_another_key_is_refused() {
 
 #[test]
 fn pin_required_wrong_pin_shows_retries_blocked_pin_is_clear() {
+    dirseal_testfs::needs_root!();
     let k = keys(&[Options::default()], 5);
     let err = k.env.fails(&["protector", "create", "--type", "fido2", "--name", "x", "--pin"], "1234\n");
     assert!(err.contains("has no PIN set"), "{err}");
@@ -184,6 +187,7 @@ fn pin_required_wrong_pin_shows_retries_blocked_pin_is_clear() {
 
 #[test]
 fn one_key_opens_two_homes() {
+    dirseal_testfs::needs_root!();
     let k = keys(&[Options::default()], 5);
     let id = k.create("shared", &[], "");
     let a = k.dir("alice", &id, "");
@@ -199,6 +203,7 @@ fn one_key_opens_two_homes() {
 /// password happens to be the PIN.
 #[test]
 fn login_never_offers_the_password_as_a_security_key_pin() {
+    dirseal_testfs::needs_root!();
     use dirseal::ops::{Dirseal, NewProtector, Pick, ProtectorChoice};
     use dirseal::protector::{KindOptions, NewKind};
     use dirseal::secret::Passphrase;

@@ -33,6 +33,7 @@ fn tries_left(env: &Env, name: &str) -> Option<u64> {
 
 #[test]
 fn tpm_pin_unlocks_wrong_pins_cost_one_try_lockout_leaves_other_protectors() {
+    dirseal_testfs::needs_root!();
     let tpm = Swtpm::start();
     let env = env_with(&tpm.tcti());
     let d = env.mnt().join("home");
@@ -84,6 +85,7 @@ fn tpm_pin_unlocks_wrong_pins_cost_one_try_lockout_leaves_other_protectors() {
 
 #[test]
 fn pcr_bound_protector_refuses_after_the_pcr_changes_and_names_the_others() {
+    dirseal_testfs::needs_root!();
     let tpm = Swtpm::start();
     let env = env_with(&tpm.tcti());
     let out = env.ok(&["protector", "create", "--type", "tpm2", "--name", "boot", "--no-pin", "--pcr", "7"], "");
@@ -115,6 +117,7 @@ fn pcr_bound_protector_refuses_after_the_pcr_changes_and_names_the_others() {
 
 #[test]
 fn a_missing_tpm_is_a_clear_error_at_create_and_nothing_is_saved() {
+    dirseal_testfs::needs_root!();
     let tpm = Swtpm::start();
     let gone = tpm.tcti();
     drop(tpm);
@@ -137,6 +140,7 @@ fn a_missing_tpm_is_a_clear_error_at_create_and_nothing_is_saved() {
 
 #[test]
 fn tpm_pin_change_keeps_the_protector() {
+    dirseal_testfs::needs_root!();
     let tpm = Swtpm::start();
     let env = env_with(&tpm.tcti());
     env.ok(&["protector", "create", "--type", "tpm2", "--name", "t"], "1111\n");
@@ -149,6 +153,7 @@ fn tpm_pin_change_keeps_the_protector() {
 
 #[test]
 fn convert_with_a_new_tpm_protector() {
+    dirseal_testfs::needs_root!();
     let tpm = Swtpm::start();
     let env = env_with(&tpm.tcti());
     let d = env.mnt().join("home");

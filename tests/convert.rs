@@ -296,6 +296,7 @@ fn resume_after_reboot_asks_for_the_secret() {
 #[cfg(feature = "fault-injection")]
 #[test]
 fn resume_after_the_device_number_changed() {
+    dirseal_testfs::needs_root!();
     let mut env = Env::new();
     let points = ["copy-file:5", "after-swap", "after-record-swapped", "mid-dispose"];
     let mut homes = Vec::new();

@@ -28,6 +28,7 @@ fn available(dir: &Path) -> u64 {
 
 #[test]
 fn a_nearly_full_filesystem_is_converted_by_moving_and_every_entry_stays_the_same() {
+    dirseal_testfs::needs_root!();
     let env = Env::with(Options { size_mib: 1024, ..Default::default() });
     fs::create_dir(env.mnt().join("home")).unwrap();
     let home = env.mnt().join("home/gamer");
@@ -65,6 +66,7 @@ fn a_nearly_full_filesystem_is_converted_by_moving_and_every_entry_stays_the_sam
 #[cfg(feature = "fault-injection")]
 #[test]
 fn a_crashed_move_is_aborted_after_a_reboot_with_the_secret() {
+    dirseal_testfs::needs_root!();
     use dirseal_migrate::fault::Point;
     let mut env = Env::new();
     let home = env.mnt().join("h");

@@ -29,6 +29,7 @@ fn sparse_home(root: &Path) {
 
 #[test]
 fn json_plan_progress_and_result_count_data_not_apparent_size() {
+    dirseal_testfs::needs_root!();
     let env = Env::new();
     let home = env.mnt().join("home");
     sparse_home(&home);
@@ -68,6 +69,7 @@ fn json_plan_progress_and_result_count_data_not_apparent_size() {
 
 #[test]
 fn a_run_without_room_to_probe_has_no_estimate_rather_than_a_guess() {
+    dirseal_testfs::needs_root!();
     let env = Env::new();
     let home = env.mnt().join("home");
     fs::create_dir(&home).unwrap();
@@ -87,6 +89,7 @@ fn a_run_without_room_to_probe_has_no_estimate_rather_than_a_guess() {
 
 #[test]
 fn convert_scrub_overwrites_the_old_plaintext_when_done() {
+    dirseal_testfs::needs_root!();
     let env = Env::new();
     let home = env.mnt().join("home");
     fs::create_dir(&home).unwrap();
@@ -117,6 +120,7 @@ fn convert_scrub_overwrites_the_old_plaintext_when_done() {
 
 #[test]
 fn the_probe_never_writes_into_a_dirseal_dir_someone_else_controls() {
+    dirseal_testfs::needs_root!();
     let env = Env::new();
     let home = env.mnt().join("home");
     fs::create_dir(&home).unwrap();

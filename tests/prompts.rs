@@ -98,6 +98,7 @@ fn home(env: &Env) -> std::path::PathBuf {
 
 #[test]
 fn questions_re_ask_and_nothing_typed_is_echoed() {
+    dirseal_testfs::needs_root!();
     let env = Env::new();
     let d = home(&env);
     let mut t = Term::spawn(&env, &["convert", p(&d), "--protector-name", "o"]);
@@ -133,6 +134,7 @@ fn questions_re_ask_and_nothing_typed_is_echoed() {
 
 #[test]
 fn yes_asks_nothing_but_the_secret() {
+    dirseal_testfs::needs_root!();
     let env = Env::new();
     let d = home(&env);
     let mut t = Term::spawn(&env, &["convert", p(&d), "--yes", "--protector-name", "o"]);
@@ -146,6 +148,7 @@ fn yes_asks_nothing_but_the_secret() {
 
 #[test]
 fn end_of_input_at_a_question_is_no() {
+    dirseal_testfs::needs_root!();
     let env = Env::new();
     let d = home(&env);
     let mut t = Term::spawn(&env, &["convert", p(&d)]);

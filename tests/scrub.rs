@@ -42,6 +42,7 @@ fn scrub_json(env: &Env, extra: &[&str]) -> serde_json::Value {
 
 #[test]
 fn scrub_after_convert_leaves_no_plaintext_on_the_raw_image() {
+    dirseal_testfs::needs_root!();
     let env = Env::new();
     let home = env.mnt().join("home");
     fs::create_dir(&home).unwrap();
@@ -93,6 +94,7 @@ fn scrub_after_convert_leaves_no_plaintext_on_the_raw_image() {
 
 #[test]
 fn scrub_keeps_the_reserve_for_other_programs() {
+    dirseal_testfs::needs_root!();
     let env = Env::new();
     let reserve: u64 = 48 << 20;
     let before = available(env.mnt());
@@ -146,6 +148,7 @@ fn start_scrub(env: &Env) -> (std::process::Child, BufReader<std::process::Child
 
 #[test]
 fn interrupted_or_killed_scrub_gives_the_space_back() {
+    dirseal_testfs::needs_root!();
     let env = Env::with(Options { size_mib: 1024, ..Default::default() });
     let before = available(env.mnt());
     let names = common::names(env.mnt());
@@ -175,6 +178,7 @@ fn interrupted_or_killed_scrub_gives_the_space_back() {
 
 #[test]
 fn scrub_refuses_during_an_unfinished_conversion() {
+    dirseal_testfs::needs_root!();
     let env = Env::new();
     let home = env.mnt().join("home");
     fs::create_dir(&home).unwrap();

@@ -296,6 +296,7 @@ fn status_json(tcti: &str) -> serde_json::Value {
 
 #[test]
 fn cli_setup_changes_what_status_reports() {
+    dirseal_testfs::needs_root!();
     let t = Swtpm::start();
     let s = status_json(&t.tcti());
     assert_eq!(s["present"], true);
@@ -326,6 +327,7 @@ fn cli_setup_changes_what_status_reports() {
 
 #[test]
 fn cli_status_without_a_tpm_says_so() {
+    dirseal_testfs::needs_root!();
     let t = Swtpm::start();
     let gone = t.tcti();
     drop(t);

@@ -150,6 +150,7 @@ fn points_of(op: Op) -> Vec<(String, &'static [&'static str])> {
 
 #[test]
 fn a_crash_at_every_fault_point_of_a_conversion_loses_nothing_and_resumes() {
+    dirseal_testfs::needs_root!();
     let c = Case::new();
     for (i, (point, flags)) in points_of(Op::Convert).iter().enumerate() {
         let (src, wd) = c.other(&format!("p{i}"));
@@ -165,6 +166,7 @@ fn a_crash_at_every_fault_point_of_a_conversion_loses_nothing_and_resumes() {
 
 #[test]
 fn a_crash_between_a_verification_that_found_changes_and_the_next_copy_resumes() {
+    dirseal_testfs::needs_root!();
     let c = Case::new();
     for (i, (point, _)) in points_of(Op::Recopy).iter().enumerate() {
         let (src, wd) = c.other(&format!("r{i}"));
@@ -182,6 +184,7 @@ fn a_crash_between_a_verification_that_found_changes_and_the_next_copy_resumes()
 
 #[test]
 fn crashes_while_aborting_rolling_back_or_committing_resume() {
+    dirseal_testfs::needs_root!();
     let c = Case::new();
     let mut n = 0;
     let mut case = || {
@@ -261,6 +264,7 @@ const MOVE: &[&str] = &["--mode", "move"];
 
 #[test]
 fn a_crash_at_every_fault_point_of_a_move_loses_nothing_and_resumes() {
+    dirseal_testfs::needs_root!();
     let c = Case::new();
     for (i, (point, _)) in points_of(Op::Move).iter().enumerate() {
         let (src, wd) = c.other(&format!("m{i}"));
@@ -276,6 +280,7 @@ fn a_crash_at_every_fault_point_of_a_move_loses_nothing_and_resumes() {
 
 #[test]
 fn a_crash_at_every_fault_point_of_an_aborted_move_loses_nothing_and_the_abort_finishes() {
+    dirseal_testfs::needs_root!();
     let c = Case::new();
     // The root's entries move first, its large files in 15 chunks (all-hole 3, sparse.img 12);
     // then large/ (5 and 3 chunks) is the only directory with more. The 21st chunk leaves every
@@ -329,6 +334,7 @@ fn move_moment(rng: &mut Rng, phase: &str) -> String {
 
 #[test]
 fn sigkill_at_100_random_moments_of_moves_each_then_resumed_loses_nothing() {
+    dirseal_testfs::needs_root!();
     let c = Case::new();
     let mut rng = Rng::new();
     let (mut kills, mut trees) = (0, 0);
@@ -356,6 +362,7 @@ fn sigkill_at_100_random_moments_of_moves_each_then_resumed_loses_nothing() {
 
 #[test]
 fn sigkill_at_100_random_moments_of_moves_and_their_aborts_then_aborted_loses_nothing() {
+    dirseal_testfs::needs_root!();
     let c = Case::new();
     let mut rng = Rng::new();
     let (mut kills, mut trees) = (0, 0);
@@ -402,6 +409,7 @@ fn sigkill_at_100_random_moments_of_moves_and_their_aborts_then_aborted_loses_no
 
 #[test]
 fn sigkill_at_numbered_moments_of_every_phase_loses_nothing() {
+    dirseal_testfs::needs_root!();
     let c = Case::new();
     let specs: &[(&str, &[&str])] = &[
         ("start-scanning", &[]),
@@ -437,6 +445,7 @@ fn sigkill_at_numbered_moments_of_every_phase_loses_nothing() {
 
 #[test]
 fn repeated_sigkills_of_resumed_runs_still_converge() {
+    dirseal_testfs::needs_root!();
     let c = Case::new();
     build_tree(&c.src);
     add_bulk(&c.src, 200, 6);
@@ -462,6 +471,7 @@ fn repeated_sigkills_of_resumed_runs_still_converge() {
 
 #[test]
 fn a_second_converter_is_refused_and_a_killed_holder_does_not_block() {
+    dirseal_testfs::needs_root!();
     use std::io::BufRead;
     let c = Case::new();
     build_tree(&c.src);
@@ -498,6 +508,7 @@ fn a_second_converter_is_refused_and_a_killed_holder_does_not_block() {
 
 #[test]
 fn an_entry_the_converter_cannot_read_stops_it_before_any_swap() {
+    dirseal_testfs::needs_root!();
     let c = Case::new();
     // Without CAP_DAC_OVERRIDE/CAP_DAC_READ_SEARCH even root cannot open a mode-000 file it does
     // not own; that stands in for any unreadable entry (I/O error, odd filesystem).
@@ -528,6 +539,7 @@ fn an_entry_the_converter_cannot_read_stops_it_before_any_swap() {
 
 #[test]
 fn memory_does_not_grow_with_the_size_of_the_tree() {
+    dirseal_testfs::needs_root!();
     let c = Case::with(dirseal_testfs::Options { inodes: Some(60_000), ..Default::default() });
     let mut peaks = Vec::new();
     for (name, dirs) in [("small", 20), ("large", 200)] {
