@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 rounds=${1:-10} t=${2:-2} m=${3:-65536} p=${4:-1}
 bash scripts/deps.sh >/dev/null
 cargo build --quiet --release
-bin=$PWD/target/release/dirseal
+bin=$(realpath "${CARGO_TARGET_DIR:-target}/release/dirseal")
 
 work=$(mktemp -d /tmp/dirseal-bench.XXXXXX)
 mnt=$work/mnt loopdev= saved_conf=

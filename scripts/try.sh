@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 [ "$(id -u)" -eq 0 ] || { echo "run as root: sudo scripts/try.sh (loop mounts and kernel keys need it)" >&2; exit 1; }
 bash scripts/deps.sh
 cargo build --quiet --release
-bin=$PWD/target/release/dirseal
+bin=$(realpath "${CARGO_TARGET_DIR:-target}/release/dirseal")
 
 work=$(mktemp -d /tmp/dirseal-try.XXXXXX)
 mnt=$work/mnt
