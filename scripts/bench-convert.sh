@@ -25,7 +25,7 @@ trap cleanup EXIT
 # Room for four copies of the tree plus the conversion's staging copy.
 size_mib=$(( (small * 8 / 1024 + medium + 3 * large_mib + 40) * 7 + 512 ))
 truncate -s "${size_mib}M" "$work/fs.img"
-mkfs.ext4 -q -O encrypt -N $(( small * 6 + 100000 )) "$work/fs.img"
+mkfs.ext4 -q -O encrypt -N $(( small * 8 + 100000 )) "$work/fs.img"
 mkdir "$mnt"
 loopdev=$(losetup --find --show "$work/fs.img")
 mount "$loopdev" "$mnt"

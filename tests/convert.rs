@@ -346,6 +346,14 @@ fn json_progress_and_result() {
     let v: serde_json::Value = serde_json::from_str(last).unwrap();
     assert_eq!(v["result"]["state"], "done");
     assert!(v["result"]["files"].as_u64().unwrap() > 40);
+    // Every part of a copy conversion is timed, and the parts add up to no more than the run.
+    let t = v["result"]["timings"].as_object().unwrap_or_else(|| panic!("no timings: {last}"));
+    let parts: Vec<&str> = t.keys().map(String::as_str).collect();
+    for part in ["scan", "prepare", "copy", "sync", "verify", "journal", "swap", "dispose"] {
+        assert!(parts.contains(&part), "{part} missing from {parts:?}");
+    }
+    let total: f64 = t.values().map(|s| s.as_f64().unwrap()).sum();
+    assert!(t.values().all(|s| s.as_f64().unwrap() >= 0.0) && total > 0.0 && total < 120.0, "{t:?}");
     for l in out.lines() {
         let v: serde_json::Value = serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}"));
         assert!(v.get("plan").is_some() || v.get("progress").is_some() || v.get("result").is_some(), "{l}");

@@ -1,10 +1,13 @@
-//! The copy pass: makes the staging tree equal to the source tree, one directory at a time.
+//! The copy pass: makes the staging tree equal to the source tree, one directory per task (see
+//! walk.rs), directories in parallel.
 //!
 //! Invariant that makes resuming cheap and safe: a name present in staging is complete. Regular
-//! files are written into an `O_TMPFILE`, given their metadata and only then linked under their
-//! name (made durable all at once by a `syncfs` before `Copied` is recorded). Other entries get their modification time last, so one whose type, owner, mode,
-//! xattrs and mtime match the source is finished. A resumed pass therefore walks the tree again but
-//! copies only what is missing, stale or half-made, and removes what the source no longer has.
+//! files are written into an `O_TMPFILE`, read back and compared while the data is in memory,
+//! given their metadata and only then linked under their name (made durable all at once by a
+//! `syncfs` before `Copied` is recorded). Other entries get their modification time last, so one
+//! whose type, owner, mode, xattrs and mtime match the source is finished. A resumed pass
+//! therefore walks the tree again but copies only what is missing, stale or half-made, and
+//! removes what the source no longer has.
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::{OsStr, OsString};
@@ -19,11 +22,32 @@ use rustix::io::Errno;
 
 use crate::ctx::Ctx;
 use crate::fault::{self, Point};
-use crate::fsx::{self, Kind, Meta};
+use crate::fsx::{self, Kind, Meta, On};
+use crate::walk::{self, Visitor};
 use crate::{remove, MigrateError};
 
 /// How often one file may be seen changing under the copy before the conversion gives up on it.
 const MAX_TRIES: usize = 5;
+
+/// A directory with at least this many files has them copied by several threads (directories
+/// are spread over the threads anyway; this is for one large flat directory).
+const PAR_FILES: usize = 256;
+
+/// Files opened together, their data requested at once before the first is copied: the reads
+/// of a directory's small files then reach the disk as one batch instead of one wait per file.
+const AHEAD: usize = 32;
+
+/// How much of a file is requested ahead (a small file whole, the start of a large one).
+const AHEAD_BYTES: u64 = 256 * 1024;
+
+/// A source entry opened ahead of its copy.
+struct Opened {
+    /// The O_PATH handle that pins the inode.
+    fd: OwnedFd,
+    m: Meta,
+    /// A regular file that will be copied, opened for reading, its first bytes requested.
+    rfd: Option<OwnedFd>,
+}
 
 /// The first staging name of a source inode with several links; later names link to it.
 #[derive(Clone)]
@@ -35,8 +59,6 @@ struct Rep {
 enum Entry {
     Done,
     IsDir,
-    /// Multiply-linked: handled after the parallel batch so one thread owns each link group.
-    Deferred,
 }
 
 struct Copier<'c, 'a> {
@@ -45,14 +67,16 @@ struct Copier<'c, 'a> {
     /// Only inodes with more than one link, so memory follows the number of hard-linked files,
     /// not the size of the tree.
     links: Mutex<HashMap<u64, Rep>>,
-    pool: &'c rayon::ThreadPool,
+    /// Held while a multiply-linked file is handled: one thread at a time creates or links the
+    /// members of link groups, so two names of one inode never race to be its first copy.
+    link_turn: Mutex<()>,
 }
 
-struct Frame {
+/// A directory pair being copied.
+struct Dir {
     src: OwnedFd,
     stg: OwnedFd,
     rel: PathBuf,
-    subdirs: Vec<OsString>,
 }
 
 /// Copies `src_root` into `stg_root` (whose own xattrs set by the host are kept).
@@ -62,37 +86,37 @@ pub(crate) fn copy_tree(
     src_root: &OwnedFd,
     stg_root: &OwnedFd,
 ) -> Result<(), MigrateError> {
-    let c = Copier { ctx, stg_root: stg_root.as_fd(), links: Mutex::new(HashMap::new()), pool };
+    let c = Copier { ctx, stg_root: stg_root.as_fd(), links: Mutex::new(HashMap::new()), link_turn: Mutex::new(()) };
     let root = Path::new("");
     let dup = |fd: &OwnedFd| fd.try_clone().map_err(|e| ctx.dst_err(root, e));
-    let subdirs = c.sync_entries(src_root, stg_root, root)?;
-    let mut stack = vec![Frame { src: dup(src_root)?, stg: dup(stg_root)?, rel: PathBuf::new(), subdirs }];
-    while let Some(top) = stack.last_mut() {
-        let Some(name) = top.subdirs.pop() else {
-            if let Some(f) = stack.pop() {
-                c.finish_dir(&f.src, &f.stg, &f.rel, stack.is_empty())?;
-            }
-            continue;
-        };
-        ctx.check_stop()?;
-        if let Some(frame) = c.enter_dir(&top.src, &top.stg, &top.rel, &name)? {
-            stack.push(frame);
-        }
+    let top = Dir { src: dup(src_root)?, stg: dup(stg_root)?, rel: PathBuf::new() };
+    pool.install(|| walk::walk(&c, top))
+}
+
+impl Visitor for Copier<'_, '_> {
+    type Dir = Dir;
+    type Error = MigrateError;
+
+    fn enter(&self, parent: &Dir, name: &OsStr) -> Result<Option<Dir>, MigrateError> {
+        self.ctx.check_stop()?;
+        self.enter_dir(parent, name)
     }
-    Ok(())
+
+    fn visit(&self, d: &Dir) -> Result<Vec<OsString>, MigrateError> {
+        self.sync_entries(&d.src, &d.stg, &d.rel)
+    }
+
+    fn leave(&self, _parent: Option<&Dir>, d: &Dir) -> Result<(), MigrateError> {
+        self.finish_dir(&d.src, &d.stg, &d.rel, d.rel.as_os_str().is_empty())
+    }
 }
 
 impl Copier<'_, '_> {
-    /// Opens (creating in staging) a subdirectory and copies its non-directory entries.
-    fn enter_dir(
-        &self,
-        src_dir: &OwnedFd,
-        stg_dir: &OwnedFd,
-        rel_dir: &Path,
-        name: &OsStr,
-    ) -> Result<Option<Frame>, MigrateError> {
+    /// Opens a subdirectory, creating it in staging.
+    fn enter_dir(&self, parent: &Dir, name: &OsStr) -> Result<Option<Dir>, MigrateError> {
         let ctx = self.ctx;
-        let rel = rel_dir.join(name);
+        let (src_dir, stg_dir) = (&parent.src, &parent.stg);
+        let rel = parent.rel.join(name);
         let pfd = match fsx::open_path(src_dir, name) {
             Ok(fd) => fd,
             Err(e) if fsx::is_errno(&e, Errno::NOENT) => return Ok(None),
@@ -102,7 +126,10 @@ impl Copier<'_, '_> {
         ctx.check_entry(&m, &rel)?;
         if m.kind != Kind::Dir {
             // Replaced by something else since the listing.
-            self.entry(src_dir, stg_dir, rel_dir, name, true)?;
+            let in_stg = fsx::stat_at(stg_dir, name).map_err(|e| ctx.dst_err(&rel, e))?.is_some();
+            if let Some(o) = self.open_ahead(src_dir, &parent.rel, name, in_stg)? {
+                self.entry(stg_dir, &parent.rel, name, in_stg, o)?;
+            }
             return Ok(None);
         }
         let src = fsx::reopen(pfd.as_fd(), OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOATIME)
@@ -111,16 +138,14 @@ impl Copier<'_, '_> {
             Some(d) if d.kind == Kind::Dir => {}
             other => {
                 if other.is_some() {
-                    remove::remove_tree(stg_dir.as_fd(), name, false, &mut |_| Ok(()))
-                        .map_err(|e| ctx.dst_err(&rel, e))?;
+                    remove::remove_tree(stg_dir.as_fd(), name, false, &|_| Ok(())).map_err(|e| ctx.dst_err(&rel, e))?;
                 }
                 fsx::mkdir(stg_dir, name).map_err(|e| ctx.dst_err(&rel, e))?;
             }
         }
         let stg = fsx::open_dir(stg_dir, name).map_err(|e| ctx.dst_err(&rel, e))?;
         ctx.file_done();
-        let subdirs = self.sync_entries(&src, &stg, &rel)?;
-        Ok(Some(Frame { src, stg, rel, subdirs }))
+        Ok(Some(Dir { src, stg, rel }))
     }
 
     /// Directory metadata goes on after all children, so their creation does not disturb the
@@ -128,17 +153,17 @@ impl Copier<'_, '_> {
     fn finish_dir(&self, src: &OwnedFd, stg: &OwnedFd, rel: &Path, is_root: bool) -> Result<(), MigrateError> {
         let ctx = self.ctx;
         let m = fsx::stat_fd(src).map_err(|e| ctx.src_err(rel, e))?;
-        let mut x = fsx::xattrs(src.as_fd()).map_err(|e| ctx.src_err(rel, e))?;
+        let mut x = fsx::xattrs_on(On::Open(src.as_fd())).map_err(|e| ctx.src_err(rel, e))?;
         if is_root {
             // The host may have put attributes on the staging root (e.g. a recovery blob); keep them.
-            let have = fsx::xattrs(stg.as_fd()).map_err(|e| ctx.dst_err(rel, e))?;
+            let have = fsx::xattrs_on(On::Open(stg.as_fd())).map_err(|e| ctx.dst_err(rel, e))?;
             for (n, v) in have {
                 if !x.iter().any(|(m, _)| *m == n) {
                     x.push((n, v));
                 }
             }
         }
-        fsx::apply_meta(stg.as_fd(), &m, &x).map_err(|e| ctx.dst_err(rel, e))?;
+        fsx::apply_meta_on(On::Open(stg.as_fd()), &m, &x).map_err(|e| ctx.dst_err(rel, e))?;
         fault::point(Point::CopyDir);
         Ok(())
     }
@@ -147,79 +172,111 @@ impl Copier<'_, '_> {
     /// the source's subdirectories, to be entered next.
     fn sync_entries(&self, src: &OwnedFd, stg: &OwnedFd, rel: &Path) -> Result<Vec<OsString>, MigrateError> {
         let ctx = self.ctx;
-        let names = fsx::list_names(src).map_err(|e| ctx.src_err(rel, e))?;
-        let wanted: HashSet<&OsStr> = names.iter().map(|n| n.as_os_str()).collect();
+        let entries = fsx::list(src).map_err(|e| ctx.src_err(rel, e))?;
+        let wanted: HashSet<&OsStr> = entries.iter().map(|(n, _)| n.as_os_str()).collect();
+        let mut in_stg = HashSet::new();
         for n in fsx::list_names(stg).map_err(|e| ctx.dst_err(rel, e))? {
-            if !wanted.contains(n.as_os_str()) {
-                remove::remove_tree(stg.as_fd(), &n, false, &mut |_| Ok(()))
-                    .map_err(|e| ctx.dst_err(&rel.join(&n), e))?;
+            if wanted.contains(n.as_os_str()) {
+                in_stg.insert(n);
+            } else {
+                remove::remove_tree(stg.as_fd(), &n, false, &|_| Ok(())).map_err(|e| ctx.dst_err(&rel.join(&n), e))?;
             }
         }
-        let (mut singles, mut others, mut subdirs) = (Vec::new(), Vec::new(), Vec::new());
-        for n in names {
-            match fsx::stat_at(src, &n).map_err(|e| ctx.src_err(&rel.join(&n), e))? {
-                None => {}
-                Some(m) if m.kind == Kind::Dir => subdirs.push(n),
-                Some(m) if m.kind == Kind::File && m.nlink == 1 => singles.push(n),
-                Some(_) => others.push(n),
-            }
-        }
-        let results: Vec<(OsString, Entry)> = self.pool.install(|| {
-            singles
-                .into_par_iter()
-                .map(|n| self.entry(src, stg, rel, &n, false).map(|r| (n, r)))
-                .collect::<Result<_, _>>()
-        })?;
-        for (n, r) in results {
-            match r {
-                Entry::Done => {}
-                Entry::IsDir => subdirs.push(n),
-                Entry::Deferred => others.push(n),
-            }
-        }
-        for n in others {
-            if let Entry::IsDir = self.entry(src, stg, rel, &n, true)? {
+        // The listing's types only sort the work: each entry is checked on the inode it opens.
+        let (mut subdirs, mut files) = (Vec::new(), Vec::new());
+        for (n, kind) in entries {
+            if kind == Some(Kind::Dir) {
                 subdirs.push(n);
+            } else {
+                files.push(n);
             }
         }
+        // Each batch: open every file and request its data, then copy them one by one.
+        let batch = |names: &[OsString]| -> Result<Vec<OsString>, MigrateError> {
+            let mut opened = Vec::with_capacity(names.len());
+            for n in names {
+                opened.push(self.open_ahead(src, rel, n, in_stg.contains(n))?);
+            }
+            let mut turned = Vec::new();
+            for (n, o) in names.iter().zip(opened) {
+                let Some(o) = o else { continue };
+                if let Entry::IsDir = self.entry(stg, rel, n, in_stg.contains(n), o)? {
+                    turned.push(n.clone());
+                }
+            }
+            Ok(turned)
+        };
+        let turned: Vec<Vec<OsString>> = if files.len() >= PAR_FILES {
+            files.par_chunks(AHEAD).map(batch).collect::<Result<_, _>>()?
+        } else {
+            files.chunks(AHEAD).map(batch).collect::<Result<_, _>>()?
+        };
+        subdirs.extend(turned.into_iter().flatten());
         Ok(subdirs)
     }
 
-    /// Brings one non-directory entry up to date in staging.
-    fn entry(
+    /// Opens a source entry for [`Copier::entry`] (`None`: it vanished), and if it is a regular
+    /// file that will be copied (`in_stg`: staging's listing has the name, so it may already be
+    /// there), opens it for reading and asks for its data without waiting.
+    fn open_ahead(
         &self,
         src_dir: &OwnedFd,
-        stg_dir: &OwnedFd,
         rel_dir: &Path,
         name: &OsStr,
-        allow_links: bool,
-    ) -> Result<Entry, MigrateError> {
+        in_stg: bool,
+    ) -> Result<Option<Opened>, MigrateError> {
         let ctx = self.ctx;
-        ctx.check_stop()?;
-        let rel = rel_dir.join(name);
         let fd = match fsx::open_path(src_dir, name) {
             Ok(fd) => fd,
             Err(e) if fsx::is_errno(&e, Errno::NOENT) => {
                 ctx.file_done();
-                return Ok(Entry::Done);
+                return Ok(None);
             }
-            Err(e) => return Err(ctx.src_err(&rel, e)),
+            Err(e) => return Err(ctx.src_err(&rel_dir.join(name), e)),
         };
-        let m = fsx::stat_fd(&fd).map_err(|e| ctx.src_err(&rel, e))?;
+        let m = fsx::stat_fd(&fd).map_err(|e| ctx.src_err(&rel_dir.join(name), e))?;
+        let rfd = if m.kind == Kind::File && m.nlink == 1 && !in_stg && m.size > 0 {
+            let rfd = fsx::reopen(fd.as_fd(), OFlags::RDONLY | OFlags::NOATIME)
+                .map_err(|e| ctx.src_err(&rel_dir.join(name), e))?;
+            fsx::read_ahead(&rfd, m.size.min(AHEAD_BYTES));
+            Some(rfd)
+        } else {
+            None
+        };
+        Ok(Some(Opened { fd, m, rfd }))
+    }
+
+    /// Brings one non-directory entry up to date in staging. `in_stg`: staging's listing has the
+    /// name (when it does not, there is nothing there to look at: nobody else writes staging).
+    fn entry(
+        &self,
+        stg_dir: &OwnedFd,
+        rel_dir: &Path,
+        name: &OsStr,
+        in_stg: bool,
+        o: Opened,
+    ) -> Result<Entry, MigrateError> {
+        let ctx = self.ctx;
+        ctx.check_stop()?;
+        let rel = rel_dir.join(name);
+        let Opened { fd, m, rfd } = o;
         ctx.check_entry(&m, &rel)?;
         if m.kind == Kind::Dir {
             return Ok(Entry::IsDir);
         }
-        if m.nlink > 1 && !allow_links {
-            return Ok(Entry::Deferred);
-        }
-        let existing = fsx::stat_at(stg_dir, name).map_err(|e| ctx.dst_err(&rel, e))?;
+        let _turn = match m.nlink {
+            1 => None,
+            _ => Some(self.link_turn.lock().map_err(|_| MigrateError::Internal("hard-link state poisoned"))?),
+        };
+        let existing = match in_stg {
+            true => fsx::stat_at(stg_dir, name).map_err(|e| ctx.dst_err(&rel, e))?,
+            false => None,
+        };
         let rep = if m.nlink > 1 { self.rep(m.ino) } else { None };
         if let Some(rep) = rep {
             if existing.as_ref().map(|e| e.ino) != Some(rep.stg_ino) {
                 if existing.is_some() {
-                    remove::remove_tree(stg_dir.as_fd(), name, false, &mut |_| Ok(()))
-                        .map_err(|e| ctx.dst_err(&rel, e))?;
+                    remove::remove_tree(stg_dir.as_fd(), name, false, &|_| Ok(())).map_err(|e| ctx.dst_err(&rel, e))?;
                 }
                 let rfd = fsx::open_beneath(self.stg_root, &rep.rel).map_err(|e| ctx.dst_err(&rep.rel, e))?;
                 let rm = fsx::stat_fd(&rfd).map_err(|e| ctx.dst_err(&rep.rel, e))?;
@@ -243,9 +300,9 @@ impl Copier<'_, '_> {
                 ctx.file_done();
                 return Ok(Entry::Done);
             }
-            remove::remove_tree(stg_dir.as_fd(), name, false, &mut |_| Ok(())).map_err(|e| ctx.dst_err(&rel, e))?;
+            remove::remove_tree(stg_dir.as_fd(), name, false, &|_| Ok(())).map_err(|e| ctx.dst_err(&rel, e))?;
         }
-        let stg_ino = create(ctx, &fd, m.kind, stg_dir, name, &rel, m.nlink > 1)?;
+        let stg_ino = create(ctx, &fd, Some((&m, rfd)), m.kind, stg_dir, name, &rel, m.nlink > 1)?;
         if m.nlink > 1 {
             self.set_rep(m.ino, &rel, stg_ino);
         }
@@ -291,11 +348,14 @@ impl Copier<'_, '_> {
 }
 
 /// Creates the copy of a non-directory entry (in staging, or back in the source when a move is
-/// aborted); returns its inode number (when `need_ino`, else 0). Re-copies
-/// while the source changes under it (size, mtime or ctime differ before and after).
+/// aborted); returns its inode number (when `need_ino`, else 0). `known`: the entry's metadata
+/// as just read from `fd`, and the file opened for reading, if the caller has them. Re-copies while the source changes under it
+/// (size, mtime or ctime differ before and after).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn create(
     ctx: &Ctx,
     fd: &OwnedFd,
+    known: Option<(&Meta, Option<OwnedFd>)>,
     kind: Kind,
     stg_dir: &OwnedFd,
     name: &OsStr,
@@ -304,16 +364,23 @@ pub(crate) fn create(
 ) -> Result<u64, MigrateError> {
     let serr = |e| ctx.src_err(rel, e);
     let derr = |e| ctx.dst_err(rel, e);
+    let mut known = known;
     for attempt in 0..MAX_TRIES {
         if attempt > 0 {
             ctx.recopied.fetch_add(1, Ordering::Relaxed);
         }
-        let before = fsx::stat_fd(fd).map_err(serr)?;
+        let (before, opened) = match known.take() {
+            Some((m, rfd)) => (*m, rfd),
+            None => (fsx::stat_fd(fd).map_err(serr)?, None),
+        };
         if before.kind != kind {
             return Err(MigrateError::KeepsChanging { path: ctx.display(rel) });
         }
         if kind == Kind::File {
-            let rfd = fsx::reopen(fd.as_fd(), OFlags::RDONLY | OFlags::NOATIME).map_err(serr)?;
+            let rfd = match opened {
+                Some(rfd) => rfd,
+                None => fsx::reopen(fd.as_fd(), OFlags::RDONLY | OFlags::NOATIME).map_err(serr)?,
+            };
             let tmp = fsx::tmpfile(stg_dir).map_err(derr)?;
             let mut copied = 0u64;
             let mut on_chunk = |n: u64| {
@@ -332,18 +399,29 @@ pub(crate) fn create(
                 // Both ends report through copy_file_range; only the destination runs out of space.
                 return Err(derr(e));
             }
-            let x = fsx::xattrs(fd.as_fd()).map_err(serr)?;
-            fsx::apply_meta(tmp.as_fd(), &before, &x).map_err(derr)?;
+            // Verified now, while both sides are in memory: verification before the swap then
+            // only needs to show that the source did not change since (see verify.rs).
+            let same = fsx::same_content(rfd.as_fd(), tmp.as_fd(), &mut |_| {}).map_err(derr)?;
+            let x = fsx::xattrs_on(On::Open(rfd.as_fd())).map_err(serr)?;
+            fsx::apply_meta_on(On::Open(tmp.as_fd()), &before, &x).map_err(derr)?;
             let after = fsx::stat_fd(fd).map_err(serr)?;
             if after.changed_since(&before) {
                 continue;
             }
+            if !same {
+                return Err(MigrateError::VerifyFailed {
+                    path: ctx.display(rel),
+                    reason: "the copy read back differs from the original, which did not change".into(),
+                });
+            }
             // No fsync per file: a killed process loses nothing from the page cache, and after
             // a power loss ext4 shows an unsynced file short (its on-disk size grows only with
             // written blocks), so the resumed pass recopies it. Everything is made durable by
-            // one syncfs before `Copied` is recorded, and verification compares content before
-            // the swap. Per-file fsync made conversion several times slower than `cp -a`.
+            // one syncfs before `Copied` is recorded. Per-file fsync made conversion several
+            // times slower than `cp -a`; starting the writeback here instead keeps the
+            // encryption of the data on this thread.
             fsx::link_fd(&tmp, stg_dir, name).map_err(derr)?;
+            fsx::start_writeback(&tmp);
             // Data ranges end at block granularity in the census: count the file as a whole.
             ctx.add_bytes(before.data().saturating_sub(copied));
             fault::point(Point::CopyFile);

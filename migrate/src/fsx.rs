@@ -53,7 +53,8 @@ impl Kind {
 }
 
 /// A timestamp with nanoseconds, as statx reports it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+/// Ordered as times are: seconds, then nanoseconds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Time {
     pub sec: i64,
     pub nsec: u32,
@@ -248,6 +249,13 @@ pub(crate) fn open_beneath(root: impl AsFd, rel: &Path) -> io::Result<OwnedFd> {
 /// Names in a directory, without `.` and `..`. Reads from a fresh handle so the caller's offset is
 /// untouched, with `O_NOATIME` so listing a tree leaves its access times as they were.
 pub(crate) fn list_names(dir: impl AsFd) -> io::Result<Vec<OsString>> {
+    Ok(list(dir)?.into_iter().map(|(n, _)| n).collect())
+}
+
+/// Like [`list_names`], with each entry's type as the directory says it (`None` when the
+/// filesystem does not say). Only a hint for sorting work: the entry may change before it is
+/// opened, so whoever acts on it checks the inode it opened.
+pub(crate) fn list(dir: impl AsFd) -> io::Result<Vec<(OsString, Option<Kind>)>> {
     let fd = rustix::fs::openat(
         dir,
         c".",
@@ -262,7 +270,11 @@ pub(crate) fn list_names(dir: impl AsFd) -> io::Result<Vec<OsString>> {
         if n == b"." || n == b".." {
             continue;
         }
-        out.push(OsString::from_vec(n.to_vec()));
+        let kind = match e.file_type() {
+            FileType::Unknown => None,
+            t => Kind::from_mode(t.as_raw_mode()),
+        };
+        out.push((OsString::from_vec(n.to_vec()), kind));
     }
     Ok(out)
 }
@@ -273,14 +285,85 @@ pub(crate) fn read_link(fd: impl AsFd) -> io::Result<OsString> {
     Ok(OsString::from_vec(t.into_bytes()))
 }
 
+/// Where extended attributes are read and written: through `/proc/self/fd/N` (works for any handle,
+/// including O_PATH ones on symlinks and device nodes), or directly on a file opened for I/O
+/// (no path walk through /proc: the cheaper way for the regular files a copy has open anyway).
+#[derive(Clone, Copy)]
+pub(crate) enum On<'a> {
+    Handle(BorrowedFd<'a>),
+    Open(BorrowedFd<'a>),
+}
+
+/// The xattr calls for one target: the path form for O_PATH handles, the f* form for open files.
+enum Target<'a> {
+    Path(String),
+    Fd(BorrowedFd<'a>),
+}
+
+impl<'a> Target<'a> {
+    fn new(on: On<'a>) -> Target<'a> {
+        match on {
+            On::Handle(fd) => Target::Path(proc_path(fd)),
+            On::Open(fd) => Target::Fd(fd),
+        }
+    }
+
+    fn list(&self, buf: &mut [u8]) -> rustix::io::Result<usize> {
+        match self {
+            Target::Path(p) => rustix::fs::listxattr(p.as_str(), buf),
+            Target::Fd(fd) => rustix::fs::flistxattr(fd, buf),
+        }
+    }
+
+    fn list_size(&self) -> rustix::io::Result<usize> {
+        match self {
+            Target::Path(p) => rustix::fs::listxattr_query(p.as_str()),
+            Target::Fd(fd) => rustix::fs::flistxattr_query(fd),
+        }
+    }
+
+    fn get(&self, name: &OsStr, buf: &mut [u8]) -> rustix::io::Result<usize> {
+        match self {
+            Target::Path(p) => rustix::fs::getxattr(p.as_str(), name, buf),
+            Target::Fd(fd) => rustix::fs::fgetxattr(fd, name, buf),
+        }
+    }
+
+    fn get_size(&self, name: &OsStr) -> rustix::io::Result<usize> {
+        match self {
+            Target::Path(p) => rustix::fs::getxattr_query(p.as_str(), name),
+            Target::Fd(fd) => rustix::fs::fgetxattr_query(fd, name),
+        }
+    }
+
+    fn set(&self, name: &OsStr, value: &[u8]) -> rustix::io::Result<()> {
+        match self {
+            Target::Path(p) => rustix::fs::setxattr(p.as_str(), name, value, XattrFlags::empty()),
+            Target::Fd(fd) => rustix::fs::fsetxattr(fd, name, value, XattrFlags::empty()),
+        }
+    }
+
+    fn remove(&self, name: &OsStr) -> rustix::io::Result<()> {
+        match self {
+            Target::Path(p) => rustix::fs::removexattr(p.as_str(), name),
+            Target::Fd(fd) => rustix::fs::fremovexattr(fd, name),
+        }
+    }
+}
+
 /// All extended attributes (name, value), sorted by name, of the inode behind `fd`; works on any
 /// kind of inode, including O_PATH handles on symlinks and device nodes.
 pub(crate) fn xattrs(fd: BorrowedFd<'_>) -> io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
-    let p = proc_path(fd);
+    xattrs_on(On::Handle(fd))
+}
+
+/// [`xattrs`] of a handle or an open file.
+pub(crate) fn xattrs_on(on: On<'_>) -> io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    let t = Target::new(on);
     // Most files have no xattrs or a few short ones: one call into a small buffer answers that;
     // only a longer list needs the size query.
     let mut first = vec![0u8; 1024];
-    let names = match rustix::fs::listxattr(p.as_str(), &mut first[..]) {
+    let names = match t.list(&mut first[..]) {
         Ok(0) => return Ok(Vec::new()),
         Ok(len) => {
             first.truncate(len);
@@ -294,13 +377,13 @@ pub(crate) fn xattrs(fd: BorrowedFd<'_>) -> io::Result<Vec<(Vec<u8>, Vec<u8>)>> 
         n
     } else {
         loop {
-            let n = match rustix::fs::listxattr_query(p.as_str()) {
+            let n = match t.list_size() {
                 Ok(n) => n,
                 Err(Errno::OPNOTSUPP) => return Ok(Vec::new()),
                 Err(e) => return Err(e.into()),
             };
             let mut buf = vec![0u8; n];
-            match rustix::fs::listxattr(p.as_str(), &mut buf[..]) {
+            match t.list(&mut buf[..]) {
                 Ok(len) => {
                     buf.truncate(len);
                     break buf;
@@ -315,14 +398,14 @@ pub(crate) fn xattrs(fd: BorrowedFd<'_>) -> io::Result<Vec<(Vec<u8>, Vec<u8>)>> 
     for name in names.split(|b| *b == 0).filter(|n| !n.is_empty()) {
         let name_os = OsStr::from_bytes(name);
         let value = loop {
-            let n = match rustix::fs::getxattr_query(p.as_str(), name_os) {
+            let n = match t.get_size(name_os) {
                 Ok(n) => n,
                 // Removed between list and get.
                 Err(Errno::NODATA) => break None,
                 Err(e) => return Err(e.into()),
             };
             let mut buf = vec![0u8; n];
-            match rustix::fs::getxattr(p.as_str(), name_os, &mut buf[..]) {
+            match t.get(name_os, &mut buf[..]) {
                 Ok(len) => {
                     buf.truncate(len);
                     break Some(buf);
@@ -340,14 +423,14 @@ pub(crate) fn xattrs(fd: BorrowedFd<'_>) -> io::Result<Vec<(Vec<u8>, Vec<u8>)>> 
     Ok(out)
 }
 
-/// Makes the xattrs of the inode behind `fd` exactly `want` (removes extras, e.g. ACLs inherited
+/// Makes the xattrs of the inode behind `on` exactly `want` (removes extras, e.g. ACLs inherited
 /// from a default ACL, then sets every wanted one).
-pub(crate) fn set_xattrs(fd: BorrowedFd<'_>, want: &[(Vec<u8>, Vec<u8>)]) -> io::Result<()> {
-    let have = xattrs(fd)?;
-    let p = proc_path(fd);
+fn set_xattrs_on(on: On<'_>, want: &[(Vec<u8>, Vec<u8>)]) -> io::Result<()> {
+    let have = xattrs_on(on)?;
+    let t = Target::new(on);
     for (name, _) in &have {
         if !want.iter().any(|(n, _)| n == name) {
-            match rustix::fs::removexattr(p.as_str(), OsStr::from_bytes(name)) {
+            match t.remove(OsStr::from_bytes(name)) {
                 Ok(()) | Err(Errno::NODATA) => {}
                 Err(e) => return Err(e.into()),
             }
@@ -357,7 +440,7 @@ pub(crate) fn set_xattrs(fd: BorrowedFd<'_>, want: &[(Vec<u8>, Vec<u8>)]) -> io:
         if have.iter().any(|(n, v)| n == name && v == value) {
             continue;
         }
-        rustix::fs::setxattr(p.as_str(), OsStr::from_bytes(name), value, XattrFlags::empty())?;
+        t.set(OsStr::from_bytes(name), value)?;
     }
     Ok(())
 }
@@ -515,14 +598,27 @@ pub(crate) fn zero_data(fd: BorrowedFd<'_>) -> io::Result<()> {
 /// clears setuid/setgid and file capabilities, so it goes first; setting an ACL rewrites the mode,
 /// so chmod comes after it; mtime last, which marks the entry complete.
 pub(crate) fn apply_meta(fd: BorrowedFd<'_>, m: &Meta, xattrs: &[(Vec<u8>, Vec<u8>)]) -> io::Result<()> {
+    apply_meta_on(On::Handle(fd), m, xattrs)
+}
+
+/// [`apply_meta`] on a handle or an open file (an open regular file needs no path walk through
+/// /proc for its xattrs and mode).
+pub(crate) fn apply_meta_on(on: On<'_>, m: &Meta, xattrs: &[(Vec<u8>, Vec<u8>)]) -> io::Result<()> {
+    let fd = match on {
+        On::Handle(fd) | On::Open(fd) => fd,
+    };
     let (uid, gid) = (Some(rustix::fs::Uid::from_raw(m.uid)), Some(rustix::fs::Gid::from_raw(m.gid)));
     let here = AtFlags::EMPTY_PATH | AtFlags::SYMLINK_NOFOLLOW;
     rustix::fs::chownat(fd, c"", uid, gid, here)?;
-    set_xattrs(fd, xattrs)?;
-    if m.kind != Kind::Symlink {
-        // Following the magic link lands on exactly this inode, which is not a symlink.
-        let path = proc_path(fd);
-        rustix::fs::chmodat(rustix::fs::CWD, path.as_str(), Mode::from_raw_mode(m.perm), AtFlags::empty())?;
+    set_xattrs_on(on, xattrs)?;
+    match on {
+        On::Open(fd) => rustix::fs::fchmod(fd, Mode::from_raw_mode(m.perm))?,
+        On::Handle(_) if m.kind == Kind::Symlink => {}
+        On::Handle(fd) => {
+            // Following the magic link lands on exactly this inode, which is not a symlink.
+            let path = proc_path(fd);
+            rustix::fs::chmodat(rustix::fs::CWD, path.as_str(), Mode::from_raw_mode(m.perm), AtFlags::empty())?;
+        }
     }
     rustix::fs::utimensat(fd, c"", &m.times(), here)?;
     Ok(())
@@ -539,9 +635,105 @@ pub(crate) fn fsync(fd: impl AsFd) -> io::Result<()> {
     Ok(rustix::fs::fsync(fd)?)
 }
 
-/// Creates an anonymous file in `dir` that appears under a name only once `link_tmp` is called.
+/// Creates an anonymous file in `dir` that appears under a name only once `link_fd` is called.
+/// Open for reading too, so what was written can be read back while it is in memory.
 pub(crate) fn tmpfile(dir: impl AsFd) -> io::Result<OwnedFd> {
-    Ok(rustix::fs::openat(dir, c".", OFlags::TMPFILE | OFlags::WRONLY | OFlags::CLOEXEC, Mode::from_raw_mode(0o600))?)
+    Ok(rustix::fs::openat(dir, c".", OFlags::TMPFILE | OFlags::RDWR | OFlags::CLOEXEC, Mode::from_raw_mode(0o600))?)
+}
+
+/// Starts writing the file's dirty pages out now, from this thread, without waiting for the
+/// writes (`POSIX_FADV_DONTNEED` starts writeback of the range, then drops only clean pages). On
+/// an encrypted directory the data is encrypted on its way out: done here, it is spread over
+/// the copy's threads instead of piling up for the single flusher thread and the final sync.
+pub(crate) fn start_writeback(fd: impl AsFd) {
+    // Advice only: failing to start early just leaves the work to the final sync.
+    let _ = rustix::fs::fadvise(fd, 0, None, rustix::fs::Advice::DontNeed);
+}
+
+/// Asks for the first `len` bytes of a file opened for reading without waiting for them.
+pub(crate) fn read_ahead(fd: impl AsFd, len: u64) {
+    // Advice only: if it fails, the copy reads the data when it gets there.
+    let _ = rustix::fs::fadvise(fd, 0, std::num::NonZeroU64::new(len), rustix::fs::Advice::WillNeed);
+}
+
+/// Whether two open regular files hold the same bytes, compared over every range where either
+/// has data (holes read as zeros, so a 1 GiB sparse file with 1 MiB of data costs 1 MiB of
+/// reads), in chunks, with per-thread buffers. `on_chunk` gets each compared byte count.
+pub(crate) fn same_content(a: BorrowedFd<'_>, b: BorrowedFd<'_>, on_chunk: &mut dyn FnMut(u64)) -> io::Result<bool> {
+    const CHUNK: u64 = 256 * 1024;
+    thread_local! {
+        static BUFS: std::cell::RefCell<(Vec<u8>, Vec<u8>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+    }
+    let size = rustix::fs::fstat(a)?.st_size as u64;
+    if rustix::fs::fstat(b)?.st_size as u64 != size {
+        return Ok(false);
+    }
+    BUFS.with(|bufs| {
+        let (x, y) = &mut *bufs.borrow_mut();
+        x.resize(CHUNK as usize, 0);
+        y.resize(CHUNK as usize, 0);
+        let read = |fd: BorrowedFd<'_>, buf: &mut [u8], at: u64| -> io::Result<()> {
+            let mut done = 0;
+            while done < buf.len() {
+                match rustix::io::pread(fd, &mut buf[done..], at + done as u64)? {
+                    0 => return Err(io::ErrorKind::UnexpectedEof.into()),
+                    n => done += n,
+                }
+            }
+            Ok(())
+        };
+        if size <= CHUNK {
+            // One read each: cheaper than finding the data ranges of a small file.
+            let n = size as usize;
+            read(a, &mut x[..n], 0)?;
+            read(b, &mut y[..n], 0)?;
+            on_chunk(size);
+            return Ok(x[..n] == y[..n]);
+        }
+        let mut pos = 0;
+        while pos < size {
+            let start = next_data(a, pos, size)?.min(next_data(b, pos, size)?);
+            if start >= size {
+                break;
+            }
+            let end = state_change(a, start, size)?.min(state_change(b, start, size)?).max(start + 1);
+            let mut at = start;
+            while at < end {
+                let n = (end - at).min(CHUNK) as usize;
+                read(a, &mut x[..n], at)?;
+                read(b, &mut y[..n], at)?;
+                if x[..n] != y[..n] {
+                    return Ok(false);
+                }
+                at += n as u64;
+                on_chunk(n as u64);
+            }
+            pos = end;
+        }
+        Ok(true)
+    })
+}
+
+/// The first offset at or after `at` holding data, or `size` if none.
+fn next_data(f: BorrowedFd<'_>, at: u64, size: u64) -> io::Result<u64> {
+    match rustix::fs::seek(f, SeekFrom::Data(at)) {
+        Ok(o) => Ok(o.min(size)),
+        Err(Errno::NXIO) => Ok(size),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Where the data/hole state that holds at `at` ends.
+fn state_change(f: BorrowedFd<'_>, at: u64, size: u64) -> io::Result<u64> {
+    if next_data(f, at, size)? == at {
+        match rustix::fs::seek(f, SeekFrom::Hole(at)) {
+            Ok(o) => Ok(o.min(size)),
+            Err(Errno::NXIO) => Ok(size),
+            Err(e) => Err(e.into()),
+        }
+    } else {
+        next_data(f, at, size)
+    }
 }
 
 /// Gives the inode behind `fd` (an O_TMPFILE or O_PATH handle) the name `name` in `dir`.

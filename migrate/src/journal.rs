@@ -321,6 +321,13 @@ pub(crate) struct Journal {
     /// f2fs gives a directory moved to another parent a new mtime (it rewrites its ".." entry),
     /// so each exchange puts these back on both roots.
     pub root_times: Option<RootTimes>,
+    /// The filesystem's clock when the first copy pass began. A source entry whose ctime is
+    /// older has not changed since (ctime cannot be set), so its copy, compared with it when it
+    /// was made, still matches: verification checks such entries by metadata alone. Absent in
+    /// journals from before it, and dropped when a copy pass resumes after an interruption (the
+    /// copies it made may have been lost with the page cache in a power cut): then every file is
+    /// compared byte for byte.
+    pub copy_started: Option<Time>,
     pub step: Step,
     /// How the data goes into staging (journals written before move mode existed are copies).
     pub method: Method,
@@ -357,6 +364,8 @@ struct RawJournal {
     recopied: u64,
     #[serde(default)]
     root_times: Option<RootTimes>,
+    #[serde(default)]
+    copy_started: Option<Time>,
     step: Step,
     #[serde(default)]
     method: Method,
@@ -394,6 +403,12 @@ impl TryFrom<RawJournal> for Journal {
         if r.root_times.is_some_and(|t| t.atime.nsec >= 1_000_000_000 || t.mtime.nsec >= 1_000_000_000) {
             return Err("a root time has 1e9 or more nanoseconds".into());
         }
+        if r.copy_started.is_some_and(|t| t.nsec >= 1_000_000_000) {
+            return Err("the copy start time has 1e9 or more nanoseconds".into());
+        }
+        if r.copy_started.is_some() && r.method != Method::Copy {
+            return Err("a copy start time in a move".into());
+        }
         if let Step::Copying { round } | Step::Copied { round } = r.step {
             if round >= crate::MAX_ROUNDS {
                 return Err(format!("copy round {round} is beyond the limit of {}", crate::MAX_ROUNDS));
@@ -416,6 +431,7 @@ impl TryFrom<RawJournal> for Journal {
             bytes_done: r.bytes_done,
             recopied: r.recopied,
             root_times: r.root_times,
+            copy_started: r.copy_started,
             step: r.step,
             method: r.method,
             inflight: r.inflight,
@@ -665,6 +681,15 @@ impl Workdir {
         fsx::fsync(&self.fd).map_err(|e| wd_io(&self.path, "syncing", e))
     }
 
+    /// The filesystem's clock now, as it stamps a change: the ctime the work dir gets from
+    /// having its times set to now.
+    pub(crate) fn clock(&self) -> Result<Time, MigrateError> {
+        let now = rustix::fs::Timespec { tv_sec: 0, tv_nsec: rustix::fs::UTIME_NOW };
+        rustix::fs::futimens(&self.fd, &rustix::fs::Timestamps { last_access: now, last_modification: now })
+            .map_err(|e| wd_io(&self.path, "reading the clock of", e.into()))?;
+        Ok(fsx::stat_fd(&self.fd).map_err(|e| wd_io(&self.path, "reading the clock of", e))?.ctime)
+    }
+
     pub(crate) fn staging_meta(&self) -> Result<Option<fsx::Meta>, MigrateError> {
         fsx::stat_at(&self.fd, OsStr::new(STAGING)).map_err(|e| wd_io(&self.staging_path(), "inspecting", e))
     }
@@ -740,6 +765,7 @@ mod tests {
                 atime: fsx::Time { sec: 1_600_000_000, nsec: 5 },
                 mtime: fsx::Time { sec: -3, nsec: 999_999_999 },
             }),
+            copy_started: Some(fsx::Time { sec: 1_700_000_000, nsec: 123 }),
             step,
             method: Method::Copy,
             inflight: None,
@@ -763,6 +789,7 @@ mod tests {
                 mtime: t,
                 xattrs: vec![(HexBytes(b"user.a".to_vec()), HexBytes(vec![0, 1, 255]))],
             }),
+            copy_started: None,
             ..sample(step)
         }
     }
@@ -804,6 +831,10 @@ mod tests {
         let mut old = v.clone();
         old.as_object_mut().unwrap().remove("root_times");
         assert_eq!(serde_json::from_value::<Journal>(old).unwrap().root_times, None, "journals from before root_times");
+        assert_eq!(v["copy_started"], serde_json::json!({"sec": 1_700_000_000, "nsec": 123}));
+        let mut old = v.clone();
+        old.as_object_mut().unwrap().remove("copy_started");
+        assert_eq!(serde_json::from_value::<Journal>(old).unwrap().copy_started, None, "journals from before it");
     }
 
     #[test]
@@ -824,6 +855,7 @@ mod tests {
         assert!(bad(&|v| v["staging_ino"] = 12.into()).contains("inode"));
         assert!(bad(&|v| v["bytes_done"] = 101.into()).contains("exceeds"));
         assert!(bad(&|v| v["root_times"]["atime"]["nsec"] = 1_000_000_000.into()).contains("nanoseconds"));
+        assert!(bad(&|v| v["copy_started"]["nsec"] = 1_000_000_000.into()).contains("nanoseconds"));
         assert!(bad(&|v| v["token"] = "a\nb".into()).contains("control"));
         assert!(bad(&|v| v["token"] = "x".repeat(MAX_TOKEN + 1).into()).contains("too long"));
         assert!(bad(&|v| v["step"] = serde_json::json!({"name": "copied", "round": 3})).contains("beyond"));
@@ -850,5 +882,6 @@ mod tests {
         assert!(bad(&|v| v["step"] = serde_json::json!({"name": "moved"})).contains("outside a move"));
         assert!(bad(&|v| v["keep_backup"] = true.into()).contains("no backup"));
         assert!(bad(&|v| v["method"] = "teleport".into()).contains("unknown variant"));
+        assert!(bad(&|v| v["copy_started"] = serde_json::json!({"sec": 1, "nsec": 0})).contains("in a move"));
     }
 }

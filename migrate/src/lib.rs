@@ -23,6 +23,7 @@ mod mv;
 mod remove;
 mod scan;
 mod verify;
+mod walk;
 
 use std::ffi::OsStr;
 use std::fmt;
@@ -216,6 +217,35 @@ pub struct Outcome {
     pub backup: Option<PathBuf>,
     /// Honest caveats for the user (e.g. what deleting or wiping can and cannot guarantee).
     pub notes: Vec<String>,
+    /// Where this run's wall time went (a resumed run counts only what it did itself).
+    pub timings: Timings,
+}
+
+/// Wall time per part of a run, in the order the parts first ran: `scan` (the census), `copy`,
+/// `verify`, `move`, `sync` (making the copy durable), `journal` (recording transitions),
+/// `swap`, `dispose` (removing the old tree, with its sync). For benchmarks and `--json`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Timings(Vec<(&'static str, std::time::Duration)>);
+
+impl Timings {
+    pub fn parts(&self) -> &[(&'static str, std::time::Duration)] {
+        &self.0
+    }
+
+    fn add(&mut self, part: &'static str, d: std::time::Duration) {
+        match self.0.iter_mut().find(|(p, _)| *p == part) {
+            Some((_, t)) => *t += d,
+            None => self.0.push((part, d)),
+        }
+    }
+
+    /// Runs `f`, counting its wall time as `part`.
+    fn time<T>(&mut self, part: &'static str, f: impl FnOnce() -> T) -> T {
+        let t = std::time::Instant::now();
+        let r = f();
+        self.add(part, t.elapsed());
+        r
+    }
 }
 
 /// What the journal says, for `dirseal convert --status`-like displays.
@@ -423,6 +453,8 @@ pub struct Census {
 pub struct Plan {
     src: Source,
     census: Census,
+    /// How long the census took, reported with the run's other timings.
+    scan: std::time::Duration,
 }
 
 impl Plan {
@@ -441,8 +473,9 @@ impl Plan {
 /// between copying and moving. Walks the tree once, for the census the plan carries.
 pub fn preflight(req: &Request, host: &dyn Host) -> Result<Plan, MigrateError> {
     let src = Source::resolve(req.source)?;
+    let t = std::time::Instant::now();
     let census = preflight_source(req, host, &src)?;
-    Ok(Plan { src, census })
+    Ok(Plan { src, census, scan: t.elapsed() })
 }
 
 /// Free space a move needs: the chunk in flight or one batch (whichever is pending; both
@@ -502,7 +535,7 @@ fn preflight_source(req: &Request, host: &dyn Host, src: &Source) -> Result<Cens
     quick_checks(req, host, src)?;
     let ctx = Ctx::new(host, &src.path, src.meta.mnt_id, Phase::Scanning, 0, 0);
     ctx.tick(true);
-    let census = scan::census(&ctx, &src.fd).map_err(|e| match e {
+    let census = pool(req.threads)?.install(|| scan::census(&ctx, &src.fd)).map_err(|e| match e {
         MigrateError::Interrupted { .. } => MigrateError::Interrupted { state: State::Prepared },
         e => e,
     })?;
@@ -588,8 +621,9 @@ pub fn convert(req: &Request, host: &dyn Host) -> Result<Outcome, MigrateError> 
     if let Some(resumed) = resume_recorded(req, host, &src) {
         return resumed;
     }
-    let census = preflight_source(req, host, &src)?;
-    begin(req, host, &src, &census)
+    let mut timings = Timings::default();
+    let census = timings.time("scan", || preflight_source(req, host, &src))?;
+    begin(req, host, &src, &census, timings)
 }
 
 /// Begins the conversion [`preflight`] planned, without walking the tree again: what may have
@@ -605,7 +639,9 @@ pub fn start(req: &Request, host: &dyn Host, plan: Plan) -> Result<Outcome, Migr
         return resumed;
     }
     quick_checks(req, host, &src)?;
-    begin(req, host, &src, &plan.census)
+    let mut timings = Timings::default();
+    timings.add("scan", plan.scan);
+    begin(req, host, &src, &plan.census, timings)
 }
 
 /// Resumes the unfinished conversion recorded in the work dir, if there is one.
@@ -627,12 +663,19 @@ fn resume_recorded(req: &Request, host: &dyn Host, src: &Source) -> Option<Resul
             .ok_or(MigrateError::NoConversion { workdir: req.workdir.to_path_buf() })?;
         let _lock = wd.lock()?;
         let j = wd.read()?.ok_or(MigrateError::NoConversion { workdir: req.workdir.to_path_buf() })?;
-        run(req, host, &wd, j, true)
+        run(req, host, &wd, j, true, Timings::default())
     })())
 }
 
 /// Creates the work dir and staging, has the host encrypt it, records `Prepared` and runs.
-fn begin(req: &Request, host: &dyn Host, src: &Source, census: &Census) -> Result<Outcome, MigrateError> {
+fn begin(
+    req: &Request,
+    host: &dyn Host,
+    src: &Source,
+    census: &Census,
+    mut timings: Timings,
+) -> Result<Outcome, MigrateError> {
+    let prepared = std::time::Instant::now();
     let wd =
         Workdir::open(req.workdir, true)?.ok_or(MigrateError::Internal("work dir missing right after creation"))?;
     let _lock = wd.lock()?;
@@ -643,7 +686,7 @@ fn begin(req: &Request, host: &dyn Host, src: &Source, census: &Census) -> Resul
             if j.source.0 != src.path {
                 return Err(other_source(req.workdir, j, &src.path));
             }
-            return run(req, host, &wd, j.clone(), true);
+            return run(req, host, &wd, j.clone(), true, timings);
         }
     }
     clear_leftovers(&wd, old.as_ref(), Point::LeftoverEntry)?;
@@ -687,12 +730,14 @@ fn begin(req: &Request, host: &dyn Host, src: &Source, census: &Census) -> Resul
         bytes_done: 0,
         recopied: 0,
         root_times: None,
+        copy_started: None,
         step: Step::Prepared,
         method: census.method,
         inflight: None,
     };
     wd.record(&mut j, Step::Prepared, Point::AfterPrepare)?;
-    run(req, host, &wd, j, false)
+    timings.add("prepare", prepared.elapsed());
+    run(req, host, &wd, j, false, timings)
 }
 
 /// Removes what an earlier attempt left in the work dir: the staging copy of an aborted
@@ -724,7 +769,7 @@ fn clear_leftovers(wd: &Workdir, old: Option<&Journal>, point: Point) -> Result<
 
 /// Removes the staging dir; `point` names the fault point reached after each removed entry.
 fn remove_staging(wd: &Workdir, point: Point) -> Result<(), MigrateError> {
-    remove::remove_tree(wd.fd.as_fd(), STAGING.as_ref(), false, &mut |_| {
+    remove::remove_tree(wd.fd.as_fd(), STAGING.as_ref(), false, &|_| {
         fault::point(point);
         Ok(())
     })
@@ -828,17 +873,29 @@ fn checkpoint<'a>(wd: &'a Workdir, j: &Journal) -> impl Fn(u64, u64) + Sync + 'a
     }
 }
 
-fn run(req: &Request, host: &dyn Host, wd: &Workdir, mut j: Journal, resumed: bool) -> Result<Outcome, MigrateError> {
+fn run(
+    req: &Request,
+    host: &dyn Host,
+    wd: &Workdir,
+    mut j: Journal,
+    resumed: bool,
+    mut t: Timings,
+) -> Result<Outcome, MigrateError> {
     let pool = pool(req.threads)?;
     let mut unlocked = !resumed;
+    // Whether this process recorded the copy pass it is in: a pass it finds recorded was
+    // interrupted, and what it copied may not have reached the disk.
+    let mut pass_recorded_here = false;
     let mut notes = Vec::new();
     loop {
         match j.step {
             Step::Prepared if j.method == Method::Move => {
-                wd.record(&mut j, Step::Moving, Point::AfterRecordMoving)?;
+                t.time("journal", || wd.record(&mut j, Step::Moving, Point::AfterRecordMoving))?;
             }
             Step::Prepared => {
-                wd.record(&mut j, Step::Copying { round: 0 }, Point::AfterRecordCopying)?;
+                j.copy_started = Some(wd.clock()?);
+                t.time("journal", || wd.record(&mut j, Step::Copying { round: 0 }, Point::AfterRecordCopying))?;
+                pass_recorded_here = true;
             }
             Step::Moving => {
                 ensure_unlocked(host, wd, &j, &mut unlocked)?;
@@ -847,29 +904,31 @@ fn run(req: &Request, host: &dyn Host, wd: &Workdir, mut j: Journal, resumed: bo
                 let source = j.source.0.clone();
                 let ctx = Ctx::new(host, &source, src.meta.mnt_id, Phase::Moving, j.files_total, j.bytes_total);
                 ctx.tick(true);
-                let moved = mv::Mover::new(&ctx, wd, &mut j, &src.fd, &stg, false).run();
+                let moved = t.time("move", || mv::Mover::new(&ctx, wd, &mut j, &src.fd, &stg, false).run());
                 if let Err(e) = moved {
                     return Err(after_pass(wd, &mut j, &ctx, move_err(e)));
                 }
-                rustix::fs::syncfs(&stg).map_err(|e| io_err("syncing", &wd.staging_path())(e.into()))?;
+                t.time("sync", || rustix::fs::syncfs(&stg))
+                    .map_err(|e| io_err("syncing", &wd.staging_path())(e.into()))?;
                 j.files_done = j.files_total;
                 j.bytes_done = j.bytes_total;
-                wd.record(&mut j, Step::Settling, Point::AfterRecordSettling)?;
+                t.time("journal", || wd.record(&mut j, Step::Settling, Point::AfterRecordSettling))?;
             }
             Step::Settling => {
                 ensure_unlocked(host, wd, &j, &mut unlocked)?;
                 let (src, stg) = open_pair(&j, wd)?;
                 let source = j.source.0.clone();
                 let ctx = Ctx::new(host, &source, src.meta.mnt_id, Phase::Moving, j.files_total, j.bytes_total);
-                if let Err(e) = mv::settle(&ctx, &src.fd, &stg) {
+                if let Err(e) = t.time("move", || mv::settle(&ctx, &src.fd, &stg)) {
                     return Err(after_pass(wd, &mut j, &ctx, e));
                 }
-                rustix::fs::syncfs(&stg).map_err(|e| io_err("syncing", &wd.staging_path())(e.into()))?;
+                t.time("sync", || rustix::fs::syncfs(&stg))
+                    .map_err(|e| io_err("syncing", &wd.staging_path())(e.into()))?;
                 // Settled, the staging root has the original's times (the source root's changed
                 // as entries left it).
                 let root = fsx::stat_fd(&stg).map_err(io_err("inspecting", &wd.staging_path()))?;
                 j.root_times = Some(journal::RootTimes { atime: root.atime, mtime: root.mtime });
-                wd.record(&mut j, Step::Moved, Point::AfterRecordMoved)?;
+                t.time("journal", || wd.record(&mut j, Step::Moved, Point::AfterRecordMoved))?;
             }
             Step::MovingBack => {
                 return Err(MigrateError::WrongState {
@@ -879,6 +938,10 @@ fn run(req: &Request, host: &dyn Host, wd: &Workdir, mut j: Journal, resumed: bo
                 })
             }
             Step::Copying { round } => {
+                if !pass_recorded_here {
+                    // Every journal written from here on says so (progress checkpoints included).
+                    j.copy_started = None;
+                }
                 ensure_unlocked(host, wd, &j, &mut unlocked)?;
                 let (src, stg) = open_pair(&j, wd)?;
                 check_encrypted(host, &j, wd, &stg)?;
@@ -887,16 +950,17 @@ fn run(req: &Request, host: &dyn Host, wd: &Workdir, mut j: Journal, resumed: bo
                 let ctx = Ctx::new(host, &source, src.meta.mnt_id, Phase::Copying, j.files_total, j.bytes_total)
                     .saving(&save);
                 ctx.tick(true);
-                if let Err(e) = copy::copy_tree(&ctx, &pool, &src.fd, &stg) {
+                if let Err(e) = t.time("copy", || copy::copy_tree(&ctx, &pool, &src.fd, &stg)) {
                     return Err(after_pass(wd, &mut j, &ctx, e));
                 }
                 fault::point(Point::BeforeRecordCopied);
-                rustix::fs::syncfs(&stg).map_err(|e| io_err("syncing", &wd.staging_path())(e.into()))?;
+                t.time("sync", || rustix::fs::syncfs(&stg))
+                    .map_err(|e| io_err("syncing", &wd.staging_path())(e.into()))?;
                 ctx.tick(true);
                 j.files_done = j.files_total;
                 j.bytes_done = j.bytes_total;
                 j.recopied += ctx.recopied.load(std::sync::atomic::Ordering::Relaxed);
-                wd.record(&mut j, Step::Copied { round }, Point::AfterRecordCopied)?;
+                t.time("journal", || wd.record(&mut j, Step::Copied { round }, Point::AfterRecordCopied))?;
             }
             Step::Copied { round } => {
                 ensure_unlocked(host, wd, &j, &mut unlocked)?;
@@ -906,42 +970,48 @@ fn run(req: &Request, host: &dyn Host, wd: &Workdir, mut j: Journal, resumed: bo
                 let ctx = Ctx::new(host, &source, src.meta.mnt_id, Phase::Verifying, j.files_total, j.bytes_total)
                     .saving(&save);
                 ctx.tick(true);
-                let diff = match verify::verify_tree(&ctx, &pool, &src.fd, &stg) {
+                let diff = match t.time("verify", || verify::verify_tree(&ctx, &pool, &src.fd, &stg, j.copy_started)) {
                     Ok(d) => d,
                     Err(e) => return Err(after_pass(wd, &mut j, &ctx, e)),
                 };
                 fault::point(Point::AfterVerify);
                 if diff.count > 0 {
                     // The stale entries were removed from staging; make that durable first.
-                    rustix::fs::syncfs(&stg).map_err(|e| io_err("syncing", &wd.staging_path())(e.into()))?;
+                    t.time("sync", || rustix::fs::syncfs(&stg))
+                        .map_err(|e| io_err("syncing", &wd.staging_path())(e.into()))?;
                     if round + 1 >= MAX_ROUNDS {
                         // The next run starts a fresh series of passes; this one gives up.
-                        wd.record(&mut j, Step::Copying { round: 0 }, None)?;
+                        t.time("journal", || wd.record(&mut j, Step::Copying { round: 0 }, None))?;
                         let (path, reason) = diff.first.unwrap_or_default();
                         return Err(MigrateError::VerifyFailed { path, reason });
                     }
-                    wd.record(&mut j, Step::Copying { round: round + 1 }, Point::AfterRecordRecopy)?;
+                    t.time("journal", || {
+                        wd.record(&mut j, Step::Copying { round: round + 1 }, Point::AfterRecordRecopy)
+                    })?;
+                    pass_recorded_here = true;
                     continue;
                 }
                 let root = fsx::stat_fd(&src.fd).map_err(io_err("inspecting", &j.source.0))?;
                 j.root_times = Some(journal::RootTimes { atime: root.atime, mtime: root.mtime });
-                wd.record(&mut j, Step::Verified, Point::AfterRecordVerified)?;
+                t.time("journal", || wd.record(&mut j, Step::Verified, Point::AfterRecordVerified))?;
             }
             Step::Verified | Step::Moved => {
-                swap(req, host, wd, &j)?;
-                wd.record(&mut j, Step::Swapped { disposing: false }, Point::AfterRecordSwapped)?;
+                t.time("swap", || swap(req, host, wd, &j))?;
+                t.time("journal", || wd.record(&mut j, Step::Swapped { disposing: false }, Point::AfterRecordSwapped))?;
             }
             Step::Swapped { disposing: false } => {
                 if j.keep_backup {
-                    return Ok(outcome(&j, wd, notes));
+                    return Ok(Outcome { timings: t, ..outcome(&j, wd, notes) });
                 }
-                wd.record(&mut j, Step::Swapped { disposing: true }, Point::AfterRecordDisposing)?;
+                t.time("journal", || {
+                    wd.record(&mut j, Step::Swapped { disposing: true }, Point::AfterRecordDisposing)
+                })?;
             }
             Step::Swapped { disposing: true } => {
-                dispose(host, wd, &j, &mut notes)?;
-                wd.record(&mut j, Step::Done, Point::AfterRecordDone)?;
+                t.time("dispose", || dispose(host, wd, &j, &mut notes, Some(&pool)))?;
+                t.time("journal", || wd.record(&mut j, Step::Done, Point::AfterRecordDone))?;
             }
-            Step::Done => return Ok(outcome(&j, wd, notes)),
+            Step::Done => return Ok(Outcome { timings: t, ..outcome(&j, wd, notes) }),
             Step::RollingBack => {
                 return Err(MigrateError::WrongState {
                     op: "resume",
@@ -1063,25 +1133,36 @@ fn restore_root_times(j: &Journal, wd: &Workdir) -> Result<(), MigrateError> {
     Ok(())
 }
 
-/// Deletes (or wipes, then deletes) the old tree now in the staging slot. Safe to repeat.
-fn dispose(host: &dyn Host, wd: &Workdir, j: &Journal, notes: &mut Vec<String>) -> Result<(), MigrateError> {
+/// Deletes (or wipes, then deletes) the old tree now in the staging slot, on `pool` (rayon's
+/// global pool if none). Safe to repeat.
+fn dispose(
+    host: &dyn Host,
+    wd: &Workdir,
+    j: &Journal,
+    notes: &mut Vec<String>,
+    pool: Option<&rayon::ThreadPool>,
+) -> Result<(), MigrateError> {
     match place(j, wd)? {
         Place::Exchanged => {
             let ctx = Ctx::new(host, &j.source.0, 0, Phase::Disposing, j.files_total + 1, j.bytes_total);
             ctx.tick(true);
-            let mut first = true;
-            let removed = remove::remove_tree(wd.fd.as_fd(), STAGING.as_ref(), j.wipe, &mut |m| {
+            let first = std::sync::atomic::AtomicBool::new(true);
+            let on_removed = |m: &fsx::Meta| {
                 if m.kind == fsx::Kind::File {
                     ctx.bytes_done.fetch_add(m.data(), std::sync::atomic::Ordering::Relaxed);
                 }
                 ctx.file_done();
-                if first {
-                    first = false;
+                if first.swap(false, std::sync::atomic::Ordering::Relaxed) {
                     fault::point(Point::MidDispose);
                 }
                 fault::point(Point::DisposeEntry);
                 ctx.check_stop().map_err(|_| io::Error::from(io::ErrorKind::Interrupted))
-            });
+            };
+            let remove = || remove::remove_tree(wd.fd.as_fd(), STAGING.as_ref(), j.wipe, &on_removed);
+            let removed = match pool {
+                Some(p) => p.install(remove),
+                None => remove(),
+            };
             match removed {
                 Ok(()) => {}
                 Err(_) if ctx.stopped() => return Err(MigrateError::Interrupted { state: State::Swapped }),
@@ -1139,6 +1220,7 @@ fn outcome(j: &Journal, wd: &Workdir, mut notes: Vec<String>) -> Outcome {
         bytes: j.bytes_total,
         backup,
         notes,
+        timings: Timings::default(),
     }
 }
 
@@ -1337,7 +1419,7 @@ pub fn commit(workdir: &Path, host: &dyn Host) -> Result<Outcome, MigrateError> 
         }
     }
     let mut notes = Vec::new();
-    dispose(host, &wd, &j, &mut notes)?;
+    dispose(host, &wd, &j, &mut notes, None)?;
     wd.record(&mut j, Step::Done, Point::AfterRecordDone)?;
     Ok(outcome(&j, &wd, notes))
 }

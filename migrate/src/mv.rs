@@ -201,7 +201,7 @@ impl<'c, 'a> Mover<'c, 'a> {
                 other => {
                     if other.is_some() {
                         // A leftover of the other kind under this name (see the rule above).
-                        remove::remove_tree(top.to.as_fd(), &name, false, &mut |_| Ok(()))
+                        remove::remove_tree(top.to.as_fd(), &name, false, &|_| Ok(()))
                             .map_err(|e| self.dest_err(&rel, e))?;
                     }
                     fsx::mkdir(&top.to, &name).map_err(|e| self.dest_err(&rel, e))?;
@@ -266,24 +266,24 @@ impl<'c, 'a> Mover<'c, 'a> {
                 }
             } else {
                 if existing.is_some() {
-                    remove::remove_tree(to.as_fd(), name, false, &mut |_| Ok(())).map_err(|e| self.dest_err(rel, e))?;
+                    remove::remove_tree(to.as_fd(), name, false, &|_| Ok(())).map_err(|e| self.dest_err(rel, e))?;
                 }
                 let fd = fsx::open_path(from, name).map_err(|e| self.origin_err(rel, e))?;
-                let ino = copy::create(ctx, &fd, m.kind, to, name, rel, true)?;
+                let ino = copy::create(ctx, &fd, None, m.kind, to, name, rel, true)?;
                 self.links.insert(m.ino, (rel.to_path_buf(), ino));
             }
             ctx.file_done();
             return Ok(());
         }
         if existing.is_some() {
-            remove::remove_tree(to.as_fd(), name, false, &mut |_| Ok(())).map_err(|e| self.dest_err(rel, e))?;
+            remove::remove_tree(to.as_fd(), name, false, &|_| Ok(())).map_err(|e| self.dest_err(rel, e))?;
         }
         if m.kind == Kind::File && m.size > chunk() {
             self.flush()?;
             return self.start_large(from, name, rel, m);
         }
         let fd = fsx::open_path(from, name).map_err(|e| self.origin_err(rel, e))?;
-        copy::create(ctx, &fd, m.kind, to, name, rel, false)?;
+        copy::create(ctx, &fd, None, m.kind, to, name, rel, false)?;
         fault::point(Point::MoveEntryCopied);
         let dir = from.try_clone().map_err(|e| self.origin_err(rel, e))?;
         self.batch.push((dir, name.to_os_string(), rel.to_path_buf()));
@@ -385,8 +385,7 @@ impl<'c, 'a> Mover<'c, 'a> {
                 return Err(lost("the part already moved is missing"));
             }
             if to_meta.is_some() {
-                remove::remove_tree(to_dir.as_fd(), &name, false, &mut |_| Ok(()))
-                    .map_err(|e| self.dest_err(&rel, e))?;
+                remove::remove_tree(to_dir.as_fd(), &name, false, &|_| Ok(())).map_err(|e| self.dest_err(&rel, e))?;
             }
             let fd = rustix::fs::openat(
                 &to_dir,

@@ -10,68 +10,80 @@ use rustix::fs::OFlags;
 use rustix::io::Errno;
 
 use crate::fsx::{self, Kind, Meta};
+use crate::walk::{self, Visitor};
 
-struct Frame {
-    fd: OwnedFd,
-    name: OsString,
-    subdirs: Vec<OsString>,
-}
+/// Called after each removed entry; an error stops the removal (what is left stays for a later
+/// run). Called from several threads.
+pub(crate) type OnRemoved<'a> = &'a (dyn Fn(&Meta) -> io::Result<()> + Sync);
 
-/// Removes `name` in `parent`, whatever it is. With `wipe`, regular files whose last link this is
-/// are overwritten with zeros and synced before the unlink. `on_removed` runs after each entry; an error
-/// from it stops the removal (what is left stays for a later run).
+/// Removes `name` in `parent`, whatever it is, directories in parallel on the current rayon pool.
+/// With `wipe`, regular files whose last link this is are overwritten with zeros and synced
+/// before the unlink.
 pub(crate) fn remove_tree(
     parent: BorrowedFd<'_>,
     name: &OsStr,
     wipe: bool,
-    on_removed: &mut dyn FnMut(&Meta) -> io::Result<()>,
+    on_removed: OnRemoved<'_>,
 ) -> io::Result<()> {
     let Some(m) = fsx::stat_at(parent, name)? else { return Ok(()) };
     if m.kind != Kind::Dir {
         return remove_file(parent, name, &m, wipe, on_removed);
     }
-    let fd = fsx::open_dir(parent, name)?;
-    let subdirs = clear_files(&fd, wipe, on_removed)?;
-    let mut stack = vec![Frame { fd, name: name.to_os_string(), subdirs }];
-    while let Some(top) = stack.last_mut() {
-        if let Some(sub) = top.subdirs.pop() {
-            let fd = match fsx::open_dir(&top.fd, &sub) {
-                Ok(fd) => fd,
-                Err(e) if fsx::is_errno(&e, Errno::NOENT) => continue,
-                Err(e) => return Err(e),
-            };
-            let subdirs = clear_files(&fd, wipe, on_removed)?;
-            stack.push(Frame { fd, name: sub, subdirs });
-            continue;
-        }
-        if let Some(done) = stack.pop() {
-            let dir_meta = fsx::stat_fd(&done.fd)?;
-            let up = stack.last().map(|f| f.fd.as_fd()).unwrap_or(parent);
-            match fsx::rmdir(up, &done.name) {
-                Ok(()) => on_removed(&dir_meta)?,
-                Err(e) if fsx::is_errno(&e, Errno::NOENT) => {}
-                Err(e) => return Err(e),
-            }
-        }
-    }
-    Ok(())
+    let fd = match fsx::open_dir(parent, name) {
+        Ok(fd) => fd,
+        Err(e) if fsx::is_errno(&e, Errno::NOENT) => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    let r = Remover { wipe, on_removed, top: parent };
+    walk::walk(&r, Dir { fd, name: name.to_os_string() })
 }
 
-/// Removes the non-directories of `dir`, returning its subdirectories.
-fn clear_files(
-    dir: &OwnedFd,
+struct Remover<'a> {
     wipe: bool,
-    on_removed: &mut dyn FnMut(&Meta) -> io::Result<()>,
-) -> io::Result<Vec<OsString>> {
-    let mut subdirs = Vec::new();
-    for n in fsx::list_names(dir)? {
-        match fsx::stat_at(dir, &n)? {
-            None => {}
-            Some(m) if m.kind == Kind::Dir => subdirs.push(n),
-            Some(m) => remove_file(dir.as_fd(), &n, &m, wipe, on_removed)?,
+    on_removed: OnRemoved<'a>,
+    /// The directory holding the removed tree's root.
+    top: BorrowedFd<'a>,
+}
+
+struct Dir {
+    fd: OwnedFd,
+    name: OsString,
+}
+
+impl Visitor for Remover<'_> {
+    type Dir = Dir;
+    type Error = io::Error;
+
+    fn enter(&self, parent: &Dir, name: &OsStr) -> io::Result<Option<Dir>> {
+        match fsx::open_dir(&parent.fd, name) {
+            Ok(fd) => Ok(Some(Dir { fd, name: name.to_os_string() })),
+            Err(e) if fsx::is_errno(&e, Errno::NOENT) => Ok(None),
+            Err(e) => Err(e),
         }
     }
-    Ok(subdirs)
+
+    /// Removes the non-directories, returning the subdirectories.
+    fn visit(&self, d: &Dir) -> io::Result<Vec<OsString>> {
+        let mut subdirs = Vec::new();
+        for n in fsx::list_names(&d.fd)? {
+            match fsx::stat_at(&d.fd, &n)? {
+                None => {}
+                Some(m) if m.kind == Kind::Dir => subdirs.push(n),
+                Some(m) => remove_file(d.fd.as_fd(), &n, &m, self.wipe, self.on_removed)?,
+            }
+        }
+        Ok(subdirs)
+    }
+
+    fn leave(&self, parent: Option<&Dir>, d: &Dir) -> io::Result<()> {
+        let meta = fsx::stat_fd(&d.fd)?;
+        let up = parent.map(|p| p.fd.as_fd()).unwrap_or(self.top);
+        match fsx::rmdir(up, &d.name) {
+            Ok(()) => (self.on_removed)(&meta),
+            Err(e) if fsx::is_errno(&e, Errno::NOENT) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
 }
 
 /// A regular file with no other name anywhere: its contents may be overwritten.
@@ -79,13 +91,7 @@ fn sole_file(m: &Meta) -> bool {
     m.kind == Kind::File && m.nlink == 1
 }
 
-fn remove_file(
-    dir: BorrowedFd<'_>,
-    name: &OsStr,
-    m: &Meta,
-    wipe: bool,
-    on_removed: &mut dyn FnMut(&Meta) -> io::Result<()>,
-) -> io::Result<()> {
+fn remove_file(dir: BorrowedFd<'_>, name: &OsStr, m: &Meta, wipe: bool, on_removed: OnRemoved<'_>) -> io::Result<()> {
     // Other links (possibly outside the tree) still need the contents. The link count is
     // checked again on the handle that is written: the name may lead to another inode by now.
     if wipe && m.kind == Kind::File && m.nlink == 1 {
@@ -120,13 +126,13 @@ mod tests {
         let stale = fsx::stat_at(&dir, OsStr::new("f")).unwrap().unwrap();
         assert_eq!(stale.nlink, 1);
         std::fs::hard_link(&f, &other).unwrap();
-        remove_file(dir.as_fd(), OsStr::new("f"), &stale, true, &mut |_| Ok(())).unwrap();
+        remove_file(dir.as_fd(), OsStr::new("f"), &stale, true, &|_| Ok(())).unwrap();
         assert!(!f.exists());
         assert_eq!(std::fs::read(&other).unwrap(), b"still needed");
         // With one link, it is wiped before the unlink (seen through a handle kept open).
         let keep = std::fs::File::open(&other).unwrap();
         let m = fsx::stat_at(&dir, OsStr::new("other")).unwrap().unwrap();
-        remove_file(dir.as_fd(), OsStr::new("other"), &m, true, &mut |_| Ok(())).unwrap();
+        remove_file(dir.as_fd(), OsStr::new("other"), &m, true, &|_| Ok(())).unwrap();
         let mut left = Vec::new();
         std::io::Read::read_to_end(&mut &keep, &mut left).unwrap();
         assert!(left.iter().all(|b| *b == 0), "{left:?}");

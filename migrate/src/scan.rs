@@ -2,12 +2,15 @@
 //! processes use it: `dirseal-procs`.)
 
 use std::collections::HashMap;
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 
 use crate::ctx::Ctx;
 use crate::fsx::{self, Kind};
+use crate::walk::{self, Visitor};
 use crate::MigrateError;
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -31,73 +34,107 @@ pub(crate) struct Census {
 
 /// Directories the census has listed, in this process: a test checks that a conversion walks
 /// its tree for the census once (the copy, verification and disposal walk it on their own).
-static DIRS_LISTED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static DIRS_LISTED: AtomicU64 = AtomicU64::new(0);
 
 /// How many directories every census of this process has listed so far.
 pub fn census_dirs_listed() -> u64 {
-    DIRS_LISTED.load(std::sync::atomic::Ordering::Relaxed)
+    DIRS_LISTED.load(Ordering::Relaxed)
 }
 
-/// Walks the tree one directory at a time, refusing mount points and encrypted entries inside.
+/// Walks the tree, directories in parallel on the current rayon pool, refusing mount points and
+/// encrypted entries inside.
 pub(crate) fn census(ctx: &Ctx, root: &OwnedFd) -> Result<Census, MigrateError> {
     let rootm = fsx::stat_fd(root).map_err(|e| ctx.src_err(Path::new(""), e))?;
-    let mut c = Census { alloc: rootm.blocks * 512, ..Census::default() };
-    // nlink and names seen, for multiply-linked inodes only.
-    let mut links: HashMap<u64, (u32, u32)> = HashMap::new();
-    let mut stack: Vec<(OwnedFd, PathBuf, Vec<OsString>)> = Vec::new();
-    let first = root.try_clone().map_err(|e| ctx.src_err(Path::new(""), e))?;
-    stack.push((first, PathBuf::new(), Vec::new()));
-    let mut fresh = true;
-    while let Some((dir, rel, pending)) = stack.last_mut() {
-        if fresh {
-            fresh = false;
-            DIRS_LISTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            for n in fsx::list_names(&*dir).map_err(|e| ctx.src_err(rel, e))? {
-                let r = rel.join(&n);
-                let Some(m) = fsx::stat_at(&*dir, &n).map_err(|e| ctx.src_err(&r, e))? else {
-                    continue;
-                };
-                ctx.check_entry(&m, &r)?;
-                c.entries += 1;
-                c.alloc += m.blocks * 512;
-                match m.kind {
-                    Kind::Dir => {
-                        c.dirs += 1;
-                        pending.push(n)
-                    }
-                    Kind::File => {
-                        c.bytes += m.size;
-                        c.data += m.data();
-                    }
-                    _ => {}
-                }
-                if m.kind != Kind::Dir && m.nlink > 1 {
-                    let seen = links.entry(m.ino).or_insert_with(|| {
-                        c.linked += 1;
-                        c.linked_alloc += m.blocks * 512;
-                        (m.nlink, 0)
-                    });
-                    seen.1 += 1;
-                }
-            }
-            ctx.files_done.store(c.entries, std::sync::atomic::Ordering::Relaxed);
-            ctx.tick(false);
-            ctx.check_stop()?;
-        }
-        let Some(n) = pending.pop() else {
-            stack.pop();
-            continue;
-        };
-        let r = rel.join(&n);
-        match fsx::open_dir(&*dir, &n) {
-            Ok(fd) => {
-                stack.push((fd, r, Vec::new()));
-                fresh = true;
-            }
-            Err(e) if fsx::is_errno(&e, rustix::io::Errno::NOENT) => {}
-            Err(e) => return Err(ctx.src_err(&r, e)),
-        }
-    }
+    let s = Scanner {
+        ctx,
+        total: Mutex::new(Census { alloc: rootm.blocks * 512, ..Census::default() }),
+        links: Mutex::new(HashMap::new()),
+    };
+    let top = Dir { fd: root.try_clone().map_err(|e| ctx.src_err(Path::new(""), e))?, rel: PathBuf::new() };
+    walk::walk(&s, top)?;
+    let poisoned = || MigrateError::Internal("census state poisoned");
+    let mut c = s.total.into_inner().map_err(|_| poisoned())?;
+    let links = s.links.into_inner().map_err(|_| poisoned())?;
     c.outside_links = links.values().filter(|(nlink, seen)| seen < nlink).count() as u64;
     Ok(c)
+}
+
+struct Scanner<'c, 'a> {
+    ctx: &'c Ctx<'a>,
+    total: Mutex<Census>,
+    /// nlink and names seen, for multiply-linked inodes only.
+    links: Mutex<HashMap<u64, (u32, u32)>>,
+}
+
+struct Dir {
+    fd: OwnedFd,
+    rel: PathBuf,
+}
+
+impl Visitor for Scanner<'_, '_> {
+    type Dir = Dir;
+    type Error = MigrateError;
+
+    fn enter(&self, parent: &Dir, name: &OsStr) -> Result<Option<Dir>, MigrateError> {
+        let rel = parent.rel.join(name);
+        match fsx::open_dir(&parent.fd, name) {
+            Ok(fd) => Ok(Some(Dir { fd, rel })),
+            Err(e) if fsx::is_errno(&e, rustix::io::Errno::NOENT) => Ok(None),
+            Err(e) => Err(self.ctx.src_err(&rel, e)),
+        }
+    }
+
+    /// Counts the directory's entries into a local census, then adds it to the total once.
+    fn visit(&self, d: &Dir) -> Result<Vec<OsString>, MigrateError> {
+        let ctx = self.ctx;
+        ctx.check_stop()?;
+        DIRS_LISTED.fetch_add(1, Ordering::Relaxed);
+        let mut c = Census::default();
+        let (mut subdirs, mut linked) = (Vec::new(), Vec::new());
+        for n in fsx::list_names(&d.fd).map_err(|e| ctx.src_err(&d.rel, e))? {
+            let Some(m) = fsx::stat_at(&d.fd, &n).map_err(|e| ctx.src_err(&d.rel.join(&n), e))? else {
+                continue;
+            };
+            ctx.check_entry(&m, &d.rel.join(&n))?;
+            c.entries += 1;
+            c.alloc += m.blocks * 512;
+            match m.kind {
+                Kind::Dir => {
+                    c.dirs += 1;
+                    subdirs.push(n);
+                }
+                Kind::File => {
+                    c.bytes += m.size;
+                    c.data += m.data();
+                }
+                _ => {}
+            }
+            if m.kind != Kind::Dir && m.nlink > 1 {
+                linked.push(m);
+            }
+        }
+        if !linked.is_empty() {
+            let mut links = self.links.lock().map_err(|_| MigrateError::Internal("census state poisoned"))?;
+            for m in linked {
+                let seen = links.entry(m.ino).or_insert_with(|| {
+                    c.linked += 1;
+                    c.linked_alloc += m.blocks * 512;
+                    (m.nlink, 0)
+                });
+                seen.1 += 1;
+            }
+        }
+        let mut t = self.total.lock().map_err(|_| MigrateError::Internal("census state poisoned"))?;
+        t.entries += c.entries;
+        t.alloc += c.alloc;
+        t.dirs += c.dirs;
+        t.bytes += c.bytes;
+        t.data += c.data;
+        t.linked += c.linked;
+        t.linked_alloc += c.linked_alloc;
+        ctx.files_done.store(t.entries, Ordering::Relaxed);
+        drop(t);
+        ctx.tick(false);
+        Ok(subdirs)
+    }
 }

@@ -1,22 +1,32 @@
-//! Verification before the swap: both trees walked side by side, every entry compared by type,
-//! permissions, owner, size, device number, symlink target, mtime, xattrs, hard-link grouping and
-//! (regular files) content, compared byte for byte. Staging entries that differ are removed so the next copy
-//! pass redoes exactly them.
+//! Verification before the swap: both trees walked side by side (directories in parallel, see
+//! walk.rs), every entry compared by type, permissions, owner, size, device number, symlink
+//! target, mtime, xattrs, hard-link grouping and (regular files) content. Staging entries that
+//! differ are removed so the next copy pass redoes exactly them.
+//!
+//! A regular file whose source ctime is older than the start of the copy has not changed since
+//! it was copied (ctime cannot be set, and every change of content, metadata or xattrs moves it
+//! forward), and the copy compared its content with the source's while both were in memory (see
+//! copy.rs). For such a file matching metadata completes the proof, without opening or reading
+//! either side; any other file is compared byte for byte.
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::{OsStr, OsString};
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
 use std::sync::Mutex;
 
 use rayon::prelude::*;
 use rustix::fs::OFlags;
-use rustix::io::Errno;
 
 use crate::ctx::Ctx;
 use crate::fault::{self, Point};
-use crate::fsx::{self, Kind};
+use crate::fsx::{self, Kind, Meta, On, Time};
+use crate::walk::{self, Visitor};
 use crate::{remove, MigrateError};
+
+/// A directory with at least this many entries has them compared by several threads.
+const PAR_ENTRIES: usize = 256;
 
 /// The differences found; `first` names one for the error message.
 #[derive(Default)]
@@ -27,18 +37,19 @@ pub(crate) struct Diff {
 
 struct Verifier<'c, 'a> {
     ctx: &'c Ctx<'a>,
-    pool: &'c rayon::ThreadPool,
+    /// See `Journal::copy_started`; `None` compares every file's content.
+    copy_started: Option<Time>,
     /// Source inode → staging inode and back, for multiply-linked inodes only.
     fwd: Mutex<HashMap<u64, u64>>,
     back: Mutex<HashMap<u64, u64>>,
     diff: Mutex<Diff>,
 }
 
-struct Frame {
+/// A directory pair being compared.
+struct Dir {
     src: OwnedFd,
     stg: OwnedFd,
     rel: PathBuf,
-    subdirs: Vec<OsString>,
 }
 
 enum Cmp {
@@ -52,10 +63,11 @@ pub(crate) fn verify_tree(
     pool: &rayon::ThreadPool,
     src_root: &OwnedFd,
     stg_root: &OwnedFd,
+    copy_started: Option<Time>,
 ) -> Result<Diff, MigrateError> {
     let v = Verifier {
         ctx,
-        pool,
+        copy_started,
         fwd: Mutex::new(HashMap::new()),
         back: Mutex::new(HashMap::new()),
         diff: Mutex::new(Diff::default()),
@@ -63,31 +75,37 @@ pub(crate) fn verify_tree(
     let root = Path::new("");
     v.compare_dir_meta(src_root, stg_root, root, true)?;
     let dup = |fd: &OwnedFd| fd.try_clone().map_err(|e| ctx.dst_err(root, e));
-    let subdirs = v.compare_entries(src_root, stg_root, root)?;
-    let mut stack = vec![Frame { src: dup(src_root)?, stg: dup(stg_root)?, rel: PathBuf::new(), subdirs }];
-    while let Some(top) = stack.last_mut() {
-        let Some(name) = top.subdirs.pop() else {
-            stack.pop();
-            continue;
-        };
+    let top = Dir { src: dup(src_root)?, stg: dup(stg_root)?, rel: PathBuf::new() };
+    pool.install(|| walk::walk(&v, top))?;
+    v.diff.into_inner().map_err(|_| MigrateError::Internal("verification state poisoned"))
+}
+
+impl Visitor for Verifier<'_, '_> {
+    type Dir = Dir;
+    type Error = MigrateError;
+
+    fn enter(&self, parent: &Dir, name: &OsStr) -> Result<Option<Dir>, MigrateError> {
+        let ctx = self.ctx;
         ctx.check_stop()?;
-        let rel = top.rel.join(&name);
-        let src = match fsx::open_dir(&top.src, &name) {
+        let rel = parent.rel.join(name);
+        let src = match fsx::open_dir(&parent.src, name) {
             Ok(fd) => fd,
             Err(e) => {
-                v.differs(&rel, format!("source directory cannot be opened: {e}"));
-                continue;
+                self.differs(&rel, format!("source directory cannot be opened: {e}"));
+                return Ok(None);
             }
         };
-        let stg = fsx::open_dir(&top.stg, &name).map_err(|e| ctx.dst_err(&rel, e))?;
+        let stg = fsx::open_dir(&parent.stg, name).map_err(|e| ctx.dst_err(&rel, e))?;
         let m = fsx::stat_fd(&src).map_err(|e| ctx.src_err(&rel, e))?;
         ctx.check_entry(&m, &rel)?;
-        v.compare_dir_meta(&src, &stg, &rel, false)?;
+        self.compare_dir_meta(&src, &stg, &rel, false)?;
         ctx.file_done();
-        let subdirs = v.compare_entries(&src, &stg, &rel)?;
-        stack.push(Frame { src, stg, rel, subdirs });
+        Ok(Some(Dir { src, stg, rel }))
     }
-    v.diff.into_inner().map_err(|_| MigrateError::Internal("verification state poisoned"))
+
+    fn visit(&self, d: &Dir) -> Result<Vec<OsString>, MigrateError> {
+        self.compare_entries(&d.src, &d.stg, &d.rel)
+    }
 }
 
 impl Verifier<'_, '_> {
@@ -108,8 +126,8 @@ impl Verifier<'_, '_> {
             self.differs(rel, "directory owner, mode or times differ".into());
             return Ok(());
         }
-        let sx = fsx::xattrs(src.as_fd()).map_err(|e| ctx.src_err(rel, e))?;
-        let dx = fsx::xattrs(stg.as_fd()).map_err(|e| ctx.dst_err(rel, e))?;
+        let sx = fsx::xattrs_on(On::Open(src.as_fd())).map_err(|e| ctx.src_err(rel, e))?;
+        let dx = fsx::xattrs_on(On::Open(stg.as_fd())).map_err(|e| ctx.dst_err(rel, e))?;
         // The host's own attributes on the root are allowed in addition to the source's.
         let same = if is_root { sx.iter().all(|a| dx.contains(a)) } else { sx == dx };
         if !same {
@@ -138,9 +156,12 @@ impl Verifier<'_, '_> {
                 self.differs(&rel.join(&n), "missing from the copy".into());
             }
         }
-        let results: Vec<(OsString, Cmp)> = self.pool.install(|| {
-            common.into_par_iter().map(|n| self.compare(src, stg, rel, &n).map(|c| (n, c))).collect::<Result<_, _>>()
-        })?;
+        let one = |n: OsString| self.compare(src, stg, rel, &n).map(|c| (n, c));
+        let results: Vec<(OsString, Cmp)> = if common.len() >= PAR_ENTRIES {
+            common.into_par_iter().with_min_len(32).map(one).collect::<Result<_, _>>()?
+        } else {
+            common.into_iter().map(one).collect::<Result<_, _>>()?
+        };
         let mut subdirs = Vec::new();
         for (n, c) in results {
             match c {
@@ -149,7 +170,7 @@ impl Verifier<'_, '_> {
                 Cmp::Differs(why) => {
                     let r = rel.join(&n);
                     // Drop the stale copy so the next copy pass redoes it.
-                    remove::remove_tree(stg.as_fd(), &n, false, &mut |_| Ok(())).map_err(|e| ctx.dst_err(&r, e))?;
+                    remove::remove_tree(stg.as_fd(), &n, false, &|_| Ok(())).map_err(|e| ctx.dst_err(&r, e))?;
                     self.differs(&r, why);
                 }
             }
@@ -161,14 +182,12 @@ impl Verifier<'_, '_> {
         let ctx = self.ctx;
         ctx.check_stop()?;
         let rel = rel_dir.join(name);
-        let fd = match fsx::open_path(src_dir, name) {
-            Ok(fd) => fd,
-            Err(e) if fsx::is_errno(&e, Errno::NOENT) => return Ok(Cmp::Differs("vanished from the source".into())),
-            Err(e) => return Err(ctx.src_err(&rel, e)),
+        let Some(m) = fsx::stat_at(src_dir, name).map_err(|e| ctx.src_err(&rel, e))? else {
+            return Ok(Cmp::Differs("vanished from the source".into()));
         };
-        let efd = fsx::open_path(stg_dir, name).map_err(|e| ctx.dst_err(&rel, e))?;
-        let m = fsx::stat_fd(&fd).map_err(|e| ctx.src_err(&rel, e))?;
-        let e = fsx::stat_fd(&efd).map_err(|e| ctx.dst_err(&rel, e))?;
+        let Some(e) = fsx::stat_at(stg_dir, name).map_err(|e| ctx.dst_err(&rel, e))? else {
+            return Ok(Cmp::Differs("vanished from the copy".into()));
+        };
         if m.kind != e.kind {
             return Ok(Cmp::Differs(format!("{} in the source, {} in the copy", m.kind.name(), e.kind.name())));
         }
@@ -176,8 +195,26 @@ impl Verifier<'_, '_> {
             return Ok(Cmp::Dir);
         }
         ctx.check_entry(&m, &rel)?;
-        if !m.same_copy(&e) {
-            return Ok(Cmp::Differs("owner, mode, size or times differ".into()));
+        if let Some(why) = self.meta_differs(&m, &e)? {
+            return Ok(Cmp::Differs(why));
+        }
+        let unchanged = m.kind == Kind::File && self.copy_started.is_some_and(|t| m.ctime < t);
+        if !unchanged {
+            if let Some(why) = self.content_differs(src_dir, stg_dir, name, &rel, &m, &e)? {
+                return Ok(Cmp::Differs(why));
+            }
+        } else {
+            ctx.bytes_done.fetch_add(m.data(), Ordering::Relaxed);
+        }
+        ctx.file_done();
+        fault::point(Point::VerifyEntry);
+        Ok(Cmp::Same)
+    }
+
+    /// What the two entries' metadata and hard-link grouping say.
+    fn meta_differs(&self, m: &Meta, e: &Meta) -> Result<Option<String>, MigrateError> {
+        if !m.same_copy(e) {
+            return Ok(Some("owner, mode, size or times differ".into()));
         }
         // Link groups must map one to one between the trees. The counts themselves may differ: a
         // source file also linked outside the tree has a single name in the copy.
@@ -190,103 +227,67 @@ impl Verifier<'_, '_> {
             let f = *fwd.entry(m.ino).or_insert(e.ino);
             let b = *back.entry(e.ino).or_insert(m.ino);
             if f != e.ino || b != m.ino {
-                return Ok(Cmp::Differs("hard links differ".into()));
+                return Ok(Some("hard links differ".into()));
             }
         }
-        let sx = fsx::xattrs(fd.as_fd()).map_err(|e| ctx.src_err(&rel, e))?;
-        let dx = fsx::xattrs(efd.as_fd()).map_err(|e| ctx.dst_err(&rel, e))?;
+        Ok(None)
+    }
+
+    /// Compares xattrs, symlink targets and file contents of the inodes the two names hold
+    /// (the ones `m` and `e` describe; a name that moved on since counts as a difference).
+    fn content_differs(
+        &self,
+        src_dir: &OwnedFd,
+        stg_dir: &OwnedFd,
+        name: &OsStr,
+        rel: &Path,
+        m: &Meta,
+        e: &Meta,
+    ) -> Result<Option<String>, MigrateError> {
+        let ctx = self.ctx;
+        let fd = match fsx::open_path(src_dir, name) {
+            Ok(fd) => fd,
+            Err(err) if fsx::is_errno(&err, rustix::io::Errno::NOENT) => {
+                return Ok(Some("vanished from the source".into()))
+            }
+            Err(err) => return Err(ctx.src_err(rel, err)),
+        };
+        let efd = fsx::open_path(stg_dir, name).map_err(|err| ctx.dst_err(rel, err))?;
+        let now = fsx::stat_fd(&fd).map_err(|err| ctx.src_err(rel, err))?;
+        if now.ino != m.ino
+            || now.changed_since(m)
+            || fsx::stat_fd(&efd).map_err(|err| ctx.dst_err(rel, err))?.ino != e.ino
+        {
+            return Ok(Some("changed while it was compared".into()));
+        }
+        let sx = fsx::xattrs(fd.as_fd()).map_err(|err| ctx.src_err(rel, err))?;
+        let dx = fsx::xattrs(efd.as_fd()).map_err(|err| ctx.dst_err(rel, err))?;
         if sx != dx {
-            return Ok(Cmp::Differs("extended attributes differ".into()));
+            return Ok(Some("extended attributes differ".into()));
         }
         match m.kind {
             Kind::Symlink => {
-                let a = fsx::read_link(&fd).map_err(|e| ctx.src_err(&rel, e))?;
-                let b = fsx::read_link(&efd).map_err(|e| ctx.dst_err(&rel, e))?;
+                let a = fsx::read_link(&fd).map_err(|err| ctx.src_err(rel, err))?;
+                let b = fsx::read_link(&efd).map_err(|err| ctx.dst_err(rel, err))?;
                 if a != b {
-                    return Ok(Cmp::Differs("symlink targets differ".into()));
+                    return Ok(Some("symlink targets differ".into()));
                 }
             }
-            Kind::File if !self.same_content(&fd, &efd).map_err(|e| ctx.dst_err(&rel, e))? => {
-                return Ok(Cmp::Differs("contents differ".into()));
+            Kind::File => {
+                let open = |h: &OwnedFd| fsx::reopen(h.as_fd(), OFlags::RDONLY | OFlags::NOATIME);
+                let a = open(&fd).map_err(|err| ctx.src_err(rel, err))?;
+                let b = open(&efd).map_err(|err| ctx.dst_err(rel, err))?;
+                let same = fsx::same_content(a.as_fd(), b.as_fd(), &mut |n| {
+                    ctx.bytes_done.fetch_add(n, Ordering::Relaxed);
+                    ctx.tick(false);
+                })
+                .map_err(|err| ctx.dst_err(rel, err))?;
+                if !same {
+                    return Ok(Some("contents differ".into()));
+                }
             }
             _ => {}
         }
-        ctx.file_done();
-        fault::point(Point::VerifyEntry);
-        Ok(Cmp::Same)
-    }
-
-    /// Compares two files byte for byte over every range where either has data (holes read as
-    /// zeros, so a 1 GiB sparse file with 1 MiB of data costs 1 MiB of reads), in chunks, with
-    /// per-thread buffers. Stronger than comparing hashes, and much cheaper than hashing both.
-    fn same_content(&self, a: &OwnedFd, b: &OwnedFd) -> std::io::Result<bool> {
-        use std::os::unix::fs::FileExt;
-        const CHUNK: u64 = 256 * 1024;
-        thread_local! {
-            static BUFS: std::cell::RefCell<(Vec<u8>, Vec<u8>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
-        }
-        let fa = std::fs::File::from(fsx::reopen(a.as_fd(), OFlags::RDONLY | OFlags::NOATIME)?);
-        let fb = std::fs::File::from(fsx::reopen(b.as_fd(), OFlags::RDONLY | OFlags::NOATIME)?);
-        let size = fa.metadata()?.len();
-        if fb.metadata()?.len() != size {
-            return Ok(false);
-        }
-        BUFS.with(|bufs| {
-            let (x, y) = &mut *bufs.borrow_mut();
-            x.resize(CHUNK as usize, 0);
-            y.resize(CHUNK as usize, 0);
-            if size <= CHUNK {
-                // One read each: cheaper than finding the data ranges of a small file.
-                let n = size as usize;
-                fa.read_exact_at(&mut x[..n], 0)?;
-                fb.read_exact_at(&mut y[..n], 0)?;
-                self.ctx.bytes_done.fetch_add(size, std::sync::atomic::Ordering::Relaxed);
-                return Ok(x[..n] == y[..n]);
-            }
-            let mut pos = 0;
-            while pos < size {
-                let start = next_data(&fa, pos, size)?.min(next_data(&fb, pos, size)?);
-                if start >= size {
-                    break;
-                }
-                let end = state_change(&fa, start, size)?.min(state_change(&fb, start, size)?).max(start + 1);
-                let mut at = start;
-                while at < end {
-                    let n = (end - at).min(CHUNK) as usize;
-                    fa.read_exact_at(&mut x[..n], at)?;
-                    fb.read_exact_at(&mut y[..n], at)?;
-                    if x[..n] != y[..n] {
-                        return Ok(false);
-                    }
-                    at += n as u64;
-                    self.ctx.bytes_done.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
-                    self.ctx.tick(false);
-                }
-                pos = end;
-            }
-            Ok(true)
-        })
-    }
-}
-
-/// The first offset at or after `at` holding data, or `size` if none.
-fn next_data(f: &std::fs::File, at: u64, size: u64) -> std::io::Result<u64> {
-    match rustix::fs::seek(f, rustix::fs::SeekFrom::Data(at)) {
-        Ok(o) => Ok(o.min(size)),
-        Err(rustix::io::Errno::NXIO) => Ok(size),
-        Err(e) => Err(e.into()),
-    }
-}
-
-/// Where the data/hole state that holds at `at` ends.
-fn state_change(f: &std::fs::File, at: u64, size: u64) -> std::io::Result<u64> {
-    if next_data(f, at, size)? == at {
-        match rustix::fs::seek(f, rustix::fs::SeekFrom::Hole(at)) {
-            Ok(o) => Ok(o.min(size)),
-            Err(rustix::io::Errno::NXIO) => Ok(size),
-            Err(e) => Err(e.into()),
-        }
-    } else {
-        next_data(f, at, size)
+        Ok(None)
     }
 }

@@ -121,36 +121,80 @@ fn a_file_changed_before_verification_is_copied_again() {
     assert_eq!(phases.iter().filter(|p| **p == Phase::Copying).count(), 2, "a second copy pass: {phases:?}");
 }
 
+/// Overwrites bytes of a file in place, then puts its access and modification times back: same
+/// size, same times, other bytes (only its ctime, which cannot be set, tells).
+fn scribble(f: &Path, at: u64, bytes: &[u8]) {
+    use std::os::unix::fs::FileExt;
+    let m = fs::metadata(f).unwrap();
+    fs::OpenOptions::new().write(true).open(f).unwrap().write_all_at(bytes, at).unwrap();
+    let t = |s, ns| rustix::fs::Timespec { tv_sec: s, tv_nsec: ns };
+    let ts = rustix::fs::Timestamps {
+        last_access: t(m.atime(), m.atime_nsec()),
+        last_modification: t(m.mtime(), m.mtime_nsec()),
+    };
+    rustix::fs::utimensat(rustix::fs::CWD, f, &ts, rustix::fs::AtFlags::empty()).unwrap();
+    assert_eq!(fs::metadata(f).unwrap().len(), m.len());
+}
+
+fn journal(wd: &Path) -> serde_json::Value {
+    serde_json::from_slice(&fs::read(wd.join("journal.json")).unwrap()).unwrap()
+}
+
 #[test]
-fn verification_catches_a_bad_copy_that_looks_right_and_stray_entries() {
+fn verification_catches_a_change_that_leaves_size_and_times_alone_and_stray_entries() {
     dirseal_testfs::needs_root!();
     let c = Case::new();
     build_tree(&c.src);
-    let before = manifest(&c.src);
-    let staging = c.wd.join("staging");
-    let stg = staging.clone();
+    let deep = c.src.join("a/b/c/deep.bin");
+    let (d2, stg) = (deep.clone(), c.wd.join("staging"));
     let once = std::sync::atomic::AtomicBool::new(false);
     let host = PlainHost::with(move |e, _| {
         if e == Event::PhaseStart(Phase::Verifying) && !once.swap(true, Ordering::SeqCst) {
-            // Same size, same times, other bytes: only a content comparison sees it.
-            use std::os::unix::fs::FileExt;
-            let f = stg.join("a/b/c/deep.bin");
-            let m = fs::metadata(&f).unwrap();
-            fs::OpenOptions::new().write(true).open(&f).unwrap().write_all_at(b"XX", 1000).unwrap();
-            let t = |s, ns| rustix::fs::Timespec { tv_sec: s, tv_nsec: ns };
-            let ts = rustix::fs::Timestamps {
-                last_access: t(m.atime(), m.atime_nsec()),
-                last_modification: t(m.mtime(), m.mtime_nsec()),
-            };
-            rustix::fs::utimensat(rustix::fs::CWD, &f, &ts, rustix::fs::AtFlags::empty()).unwrap();
+            // Copied already, with matching metadata: verification must not trust it.
+            scribble(&d2, 1000, b"XX");
             fs::write(stg.join("stray"), b"not in the source").unwrap();
         }
     });
+    let before = manifest(&c.src);
     let out = migrate::convert(&req(&c.src, &c.wd), &host).unwrap();
     assert_eq!(out.state, State::Done);
     let phases = host.phases.lock().unwrap().clone();
     assert_eq!(phases.iter().filter(|p| **p == Phase::Verifying).count(), 2, "verified twice: {phases:?}");
-    assert_same(&manifest(&c.src), &before, "after the second pass");
+    assert_eq!(&fs::read(&deep).unwrap()[1000..1002], b"XX", "the changed bytes were copied");
+    assert!(!c.src.join("stray").exists());
+    // Everything else as it was.
+    let after = manifest(&c.src);
+    assert_eq!(after.len(), before.len());
+    let changed: Vec<_> = after.iter().filter(|(k, v)| before.get(*k) != Some(v)).map(|(k, _)| k.clone()).collect();
+    assert_eq!(changed, [b"a/b/c/deep.bin".to_vec()]);
+    // The copy pass was never interrupted: its start time stays recorded, so unchanged files are
+    // checked by their metadata.
+    assert!(journal(&c.wd)["copy_started"]["sec"].as_i64().unwrap() > 0);
+}
+
+/// A copy pass stopped half way and resumed (as after a power cut, which can take unsynced copies
+/// with it) must compare every file byte for byte: a staging file with the right size and times
+/// but other bytes is found and copied again.
+#[test]
+fn a_copy_pass_resumed_after_an_interruption_compares_every_file_again() {
+    dirseal_testfs::needs_root!();
+    let c = Case::new();
+    build_tree(&c.src);
+    add_bulk(&c.src, 300, 0);
+    let before = manifest(&c.src);
+    let e = migrate::convert(&req(&c.src, &c.wd), &PlainHost::stopping_at("poll-copying:200")).unwrap_err();
+    assert!(matches!(e, MigrateError::Interrupted { state: State::Copying }), "{e:?}");
+    assert!(!journal(&c.wd)["copy_started"].is_null(), "the first pass recorded its start");
+    let bulk = c.wd.join("staging/bulk");
+    let copied = fs::read_dir(&bulk).unwrap().next().expect("some files were copied before the stop").unwrap().path();
+    scribble(&copied, 10, b"lost");
+    let host = PlainHost::new();
+    let out = migrate::convert(&req(&c.src, &c.wd), &host).unwrap();
+    assert_eq!(out.state, State::Done);
+    assert_same(&manifest(&c.src), &before, "after the resumed conversion");
+    let phases = host.phases.lock().unwrap().clone();
+    assert_eq!(phases.iter().filter(|p| **p == Phase::Verifying).count(), 2, "found and recopied: {phases:?}");
+    assert!(journal(&c.wd)["copy_started"].is_null(), "a resumed pass drops the start time");
 }
 
 #[test]

@@ -47,7 +47,7 @@ pub struct ConvertArgs {
     /// when it fits, else move
     #[arg(long = "mode", value_enum, default_value = "auto", value_name = "MODE")]
     data_mode: DataMode,
-    /// Copy threads [default: number of CPUs]
+    /// Worker threads [default: two per CPU, at least 4]
     #[arg(long, value_name = "N")]
     threads: Option<usize>,
     /// One JSON progress object per second on stdout, and a JSON result
@@ -91,6 +91,8 @@ struct OutcomeOut<'a> {
     policy: &'a str,
     backup: Option<&'a Path>,
     notes: &'a [String],
+    /// Seconds of wall time per part of this run (scan, copy, sync, verify, swap, dispose, ...).
+    timings: serde_json::Map<String, serde_json::Value>,
 }
 
 #[derive(Serialize)]
@@ -223,6 +225,7 @@ fn report(abs: &Path, o: &Outcome, apparent: Option<u64>, json: bool) -> Result<
             policy: &o.token,
             backup: o.backup.as_deref(),
             notes: &o.notes,
+            timings: o.timings.parts().iter().map(|(p, d)| (p.to_string(), d.as_secs_f64().into())).collect(),
         };
         println!("{}", serde_json::to_string(&serde_json::json!({ "result": out }))?);
         return Ok(());
