@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # `dirseal convert` against its peers on the same scratch ext4, same tree, caches dropped:
 #   cp -a + sync and rsync -aHAXS + sync into an fscrypt directory, and dd of one large file.
-# Prints wall time and peak RSS of each, and the ratios; then convert's move mode (for nearly
-# full disks) against its copy mode: time and peak extra space used on the filesystem.
+# Prints wall time and peak RSS of each, and the ratios; convert's own time per phase (from its
+# --json result); then convert's move mode (for nearly full disks) against its copy mode: time
+# and peak extra space used on the filesystem.
 # Record results in docs/performance.md.
 # Usage: sudo scripts/bench-convert.sh [SMALL_FILES=20000] [MEDIUM_FILES=200] [LARGE_MIB=64] [SMALL_MAX_BYTES=8192]
 # (200000 0 0 512 measures peak RSS on a 200,000-file tree)
@@ -63,7 +64,8 @@ du -sh "$tpl" | sed 's/^/tree: /'
 
 drop() { sync; echo 3 > /proc/sys/vm/drop_caches; }
 # Runs "$@" and prints "<seconds> <peak RSS KiB>".
-measure() { /usr/bin/time -f '%e %M' -o "$work/time" "$@" >/dev/null 2>"$work/err" || { cat "$work/err" >&2; exit 1; }; cat "$work/time"; }
+# (Its standard output is kept in $work/out.)
+measure() { /usr/bin/time -f '%e %M' -o "$work/time" "$@" >"$work/out" 2>"$work/err" || { cat "$work/err" >&2; exit 1; }; cat "$work/time"; }
 used_mib() { df -B1M --output=used "$mnt" | tail -1 | tr -d ' '; }
 # Like measure, and also prints the peak of extra space used on the filesystem meanwhile (MiB,
 # sampled every 50 ms).
@@ -84,8 +86,10 @@ cp -a "$tpl" "$mnt/conv"; cp -a "$tpl" "$mnt/cpsrc"; cp -a "$tpl" "$mnt/rsrc"; c
 mkdir "$mnt/cpdst" "$mnt/rdst" "$mnt/dddst"
 for d in cpdst rdst dddst; do echo bench | "$bin" encrypt "$mnt/$d" --protector-name "$d" >/dev/null; done
 
-drop; read -r t_conv m_conv s_conv < <(measure_space sh -c "echo bench | '$bin' convert '$mnt/conv' --yes --protector-name conv --mode copy")
-drop; read -r t_mv m_mv s_mv < <(measure_space sh -c "echo bench | '$bin' convert '$mnt/mv' --yes --protector-name mv --mode move")
+drop; read -r t_conv m_conv s_conv < <(measure_space sh -c "echo bench | '$bin' convert '$mnt/conv' --yes --json --protector-name conv --mode copy")
+tail -1 "$work/out" > "$work/conv.json"
+drop; read -r t_mv m_mv s_mv < <(measure_space sh -c "echo bench | '$bin' convert '$mnt/mv' --yes --json --protector-name mv --mode move")
+tail -1 "$work/out" > "$work/mv.json"
 drop; read -r t_cp m_cp < <(measure sh -c "cp -a '$mnt/cpsrc/.' '$mnt/cpdst/' && sync")
 drop; read -r t_rs m_rs < <(measure sh -c "rsync -aHAXS '$mnt/rsrc/' '$mnt/rdst/' && sync")
 big=$tpl/Games/big0.pak
@@ -104,6 +108,10 @@ printf '%-28s %8s %9s KiB %9sx\n' "dirseal convert" "$t_conv" "$m_conv" "$(r "$t
 printf '%-28s %8s %9s KiB %9sx\n' "dirseal convert --mode move" "$t_mv" "$m_mv" "$(r "$t_mv" "$t_cp")"
 printf '%-28s %8s %9s KiB %9sx\n' "cp -a + sync" "$t_cp" "$m_cp" 1.00
 printf '%-28s %8s %9s KiB %9sx\n' "rsync -aHAXS + sync" "$t_rs" "$m_rs" "$(r "$t_rs" "$t_cp")"
+phases() { python3 -c 'import json,sys; t=json.load(open(sys.argv[1]))["result"]["timings"]; print("  ".join(f"{k} {v:.2f}" for k, v in t.items()))' "$1"; }
+echo
+echo "dirseal convert, seconds per phase:               $(phases "$work/conv.json")"
+echo "dirseal convert --mode move, seconds per phase:   $(phases "$work/mv.json")"
 echo
 echo "large file (${mib} MiB): dd into fscrypt $(r "$mib" "$t_dd") MiB/s; dirseal convert of it alone $(r "$mib" "$t_one") MiB/s (includes verify and setup) = $(r "$t_dd" "$t_one")x of dd"
 echo "move mode: $(r "$t_conv" "$t_mv")x the throughput of copy mode (target >= 0.80); peak extra space ${s_mv} MiB (copy mode ${s_conv} MiB, tree $(du -sm "$tpl" | cut -f1) MiB)"

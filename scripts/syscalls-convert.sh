@@ -69,7 +69,7 @@ for line in open(sys.argv[2]):
                 order.append(phase)
 
 def summary(c):
-    top = ", ".join(f"{k} {v / entries:.2f}" for k, v in c.most_common(7))
+    top = ", ".join(f"{k} {v / entries:.2f}" for k, v in c.most_common(int(__import__("os").environ.get("TOP", "7"))))
     return f"{sum(c.values()) / entries:7.2f}  {top}"
 
 def strace_c(path):

@@ -400,8 +400,9 @@ pub(crate) fn create(
                 return Err(derr(e));
             }
             // Verified now, while both sides are in memory: verification before the swap then
-            // only needs to show that the source did not change since (see verify.rs).
-            let same = fsx::same_content(rfd.as_fd(), tmp.as_fd(), &mut |_| {}).map_err(derr)?;
+            // only needs to show that the source did not change since (see verify.rs). The copy
+            // has the size the source had (copy_sparse sets it), which the after-stat checks.
+            let same = fsx::same_content(rfd.as_fd(), tmp.as_fd(), before.size, &mut |_| {}).map_err(derr)?;
             let x = fsx::xattrs_on(On::Open(rfd.as_fd())).map_err(serr)?;
             fsx::apply_meta_on(On::Open(tmp.as_fd()), &before, &x).map_err(derr)?;
             let after = fsx::stat_fd(fd).map_err(serr)?;

@@ -656,17 +656,19 @@ pub(crate) fn read_ahead(fd: impl AsFd, len: u64) {
     let _ = rustix::fs::fadvise(fd, 0, std::num::NonZeroU64::new(len), rustix::fs::Advice::WillNeed);
 }
 
-/// Whether two open regular files hold the same bytes, compared over every range where either
-/// has data (holes read as zeros, so a 1 GiB sparse file with 1 MiB of data costs 1 MiB of
-/// reads), in chunks, with per-thread buffers. `on_chunk` gets each compared byte count.
-pub(crate) fn same_content(a: BorrowedFd<'_>, b: BorrowedFd<'_>, on_chunk: &mut dyn FnMut(u64)) -> io::Result<bool> {
+/// Whether two open regular files of `size` bytes each (the caller checked the sizes) hold the
+/// same bytes, compared over every range where either has data (holes read as zeros, so a 1 GiB
+/// sparse file with 1 MiB of data costs 1 MiB of reads), in chunks, with per-thread buffers.
+/// `on_chunk` gets each compared byte count.
+pub(crate) fn same_content(
+    a: BorrowedFd<'_>,
+    b: BorrowedFd<'_>,
+    size: u64,
+    on_chunk: &mut dyn FnMut(u64),
+) -> io::Result<bool> {
     const CHUNK: u64 = 256 * 1024;
     thread_local! {
         static BUFS: std::cell::RefCell<(Vec<u8>, Vec<u8>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
-    }
-    let size = rustix::fs::fstat(a)?.st_size as u64;
-    if rustix::fs::fstat(b)?.st_size as u64 != size {
-        return Ok(false);
     }
     BUFS.with(|bufs| {
         let (x, y) = &mut *bufs.borrow_mut();

@@ -970,7 +970,13 @@ fn run(
                 let ctx = Ctx::new(host, &source, src.meta.mnt_id, Phase::Verifying, j.files_total, j.bytes_total)
                     .saving(&save);
                 ctx.tick(true);
-                let diff = match t.time("verify", || verify::verify_tree(&ctx, &pool, &src.fd, &stg, j.copy_started)) {
+                // A clock that went back since the copy began could stamp a later change with
+                // an older ctime: then every file is compared.
+                let started = match j.copy_started {
+                    Some(t0) if wd.clock()? >= t0 => Some(t0),
+                    _ => None,
+                };
+                let diff = match t.time("verify", || verify::verify_tree(&ctx, &pool, &src.fd, &stg, started)) {
                     Ok(d) => d,
                     Err(e) => return Err(after_pass(wd, &mut j, &ctx, e)),
                 };

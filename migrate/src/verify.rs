@@ -277,7 +277,7 @@ impl Verifier<'_, '_> {
                 let open = |h: &OwnedFd| fsx::reopen(h.as_fd(), OFlags::RDONLY | OFlags::NOATIME);
                 let a = open(&fd).map_err(|err| ctx.src_err(rel, err))?;
                 let b = open(&efd).map_err(|err| ctx.dst_err(rel, err))?;
-                let same = fsx::same_content(a.as_fd(), b.as_fd(), &mut |n| {
+                let same = fsx::same_content(a.as_fd(), b.as_fd(), m.size, &mut |n| {
                     ctx.bytes_done.fetch_add(n, Ordering::Relaxed);
                     ctx.tick(false);
                 })
