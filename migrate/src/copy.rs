@@ -40,6 +40,9 @@ const AHEAD: usize = 32;
 /// How much of a file is requested ahead (a small file whole, the start of a large one).
 const AHEAD_BYTES: u64 = 256 * 1024;
 
+/// A large file's writeback is started, from another thread, each time this much more was copied.
+const WRITEBACK_EVERY: u64 = 8 << 20;
+
 /// A source entry opened ahead of its copy.
 struct Opened {
     /// The O_PATH handle that pins the inode.
@@ -381,11 +384,17 @@ pub(crate) fn create(
                 Some(rfd) => rfd,
                 None => fsx::reopen(fd.as_fd(), OFlags::RDONLY | OFlags::NOATIME).map_err(serr)?,
             };
-            let tmp = fsx::tmpfile(stg_dir).map_err(derr)?;
+            let tmp = std::sync::Arc::new(fsx::tmpfile(stg_dir).map_err(derr)?);
             let mut copied = 0u64;
             let mut on_chunk = |n: u64| {
                 copied += n;
                 ctx.add_bytes(n);
+                if copied / WRITEBACK_EVERY != (copied - n) / WRITEBACK_EVERY {
+                    // A large file: what is written so far goes out (and is encrypted) on another
+                    // thread while this one copies on, so even a single file keeps the CPUs busy.
+                    let out = std::sync::Arc::clone(&tmp);
+                    rayon::spawn(move || fsx::start_writeback(&*out));
+                }
                 ctx.check_stop().map_err(|_| std::io::Error::from(std::io::ErrorKind::Interrupted))
             };
             if let Err(e) = fsx::copy_sparse(
