@@ -13,8 +13,8 @@ use std::collections::{HashMap, HashSet};
 use std::ffi::{OsStr, OsString};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use rayon::prelude::*;
 use rustix::fs::OFlags;
@@ -238,6 +238,9 @@ impl Copier<'_, '_> {
             Err(e) => return Err(ctx.src_err(&rel_dir.join(name), e)),
         };
         let m = fsx::stat_fd(&fd).map_err(|e| ctx.src_err(&rel_dir.join(name), e))?;
+        // Before anything is opened for reading: an entry of another mount or an encrypted one
+        // is refused as such.
+        ctx.check_entry(&m, &rel_dir.join(name))?;
         let rfd = if m.kind == Kind::File && m.nlink == 1 && !in_stg && m.size > 0 {
             let rfd = fsx::reopen(fd.as_fd(), OFlags::RDONLY | OFlags::NOATIME)
                 .map_err(|e| ctx.src_err(&rel_dir.join(name), e))?;
@@ -263,7 +266,6 @@ impl Copier<'_, '_> {
         ctx.check_stop()?;
         let rel = rel_dir.join(name);
         let Opened { fd, m, rfd } = o;
-        ctx.check_entry(&m, &rel)?;
         if m.kind == Kind::Dir {
             return Ok(Entry::IsDir);
         }
@@ -350,6 +352,24 @@ impl Copier<'_, '_> {
     }
 }
 
+/// Writebacks handed to other threads and not yet started.
+static WRITEBACKS: AtomicUsize = AtomicUsize::new(0);
+
+/// Starts the writeback of a file on a rayon thread (the current pool, or the global one), so its
+/// encryption runs beside the caller's work; in the caller's thread when many are waiting (each
+/// holds a file descriptor).
+fn writeback_elsewhere(fd: &Arc<OwnedFd>, range: Option<(u64, u64)>) {
+    if WRITEBACKS.fetch_add(1, Ordering::AcqRel) >= 64 {
+        WRITEBACKS.fetch_sub(1, Ordering::AcqRel);
+        return fsx::start_writeback(&**fd, range);
+    }
+    let fd = Arc::clone(fd);
+    rayon::spawn(move || {
+        WRITEBACKS.fetch_sub(1, Ordering::AcqRel);
+        fsx::start_writeback(&*fd, range);
+    });
+}
+
 /// Creates the copy of a non-directory entry (in staging, or back in the source when a move is
 /// aborted); returns its inode number (when `need_ino`, else 0). `known`: the entry's metadata
 /// as just read from `fd`, and the file opened for reading, if the caller has them. Re-copies while the source changes under it
@@ -384,16 +404,18 @@ pub(crate) fn create(
                 Some(rfd) => rfd,
                 None => fsx::reopen(fd.as_fd(), OFlags::RDONLY | OFlags::NOATIME).map_err(serr)?,
             };
-            let tmp = std::sync::Arc::new(fsx::tmpfile(stg_dir).map_err(derr)?);
-            let mut copied = 0u64;
+            let tmp = Arc::new(fsx::tmpfile(stg_dir).map_err(derr)?);
+            let (mut copied, mut handed) = (0u64, 0u64);
             let mut on_chunk = |n: u64| {
                 copied += n;
                 ctx.add_bytes(n);
-                if copied / WRITEBACK_EVERY != (copied - n) / WRITEBACK_EVERY {
-                    // A large file: what is written so far goes out (and is encrypted) on another
+                if copied - handed >= WRITEBACK_EVERY {
+                    // A large file: each part written goes out (and is encrypted) on another
                     // thread while this one copies on, so even a single file keeps the CPUs busy.
-                    let out = std::sync::Arc::clone(&tmp);
-                    rayon::spawn(move || fsx::start_writeback(&*out));
+                    // Offsets count copied bytes: exact for a dense file, a part of the written
+                    // range for a sparse one (the final writeback below covers the rest).
+                    writeback_elsewhere(&tmp, Some((handed, copied - handed)));
+                    handed = copied;
                 }
                 ctx.check_stop().map_err(|_| std::io::Error::from(std::io::ErrorKind::Interrupted))
             };
@@ -431,7 +453,13 @@ pub(crate) fn create(
             // times slower than `cp -a`; starting the writeback here instead keeps the
             // encryption of the data on this thread.
             fsx::link_fd(&tmp, stg_dir, name).map_err(derr)?;
-            fsx::start_writeback(&tmp);
+            if rayon::current_thread_index().is_some() {
+                // One of the copy's workers: they are all busy copying, each does its own.
+                fsx::start_writeback(&*tmp, None);
+            } else {
+                // Move mode copies on one thread: the encryption can run beside it.
+                writeback_elsewhere(&tmp, None);
+            }
             // Data ranges end at block granularity in the census: count the file as a whole.
             ctx.add_bytes(before.data().saturating_sub(copied));
             fault::point(Point::CopyFile);

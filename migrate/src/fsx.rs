@@ -645,9 +645,11 @@ pub(crate) fn tmpfile(dir: impl AsFd) -> io::Result<OwnedFd> {
 /// writes (`POSIX_FADV_DONTNEED` starts writeback of the range, then drops only clean pages). On
 /// an encrypted directory the data is encrypted on its way out: done here, it is spread over
 /// the copy's threads instead of piling up for the single flusher thread and the final sync.
-pub(crate) fn start_writeback(fd: impl AsFd) {
+/// `range`: `(offset, length)` of the part to write, `None` for the whole file.
+pub(crate) fn start_writeback(fd: impl AsFd, range: Option<(u64, u64)>) {
+    let (off, len) = range.unwrap_or((0, 0));
     // Advice only: failing to start early just leaves the work to the final sync.
-    let _ = rustix::fs::fadvise(fd, 0, None, rustix::fs::Advice::DontNeed);
+    let _ = rustix::fs::fadvise(fd, off, std::num::NonZeroU64::new(len), rustix::fs::Advice::DontNeed);
 }
 
 /// Asks for the first `len` bytes of a file opened for reading without waiting for them.

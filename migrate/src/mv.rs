@@ -24,6 +24,7 @@ use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 
 use rustix::fs::OFlags;
 use rustix::io::Errno;
@@ -119,14 +120,18 @@ pub(crate) struct Mover<'c, 'a> {
     pub src_root: &'c OwnedFd,
     pub stg_root: &'c OwnedFd,
     pub back: bool,
-    batch: Vec<(OwnedFd, OsString, PathBuf)>,
+    batch: Vec<(Rc<OwnedFd>, OsString, PathBuf)>,
     batch_bytes: u64,
+    /// Directory times recorded on staging and not yet synced: the next flush syncs even
+    /// without a batch.
+    times_unsynced: bool,
     /// Source inode → (staging name, staging inode) of multiply-linked files copied in this run.
     links: HashMap<u64, (PathBuf, u64)>,
 }
 
 struct Frame {
-    from: OwnedFd,
+    /// Shared with the batch entries of this directory (one descriptor, not one per file).
+    from: Rc<OwnedFd>,
     to: OwnedFd,
     rel: PathBuf,
     subdirs: Vec<OsString>,
@@ -141,7 +146,18 @@ impl<'c, 'a> Mover<'c, 'a> {
         stg_root: &'c OwnedFd,
         back: bool,
     ) -> Self {
-        Mover { ctx, wd, j, src_root, stg_root, back, batch: Vec::new(), batch_bytes: 0, links: HashMap::new() }
+        Mover {
+            ctx,
+            wd,
+            j,
+            src_root,
+            stg_root,
+            back,
+            batch: Vec::new(),
+            batch_bytes: 0,
+            times_unsynced: false,
+            links: HashMap::new(),
+        }
     }
 
     fn origin_root(&self) -> &'c OwnedFd {
@@ -179,7 +195,7 @@ impl<'c, 'a> Mover<'c, 'a> {
             self.large(f)?;
         }
         let root = Path::new("");
-        let from = self.origin_root().try_clone().map_err(|e| self.origin_err(root, e))?;
+        let from = Rc::new(self.origin_root().try_clone().map_err(|e| self.origin_err(root, e))?);
         let to = self.dest_root().try_clone().map_err(|e| self.dest_err(root, e))?;
         self.prepare_dir(&from, &to, root)?;
         let subdirs = self.entries(&from, &to, root)?;
@@ -191,8 +207,8 @@ impl<'c, 'a> Mover<'c, 'a> {
             };
             self.ctx.check_stop()?;
             let rel = top.rel.join(&name);
-            let from = match fsx::open_dir(&top.from, &name) {
-                Ok(fd) => fd,
+            let from = match fsx::open_dir(&*top.from, &name) {
+                Ok(fd) => Rc::new(fd),
                 Err(e) if fsx::is_errno(&e, Errno::NOENT) => continue,
                 Err(e) => return Err(self.origin_err(&rel, e)),
             };
@@ -217,8 +233,10 @@ impl<'c, 'a> Mover<'c, 'a> {
     }
 
     /// Moving in: before anything leaves a source directory, its staging copy records the
-    /// directory's times (durably), since moving entries out changes them.
-    fn prepare_dir(&self, from: &OwnedFd, to: &OwnedFd, rel: &Path) -> Result<(), MigrateError> {
+    /// directory's times, since moving entries out changes them. Made durable by the `syncfs`
+    /// that precedes every removal from the source ([`Mover::flush`]), not by an fsync each: a
+    /// home has thousands of directories.
+    fn prepare_dir(&mut self, from: &OwnedFd, to: &OwnedFd, rel: &Path) -> Result<(), MigrateError> {
         if self.back {
             return Ok(());
         }
@@ -227,13 +245,13 @@ impl<'c, 'a> Mover<'c, 'a> {
             let m = fsx::stat_fd(from).map_err(|e| self.origin_err(rel, e))?;
             self.ctx.check_entry(&m, rel)?;
             set_times_xattr(to.as_fd(), &m).map_err(|e| self.dest_err(rel, e))?;
-            fsx::fsync(to).map_err(|e| self.dest_err(rel, e))?;
+            self.times_unsynced = true;
         }
         Ok(())
     }
 
     /// Moves the non-directory entries of one directory; returns its subdirectories.
-    fn entries(&mut self, from: &OwnedFd, to: &OwnedFd, rel: &Path) -> Result<Vec<OsString>, MigrateError> {
+    fn entries(&mut self, from: &Rc<OwnedFd>, to: &OwnedFd, rel: &Path) -> Result<Vec<OsString>, MigrateError> {
         let mut subdirs = Vec::new();
         for name in fsx::list_names(from).map_err(|e| self.origin_err(rel, e))? {
             let r = rel.join(&name);
@@ -251,7 +269,14 @@ impl<'c, 'a> Mover<'c, 'a> {
         Ok(subdirs)
     }
 
-    fn entry(&mut self, from: &OwnedFd, to: &OwnedFd, name: &OsStr, rel: &Path, m: &Meta) -> Result<(), MigrateError> {
+    fn entry(
+        &mut self,
+        from: &Rc<OwnedFd>,
+        to: &OwnedFd,
+        name: &OsStr,
+        rel: &Path,
+        m: &Meta,
+    ) -> Result<(), MigrateError> {
         let ctx = self.ctx;
         let existing = fsx::stat_at(to, name).map_err(|e| self.dest_err(rel, e))?;
         if m.nlink > 1 && !self.back {
@@ -285,8 +310,7 @@ impl<'c, 'a> Mover<'c, 'a> {
         let fd = fsx::open_path(from, name).map_err(|e| self.origin_err(rel, e))?;
         copy::create(ctx, &fd, None, m.kind, to, name, rel, false)?;
         fault::point(Point::MoveEntryCopied);
-        let dir = from.try_clone().map_err(|e| self.origin_err(rel, e))?;
-        self.batch.push((dir, name.to_os_string(), rel.to_path_buf()));
+        self.batch.push((Rc::clone(from), name.to_os_string(), rel.to_path_buf()));
         self.batch_bytes += if m.kind == Kind::File { m.size } else { 0 };
         if self.batch.len() >= batch_files() || self.batch_bytes >= BATCH_BYTES {
             self.flush()?;
@@ -294,13 +318,15 @@ impl<'c, 'a> Mover<'c, 'a> {
         Ok(())
     }
 
-    /// Makes the batch's copies durable, then removes their originals.
+    /// Makes the batch's copies (and recorded directory times) durable, then removes their
+    /// originals.
     fn flush(&mut self) -> Result<(), MigrateError> {
-        if self.batch.is_empty() {
+        if self.batch.is_empty() && !self.times_unsynced {
             return Ok(());
         }
         let root = Path::new("");
         rustix::fs::syncfs(self.dest_root()).map_err(|e| self.dest_err(root, e.into()))?;
+        self.times_unsynced = false;
         fault::point(Point::MoveBatchSynced);
         let wipe = self.j.wipe && !self.back;
         for (dir, name, rel) in std::mem::take(&mut self.batch) {

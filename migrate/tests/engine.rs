@@ -325,6 +325,25 @@ fn auto_copies_when_a_copy_fits_moves_when_not_and_refuses_below_a_move() {
     assert_eq!((st.state, st.method), (State::Done, Method::Move));
 }
 
+/// A batch of small files waiting for its sync must not hold a descriptor per file: with the
+/// usual soft limit of 1,024 descriptors a directory of more files failed with EMFILE.
+#[test]
+fn a_move_batch_of_many_files_fits_a_low_descriptor_limit() {
+    dirseal_testfs::needs_root!();
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let c = Case::new();
+    fs::create_dir(&c.src).unwrap();
+    add_bulk(&c.src, 600, 0);
+    let before = manifest(&c.src);
+    let old = getrlimit(Resource::Nofile);
+    setrlimit(Resource::Nofile, Rlimit { current: Some(256), maximum: old.maximum }).unwrap();
+    let out = migrate::convert(&move_req(&c.src, &c.wd, Mode::Move), &PlainHost::new());
+    setrlimit(Resource::Nofile, old).unwrap();
+    let out = out.unwrap();
+    assert_eq!((out.state, out.method), (State::Done, Method::Move));
+    assert_same(&manifest(&c.src), &before, "after the move");
+}
+
 #[test]
 fn out_of_space_mid_move_pauses_and_resumes() {
     dirseal_testfs::needs_root!();
