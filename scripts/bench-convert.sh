@@ -11,28 +11,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "$(id -u)" -eq 0 ] || { echo "run as root" >&2; exit 1; }
 small=${1:-20000} medium=${2:-200} large_mib=${3:-64} small_max=${4:-8192}
-bash scripts/deps.sh >/dev/null
-cargo build --quiet --release
-bin=$PWD/target/release/dirseal
-
-work=$(mktemp -d /tmp/dirseal-bench.XXXXXX)
-mnt=$work/mnt loopdev=
-cleanup() {
-  umount "$mnt" 2>/dev/null || umount -l "$mnt" 2>/dev/null || true
-  [ -n "$loopdev" ] && losetup -d "$loopdev" 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
+source scripts/lib/scratch.sh
 # Room for four copies of the tree plus the conversion's staging copy.
 size_mib=$(( (small * 8 / 1024 + medium + 3 * large_mib + 40) * 7 + 512 ))
-truncate -s "${size_mib}M" "$work/fs.img"
-mkfs.ext4 -q -O encrypt -N $(( small * 8 + 100000 )) "$work/fs.img"
-mkdir "$mnt"
-loopdev=$(losetup --find --show "$work/fs.img")
-mount "$loopdev" "$mnt"
-export DIRSEAL_KEYSTORE=$work/keystore DIRSEAL_CONFIG=$work/config.toml
-printf '[argon2]\ntime_cost = 1\nmemory_kib = 1024\nparallelism = 1\n' > "$DIRSEAL_CONFIG"
-chmod 600 "$DIRSEAL_CONFIG"
+scratch_fs bench "$size_mib" $(( small * 8 + 100000 ))
 
 echo "building the tree: $small small files, $medium medium, 3 x ${large_mib} MiB, one sparse"
 tpl=$mnt/template

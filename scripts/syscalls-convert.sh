@@ -8,27 +8,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "$(id -u)" -eq 0 ] || { echo "run as root" >&2; exit 1; }
 files=${1:-20000} max=${2:-512}
-bash scripts/deps.sh >/dev/null
+source scripts/lib/scratch.sh
 command -v strace >/dev/null || apt-get install -y -qq strace >/dev/null
-cargo build --quiet --release -p dirseal
-bin=$PWD/target/release/dirseal
-
-work=$(mktemp -d /tmp/dirseal-syscalls.XXXXXX)
-mnt=$work/mnt loopdev=
-cleanup() {
-  umount "$mnt" 2>/dev/null || umount -l "$mnt" 2>/dev/null || true
-  [ -n "$loopdev" ] && losetup -d "$loopdev" 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-truncate -s $(( files * 4 * 6 / 1024 + 300 ))M "$work/fs.img"
-mkfs.ext4 -q -O encrypt -N $(( files * 6 + 10000 )) "$work/fs.img"
-mkdir "$mnt"
-loopdev=$(losetup --find --show "$work/fs.img")
-mount "$loopdev" "$mnt"
-export DIRSEAL_KEYSTORE=$work/keystore DIRSEAL_CONFIG=$work/config.toml
-printf '[argon2]\ntime_cost = 1\nmemory_kib = 1024\nparallelism = 1\n' > "$DIRSEAL_CONFIG"
-chmod 600 "$DIRSEAL_CONFIG"
+scratch_fs syscalls $(( files * 4 * 6 / 1024 + 300 )) $(( files * 6 + 10000 ))
 
 python3 - "$mnt/conv" "$files" "$max" <<'PY'
 import os, random, sys
