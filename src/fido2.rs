@@ -68,10 +68,10 @@ pub fn list(cfg: &Fido2Config) -> Result<Vec<Connected>, Fido2Error> {
 
 /// The device `--device` names: one of the connected keys, never an arbitrary path.
 pub fn resolve(cfg: &Fido2Config, given: &str) -> Result<DevicePath, Fido2Error> {
-    device_paths(cfg)?.into_iter().find(|p| p.to_string() == given).ok_or_else(|| Fido2Error::Open {
-        path: given.to_string(),
-        reason: "no such security key is connected (see `dirseal fido2 list`)".into(),
-    })
+    device_paths(cfg)?
+        .into_iter()
+        .find(|p| p.to_string() == given)
+        .ok_or_else(|| Fido2Error::Open { path: given.to_string(), reason: "no such security key is connected".into() })
 }
 
 /// The connected key holding `credential_id`, asked of each key without a touch.

@@ -27,9 +27,9 @@ const MOUNTINFO: &str = "/proc/self/mountinfo";
 pub enum FscryptError {
     #[error("{}", not_supported_message(mountpoint, fstype.as_deref(), device.as_deref()))]
     NotSupported { mountpoint: PathBuf, fstype: Option<String>, device: Option<String> },
-    #[error("{path} is already encrypted with a different policy or key; see `dirseal status {path}`")]
+    #[error("{path} is already encrypted with a different policy or key")]
     AlreadyEncrypted { path: PathBuf },
-    #[error("{path} is not empty and the kernel can only encrypt empty directories; encrypt it in place with `dirseal convert {path}`")]
+    #[error("{path} is not empty and the kernel can only encrypt empty directories; one that holds data is converted")]
     NotEmpty { path: PathBuf },
     #[error("{path} is not a directory; only directories can be given an encryption policy")]
     NotADirectory { path: PathBuf },
@@ -43,7 +43,7 @@ pub enum FscryptError {
     KeyIdMismatch { expected: KeyIdentifier, kernel: KeyIdentifier },
     #[error("key {id} is not loaded on {mountpoint}: the directory is already locked, or another user added the key (root can remove it for all users)")]
     KeyNotPresent { mountpoint: PathBuf, id: KeyIdentifier },
-    #[error("{path} is encrypted and its key is not loaded; unlock it first with `dirseal unlock`")]
+    #[error("{path} is encrypted and its key is not loaded; unlock it first")]
     Locked { path: PathBuf },
     #[error("permission denied to {op} {path}; fscrypt key management needs root, and setting a policy needs ownership of the directory")]
     PermissionDenied { path: PathBuf, op: &'static str },

@@ -21,19 +21,17 @@ const MAX_FILE_BYTES: u64 = 256 * 1024;
 
 #[derive(Debug, thiserror::Error)]
 pub enum KeystoreError {
-    #[error("no {kind} {id} in the keystore; `dirseal protector list` and `dirseal policy list` show what exists")]
+    #[error("no {kind} {id} in the keystore")]
     NotFound { kind: &'static str, id: String },
-    #[error("keystore file {path} is corrupt ({reason}); restore it from a backup, or remove it and re-create what it held (for a directory's policy: `dirseal recovery restore DIR`)")]
+    #[error("keystore file {path} is corrupt ({reason}); restore it from a backup, or remove it and re-create what it held (a directory's policy comes back from its recovery key)")]
     Corrupt { path: PathBuf, reason: String },
     #[error("keystore: {0}")]
     File(#[from] SecureFileError),
-    #[error(
-        "protector {id} still protects {policies}; remove it from those first with `dirseal policy remove-protector`"
-    )]
+    #[error("protector {id} still protects {policies}; remove it from those first")]
     InUse { id: ProtectorId, policies: String },
     #[error("cannot tell whether {path} uses protector {id} because that file is unreadable ({reason}); fix or remove that file first")]
     Undecidable { id: ProtectorId, path: PathBuf, reason: String },
-    #[error("policy {policy} has no other usable protector; add another one first (`dirseal policy add-protector`) so the data stays reachable")]
+    #[error("policy {policy} has no other usable protector; add another one first so the data stays reachable")]
     LastProtector { policy: KeyIdentifier },
     #[error("policy {policy} has no entry for protector {protector}")]
     NoEntry { policy: KeyIdentifier, protector: ProtectorId },

@@ -31,33 +31,47 @@ pub enum OpsError {
     Protector(#[from] ProtectorError),
     #[error(transparent)]
     Recovery(#[from] RecoveryError),
-    #[error("{path} is not encrypted; encrypt an empty directory with `dirseal encrypt {path}` or an existing one with `dirseal convert {path}`")]
+    #[error("{path} is not encrypted")]
     NotEncrypted { path: PathBuf },
-    #[error("{path} is encrypted with key {id}, but the keystore has no policy for it; if you have a recovery key run `dirseal recovery restore {path}`")]
+    #[error(
+        "{path} is encrypted with key {id}, but the keystore has no policy for it; its recovery key can restore one"
+    )]
     NotManaged { path: PathBuf, id: KeyIdentifier },
-    #[error("{path} is not empty; to encrypt a directory that already holds data run `dirseal convert {path}`")]
+    #[error("{path} is not empty; only an empty directory is encrypted directly, one that holds data is converted")]
     NotEmpty { path: PathBuf },
-    #[error("{path} is already encrypted (key {id}); see `dirseal status {path}`")]
+    #[error("{path} is already encrypted (key {id})")]
     AlreadyEncrypted { path: PathBuf, id: KeyIdentifier },
     #[error("{path}: {reason}")]
     BadDirectory { path: PathBuf, reason: String },
     #[error("{what} has several protectors ({list}); choose the one to use")]
     AmbiguousProtector { what: String, list: String },
-    #[error("{what} has no usable protector; see `dirseal status` and add one with `dirseal policy add-protector`")]
+    #[error("{what} has no usable protector")]
     NoProtector { what: String },
     #[error("{what} has no usable protector: {problems}")]
     Unusable { what: String, problems: String },
     #[error("protector {id} does not protect {what}; its protectors are: {list}")]
     NotAProtectorOf { id: ProtectorId, what: String, list: String },
-    #[error("the key unwrapped for policy {policy} has identifier {got}: the keystore entry does not belong to this directory and was refused; restore the keystore from a backup or use `dirseal recovery restore`")]
+    #[error("the key unwrapped for policy {policy} has identifier {got}: the keystore entry does not belong to this directory and was refused; restore the keystore from a backup or restore the policy with the directory's recovery key")]
     KeyMismatch { policy: KeyIdentifier, got: KeyIdentifier },
     #[error("no user named {0:?}; pass an existing user name or numeric uid")]
     NoSuchUser(String),
     #[error("protector {0} already protects this policy")]
     AlreadyProtects(ProtectorId),
     /// A device-bound protector cannot open now (PCRs changed, TPM locked out); the others can.
-    #[error("{source}; {what} still opens with {others}")]
-    UseAnother { source: ProtectorError, what: String, others: String },
+    #[error("{source}; {} still opens with {}", .dir.display(), alternatives(.others, *.recovery))]
+    UseAnother { source: ProtectorError, dir: PathBuf, others: Vec<ProtectorSummary>, recovery: bool },
+}
+
+/// What else opens a directory, for [`OpsError::UseAnother`]: each front end says how to use them.
+fn alternatives(others: &[ProtectorSummary], recovery: bool) -> String {
+    let mut out: Vec<String> = others.iter().map(|r| format!("protector {} ({}, {})", r.name, r.kind, r.id)).collect();
+    if recovery {
+        out.push("its recovery key".into());
+    }
+    if out.is_empty() {
+        out.push("nothing else: it has no other protector and no recovery key".into());
+    }
+    out.join("; ")
 }
 
 impl From<UnlockError> for OpsError {
@@ -421,21 +435,11 @@ impl Dirseal {
         picked: Option<ProtectorId>,
         e: ProtectorError,
     ) -> OpsError {
-        let d = dir.display();
         let (list, _) = self.protectors_of(policy);
         let failed = picked.or_else(|| (list.len() == 1).then(|| list[0].id));
-        let mut others: Vec<String> = list
-            .iter()
-            .filter(|r| Some(r.id) != failed)
-            .map(|r| format!("protector {} ({}): `dirseal unlock {d} --protector {}`", r.name, r.kind.name(), r.id))
-            .collect();
-        if crate::recovery::read_blob(dir).is_ok_and(|b| b.is_some()) {
-            others.push(format!("its recovery key: `dirseal unlock --recovery {d}`"));
-        }
-        if others.is_empty() {
-            others.push("nothing else: it has no other protector and no recovery key".into());
-        }
-        OpsError::UseAnother { source: e, what: d.to_string(), others: others.join("; ") }
+        let others = list.iter().filter(|r| Some(r.id) != failed).map(ProtectorSummary::of).collect();
+        let recovery = crate::recovery::read_blob(dir).is_ok_and(|b| b.is_some());
+        OpsError::UseAnother { source: e, dir: dir.to_path_buf(), others, recovery }
     }
 
     /// Picks one of `policy`'s protectors (`what` names the policy in errors) and unlocks it.

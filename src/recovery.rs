@@ -19,9 +19,9 @@ const MAX_XATTR: usize = dirseal_recovery::MAX_BLOB;
 pub enum RecoveryError {
     #[error("{path} is not encrypted, so it has no recovery key")]
     NotEncrypted { path: PathBuf },
-    #[error("{path} has no recovery key (its {XATTR} attribute is missing); while it is unlocked, create one with `dirseal recovery add {path}`")]
+    #[error("{path} has no recovery key (its {XATTR} attribute is missing); one can be created while it is unlocked")]
     Missing { path: PathBuf },
-    #[error("{path} already has a recovery key; remove it first with `dirseal recovery remove {path}` (the old key then stops working)")]
+    #[error("{path} already has a recovery key; remove it first (the old key then stops working)")]
     Exists { path: PathBuf },
     #[error("the recovery key is mistyped: {0}")]
     Typo(#[from] ParseError),

@@ -105,7 +105,7 @@ fn two_protectors_one_policy_and_one_protector_two_policies() {
 
     // alice protects two policies: it cannot be deleted; removing it from a leaves bob.
     let err = env.fails(&["protector", "remove", &alice], "");
-    assert!(err.contains("still protects"), "{err}");
+    assert!(err.contains("still protects") && err.contains("`dirseal policy remove-protector`"), "{err}");
     env.ok(&["policy", "remove-protector", p(&a), "--protector", &alice], "");
     assert_eq!(protector_ids(&env, &a), vec![bob.clone()]);
     // The last protector cannot be removed.
@@ -224,14 +224,18 @@ fn busy_lock_names_the_process_and_finishes_later() {
 }
 
 #[test]
-fn errors_are_one_line_with_a_hint() {
+fn errors_are_one_line_and_the_clis_hint_another() {
     dirseal_testfs::needs_root!();
     let env = Env::new();
     let d = env.mnt().join("plain");
     fs::create_dir(&d).unwrap();
     let err = env.fails(&["unlock", p(&d)], "");
-    assert!(err.starts_with("dirseal: error: ") && err.contains("dirseal convert"), "{err}");
-    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    // The library names the problem, the CLI adds its commands.
+    let lines: Vec<&str> = err.trim_end().lines().collect();
+    assert_eq!(lines.len(), 2, "{err}");
+    assert!(lines[0].starts_with("dirseal: error: ") && lines[0].ends_with("is not encrypted"), "{err}");
+    assert!(lines[1].starts_with("dirseal: encrypt an empty directory with `dirseal encrypt "), "{err}");
+    assert!(lines[1].contains(&format!("`dirseal convert {}`", p(&d))), "{err}");
     let err = env.fails(&["lock", p(&d)], "");
     assert!(err.contains("not encrypted"), "{err}");
     let err = env.fails(&["protector", "verify", "0011223344556677"], "");

@@ -68,8 +68,13 @@ fn tpm_pin_unlocks_wrong_pins_cost_one_try_lockout_leaves_other_protectors() {
     let err = env.fails(&["unlock", p(&d), "--protector", &tpm_id], "");
     assert!(!err.contains("no secret was given"), "no PIN may be asked in lockout: {err}");
     assert!(err.contains("locked out") && err.contains("at most 17 min"), "{err}");
-    assert!(err.contains(&format!("protector pw (password): `dirseal unlock {} --protector {pw_id}`", p(&d))), "{err}");
-    assert!(err.contains("its recovery key: `dirseal unlock --recovery"), "{err}");
+    // The library names what else opens it; the CLI's hint says how.
+    assert!(err.contains(&format!("still opens with protector pw (password, {pw_id}); its recovery key")), "{err}");
+    let hint = format!(
+        "unlock it with `dirseal unlock {d} --protector {pw_id}` (pw) or `dirseal unlock --recovery {d}`",
+        d = p(&d)
+    );
+    assert!(err.contains(&hint), "{err}");
     assert_eq!(tries_left(&env, "tpm"), Some(0));
     env.ok(&["unlock", p(&d), "--protector", &pw_id], "pw1\n");
     assert_eq!(fs::read(d.join("f")).unwrap(), b"secret");
@@ -105,7 +110,8 @@ fn pcr_bound_protector_refuses_after_the_pcr_changes_and_names_the_others() {
     tpm.pcr_extend(7);
     let err = env.fails(&["unlock", p(&d), "--protector", &boot], "");
     assert!(err.contains("PCRs 7 changed since this protector was created"), "{err}");
-    assert!(err.contains("still opens with protector pw (password)"), "{err}");
+    assert!(err.contains("still opens with protector pw (password, "), "{err}");
+    assert!(err.contains(&format!("unlock it with `dirseal unlock {} --protector ", p(&d))), "{err}");
     assert!(!err.contains("recovery key"), "it has none: {err}");
     env.ok(&["unlock", p(&d), "--protector", &id_of(&env, "pw")], "pw\n");
     assert_eq!(fs::read(d.join("f")).unwrap(), b"x");

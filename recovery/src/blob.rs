@@ -27,9 +27,10 @@ pub const MIN_BLOB: usize = HEAD + 2 + 1 + TAG_LEN;
 /// Largest well-formed blob.
 pub const MAX_BLOB: usize = HEAD + MAX_METADATA + 2 + MAX_SECRET + TAG_LEN;
 
-/// What to do when the stored recovery data is unusable.
+/// What to do when the stored recovery data is unusable (front ends name their own commands:
+/// [`BlobError::is_damaged`]).
 const REPLACE: &str = "recovery with it is impossible; if the directory still opens another way (a password), \
-     replace its recovery key: `dirseal recovery remove`, then `dirseal recovery add`";
+     replace its recovery key (remove it, then add a new one)";
 
 /// Why a blob cannot be sealed, parsed or opened.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -69,6 +70,14 @@ pub enum BlobError {
     /// was altered.
     #[error("the recovery key is right, but the recovery data is corrupted (it fails authentication): {REPLACE}")]
     Corrupt,
+}
+
+impl BlobError {
+    /// Whether the stored data is unusable, so the directory's recovery key must be replaced.
+    pub fn is_damaged(&self) -> bool {
+        use BlobError::*;
+        matches!(self, Truncated { .. } | BadMagic | TrailingBytes { .. } | BadLength { .. } | TooLarge(_) | Corrupt)
+    }
 }
 
 fn hex(b: &[u8]) -> String {
@@ -528,8 +537,10 @@ mod tests {
             BlobError::Corrupt,
         ];
         for e in errors {
-            assert!(e.to_string().contains("dirseal recovery add"), "{e}");
+            assert!(e.is_damaged() && e.to_string().contains("replace its recovery key"), "{e}");
         }
+        // A wrong key or a newer format is no reason to replace the data.
+        assert!(!BlobError::WrongKey.is_damaged() && !BlobError::UnsupportedVersion { found: 2 }.is_damaged());
     }
 
     proptest! {

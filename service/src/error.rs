@@ -1,5 +1,5 @@
-//! The service's D-Bus errors: a name a front end can branch on, and the library's one-line message,
-//! which says what happened and what to do next.
+//! The service's D-Bus errors: a name a front end can branch on, and a one-line message: the
+//! library's, which says what happened, and the service's next step in terms of its methods.
 use dirseal::keystore::KeystoreError;
 use dirseal::ops::OpsError;
 use dirseal::protector::ProtectorError;
@@ -149,21 +149,79 @@ fn recovery_kind(e: &RecoveryError) -> Kind {
     }
 }
 
+/// `e`'s message, then what to call next if there is a method for it.
+fn message(e: &dyn std::error::Error, next: Option<&str>) -> String {
+    match next {
+        Some(n) => format!("{e}; {n}"),
+        None => e.to_string(),
+    }
+}
+
+fn ops_next(e: &OpsError) -> Option<&'static str> {
+    match e {
+        OpsError::NotEncrypted { .. } => Some("call Encrypt for an empty directory, Convert for one that holds data"),
+        OpsError::NotManaged { .. } | OpsError::KeyMismatch { .. } => {
+            Some("RecoveryRestore with the directory's recovery key restores its policy")
+        }
+        OpsError::NotEmpty { .. } => Some("call Convert to encrypt it in place"),
+        OpsError::AlreadyEncrypted { .. } => Some("GetStatus shows its state"),
+        OpsError::NoProtector { .. } => Some("add one with AddProtectorToPolicy"),
+        OpsError::UseAnother { .. } => {
+            Some("call Unlock with one of those protectors, or RecoveryRestore with the key")
+        }
+        OpsError::Keystore(k) => keystore_next(k),
+        OpsError::Recovery(r) => recovery_next(r),
+        OpsError::Fscrypt(f) => fscrypt_next(f),
+        _ => None,
+    }
+}
+
+fn keystore_next(e: &KeystoreError) -> Option<&'static str> {
+    match e {
+        KeystoreError::NotFound { .. } => Some("ListProtectors shows what exists"),
+        KeystoreError::InUse { .. } => Some("remove it with RemoveProtectorFromPolicy"),
+        KeystoreError::LastProtector { .. } => Some("add one with AddProtectorToPolicy"),
+        _ => None,
+    }
+}
+
+fn recovery_next(e: &RecoveryError) -> Option<&'static str> {
+    match e {
+        RecoveryError::Missing { .. } => Some("while it is unlocked, create one with RecoveryAdd"),
+        RecoveryError::Exists { .. } => Some("remove it with RecoveryRemove"),
+        RecoveryError::Blob { source, .. } if source.is_damaged() => {
+            Some("replace it: RecoveryRemove, then RecoveryAdd")
+        }
+        RecoveryError::Fscrypt(f) => fscrypt_next(f),
+        _ => None,
+    }
+}
+
+fn fscrypt_next(e: &dirseal::fscrypt::FscryptError) -> Option<&'static str> {
+    use dirseal::fscrypt::FscryptError as F;
+    match e {
+        F::AlreadyEncrypted { .. } => Some("GetStatus shows its state"),
+        F::NotEmpty { .. } => Some("call Convert to encrypt it in place"),
+        F::Locked { .. } => Some("call Unlock first"),
+        _ => None,
+    }
+}
+
 impl From<OpsError> for Error {
     fn from(e: OpsError) -> Error {
-        Error::new(ops_kind(&e), e.to_string())
+        Error::new(ops_kind(&e), message(&e, ops_next(&e)))
     }
 }
 
 impl From<KeystoreError> for Error {
     fn from(e: KeystoreError) -> Error {
-        Error::new(keystore_kind(&e), e.to_string())
+        Error::new(keystore_kind(&e), message(&e, keystore_next(&e)))
     }
 }
 
 impl From<RecoveryError> for Error {
     fn from(e: RecoveryError) -> Error {
-        Error::new(recovery_kind(&e), e.to_string())
+        Error::new(recovery_kind(&e), message(&e, recovery_next(&e)))
     }
 }
 
@@ -194,6 +252,10 @@ impl From<dirseal::convert::ConvertError> for Error {
             C::Ui(UiError::Empty) => Kind::InvalidArgs,
             _ => Kind::Failed,
         };
-        Error::new(kind, e.to_string())
+        let next = match &e {
+            C::Ops(o) => ops_next(o),
+            _ => None,
+        };
+        Error::new(kind, message(&e, next))
     }
 }

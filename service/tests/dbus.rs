@@ -143,14 +143,15 @@ fn a_user_manages_their_own_home_through_every_method() {
     h.ok(Some(&alice), "RemoveProtectorFromPolicy", &[s(alice.home_str()), s(&third)], &[]);
     h.ok(Some(&alice), "RemoveProtector", &[s(&second)], &[]);
     assert!(!h.ok(Some(&alice), "ListProtectors", &[], &[]).contains(&second));
-    // The last protector of a policy stays.
-    h.fails(
+    // The last protector of a policy stays; the message says what to call, not a CLI command.
+    let msg = h.fails(
         Some(&alice),
         "RemoveProtectorFromPolicy",
         &[s(alice.home_str()), s(&prot)],
         &[],
         "org.dirseal.Dirseal1.Error.Failed",
     );
+    assert!(msg.contains("add one with AddProtectorToPolicy") && !msg.contains("`dirseal"), "{msg}");
 
     // Recovery key: written to the caller's fd, verified, used to restore after a lock.
     let keyfile = h.fs.scratch().join("alice-key");

@@ -1,6 +1,7 @@
 //! The `dirseal` command line: thin glue from clap to [`dirseal::ops`].
 mod convert;
 mod fido2;
+mod hint;
 mod progress;
 mod recovery;
 mod scrub;
@@ -288,32 +289,12 @@ pub fn main() -> i32 {
         Ok(code) => code,
         Err(e) => {
             eprintln!("dirseal: error: {}", clean(&format!("{e:#}")));
-            if let Some(h) = hint(&e) {
+            if let Some(h) = hint::hint(&e) {
                 eprintln!("dirseal: {}", clean(&h));
             }
             1
         }
     }
-}
-
-/// The CLI's own next step for a library error: library texts describe the problem and never
-/// name flags, which only make sense here.
-fn hint(e: &anyhow::Error) -> Option<String> {
-    use dirseal::convert::ConvertError;
-    use dirseal::ops::OpsError;
-    e.chain().find_map(|cause| {
-        if let Some(OpsError::AmbiguousProtector { .. }) = cause.downcast_ref::<OpsError>() {
-            return Some("pick one with --protector ID".into());
-        }
-        match cause.downcast_ref::<ConvertError>()? {
-            ConvertError::OwnerActive { .. } => {
-                Some("if you are sure nothing writes there, pass --force to convert anyway".into())
-            }
-            ConvertError::BadToken { path, .. } => Some(format!("run `dirseal convert --abort {}`", path.display())),
-            ConvertError::Ops(OpsError::AmbiguousProtector { .. }) => Some("pick one with --protector ID".into()),
-            _ => None,
-        }
-    })
 }
 
 fn require_root() -> Result<()> {
