@@ -29,6 +29,25 @@ impl Swtpm {
         Swtpm::try_start(None).unwrap_or_else(|e| panic!("swtpm: {e}"))
     }
 
+    /// A fresh TPM whose lockout hierarchy already has a password ([`Swtpm::OWNER_AUTH`]), as on a
+    /// machine where the OS or `dirseal tpm2 setup` owns it: the state in which dirseal lets a
+    /// PIN guard a key (with an empty lockout password anyone could reset the count of wrong PINs).
+    pub fn start_owned() -> Swtpm {
+        let t = Swtpm::start();
+        t.own_lockout(Swtpm::OWNER_AUTH);
+        t
+    }
+
+    /// The lockout password [`Swtpm::start_owned`] sets, for tests that act as that owner.
+    pub const OWNER_AUTH: &'static str = "test-lockout-owner";
+
+    /// Gives the lockout hierarchy the password `auth` (it must be empty now), with tpm2-tools.
+    pub fn own_lockout(&self, auth: &str) {
+        if let Err(e) = self.tool(&["tpm2_changeauth", "-c", "lockout", auth]) {
+            panic!("{e}");
+        }
+    }
+
     /// A TPM whose state starts as a copy of the files in `state` (a committed golden state).
     pub fn start_with_state(state: &Path) -> Swtpm {
         Swtpm::try_start(Some(state)).unwrap_or_else(|e| panic!("swtpm: {e}"))
