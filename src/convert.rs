@@ -473,6 +473,33 @@ pub fn finish(
     })
 }
 
+/// What a cancel did to a stopped conversion.
+#[derive(Debug)]
+pub enum Cancelled {
+    /// It was before the swap and is aborted: the directory is as it was (a move's files moved
+    /// back out of the staging directory).
+    Aborted(Outcome),
+    /// It was past the swap (the directory is encrypted and complete): it cannot be undone by a
+    /// cancel; running the conversion again finishes it.
+    PastSwap(State),
+}
+
+/// After a run stopped by its stop flag at `state` (a [`MigrateError::Interrupted`]): aborts the
+/// conversion of `dir` whenever the state allows ([`State::abortable`], moves included), else
+/// leaves it to be resumed. The Ui may be asked a protector's secret for a move's staging key.
+pub fn cancel(
+    ds: &Dirseal,
+    dir: &Path,
+    state: State,
+    ui: &mut dyn Ui,
+    hooks: &Hooks<'_>,
+) -> Result<Cancelled, ConvertError> {
+    if !state.abortable() {
+        return Ok(Cancelled::PastSwap(state));
+    }
+    Ok(Cancelled::Aborted(finish(ds, dir, Finish::Abort, ui, hooks)?))
+}
+
 /// Every conversion recorded on a mounted filesystem.
 pub fn recorded() -> Result<Vec<StatusView>, ConvertError> {
     let mut found = Vec::new();
@@ -597,18 +624,7 @@ pub fn status(source: &Path) -> Result<Option<StatusView>, ConvertError> {
 /// Whether `dir` is mid-conversion (before the swap): logging in would work on plaintext that is
 /// about to be replaced, so the PAM module refuses unless the admin allowed it.
 pub fn in_progress(dir: &Path) -> Result<bool, ConvertError> {
-    Ok(matches!(
-        status(&absolute(dir)?)?.map(|v| v.state),
-        Some(
-            State::Prepared
-                | State::Copying
-                | State::Copied
-                | State::Verified
-                | State::Moving
-                | State::Moved
-                | State::MovingBack
-        )
-    ))
+    Ok(status(&absolute(dir)?)?.is_some_and(|v| v.state.before_swap()))
 }
 
 /// Whether `dir` is mid-conversion by moving: part of it may already be in the staging directory,

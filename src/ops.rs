@@ -57,12 +57,27 @@ pub enum OpsError {
     NoSuchUser(String),
     #[error("protector {0} already protects this policy")]
     AlreadyProtects(ProtectorId),
+    #[error("no protector of uid {uid} opens {what}")]
+    NoneOfYours { uid: u32, what: String },
+    #[error("several protectors of uid {uid} open {what} ({list}); name one")]
+    SeveralOfYours { uid: u32, what: String, list: String },
+    #[error("{name:?} names several protectors of uid {uid} ({list}); name one by its id")]
+    NameAmbiguous { name: String, uid: u32, list: String },
+    #[error("no protector named {name:?} belongs to uid {uid}")]
+    NoSuchName { name: String, uid: u32 },
+    #[error("the secret opens none of the protectors of uid {uid} for {what} ({list})")]
+    OpensNone { uid: u32, what: String, list: String },
     /// A device-bound protector cannot open now (PCRs changed, TPM locked out); the others can.
     #[error("{source}; {} still opens with {}", .dir.display(), alternatives(.others, *.recovery))]
     UseAnother { source: ProtectorError, dir: PathBuf, others: Vec<ProtectorSummary>, recovery: bool },
 }
 
 /// What else opens a directory, for [`OpsError::UseAnother`]: each front end says how to use them.
+/// Protectors as errors list them: id (name), comma-separated.
+fn listed(list: &[ProtectorRecord]) -> String {
+    list.iter().map(|r| format!("{} ({})", r.id, r.name)).collect::<Vec<_>>().join(", ")
+}
+
 fn alternatives(others: &[ProtectorSummary], recovery: bool) -> String {
     let mut out: Vec<String> = others.iter().map(|r| format!("protector {} ({}, {})", r.name, r.kind, r.id)).collect();
     if recovery {
@@ -311,6 +326,67 @@ impl Dirseal {
         list.retain(|r| r.uid == Some(uid));
         protector::login_order(&mut list, uid);
         list
+    }
+
+    /// The protector `named` for `uid`: its id, or the name of one of `uid`'s protectors (`None`:
+    /// anyone's, for an administrator). A name two of them share is refused with both named.
+    pub fn protector_named(&self, named: &str, uid: Option<u32>) -> Result<ProtectorRecord, OpsError> {
+        if let Ok(id) = named.parse::<ProtectorId>() {
+            return Ok(self.keystore.protector(&id)?);
+        }
+        let found: Vec<ProtectorRecord> = self
+            .keystore
+            .protectors()?
+            .into_iter()
+            .filter_map(|(_, r)| r.ok())
+            .filter(|r| r.name == named && (uid.is_none() || r.uid == uid))
+            .collect();
+        match found.len() {
+            1 => Ok(found.into_iter().next().expect("invariant: one element")),
+            0 => Err(OpsError::NoSuchName { name: named.to_string(), uid: uid.unwrap_or(0) }),
+            _ => Err(OpsError::NameAmbiguous { name: named.to_string(), uid: uid.unwrap_or(0), list: listed(&found) }),
+        }
+    }
+
+    /// The one protector of `uid` that opens `policy` (`what` names it in errors): none or
+    /// several are errors that say so.
+    pub fn own_protector(&self, policy: &PolicyRecord, uid: u32, what: &str) -> Result<ProtectorId, OpsError> {
+        let (mut list, _) = self.protectors_of(policy);
+        list.retain(|r| r.uid == Some(uid));
+        match list.as_slice() {
+            [one] => Ok(one.id),
+            [] => Err(OpsError::NoneOfYours { uid, what: what.to_string() }),
+            many => Err(OpsError::SeveralOfYours { uid, what: what.to_string(), list: listed(many) }),
+        }
+    }
+
+    /// Loads `dir`'s key for `uid` with no protector named: `uid`'s own protectors of it are tried
+    /// in the login order ([`Dirseal::login_protectors`]), each asked of the Ui, until one opens.
+    pub fn unlock_as(&self, dir: &Path, uid: u32, ui: &mut dyn Ui) -> Result<(), OpsError> {
+        if self.is_unlocked(dir)? {
+            ui.notice(&format!("{} is already unlocked", dir.display()));
+            return Ok(());
+        }
+        let policy = self.policy_of(dir)?;
+        let what = dir.display().to_string();
+        let list = self.login_protectors(&policy, uid);
+        match list.as_slice() {
+            [] => return Err(OpsError::NoneOfYours { uid, what }),
+            [one] => return self.unlock(dir, Pick { protector: Some(one.id) }, ui),
+            _ => {}
+        }
+        let login = self.login(&policy, uid, ui)?;
+        match login.opened {
+            Some((_, master)) => {
+                self.add_key(dir, &master)?;
+                ui.notice(&format!("unlocked {what}"));
+                Ok(())
+            }
+            None => match login.problems.into_iter().next() {
+                Some((_, e)) => Err(e),
+                None => Err(OpsError::OpensNone { uid, what, list: listed(&list) }),
+            },
+        }
     }
 
     /// A login: tries `policy`'s [`Dirseal::login_protectors`] in order and returns the first that

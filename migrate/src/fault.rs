@@ -6,6 +6,10 @@
 //! `DIRSEAL_FAULT=<point>:<n>` at the n-th time (e.g. `copy-file:30`, after the 30th file copied
 //! by this run). Counting is per process and across threads, so a point reached by parallel
 //! workers dies at exactly the n-th arrival.
+//!
+//! With `DIRSEAL_FAULT_HOLD=<file>` as well, the process does not exit there: the arriving thread
+//! creates `<file>` and waits until it is removed, so a test can act (cancel, inspect) while the
+//! engine is observably at that point.
 
 macro_rules! points {
     ($($(#[$doc:meta])* $variant:ident = $name:literal,)+) => {
@@ -113,6 +117,15 @@ pub(crate) fn point(here: Point) {
     });
     if let Some((p, n)) = wanted {
         if p == here.name() && SEEN.fetch_add(1, Ordering::SeqCst) + 1 == *n {
+            if let Some(hold) = std::env::var_os("DIRSEAL_FAULT_HOLD") {
+                let hold = std::path::PathBuf::from(hold);
+                if std::fs::write(&hold, here.name()).is_ok() {
+                    while hold.exists() {
+                        std::thread::sleep(std::time::Duration::from_millis(20));
+                    }
+                    return;
+                }
+            }
             std::process::exit(99);
         }
     }

@@ -184,6 +184,29 @@ pub enum State {
     RolledBack,
 }
 
+impl State {
+    /// Whether the swap has not happened yet: the directory's path still names the original tree
+    /// (in move mode, partly moved into the staging directory).
+    pub fn before_swap(self) -> bool {
+        matches!(
+            self,
+            State::Prepared
+                | State::Copying
+                | State::Copied
+                | State::Verified
+                | State::Moving
+                | State::Moved
+                | State::MovingBack
+        )
+    }
+
+    /// Whether [`abort`] can put the directory back as it was: every state before the swap (a
+    /// move's files are moved back).
+    pub fn abortable(self) -> bool {
+        self.before_swap()
+    }
+}
+
 impl fmt::Display for State {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
@@ -303,6 +326,8 @@ pub enum MigrateError {
     NoSpaceToMove { path: PathBuf, needed: u64, available: u64 },
     #[error("not enough free space for a copy of {}: about {needed} bytes needed, {available} available, and a move keeps no backup; free some space, or convert without keeping a backup", path.display())]
     NoSpaceForBackup { path: PathBuf, needed: u64, available: u64 },
+    #[error("moving {} failed: {source}; the move is paused and nothing is lost: part of the files are already in the conversion's root-only staging directory, each whole in one of the two trees (the journal says which); fix the cause and run the same command again to continue, or abort the conversion to move them back", path.display())]
+    MoveFailed { path: PathBuf, source: io::Error },
     #[error("the filesystem ran out of space while moving {}; the move is paused and nothing is lost (every file is whole in one of the two trees, the journal says which); free some space and run the same command again to continue", path.display())]
     MoveOutOfSpace { path: PathBuf },
     #[error("cannot continue moving {}: {reason}; something changed the directory or its staging copy during the move; nothing more was changed (see docs/crash-safety.md to recover by hand)", path.display())]
@@ -1036,11 +1061,12 @@ fn run(
     }
 }
 
-/// Running out of space while moving pauses the move (its own message: the original is no longer
-/// untouched, but every file is whole somewhere).
+/// A failure while moving pauses the move, with its own message: the original is no longer
+/// untouched (files are in the staging directory), but every file is whole somewhere.
 fn move_err(e: MigrateError) -> MigrateError {
     match e {
         MigrateError::OutOfSpace { path } => MigrateError::MoveOutOfSpace { path },
+        MigrateError::CopyFailed { path, source } => MigrateError::MoveFailed { path, source },
         e => e,
     }
 }

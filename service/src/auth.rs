@@ -74,7 +74,10 @@ impl Caller {
                 false
             }
             Err(e) => {
-                eprintln!("dirsealed: asking polkit about uid {} failed ({e}); treated as not authorized", self.uid);
+                crate::log::line(&format!(
+                    "asking polkit about uid {} failed ({e}); treated as not authorized",
+                    self.uid
+                ));
                 false
             }
         }

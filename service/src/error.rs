@@ -26,6 +26,9 @@ pub enum Kind {
     Busy,
     /// The filesystem or this build cannot do it.
     NotSupported,
+    /// `org.freedesktop.DBus.Error.LimitsExceeded`: the caller has too many calls in flight or
+    /// conversions running; retry when one has returned.
+    LimitsExceeded,
     /// Anything else; the message says what.
     Failed,
 }
@@ -39,6 +42,7 @@ impl Kind {
             Kind::NotFound => "org.dirseal.Dirseal1.Error.NotFound",
             Kind::Busy => "org.dirseal.Dirseal1.Error.Busy",
             Kind::NotSupported => "org.dirseal.Dirseal1.Error.NotSupported",
+            Kind::LimitsExceeded => "org.freedesktop.DBus.Error.LimitsExceeded",
             Kind::Failed => "org.dirseal.Dirseal1.Error.Failed",
         }
     }
@@ -133,6 +137,10 @@ fn ops_kind(e: &OpsError) -> Kind {
             Kind::NotFound
         }
         OpsError::Ui(UiError::Empty) => Kind::InvalidArgs,
+        OpsError::NoneOfYours { .. } => Kind::AccessDenied,
+        OpsError::SeveralOfYours { .. } | OpsError::NameAmbiguous { .. } => Kind::InvalidArgs,
+        OpsError::NoSuchName { .. } => Kind::NotFound,
+        OpsError::OpensNone { .. } => Kind::IncorrectSecret,
         OpsError::Fscrypt(F::NotSupported { .. }) => Kind::NotSupported,
         OpsError::Fscrypt(F::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => Kind::NotFound,
         OpsError::Fscrypt(F::Symlink { .. } | F::NotADirectory { .. } | F::InvalidPath { .. }) => Kind::InvalidArgs,

@@ -3,21 +3,28 @@
 //! Finished and Failed signals and can be cancelled. A job does not depend on the client that
 //! started it: it goes on when that client disconnects.
 //!
+//! Jobs are private: their properties answer only the job's owner and root, and their signals
+//! are sent to the owner's and root's connections one by one (unicast), never to the bus at large:
+//! file counts and sizes of someone's conversion are theirs.
+//!
 //! Restarts: while a job runs, a marker (source path, owner uid) sits in the service's run
 //! directory. When the service starts, it resumes every marked conversion whose journal is
 //! unfinished and whose staging key is still loaded (the service crashed or was restarted, the
 //! machine was not). After a reboot the key is gone: the next `Convert` call for that directory,
 //! with a protector's secret, resumes it.
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use dirseal::convert::{self, ConvertError, Converted, Finish, Hooks, Plan, Planned};
+use dirseal::convert::{self, Cancelled, ConvertError, Converted, Hooks, Plan, Planned};
 use dirseal::ops::{Dirseal, ProtectorChoice};
 use dirseal::ui::Progress;
-use dirseal_migrate::{MigrateError, State};
+use dirseal_migrate::MigrateError;
 use serde::{Deserialize, Serialize};
+use zbus::message::Header;
+use zbus::names::BusName;
 use zbus::object_server::SignalEmitter;
 use zbus::zvariant::OwnedObjectPath;
 use zbus::{interface, Connection};
@@ -44,8 +51,12 @@ pub struct Jobs {
     shutdown: AtomicBool,
 }
 
+/// Conversions one user may have running at once (root: any number).
+pub const JOBS_PER_UID: usize = 2;
+
 struct Running {
     source: PathBuf,
+    owner: u32,
     path: OwnedObjectPath,
     stop: Arc<AtomicBool>,
     thread: std::thread::JoinHandle<()>,
@@ -56,6 +67,19 @@ impl Jobs {
     pub fn running_for(&self, source: &Path) -> Option<OwnedObjectPath> {
         let list = self.running.lock().unwrap_or_else(|e| e.into_inner());
         list.iter().find(|r| r.source == source && !r.thread.is_finished()).map(|r| r.path.clone())
+    }
+
+    /// Refuses a new job for a user who already has [`JOBS_PER_UID`] running.
+    pub fn admit(&self, uid: u32) -> Result<()> {
+        let list = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        let n = list.iter().filter(|r| r.owner == uid && !r.thread.is_finished()).count();
+        if uid != 0 && n >= JOBS_PER_UID {
+            return Err(Error::new(
+                Kind::LimitsExceeded,
+                format!("uid {uid} already has {n} conversions running; wait for one to finish"),
+            ));
+        }
+        Ok(())
     }
 
     /// Stops every job at its next checkpoint and waits (up to `limit`) for them to return.
@@ -108,25 +132,53 @@ pub struct Job {
     state: Arc<Mutex<String>>,
 }
 
+impl Job {
+    /// The job's owner or root; anyone else is refused, as for Cancel.
+    async fn check_reader(&self, conn: &Connection, hdr: Option<Header<'_>>) -> zbus::fdo::Result<()> {
+        let denied = |m: String| zbus::fdo::Error::AccessDenied(m);
+        let hdr = hdr.ok_or_else(|| denied("no caller to authorize".into()))?;
+        let caller = Caller::of(conn, &hdr).await.map_err(|e| denied(e.message))?;
+        if caller.uid == 0 || caller.uid == self.owner {
+            return Ok(());
+        }
+        Err(denied(format!("this conversion belongs to uid {}; only they or root may read it", self.owner)))
+    }
+}
+
 #[interface(name = "org.dirseal.Dirseal1.Job")]
 impl Job {
     /// The directory being converted.
     #[zbus(property)]
-    fn dir(&self) -> String {
-        self.source.clone()
+    async fn dir(
+        &self,
+        #[zbus(header)] hdr: Option<Header<'_>>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> zbus::fdo::Result<String> {
+        self.check_reader(conn, hdr).await?;
+        Ok(self.source.clone())
     }
 
     /// The uid of the user the conversion runs for.
     #[zbus(property)]
-    fn owner(&self) -> u32 {
-        self.owner
+    async fn owner(
+        &self,
+        #[zbus(header)] hdr: Option<Header<'_>>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> zbus::fdo::Result<u32> {
+        self.check_reader(conn, hdr).await?;
+        Ok(self.owner)
     }
 
     /// "running", then the final state: "done", "swapped" (backup kept), "aborted" (cancelled:
     /// the directory is as it was), "interrupted" (the service stopped; it resumes), "failed".
     #[zbus(property)]
-    fn state(&self) -> String {
-        self.state.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    async fn state(
+        &self,
+        #[zbus(header)] hdr: Option<Header<'_>>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> zbus::fdo::Result<String> {
+        self.check_reader(conn, hdr).await?;
+        Ok(self.state.lock().unwrap_or_else(|e| e.into_inner()).clone())
     }
 
     /// Stops the conversion at its next checkpoint and, before the swap, removes the copy so the
@@ -143,7 +195,7 @@ impl Job {
                 self.source, self.owner
             )));
         }
-        eprintln!("dirsealed: Cancel({}) by uid {}", self.source, caller.uid);
+        crate::log::line(&format!("Cancel({}) by uid {}", self.source, caller.uid));
         self.cancelled.store(true, Ordering::SeqCst);
         self.stop.store(true, Ordering::SeqCst);
         Ok(())
@@ -180,14 +232,63 @@ impl Job {
     async fn failed(emitter: &SignalEmitter<'_>, error: &str, message: &str) -> zbus::Result<()>;
 }
 
-/// Throttled progress signals with an ETA from the rate within the current phase.
-struct Reporter {
+/// Who receives a job's signals: each connection of its owner and of root, addressed one by one.
+struct Audience {
     conn: Connection,
     path: OwnedObjectPath,
+    owner: u32,
+    /// Unique names seen and their uids (a unique name is never reused on a bus).
+    uids: Mutex<HashMap<String, u32>>,
+}
+
+impl Audience {
+    /// The unique names of the owner's and root's connections now on the bus, but ours.
+    fn recipients(&self) -> Vec<String> {
+        let Ok(dbus) = zbus::blocking::fdo::DBusProxy::new(&zbus::blocking::Connection::from(self.conn.clone())) else {
+            return Vec::new();
+        };
+        let Ok(names) = dbus.list_names() else { return Vec::new() };
+        let ours = self.conn.unique_name().map(|n| n.to_string());
+        let mut uids = self.uids.lock().unwrap_or_else(|e| e.into_inner());
+        let live: Vec<String> =
+            names.iter().map(|n| n.to_string()).filter(|n| n.starts_with(':') && Some(n) != ours.as_ref()).collect();
+        uids.retain(|n, _| live.contains(n));
+        let mut out = Vec::new();
+        for n in live {
+            let uid = match uids.get(&n) {
+                Some(u) => *u,
+                None => {
+                    let Ok(bus) = BusName::try_from(n.as_str()) else { continue };
+                    let Ok(u) = dbus.get_connection_unix_user(bus) else { continue };
+                    uids.insert(n.clone(), u);
+                    u
+                }
+            };
+            if uid == 0 || uid == self.owner {
+                out.push(n);
+            }
+        }
+        out
+    }
+
+    /// Sends one signal (`send` emits it on the emitter it is given) to each recipient.
+    fn send(&self, send: impl Fn(&SignalEmitter<'_>) -> zbus::Result<()>) {
+        for n in self.recipients() {
+            let Ok(to) = BusName::try_from(n.as_str()) else { continue };
+            if let Ok(e) = SignalEmitter::new(&self.conn, self.path.as_ref()) {
+                let _ = send(&e.set_destination(to));
+            }
+        }
+    }
+}
+
+/// Throttled progress signals with an ETA from the rate within the current phase.
+struct Reporter<'a> {
+    audience: &'a Audience,
     last: Mutex<Option<(Instant, String, Instant, u64)>>,
 }
 
-impl Reporter {
+impl Reporter<'_> {
     fn report(&self, p: &Progress) {
         let now = Instant::now();
         let eta;
@@ -210,17 +311,9 @@ impl Reporter {
             };
             *last = Some((now, p.phase.clone(), start, start_bytes));
         }
-        if let Ok(e) = SignalEmitter::new(&self.conn, self.path.as_ref()) {
-            let _ = zbus::block_on(Job::progress(
-                &e,
-                &p.phase,
-                p.bytes_done,
-                p.bytes_total,
-                p.files_done,
-                p.files_total,
-                eta,
-            ));
-        }
+        self.audience.send(|e| {
+            zbus::block_on(Job::progress(e, &p.phase, p.bytes_done, p.bytes_total, p.files_done, p.files_total, eta))
+        });
     }
 }
 
@@ -240,6 +333,7 @@ pub fn spawn(ctx: &Arc<Ctx>, conn: &Connection, start: Start) -> Result<OwnedObj
     let path = OwnedObjectPath::try_from(format!("/org/dirseal/Dirseal1/jobs/{n}"))
         .map_err(|e| Error::failed(format!("job path: {e}")))?;
     let source = start.plan.source.clone();
+    let start_owner = start.owner;
     let stop = Arc::new(AtomicBool::new(false));
     let cancelled = Arc::new(AtomicBool::new(false));
     let state = Arc::new(Mutex::new("running".to_string()));
@@ -263,13 +357,13 @@ pub fn spawn(ctx: &Arc<Ctx>, conn: &Connection, start: Start) -> Result<OwnedObj
             let run = std::panic::AssertUnwindSafe(|| run(&ctx2, &conn2, &path2, start, &stop2, &cancelled, &state));
             if let Err(p) = std::panic::catch_unwind(run) {
                 let msg = p.downcast_ref::<&str>().map(|s| s.to_string()).unwrap_or_default();
-                eprintln!("dirsealed: job {} panicked: {msg}", path2.as_str());
+                crate::log::line(&format!("job {} panicked: {msg}", path2.as_str()));
             }
         })
         .map_err(|e| Error::failed(format!("starting the job thread: {e}")))?;
     let mut list = ctx.jobs.running.lock().unwrap_or_else(|e| e.into_inner());
     list.retain(|r| !r.thread.is_finished());
-    list.push(Running { source, path: path.clone(), stop, thread });
+    list.push(Running { source, owner: start_owner, path: path.clone(), stop, thread });
     Ok(path)
 }
 
@@ -284,7 +378,8 @@ fn run(
 ) {
     let Start { mut ds, plan, enrol, mut secrets, owner } = start;
     let source = plan.source.clone();
-    let reporter = Reporter { conn: conn.clone(), path: path.clone(), last: Mutex::new(None) };
+    let audience = Audience { conn: conn.clone(), path: path.clone(), owner, uids: Mutex::default() };
+    let reporter = Reporter { audience: &audience, last: Mutex::new(None) };
     let progress = |p: &Progress| reporter.report(p);
     let hooks = Hooks { progress: &progress, stop };
     // A resume without a named protector unlocks the staging key with the policy's only one.
@@ -295,51 +390,44 @@ fn run(
     });
     let choice = enrol.as_ref().map_or(nothing, Enrol::choice);
     let result = convert::run(&mut ds, plan, choice, &mut secrets, &hooks);
-    let emitter = SignalEmitter::new(conn, path.as_ref()).ok();
     let set = |s: &str| *state.lock().unwrap_or_else(|e| e.into_inner()) = s.to_string();
-    let log = |what: &str| eprintln!("dirsealed: job {} ({}, uid {owner}): {what}", path.as_str(), source.display());
+    let log =
+        |what: &str| crate::log::line(&format!("job {} ({}, uid {owner}): {what}", path.as_str(), source.display()));
+    let finished = |word: &str, files: u64, bytes: u64, token: &str| {
+        audience.send(|e| zbus::block_on(Job::finished(e, word, files, bytes, token)));
+    };
     match result {
         Ok(Converted { outcome, .. }) => {
             let word = outcome.state.to_string();
             set(&word);
             log(&word);
             remove_marker(ctx, &source);
-            if let Some(e) = &emitter {
-                let _ = zbus::block_on(Job::finished(e, &word, outcome.files, outcome.bytes, &outcome.token));
-            }
+            finished(&word, outcome.files, outcome.bytes, &outcome.token);
         }
         Err(ConvertError::Migrate(MigrateError::Interrupted { state: at })) if cancelled.load(Ordering::SeqCst) => {
-            // Before the swap the copy goes and the original stays; after it, the conversion
-            // cannot be undone by a cancel and is reported as interrupted (it resumes).
+            // The library decides: before the swap it aborts (a move's files move back), after it
+            // the conversion is left to resume.
             let idle = AtomicBool::new(false);
             let hooks = Hooks { progress: &progress, stop: &idle };
-            let before_swap = matches!(at, State::Prepared | State::Copying | State::Copied | State::Verified);
-            let r = if before_swap {
-                Some(convert::finish(&ds, &source, Finish::Abort, &mut secrets, &hooks))
-            } else {
-                None
-            };
-            match r {
-                Some(Ok(o)) => {
+            match convert::cancel(&ds, &source, at, &mut secrets, &hooks) {
+                Ok(Cancelled::Aborted(o)) => {
                     set("aborted");
                     log("cancelled; aborted, the directory is as it was");
                     remove_marker(ctx, &source);
-                    if let Some(e) = &emitter {
-                        let _ = zbus::block_on(Job::finished(e, "aborted", o.files, o.bytes, &o.token));
-                    }
+                    finished("aborted", o.files, o.bytes, &o.token);
                 }
-                Some(Err(err)) => fail(ctx, &source, &emitter, &set, &log, Error::from(err)),
-                None => {
+                Ok(Cancelled::PastSwap(_)) => {
                     set("interrupted");
                     log("cancelled after the swap; it resumes with the next Convert call");
-                    if let Some(e) = &emitter {
-                        let _ = zbus::block_on(Job::failed(
+                    audience.send(|e| {
+                        zbus::block_on(Job::failed(
                             e,
                             "org.dirseal.Dirseal1.Error.Failed",
-                            "the conversion was past the swap and cannot be cancelled; call Convert again to finish it",
-                        ));
-                    }
+                            "the conversion was past the swap (the directory is encrypted and whole) and cannot be cancelled; call Convert again to finish it",
+                        ))
+                    });
                 }
+                Err(err) => fail(ctx, &source, &audience, &set, &log, Error::from(err)),
             }
         }
         Err(ConvertError::Migrate(MigrateError::Interrupted { .. })) if ctx.jobs.shutdown.load(Ordering::SeqCst) => {
@@ -347,24 +435,15 @@ fn run(
             set("interrupted");
             log("interrupted by the service stopping; it resumes when the service starts");
         }
-        Err(e) => fail(ctx, &source, &emitter, &set, &log, Error::from(e)),
+        Err(e) => fail(ctx, &source, &audience, &set, &log, Error::from(e)),
     }
 }
 
-fn fail(
-    ctx: &Ctx,
-    source: &Path,
-    emitter: &Option<SignalEmitter<'_>>,
-    set: &dyn Fn(&str),
-    log: &dyn Fn(&str),
-    err: Error,
-) {
+fn fail(ctx: &Ctx, source: &Path, audience: &Audience, set: &dyn Fn(&str), log: &dyn Fn(&str), err: Error) {
     set("failed");
     log(&err.to_string());
     remove_marker(ctx, source);
-    if let Some(e) = emitter {
-        let _ = zbus::block_on(Job::failed(e, err.kind.name(), &err.message));
-    }
+    audience.send(|e| zbus::block_on(Job::failed(e, err.kind.name(), &err.message)));
 }
 
 /// At start: resumes the conversions this service was running when it last stopped, where the
@@ -377,7 +456,7 @@ pub fn resume_recorded(ctx: &Arc<Ctx>, conn: &Connection) {
             .ok()
             .and_then(|b| serde_json::from_slice::<Marker>(&b).ok());
         let Some(m) = marker else {
-            eprintln!("dirsealed: ignoring unreadable job record {}", path.display());
+            crate::log::line(&format!("ignoring unreadable job record {}", path.display()));
             let _ = std::fs::remove_file(&path);
             continue;
         };
@@ -400,9 +479,11 @@ pub fn resume_recorded(ctx: &Arc<Ctx>, conn: &Connection) {
             spawn(ctx, conn, start)
         })();
         match r {
-            Ok(job) => eprintln!("dirsealed: resumed the conversion of {} as {}", m.source.display(), job.as_str()),
+            Ok(job) => {
+                crate::log::line(&format!("resumed the conversion of {} as {}", m.source.display(), job.as_str()))
+            }
             Err(e) => {
-                eprintln!("dirsealed: not resuming the conversion of {}: {e}", m.source.display());
+                crate::log::line(&format!("not resuming the conversion of {}: {e}", m.source.display()));
                 if e.kind != Kind::NotFound || !e.message.contains("staging key") {
                     let _ = std::fs::remove_file(&path);
                 }

@@ -6,6 +6,7 @@ mod auth;
 mod error;
 mod fdio;
 mod jobs;
+mod log;
 mod service;
 
 use std::path::PathBuf;
@@ -48,6 +49,7 @@ fn run(args: Args) -> Result<()> {
     if !nix::unistd::geteuid().is_root() {
         bail!("dirsealed must run as root: it manages kernel encryption keys and the root-only keystore");
     }
+    log::init();
     let ctx = Arc::new(Ctx::new(args.config, args.keystore, args.run_dir));
     // Fail early, with the file named, rather than on every call.
     ctx.open().context("opening the config and keystore")?;
@@ -58,10 +60,10 @@ fn run(args: Args) -> Result<()> {
     // Not queued behind another owner: a second instance says so and exits.
     conn.request_name_with_flags(BUS_NAME, zbus::fdo::RequestNameFlags::DoNotQueue.into())
         .with_context(|| format!("serving {BUS_NAME} on the system bus (is another dirsealed running?)"))?;
-    eprintln!("dirsealed: serving {BUS_NAME} at {OBJECT_PATH}");
+    log::line(&format!("serving {BUS_NAME} at {OBJECT_PATH}"));
     jobs::resume_recorded(&ctx, conn.inner());
     let sig = signals.forever().next();
-    eprintln!("dirsealed: stopping on signal {}", sig.unwrap_or_default());
+    log::line(&format!("stopping on signal {}", sig.unwrap_or_default()));
     // Conversions stop at their next checkpoint, journaled; the next start resumes them.
     ctx.jobs.stop_all(std::time::Duration::from_secs(25));
     // The object holds the connection: removing it lets the connection close here.

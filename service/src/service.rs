@@ -1,21 +1,26 @@
 //! `org.dirseal.Dirseal1` at `/org/dirseal/Dirseal1`: the operations of [`dirseal::ops`] for callers
 //! on the system bus, each authorized against the caller's uid (docs/dbus.md).
 //!
-//! Every method: learn the caller's uid from the bus, then run the work on a blocking thread,
-//! one operation at a time (Argon2 is memory-hard: parallel calls must not multiply its memory),
-//! inside `catch_unwind`, and log one line naming the method, the caller and the outcome — never a
-//! secret.
+//! Every method: learn the caller's uid from the bus, count the call against the caller's cap on
+//! calls in flight, then run the work on a blocking thread inside `catch_unwind`, and log one line
+//! naming the method, the caller and the outcome — never a secret.
+//!
+//! Nothing shared is held while the service waits on a caller: a method reads its secrets (up to
+//! [`crate::fdio`]'s size and time limits) first, and only then takes the one-at-a-time lock
+//! ([`Ctx::one_at_a_time`]) for the work that needs it (a KDF — Argon2 is memory-hard: parallel
+//! calls must not multiply its memory — or a change to the keystore). Calls that only read
+//! (GetStatus, ListProtectors, GetTpmTriesLeft, PlanConvert, job properties) never take it.
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::MetadataExt;
 use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use dirseal::ids::ProtectorId;
 use dirseal::keystore::{KeystoreError, PolicyRecord};
 use dirseal::ops::{self, Dirseal, NewProtector, Pick, ProtectorChoice};
-use dirseal::protector::{KindOptions, NewKind, ProtectorKind, ProtectorRecord};
+use dirseal::protector::{KindOptions, NewKind, ProtectorKind};
 use dirseal::secret::Passphrase;
 use dirseal::ui::{Question, SecretPrompt, Ui, UiError};
 use futures_lite::FutureExt;
@@ -38,13 +43,58 @@ pub struct Ctx {
     /// Root-only; records of running conversions (see [`crate::jobs`]).
     pub run_dir: PathBuf,
     pub jobs: Jobs,
-    /// One operation at a time.
+    /// One KDF or keystore change at a time ([`Ctx::one_at_a_time`]).
     work: Mutex<()>,
+    /// Calls in flight per caller uid ([`CALLS_PER_UID`]).
+    calls: Mutex<HashMap<u32, usize>>,
+}
+
+/// Calls one user may have in flight (the rest are refused with LimitsExceeded); root more.
+pub const CALLS_PER_UID: usize = 4;
+pub const CALLS_ROOT: usize = 32;
+
+/// A call counted against its caller's cap until it is dropped.
+struct Slot {
+    ctx: Arc<Ctx>,
+    uid: u32,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut calls = self.ctx.calls.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = calls.get_mut(&self.uid) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                calls.remove(&self.uid);
+            }
+        }
+    }
 }
 
 impl Ctx {
     pub fn new(config: PathBuf, keystore: Option<PathBuf>, run_dir: PathBuf) -> Ctx {
-        Ctx { config, keystore, run_dir, jobs: Jobs::default(), work: Mutex::new(()) }
+        Ctx { config, keystore, run_dir, jobs: Jobs::default(), work: Mutex::new(()), calls: Mutex::default() }
+    }
+
+    /// The lock for work that must not run twice at once. Taken only after the call's secrets
+    /// were read: a caller that never closes its secret's pipe holds up no one else.
+    pub fn one_at_a_time(&self) -> MutexGuard<'_, ()> {
+        self.work.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Counts a call of `uid` in flight, or refuses it when the caller has too many.
+    fn admit(self: &Arc<Self>, uid: u32) -> Result<Slot> {
+        let cap = if uid == 0 { CALLS_ROOT } else { CALLS_PER_UID };
+        let mut calls = self.calls.lock().unwrap_or_else(|e| e.into_inner());
+        let n = calls.entry(uid).or_default();
+        if *n >= cap {
+            return Err(Error::new(
+                Kind::LimitsExceeded,
+                format!("uid {uid} already has {cap} calls in flight; wait for one to return and try again"),
+            ));
+        }
+        *n += 1;
+        Ok(Slot { ctx: Arc::clone(self), uid })
     }
 
     /// Opened per call, so changes made meanwhile by the CLI (config, records) are always seen.
@@ -71,12 +121,12 @@ impl Ui for Secrets {
     fn secret(&mut self, prompt: &SecretPrompt<'_>) -> std::result::Result<Passphrase, UiError> {
         let found = match prompt {
             SecretPrompt::Password { id, .. } | SecretPrompt::Pin { id, .. } => {
-                let at = self
-                    .current
-                    .iter()
-                    .position(|(k, _)| *k == Some(**id))
-                    .or_else(|| self.current.iter().position(|(k, _)| k.is_none()));
-                at.map(|i| self.current.remove(i).1)
+                // A secret for a named protector answers once; one for "whichever" answers each
+                // protector the library tries (the login order tries several with it).
+                match self.current.iter().position(|(k, _)| *k == Some(**id)) {
+                    Some(i) => Some(self.current.remove(i).1),
+                    None => self.current.iter().find(|(k, _)| k.is_none()).map(|(_, s)| s.duplicate()),
+                }
             }
             // A security key's own PIN, asked while a protector is created on it, is the new
             // protector's secret as far as the caller is concerned.
@@ -169,10 +219,11 @@ fn log_outcome<T>(method: &str, caller: &Caller, target: &str, r: &Result<T>) {
         }
         u => format!("uid {u}"),
     };
-    match r {
-        Ok(_) => eprintln!("dirsealed: {method}({target}) by {who}: ok"),
-        Err(e) => eprintln!("dirsealed: {method}({target}) by {who}: {e}"),
-    }
+    let outcome = match r {
+        Ok(_) => "ok".to_string(),
+        Err(e) => e.to_string(),
+    };
+    crate::log::outcome(method, caller.uid, &who, target, &outcome);
 }
 
 /// The owner of `dir` when it is a real (non-root) account: a new password protector for a
@@ -214,8 +265,9 @@ impl Service {
         self.checked(method, target, hdr, move |caller| caller.directory(&dir), work).await
     }
 
-    /// The two above: `check` runs before the one-at-a-time lock is taken (it may wait for polkit,
-    /// and so for the caller typing a password), `work` with the lock and what `check` returned.
+    /// The two above: `check` (which may wait for polkit, and so for the caller typing a
+    /// password), then `work` with what `check` returned. Neither holds the one-at-a-time lock;
+    /// `work` takes it once it has read its secrets.
     async fn checked<T, P, C, F>(
         &self,
         method: &'static str,
@@ -232,10 +284,18 @@ impl Service {
         let ctx = Arc::clone(&self.ctx);
         let fut = async move {
             let caller = Caller::of(&self.conn, hdr).await?;
+            let slot = match ctx.admit(caller.uid) {
+                Ok(s) => s,
+                Err(e) => {
+                    let r = Err(e);
+                    log_outcome(method, &caller, &target, &r);
+                    return r;
+                }
+            };
             blocking::unblock(move || {
+                let _slot = slot;
                 let r = std::panic::catch_unwind(AssertUnwindSafe(|| {
                     let checked = check(&caller)?;
-                    let _one = ctx.work.lock().unwrap_or_else(|e| e.into_inner());
                     work(&ctx, &caller, checked)
                 }))
                 .unwrap_or_else(|p| Err(panic_error(p)));
@@ -248,29 +308,19 @@ impl Service {
     }
 }
 
-/// The protector a call names for `policy`, or — when it names none — the one to use: the caller's
-/// own when they are not root (exactly one of theirs must open the policy), else the library's pick.
+/// The protector a call names for `policy` (by id, or by the name of one of the caller's), or —
+/// when it names none — the one to use: the caller's own when they are not root (the library's
+/// "exactly one of yours"), else the library's pick.
 fn choose(ds: &Dirseal, caller: &Caller, policy: &PolicyRecord, named: &str, dir: &Path) -> Result<Pick> {
     if !named.is_empty() {
-        let id = parse_protector_id(named)?;
-        let rec = ds.keystore().protector(&id)?;
+        let rec = ds.protector_named(named, (!caller.is_root()).then_some(caller.uid))?;
         caller.check_protector(&rec)?;
-        return Ok(Pick { protector: Some(id) });
+        return Ok(Pick { protector: Some(rec.id) });
     }
     if caller.is_root() {
         return Ok(Pick::default());
     }
-    let (list, _) = ds.protectors_of(policy);
-    let mine: Vec<&ProtectorRecord> = list.iter().filter(|r| r.uid == Some(caller.uid)).collect();
-    match mine.as_slice() {
-        [one] => Ok(Pick { protector: Some(one.id) }),
-        [] => Err(Error::denied(format!("no protector of yours (uid {}) opens {}", caller.uid, dir.display()))),
-        many => Err(Error::invalid(format!(
-            "several of your protectors open {} ({}); name one",
-            dir.display(),
-            many.iter().map(|r| format!("{} {}", r.id, r.name)).collect::<Vec<_>>().join(", ")
-        ))),
-    }
+    Ok(Pick { protector: Some(ds.own_protector(policy, caller.uid, &dir.display().to_string())?) })
 }
 
 /// The protector a call enrols: an existing one (proved by the call's secret) or a new password
@@ -361,7 +411,8 @@ impl Service {
         .await
     }
 
-    /// Loads the directory's key; `protector` may be empty when one of the caller's opens it.
+    /// Loads the directory's key. `protector` is an id or the name of one of the caller's; empty,
+    /// the caller's own protectors are tried in the login order (no typing first, then by name).
     async fn unlock(
         &self,
         #[zbus(header)] hdr: Header<'_>,
@@ -371,7 +422,14 @@ impl Service {
     ) -> Result<()> {
         self.on_dir("Unlock", dir, &hdr, move |ctx, caller, path| {
             let secret = read_secret(secret.into(), "secret")?;
+            let _one = ctx.one_at_a_time();
             let ds = ctx.open()?;
+            if protector.is_empty() && !caller.is_root() {
+                // The caller's own protectors, in the login order for their uid.
+                let mut secrets = Secrets { current: vec![(None, secret)], ..Default::default() };
+                ds.unlock_as(&path, caller.uid, &mut secrets)?;
+                return Ok(());
+            }
             let policy = ds.policy_of(&path)?;
             let pick = choose(&ds, caller, &policy, &protector, &path)?;
             ds.unlock(&path, pick, &mut Secrets { current: vec![(pick.protector, secret)], ..Default::default() })?;
@@ -412,6 +470,7 @@ impl Service {
     ) -> Result<(String, String)> {
         self.on_dir("Encrypt", dir, &hdr, move |ctx, caller, path| {
             let secret = read_secret(secret.into(), "secret")?;
+            let _one = ctx.one_at_a_time();
             let mut ds = ctx.open()?;
             let mut secrets = Secrets::default();
             let enrol = Enrol::new(&ds, caller, &path, &protector, "", secret, &mut secrets)?;
@@ -477,6 +536,7 @@ impl Service {
             }
             let kind = NewKind::named(&kind, &opts)?;
             let secret = read_secret(secret.into(), "secret")?;
+            let _one = ctx.one_at_a_time();
             let mut ds = ctx.open()?;
             let uid = if caller.is_root() { uid } else { Some(caller.uid) };
             let n = NewProtector { name: &name, uid, kind };
@@ -490,6 +550,7 @@ impl Service {
     async fn remove_protector(&self, #[zbus(header)] hdr: Header<'_>, protector: String) -> Result<()> {
         self.call("RemoveProtector", protector.clone(), &hdr, move |ctx, caller| {
             let id = parse_protector_id(&protector)?;
+            let _one = ctx.one_at_a_time();
             let ds = ctx.open()?;
             match ds.keystore().protector(&id) {
                 Ok(rec) => caller.check_protector(&rec)?,
@@ -521,6 +582,7 @@ impl Service {
         self.on_dir("AddProtectorToPolicy", dir, &hdr, move |ctx, caller, path| {
             let with_secret = read_secret(with_secret.into(), "with_secret")?;
             let new_secret = read_secret(new_secret.into(), "new_secret")?;
+            let _one = ctx.one_at_a_time();
             let mut ds = ctx.open()?;
             let policy = ds.policy_of(&path)?;
             let pick = choose(&ds, caller, &policy, &with, &path)?;
@@ -541,6 +603,7 @@ impl Service {
     ) -> Result<()> {
         self.on_dir("RemoveProtectorFromPolicy", dir, &hdr, move |ctx, caller, path| {
             let id = parse_protector_id(&protector)?;
+            let _one = ctx.one_at_a_time();
             let ds = ctx.open()?;
             let policy = ds.policy_of(&path)?;
             match ds.keystore().protector(&id) {
@@ -566,6 +629,7 @@ impl Service {
             let id = parse_protector_id(&protector)?;
             let old = read_secret(old.into(), "old")?;
             let new = read_secret(new.into(), "new")?;
+            let _one = ctx.one_at_a_time();
             let ds = ctx.open()?;
             caller.check_protector(&ds.keystore().protector(&id)?)?;
             ds.change_secret(
@@ -588,6 +652,7 @@ impl Service {
         self.call("VerifySecret", protector.clone(), &hdr, move |ctx, caller| {
             let id = parse_protector_id(&protector)?;
             let secret = read_secret(secret.into(), "secret")?;
+            let _one = ctx.one_at_a_time();
             let ds = ctx.open_existing()?;
             caller.check_protector(&ds.keystore().protector(&id)?)?;
             valid(ds.verify_protector(&id, &mut Secrets { current: vec![(Some(id), secret)], ..Default::default() }))
@@ -646,10 +711,14 @@ impl Service {
                 return Err(Error::denied("only root may force a conversion of a directory in use"));
             }
             let secret = read_secret(secret.into(), "secret")?;
+            let _one = ctx.one_at_a_time();
             let ds = ctx.open()?;
             let source = dirseal::convert::absolute(&path)?;
             if let Some(job) = ctx.jobs.running_for(&source) {
                 return Ok(job);
+            }
+            if !caller.is_root() {
+                ctx.jobs.admit(caller.uid)?;
             }
             if !caller.is_root() {
                 // The caller is logged in by definition, so the owner-is-active check cannot apply;
@@ -697,6 +766,7 @@ impl Service {
     ) -> Result<()> {
         self.on_dir("RecoveryAdd", dir, &hdr, move |ctx, caller, path| {
             let secret = read_secret(secret.into(), "secret")?;
+            let one = ctx.one_at_a_time();
             let out: OwnedFd = out.into();
             let ds = ctx.open()?;
             if dirseal::recovery::read_blob(&path)?.is_some() {
@@ -712,8 +782,11 @@ impl Service {
             let key = dirseal_recovery::RecoveryKey::generate();
             let mut line = key.to_display();
             line.push('\n');
-            // Shown before it is saved: a key nobody received must not become the way in.
+            // Shown before it is saved: a key nobody received must not become the way in. Not under
+            // the lock: the caller may take its time reading.
+            drop(one);
             write_secret(out, line.as_bytes(), "out")?;
+            let _one = ctx.one_at_a_time();
             dirseal::recovery::install(&path, &policy.id, &master, &key)?;
             Ok(())
         })
@@ -728,8 +801,9 @@ impl Service {
         dir: String,
         key: zvariant::OwnedFd,
     ) -> Result<bool> {
-        self.on_dir("RecoveryVerify", dir, &hdr, move |_ctx, _caller, path| {
+        self.on_dir("RecoveryVerify", dir, &hdr, move |ctx, _caller, path| {
             let typed = read_secret(key.into(), "key")?;
+            let _one = ctx.one_at_a_time();
             let key = dirseal::recovery::parse_key(&typed)?;
             valid(dirseal::recovery::master_key(&path, &key))
         })
@@ -753,6 +827,7 @@ impl Service {
         self.on_dir("RecoveryRestore", dir, &hdr, move |ctx, caller, path| {
             let key = read_secret(key.into(), "key")?;
             let secret = read_secret(secret.into(), "secret")?;
+            let _one = ctx.one_at_a_time();
             let mut ds = ctx.open()?;
             let mut secrets = Secrets { recovery: Some(key), ..Default::default() };
             let enrol = Enrol::new(&ds, caller, &path, &protector, &name, secret, &mut secrets)?;
@@ -764,7 +839,8 @@ impl Service {
 
     /// Deletes the directory's recovery key (it stops working).
     async fn recovery_remove(&self, #[zbus(header)] hdr: Header<'_>, dir: String) -> Result<()> {
-        self.on_dir("RecoveryRemove", dir, &hdr, move |_ctx, _caller, path| {
+        self.on_dir("RecoveryRemove", dir, &hdr, move |ctx, _caller, path| {
+            let _one = ctx.one_at_a_time();
             if !dirseal::recovery::remove_blob(&path)? {
                 return Err(Error::new(
                     Kind::NotFound,

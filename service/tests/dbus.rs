@@ -130,15 +130,14 @@ fn a_user_manages_their_own_home_through_every_method() {
     let third = strings(&third)[0].clone();
     let st = h.ok(Some(&alice), "GetStatus", &[s(alice.home_str())], &[]);
     assert!(st.contains(&second) && st.contains(&third) && st.contains("'laptop'"), "{st}");
-    // With several of hers, an unnamed protector is ambiguous; naming one works.
-    h.fails(
-        Some(&alice),
-        "Unlock",
-        &[s(alice.home_str()), s(""), fd(3)],
-        &[(3, "pw-2")],
-        "org.freedesktop.DBus.Error.InvalidArgs",
-    );
+    // With several of hers, an unnamed protector is any of them in her login order; naming one
+    // (by id or name) works too.
+    h.ok(Some(&alice), "Lock", &[s(alice.home_str()), "false".into()], &[]);
+    h.ok(Some(&alice), "Unlock", &[s(alice.home_str()), s(""), fd(3)], &[(3, "pw-2")]);
+    h.ok(Some(&alice), "Lock", &[s(alice.home_str()), "false".into()], &[]);
     h.ok(Some(&alice), "Unlock", &[s(alice.home_str()), s(&second), fd(3)], &[(3, "pw-2")]);
+    h.ok(Some(&alice), "Lock", &[s(alice.home_str()), "false".into()], &[]);
+    h.ok(Some(&alice), "Unlock", &[s(alice.home_str()), s("laptop"), fd(3)], &[(3, "pw-3")]);
     h.ok(Some(&alice), "RemoveProtectorFromPolicy", &[s(alice.home_str()), s(&second)], &[]);
     h.ok(Some(&alice), "RemoveProtectorFromPolicy", &[s(alice.home_str()), s(&third)], &[]);
     h.ok(Some(&alice), "RemoveProtector", &[s(&second)], &[]);

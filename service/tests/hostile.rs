@@ -1,0 +1,267 @@
+//! dirsealed against a local user who wants to disturb it or learn about others (issue 21): a
+//! stalled caller holds up no one else, the log cannot be forged, jobs are private, a cancelled
+//! move is undone, and an unnamed Unlock follows the caller's login order. Creates users: run
+//! only under the global suite lock (scripts/test.sh).
+mod support;
+
+use std::io::Read;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::Receiver;
+use std::time::{Duration, Instant};
+
+use support::{fill, s, snapshot, strings, watch_jobs, Harness, JobSignal, User, NAME, PATH};
+
+const DENIED: &str = "org.freedesktop.DBus.Error.AccessDenied";
+const INVALID: &str = "org.freedesktop.DBus.Error.InvalidArgs";
+
+fn root_only() -> bool {
+    if nix::unistd::geteuid().is_root() {
+        return true;
+    }
+    eprintln!("skipped: needs root (loop mounts, users, a system bus)");
+    false
+}
+
+fn fd(n: u32) -> String {
+    format!("@h {n}")
+}
+
+fn encrypt_home(h: &Harness, u: &User, pw: &str) -> String {
+    let r = h.ok(Some(u), "Encrypt", &[s(u.home_str()), s(""), fd(3)], &[(3, pw)]);
+    strings(&r)[1].clone()
+}
+
+/// `gdbus` run as `u` in the background (stdout and stderr piped); `fd3` is shell redirection
+/// text for descriptor 3, if any.
+fn gdbus_as(h: &Harness, u: &User, args: &[&str], fd3: Option<&str>) -> Child {
+    let mut script = "exec gdbus \"$@\"".to_string();
+    if let Some(r) = fd3 {
+        script.push_str(&format!(" 3{r}"));
+    }
+    Command::new("setpriv")
+        .args([format!("--reuid={}", u.uid), format!("--regid={}", u.uid)])
+        .args(["--clear-groups", "--", "bash", "-c", &script, "gdbus"])
+        .args(args)
+        .env_clear()
+        .env("DBUS_SYSTEM_BUS_ADDRESS", &h.bus.address)
+        .env("PATH", "/usr/bin:/bin:/usr/sbin:/sbin")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("gdbus")
+}
+
+fn output(mut c: Child) -> String {
+    let _ = c.wait();
+    let mut out = String::new();
+    c.stdout.take().expect("stdout").read_to_string(&mut out).expect("read");
+    c.stderr.take().expect("stderr").read_to_string(&mut out).expect("read");
+    out
+}
+
+/// Four calls whose secret pipe is never closed (the most one user may have in flight; a fifth is
+/// refused at once): another user's and root's GetStatus answer within 2 s meanwhile.
+#[test]
+fn a_caller_that_never_sends_its_secret_stalls_no_one_else() {
+    if !root_only() {
+        return;
+    }
+    let h = Harness::new();
+    let alice = h.user();
+    let bob = h.user();
+    encrypt_home(&h, &alice, "pw-a");
+    encrypt_home(&h, &bob, "pw-b");
+    let method = format!("{NAME}.Unlock");
+    let home = format!("'{}'", alice.home_str());
+    let args = ["call", "--system", "--dest", NAME, "--object-path", PATH, "--method", &method, &home, "''", "@h 3"];
+    // The pipe's writer (a sleep) never writes and outlives the service's 10 s limit.
+    let mut stuck: Vec<Child> = (0..5).map(|_| gdbus_as(&h, &alice, &args, Some("< <(exec sleep 15)"))).collect();
+    let t = Instant::now();
+    let refused = loop {
+        assert!(t.elapsed() < Duration::from_secs(8), "no fifth call was refused: {}", h.daemon.log_text());
+        if let Some(i) = stuck.iter_mut().position(|c| c.try_wait().expect("wait").is_some()) {
+            break output(stuck.remove(i));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(refused.contains("org.freedesktop.DBus.Error.LimitsExceeded"), "{refused}");
+    // Four of alice's calls are now waiting for their secrets.
+    let t = Instant::now();
+    h.ok(Some(&bob), "GetStatus", &[s(bob.home_str())], &[]);
+    h.ok(Some(&bob), "ListProtectors", &[], &[]);
+    assert_eq!(h.key(&alice.home), "unlocked");
+    let took = t.elapsed();
+    assert!(took < Duration::from_secs(2), "other callers waited {took:?} behind a stalled one");
+    // A call that needs the one-at-a-time lock is not held up either.
+    let t = Instant::now();
+    h.ok(Some(&bob), "Lock", &[s(bob.home_str()), "false".into()], &[]);
+    h.ok(Some(&bob), "Unlock", &[s(bob.home_str()), s(""), fd(3)], &[(3, "pw-b")]);
+    assert!(t.elapsed() < Duration::from_secs(2), "bob's Unlock waited {:?}", t.elapsed());
+    for c in stuck {
+        let out = output(c);
+        assert!(out.contains("timed out"), "{out}");
+    }
+}
+
+/// A directory argument with a newline cannot plant a line in the log.
+#[test]
+fn a_newline_in_an_argument_is_escaped_in_the_log() {
+    if !root_only() {
+        return;
+    }
+    let h = Harness::new();
+    let bob = h.user();
+    let forged = "dirsealed: Lock(/home/victim) by uid 0: ok";
+    h.fails(
+        Some(&bob),
+        "GetStatus",
+        &[format!("'/nonexistent\\n{forged}'")],
+        &[],
+        "org.dirseal.Dirseal1.Error.NotFound",
+    );
+    let long = format!("/{}", "x".repeat(5000));
+    h.fails(Some(&bob), "GetStatus", &[s(&long)], &[], "org.dirseal.Dirseal1.Error.NotFound");
+    let log = h.daemon.log_text();
+    assert!(!log.lines().any(|l| l.starts_with(forged)), "a forged line:\n{log}");
+    assert!(log.contains(&format!("GetStatus(/nonexistent\\n{forged}) by uid {}", bob.uid)), "{log}");
+    assert!(log.lines().all(|l| l.len() < 3000), "a log line is not capped");
+}
+
+/// Waits for the end of job `job` among `rx`'s signals.
+fn wait_end(rx: &Receiver<JobSignal>, job: &str, h: &Harness) -> String {
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(120) {
+        match rx.recv_timeout(Duration::from_millis(200)) {
+            Ok(JobSignal::Finished { path, state }) if path == job => return state,
+            Ok(JobSignal::Failed { path, name, message }) if path == job => {
+                panic!("{name}: {message}\n{}", h.daemon.log_text())
+            }
+            _ => {}
+        }
+    }
+    panic!("{job} did not end within 120 s\n{}", h.daemon.log_text());
+}
+
+fn job_path(reply: &str) -> String {
+    let p = strings(reply);
+    assert!(p.len() == 1 && p[0].starts_with("/org/dirseal/Dirseal1/jobs/"), "{reply}");
+    p[0].clone()
+}
+
+fn contents(dir: &std::path::Path) -> Vec<(std::path::PathBuf, Vec<u8>)> {
+    snapshot(dir).into_iter().map(|(p, b)| (p.strip_prefix(dir).unwrap().to_path_buf(), b)).collect()
+}
+
+fn encrypted(h: &Harness, dir: &std::path::Path) -> bool {
+    bool::try_from(h.status(dir)["encrypted"].try_clone().unwrap()).unwrap()
+}
+
+/// Another user can read nothing of a job: Get and GetAll are refused, and no Progress or
+/// Finished reaches their connection; the owner (and root) get both.
+#[test]
+fn another_users_job_is_private() {
+    if !root_only() {
+        return;
+    }
+    let h = Harness::new();
+    let alice = h.user();
+    let bob = h.user();
+    fill(&alice.home, 16, 1 << 20, alice.uid);
+    let rx = watch_jobs(&h.bus);
+    // Bob listens to everything the service sends, from before the job starts.
+    let mut monitor = gdbus_as(&h, &bob, &["monitor", "--system", "--dest", NAME], None);
+    let mut first = [0u8; 1];
+    monitor.stdout.as_mut().expect("stdout").read_exact(&mut first).expect("gdbus monitor started");
+    let job = job_path(&h.ok(Some(&alice), "Convert", &[s(alice.home_str()), fd(3), "{}".into()], &[(3, "pw-a")]));
+    assert_eq!(wait_end(&rx, &job, &h), "done");
+    let props = "org.freedesktop.DBus.Properties";
+    let iface = s("org.dirseal.Dirseal1.Job");
+    for prop in ["Dir", "Owner", "State"] {
+        let args = [iface.clone(), s(prop)];
+        let e = h.call_at(Some(&bob), &job, &format!("{props}.Get"), &args, &[], None).unwrap_err();
+        assert_eq!(e.name, DENIED, "{prop}: {}", e.message);
+    }
+    // zbus leaves a property its getter refuses out of GetAll: bob gets an empty dictionary.
+    let all = h.call_at(Some(&bob), &job, &format!("{props}.GetAll"), std::slice::from_ref(&iface), &[], None);
+    assert_eq!(all.expect("GetAll"), "(@a{sv} {},)");
+    let own = h.call_at(Some(&alice), &job, &format!("{props}.GetAll"), &[iface.clone()], &[], None).expect("GetAll");
+    assert!(own.contains("'done'") && own.contains(alice.home_str()), "{own}");
+    // The owner's own monitor would have seen the signals; bob's saw none of them.
+    let _ = monitor.kill();
+    let seen = output(monitor);
+    assert!(!seen.contains("Progress") && !seen.contains("Finished"), "bob received job signals:\n{seen}");
+}
+
+/// Unlock with no protector named tries the caller's own protectors in the login order; a name
+/// two of them share is refused, naming both.
+#[test]
+fn unlock_follows_the_callers_login_order() {
+    if !root_only() {
+        return;
+    }
+    let h = Harness::new();
+    let alice = h.user();
+    let home = s(alice.home_str());
+    encrypt_home(&h, &alice, "pw-a");
+    h.ok(
+        Some(&alice),
+        "AddProtectorToPolicy",
+        &[home.clone(), s(""), fd(3), s(""), fd(4), s("zz-second")],
+        &[(3, "pw-a"), (4, "pw-z")],
+    );
+    h.ok(Some(&alice), "Lock", &[home.clone(), "false".into()], &[]);
+    // The second in the order (by name) opens it.
+    h.ok(Some(&alice), "Unlock", &[home.clone(), s(""), fd(3)], &[(3, "pw-z")]);
+    assert_eq!(h.key(&alice.home), "unlocked");
+    h.ok(Some(&alice), "Lock", &[home.clone(), "false".into()], &[]);
+    let msg = h.fails(
+        Some(&alice),
+        "Unlock",
+        &[home.clone(), s(""), fd(3)],
+        &[(3, "nope")],
+        "org.dirseal.Dirseal1.Error.IncorrectSecret",
+    );
+    assert!(msg.contains("zz-second"), "{msg}");
+    h.ok(Some(&alice), "Unlock", &[home.clone(), s("zz-second"), fd(3)], &[(3, "pw-z")]);
+    // Two of hers named alike.
+    let a = strings(&h.ok(Some(&alice), "CreateProtector", &[s("dup"), fd(3), "{}".into()], &[(3, "x")]))[0].clone();
+    let b = strings(&h.ok(Some(&alice), "CreateProtector", &[s("dup"), fd(3), "{}".into()], &[(3, "y")]))[0].clone();
+    let msg = h.fails(Some(&alice), "Unlock", &[home.clone(), s("dup"), fd(3)], &[(3, "x")], INVALID);
+    assert!(msg.contains(&a) && msg.contains(&b), "{msg}");
+}
+
+/// Cancel while a move-mode conversion is moving (held there by the fault-injection build):
+/// the files move back and the home is as it was, in plaintext.
+#[cfg(feature = "fault-injection")]
+#[test]
+fn cancelling_a_move_moves_the_data_back() {
+    if !root_only() {
+        return;
+    }
+    let mut h = Harness::new();
+    let hold = h.etc.path().join("hold");
+    h.restart_with(&[("DIRSEAL_FAULT", "move-entry-copied:50"), ("DIRSEAL_FAULT_HOLD", hold.to_str().unwrap())]);
+    let alice = h.user();
+    fill(&alice.home, 8, 1 << 20, alice.uid);
+    let small = alice.home.join("small");
+    std::fs::create_dir(&small).unwrap();
+    std::os::unix::fs::chown(&small, Some(alice.uid), Some(alice.uid)).unwrap();
+    fill(&small, 300, 512, alice.uid);
+    let original = contents(&alice.home);
+    let rx = watch_jobs(&h.bus);
+    let opts = "{'mode': <'move'>}".to_string();
+    let job = job_path(&h.ok(Some(&alice), "Convert", &[s(alice.home_str()), fd(3), opts], &[(3, "pw-a")]));
+    let t = Instant::now();
+    while !hold.exists() {
+        assert!(t.elapsed() < Duration::from_secs(60), "the move never reached the hold\n{}", h.daemon.log_text());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let st = dirseal::convert::status(&alice.home).unwrap().expect("journal");
+    assert_eq!(st.state, dirseal_migrate::State::Moving);
+    h.call_at(Some(&alice), &job, "org.dirseal.Dirseal1.Job.Cancel", &[], &[], None).expect("Cancel");
+    std::fs::remove_file(&hold).unwrap();
+    assert_eq!(wait_end(&rx, &job, &h), "aborted");
+    assert!(!encrypted(&h, &alice.home));
+    assert!(contents(&alice.home) == original, "the home is byte for byte as before the move");
+}
