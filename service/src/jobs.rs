@@ -181,8 +181,9 @@ impl Job {
         Ok(self.state.lock().unwrap_or_else(|e| e.into_inner()).clone())
     }
 
-    /// Stops the conversion at its next checkpoint and, before the swap, removes the copy so the
-    /// directory stays as it was. Only its owner or root may cancel it.
+    /// Stops the conversion at its next checkpoint and, before the swap, aborts it (a copy is
+    /// removed, a move's files are moved back) so the directory stays as it was. Only its owner or
+    /// root may cancel it.
     async fn cancel(
         &self,
         #[zbus(header)] hdr: zbus::message::Header<'_>,
@@ -201,8 +202,8 @@ impl Job {
         Ok(())
     }
 
-    /// Where the conversion is: `phase` ("scanning", "copying", "verifying", "swapping",
-    /// "disposing", ...), bytes and entries done and in total, and an estimate of the seconds left
+    /// Where the conversion is: `phase` ("scanning", "copying", "verifying", "moving",
+    /// "swapping", "disposing", "aborting", "moving back", "rolling back"), bytes and entries done and in total, and an estimate of the seconds left
     /// in this phase (-1 while unknown). At most four per second, and one at each phase change.
     #[zbus(signal)]
     async fn progress(
