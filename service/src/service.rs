@@ -373,6 +373,60 @@ impl Enrol {
     }
 }
 
+/// `Convert`'s and `PlanConvert`'s options, and the `protector` option (empty when absent).
+fn convert_options(options: &HashMap<String, OwnedValue>) -> Result<(dirseal::convert::Options, String)> {
+    let mut o = dirseal::convert::Options { recovery_key: Some(false), ..Default::default() };
+    let mut protector = String::new();
+    let bad = |k: &str, t: &str| Error::invalid(format!("option {k} must be of type {t}"));
+    for (k, v) in options {
+        match k.as_str() {
+            "protector" => {
+                protector = String::try_from(v.try_clone().map_err(|_| bad(k, "s"))?).map_err(|_| bad(k, "s"))?
+            }
+            "keep_backup" => o.keep_backup = bool::try_from(v).map_err(|_| bad(k, "b"))?,
+            "wipe" => o.wipe = bool::try_from(v).map_err(|_| bad(k, "b"))?,
+            "force" => o.force = bool::try_from(v).map_err(|_| bad(k, "b"))?,
+            "mode" => {
+                let m = String::try_from(v.try_clone().map_err(|_| bad(k, "s"))?).map_err(|_| bad(k, "s"))?;
+                o.mode = match m.as_str() {
+                    "copy" => dirseal::convert::Mode::Copy,
+                    "move" => dirseal::convert::Mode::Move,
+                    "auto" => dirseal::convert::Mode::Auto,
+                    _ => return Err(Error::invalid("option mode must be \"copy\", \"move\" or \"auto\"")),
+                }
+            }
+            other => {
+                return Err(Error::invalid(format!(
+                    "unknown option {other:?}; known: protector, keep_backup, wipe, force, mode"
+                )))
+            }
+        }
+    }
+    Ok((o, protector))
+}
+
+/// A JSON value (the library's serialized summary) as D-Bus values: objects become `a{sv}`,
+/// nulls are left out.
+fn to_dbus(v: &serde_json::Value) -> Option<OwnedValue> {
+    use serde_json::Value as J;
+    use zvariant::Value as V;
+    let v = match v {
+        J::Null | J::Array(_) => return None,
+        J::Bool(b) => V::from(*b),
+        J::Number(n) => match (n.as_u64(), n.as_i64()) {
+            (Some(u), _) => V::from(u),
+            (None, Some(i)) => V::from(i),
+            _ => V::from(n.as_f64().unwrap_or_default()),
+        },
+        J::String(s) => V::from(s.clone()),
+        J::Object(m) => {
+            let d: HashMap<String, OwnedValue> = m.iter().filter_map(|(k, v)| Some((k.clone(), to_dbus(v)?))).collect();
+            return OwnedValue::try_from(V::from(d)).ok();
+        }
+    };
+    OwnedValue::try_from(v).ok()
+}
+
 /// A check's answer: whether the secret was right; other errors stay errors.
 fn valid<T, E: Into<Error>>(r: std::result::Result<T, E>) -> Result<bool> {
     match r.map_err(Into::into) {
@@ -680,33 +734,7 @@ impl Service {
         let bus = self.conn.clone();
         let ctx = Arc::clone(&self.ctx);
         self.on_dir("Convert", dir, &hdr, move |_, caller, path| {
-            let mut o = dirseal::convert::Options { recovery_key: Some(false), ..Default::default() };
-            let mut protector = String::new();
-            let bad = |k: &str, t: &str| Error::invalid(format!("option {k} must be of type {t}"));
-            for (k, v) in &options {
-                match k.as_str() {
-                    "protector" => {
-                        protector = String::try_from(v.try_clone().map_err(|_| bad(k, "s"))?).map_err(|_| bad(k, "s"))?
-                    }
-                    "keep_backup" => o.keep_backup = bool::try_from(v).map_err(|_| bad(k, "b"))?,
-                    "wipe" => o.wipe = bool::try_from(v).map_err(|_| bad(k, "b"))?,
-                    "force" => o.force = bool::try_from(v).map_err(|_| bad(k, "b"))?,
-                    "mode" => {
-                        let m = String::try_from(v.try_clone().map_err(|_| bad(k, "s"))?).map_err(|_| bad(k, "s"))?;
-                        o.mode = match m.as_str() {
-                            "copy" => dirseal::convert::Mode::Copy,
-                            "move" => dirseal::convert::Mode::Move,
-                            "auto" => dirseal::convert::Mode::Auto,
-                            _ => return Err(Error::invalid("option mode must be \"copy\", \"move\" or \"auto\"")),
-                        }
-                    }
-                    other => {
-                        return Err(Error::invalid(format!(
-                            "unknown option {other:?}; known: protector, keep_backup, wipe, force, mode"
-                        )))
-                    }
-                }
-            }
+            let (mut o, protector) = convert_options(&options)?;
             if o.force && !caller.may_administer() {
                 return Err(Error::denied("only root may force a conversion of a directory in use"));
             }
@@ -750,6 +778,48 @@ impl Service {
             secrets.current.push((None, spare));
             let start = jobs::Start { ds, plan, enrol: Some(enrol), secrets, owner: owner_of(&path).unwrap_or(0) };
             jobs::spawn(&ctx, &bus, start)
+        })
+        .await
+    }
+
+    /// What converting the directory involves, as the CLI shows it before asking (`dirseal convert
+    /// --json`'s `plan`): entries, data_bytes, apparent_bytes, space_needed, space_available,
+    /// owner_uid, owner_name, recovery_key, keep_backup, wipe, method ("copy"/"move"), auto
+    /// (whether "auto" picked it), copy_needed, move_needed, estimate (a{sv}: write_bytes_per_sec,
+    /// micros_per_entry, seconds; absent when it cannot be measured). Options as for Convert. For
+    /// an unfinished conversion: path and state (Convert resumes it). Writes nothing but the
+    /// short, removed rate probe.
+    #[zbus(out_args("plan"))]
+    async fn plan_convert(
+        &self,
+        #[zbus(header)] hdr: Header<'_>,
+        dir: String,
+        options: HashMap<String, OwnedValue>,
+    ) -> Result<HashMap<String, OwnedValue>> {
+        self.on_dir("PlanConvert", dir, &hdr, move |ctx, caller, path| {
+            let (mut o, _) = convert_options(&options)?;
+            if o.force && !caller.may_administer() {
+                return Err(Error::denied("only root may force a conversion of a directory in use"));
+            }
+            if !caller.is_root() {
+                o.force = true;
+            }
+            o.estimate = true;
+            let ds = ctx.open_existing()?;
+            let idle = std::sync::atomic::AtomicBool::new(false);
+            let hooks = dirseal::convert::Hooks { progress: &|_| {}, stop: &idle };
+            let plan = dirseal::convert::plan(&ds, &path, o, &hooks)?;
+            let json = match (&plan.summary(), &plan.what) {
+                (Some(s), _) => serde_json::to_value(s).map_err(|e| Error::failed(e.to_string()))?,
+                (None, dirseal::convert::Planned::Resume { state, .. }) => {
+                    serde_json::json!({ "path": plan.source, "state": state.to_string() })
+                }
+                (None, _) => serde_json::Value::Null,
+            };
+            match to_dbus(&json).map(HashMap::<String, OwnedValue>::try_from) {
+                Some(Ok(m)) => Ok(m),
+                _ => Err(Error::failed("the plan could not be expressed as a{sv}")),
+            }
         })
         .await
     }

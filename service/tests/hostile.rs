@@ -4,10 +4,13 @@
 //! only under the global suite lock (scripts/test.sh).
 mod support;
 
+use std::collections::HashMap;
 use std::io::Read;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
+
+use zbus::zvariant::OwnedValue;
 
 use support::{fill, s, snapshot, strings, watch_jobs, Harness, JobSignal, User, NAME, PATH};
 
@@ -272,4 +275,68 @@ fn cancelling_a_move_moves_the_data_back() {
     assert_eq!(wait_end(&rx, &job, &h), "aborted");
     assert!(!encrypted(&h, &alice.home));
     assert!(contents(&alice.home) == original, "the home is byte for byte as before the move");
+}
+
+/// PlanConvert answers what the CLI's `convert --json` shows as its `plan` before asking, field
+/// for field (the measured estimate aside: two probes never measure alike).
+#[test]
+fn plan_convert_is_the_clis_plan() {
+    if !root_only() {
+        return;
+    }
+    let h = Harness::new();
+    let alice = h.user();
+    fill(&alice.home, 4, 1 << 20, alice.uid);
+    let reply = h
+        .root
+        .call_method(
+            Some(NAME),
+            PATH,
+            Some(NAME),
+            "PlanConvert",
+            &(alice.home_str(), HashMap::<String, OwnedValue>::new()),
+        )
+        .expect("PlanConvert");
+    let plan: HashMap<String, OwnedValue> = reply.body().deserialize().expect("a{sv}");
+    let cli = std::path::Path::new(env!("CARGO_BIN_EXE_dirsealed")).with_file_name("dirseal");
+    assert!(cli.exists(), "{} is missing: build the whole workspace first (scripts/test.sh does)", cli.display());
+    // No --yes: the CLI prints its plan, then cannot ask (no terminal) and converts nothing.
+    let out = Command::new(&cli)
+        .arg("--config")
+        .arg(h.config())
+        .arg("--keystore")
+        .arg(h.keystore())
+        .args(["convert", "--json", "--no-recovery-key", alice.home_str()])
+        .stdin(Stdio::null())
+        .output()
+        .expect("dirseal");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().find(|l| l.starts_with("{\"plan\"")).unwrap_or_else(|| panic!("no plan line: {text}"));
+    let json: serde_json::Value = serde_json::from_str(line).expect("json");
+    let want = json["plan"].as_object().expect("plan object");
+    assert!(!encrypted(&h, &alice.home), "the CLI converted without a yes");
+    for (k, v) in want {
+        if k == "estimate" {
+            continue;
+        }
+        if k == "space_available" {
+            // The first rate probe makes the filesystem's root-only .dirseal (a block or two).
+            let (got, want) = (u64::try_from(plan.get(k.as_str()).expect(k)).unwrap(), v.as_u64().unwrap());
+            assert!(got.abs_diff(want) <= 64 << 10, "{k}: {got} against {want}");
+            continue;
+        }
+        let got = plan.get(k.as_str());
+        match v {
+            serde_json::Value::Null => assert!(got.is_none(), "{k}: {got:?}"),
+            serde_json::Value::Bool(b) => assert_eq!(bool::try_from(got.expect(k)).ok(), Some(*b), "{k}"),
+            serde_json::Value::Number(n) => assert_eq!(u64::try_from(got.expect(k)).ok(), n.as_u64(), "{k}"),
+            serde_json::Value::String(s) => {
+                assert_eq!(String::try_from(got.expect(k).try_clone().unwrap()).ok().as_ref(), Some(s), "{k}")
+            }
+            other => panic!("{k}: unexpected {other}"),
+        }
+    }
+    for k in plan.keys() {
+        assert!(want.contains_key(k.as_str()), "PlanConvert has {k}, the CLI's plan does not");
+    }
 }
