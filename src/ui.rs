@@ -65,6 +65,35 @@ pub struct Progress {
     pub files_total: u64,
 }
 
+/// Seconds left in a job's current phase, from its rate since the phase began; the same for every
+/// front end (the CLI's `--json` progress, the service's Progress signal).
+#[derive(Debug, Default)]
+pub struct Eta {
+    /// The phase, when it began and the bytes done then.
+    phase: Option<(String, std::time::Instant, u64)>,
+}
+
+impl Eta {
+    /// The estimate at `p`: -1 while unknown (the phase's first half second, or nothing done).
+    pub fn seconds(&mut self, p: &Progress) -> i64 {
+        let now = std::time::Instant::now();
+        let (start, start_bytes) = match &self.phase {
+            Some((ph, t, b)) if *ph == p.phase => (*t, *b),
+            _ => {
+                self.phase = Some((p.phase.clone(), now, p.bytes_done));
+                (now, p.bytes_done)
+            }
+        };
+        let secs = now.duration_since(start).as_secs_f64();
+        let done = p.bytes_done.saturating_sub(start_bytes) as f64;
+        if secs > 0.5 && done > 0.0 {
+            (p.bytes_total.saturating_sub(p.bytes_done) as f64 / (done / secs)).round() as i64
+        } else {
+            -1
+        }
+    }
+}
+
 pub trait Ui {
     fn secret(&mut self, prompt: &SecretPrompt<'_>) -> Result<Passphrase, UiError>;
     /// A protector waits for a touch of its device (a FIDO2 key) now; `id` is absent while one is

@@ -60,6 +60,7 @@ fn json_plan_progress_and_result_count_data_not_apparent_size() {
     for p in &copying {
         assert_eq!(p["bytes_total"].as_u64(), Some(data), "progress counts data: {p}");
         assert!(p["bytes_done"].as_u64().unwrap() <= data);
+        assert!(p["eta_seconds"].as_i64().is_some_and(|e| e >= -1), "every progress line has its ETA: {p}");
     }
     let result = &lines(&out, "result")[0];
     assert_eq!(result["data_bytes"].as_u64(), Some(data), "{result}");

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use dirseal::convert::{self, Cancelled, ConvertError, Converted, Hooks, Plan, Planned};
 use dirseal::ops::{Dirseal, ProtectorChoice};
-use dirseal::ui::Progress;
+use dirseal::ui::{Eta, Progress};
 use dirseal_migrate::MigrateError;
 use serde::{Deserialize, Serialize};
 use zbus::message::Header;
@@ -283,34 +283,25 @@ impl Audience {
     }
 }
 
-/// Throttled progress signals with an ETA from the rate within the current phase.
+/// Throttled progress signals with the library's ETA for the current phase.
 struct Reporter<'a> {
     audience: &'a Audience,
-    last: Mutex<Option<(Instant, String, Instant, u64)>>,
+    /// When the last signal went out, for which phase, and the estimate.
+    last: Mutex<(Option<(Instant, String)>, Eta)>,
 }
 
 impl Reporter<'_> {
     fn report(&self, p: &Progress) {
-        let now = Instant::now();
         let eta;
         {
             let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
-            let same_phase = last.as_ref().is_some_and(|(_, ph, _, _)| *ph == p.phase);
-            if same_phase && last.as_ref().is_some_and(|(t, ..)| now.duration_since(*t) < PROGRESS_EVERY) {
+            let (sent, estimate) = &mut *last;
+            eta = estimate.seconds(p);
+            let same_phase = sent.as_ref().is_some_and(|(_, ph)| *ph == p.phase);
+            if same_phase && sent.as_ref().is_some_and(|(t, _)| t.elapsed() < PROGRESS_EVERY) {
                 return;
             }
-            let (start, start_bytes) = match last.as_ref() {
-                Some((_, _, s, b)) if same_phase => (*s, *b),
-                _ => (now, p.bytes_done),
-            };
-            let secs = now.duration_since(start).as_secs_f64();
-            let done = p.bytes_done.saturating_sub(start_bytes) as f64;
-            eta = if secs > 0.5 && done > 0.0 {
-                (p.bytes_total.saturating_sub(p.bytes_done) as f64 / (done / secs)).round() as i64
-            } else {
-                -1
-            };
-            *last = Some((now, p.phase.clone(), start, start_bytes));
+            *sent = Some((Instant::now(), p.phase.clone()));
         }
         self.audience.send(|e| {
             zbus::block_on(Job::progress(e, &p.phase, p.bytes_done, p.bytes_total, p.files_done, p.files_total, eta))
@@ -380,7 +371,7 @@ fn run(
     let Start { mut ds, plan, enrol, mut secrets, owner } = start;
     let source = plan.source.clone();
     let audience = Audience { conn: conn.clone(), path: path.clone(), owner, uids: Mutex::default() };
-    let reporter = Reporter { audience: &audience, last: Mutex::new(None) };
+    let reporter = Reporter { audience: &audience, last: Mutex::default() };
     let progress = |p: &Progress| reporter.report(p);
     let hooks = Hooks { progress: &progress, stop };
     // A resume without a named protector unlocks the staging key with the policy's only one.

@@ -5,13 +5,14 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use dirseal::ui::Progress;
+use dirseal::ui::{Eta, Progress};
 
 /// Progress for humans (a bar on a terminal) or front ends (JSON lines, at most one per second).
 pub struct Reporter {
     /// On a terminal: the bar while one is shown, and whether it is the counting-only style.
     bar: Option<Mutex<Option<(indicatif::ProgressBar, bool)>>>,
-    json: Option<Mutex<Option<(Instant, String)>>>,
+    /// JSON lines: when the last went out, for which phase, and the estimate.
+    json: Option<Mutex<(Option<(Instant, String)>, Eta)>>,
 }
 
 fn style(counting: bool) -> indicatif::ProgressStyle {
@@ -30,7 +31,7 @@ fn style(counting: bool) -> indicatif::ProgressStyle {
 impl Reporter {
     pub fn new(json: bool) -> Reporter {
         if json {
-            return Reporter { bar: None, json: Some(Mutex::new(None)) };
+            return Reporter { bar: None, json: Some(Mutex::default()) };
         }
         let bar = std::io::stderr().is_terminal().then(|| Mutex::new(None));
         Reporter { bar, json: None }
@@ -65,17 +66,27 @@ impl Reporter {
         }
         if let Some(last) = &self.json {
             let mut last = last.lock().unwrap_or_else(|e| e.into_inner());
+            let (sent, estimate) = &mut *last;
+            let eta_seconds = estimate.seconds(p);
             // One line per second, and one at every phase change so front ends see each phase.
-            let same_phase = last.as_ref().is_some_and(|(_, ph)| *ph == p.phase);
-            if same_phase && last.as_ref().is_some_and(|(t, _)| t.elapsed() < Duration::from_secs(1)) {
+            let same_phase = sent.as_ref().is_some_and(|(_, ph)| *ph == p.phase);
+            if same_phase && sent.as_ref().is_some_and(|(t, _)| t.elapsed() < Duration::from_secs(1)) {
                 return;
             }
-            *last = Some((Instant::now(), p.phase.clone()));
+            *sent = Some((Instant::now(), p.phase.clone()));
+            /// The library's progress and the seconds left in its phase (-1 while unknown), as
+            /// the service's Progress signal has them.
+            #[derive(Serialize)]
+            struct WithEta<'a> {
+                #[serde(flatten)]
+                progress: &'a Progress,
+                eta_seconds: i64,
+            }
             #[derive(Serialize)]
             struct Line<'a> {
-                progress: &'a Progress,
+                progress: WithEta<'a>,
             }
-            if let Ok(s) = serde_json::to_string(&Line { progress: p }) {
+            if let Ok(s) = serde_json::to_string(&Line { progress: WithEta { progress: p, eta_seconds } }) {
                 println!("{s}");
             }
         }
