@@ -95,6 +95,9 @@ pub struct Options {
     pub wipe: bool,
     /// Convert although the owner runs processes or programs use the directory.
     pub force: bool,
+    /// The owner asks for it themselves (through the service): their session may run, but no
+    /// process — theirs included — may have the directory open (unless `force`).
+    pub owner_asks: bool,
     /// Copy threads; 0 means two per CPU (at least 4, at most 32).
     pub threads: usize,
     /// Seal the new master key under a new recovery key; `None` asks the Ui.
@@ -178,7 +181,7 @@ pub fn plan(ds: &Dirseal, dir: &Path, options: Options, hooks: &Hooks<'_>) -> Re
     // Nothing may be created (protector, policy, work dir) on a filesystem that cannot encrypt.
     fscrypt::check_supported(&fscrypt::mount_point(&source).map_err(OpsError::from)?).map_err(OpsError::from)?;
     let owner = owner_of(&source)?;
-    if !options.force && !owner.pids.is_empty() {
+    if !options.force && !options.owner_asks && !owner.pids.is_empty() {
         let pids = owner.pids.iter().take(8).map(u32::to_string).collect::<Vec<_>>().join(", ");
         return Err(ConvertError::OwnerActive { path: source, uid: owner.uid, pids });
     }
@@ -232,6 +235,17 @@ pub struct Estimate {
 }
 
 impl Plan {
+    /// The name of a new password protector made for this conversion: the owner's login name,
+    /// else "password" (a root-owned directory, an owner without a name).
+    pub fn default_protector_name(&self) -> String {
+        let uid = match &self.what {
+            Planned::New { owner, .. } => owner.uid,
+            Planned::Resume { .. } => return "password".into(),
+        };
+        let named = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)).ok().flatten();
+        named.filter(|_| uid != 0).map_or_else(|| "password".into(), |u| u.name)
+    }
+
     /// The summary of a new conversion; `None` when resuming one.
     pub fn summary(&self) -> Option<Summary> {
         let Planned::New { census, owner, estimate, .. } = &self.what else { return None };

@@ -51,7 +51,7 @@ pub struct Ctx {
 
 /// Calls one user may have in flight (the rest are refused with LimitsExceeded); root more.
 pub const CALLS_PER_UID: usize = 4;
-pub const CALLS_ROOT: usize = 32;
+pub const CALLS_ROOT: usize = 64;
 
 /// A call counted against its caller's cap until it is dropped.
 struct Slot {
@@ -748,26 +748,17 @@ impl Service {
             if !caller.is_root() {
                 ctx.jobs.admit(caller.uid)?;
             }
-            if !caller.is_root() {
-                // The caller is logged in by definition, so the owner-is-active check cannot apply;
-                // what must hold is that nothing has the directory open.
-                let users = dirseal_migrate::find_users(&path).unwrap_or_default();
-                if !users.is_empty() {
-                    let list = users.iter().map(|u| format!("pid {} ({}): {}", u.pid, u.comm, u.how)).collect::<Vec<_>>();
-                    return Err(Error::new(
-                        Kind::Busy,
-                        format!("{} is in use by {}; close these programs (or log out and convert from another account) and try again", path.display(), list.join(", ")),
-                    ));
-                }
-                o.force = true;
-            }
+            // A user is logged in by definition: the library's busy check then asks only that
+            // nothing has the directory open.
+            o.owner_asks = !caller.is_root();
             let idle = std::sync::atomic::AtomicBool::new(false);
             let hooks = dirseal::convert::Hooks { progress: &|_| {}, stop: &idle };
             let plan = dirseal::convert::plan(&ds, &path, o, &hooks)?;
             let mut secrets = Secrets::default();
             // A copy for a later step that needs the staging key again (aborting a cancelled move).
             let spare = secret.duplicate();
-            let enrol = Enrol::new(&ds, caller, &path, &protector, "", secret, &mut secrets)?;
+            let name = plan.default_protector_name();
+            let enrol = Enrol::new(&ds, caller, &path, &protector, &name, secret, &mut secrets)?;
             if matches!(plan.what, dirseal::convert::Planned::Resume { .. }) {
                 // Resuming: the secret reloads the staging key with whichever protector it has.
                 // (Only then: a new conversion needs it as the new protector's password.)
@@ -801,9 +792,7 @@ impl Service {
             if o.force && !caller.may_administer() {
                 return Err(Error::denied("only root may force a conversion of a directory in use"));
             }
-            if !caller.is_root() {
-                o.force = true;
-            }
+            o.owner_asks = !caller.is_root();
             o.estimate = true;
             let ds = ctx.open_existing()?;
             let idle = std::sync::atomic::AtomicBool::new(false);

@@ -162,6 +162,7 @@ pub fn run(ds: &mut Dirseal, args: ConvertArgs, ui: &mut TermUi) -> Result<i32> 
             keep_backup: args.keep_backup,
             wipe: args.wipe,
             force: args.force,
+            owner_asks: false,
             threads: args.threads.unwrap_or(0),
             // --yes asks nothing but secrets: no recovery key unless the flags say so.
             recovery_key: args.recovery.decided().or(args.yes.then_some(false)),
