@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Latency of dirsealed's read-only calls under load (issue 21): CLIENTS clients (default 50) call
 # GetStatus in a loop, first on an idle service, then while one user's Argon2 unlock (repeated)
-# and another user's conversion run. Prints p50/p99/max per round. Each call is one `busctl call`
-# process, so the figures include a client's start (the idle round shows that floor). Not a test:
-# its numbers go to docs/performance.md. Touches nothing outside its temp dir except two
+# and another user's conversion run. Prints p50/p99/max per round. The clients are threads of
+# service/examples/getstatus_latency.rs, each with its own bus connection. Not a test: its numbers
+# go to docs/performance.md. Touches nothing outside its temp dir except two
 # throwaway users (removed at the end) and a loop device.
 #
-# Environment: DIRSEALED=<binary> (default: a release build), CLIENTS, CALLS (per client, default
+# Environment: DIRSEALED=<binary> and LATENCY=<getstatus_latency binary> (default: release
+# builds), CLIENTS, CALLS (per client, default
 # 20), SAMPLE_MIB (conversion's data, default 300), ARGON2_MIB (default 256).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,6 +18,12 @@ if [ -n "${DIRSEALED:-}" ]; then
 else
   cargo build --quiet --release -p dirsealed
   bin=$(realpath "${CARGO_TARGET_DIR:-target}/release/dirsealed")
+fi
+if [ -n "${LATENCY:-}" ]; then
+  latency=$LATENCY
+else
+  cargo build --quiet --release -p dirsealed --example getstatus_latency
+  latency=$(realpath "${CARGO_TARGET_DIR:-target}/release/examples/getstatus_latency")
 fi
 work=$(mktemp -d /tmp/dirseal-bench-dbus.XXXXXX)
 chmod 755 "$work"
@@ -64,24 +71,10 @@ call() { gdbus call --system --dest org.dirseal.Dirseal1 --object-path /org/dirs
 # Bob's home: encrypted (one Argon2 run), the target of the GetStatus calls and of the unlocks.
 as "$ub" bash -c "$(declare -f call); call Encrypt \"'$mnt/$ub'\" \"''\" '@h 3' 3<<<'pw-b'" >/dev/null
 
-# One client: CALLS GetStatus calls, one latency (ns) per line.
-client() {
-  for _ in $(seq "$calls"); do
-    local t0 t1
-    t0=$(date +%s%N)
-    busctl --system call org.dirseal.Dirseal1 /org/dirseal/Dirseal1 org.dirseal.Dirseal1 GetStatus s "$mnt/$ub" >/dev/null
-    t1=$(date +%s%N)
-    echo $((t1 - t0))
-  done
-}
 round() {
-  local out=$work/lat pids=()
-  for c in $(seq "$clients"); do client > "$out.$c" & pids+=($!); done
-  wait "${pids[@]}"
-  cat "$out".* | sort -n | awk -v name="$1" '{ a[NR] = $1 } END {
+  "$latency" "$mnt/$ub" "$clients" "$calls" | sort -n | awk -v name="$1" '{ a[NR] = $1 } END {
     printf "%-28s %5d calls  p50 %6.1f ms  p99 %6.1f ms  max %6.1f ms\n", name, NR,
       a[int(NR * 0.50)] / 1e6, a[int(NR * 0.99)] / 1e6, a[NR] / 1e6 }'
-  rm -f "$out".*
 }
 echo "dirsealed: $bin; $clients clients x $calls GetStatus; Argon2 ${argon_mib} MiB; conversion of ${sample_mib} MiB"
 round "idle"
