@@ -11,9 +11,11 @@ use dirseal::ui::{Eta, Progress};
 pub struct Reporter {
     /// On a terminal: the bar while one is shown, and whether it is the counting-only style.
     bar: Option<Mutex<Option<(indicatif::ProgressBar, bool)>>>,
-    /// JSON lines: when the last went out, for which phase, and the estimate.
-    json: Option<Mutex<(Option<(Instant, String)>, Eta)>>,
+    json: Option<Mutex<JsonState>>,
 }
+
+/// JSON lines: when the last went out, for which phase, and the estimate.
+type JsonState = (Option<(Instant, String)>, Eta);
 
 fn style(counting: bool) -> indicatif::ProgressStyle {
     // Before the totals are known (the census walk) there is nothing to measure against: a
