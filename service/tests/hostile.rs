@@ -160,8 +160,10 @@ fn job_path(reply: &str) -> String {
 
 /// Every entry below `dir` (directories too) with its type, mode, owner, modification time and,
 /// for files, bytes: "as it was" means all of these.
+#[cfg(feature = "fault-injection")]
 type Entry = (std::path::PathBuf, u32, u32, u32, i64, i64, Vec<u8>);
 
+#[cfg(feature = "fault-injection")]
 fn tree(dir: &std::path::Path) -> Vec<Entry> {
     use std::os::unix::fs::MetadataExt;
     let mut out = Vec::new();
