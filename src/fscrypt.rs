@@ -63,11 +63,11 @@ fn not_supported_message(mountpoint: &Path, fstype: Option<&str>, device: Option
     let dev = device.unwrap_or("/dev/...");
     match fstype {
         Some("ext4") | None => format!(
-            "the filesystem at {} does not have the encrypt feature; enable it with `tune2fs -O encrypt {dev}` (unmounted) and retry (the kernel also needs CONFIG_FS_ENCRYPTION)",
+            "the filesystem at {} does not have the encrypt feature; enable it with `tune2fs -O encrypt {dev}` (ext4 allows this while mounted) and retry (the kernel also needs CONFIG_FS_ENCRYPTION)",
             mountpoint.display()
         ),
         Some("f2fs") => format!(
-            "the f2fs filesystem at {} does not have the encrypt feature; enable it with `fsck.f2fs -O encrypt {dev}` (unmounted) and retry",
+            "the f2fs filesystem at {} does not have the encrypt feature; enable it with `fsck.f2fs -O encrypt {dev}` (f2fs needs it unmounted) and retry",
             mountpoint.display()
         ),
         Some(t) => format!(
@@ -333,6 +333,10 @@ pub fn get_policy_fd(fd: BorrowedFd<'_>, path_for_errors: &Path) -> Result<Optio
     let arg = match sys::get_encryption_policy_ex(fd) {
         Ok(arg) => arg,
         Err(Errno::ENODATA) => return Ok(None),
+        // A filesystem that cannot encrypt (no encrypt feature, which cannot be removed once set,
+        // or no fscrypt at all) holds no encrypted directory: `lock` and `unlock` then say "not
+        // encrypted" instead of how to enable a feature nobody asked for.
+        Err(Errno::EOPNOTSUPP | Errno::ENOTTY) => return Ok(None),
         Err(Errno::EOVERFLOW) => return Err(unsupported("the policy is larger than a v2 policy".into())),
         Err(Errno::EINVAL) => return Err(unsupported("the kernel reports an unknown policy version".into())),
         Err(e) => return Err(from_errno(e, path, "read the encryption policy of")),

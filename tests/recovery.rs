@@ -69,6 +69,26 @@ fn restore_after_the_keystore_is_gone() {
     assert_eq!(key_status(&env, &d), "unlocked");
 }
 
+/// A home restored with the command the error names (no --user) opens at login again: its new
+/// protector belongs to the home's owner, as after `convert`, and is named after them.
+#[test]
+fn a_restored_home_belongs_to_its_owner() {
+    dirseal_testfs::needs_root!();
+    let env = Env::new();
+    let (d, key) = encrypted_with_key(&env, "owned");
+    let uid = fresh_uid();
+    std::os::unix::fs::chown(&d, Some(uid), Some(uid)).unwrap();
+    env.ok(&["lock", p(&d)], "");
+    fs::remove_dir_all(env.keystore()).unwrap();
+    let err = env.fails(&["unlock", p(&d)], "pw\n");
+    assert!(err.contains(&format!("dirseal recovery restore {}", d.display())), "{err}");
+    let out = env.ok(&["recovery", "restore", p(&d)], &format!("{key}\nnewpw\n"));
+    assert!(out.contains("login password"), "{out}");
+    let st = env.status_json(&d);
+    assert_eq!(st["protectors"][0]["uid"], uid, "{st}");
+    assert_eq!(st["protectors"][0]["name"], format!("uid {uid}"), "{st}");
+}
+
 #[test]
 fn every_class_of_typo_is_named_and_unlocks_nothing() {
     dirseal_testfs::needs_root!();

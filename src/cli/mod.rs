@@ -460,11 +460,11 @@ fn filesystem_line(f: &ops::FsStatus) -> String {
     match f.encryption {
         Support::Enabled => format!("{at}, can encrypt"),
         Support::NotEnabled if f.fstype == "f2fs" => format!(
-            "{at}, cannot encrypt until its encrypt feature is enabled: `fsck.f2fs -O encrypt {}` (unmounted)",
+            "{at}, cannot encrypt until its encrypt feature is enabled: `fsck.f2fs -O encrypt {}` (f2fs needs it unmounted)",
             clean(&f.device)
         ),
         Support::NotEnabled => format!(
-            "{at}, cannot encrypt until its encrypt feature is enabled: `tune2fs -O encrypt {}` (unmounted)",
+            "{at}, cannot encrypt until its encrypt feature is enabled: `tune2fs -O encrypt {}` (works while mounted)",
             clean(&f.device)
         ),
         Support::Unsupported => format!("{at}, cannot encrypt (fscrypt needs ext4 or f2fs)"),

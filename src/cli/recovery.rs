@@ -95,8 +95,19 @@ pub fn run(ds: &mut Dirseal, cmd: RecoveryCmd, ui: &mut TermUi) -> Result<()> {
             println!("removed the recovery key of {}", clean(&dir.display().to_string()));
         }
         RecoveryCmd::Restore { dir, protector } => {
-            let user = protector.user()?;
-            ds.restore_with_recovery(&dir, protector.choice(&user)?, ui)?;
+            // As `convert` does: a home's new protector belongs to its owner, else PAM (which
+            // tries only the user's own protectors) would leave the restored home locked.
+            let user = protector.user_or_owner(&dir)?;
+            let (_, prec) = ds.restore_with_recovery(&dir, protector.choice(&user)?, ui)?;
+            if let (Some(u), None) = (&user, protector.protector) {
+                println!(
+                    "protector {} belongs to {}: a login unlocks {} only while its password is {}'s login password",
+                    clean(&prec.name),
+                    clean(&u.name),
+                    clean(&dir.display().to_string()),
+                    clean(&u.name)
+                );
+            }
         }
     }
     Ok(())
