@@ -129,6 +129,8 @@ pub struct LockReport {
     pub path: PathBuf,
     /// The key is fully gone: names are ciphertext again.
     pub locked: bool,
+    /// It was locked before this call (nothing was removed).
+    pub already_locked: bool,
     /// Files were still open, so the kernel kept their inodes unlocked.
     pub files_busy: bool,
     /// Other users had also added this key; only root's `--all-users` removes theirs.
@@ -523,6 +525,18 @@ impl Dirseal {
     pub fn lock(&self, dir: &Path, all_users: bool) -> Result<LockReport, OpsError> {
         let policy = fscrypt::get_policy(dir)?.ok_or_else(|| OpsError::NotEncrypted { path: dir.to_path_buf() })?;
         let mp = fscrypt::mount_point(dir)?;
+        // Locking a locked directory achieves what was asked: say so, as unlock does for an
+        // unlocked one, instead of the kernel's "key not present".
+        if fscrypt::key_status(&mp, &policy.identifier)? == KeyStatus::Absent {
+            return Ok(LockReport {
+                path: dir.to_path_buf(),
+                locked: true,
+                already_locked: true,
+                files_busy: false,
+                other_users: false,
+                busy: Vec::new(),
+            });
+        }
         let out = fscrypt::remove_key(&mp, &policy.identifier, all_users)?;
         let status = fscrypt::key_status(&mp, &policy.identifier)?;
         let busy = if out.files_busy {
@@ -533,6 +547,7 @@ impl Dirseal {
         Ok(LockReport {
             path: dir.to_path_buf(),
             locked: status == KeyStatus::Absent,
+            already_locked: false,
             files_busy: out.files_busy,
             other_users: out.other_users,
             busy,

@@ -30,6 +30,11 @@ fn encrypt_lock_unlock_round_trip() {
 
     env.ok(&["lock", p(&d)], "");
     assert_eq!(env.status_json(&d)["key"], "locked");
+    // Locking again is not an error, and --json answers it.
+    let again = env.ok(&["lock", p(&d)], "");
+    assert!(again.contains("is already locked"), "{again}");
+    let j: serde_json::Value = serde_json::from_str(&env.ok(&["lock", "--json", p(&d)], "")).unwrap();
+    assert_eq!((j["locked"].as_bool(), j["already_locked"].as_bool()), (Some(true), Some(true)), "{j}");
     let locked = names(&d);
     assert_eq!(locked.len(), 2);
     assert!(!locked.contains(&"hello.txt".to_string()), "names must be ciphertext: {locked:?}");
@@ -238,6 +243,15 @@ fn errors_are_one_line_and_the_clis_hint_another() {
     assert!(lines[1].contains(&format!("`dirseal convert {}`", p(&d))), "{err}");
     let err = env.fails(&["lock", p(&d)], "");
     assert!(err.contains("not encrypted"), "{err}");
+    // A file is not offered `dirseal encrypt FILE`.
+    let f = env.mnt().join("file");
+    fs::write(&f, "x").unwrap();
+    let err = env.fails(&["unlock", p(&f)], "");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(err.contains("not encrypted") && !err.contains("dirseal encrypt"), "{err}");
+    // A missing path: what happened, once.
+    let err = env.fails(&["unlock", p(&env.mnt().join("missing"))], "");
+    assert_eq!(err.matches("No such file or directory").count(), 1, "{err}");
     let err = env.fails(&["protector", "verify", "0011223344556677"], "");
     assert!(err.contains("no protector 0011223344556677"), "{err}");
     let err = env.fails(&["unlock", p(&env.mnt().join("missing"))], "");

@@ -107,6 +107,7 @@ fn every_class_of_typo_is_named_and_unlocks_nothing() {
     // A group left out.
     let err = env.fails(&["unlock", "--recovery", p(&d)], &format!("{}\n", groups[..7].join("-")));
     assert!(err.contains("8 groups of 6 digits"), "{err}");
+    assert_eq!(err.matches("8 groups of 6 digits").count(), 1, "said once: {err}");
     // A short group.
     let mut short = groups.clone();
     short[2] = &groups[2][..5];

@@ -194,6 +194,19 @@ pub fn run(ds: &mut Dirseal, args: ConvertArgs, ui: &mut TermUi) -> Result<i32> 
     if args.scrub {
         return scrub_after(&abs, &done.outcome, &stop, args.json);
     }
+    if !args.json && done.outcome.state == State::Done {
+        let d = clean(&abs.display().to_string());
+        if args.recovery.decided().is_none() && args.yes {
+            println!("note: no recovery key was made (--yes makes one only with --recovery-key); `dirseal recovery add {d}` makes one");
+        }
+        if !args.wipe {
+            let mp = dirseal::fscrypt::mount_point(&abs)?;
+            println!(
+                "note: `dirseal scrub {}` overwrites the free space, the old plaintext's blocks included",
+                clean(&mp.display().to_string())
+            );
+        }
+    }
     Ok(0)
 }
 

@@ -49,6 +49,8 @@ fn convert(e: &ConvertError) -> Option<String> {
 fn ops(e: &OpsError) -> Option<String> {
     match e {
         OpsError::AmbiguousProtector { .. } => Some("pick one with --protector ID".into()),
+        // Only directories are encrypted: for a file there is nothing to suggest.
+        OpsError::NotEncrypted { path } if !path.is_dir() => None,
         OpsError::NotEncrypted { path } => {
             let p = path.display();
             Some(format!("encrypt an empty directory with `dirseal encrypt {p}`, or one that holds data with `dirseal convert {p}`"))

@@ -288,13 +288,30 @@ pub fn main() -> i32 {
     match run(cli) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("dirseal: error: {}", clean(&format!("{e:#}")));
+            eprintln!("dirseal: error: {}", clean(&one_line(&e)));
             if let Some(h) = hint::hint(&e) {
                 eprintln!("dirseal: {}", clean(&h));
             }
             1
         }
     }
+}
+
+/// The error and its causes on one line, each said once: many errors already name their cause
+/// in their own message (`cannot open X: No such file or directory`), and anyhow's `{:#}` would
+/// repeat it.
+fn one_line(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if out.is_empty() {
+            out = text;
+        } else if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+    }
+    out
 }
 
 fn require_root() -> Result<()> {
@@ -369,6 +386,8 @@ fn lock(ds: &Dirseal, dir: &Path, all_users: bool, json: bool) -> Result<i32> {
     let r: LockReport = ds.lock(dir, all_users)?;
     if json {
         print_json(&r)?;
+    } else if r.already_locked {
+        println!("{} is already locked", clean(&dir.display().to_string()));
     } else if r.locked {
         println!("locked {}", clean(&dir.display().to_string()));
     }
