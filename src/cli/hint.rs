@@ -124,6 +124,9 @@ fn fscrypt(e: &FscryptError) -> Option<String> {
 fn protector(e: &ProtectorError) -> Option<String> {
     match e {
         ProtectorError::Fido2(f) => fido2(f),
+        ProtectorError::IncorrectSecret { .. } => {
+            Some("forgotten? a directory's recovery key opens it: `dirseal unlock --recovery DIR`".into())
+        }
         _ => None,
     }
 }

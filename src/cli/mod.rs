@@ -8,6 +8,7 @@ mod scrub;
 mod term;
 mod tpm2;
 
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
@@ -17,7 +18,7 @@ use serde::Serialize;
 use dirseal::config::DEFAULT_CONFIG_PATH;
 use dirseal::ids::{KeyIdentifier, ProtectorId};
 use dirseal::keystore::{PolicyRecord, ProtectorRecord};
-use dirseal::ops::{self, Dirseal, LockReport, NewProtector, Pick, ProtectorChoice, ProtectorSummary};
+use dirseal::ops::{self, Dirseal, LockReport, NewProtector, OpsError, Pick, ProtectorChoice, ProtectorSummary};
 use dirseal::protector::{self, KindOptions, NewKind};
 use dirseal::tpm2::PcrSet;
 
@@ -287,6 +288,10 @@ pub fn main() -> i32 {
     let cli = Cli::parse();
     match run(cli) {
         Ok(code) => code,
+        Err(e) if cancelled(&e) => {
+            eprintln!("dirseal: cancelled; nothing was changed");
+            130
+        }
         Err(e) => {
             eprintln!("dirseal: error: {}", clean(&one_line(&e)));
             if let Some(h) = hint::hint(&e) {
@@ -295,6 +300,14 @@ pub fn main() -> i32 {
             1
         }
     }
+}
+
+/// Whether the person cancelled a prompt (Ctrl-D): exit status 130, as a shell reports an
+/// interrupted command. The library wraps `UiError` transparently in several error types, and a
+/// transparent wrapper displays exactly the wrapped text, so the text identifies it in any of them.
+fn cancelled(e: &anyhow::Error) -> bool {
+    let text = dirseal::ui::UiError::Cancelled.to_string();
+    e.chain().any(|c| c.to_string() == text)
 }
 
 /// The error and its causes on one line, each said once: many errors already name their cause
@@ -367,7 +380,7 @@ fn run(cli: Cli) -> Result<i32> {
         }
         Cmd::Convert(args) => return convert::run(&mut ds, args, &mut ui),
         Cmd::Unlock { dir, recovery: true, .. } => ds.unlock_with_recovery(&dir, &mut ui)?,
-        Cmd::Unlock { dir, protector, recovery: false } => ds.unlock(&dir, Pick { protector }, &mut ui)?,
+        Cmd::Unlock { dir, protector, recovery: false } => unlock(&mut ds, &dir, Pick { protector }, &mut ui)?,
         Cmd::Lock { dir, all_users, json } => return lock(&ds, &dir, all_users, json),
         Cmd::ChangePassword { dir, protector } => {
             let rec = ds.protector_of_dir(&dir, Pick { protector })?;
@@ -380,6 +393,22 @@ fn run(cli: Cli) -> Result<i32> {
         Cmd::GenerateDocs { .. } | Cmd::Tpm2(_) | Cmd::Fido2(_) | Cmd::Scrub(_) => unreachable!("handled above"),
     }
     Ok(0)
+}
+
+/// On a terminal a mistyped secret is asked again, three tries in all (as `fscrypt unlock`
+/// does); a script gets the first error. A TPM PIN's prompt shows the tries the TPM has left.
+fn unlock(ds: &mut Dirseal, dir: &Path, pick: Pick, ui: &mut TermUi) -> Result<()> {
+    use dirseal::protector::ProtectorError;
+    let tries = if std::io::stdin().is_terminal() { 3 } else { 1 };
+    for n in 1..=tries {
+        match ds.unlock(dir, pick, ui) {
+            Err(OpsError::Protector(ProtectorError::IncorrectSecret { what, .. })) if n < tries => {
+                eprintln!("incorrect {what}; try again");
+            }
+            r => return Ok(r?),
+        }
+    }
+    unreachable!("the last try returns")
 }
 
 fn lock(ds: &Dirseal, dir: &Path, all_users: bool, json: bool) -> Result<i32> {
