@@ -250,6 +250,22 @@ pub fn mount_points() -> Result<Vec<PathBuf>, FscryptError> {
     Ok(parse_mountinfo(&text)?.into_iter().map(|m| m.mount_point).collect())
 }
 
+/// The top of the encrypted tree `dir` belongs to: the highest ancestor on the same filesystem
+/// with the same policy (a subdirectory inherits its parent's). Locking any directory of the tree
+/// locks all of it, and the tree's facts (its recovery key) live on this directory.
+pub fn encrypted_root(dir: &Path, policy: &PolicyV2) -> Result<PathBuf, FscryptError> {
+    let mp = mount_point(dir)?;
+    let mut top = resolve_nofollow(dir)?;
+    while top != mp {
+        let Some(parent) = top.parent() else { break };
+        match get_policy(parent) {
+            Ok(Some(p)) if p.identifier == policy.identifier => top = parent.to_path_buf(),
+            _ => break,
+        }
+    }
+    Ok(top)
+}
+
 /// The mount point of the filesystem holding `path` (which is not followed if it is a symlink).
 pub fn mount_point(path: &Path) -> Result<PathBuf, FscryptError> {
     mount_entry(path).map(|m| m.mount_point)

@@ -102,6 +102,8 @@ impl ProtectorSummary {
 #[derive(Clone, Debug, Serialize)]
 pub struct DirStatus {
     pub path: PathBuf,
+    /// The top of the encrypted tree the path belongs to ([`fscrypt::encrypted_root`]).
+    pub encrypted_root: Option<PathBuf>,
     pub encrypted: bool,
     pub policy: Option<KeyIdentifier>,
     /// "unlocked", "locked", or "partially-locked" (files were busy at lock time).
@@ -525,6 +527,8 @@ impl Dirseal {
     pub fn lock(&self, dir: &Path, all_users: bool) -> Result<LockReport, OpsError> {
         let policy = fscrypt::get_policy(dir)?.ok_or_else(|| OpsError::NotEncrypted { path: dir.to_path_buf() })?;
         let mp = fscrypt::mount_point(dir)?;
+        // The key locks its whole tree: the report names the tree, not the subdirectory asked.
+        let dir = &fscrypt::encrypted_root(dir, &policy)?;
         // Locking a locked directory achieves what was asked: say so, as unlock does for an
         // unlocked one, instead of the kernel's "key not present".
         if fscrypt::key_status(&mp, &policy.identifier)? == KeyStatus::Absent {
@@ -720,8 +724,13 @@ impl Dirseal {
             fscrypt::Support::Enabled => fscrypt::get_policy(dir)?,
             fscrypt::Support::NotEnabled | fscrypt::Support::Unsupported => None,
         };
+        let encrypted_root = match &policy {
+            Some(p) => Some(fscrypt::encrypted_root(dir, p)?),
+            None => None,
+        };
         let mut st = DirStatus {
             path: dir.to_path_buf(),
+            encrypted_root,
             encrypted: policy.is_some(),
             policy: policy.map(|p| p.identifier),
             key: None,

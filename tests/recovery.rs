@@ -195,3 +195,22 @@ fn convert_offers_a_recovery_key_that_works_at_once() {
     env.ok(&["unlock", "--recovery", p(&home)], &format!("{key}\n"));
     assert_eq!(fs::read(home.join("notes.txt")).unwrap(), b"keep me");
 }
+
+/// A subdirectory shares its tree's key: status there reports the tree's recovery key and names
+/// the tree, and locking it says that the whole tree was locked.
+#[test]
+fn a_subdirectory_answers_for_its_encrypted_tree() {
+    dirseal_testfs::needs_root!();
+    let env = Env::new();
+    let (d, _key) = encrypted_with_key(&env, "tree");
+    let sub = d.join("sub/deeper");
+    fs::create_dir_all(&sub).unwrap();
+    let st = env.status_json(&sub);
+    assert_eq!(st["recovery_key"], true, "{st}");
+    assert_eq!(st["encrypted_root"], p(&d), "{st}");
+    let text = env.ok(&["status", p(&sub)], "");
+    assert!(text.contains(&format!("part of:    {}", d.display())), "{text}");
+    let out = env.ok(&["lock", p(&sub)], "");
+    assert_eq!(out.trim(), format!("locked {}", d.display()), "{out}");
+    assert_eq!(key_status(&env, &d), "locked");
+}

@@ -416,14 +416,14 @@ fn lock(ds: &Dirseal, dir: &Path, all_users: bool, json: bool) -> Result<i32> {
     if json {
         print_json(&r)?;
     } else if r.already_locked {
-        println!("{} is already locked", clean(&dir.display().to_string()));
+        println!("{} is already locked", clean(&r.path.display().to_string()));
     } else if r.locked {
-        println!("locked {}", clean(&dir.display().to_string()));
+        println!("locked {}", clean(&r.path.display().to_string()));
     }
     if r.locked {
         return Ok(0);
     }
-    let d = clean(&dir.display().to_string());
+    let d = clean(&r.path.display().to_string());
     if r.files_busy {
         let mut msg = format!("{d} is only partly locked: files in it are still open");
         if r.busy.is_empty() {
@@ -464,7 +464,11 @@ fn status_dir(ds: &Dirseal, dir: &Path, json: bool) -> Result<()> {
         .ok()
         .and_then(|abs| dirseal::convert::status(&abs).ok().flatten())
         .map(|v| v.state.to_string());
-    let recovery_key = status.encrypted && dirseal::recovery::read_blob(dir).is_ok_and(|b| b.is_some());
+    // The recovery key is stored on the top of the encrypted tree, whichever directory was asked.
+    let recovery_key = status
+        .encrypted_root
+        .as_deref()
+        .is_some_and(|top| dirseal::recovery::read_blob(top).is_ok_and(|b| b.is_some()));
     let out = DirStatusOut { status, conversion, recovery_key };
     if json {
         return print_json(&out);
@@ -476,6 +480,13 @@ fn status_dir(ds: &Dirseal, dir: &Path, json: bool) -> Result<()> {
         None => println!("  encrypted:  no"),
         Some(p) => {
             println!("  encrypted:  yes (policy {p})");
+            let asked = std::fs::canonicalize(&s.path).ok();
+            if let Some(top) = s.encrypted_root.as_deref().filter(|t| asked.as_deref() != Some(*t)) {
+                println!(
+                    "  part of:    {} (one key locks and unlocks the whole tree)",
+                    clean(&top.display().to_string())
+                );
+            }
             println!("  key:        {}", s.key.unwrap_or("unknown"));
             println!("  managed:    {}", if s.managed { "yes" } else { "no (no policy record in the keystore)" });
         }
