@@ -10,7 +10,7 @@ use std::process::{Child, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{p, Env};
+use common::{fresh_uid, p, Env};
 use nix::sys::termios::{tcgetattr, LocalFlags};
 
 /// A child process on the slave side of a pty, and everything it wrote to the master.
@@ -232,4 +232,25 @@ fn end_of_input_at_a_question_is_no() {
     let (ok, out) = t.finish();
     assert!(!ok && out.contains("cancelled; nothing was changed"), "{out}");
     assert_eq!(env.status_json(&d)["encrypted"], false);
+}
+
+/// A home's new password is its owner's login password, or login will not open it: the prompt
+/// says so, and a short one is warned about.
+#[test]
+fn the_new_password_says_what_it_is_for() {
+    dirseal_testfs::needs_root!();
+    let env = Env::new();
+    let d = home(&env);
+    let uid = fresh_uid();
+    std::os::unix::fs::chown(&d, Some(uid), Some(uid)).unwrap();
+    let mut t = Term::spawn(&env, &["convert", p(&d), "--yes", "--protector-name", "o"]);
+    t.wait_for("New password for protector o", 1);
+    assert!(t.text().contains(&format!("only while this password is uid {uid}'s login password")), "{}", t.text());
+    t.type_unechoed("Zq9");
+    t.wait_for("quick to guess", 1);
+    t.wait_for("Repeat the new password", 1);
+    t.type_unechoed("Zq9");
+    let (ok, out) = t.finish();
+    assert!(ok, "{out}");
+    assert_eq!(env.status_json(&d)["encrypted"], true);
 }

@@ -179,6 +179,7 @@ pub fn run(ds: &mut Dirseal, args: ConvertArgs, ui: &mut TermUi) -> Result<i32> 
             println!("{}", serde_json::to_string(&serde_json::json!({ "plan": s }))?);
         }
         let user = args.protector.user_or_owner(&abs)?;
+        ui.login_user = user.as_ref().map(|u| u.name.clone());
         ui.assume_yes = args.yes;
         convert::run(ds, plan, args.protector.choice(&user)?, ui, &hooks)
     };

@@ -365,12 +365,13 @@ fn run(cli: Cli) -> Result<i32> {
             | Cmd::Protector(ProtectorCmd::List { json: true })
             | Cmd::Policy(PolicyCmd::List { json: true })
     ) || matches!(&cli.cmd, Cmd::Convert(a) if a.json);
-    let mut ui = TermUi { json, assume_yes: false };
+    let mut ui = TermUi { json, assume_yes: false, login_user: None };
     match cli.cmd {
         Cmd::Status { dir: Some(dir), json } => status_dir(&ds, &dir, json)?,
         Cmd::Status { dir: None, json } => overview(&ds, json)?,
         Cmd::Encrypt { dir, protector, recovery: offer } => {
             let user = protector.user_or_owner(&dir)?;
+            ui.login_user = user.as_ref().map(|u| u.name.clone());
             // Ask before anything is encrypted; the key is shown once the master key exists.
             let want_recovery = offer.wanted(&dir, &mut ui)?;
             let (policy, master) = ds.encrypt(&dir, protector.choice(&user)?, &mut ui)?;

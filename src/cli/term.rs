@@ -17,7 +17,14 @@ pub struct TermUi {
     pub json: bool,
     /// `--yes`: the conversion question is answered yes without asking.
     pub assume_yes: bool,
+    /// The user a new password protector belongs to: PAM opens their home with their login
+    /// password, so the prompt says the two must be the same.
+    pub login_user: Option<String>,
 }
+
+/// Shorter passwords are accepted, with a warning: whoever copies the keystore can try them
+/// offline, at the KDF's cost per guess.
+const SHORT_PASSWORD: usize = 8;
 
 /// Turns off terminal echo for its lifetime.
 struct NoEcho {
@@ -137,7 +144,24 @@ impl Ui for TermUi {
             SecretPrompt::Password { name, id } => ask(&format!("Password for protector {} ({id}): ", clean(name))),
             SecretPrompt::Pin { name, id, device, tries_left } => ask(&pin_prompt(name, id, device, *tries_left)),
             SecretPrompt::NewPassword { name } => {
-                ask_new(&format!("New password for protector {}: ", clean(name)), "Repeat the new password: ")
+                let tty = io::stdin().is_terminal();
+                if let (true, Some(user)) = (tty, &self.login_user) {
+                    let u = clean(user);
+                    eprintln!("Logging in unlocks this directory only while this password is {u}'s login password.");
+                }
+                let first = ask(&format!("New password for protector {}: ", clean(name)))?;
+                if tty {
+                    let len = String::from_utf8_lossy(first.as_bytes()).chars().count();
+                    if len < SHORT_PASSWORD {
+                        eprintln!(
+                            "warning: {len} characters are quick to guess for anyone who copies the keystore; a longer one is safer"
+                        );
+                    }
+                    if ask("Repeat the new password: ")? != first {
+                        return Err(UiError::Mismatch);
+                    }
+                }
+                Ok(first)
             }
             SecretPrompt::NewPin { name } => {
                 ask_new(&format!("New PIN for protector {}: ", clean(name)), "Repeat the new PIN: ")
