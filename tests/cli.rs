@@ -465,3 +465,38 @@ fn owner_without_passwd_entry_gets_a_protector_named_by_uid() {
     assert_eq!(st["protectors"][0]["name"], format!("uid {uid}"));
     assert_eq!(st["protectors"][0]["uid"], uid);
 }
+
+/// Help reads well: every argument described, the global options under their own heading, and
+/// `--type` accepted wherever a new protector's kind is asked (`protector create` spells it so).
+#[test]
+fn help_describes_every_argument_and_kinds_share_one_flag() {
+    dirseal_testfs::needs_root!();
+    let commands: [&[&str]; 13] = [
+        &["unlock"],
+        &["lock"],
+        &["status"],
+        &["encrypt"],
+        &["convert"],
+        &["change-password"],
+        &["protector", "remove"],
+        &["protector", "verify"],
+        &["protector", "change-password"],
+        &["recovery", "add"],
+        &["recovery", "verify"],
+        &["recovery", "remove"],
+        &["recovery", "restore"],
+    ];
+    for cmd in commands {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_dirseal")).args(cmd).arg("--help").output().unwrap();
+        let help = String::from_utf8_lossy(&out.stdout);
+        assert!(help.contains("Global options:"), "{cmd:?}: {help}");
+        let bare: Vec<&str> =
+            help.lines().filter(|l| l.trim_start().starts_with('<') && !l.trim().contains("  ")).collect();
+        assert!(bare.is_empty(), "{cmd:?}: undescribed arguments {bare:?}");
+    }
+    let env = Env::new();
+    let d = env.mnt().join("typed");
+    fs::create_dir(&d).unwrap();
+    env.ok(&["encrypt", p(&d), "--type", "password", "--no-recovery-key"], "pw\n");
+    assert_eq!(env.status_json(&d)["encrypted"], true);
+}

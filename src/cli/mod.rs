@@ -34,10 +34,10 @@ use term::TermUi;
 )]
 pub struct Cli {
     /// Config file
-    #[arg(long, global = true, env = "DIRSEAL_CONFIG", default_value = DEFAULT_CONFIG_PATH, value_name = "FILE")]
+    #[arg(long, global = true, env = "DIRSEAL_CONFIG", default_value = DEFAULT_CONFIG_PATH, value_name = "FILE", help_heading = "Global options")]
     config: PathBuf,
     /// Keystore directory [default: from the config, else /var/lib/dirseal]
-    #[arg(long, global = true, env = "DIRSEAL_KEYSTORE", value_name = "DIR")]
+    #[arg(long, global = true, env = "DIRSEAL_KEYSTORE", value_name = "DIR", help_heading = "Global options")]
     keystore: Option<PathBuf>,
     #[command(subcommand)]
     cmd: Cmd,
@@ -47,12 +47,15 @@ pub struct Cli {
 enum Cmd {
     /// Show the system overview, or one directory: encrypted?, locked?, policy, protectors
     Status {
+        /// A directory (any path) to report on; without it, every policy and protector
         dir: Option<PathBuf>,
+        /// Print one JSON object instead of text
         #[arg(long)]
         json: bool,
     },
     /// Encrypt an empty directory (for one that holds data, use `convert`)
     Encrypt {
+        /// The empty directory to encrypt
         dir: PathBuf,
         #[command(flatten)]
         protector: ProtectorArgs,
@@ -63,6 +66,7 @@ enum Cmd {
     Convert(convert::ConvertArgs),
     /// Unlock an encrypted directory (load its key into the kernel)
     Unlock {
+        /// The encrypted directory (any directory of its tree)
         dir: PathBuf,
         /// Protector to use when the directory has several
         #[arg(long, value_name = "ID", conflicts_with = "recovery")]
@@ -73,16 +77,20 @@ enum Cmd {
     },
     /// Lock an encrypted directory (remove its key from the kernel)
     Lock {
+        /// The encrypted directory (any directory of its tree: the whole tree is locked)
         dir: PathBuf,
         /// Also remove the key other users added
         #[arg(long)]
         all_users: bool,
+        /// Print the outcome as JSON
         #[arg(long)]
         json: bool,
     },
     /// Change the password (or PIN) of a directory's protector
     ChangePassword {
+        /// The encrypted directory whose protector's secret changes
         dir: PathBuf,
+        /// Protector to change when the directory has several
         #[arg(long, value_name = "ID")]
         protector: Option<ProtectorId>,
     },
@@ -120,7 +128,7 @@ enum ProtectorCmd {
         #[arg(long)]
         name: String,
         /// Kind of protector
-        #[arg(long = "type", default_value = "password", value_parser = clap::builder::PossibleValuesParser::new(protector::KIND_NAMES))]
+        #[arg(long = "type", alias = "protector-type", default_value = "password", value_parser = clap::builder::PossibleValuesParser::new(protector::KIND_NAMES))]
         protector_type: String,
         /// The user whose password this is
         #[arg(long)]
@@ -129,11 +137,20 @@ enum ProtectorCmd {
         kdf: KdfArgs,
     },
     /// Delete a protector that no policy uses any more
-    Remove { id: ProtectorId },
+    Remove {
+        /// The protector's id (`dirseal protector list`)
+        id: ProtectorId,
+    },
     /// Check a protector's secret without changing anything
-    Verify { id: ProtectorId },
+    Verify {
+        /// The protector's id (`dirseal protector list`)
+        id: ProtectorId,
+    },
     /// Change a protector's password or PIN (no data is re-encrypted)
-    ChangePassword { id: ProtectorId },
+    ChangePassword {
+        /// The protector's id (`dirseal protector list`)
+        id: ProtectorId,
+    },
 }
 
 #[derive(Subcommand)]
@@ -203,7 +220,7 @@ pub struct ProtectorArgs {
     #[arg(long, value_name = "ID", conflicts_with_all = ["protector_name"])]
     protector: Option<ProtectorId>,
     /// Kind of new protector to create
-    #[arg(long, default_value = "password", value_parser = clap::builder::PossibleValuesParser::new(protector::KIND_NAMES))]
+    #[arg(long, alias = "type", default_value = "password", value_parser = clap::builder::PossibleValuesParser::new(protector::KIND_NAMES))]
     protector_type: String,
     /// Name of the new protector [default: the owner's user name ("uid N" without a passwd entry), else the kind]
     #[arg(long, value_name = "NAME")]

@@ -19,17 +19,25 @@ use super::ProtectorArgs;
 pub enum RecoveryCmd {
     /// Create a recovery key for DIR: shown once, to write down (asks for a protector's secret)
     Add {
+        /// The encrypted directory (the top of its tree)
         dir: PathBuf,
         /// Protector that proves access when the directory has several
         #[arg(long, value_name = "ID")]
         protector: Option<ProtectorId>,
     },
     /// Check a typed recovery key against DIR without unlocking anything
-    Verify { dir: PathBuf },
+    Verify {
+        /// The encrypted directory the key belongs to
+        dir: PathBuf,
+    },
     /// Delete DIR's recovery key (it stops working)
-    Remove { dir: PathBuf },
+    Remove {
+        /// The encrypted directory whose key is deleted
+        dir: PathBuf,
+    },
     /// Unlock DIR with its recovery key and enrol a new protector; works with a lost keystore
     Restore {
+        /// The encrypted directory to open and give a new protector
         dir: PathBuf,
         #[command(flatten)]
         protector: ProtectorArgs,
