@@ -500,3 +500,33 @@ fn help_describes_every_argument_and_kinds_share_one_flag() {
     env.ok(&["encrypt", p(&d), "--type", "password", "--no-recovery-key"], "pw\n");
     assert_eq!(env.status_json(&d)["encrypted"], true);
 }
+
+/// Commands that only read create no keystore; `convert` without a directory stops at the
+/// argument check.
+#[test]
+fn reading_commands_create_no_keystore() {
+    dirseal_testfs::needs_root!();
+    let env = Env::new();
+    let d = env.mnt().join("plain");
+    fs::create_dir(&d).unwrap();
+    let ks = env.mnt().join("never");
+    let run = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_dirseal"))
+            .arg("--keystore")
+            .arg(&ks)
+            .arg("--config")
+            .arg(env.config())
+            .args(args)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap()
+    };
+    assert!(run(&["status", p(&d)]).status.success());
+    assert!(run(&["status"]).status.success());
+    assert!(!run(&["unlock", p(&d)]).status.success());
+    assert!(!run(&["lock", p(&d)]).status.success());
+    assert!(run(&["protector", "list"]).status.success());
+    let out = run(&["convert"]);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("<DIR>"), "{out:?}");
+    assert!(!ks.exists(), "a reading command created {}", ks.display());
+}

@@ -21,6 +21,7 @@ use super::ProtectorArgs;
 #[derive(Args)]
 pub struct ConvertArgs {
     /// The directory to encrypt in place
+    #[arg(required_unless_present = "status")]
     dir: Option<PathBuf>,
     #[command(flatten)]
     protector: ProtectorArgs,

@@ -374,7 +374,22 @@ fn run(cli: Cli) -> Result<i32> {
     if let Cmd::Fido2(cmd) = cli.cmd {
         return fido2::run(&dirseal::config::Config::load(&cli.config)?, cmd);
     }
-    let mut ds = Dirseal::open(&cli.config, cli.keystore.as_deref())?;
+    // Commands that only read never create a keystore (a typo'd --keystore, or a status on a
+    // machine that manages nothing, must leave no directory behind).
+    let read_only = matches!(
+        cli.cmd,
+        Cmd::Status { .. }
+            | Cmd::Lock { .. }
+            | Cmd::Unlock { .. }
+            | Cmd::Protector(ProtectorCmd::List { .. } | ProtectorCmd::Verify { .. })
+            | Cmd::Policy(PolicyCmd::List { .. })
+            | Cmd::Recovery(recovery::RecoveryCmd::Verify { .. })
+    );
+    let mut ds = if read_only {
+        Dirseal::open_existing(&cli.config, cli.keystore.as_deref())?
+    } else {
+        Dirseal::open(&cli.config, cli.keystore.as_deref())?
+    };
     let json = matches!(
         cli.cmd,
         Cmd::Status { json: true, .. }
