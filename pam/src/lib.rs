@@ -338,11 +338,12 @@ fn standalone(pam: &Pam, flags: c_int, acct: &Account, ds: &Dirseal, policy: &Po
     let allowed = if pin_account { account::pin_login_allowed } else { account::standalone_login_allowed };
     if let Err(r) = allowed(&acct.name) {
         pam.log(LOG_NOTICE, &format!("no stand-alone login for {}: {r}", acct.name));
-        // A closed account ends the login here (with `auth_err=die`); a password that must be
-        // changed first is pam_unix's to handle.
+        // A closed account ends the login here (with `auth_err=die`). A password that must be
+        // changed first is pam_unix's to handle, and an account without a local shadow entry
+        // (LDAP, sssd) is the next module's.
         return match r {
-            account::Refusal::PasswordExpired(_) | account::Refusal::Unreadable(..) => PAM_IGNORE,
-            _ => PAM_AUTH_ERR,
+            account::Refusal::Locked(_) | account::Refusal::AccountExpired(_) => PAM_AUTH_ERR,
+            _ => PAM_IGNORE,
         };
     }
     if touch {
