@@ -80,6 +80,11 @@ pub struct PamConfig {
     /// Let a user log in on the old plaintext home while a conversion of it is in progress.
     #[serde(default)]
     pub allow_login_during_conversion: bool,
+    /// PIN-login accounts (docs/pam.md): they log in with their TPM PIN on the `standalone` line,
+    /// have no password hash in /etc/shadow, and `passwd` changes their PIN. Set by `dirseal
+    /// pin-login enable USER`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pin_login: Vec<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -146,7 +151,7 @@ mod tests {
         let c = Config {
             keystore: Some("/x/ks".into()),
             argon2: Some(Argon2Params { time_cost: 3, memory_kib: 4096, parallelism: 2 }),
-            pam: PamConfig { allow_login_during_conversion: true },
+            pam: PamConfig { allow_login_during_conversion: true, pin_login: vec!["kiosk".into()] },
             tpm2: Tpm2Config {
                 tcti: Some("swtpm:host=127.0.0.1,port=2321".parse().unwrap()),
                 min_local_tries: Some(3),

@@ -247,7 +247,7 @@ fn make_golden() {
     let out = std::path::PathBuf::from(std::env::var("DIRSEAL_GOLDEN_OUT").expect("DIRSEAL_GOLDEN_OUT"));
     let mut t = Swtpm::start();
     let key = ProtectorKey::random();
-    let new = NewKind::Tpm2(NewTpm2 { no_pin: false, pcrs: "7".parse().unwrap() });
+    let new = NewKind::Tpm2(NewTpm2 { no_pin: false, pcrs: "7".parse().unwrap(), ..Default::default() });
     let (rec, pkey) =
         protector::create("golden", Some(1000), &new, &mut config_for(&t.tcti()), Some(&pin("2580"))).unwrap();
     let ks = tempfile::tempdir().unwrap();

@@ -73,6 +73,14 @@ fn ops(e: &OpsError) -> Option<String> {
             }
             (!ways.is_empty()).then(|| format!("unlock it with {}", ways.join(" or ")))
         }
+        OpsError::PinIsLoginPassword { user } => Some(format!(
+            "choose another PIN; or keep it and make {user} a PIN-login account: create the protector with \
+             --allow-password-pin, then `dirseal pin-login enable {user}` removes the password hash"
+        )),
+        OpsError::NoPinProtector { user, home } => Some(format!(
+            "`dirseal policy add-protector {} --protector-type tpm2 --user {user}` adds one",
+            home.display()
+        )),
         OpsError::Keystore(k) => keystore(k),
         OpsError::Recovery(r) => recovery(r),
         OpsError::Fscrypt(f) => fscrypt(f),

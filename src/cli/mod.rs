@@ -109,6 +109,9 @@ enum Cmd {
     /// Security keys (FIDO2): which are connected and what they support
     #[command(subcommand)]
     Fido2(fido2::Fido2Cmd),
+    /// PIN-login accounts: log in with the TPM PIN alone, no password hash in /etc/shadow
+    #[command(subcommand)]
+    PinLogin(PinLoginCmd),
     /// Overwrite a filesystem's free space (old plaintext of deleted or converted files), then TRIM
     Scrub(scrub::ScrubArgs),
     /// Write shell completions and man pages into DIR
@@ -151,6 +154,14 @@ enum ProtectorCmd {
         /// The protector's id (`dirseal protector list`)
         id: ProtectorId,
     },
+}
+
+#[derive(Subcommand)]
+enum PinLoginCmd {
+    /// Make USER log in with their TPM PIN only: their password hash is removed, `passwd` changes the PIN
+    Enable { user: String },
+    /// End USER's PIN login (the account keeps no password until `passwd USER` sets one)
+    Disable { user: String },
 }
 
 #[derive(Subcommand)]
@@ -212,6 +223,9 @@ pub struct KdfArgs {
     /// FIDO2: require the security key's built-in user verification (fingerprint)
     #[arg(long)]
     uv: bool,
+    /// tpm2: accept a PIN equal to the user's login password (its hash in /etc/shadow then lets anyone with the disk test the PIN offline)
+    #[arg(long)]
+    allow_password_pin: bool,
 }
 
 #[derive(Args, Default)]
@@ -242,6 +256,7 @@ impl KdfArgs {
             device: self.device.clone(),
             pin: self.pin,
             uv: self.uv,
+            allow_password_pin: self.allow_password_pin,
         };
         Ok(NewKind::named(name, &opts)?)
     }
@@ -423,6 +438,24 @@ fn run(cli: Cli) -> Result<i32> {
         Cmd::Protector(cmd) => protector(&mut ds, cmd, &mut ui)?,
         Cmd::Policy(cmd) => policy(&mut ds, cmd, &mut ui)?,
         Cmd::Recovery(cmd) => recovery::run(&mut ds, cmd, &mut ui)?,
+        Cmd::PinLogin(PinLoginCmd::Enable { user }) => {
+            let rec = ds.enable_pin_login(&user)?;
+            println!(
+                "{} logs in with the PIN of TPM protector {} ({}) on the `standalone` line (docs/pam.md); no password \
+                 hash is left in /etc/shadow, and `passwd` changes the PIN",
+                clean(&user),
+                clean(&rec.name),
+                rec.id
+            );
+        }
+        Cmd::PinLogin(PinLoginCmd::Disable { user }) => {
+            ds.disable_pin_login(&user)?;
+            println!(
+                "{} is no PIN-login account any more; `passwd {}` gives it a password",
+                clean(&user),
+                clean(&user)
+            );
+        }
         Cmd::GenerateDocs { .. } | Cmd::Tpm2(_) | Cmd::Fido2(_) | Cmd::Scrub(_) => unreachable!("handled above"),
     }
     Ok(0)
@@ -541,6 +574,9 @@ fn status_dir(ds: &Dirseal, dir: &Path, json: bool) -> Result<()> {
     }
     for p in &s.problems {
         println!("  problem:    {}", clean(p));
+    }
+    for w in &s.warnings {
+        println!("  warning:    {}", clean(w));
     }
     Ok(())
 }

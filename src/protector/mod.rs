@@ -246,6 +246,8 @@ pub struct KindOptions {
     pub pin: bool,
     /// Require the security key's built-in user verification (fido2).
     pub uv: bool,
+    /// Accept a PIN equal to the owner's login password (tpm2): see [`tpm2::NewTpm2`].
+    pub allow_password_pin: bool,
 }
 
 impl NewKind {
@@ -261,6 +263,7 @@ impl NewKind {
         match name {
             "password" => {
                 refuse("--no-pin", opts.no_pin, "password")?;
+                refuse("--allow-password-pin", opts.allow_password_pin, "password")?;
                 refuse("--pcr", opts.pcrs.is_some(), "password")?;
                 refuse("--device", opts.device.is_some(), "password")?;
                 refuse("--pin", opts.pin, "password")?;
@@ -276,12 +279,17 @@ impl NewKind {
                 refuse("--device", opts.device.is_some(), "tpm2")?;
                 refuse("--pin", opts.pin, "tpm2")?;
                 refuse("--uv", opts.uv, "tpm2")?;
-                Ok(NewKind::Tpm2(tpm2::NewTpm2 { no_pin: opts.no_pin, pcrs: opts.pcrs.clone().unwrap_or_default() }))
+                Ok(NewKind::Tpm2(tpm2::NewTpm2 {
+                    no_pin: opts.no_pin,
+                    pcrs: opts.pcrs.clone().unwrap_or_default(),
+                    allow_password_pin: opts.allow_password_pin,
+                }))
             }
             "fido2" => {
                 refuse("--kdf-time-ms", opts.kdf_time_ms.is_some(), "fido2")?;
                 refuse("--kdf-memory-mib", opts.kdf_memory_mib.is_some(), "fido2")?;
                 refuse("--no-pin", opts.no_pin, "fido2")?;
+                refuse("--allow-password-pin", opts.allow_password_pin, "fido2")?;
                 refuse("--pcr", opts.pcrs.is_some(), "fido2")?;
                 Ok(NewKind::Fido2(fido2::NewFido2 { device: opts.device.clone(), pin: opts.pin, uv: opts.uv }))
             }

@@ -53,6 +53,9 @@ pub struct NewTpm2 {
     /// unchanged) can unseal it.
     pub no_pin: bool,
     pub pcrs: PcrSet,
+    /// Accept a PIN equal to the owner's login password. Refused by default: /etc/shadow's hash of
+    /// that password lets anyone with the disk find the PIN offline, which the TPM cannot count.
+    pub allow_password_pin: bool,
 }
 
 const WITH_PIN: Ask = Ask { secret: Some(Secret::Pin), touch: false };
