@@ -730,36 +730,9 @@ impl Dirseal {
     /// The state of any path: encrypted or not, and whether its filesystem could be. A filesystem
     /// without fscrypt is an answer here, not an error.
     pub fn dir_status(&self, dir: &Path) -> Result<DirStatus, OpsError> {
-        let m = fscrypt::mount_entry(dir)?;
-        let filesystem = FsStatus {
-            encryption: fscrypt::support(&m.mount_point)?,
-            mount_point: m.mount_point,
-            fstype: m.fstype,
-            device: m.source,
-        };
-        let policy = match filesystem.encryption {
-            fscrypt::Support::Enabled => fscrypt::get_policy(dir)?,
-            fscrypt::Support::NotEnabled | fscrypt::Support::Unsupported => None,
-        };
-        let encrypted_root = match &policy {
-            Some(p) => Some(fscrypt::encrypted_root(dir, p)?),
-            None => None,
-        };
-        let mut st = DirStatus {
-            path: dir.to_path_buf(),
-            encrypted_root,
-            encrypted: policy.is_some(),
-            policy: policy.map(|p| p.identifier),
-            key: None,
-            managed: false,
-            protectors: Vec::new(),
-            problems: Vec::new(),
-            warnings: Vec::new(),
-            filesystem,
-        };
-        let Some(p) = policy else { return Ok(st) };
-        st.key = Some(key_word(fscrypt::key_status(&st.filesystem.mount_point, &p.identifier)?));
-        match self.keystore.policy(&p.identifier) {
+        let mut st = public_dir_status(dir)?;
+        let Some(id) = st.policy else { return Ok(st) };
+        match self.keystore.policy(&id) {
             Ok(rec) => {
                 st.managed = true;
                 let (list, problems) = self.protectors_of(&rec);
@@ -778,6 +751,43 @@ impl Dirseal {
         let mp = fscrypt::mount_point(hint).ok()?;
         fscrypt::key_status(&mp, &rec.id).ok().map(key_word)
     }
+}
+
+/// What anyone who can open `dir` may learn without the keystore: its filesystem, whether it is
+/// encrypted (and the top of its tree), and whether its key is loaded. Neither the policy nor
+/// the key-status ioctl needs privilege; protectors are the keystore's and stay with root.
+pub fn public_dir_status(dir: &Path) -> Result<DirStatus, OpsError> {
+    let m = fscrypt::mount_entry(dir)?;
+    let filesystem = FsStatus {
+        encryption: fscrypt::support(&m.mount_point)?,
+        mount_point: m.mount_point,
+        fstype: m.fstype,
+        device: m.source,
+    };
+    let policy = match filesystem.encryption {
+        fscrypt::Support::Enabled => fscrypt::get_policy(dir)?,
+        fscrypt::Support::NotEnabled | fscrypt::Support::Unsupported => None,
+    };
+    let encrypted_root = match &policy {
+        Some(p) => Some(fscrypt::encrypted_root(dir, p)?),
+        None => None,
+    };
+    let mut st = DirStatus {
+        path: dir.to_path_buf(),
+        encrypted_root,
+        encrypted: policy.is_some(),
+        policy: policy.map(|p| p.identifier),
+        key: None,
+        managed: false,
+        protectors: Vec::new(),
+        problems: Vec::new(),
+        warnings: Vec::new(),
+        filesystem,
+    };
+    if let Some(p) = policy {
+        st.key = Some(key_word(fscrypt::key_status(&st.filesystem.mount_point, &p.identifier)?));
+    }
+    Ok(st)
 }
 
 /// Recovery keys (crate::recovery) reach the keystore only through here, so `recovery` needs

@@ -530,3 +530,38 @@ fn reading_commands_create_no_keystore() {
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("<DIR>"), "{out:?}");
     assert!(!ks.exists(), "a reading command created {}", ks.display());
 }
+
+/// A user reads the status of a directory they can reach without root: encrypted, key loaded,
+/// the tree; what only root may read (protectors, the recovery key) is said to be hidden.
+#[test]
+fn a_user_reads_status_without_root() {
+    dirseal_testfs::needs_root!();
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    let env = Env::new();
+    let d = env.mnt().join("mine");
+    fs::create_dir(&d).unwrap();
+    env.ok(&["encrypt", p(&d), "--recovery-key"], "pw\n");
+    // Let the user reach the mount (test dirs are private).
+    for a in env.mnt().ancestors().take_while(|a| a.starts_with(std::env::temp_dir()) && *a != std::env::temp_dir()) {
+        fs::set_permissions(a, fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let user = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_dirseal"))
+            .args(args)
+            .uid(65534)
+            .gid(65534)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let text = user(&["status", p(&d)]);
+    assert!(text.contains("encrypted:  yes") && text.contains("key:        unlocked"), "{text}");
+    assert!(text.contains("managed:    hidden") && text.contains("recovery:   hidden"), "{text}");
+    assert!(!text.contains("problem"), "{text}");
+    let j: serde_json::Value = serde_json::from_str(&user(&["status", "--json", p(&d)])).unwrap();
+    assert_eq!((j["hidden"].as_bool(), j["recovery_key"].is_null()), (Some(true), true), "{j}");
+    // Root still sees everything.
+    assert_eq!(env.status_json(&d)["recovery_key"], true);
+}

@@ -378,6 +378,12 @@ fn run(cli: Cli) -> Result<i32> {
         generate_docs(dir)?;
         return Ok(0);
     }
+    // A user may read the status of what they can see (policy and key status need no privilege);
+    // the root-only keystore's facts are then reported as hidden.
+    if let (Cmd::Status { dir: Some(dir), json }, false) = (&cli.cmd, nix::unistd::geteuid().is_root()) {
+        status_dir(None, dir, *json)?;
+        return Ok(0);
+    }
     require_root()?;
     // Scrubbing touches no keys: it must work with a missing or broken config and keystore.
     if let Cmd::Scrub(args) = cli.cmd {
@@ -414,7 +420,7 @@ fn run(cli: Cli) -> Result<i32> {
     ) || matches!(&cli.cmd, Cmd::Convert(a) if a.json);
     let mut ui = TermUi { json, assume_yes: false, login_user: None };
     match cli.cmd {
-        Cmd::Status { dir: Some(dir), json } => status_dir(&ds, &dir, json)?,
+        Cmd::Status { dir: Some(dir), json } => status_dir(Some(&ds), &dir, json)?,
         Cmd::Status { dir: None, json } => overview(&ds, json)?,
         Cmd::Encrypt { dir, protector, recovery: offer } => {
             let user = protector.user_or_owner(&dir)?;
@@ -520,12 +526,20 @@ struct DirStatusOut {
     status: ops::DirStatus,
     /// State of a conversion of this directory recorded in its work dir, if any.
     conversion: Option<String>,
-    /// Whether a recovery key is stored on the directory.
-    recovery_key: bool,
+    /// Whether a recovery key is stored on the directory; `None` when hidden.
+    recovery_key: Option<bool>,
+    /// Run by a user other than root: keystore facts and the recovery key are not shown.
+    hidden: bool,
 }
 
-fn status_dir(ds: &Dirseal, dir: &Path, json: bool) -> Result<()> {
-    let status = ds.dir_status(dir)?;
+/// `ds` is `None` for a user other than root: the keystore's facts (protectors, whether dirseal
+/// manages the policy) and the root-only recovery key attribute are then reported as hidden.
+fn status_dir(ds: Option<&Dirseal>, dir: &Path, json: bool) -> Result<()> {
+    let status = match ds {
+        Some(ds) => ds.dir_status(dir)?,
+        None => ops::public_dir_status(dir)?,
+    };
+    let hidden = ds.is_none();
     let conversion = dirseal::convert::absolute(dir)
         .ok()
         .and_then(|abs| dirseal::convert::status(&abs).ok().flatten())
@@ -535,7 +549,7 @@ fn status_dir(ds: &Dirseal, dir: &Path, json: bool) -> Result<()> {
         .encrypted_root
         .as_deref()
         .is_some_and(|top| dirseal::recovery::read_blob(top).is_ok_and(|b| b.is_some()));
-    let out = DirStatusOut { status, conversion, recovery_key };
+    let out = DirStatusOut { status, conversion, recovery_key: (!hidden).then_some(recovery_key), hidden };
     if json {
         return print_json(&out);
     }
@@ -554,7 +568,14 @@ fn status_dir(ds: &Dirseal, dir: &Path, json: bool) -> Result<()> {
                 );
             }
             println!("  key:        {}", s.key.unwrap_or("unknown"));
-            println!("  managed:    {}", if s.managed { "yes" } else { "no (no policy record in the keystore)" });
+            println!(
+                "  managed:    {}",
+                match (hidden, s.managed) {
+                    (true, _) => "hidden (the keystore is root's: `sudo dirseal status` shows protectors)",
+                    (false, true) => "yes",
+                    (false, false) => "no (no policy record in the keystore)",
+                }
+            );
         }
     }
     if !s.protectors.is_empty() {
@@ -566,7 +587,11 @@ fn status_dir(ds: &Dirseal, dir: &Path, json: bool) -> Result<()> {
     if s.encrypted {
         println!(
             "  recovery:   {}",
-            if out.recovery_key { "yes" } else { "no (create one with `dirseal recovery add`)" }
+            match out.recovery_key {
+                None => "hidden (stored where only root reads it)",
+                Some(true) => "yes",
+                Some(false) => "no (create one with `dirseal recovery add`)",
+            }
         );
     }
     if let Some(c) = &out.conversion {
