@@ -21,7 +21,7 @@ use crate::ids::ProtectorId;
 use crate::kdf::KdfError;
 use crate::keystore::FORMAT_VERSION;
 use crate::secret::{Passphrase, ProtectorKey, PROTECTOR_KEY_LEN};
-use crate::tpm2::{PcrSet, Tpm2Error};
+use crate::tpm2::{PcrSet, PinTries, Tpm2Error};
 use crate::ui::{SecretPrompt, Ui, UiError};
 use crate::wrap::{self, Kek, Wrapped};
 
@@ -170,10 +170,10 @@ impl ProtectorKind {
         Ok(match (self, s) {
             (ProtectorKind::Tpm2(t), _) => {
                 let st = t.ready(config)?;
-                let min = config.tpm2.min_local_tries();
-                if network && st.tries_left() < min {
-                    return Err(Tpm2Error::NetworkRefused { tries_left: st.tries_left(), min }.into());
-                }
+                // A login from the network is not at the device; it is not rate limited here
+                // (each PAM conversation is one try, behind the stack's own failure delay).
+                PinTries { tries_left: st.tries_left(), min_local_tries: config.tpm2.min_local_tries() }
+                    .may_try(!network, None)?;
                 SecretPrompt::Pin { name, id, device: "TPM", tries_left: Some(st.tries_left()) }
             }
             (ProtectorKind::Fido2(f), _) => {

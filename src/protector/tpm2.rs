@@ -8,7 +8,7 @@ use super::{Ask, ProtectorError, Secret};
 use crate::config::Config;
 use crate::kdf::{self, Argon2Params, KdfError};
 use crate::secret::{Passphrase, ProtectorKey};
-use crate::tpm2::{DaStatus, PcrSet, PinKdf, SealedKey, Tpm, Tpm2Error, DEFAULT_PIN_KDF};
+use crate::tpm2::{self, DaStatus, PcrSet, PinKdf, SealedKey, Tpm, Tpm2Error, DEFAULT_PIN_KDF};
 use crate::wrap::Kek;
 
 /// A TPM2 protector's parameters. Parsed from disk only with a PIN cost inside the bounds of
@@ -145,6 +145,11 @@ impl NewTpm2 {
             (false, Some(p)) => Some(p),
             (false, None) => return Err(ProtectorError::NoAnswer { what: "TPM PIN" }),
         };
+        if pin.is_some() {
+            // A PIN is only as strong as the limit on guessing it, which holds only while nobody
+            // but the lockout's owner can reset the count of wrong PINs.
+            tpm2::require_owned_lockout(&mut Tpm::open(&config.tpm2.tcti())?)?;
+        }
         seal(config, pin, &self.pcrs)
     }
 }
