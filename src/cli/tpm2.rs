@@ -178,7 +178,10 @@ fn show_code(code: &ResetCode, yes: bool) -> Result<()> {
         return Ok(());
     }
     for _ in 0..3 {
-        let typed = term::ask("Type the TPM reset code back to confirm: ")?;
+        let typed = match term::ask("Type the TPM reset code back to confirm: ") {
+            Ok(t) => t,
+            Err(e) => bail!("{e}; the TPM reset code was not confirmed, nothing changed (pass --yes to skip the confirmation)"),
+        };
         match ResetCode::parse(&typed) {
             Ok(c) if c == *code => return Ok(()),
             Ok(_) => eprintln!("that is a valid code, but not this one; check what you wrote"),
