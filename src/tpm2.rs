@@ -357,7 +357,7 @@ pub enum Tpm2Error {
     ResetCodeTypo(String),
     #[error("{}", wrong_reset_code(*.lockout_recovery_s))]
     WrongResetCode { lockout_recovery_s: Option<u32> },
-    #[error("the TPM refuses its lockout hierarchy for now, after a wrong reset code; it accepts one again {}", after_recovery(*.lockout_recovery_s))]
+    #[error("the TPM refuses its lockout hierarchy for now, after a wrong reset code (lockout password); it accepts one again {}", after_recovery(*.lockout_recovery_s))]
     LockoutHierarchyBlocked { lockout_recovery_s: Option<u32> },
     #[error("the TPM's lockout hierarchy has a password: only its TPM reset code (shown once at setup, or the secret of whoever else set it) resets the count of wrong PINs; without it, wait for the TPM to forgive them")]
     ResetCodeNeeded,
@@ -379,7 +379,7 @@ fn wrong_pin(tries_left: Option<u32>) -> String {
 fn lockout_message(recovery: Option<u32>) -> String {
     match recovery {
         Some(0) => "the TPM is locked out after too many wrong PINs and does not forgive failures over time; \
-                    only resetting the lockout (`tpm2_dictionarylockout -c`) brings tries back"
+                    only resetting its lockout with the TPM reset code brings tries back"
             .into(),
         Some(s) => format!(
             "the TPM is locked out after too many wrong PINs; the next try comes back at most {} after the last \
@@ -698,11 +698,15 @@ pub fn setup(tcti: &Tcti, p: DaParameters, code: &ResetCode) -> Result<(), Tpm2E
     if Tpm::open(tcti)?.da_status()?.lockout_owned {
         return Err(Tpm2Error::LockoutOwned);
     }
-    da_command(tcti, &[], DaCommand::Parameters {
-        max_tries: p.max_tries,
-        recovery_time: p.recovery_time_s,
-        lockout_recovery: p.lockout_recovery_s,
-    })?;
+    da_command(
+        tcti,
+        &[],
+        DaCommand::Parameters {
+            max_tries: p.max_tries,
+            recovery_time: p.recovery_time_s,
+            lockout_recovery: p.lockout_recovery_s,
+        },
+    )?;
     let mut tpm = Tpm::open(tcti)?;
     let auth = Auth::try_from(code.auth().to_vec()).map_err(tpm_err("the reset code"))?;
     // A salted session that encrypts parameters: the new password does not cross the bus in clear.

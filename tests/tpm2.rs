@@ -410,7 +410,10 @@ fn after_setup_100_guesses_with_resets_between_them_do_not_find_a_4_digit_pin() 
         assert!(!ok, "dirseal reset the lockout without the code: {err}");
         assert!(matches!(tpm2::reset_lockout(&tcti(&t), None), Err(Tpm2Error::ResetCodeNeeded)));
     }
-    eprintln!("100 guesses with resets between them in {:?}: {wrong} judged wrong, {locked} refused in lockout", started.elapsed());
+    eprintln!(
+        "100 guesses with resets between them in {:?}: {wrong} judged wrong, {locked} refused in lockout",
+        started.elapsed()
+    );
     assert_eq!((wrong, locked), (6, 94));
     let st = open(&t).da_status().unwrap();
     assert!(st.in_lockout && st.lockout_owned, "{st:?}");

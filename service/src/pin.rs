@@ -78,8 +78,7 @@ fn at_device(caller: &Caller) -> bool {
     };
     let active = prop("Active").and_then(|v| bool::try_from(v).ok()) == Some(true);
     let remote = prop("Remote").and_then(|v| bool::try_from(v).ok()) != Some(false);
-    let seat = prop("Seat")
-        .and_then(|v| <(String, OwnedObjectPath)>::try_from(v).ok())
-        .is_some_and(|(id, _)| !id.is_empty());
+    let seat =
+        prop("Seat").and_then(|v| <(String, OwnedObjectPath)>::try_from(v).ok()).is_some_and(|(id, _)| !id.is_empty());
     active && !remote && seat
 }

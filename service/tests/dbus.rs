@@ -475,7 +475,8 @@ fn a_tpm_pin_protector_needs_an_owned_lockout() {
     let tpm = dirseal_testfs::Swtpm::start();
     let h = Harness::with_config(&format!("[tpm2]\ntcti = \"{}\"\n", tpm.tcti()));
     let alice = h.user();
-    let e = h.call(Some(&alice), "CreateProtector", &[s("a"), fd(3), "{'kind': <'tpm2'>}".into()], &[(3, "1234")], None)
+    let e = h
+        .call(Some(&alice), "CreateProtector", &[s("a"), fd(3), "{'kind': <'tpm2'>}".into()], &[(3, "1234")], None)
         .expect_err("a PIN on an unowned TPM lockout must be refused");
     assert!(e.message.contains("lockout hierarchy has no password"), "{}", e.message);
     h.ok(Some(&alice), "CreateProtector", &[s("b"), fd(3), "{'kind': <'tpm2'>, 'no_pin': <true>}".into()], &[(3, "x")]);

@@ -180,7 +180,9 @@ fn show_code(code: &ResetCode, yes: bool) -> Result<()> {
     for _ in 0..3 {
         let typed = match term::ask("Type the TPM reset code back to confirm: ") {
             Ok(t) => t,
-            Err(e) => bail!("{e}; the TPM reset code was not confirmed, nothing changed (pass --yes to skip the confirmation)"),
+            Err(e) => bail!(
+                "{e}; the TPM reset code was not confirmed, nothing changed (pass --yes to skip the confirmation)"
+            ),
         };
         match ResetCode::parse(&typed) {
             Ok(c) if c == *code => return Ok(()),

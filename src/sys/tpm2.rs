@@ -9,9 +9,9 @@ use std::ffi::CStr;
 use std::ptr::null_mut;
 
 use tss_esapi_sys::{
-    Esys_DictionaryAttackLockReset, Esys_DictionaryAttackParameters, Esys_Finalize, Esys_FlushContext,
-    Esys_Initialize, Esys_StartAuthSession, Esys_TR_SetAuth, Tss2_TctiLdr_Finalize, Tss2_TctiLdr_Initialize,
-    ESYS_CONTEXT, ESYS_TR, ESYS_TR_NONE, ESYS_TR_RH_LOCKOUT, TPM2B_AUTH, TPMT_SYM_DEF, TSS2_RC, TSS2_TCTI_CONTEXT,
+    Esys_DictionaryAttackLockReset, Esys_DictionaryAttackParameters, Esys_Finalize, Esys_FlushContext, Esys_Initialize,
+    Esys_StartAuthSession, Esys_TR_SetAuth, Tss2_TctiLdr_Finalize, Tss2_TctiLdr_Initialize, ESYS_CONTEXT, ESYS_TR,
+    ESYS_TR_NONE, ESYS_TR_RH_LOCKOUT, TPM2B_AUTH, TPMT_SYM_DEF, TSS2_RC, TSS2_TCTI_CONTEXT,
 };
 use zeroize::Zeroize;
 
