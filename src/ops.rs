@@ -232,6 +232,7 @@ impl Dirseal {
         ui: &mut dyn Ui,
     ) -> Result<(ProtectorRecord, ProtectorKey), OpsError> {
         let ask = n.kind.ask();
+        n.kind.check_ready(&self.config)?;
         let secret = protector::ask_new(ask, n.name, ui)?;
         if ask.touch {
             ui.touch(n.name, None);

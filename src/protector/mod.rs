@@ -249,6 +249,15 @@ pub struct KindOptions {
 }
 
 impl NewKind {
+    /// Refuses, before any secret is asked, a protector that could not be made safely now (a TPM
+    /// PIN on a TPM whose lockout anyone can reset). [`create`] checks again.
+    pub fn check_ready(&self, config: &Config) -> Result<(), ProtectorError> {
+        match self {
+            NewKind::Tpm2(t) if !t.no_pin => Ok(crate::tpm2::require_owned_lockout(&mut tpm2::open(config)?)?),
+            _ => Ok(()),
+        }
+    }
+
     /// The kind named `name` (one of [`KIND_NAMES`]) with `opts`.
     pub fn named(name: &str, opts: &KindOptions) -> Result<NewKind, ProtectorError> {
         let refuse = |option: &'static str, given: bool, kind: &'static str| {

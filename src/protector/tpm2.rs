@@ -68,6 +68,10 @@ fn pin_kdf(config: &Config) -> Argon2Params {
     }
 }
 
+pub(super) fn open(config: &Config) -> Result<Tpm, Tpm2Error> {
+    Tpm::open(&config.tpm2.tcti())
+}
+
 pub(super) fn da_status(config: &Config) -> Result<DaStatus, Tpm2Error> {
     Tpm::open(&config.tpm2.tcti())?.da_status()
 }
