@@ -56,13 +56,14 @@ pub struct Tpm2Config {
     /// resource manager.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tcti: Option<Tcti>,
-    /// Refuse TPM PIN logins over the network while fewer tries than this are left, so a remote
-    /// guesser cannot lock the owner out of their own device; default [`DEFAULT_MIN_LOCAL_TRIES`].
+    /// The last TPM PIN tries, kept for the person at the device: no try is spent from the network
+    /// or over D-Bus unless more than this many are left ([`crate::tpm2::PinTries`]), so nobody
+    /// elsewhere can lock the owner out of their own device; default [`DEFAULT_MIN_LOCAL_TRIES`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_local_tries: Option<u32>,
 }
 
-/// Network logins stop while the TPM has fewer tries left than this.
+/// Tries kept for the device: network logins stop when the TPM has this many left.
 pub const DEFAULT_MIN_LOCAL_TRIES: u32 = 2;
 
 impl Tpm2Config {

@@ -248,6 +248,7 @@ impl Dirseal {
         ui: &mut dyn Ui,
     ) -> Result<(ProtectorRecord, ProtectorKey), OpsError> {
         let ask = n.kind.ask();
+        n.kind.check_ready(&self.config)?;
         let secret = protector::ask_new(ask, n.name, ui)?;
         if let (NewKind::Tpm2(t), Some(uid), Some(pin)) = (&n.kind, n.uid, secret.as_ref()) {
             if !t.allow_password_pin {

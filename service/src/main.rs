@@ -6,6 +6,7 @@ mod auth;
 mod error;
 mod fdio;
 mod jobs;
+mod pin;
 mod service;
 
 use std::path::PathBuf;

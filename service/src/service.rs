@@ -307,6 +307,7 @@ impl Enrol {
         }
         let id = parse_protector_id(named)?;
         caller.check_protector(&ds.keystore().protector(&id)?)?;
+        pin_try(ds, caller, Some(id))?;
         secrets.current.push((Some(id), secret));
         Ok(Enrol { existing: Some(id), name, uid })
     }
@@ -321,6 +322,12 @@ impl Enrol {
             }),
         }
     }
+}
+
+/// Before the TPM checks a PIN for the caller: the service's part of the rule on PIN tries
+/// ([`crate::pin`]). Root's calls that name no protector pass.
+fn pin_try(ds: &Dirseal, caller: &Caller, protector: Option<ProtectorId>) -> Result<()> {
+    protector.map_or(Ok(()), |id| crate::pin::may_try(ds, caller, &id))
 }
 
 /// A check's answer: whether the secret was right; other errors stay errors.
@@ -374,6 +381,7 @@ impl Service {
             let ds = ctx.open()?;
             let policy = ds.policy_of(&path)?;
             let pick = choose(&ds, caller, &policy, &protector, &path)?;
+            pin_try(&ds, caller, pick.protector)?;
             ds.unlock(&path, pick, &mut Secrets { current: vec![(pick.protector, secret)], ..Default::default() })?;
             Ok(())
         })
@@ -524,6 +532,7 @@ impl Service {
             let mut ds = ctx.open()?;
             let policy = ds.policy_of(&path)?;
             let pick = choose(&ds, caller, &policy, &with, &path)?;
+            pin_try(&ds, caller, pick.protector)?;
             let mut secrets = Secrets { current: vec![(pick.protector, with_secret)], ..Default::default() };
             let enrol = Enrol::new(&ds, caller, &path, &new, &new_name, new_secret, &mut secrets)?;
             let rec = ds.add_protector_to_policy(&policy.id, pick, enrol.choice(), &mut secrets)?;
@@ -568,6 +577,7 @@ impl Service {
             let new = read_secret(new.into(), "new")?;
             let ds = ctx.open()?;
             caller.check_protector(&ds.keystore().protector(&id)?)?;
+            pin_try(&ds, caller, Some(id))?;
             ds.change_secret(
                 &id,
                 &mut Secrets { current: vec![(Some(id), old)], new: Some(new), ..Default::default() },
@@ -590,6 +600,7 @@ impl Service {
             let secret = read_secret(secret.into(), "secret")?;
             let ds = ctx.open_existing()?;
             caller.check_protector(&ds.keystore().protector(&id)?)?;
+            pin_try(&ds, caller, Some(id))?;
             valid(ds.verify_protector(&id, &mut Secrets { current: vec![(Some(id), secret)], ..Default::default() }))
         })
         .await
@@ -704,6 +715,7 @@ impl Service {
             }
             let policy = ds.policy_of(&path)?;
             let pick = choose(&ds, caller, &policy, &protector, &path)?;
+            pin_try(&ds, caller, pick.protector)?;
             let (policy, master) = ds.master_key_of_dir(
                 &path,
                 pick,

@@ -7,6 +7,7 @@ use dirseal::keystore::KeystoreError;
 use dirseal::ops::OpsError;
 use dirseal::protector::ProtectorError;
 use dirseal::recovery::RecoveryError;
+use dirseal::tpm2::Tpm2Error;
 
 /// The hint for the first error in `e`'s chain that has one.
 pub fn hint(e: &anyhow::Error) -> Option<String> {
@@ -30,6 +31,9 @@ pub fn hint(e: &anyhow::Error) -> Option<String> {
         }
         if let Some(p) = cause.downcast_ref::<ProtectorError>() {
             return protector(p);
+        }
+        if let Some(t) = cause.downcast_ref::<Tpm2Error>() {
+            return tpm2(t);
         }
         cause.downcast_ref::<Fido2Error>().and_then(fido2)
     })
@@ -134,6 +138,21 @@ fn protector(e: &ProtectorError) -> Option<String> {
         ProtectorError::Fido2(f) => fido2(f),
         ProtectorError::IncorrectSecret { .. } => {
             Some("forgotten? a directory's recovery key opens it: `dirseal unlock --recovery DIR`".into())
+        }
+        ProtectorError::Tpm2(t) => tpm2(t),
+        _ => None,
+    }
+}
+
+fn tpm2(e: &Tpm2Error) -> Option<String> {
+    match e {
+        Tpm2Error::LockoutNotOwned => Some(
+            "run `dirseal tpm2 setup` first (it shows a TPM reset code to write down), or pass --no-pin for a \
+             protector without PIN"
+                .into(),
+        ),
+        Tpm2Error::WrongResetCode { .. } => {
+            Some("`dirseal tpm2 status` shows when the TPM forgives failures without the code".into())
         }
         _ => None,
     }

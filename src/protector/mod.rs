@@ -21,7 +21,7 @@ use crate::ids::ProtectorId;
 use crate::kdf::KdfError;
 use crate::keystore::FORMAT_VERSION;
 use crate::secret::{Passphrase, ProtectorKey, PROTECTOR_KEY_LEN};
-use crate::tpm2::{PcrSet, Tpm2Error};
+use crate::tpm2::{PcrSet, PinTries, Tpm2Error};
 use crate::ui::{SecretPrompt, Ui, UiError};
 use crate::wrap::{self, Kek, Wrapped};
 
@@ -170,10 +170,10 @@ impl ProtectorKind {
         Ok(match (self, s) {
             (ProtectorKind::Tpm2(t), _) => {
                 let st = t.ready(config)?;
-                let min = config.tpm2.min_local_tries();
-                if network && st.tries_left() < min {
-                    return Err(Tpm2Error::NetworkRefused { tries_left: st.tries_left(), min }.into());
-                }
+                // A login from the network is not at the device; it is not rate limited here
+                // (each PAM conversation is one try, behind the stack's own failure delay).
+                PinTries { tries_left: st.tries_left(), min_local_tries: config.tpm2.min_local_tries() }
+                    .may_try(!network, None)?;
                 SecretPrompt::Pin { name, id, device: "TPM", tries_left: Some(st.tries_left()) }
             }
             (ProtectorKind::Fido2(f), _) => {
@@ -251,6 +251,15 @@ pub struct KindOptions {
 }
 
 impl NewKind {
+    /// Refuses, before any secret is asked, a protector that could not be made safely now (a TPM
+    /// PIN on a TPM whose lockout anyone can reset). [`create`] checks again.
+    pub fn check_ready(&self, config: &Config) -> Result<(), ProtectorError> {
+        match self {
+            NewKind::Tpm2(t) if !t.no_pin => Ok(crate::tpm2::require_owned_lockout(&mut tpm2::open(config)?)?),
+            _ => Ok(()),
+        }
+    }
+
     /// The kind named `name` (one of [`KIND_NAMES`]) with `opts`.
     pub fn named(name: &str, opts: &KindOptions) -> Result<NewKind, ProtectorError> {
         let refuse = |option: &'static str, given: bool, kind: &'static str| {
