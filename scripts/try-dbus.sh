@@ -10,7 +10,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "$(id -u)" -eq 0 ] || { echo "run as root: sudo scripts/try-dbus.sh (loop mounts, kernel keys, a test user)" >&2; exit 1; }
-step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+# Bold headings on a terminal only: a pipe or a log gets plain text.
+if [ -t 1 ]; then step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }; else step() { printf '\n== %s\n' "$*"; }; fi
 sample_mib=${SAMPLE_MIB:-40} sample_files=${SAMPLE_FILES:-3000}
 bash scripts/deps.sh
 if [ -n "${DIRSEALED:-}" ]; then

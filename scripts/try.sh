@@ -24,7 +24,8 @@ export DIRSEAL_KEYSTORE=$work/keystore DIRSEAL_CONFIG=$work/config.toml
 printf '[argon2]\ntime_cost = 2\nmemory_kib = 65536\nparallelism = 1\n' > "$DIRSEAL_CONFIG"
 chmod 600 "$DIRSEAL_CONFIG"
 
-step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+# Bold headings on a terminal only: a pipe or a log gets plain text.
+if [ -t 1 ]; then step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }; else step() { printf '\n== %s\n' "$*"; }; fi
 
 step "scratch ext4 with the encrypt feature"
 truncate -s 256M "$work/fs.img"

@@ -56,13 +56,14 @@ pub struct Tpm2Config {
     /// resource manager.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tcti: Option<Tcti>,
-    /// Refuse TPM PIN logins over the network while fewer tries than this are left, so a remote
-    /// guesser cannot lock the owner out of their own device; default [`DEFAULT_MIN_LOCAL_TRIES`].
+    /// The last TPM PIN tries, kept for the person at the device: no try is spent from the network
+    /// or over D-Bus unless more than this many are left ([`crate::tpm2::PinTries`]), so nobody
+    /// elsewhere can lock the owner out of their own device; default [`DEFAULT_MIN_LOCAL_TRIES`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_local_tries: Option<u32>,
 }
 
-/// Network logins stop while the TPM has fewer tries left than this.
+/// Tries kept for the device: network logins stop when the TPM has this many left.
 pub const DEFAULT_MIN_LOCAL_TRIES: u32 = 2;
 
 impl Tpm2Config {
@@ -80,6 +81,11 @@ pub struct PamConfig {
     /// Let a user log in on the old plaintext home while a conversion of it is in progress.
     #[serde(default)]
     pub allow_login_during_conversion: bool,
+    /// PIN-login accounts (docs/pam.md): they log in with their TPM PIN on the `standalone` line,
+    /// have no password hash in /etc/shadow, and `passwd` changes their PIN. Set by `dirseal
+    /// pin-login enable USER`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pin_login: Vec<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -146,7 +152,7 @@ mod tests {
         let c = Config {
             keystore: Some("/x/ks".into()),
             argon2: Some(Argon2Params { time_cost: 3, memory_kib: 4096, parallelism: 2 }),
-            pam: PamConfig { allow_login_during_conversion: true },
+            pam: PamConfig { allow_login_during_conversion: true, pin_login: vec!["kiosk".into()] },
             tpm2: Tpm2Config {
                 tcti: Some("swtpm:host=127.0.0.1,port=2321".parse().unwrap()),
                 min_local_tries: Some(3),

@@ -63,11 +63,11 @@ fn not_supported_message(mountpoint: &Path, fstype: Option<&str>, device: Option
     let dev = device.unwrap_or("/dev/...");
     match fstype {
         Some("ext4") | None => format!(
-            "the filesystem at {} does not have the encrypt feature; enable it with `tune2fs -O encrypt {dev}` (unmounted) and retry (the kernel also needs CONFIG_FS_ENCRYPTION)",
+            "the filesystem at {} does not have the encrypt feature; enable it with `tune2fs -O encrypt {dev}` (ext4 allows this while mounted) and retry (the kernel also needs CONFIG_FS_ENCRYPTION)",
             mountpoint.display()
         ),
         Some("f2fs") => format!(
-            "the f2fs filesystem at {} does not have the encrypt feature; enable it with `fsck.f2fs -O encrypt {dev}` (unmounted) and retry",
+            "the f2fs filesystem at {} does not have the encrypt feature; enable it with `fsck.f2fs -O encrypt {dev}` (f2fs needs it unmounted) and retry",
             mountpoint.display()
         ),
         Some(t) => format!(
@@ -250,6 +250,22 @@ pub fn mount_points() -> Result<Vec<PathBuf>, FscryptError> {
     Ok(parse_mountinfo(&text)?.into_iter().map(|m| m.mount_point).collect())
 }
 
+/// The top of the encrypted tree `dir` belongs to: the highest ancestor on the same filesystem
+/// with the same policy (a subdirectory inherits its parent's). Locking any directory of the tree
+/// locks all of it, and the tree's facts (its recovery key) live on this directory.
+pub fn encrypted_root(dir: &Path, policy: &PolicyV2) -> Result<PathBuf, FscryptError> {
+    let mp = mount_point(dir)?;
+    let mut top = resolve_nofollow(dir)?;
+    while top != mp {
+        let Some(parent) = top.parent() else { break };
+        match get_policy(parent) {
+            Ok(Some(p)) if p.identifier == policy.identifier => top = parent.to_path_buf(),
+            _ => break,
+        }
+    }
+    Ok(top)
+}
+
 /// The mount point of the filesystem holding `path` (which is not followed if it is a symlink).
 pub fn mount_point(path: &Path) -> Result<PathBuf, FscryptError> {
     mount_entry(path).map(|m| m.mount_point)
@@ -333,6 +349,10 @@ pub fn get_policy_fd(fd: BorrowedFd<'_>, path_for_errors: &Path) -> Result<Optio
     let arg = match sys::get_encryption_policy_ex(fd) {
         Ok(arg) => arg,
         Err(Errno::ENODATA) => return Ok(None),
+        // A filesystem that cannot encrypt (no encrypt feature, which cannot be removed once set,
+        // or no fscrypt at all) holds no encrypted directory: `lock` and `unlock` then say "not
+        // encrypted" instead of how to enable a feature nobody asked for.
+        Err(Errno::EOPNOTSUPP | Errno::ENOTTY) => return Ok(None),
         Err(Errno::EOVERFLOW) => return Err(unsupported("the policy is larger than a v2 policy".into())),
         Err(Errno::EINVAL) => return Err(unsupported("the kernel reports an unknown policy version".into())),
         Err(e) => return Err(from_errno(e, path, "read the encryption policy of")),

@@ -5,6 +5,7 @@
 //! `unsafe` lives only in the crate-private `sys` module (kernel calls rustix does not wrap).
 #![deny(unsafe_code)]
 
+pub mod account;
 pub mod config;
 pub mod convert;
 pub mod fido2;

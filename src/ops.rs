@@ -67,6 +67,16 @@ pub enum OpsError {
     NoSuchName { name: String, uid: u32 },
     #[error("the secret opens none of the protectors of uid {uid} for {what} ({list})")]
     OpensNone { uid: u32, what: String, list: String },
+    #[error(
+        "the PIN is {user}'s login password: /etc/shadow holds a hash of it, against which anyone with the disk can \
+         test PINs offline without the TPM counting them; choose another PIN, or log {user} in with the PIN alone \
+         (a PIN-login account, docs/pam.md)"
+    )]
+    PinIsLoginPassword { user: String },
+    #[error("{user} has no TPM protector with a PIN of their own on {}; create one first (docs/pam.md: PIN login)", .home.display())]
+    NoPinProtector { user: String, home: PathBuf },
+    #[error(transparent)]
+    Account(#[from] crate::account::AccountError),
     /// A device-bound protector cannot open now (PCRs changed, TPM locked out); the others can.
     #[error("{source}; {} still opens with {}", .dir.display(), alternatives(.others, *.recovery))]
     UseAnother { source: ProtectorError, dir: PathBuf, others: Vec<ProtectorSummary>, recovery: bool },
@@ -117,6 +127,8 @@ impl ProtectorSummary {
 #[derive(Clone, Debug, Serialize)]
 pub struct DirStatus {
     pub path: PathBuf,
+    /// The top of the encrypted tree the path belongs to ([`fscrypt::encrypted_root`]).
+    pub encrypted_root: Option<PathBuf>,
     pub encrypted: bool,
     pub policy: Option<KeyIdentifier>,
     /// "unlocked", "locked", or "partially-locked" (files were busy at lock time).
@@ -125,6 +137,8 @@ pub struct DirStatus {
     pub protectors: Vec<ProtectorSummary>,
     /// Something a user should fix (unreadable protector file, missing policy, ...).
     pub problems: Vec<String>,
+    /// Something that works but weakens the protection (a TPM PIN testable offline).
+    pub warnings: Vec<String>,
     /// The filesystem holding the path, and whether it can encrypt at all.
     pub filesystem: FsStatus,
 }
@@ -144,6 +158,8 @@ pub struct LockReport {
     pub path: PathBuf,
     /// The key is fully gone: names are ciphertext again.
     pub locked: bool,
+    /// It was locked before this call (nothing was removed).
+    pub already_locked: bool,
     /// Files were still open, so the kernel kept their inodes unlocked.
     pub files_busy: bool,
     /// Other users had also added this key; only root's `--all-users` removes theirs.
@@ -247,7 +263,13 @@ impl Dirseal {
         ui: &mut dyn Ui,
     ) -> Result<(ProtectorRecord, ProtectorKey), OpsError> {
         let ask = n.kind.ask();
+        n.kind.check_ready(&self.config)?;
         let secret = protector::ask_new(ask, n.name, ui)?;
+        if let (NewKind::Tpm2(t), Some(uid), Some(pin)) = (&n.kind, n.uid, secret.as_ref()) {
+            if !t.allow_password_pin {
+                refuse_login_password_pin(uid, pin)?;
+            }
+        }
         if ask.touch {
             ui.touch(n.name, None);
         }
@@ -599,6 +621,20 @@ impl Dirseal {
     pub fn lock(&self, dir: &Path, all_users: bool) -> Result<LockReport, OpsError> {
         let policy = fscrypt::get_policy(dir)?.ok_or_else(|| OpsError::NotEncrypted { path: dir.to_path_buf() })?;
         let mp = fscrypt::mount_point(dir)?;
+        // The key locks its whole tree: the report names the tree, not the subdirectory asked.
+        let dir = &fscrypt::encrypted_root(dir, &policy)?;
+        // Locking a locked directory achieves what was asked: say so, as unlock does for an
+        // unlocked one, instead of the kernel's "key not present".
+        if fscrypt::key_status(&mp, &policy.identifier)? == KeyStatus::Absent {
+            return Ok(LockReport {
+                path: dir.to_path_buf(),
+                locked: true,
+                already_locked: true,
+                files_busy: false,
+                other_users: false,
+                busy: Vec::new(),
+            });
+        }
         let out = fscrypt::remove_key(&mp, &policy.identifier, all_users)?;
         let status = fscrypt::key_status(&mp, &policy.identifier)?;
         let busy = if out.files_busy {
@@ -609,6 +645,7 @@ impl Dirseal {
         Ok(LockReport {
             path: dir.to_path_buf(),
             locked: status == KeyStatus::Absent,
+            already_locked: false,
             files_busy: out.files_busy,
             other_users: out.other_users,
             busy,
@@ -770,35 +807,15 @@ impl Dirseal {
     /// The state of any path: encrypted or not, and whether its filesystem could be. A filesystem
     /// without fscrypt is an answer here, not an error.
     pub fn dir_status(&self, dir: &Path) -> Result<DirStatus, OpsError> {
-        let m = fscrypt::mount_entry(dir)?;
-        let filesystem = FsStatus {
-            encryption: fscrypt::support(&m.mount_point)?,
-            mount_point: m.mount_point,
-            fstype: m.fstype,
-            device: m.source,
-        };
-        let policy = match filesystem.encryption {
-            fscrypt::Support::Enabled => fscrypt::get_policy(dir)?,
-            fscrypt::Support::NotEnabled | fscrypt::Support::Unsupported => None,
-        };
-        let mut st = DirStatus {
-            path: dir.to_path_buf(),
-            encrypted: policy.is_some(),
-            policy: policy.map(|p| p.identifier),
-            key: None,
-            managed: false,
-            protectors: Vec::new(),
-            problems: Vec::new(),
-            filesystem,
-        };
-        let Some(p) = policy else { return Ok(st) };
-        st.key = Some(key_word(fscrypt::key_status(&st.filesystem.mount_point, &p.identifier)?));
-        match self.keystore.policy(&p.identifier) {
+        let mut st = public_dir_status(dir)?;
+        let Some(id) = st.policy else { return Ok(st) };
+        match self.keystore.policy(&id) {
             Ok(rec) => {
                 st.managed = true;
                 let (list, problems) = self.protectors_of(&rec);
                 st.protectors = list.iter().map(ProtectorSummary::of).collect();
                 st.problems = problems;
+                st.warnings = list.iter().filter_map(|r| self.pin_warning(r)).collect();
             }
             Err(e) => st.problems.push(e.to_string()),
         }
@@ -811,6 +828,43 @@ impl Dirseal {
         let mp = fscrypt::mount_point(hint).ok()?;
         fscrypt::key_status(&mp, &rec.id).ok().map(key_word)
     }
+}
+
+/// What anyone who can open `dir` may learn without the keystore: its filesystem, whether it is
+/// encrypted (and the top of its tree), and whether its key is loaded. Neither the policy nor
+/// the key-status ioctl needs privilege; protectors are the keystore's and stay with root.
+pub fn public_dir_status(dir: &Path) -> Result<DirStatus, OpsError> {
+    let m = fscrypt::mount_entry(dir)?;
+    let filesystem = FsStatus {
+        encryption: fscrypt::support(&m.mount_point)?,
+        mount_point: m.mount_point,
+        fstype: m.fstype,
+        device: m.source,
+    };
+    let policy = match filesystem.encryption {
+        fscrypt::Support::Enabled => fscrypt::get_policy(dir)?,
+        fscrypt::Support::NotEnabled | fscrypt::Support::Unsupported => None,
+    };
+    let encrypted_root = match &policy {
+        Some(p) => Some(fscrypt::encrypted_root(dir, p)?),
+        None => None,
+    };
+    let mut st = DirStatus {
+        path: dir.to_path_buf(),
+        encrypted_root,
+        encrypted: policy.is_some(),
+        policy: policy.map(|p| p.identifier),
+        key: None,
+        managed: false,
+        protectors: Vec::new(),
+        problems: Vec::new(),
+        warnings: Vec::new(),
+        filesystem,
+    };
+    if let Some(p) = policy {
+        st.key = Some(key_word(fscrypt::key_status(&st.filesystem.mount_point, &p.identifier)?));
+    }
+    Ok(st)
 }
 
 /// Recovery keys (crate::recovery) reach the keystore only through here, so `recovery` needs
@@ -859,6 +913,86 @@ impl Dirseal {
             prec.name
         ));
         Ok((policy, prec))
+    }
+}
+
+/// A TPM PIN for `uid`'s protector must not be `uid`'s login password (see
+/// [`OpsError::PinIsLoginPassword`]). A shadow entry that cannot be read (not root, no entry)
+/// has nothing to compare with.
+fn refuse_login_password_pin(uid: u32, pin: &Passphrase) -> Result<(), OpsError> {
+    let Ok(Some(u)) = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)) else { return Ok(()) };
+    if crate::account::password_is(&u.name, pin).unwrap_or(false) {
+        return Err(OpsError::PinIsLoginPassword { user: u.name });
+    }
+    Ok(())
+}
+
+/// Whether `rec` is a TPM protector with a PIN: what a PIN login (docs/pam.md) opens.
+pub fn is_tpm_pin(rec: &ProtectorRecord) -> bool {
+    matches!(rec.kind, protector::ProtectorKind::Tpm2(_)) && rec.kind.ask().secret == Some(protector::Secret::Pin)
+}
+
+/// PIN-login accounts (docs/pam.md): log in with their TPM PIN alone, no password hash in
+/// /etc/shadow, and `passwd` changes the PIN. Marked in the root-owned config (`[pam] pin_login`).
+impl Dirseal {
+    pub fn is_pin_login(&self, user: &str) -> bool {
+        self.config.pam.pin_login.iter().any(|u| u == user)
+    }
+
+    /// The protector a PIN login of `uid` opens `policy` with: their own first TPM PIN protector
+    /// in the login order.
+    pub fn pin_protector(&self, policy: &PolicyRecord, uid: u32) -> Option<ProtectorRecord> {
+        self.login_protectors(policy, uid).into_iter().find(is_tpm_pin)
+    }
+
+    /// Makes `user` a PIN-login account: their home must open with a TPM PIN protector of
+    /// theirs. The config names them first, then their password hash is replaced by `*`; run
+    /// again if the second step failed. Returns the protector their PIN opens.
+    pub fn enable_pin_login(&mut self, user: &str) -> Result<ProtectorRecord, OpsError> {
+        let (uid, home) = lookup_user(user)?;
+        let name = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
+            .ok()
+            .flatten()
+            .map_or_else(|| user.to_string(), |u| u.name);
+        let policy = self.policy_of(&home)?;
+        let rec = self.pin_protector(&policy, uid).ok_or(OpsError::NoPinProtector { user: name.clone(), home })?;
+        if !self.is_pin_login(&name) {
+            let mut config = self.config.clone();
+            config.pam.pin_login.push(name.clone());
+            config.save(&self.config_path)?;
+            self.config = config;
+        }
+        crate::account::remove_password(&name)?;
+        Ok(rec)
+    }
+
+    /// A TPM PIN protector of an ordinary account (not PIN-login) whose login password has a hash
+    /// in /etc/shadow: the PAM module offers it the login password at every login, so its PIN is
+    /// that password (docs/pam.md), and the hash lets anyone with the disk find it offline.
+    pub fn pin_warning(&self, rec: &ProtectorRecord) -> Option<String> {
+        let uid = rec.uid.filter(|_| is_tpm_pin(rec))?;
+        let user = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)).ok().flatten()?.name;
+        if self.is_pin_login(&user) || !crate::account::shadow(&user).ok().flatten()?.has_hash {
+            return None;
+        }
+        Some(format!(
+            "TPM protector {} ({}) of {user}: if its PIN is {user}'s login password (the PAM module tries that at \
+             every login), the password hash in /etc/shadow makes the PIN testable offline, without the TPM's \
+             limit; give it a PIN of its own, or make {user} a PIN-login account (docs/pam.md)",
+            rec.name, rec.id
+        ))
+    }
+
+    /// Ends `user`'s PIN login: their password stack is `pam_unix`'s again, and until an
+    /// administrator sets a password (`passwd USER`) the account has none.
+    pub fn disable_pin_login(&mut self, user: &str) -> Result<(), OpsError> {
+        let mut config = self.config.clone();
+        config.pam.pin_login.retain(|u| u != user);
+        if config != self.config {
+            config.save(&self.config_path)?;
+            self.config = config;
+        }
+        Ok(())
     }
 }
 

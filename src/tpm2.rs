@@ -19,12 +19,15 @@ use std::collections::BTreeSet;
 use std::ffi::CString;
 use std::fmt;
 use std::str::FromStr;
+use std::time::Duration;
+
+use dirseal_recovery::{ParseError, RecoveryKey};
 
 use serde::{Deserialize, Serialize};
 use tss_esapi::attributes::{ObjectAttributesBuilder, SessionAttributesBuilder};
 use tss_esapi::constants::response_code::Tss2ResponseCode;
 use tss_esapi::constants::{CapabilityType, PropertyTag, SessionType};
-use tss_esapi::handles::{KeyHandle, ObjectHandle};
+use tss_esapi::handles::{AuthHandle, KeyHandle, ObjectHandle};
 use tss_esapi::interface_types::algorithm::{HashingAlgorithm, PublicAlgorithm};
 use tss_esapi::interface_types::ecc::EccCurve;
 use tss_esapi::interface_types::resource_handles::Hierarchy;
@@ -205,8 +208,9 @@ pub struct DaStatus {
     /// Seconds the lockout hierarchy stays blocked after a wrong lockout password.
     pub lockout_recovery_s: u32,
     pub in_lockout: bool,
-    /// The lockout hierarchy has a password (dirseal cannot change parameters then).
-    pub lockout_auth_set: bool,
+    /// The lockout hierarchy has a password (`lockoutAuthSet`): nobody without it can reset the
+    /// count of wrong PINs, so the limit on guessing holds. Without it, anyone can.
+    pub lockout_owned: bool,
 }
 
 impl DaStatus {
@@ -227,6 +231,100 @@ pub struct DaParameters {
     pub lockout_recovery_s: u32,
 }
 
+/// What [`setup`] gives a TPM unless told otherwise, chosen for a 4-6 digit PIN:
+/// - 6 wrong PINs before lockout: room for typos (and for the `min_local_tries` kept for the
+///   person at the device), while a 4-digit PIN has a 6 in 10,000 chance of falling to them.
+/// - one failure forgiven every 2 h (while powered on): a thief then gets 12 guesses a day, so
+///   a 4-digit PIN holds for about 14 months on average, a 6-digit one for over a century.
+/// - 10 min lockout recovery: a wrong reset code blocks the lockout hierarchy for 10 min, so
+///   the 128-bit code cannot be guessed either, while its owner is not kept out for long.
+pub const SETUP_DEFAULTS: DaParameters = DaParameters { max_tries: 6, recovery_time_s: 7200, lockout_recovery_s: 600 };
+
+/// The TPM reset code: the lockout hierarchy's authorization, 128 random bits, shown once at
+/// [`setup`] and kept nowhere by dirseal. Written down and typed like a recovery key (8 groups
+/// of 6 digits, each with its own check), with the same encoder. No `Debug`, wiped on drop.
+pub struct ResetCode(RecoveryKey);
+
+/// In constant time (the key's own comparison).
+impl PartialEq for ResetCode {
+    fn eq(&self, other: &Self) -> bool {
+        self.0 == other.0
+    }
+}
+impl Eq for ResetCode {}
+
+impl ResetCode {
+    pub fn generate() -> ResetCode {
+        ResetCode(RecoveryKey::generate())
+    }
+
+    /// Parses a typed code; a typo is found (and its group named) before the TPM is asked, so a
+    /// typo never costs the lockout hierarchy's recovery time.
+    pub fn parse(typed: &Passphrase) -> Result<ResetCode, Tpm2Error> {
+        let text = std::str::from_utf8(typed.as_bytes()).map_err(|_| Tpm2Error::ResetCodeTypo(typo_text(None)))?;
+        RecoveryKey::parse(text).map(ResetCode).map_err(|e| Tpm2Error::ResetCodeTypo(typo_text(Some(&e))))
+    }
+
+    /// `123453-234564-...`, to be written down.
+    pub fn to_display(&self) -> zeroize::Zeroizing<String> {
+        self.0.to_display()
+    }
+
+    fn auth(&self) -> &[u8] {
+        self.0.expose_bytes()
+    }
+}
+
+/// A typo in a reset code, in the recovery key parser's words where they fit (group numbers), in
+/// ours where that parser speaks of a recovery key.
+fn typo_text(e: Option<&ParseError>) -> String {
+    const SHAPE: &str = "a TPM reset code is 8 groups of 6 digits";
+    match e {
+        None => format!("it holds characters that are not digits; {SHAPE}"),
+        Some(ParseError::NotADigit { ch, group: Some(g), .. }) => {
+            format!("{ch:?} in group {g} is not a digit; {SHAPE}: check group {g} against the paper")
+        }
+        Some(ParseError::NotADigit { ch, .. }) => format!("{ch:?} is not a digit; {SHAPE}"),
+        Some(ParseError::Length { digits, .. }) => {
+            format!("{SHAPE} (48 digits), {digits} digits were typed: a group or digit is missing or extra")
+        }
+        Some(e) => e.to_string(),
+    }
+}
+
+/// Whether one more TPM PIN try may be spent now: the one rule for every front end that can be
+/// reached by someone other than the person holding the device (PAM, the D-Bus service).
+///
+/// The TPM's count of wrong PINs is shared by every PIN protector on the machine. So that nobody
+/// can use the tries up and lock the owner out, the last `min_local_tries` are kept for someone
+/// at the device (a local, active seat session; a console login), and a caller who is not may
+/// try only while more remain. A caller with a rate limit (the service: per uid) also waits
+/// [`PinTries::MIN_INTERVAL`] between tries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PinTries {
+    pub tries_left: u32,
+    pub min_local_tries: u32,
+}
+
+impl PinTries {
+    /// The shortest time between two tries of one caller that is rate limited.
+    pub const MIN_INTERVAL: Duration = Duration::from_secs(3);
+
+    /// `at_device`: the person is at the machine. `since_last_try`: for a rate-limited caller,
+    /// how long ago their previous try was (`None`: no previous try, or not rate limited).
+    pub fn may_try(&self, at_device: bool, since_last_try: Option<Duration>) -> Result<(), Tpm2Error> {
+        if !at_device && self.tries_left <= self.min_local_tries {
+            return Err(Tpm2Error::TriesKept { tries_left: self.tries_left, min: self.min_local_tries });
+        }
+        if let Some(wait) = since_last_try.and_then(|d| Self::MIN_INTERVAL.checked_sub(d)) {
+            if !wait.is_zero() {
+                return Err(Tpm2Error::TooSoon { wait_s: wait.as_secs() + 1 });
+            }
+        }
+        Ok(())
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum Tpm2Error {
     #[error("no usable TPM at {tcti}: {reason}; check that this machine has a TPM 2.0 (/dev/tpmrm0), or set tpm2.tcti in the config")]
@@ -245,12 +343,24 @@ pub enum Tpm2Error {
     ForeignBlob,
     #[error("the TPM protector's sealed key is damaged: {0}")]
     Corrupt(String),
-    #[error("TPM PINs are not accepted over the network while fewer than {min} tries are left ({tries_left} now), so that nobody can lock the owner out remotely; log in at the device, or wait for the TPM to forgive failures")]
-    NetworkRefused { tries_left: u32, min: u32 },
+    #[error("the TPM has {tries_left} PIN tries left, and the last {min} are kept for the person at the device, so that nobody elsewhere can lock its owner out; type the PIN at the device (a local session), or wait for the TPM to forgive failures")]
+    TriesKept { tries_left: u32, min: u32 },
+    #[error("too many TPM PIN tries in a row; try again in {wait_s} s")]
+    TooSoon { wait_s: u64 },
     #[error("a PIN is needed for this TPM protector")]
     PinRequired,
-    #[error("the TPM's lockout hierarchy has a password; dirseal cannot use it: change the dictionary-attack parameters with `tpm2_dictionarylockout -p`")]
-    LockoutAuthSet,
+    #[error("the TPM's lockout hierarchy has no password, so anyone with this machine can reset the TPM's count of wrong PINs and guess a PIN without limit: a TPM PIN would protect nothing")]
+    LockoutNotOwned,
+    #[error("the TPM's lockout hierarchy already has a password (from an earlier setup, the operating system or another tool): nobody without it can reset the count of wrong PINs, so TPM PINs are protected; its parameters were left as they are")]
+    LockoutOwned,
+    #[error("the TPM reset code is mistyped: {0}")]
+    ResetCodeTypo(String),
+    #[error("{}", wrong_reset_code(*.lockout_recovery_s))]
+    WrongResetCode { lockout_recovery_s: Option<u32> },
+    #[error("the TPM refuses its lockout hierarchy for now, after a wrong reset code (lockout password); it accepts one again {}", after_recovery(*.lockout_recovery_s))]
+    LockoutHierarchyBlocked { lockout_recovery_s: Option<u32> },
+    #[error("the TPM's lockout hierarchy has a password: only its TPM reset code (shown once at setup, or the secret of whoever else set it) resets the count of wrong PINs; without it, wait for the TPM to forgive them")]
+    ResetCodeNeeded,
     #[error("the TPM refused {action}: {rc}")]
     Tpm { action: &'static str, rc: String },
     #[error(transparent)]
@@ -269,7 +379,7 @@ fn wrong_pin(tries_left: Option<u32>) -> String {
 fn lockout_message(recovery: Option<u32>) -> String {
     match recovery {
         Some(0) => "the TPM is locked out after too many wrong PINs and does not forgive failures over time; \
-                    only resetting the lockout (`tpm2_dictionarylockout -c`) brings tries back"
+                    only resetting its lockout with the TPM reset code brings tries back"
             .into(),
         Some(s) => format!(
             "the TPM is locked out after too many wrong PINs; the next try comes back at most {} after the last \
@@ -278,6 +388,18 @@ fn lockout_message(recovery: Option<u32>) -> String {
         ),
         None => "the TPM is locked out after too many wrong PINs; wait for it to forgive a failure".into(),
     }
+}
+
+fn after_recovery(s: Option<u32>) -> String {
+    match s {
+        Some(0) => "only after the machine restarts".into(),
+        Some(s) => format!("{} after the wrong one (while the machine stays on)", human_secs(s)),
+        None => "after its lockout recovery time".into(),
+    }
+}
+
+fn wrong_reset_code(s: Option<u32>) -> String {
+    format!("the TPM reset code is wrong (it is not this TPM's); the TPM accepts another {}", after_recovery(s))
 }
 
 /// `90 s`, `17 min`, `2 h 5 min`.
@@ -391,7 +513,7 @@ impl Tpm {
             recovery_time_s: get(PropertyTag::LockoutInterval)?,
             lockout_recovery_s: get(PropertyTag::LockoutRecovery)?,
             // TPMA_PERMANENT: lockoutAuthSet is bit 2, inLockout bit 9.
-            lockout_auth_set: permanent & (1 << 2) != 0,
+            lockout_owned: permanent & (1 << 2) != 0,
             in_lockout: permanent & (1 << 9) != 0,
         })
     }
@@ -568,38 +690,72 @@ fn auth_value(pin: Option<&Passphrase>, kdf: Option<&PinKdf>) -> Result<Auth, Tp
     Auth::try_from(bytes.to_vec()).map_err(|e| Tpm2Error::Tpm { action: "the PIN's authValue", rc: e.to_string() })
 }
 
-/// Changes the TPM's dictionary-attack parameters. Refuses when the lockout hierarchy has a
-/// password: dirseal does not manage it, and a wrong one would block the lockout hierarchy.
-pub fn set_da_parameters(tcti: &Tcti, p: DaParameters) -> Result<(), Tpm2Error> {
+/// Owns the TPM's lockout hierarchy: sets the dictionary-attack parameters `p`, then gives the
+/// lockout hierarchy `code` as its password, so that from then on only `code` (or waiting out the
+/// TPM's recovery time) undoes wrong PINs. Refuses ([`Tpm2Error::LockoutOwned`]) when the
+/// hierarchy already has a password: its owner keeps it, and the protection already holds.
+pub fn setup(tcti: &Tcti, p: DaParameters, code: &ResetCode) -> Result<(), Tpm2Error> {
+    if Tpm::open(tcti)?.da_status()?.lockout_owned {
+        return Err(Tpm2Error::LockoutOwned);
+    }
     da_command(
         tcti,
+        &[],
         DaCommand::Parameters {
             max_tries: p.max_tries,
             recovery_time: p.recovery_time_s,
             lockout_recovery: p.lockout_recovery_s,
         },
-    )
+    )?;
+    let mut tpm = Tpm::open(tcti)?;
+    let auth = Auth::try_from(code.auth().to_vec()).map_err(tpm_err("the reset code"))?;
+    // A salted session that encrypts parameters: the new password does not cross the bus in clear.
+    let primary = tpm.primary()?;
+    let session = tpm.session(primary, SessionType::Hmac)?;
+    tpm.ctx
+        .execute_with_session(Some(session), |ctx| ctx.hierarchy_change_auth(AuthHandle::Lockout, auth))
+        .map_err(tpm_err("to set the lockout hierarchy's password"))
 }
 
-/// Forgets every counted failure (`TPM2_DictionaryAttackLockReset`). Same rule as
-/// [`set_da_parameters`].
-pub fn reset_lockout(tcti: &Tcti) -> Result<(), Tpm2Error> {
-    da_command(tcti, DaCommand::LockReset)
+/// Changes the dictionary-attack parameters of a TPM whose lockout is owned, with its reset code.
+pub fn set_da_parameters(tcti: &Tcti, code: &ResetCode, p: DaParameters) -> Result<(), Tpm2Error> {
+    let cmd = DaCommand::Parameters {
+        max_tries: p.max_tries,
+        recovery_time: p.recovery_time_s,
+        lockout_recovery: p.lockout_recovery_s,
+    };
+    da_command(tcti, code.auth(), cmd)
 }
 
-fn da_command(tcti: &Tcti, cmd: DaCommand) -> Result<(), Tpm2Error> {
-    // One connection at a time: a TPM without a resource manager (swtpm) serves one client.
-    if Tpm::open(tcti)?.da_status()?.lockout_auth_set {
-        return Err(Tpm2Error::LockoutAuthSet);
+/// Forgets every counted failure (`TPM2_DictionaryAttackLockReset`). Needs the reset code when
+/// the lockout is owned (`None`: a lockout with no password, which anyone can reset).
+pub fn reset_lockout(tcti: &Tcti, code: Option<&ResetCode>) -> Result<(), Tpm2Error> {
+    // An empty password tried on an owned hierarchy would block it for its recovery time.
+    if code.is_none() && Tpm::open(tcti)?.da_status()?.lockout_owned {
+        return Err(Tpm2Error::ResetCodeNeeded);
     }
+    da_command(tcti, code.map_or(&[][..], ResetCode::auth), DaCommand::LockReset)
+}
+
+fn da_command(tcti: &Tcti, auth: &[u8], cmd: DaCommand) -> Result<(), Tpm2Error> {
     let name = CString::try_from(tcti.conf()).map_err(|_| Tpm2Error::BadTcti(tcti.0.clone()))?;
-    dictionary_attack(&name, cmd).map_err(|rc| match rc_base(rc) {
-        TPM_RC_LOCKOUT => Tpm2Error::Tpm {
-            action: "the lockout hierarchy",
-            rc: "it is blocked after a wrong lockout password; wait for its lockout recovery time".into(),
-        },
+    let recovery = || Tpm::open(tcti).and_then(|mut t| t.da_status()).ok().map(|s| s.lockout_recovery_s);
+    // One connection at a time: a TPM without a resource manager (swtpm) serves one client.
+    dictionary_attack(&name, auth, cmd).map_err(|rc| match (rc >> 16 == 0).then(|| rc_base(rc)) {
+        Some(TPM_RC_LOCKOUT) => Tpm2Error::LockoutHierarchyBlocked { lockout_recovery_s: recovery() },
+        Some(TPM_RC_AUTH_FAIL | TPM_RC_BAD_AUTH) if auth.is_empty() => Tpm2Error::ResetCodeNeeded,
+        Some(TPM_RC_AUTH_FAIL | TPM_RC_BAD_AUTH) => Tpm2Error::WrongResetCode { lockout_recovery_s: recovery() },
         _ => Tpm2Error::Tpm { action: "the dictionary-attack command", rc: format!("TSS2 response code {rc:#x}") },
     })
+}
+
+/// Whether the TPM's lockout is owned; the check before a PIN is trusted to guard a key.
+pub fn require_owned_lockout(tpm: &mut Tpm) -> Result<(), Tpm2Error> {
+    if tpm.da_status()?.lockout_owned {
+        Ok(())
+    } else {
+        Err(Tpm2Error::LockoutNotOwned)
+    }
 }
 
 #[cfg(test)]

@@ -114,8 +114,8 @@ pub trait Ui {
     /// A human-readable status line (e.g. "unlocked /home/alice"). Front ends may drop it.
     fn notice(&mut self, _msg: &str) {}
     /// The person is connected over the network (a PAM login with a remote host or by a network
-    /// service). TPM PINs are then refused while the TPM has few tries left
-    /// (`tpm2.min_local_tries`), so a remote guesser cannot lock the owner out of their device.
+    /// service). TPM PINs are then refused unless the TPM has more than `tpm2.min_local_tries` tries
+    /// left ([`crate::tpm2::PinTries`]), so a remote guesser cannot lock the owner out.
     fn network_login(&self) -> bool {
         false
     }

@@ -30,6 +30,11 @@ fn encrypt_lock_unlock_round_trip() {
 
     env.ok(&["lock", p(&d)], "");
     assert_eq!(env.status_json(&d)["key"], "locked");
+    // Locking again is not an error, and --json answers it.
+    let again = env.ok(&["lock", p(&d)], "");
+    assert!(again.contains("is already locked"), "{again}");
+    let j: serde_json::Value = serde_json::from_str(&env.ok(&["lock", "--json", p(&d)], "")).unwrap();
+    assert_eq!((j["locked"].as_bool(), j["already_locked"].as_bool()), (Some(true), Some(true)), "{j}");
     let locked = names(&d);
     assert_eq!(locked.len(), 2);
     assert!(!locked.contains(&"hello.txt".to_string()), "names must be ciphertext: {locked:?}");
@@ -238,6 +243,15 @@ fn errors_are_one_line_and_the_clis_hint_another() {
     assert!(lines[1].contains(&format!("`dirseal convert {}`", p(&d))), "{err}");
     let err = env.fails(&["lock", p(&d)], "");
     assert!(err.contains("not encrypted"), "{err}");
+    // A file is not offered `dirseal encrypt FILE`.
+    let f = env.mnt().join("file");
+    fs::write(&f, "x").unwrap();
+    let err = env.fails(&["unlock", p(&f)], "");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(err.contains("not encrypted") && !err.contains("dirseal encrypt"), "{err}");
+    // A missing path: what happened, once.
+    let err = env.fails(&["unlock", p(&env.mnt().join("missing"))], "");
+    assert_eq!(err.matches("No such file or directory").count(), 1, "{err}");
     let err = env.fails(&["protector", "verify", "0011223344556677"], "");
     assert!(err.contains("no protector 0011223344556677"), "{err}");
     let err = env.fails(&["unlock", p(&env.mnt().join("missing"))], "");
@@ -258,8 +272,23 @@ fn filesystem_without_encrypt_feature_is_explained() {
     let env = Env::with(common::Options { encrypt: false, ..Default::default() });
     let d = env.mnt().join("d");
     fs::create_dir(&d).unwrap();
+    // Locking or unlocking a plain directory there is answered plainly, no feature advice.
+    for cmd in ["lock", "unlock"] {
+        let err = env.fails(&[cmd, p(&d)], "");
+        assert!(err.contains("is not encrypted") && !err.contains("tune2fs"), "{cmd}: {err}");
+    }
     let err = env.fails(&["encrypt", p(&d)], "pw\n");
-    assert!(err.contains("tune2fs -O encrypt"), "{err}");
+    // The advice is followed literally, on the mounted filesystem (ext4 allows it online): a
+    // rescue boot would be needless.
+    let advice = err.split('`').nth(1).unwrap_or_else(|| panic!("no command in: {err}"));
+    assert!(advice.starts_with("tune2fs -O encrypt /dev/"), "{err}");
+    assert!(!err.contains("unmounted"), "{err}");
+    let words: Vec<&str> = advice.split_whitespace().collect();
+    let st =
+        std::process::Command::new(words[0]).args(&words[1..]).stdout(std::process::Stdio::null()).status().unwrap();
+    assert!(st.success(), "{advice} failed");
+    env.ok(&["encrypt", p(&d)], "pw\n");
+    assert_eq!(env.status_json(&d)["encrypted"], true);
 }
 
 #[test]
@@ -435,4 +464,104 @@ fn owner_without_passwd_entry_gets_a_protector_named_by_uid() {
     let st = env.status_json(&d);
     assert_eq!(st["protectors"][0]["name"], format!("uid {uid}"));
     assert_eq!(st["protectors"][0]["uid"], uid);
+}
+
+/// Help reads well: every argument described, the global options under their own heading, and
+/// `--type` accepted wherever a new protector's kind is asked (`protector create` spells it so).
+#[test]
+fn help_describes_every_argument_and_kinds_share_one_flag() {
+    dirseal_testfs::needs_root!();
+    let commands: [&[&str]; 13] = [
+        &["unlock"],
+        &["lock"],
+        &["status"],
+        &["encrypt"],
+        &["convert"],
+        &["change-password"],
+        &["protector", "remove"],
+        &["protector", "verify"],
+        &["protector", "change-password"],
+        &["recovery", "add"],
+        &["recovery", "verify"],
+        &["recovery", "remove"],
+        &["recovery", "restore"],
+    ];
+    for cmd in commands {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_dirseal")).args(cmd).arg("--help").output().unwrap();
+        let help = String::from_utf8_lossy(&out.stdout);
+        assert!(help.contains("Global options:"), "{cmd:?}: {help}");
+        let bare: Vec<&str> =
+            help.lines().filter(|l| l.trim_start().starts_with('<') && !l.trim().contains("  ")).collect();
+        assert!(bare.is_empty(), "{cmd:?}: undescribed arguments {bare:?}");
+    }
+    let env = Env::new();
+    let d = env.mnt().join("typed");
+    fs::create_dir(&d).unwrap();
+    env.ok(&["encrypt", p(&d), "--type", "password", "--no-recovery-key"], "pw\n");
+    assert_eq!(env.status_json(&d)["encrypted"], true);
+}
+
+/// Commands that only read create no keystore; `convert` without a directory stops at the
+/// argument check.
+#[test]
+fn reading_commands_create_no_keystore() {
+    dirseal_testfs::needs_root!();
+    let env = Env::new();
+    let d = env.mnt().join("plain");
+    fs::create_dir(&d).unwrap();
+    let ks = env.mnt().join("never");
+    let run = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_dirseal"))
+            .arg("--keystore")
+            .arg(&ks)
+            .arg("--config")
+            .arg(env.config())
+            .args(args)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap()
+    };
+    assert!(run(&["status", p(&d)]).status.success());
+    assert!(run(&["status"]).status.success());
+    assert!(!run(&["unlock", p(&d)]).status.success());
+    assert!(!run(&["lock", p(&d)]).status.success());
+    assert!(run(&["protector", "list"]).status.success());
+    let out = run(&["convert"]);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("<DIR>"), "{out:?}");
+    assert!(!ks.exists(), "a reading command created {}", ks.display());
+}
+
+/// A user reads the status of a directory they can reach without root: encrypted, key loaded,
+/// the tree; what only root may read (protectors, the recovery key) is said to be hidden.
+#[test]
+fn a_user_reads_status_without_root() {
+    dirseal_testfs::needs_root!();
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    let env = Env::new();
+    let d = env.mnt().join("mine");
+    fs::create_dir(&d).unwrap();
+    env.ok(&["encrypt", p(&d), "--recovery-key"], "pw\n");
+    // Let the user reach the mount (test dirs are private).
+    for a in env.mnt().ancestors().take_while(|a| a.starts_with(std::env::temp_dir()) && *a != std::env::temp_dir()) {
+        fs::set_permissions(a, fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let user = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_dirseal"))
+            .args(args)
+            .uid(65534)
+            .gid(65534)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let text = user(&["status", p(&d)]);
+    assert!(text.contains("encrypted:  yes") && text.contains("key:        unlocked"), "{text}");
+    assert!(text.contains("managed:    hidden") && text.contains("recovery:   hidden"), "{text}");
+    assert!(!text.contains("problem"), "{text}");
+    let j: serde_json::Value = serde_json::from_str(&user(&["status", "--json", p(&d)])).unwrap();
+    assert_eq!((j["hidden"].as_bool(), j["recovery_key"].is_null()), (Some(true), true), "{j}");
+    // Root still sees everything.
+    assert_eq!(env.status_json(&d)["recovery_key"], true);
 }

@@ -36,6 +36,9 @@ fn tpm_pin_unlocks_wrong_pins_cost_one_try_lockout_leaves_other_protectors() {
     dirseal_testfs::needs_root!();
     let tpm = Swtpm::start();
     let env = env_with(&tpm.tcti());
+    // Owned by dirseal's setup; its reset code changes the parameters below.
+    let out = env.ok(&["tpm2", "setup", "--yes", "--max-tries", "3", "--recovery-time", "1000"], "");
+    let code = out.split_whitespace().find(|w| w.len() == 55).expect("reset code").to_string();
     let d = env.mnt().join("home");
     fs::create_dir(&d).unwrap();
     env.ok(&["encrypt", p(&d), "--protector-type", "tpm2", "--protector-name", "tpm", "--recovery-key"], "1234\n");
@@ -81,7 +84,7 @@ fn tpm_pin_unlocks_wrong_pins_cost_one_try_lockout_leaves_other_protectors() {
     env.ok(&["lock", p(&d)], "");
 
     // With a 2 s recovery time the TPM forgives failures and the PIN works again.
-    env.ok(&["tpm2", "setup", "--recovery-time", "2"], "");
+    env.ok(&["tpm2", "setup", "--recovery-time", "2"], &format!("{code}\n"));
     std::thread::sleep(std::time::Duration::from_millis(2500));
     assert!(tries_left(&env, "tpm").unwrap() >= 1);
     env.ok(&["unlock", p(&d), "--protector", &tpm_id], "1234\n");
@@ -147,7 +150,7 @@ fn a_missing_tpm_is_a_clear_error_at_create_and_nothing_is_saved() {
 #[test]
 fn tpm_pin_change_keeps_the_protector() {
     dirseal_testfs::needs_root!();
-    let tpm = Swtpm::start();
+    let tpm = Swtpm::start_owned();
     let env = env_with(&tpm.tcti());
     env.ok(&["protector", "create", "--type", "tpm2", "--name", "t"], "1111\n");
     let id = id_of(&env, "t");
@@ -160,7 +163,7 @@ fn tpm_pin_change_keeps_the_protector() {
 #[test]
 fn convert_with_a_new_tpm_protector() {
     dirseal_testfs::needs_root!();
-    let tpm = Swtpm::start();
+    let tpm = Swtpm::start_owned();
     let env = env_with(&tpm.tcti());
     let d = env.mnt().join("home");
     fs::create_dir_all(d.join("sub")).unwrap();
@@ -177,4 +180,24 @@ fn convert_with_a_new_tpm_protector() {
     env.ok(&["unlock", p(&d)], "4321\n");
     assert_eq!(fs::read(d.join("sub/f")).unwrap(), b"data");
     assert_eq!(tries_left(&env, "t"), Some(2));
+}
+
+/// Regression (issue 20): a PIN on a TPM whose lockout anyone can reset protects nothing, so it is
+/// refused, naming the command that fixes it; without a PIN there is nothing to guess.
+#[test]
+fn a_pin_protector_needs_an_owned_lockout_and_setup_provides_it() {
+    dirseal_testfs::needs_root!();
+    let tpm = Swtpm::start();
+    let env = env_with(&tpm.tcti());
+    // Refused before the PIN is asked (no input given: asking would fail otherwise).
+    let err = env.fails(&["protector", "create", "--type", "tpm2", "--name", "t"], "");
+    assert!(!err.contains("no secret was given"), "{err}");
+    assert!(err.contains("lockout hierarchy has no password"), "{err}");
+    assert!(err.contains("`dirseal tpm2 setup`"), "{err}");
+    assert!(protectors(&env).is_empty());
+    env.ok(&["protector", "create", "--type", "tpm2", "--name", "free", "--no-pin"], "");
+    env.ok(&["tpm2", "setup", "--yes"], "");
+    env.ok(&["protector", "create", "--type", "tpm2", "--name", "t"], "1234\n");
+    let st: serde_json::Value = serde_json::from_str(&env.ok(&["tpm2", "status", "--json"], "")).unwrap();
+    assert_eq!((st["lockout_owned"].as_bool(), st["max_tries"].as_u64()), (Some(true), Some(6)), "{st}");
 }

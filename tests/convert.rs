@@ -108,6 +108,10 @@ fn convert_home_end_to_end() {
     let before = manifest(&home);
     let out = convert_ok(&env, &home, &[]);
     assert!(out.contains("is now encrypted"), "{out}");
+    // --yes alone made no recovery key: the result says so, and points to the free-space scrub
+    // (a command that exists) for the old plaintext's blocks.
+    assert!(out.contains("no recovery key was made") && out.contains("dirseal recovery add"), "{out}");
+    assert!(out.contains(&format!("`dirseal scrub {}`", env.mnt().display())) && !out.contains("use wipe"), "{out}");
 
     let st = env.status_json(&home);
     assert_eq!(st["encrypted"], true);
@@ -611,6 +615,10 @@ fn a_user_owned_dirseal_under_a_1777_mount_root_is_never_written_to() {
     fs::rename(&trap, env.mnt().join(".dirseal.suspect")).unwrap();
     let out = convert_ok(&env, &home, &[]);
     assert!(out.contains("is now encrypted"), "{out}");
+    // --yes alone made no recovery key: the result says so, and points to the free-space scrub
+    // (a command that exists) for the old plaintext's blocks.
+    assert!(out.contains("no recovery key was made") && out.contains("dirseal recovery add"), "{out}");
+    assert!(out.contains(&format!("`dirseal scrub {}`", env.mnt().display())) && !out.contains("use wipe"), "{out}");
     assert!(lsattr(&home).contains('E'), "lsattr: {}", lsattr(&home));
     let st = env.status_json(&home);
     assert_eq!((st["encrypted"].as_bool(), st["key"].as_str()), (Some(true), Some("unlocked")));

@@ -1,6 +1,6 @@
-//! What a person at a terminal sees: `convert` driven through a real pseudo-terminal. Yes/no
-//! questions re-ask on anything but an answer and never echo what was typed; secrets never echo;
-//! `--yes` asks nothing but the secret.
+//! What a person at a terminal sees: `convert` and `unlock` driven through a real pseudo-terminal.
+//! Yes/no questions re-ask on anything but an answer and show what was typed; secrets never echo;
+//! a mistyped or empty secret is asked again; Ctrl-D cancels; `--yes` asks nothing but the secret.
 mod common;
 
 use std::fs;
@@ -10,7 +10,7 @@ use std::process::{Child, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{p, Env};
+use common::{fresh_uid, p, Env};
 use nix::sys::termios::{tcgetattr, LocalFlags};
 
 /// A child process on the slave side of a pty, and everything it wrote to the master.
@@ -65,12 +65,22 @@ impl Term {
     /// Types `line` once the program has turned echo off (the master reports the slave's modes),
     /// so anything that shows up in the output was echoed by the program, not by a race.
     fn type_unechoed(&mut self, line: &str) {
+        self.type_raw_unechoed(format!("{line}\n").as_bytes());
+    }
+
+    /// Types `line` now (a question's answer: echo stays on).
+    fn type_line(&mut self, line: &str) {
+        self.master.write_all(format!("{line}\n").as_bytes()).unwrap();
+    }
+
+    /// Writes `bytes` once echo is off (a control character at a secret prompt).
+    fn type_raw_unechoed(&mut self, bytes: &[u8]) {
         let deadline = Instant::now() + Duration::from_secs(60);
         while tcgetattr(self.master.as_fd()).unwrap().local_flags.contains(LocalFlags::ECHO) {
             assert!(Instant::now() < deadline, "echo never turned off:\n{}", self.text());
             std::thread::sleep(Duration::from_millis(2));
         }
-        self.master.write_all(format!("{line}\n").as_bytes()).unwrap();
+        self.master.write_all(bytes).unwrap();
     }
 
     /// Answers the new-password prompt and its repetition.
@@ -97,7 +107,7 @@ fn home(env: &Env) -> std::path::PathBuf {
 }
 
 #[test]
-fn questions_re_ask_and_nothing_typed_is_echoed() {
+fn questions_re_ask_and_answers_are_echoed() {
     dirseal_testfs::needs_root!();
     let env = Env::new();
     let d = home(&env);
@@ -116,20 +126,84 @@ fn questions_re_ask_and_nothing_typed_is_echoed() {
     ] {
         assert!(text.contains(needle), "{needle:?} missing before the question:\n{text}");
     }
-    // The password, typed one prompt too early.
-    t.type_unechoed("Zq9-secret-pw");
+    // Not an answer: asked again. Answers are shown as typed (only secrets are hidden).
+    t.type_line("maybe");
     t.wait_for("please answer y or n", 1);
     t.wait_for("[y/N]", 2);
-    t.type_unechoed("y");
+    t.type_line("y");
+    t.wait_for("[y/N] y", 1);
     t.wait_for("recovery key", 1);
     t.wait_for("[y/N]", 3);
-    t.type_unechoed("n");
+    t.type_line("n");
     t.new_password("Zq9-secret-pw");
     let (ok, out) = t.finish();
     assert!(ok, "{out}");
     assert!(out.contains("is now encrypted"), "{out}");
     assert!(!out.contains("Zq9"), "a secret was echoed:\n{out}");
     assert_eq!(env.status_json(&d)["encrypted"], true);
+}
+
+/// An encrypted, locked directory whose protector's password is `right`.
+fn locked(env: &Env) -> std::path::PathBuf {
+    let d = env.mnt().join("locked");
+    fs::create_dir(&d).unwrap();
+    env.ok(&["encrypt", p(&d), "--protector-name", "o"], "right-pw\n");
+    env.ok(&["lock", p(&d)], "");
+    d
+}
+
+#[test]
+fn unlock_forgives_a_typo_and_an_empty_line() {
+    dirseal_testfs::needs_root!();
+    let env = Env::new();
+    let d = locked(&env);
+    let mut t = Term::spawn(&env, &["unlock", p(&d)]);
+    t.wait_for("Password for protector o", 1);
+    t.type_unechoed("Zq9-wrong");
+    t.wait_for("incorrect password; try again", 1);
+    t.wait_for("Password for protector o", 2);
+    // An empty line is not tried (no KDF, no wrong try): the prompt comes back.
+    t.type_unechoed("");
+    t.wait_for("nothing was typed", 1);
+    t.wait_for("Password for protector o", 3);
+    t.type_unechoed("right-pw");
+    let (ok, out) = t.finish();
+    assert!(ok, "{out}");
+    assert!(!out.contains("Zq9"), "a secret was echoed:\n{out}");
+    assert_eq!(env.status_json(&d)["key"], "unlocked");
+}
+
+#[test]
+fn three_wrong_passwords_end_with_the_way_out() {
+    dirseal_testfs::needs_root!();
+    let env = Env::new();
+    let d = locked(&env);
+    let mut t = Term::spawn(&env, &["unlock", p(&d)]);
+    for n in 1..=3 {
+        t.wait_for("Password for protector o", n);
+        t.type_unechoed("Zq9-wrong");
+    }
+    let (ok, out) = t.finish();
+    assert!(!ok, "{out}");
+    assert_eq!(out.matches("try again").count(), 2, "{out}");
+    assert!(out.contains("dirseal unlock --recovery"), "{out}");
+    assert_eq!(env.status_json(&d)["key"], "locked");
+}
+
+#[test]
+fn ctrl_d_at_a_secret_prompt_cancels_on_its_own_line() {
+    dirseal_testfs::needs_root!();
+    let env = Env::new();
+    let d = locked(&env);
+    let mut t = Term::spawn(&env, &["unlock", p(&d)]);
+    t.wait_for("Password for protector o", 1);
+    t.type_raw_unechoed(b"\x04");
+    let st = t.child.wait().unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let out = t.text();
+    assert_eq!(st.code(), Some(130), "{out}");
+    assert!(out.contains("\ndirseal: cancelled; nothing was changed"), "not on its own line:\n{out:?}");
+    assert_eq!(env.status_json(&d)["key"], "locked");
 }
 
 #[test]
@@ -154,11 +228,29 @@ fn end_of_input_at_a_question_is_no() {
     let mut t = Term::spawn(&env, &["convert", p(&d)]);
     t.wait_for("[y/N]", 1);
     // Ctrl-D at the start of a line.
-    while tcgetattr(t.master.as_fd()).unwrap().local_flags.contains(LocalFlags::ECHO) {
-        std::thread::sleep(Duration::from_millis(2));
-    }
     t.master.write_all(b"\x04").unwrap();
     let (ok, out) = t.finish();
     assert!(!ok && out.contains("cancelled; nothing was changed"), "{out}");
     assert_eq!(env.status_json(&d)["encrypted"], false);
+}
+
+/// A home's new password is its owner's login password, or login will not open it: the prompt
+/// says so, and a short one is warned about.
+#[test]
+fn the_new_password_says_what_it_is_for() {
+    dirseal_testfs::needs_root!();
+    let env = Env::new();
+    let d = home(&env);
+    let uid = fresh_uid();
+    std::os::unix::fs::chown(&d, Some(uid), Some(uid)).unwrap();
+    let mut t = Term::spawn(&env, &["convert", p(&d), "--yes", "--protector-name", "o"]);
+    t.wait_for("New password for protector o", 1);
+    assert!(t.text().contains(&format!("only while this password is uid {uid}'s login password")), "{}", t.text());
+    t.type_unechoed("Zq9");
+    t.wait_for("quick to guess", 1);
+    t.wait_for("Repeat the new password", 1);
+    t.type_unechoed("Zq9");
+    let (ok, out) = t.finish();
+    assert!(ok, "{out}");
+    assert_eq!(env.status_json(&d)["encrypted"], true);
 }

@@ -69,6 +69,26 @@ fn restore_after_the_keystore_is_gone() {
     assert_eq!(key_status(&env, &d), "unlocked");
 }
 
+/// A home restored with the command the error names (no --user) opens at login again: its new
+/// protector belongs to the home's owner, as after `convert`, and is named after them.
+#[test]
+fn a_restored_home_belongs_to_its_owner() {
+    dirseal_testfs::needs_root!();
+    let env = Env::new();
+    let (d, key) = encrypted_with_key(&env, "owned");
+    let uid = fresh_uid();
+    std::os::unix::fs::chown(&d, Some(uid), Some(uid)).unwrap();
+    env.ok(&["lock", p(&d)], "");
+    fs::remove_dir_all(env.keystore()).unwrap();
+    let err = env.fails(&["unlock", p(&d)], "pw\n");
+    assert!(err.contains(&format!("dirseal recovery restore {}", d.display())), "{err}");
+    let out = env.ok(&["recovery", "restore", p(&d)], &format!("{key}\nnewpw\n"));
+    assert!(out.contains("login password"), "{out}");
+    let st = env.status_json(&d);
+    assert_eq!(st["protectors"][0]["uid"], uid, "{st}");
+    assert_eq!(st["protectors"][0]["name"], format!("uid {uid}"), "{st}");
+}
+
 #[test]
 fn every_class_of_typo_is_named_and_unlocks_nothing() {
     dirseal_testfs::needs_root!();
@@ -87,6 +107,7 @@ fn every_class_of_typo_is_named_and_unlocks_nothing() {
     // A group left out.
     let err = env.fails(&["unlock", "--recovery", p(&d)], &format!("{}\n", groups[..7].join("-")));
     assert!(err.contains("8 groups of 6 digits"), "{err}");
+    assert_eq!(err.matches("8 groups of 6 digits").count(), 1, "said once: {err}");
     // A short group.
     let mut short = groups.clone();
     short[2] = &groups[2][..5];
@@ -173,4 +194,23 @@ fn convert_offers_a_recovery_key_that_works_at_once() {
     fs::remove_dir_all(env.keystore()).unwrap();
     env.ok(&["unlock", "--recovery", p(&home)], &format!("{key}\n"));
     assert_eq!(fs::read(home.join("notes.txt")).unwrap(), b"keep me");
+}
+
+/// A subdirectory shares its tree's key: status there reports the tree's recovery key and names
+/// the tree, and locking it says that the whole tree was locked.
+#[test]
+fn a_subdirectory_answers_for_its_encrypted_tree() {
+    dirseal_testfs::needs_root!();
+    let env = Env::new();
+    let (d, _key) = encrypted_with_key(&env, "tree");
+    let sub = d.join("sub/deeper");
+    fs::create_dir_all(&sub).unwrap();
+    let st = env.status_json(&sub);
+    assert_eq!(st["recovery_key"], true, "{st}");
+    assert_eq!(st["encrypted_root"], p(&d), "{st}");
+    let text = env.ok(&["status", p(&sub)], "");
+    assert!(text.contains(&format!("part of:    {}", d.display())), "{text}");
+    let out = env.ok(&["lock", p(&sub)], "");
+    assert_eq!(out.trim(), format!("locked {}", d.display()), "{out}");
+    assert_eq!(key_status(&env, &d), "locked");
 }

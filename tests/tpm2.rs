@@ -1,5 +1,6 @@
 //! The TPM sealing machinery against a real software TPM (swtpm), one per test.
-use std::time::Duration;
+use std::io::Write;
+use std::time::{Duration, Instant};
 
 use dirseal::config::Config;
 use dirseal::ids::ProtectorId;
@@ -8,7 +9,7 @@ use dirseal::keystore::Keystore;
 use dirseal::protector::tpm2::NewTpm2;
 use dirseal::protector::{self, NewKind, ProtectorError};
 use dirseal::secret::{Passphrase, ProtectorKey};
-use dirseal::tpm2::{self, DaParameters, PcrSet, SealedKey, Tcti, Tpm, Tpm2Error};
+use dirseal::tpm2::{self, DaParameters, PcrSet, PinTries, ResetCode, SealedKey, Tcti, Tpm, Tpm2Error};
 use dirseal_testfs::Swtpm;
 
 /// Argon2id at its minimum: tests check behaviour, not strength.
@@ -75,8 +76,8 @@ fn wrong_pin_costs_exactly_one_try() {
 #[test]
 fn lockout_is_clear_and_tries_come_back_after_the_recovery_time() {
     let t = Swtpm::start();
-    tpm2::set_da_parameters(&tcti(&t), DaParameters { max_tries: 3, recovery_time_s: 2, lockout_recovery_s: 10 })
-        .unwrap();
+    let p = DaParameters { max_tries: 3, recovery_time_s: 2, lockout_recovery_s: 10 };
+    tpm2::setup(&tcti(&t), p, &ResetCode::generate()).unwrap();
     let st = open(&t).da_status().unwrap();
     assert_eq!((st.max_tries, st.recovery_time_s, st.lockout_recovery_s), (3, 2, 10));
     let key = ProtectorKey::random();
@@ -120,7 +121,9 @@ fn lockout_is_reported_before_the_pin_is_judged() {
     // A protector with no PIN has nothing to guess (noDA): the lockout does not touch it.
     let free = seal(&t, &key, None, "");
     assert!(unseal(&t, &free, None).unwrap() == key);
-    tpm2::reset_lockout(&tcti(&t)).unwrap();
+    // Unowned (this test's TPM is not set up): anyone resets it, which is why PIN protectors
+    // refuse such a TPM.
+    tpm2::reset_lockout(&tcti(&t), None).unwrap();
     let st = open(&t).da_status().unwrap();
     assert!(!st.in_lockout && st.lockout_counter == 0, "{st:?}");
     assert!(unseal(&t, &sealed, Some("42")).unwrap() == key);
@@ -245,9 +248,9 @@ fn golden_sealed_key_still_unseals() {
 #[ignore = "generator, run by hand"]
 fn make_golden() {
     let out = std::path::PathBuf::from(std::env::var("DIRSEAL_GOLDEN_OUT").expect("DIRSEAL_GOLDEN_OUT"));
-    let mut t = Swtpm::start();
+    let mut t = Swtpm::start_owned();
     let key = ProtectorKey::random();
-    let new = NewKind::Tpm2(NewTpm2 { no_pin: false, pcrs: "7".parse().unwrap() });
+    let new = NewKind::Tpm2(NewTpm2 { no_pin: false, pcrs: "7".parse().unwrap(), ..Default::default() });
     let (rec, pkey) =
         protector::create("golden", Some(1000), &new, &mut config_for(&t.tcti()), Some(&pin("2580"))).unwrap();
     let ks = tempfile::tempdir().unwrap();
@@ -275,15 +278,26 @@ fn make_golden() {
 
 /// Runs the real `dirseal` binary with a config whose `tpm2.tcti` is `tcti`.
 fn dirseal(tcti: &str, args: &[&str]) -> (bool, String, String) {
+    dirseal_in(tcti, args, "")
+}
+
+/// [`dirseal`] with `stdin` as its standard input.
+fn dirseal_in(tcti: &str, args: &[&str], stdin: &str) -> (bool, String, String) {
     let etc = tempfile::tempdir().unwrap();
     let config = etc.path().join("config.toml");
     std::fs::write(&config, format!("[tpm2]\ntcti = \"{tcti}\"\n")).unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dirseal"))
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_dirseal"))
         .args(args)
         .env("DIRSEAL_CONFIG", &config)
         .env("DIRSEAL_KEYSTORE", etc.path().join("ks"))
-        .output()
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
         .unwrap();
+    // A closed pipe (the program did not read) is not an error here.
+    let _ = child.stdin.take().unwrap().write_all(stdin.as_bytes());
+    let out = child.wait_with_output().unwrap();
     let s = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
     (out.status.success(), s(&out.stdout), s(&out.stderr))
 }
@@ -294,35 +308,144 @@ fn status_json(tcti: &str) -> serde_json::Value {
     serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
 }
 
+/// The reset code in `dirseal tpm2 setup`'s output.
+fn reset_code(out: &str) -> String {
+    let code = out.split_whitespace().find(|w| w.len() == 55 && w.matches('-').count() == 7);
+    code.unwrap_or_else(|| panic!("no reset code in {out}")).to_string()
+}
+
+/// `code` with one digit of group `group` (1-based) changed.
+fn mistype(code: &str, group: usize) -> String {
+    let mut b = code.as_bytes().to_vec();
+    let i = (group - 1) * 7 + 2;
+    b[i] = if b[i] == b'9' { b'0' } else { b[i] + 1 };
+    String::from_utf8(b).unwrap()
+}
+
 #[test]
-fn cli_setup_changes_what_status_reports() {
+fn cli_setup_owns_the_lockout_and_changes_what_status_reports() {
     dirseal_testfs::needs_root!();
     let t = Swtpm::start();
     let s = status_json(&t.tcti());
     assert_eq!(s["present"], true);
     assert_eq!((s["max_tries"].as_u64(), s["tries_left"].as_u64()), (Some(3), Some(3)), "{s}");
     assert_eq!((s["recovery_time_s"].as_u64(), s["in_lockout"].as_bool()), (Some(1000), Some(false)), "{s}");
-    let (ok, out, err) = dirseal(&t.tcti(), &["tpm2", "setup", "--max-tries", "5", "--recovery-time", "2"]);
-    assert!(ok, "{err}");
-    assert!(out.contains("5 tries, one forgiven every 2 s"), "{out}");
-    let s = status_json(&t.tcti());
-    assert_eq!((s["max_tries"].as_u64(), s["tries_left"].as_u64()), (Some(5), Some(5)), "{s}");
-    assert_eq!((s["recovery_time_s"].as_u64(), s["lockout_recovery_s"].as_u64()), (Some(2), Some(1000)), "{s}");
+    assert_eq!(s["lockout_owned"], false, "{s}");
+    let (ok, out, _) = dirseal(&t.tcti(), &["tpm2", "status"]);
+    assert!(ok && out.contains("lockout owned:     no") && out.contains("dirseal tpm2 setup"), "{out}");
     let (ok, _, err) = dirseal(&t.tcti(), &["tpm2", "setup", "--max-tries", "0"]);
     assert!(!ok && err.contains("at least 1"), "{err}");
+    // Without --yes the code must be typed back.
     let (ok, _, err) = dirseal(&t.tcti(), &["tpm2", "setup"]);
-    assert!(!ok && err.contains("nothing to set"), "{err}");
+    assert!(!ok && err.contains("--yes"), "{err}");
+    assert_eq!(status_json(&t.tcti())["lockout_owned"], false);
 
-    // A wrong PIN shows in the status; reset-lockout forgets it.
+    let (ok, out, err) = dirseal(&t.tcti(), &["tpm2", "setup", "--yes", "--max-tries", "5", "--recovery-time", "2"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("5 tries, one forgiven every 2 s, lockout recovery 10 min"), "{out}");
+    let code = reset_code(&out);
+    assert!(ResetCode::parse(&pin(&code)).is_ok(), "{code}");
+    let s = status_json(&t.tcti());
+    assert_eq!((s["max_tries"].as_u64(), s["tries_left"].as_u64()), (Some(5), Some(5)), "{s}");
+    assert_eq!((s["recovery_time_s"].as_u64(), s["lockout_recovery_s"].as_u64()), (Some(2), Some(600)), "{s}");
+    assert_eq!(s["lockout_owned"], true, "{s}");
+    // Set up once: again, it says the protection holds and changes nothing.
+    let (ok, out, err) = dirseal(&t.tcti(), &["tpm2", "setup", "--yes"]);
+    assert!(ok && out.contains("already has a password") && !out.contains(&code[..6]), "{out}{err}");
+    // Typed back on stdin (as on a terminal, one line), the code is taken.
+    let (ok, out, err) = dirseal_in(&t.tcti(), &["tpm2", "setup", "--recovery-time", "1000"], &format!("{code}\n"));
+    assert!(ok && out.contains("5 tries, one forgiven every 17 min"), "{out}{err}");
+
+    // A wrong PIN shows in the status; reset-lockout with the code forgets it.
     let sealed = seal(&t, &ProtectorKey::random(), Some("1"), "");
     assert!(unseal(&t, &sealed, Some("2")).is_err());
     let (ok, out, err) = dirseal(&t.tcti(), &["tpm2", "status"]);
     assert!(ok, "{err}");
     assert!(out.contains("tries left:        4 of 5") && out.contains("in lockout:        no"), "{out}");
+    assert!(out.contains("lockout owned:     yes"), "{out}");
     assert!(!err.contains("WARNING"), "libtss2 noise must not reach the user: {err}");
     let (ok, _, err) = dirseal(&t.tcti(), &["tpm2", "reset-lockout"]);
-    assert!(ok, "{err}");
+    assert!(!ok && err.contains("no secret was given"), "{err}");
+    assert_eq!(status_json(&t.tcti())["tries_left"].as_u64(), Some(4));
+    // A mistyped code names its group and does not reach the TPM (no lockout-hierarchy penalty).
+    let (ok, _, err) = dirseal_in(&t.tcti(), &["tpm2", "reset-lockout"], &format!("{}\n", mistype(&code, 3)));
+    assert!(!ok && err.contains("mistyped") && err.contains("group 3"), "{err}");
+    let (ok, out, err) = dirseal_in(&t.tcti(), &["tpm2", "reset-lockout"], &format!("{code}\n"));
+    assert!(ok && out.contains("forgot every counted wrong PIN"), "{out}{err}");
     assert_eq!(status_json(&t.tcti())["tries_left"].as_u64(), Some(5));
+    // A valid code that is not this TPM's: refused, and the lockout hierarchy rests 10 min.
+    let other = ResetCode::generate().to_display().to_string();
+    let (ok, _, err) = dirseal_in(&t.tcti(), &["tpm2", "reset-lockout"], &format!("{other}\n"));
+    assert!(!ok && err.contains("reset code is wrong") && err.contains("10 min"), "{err}");
+    let (ok, _, err) = dirseal_in(&t.tcti(), &["tpm2", "reset-lockout"], &format!("{code}\n"));
+    assert!(!ok && err.contains("refuses its lockout hierarchy"), "{err}");
+}
+
+/// Regression (issue 20): with the lockout hierarchy's password empty, a thief reset the count of
+/// wrong PINs after every guess and found a 4-digit PIN in 38 guesses. After setup, 100 guesses
+/// with both kinds of reset attempt between them do not find it.
+#[test]
+fn after_setup_100_guesses_with_resets_between_them_do_not_find_a_4_digit_pin() {
+    dirseal_testfs::needs_root!();
+    let t = Swtpm::start();
+    let (ok, out, err) = dirseal(&t.tcti(), &["tpm2", "setup", "--yes"]);
+    assert!(ok && out.contains("6 tries, one forgiven every 2 h"), "{out}{err}");
+    // Among the first 100 guesses, so that without the fix this test finds it.
+    let secret = "0042";
+    let key = ProtectorKey::random();
+    let sealed = seal(&t, &key, Some(secret), "");
+    let started = Instant::now();
+    let (mut wrong, mut locked) = (0, 0);
+    for guess in 0..100 {
+        match unseal(&t, &sealed, Some(&format!("{guess:04}"))) {
+            Ok(_) => panic!("guess {guess} found the PIN"),
+            Err(Tpm2Error::WrongPin { .. }) => wrong += 1,
+            Err(Tpm2Error::Lockout { .. }) => locked += 1,
+            Err(e) => panic!("guess {guess}: {e}"),
+        }
+        // tpm2-tools with the empty lockout password; dirseal's reset without the code.
+        let e = t.tool(&["tpm2_dictionarylockout", "-c"]).expect_err("an empty lockout password must be refused");
+        assert!(e.contains("0x98E") || e.contains("0x921"), "{e}");
+        let (ok, _, err) = dirseal(&t.tcti(), &["tpm2", "reset-lockout"]);
+        assert!(!ok, "dirseal reset the lockout without the code: {err}");
+        assert!(matches!(tpm2::reset_lockout(&tcti(&t), None), Err(Tpm2Error::ResetCodeNeeded)));
+    }
+    eprintln!(
+        "100 guesses with resets between them in {:?}: {wrong} judged wrong, {locked} refused in lockout",
+        started.elapsed()
+    );
+    assert_eq!((wrong, locked), (6, 94));
+    let st = open(&t).da_status().unwrap();
+    assert!(st.in_lockout && st.lockout_owned, "{st:?}");
+}
+
+/// The one rule for spending PIN tries.
+#[test]
+fn pin_tries_keep_the_last_ones_for_the_device_and_pace_callers() {
+    let rule = PinTries { tries_left: 3, min_local_tries: 2 };
+    assert!(rule.may_try(false, None).is_ok());
+    assert!(rule.may_try(true, None).is_ok());
+    let kept = PinTries { tries_left: 2, min_local_tries: 2 };
+    let e = kept.may_try(false, None).unwrap_err();
+    assert!(matches!(e, Tpm2Error::TriesKept { tries_left: 2, min: 2 }), "{e}");
+    assert!(e.to_string().contains("kept for the person at the device"), "{e}");
+    assert!(kept.may_try(true, None).is_ok());
+    let e = rule.may_try(true, Some(Duration::from_millis(500))).unwrap_err();
+    assert!(matches!(e, Tpm2Error::TooSoon { wait_s: 3 }), "{e}");
+    assert!(rule.may_try(true, Some(PinTries::MIN_INTERVAL)).is_ok());
+}
+
+#[test]
+fn a_pin_protector_refuses_an_unowned_lockout() {
+    let t = Swtpm::start();
+    let mut config = config_for(&t.tcti());
+    let new = NewKind::Tpm2(NewTpm2::default());
+    let e = protector::create("p", None, &new, &mut config, Some(&pin("1234"))).err().expect("unowned: refused");
+    assert!(matches!(e, ProtectorError::Tpm2(Tpm2Error::LockoutNotOwned)), "{e}");
+    let free = NewKind::Tpm2(NewTpm2 { no_pin: true, ..Default::default() });
+    assert!(protector::create("q", None, &free, &mut config, None).is_ok());
+    t.own_lockout(Swtpm::OWNER_AUTH);
+    assert!(protector::create("p", None, &new, &mut config, Some(&pin("1234"))).is_ok());
 }
 
 #[test]
@@ -334,7 +457,7 @@ fn cli_status_without_a_tpm_says_so() {
     let s = status_json(&gone);
     assert_eq!(s["present"], false, "{s}");
     assert!(s["error"].as_str().unwrap().contains("no usable TPM"), "{s}");
-    let (ok, _, err) = dirseal(&gone, &["tpm2", "setup", "--max-tries", "4"]);
+    let (ok, _, err) = dirseal(&gone, &["tpm2", "setup", "--yes"]);
     assert!(!ok && err.contains("no usable TPM at swtpm:"), "{err}");
     assert!(!err.contains("WARNING"), "{err}");
 }
@@ -376,11 +499,12 @@ fn login_setup(tcti: &str) -> (tempfile::TempDir, dirseal::ops::Dirseal, dirseal
 
 #[test]
 fn login_tries_the_tpm_pin_once_and_refuses_network_logins_when_tries_are_few() {
-    let t = Swtpm::start();
+    let t = Swtpm::start_owned();
     let (_etc, ds, policy) = login_setup(&t.tcti());
     let login = |typed, network| ds.login(&policy, 1000, &mut LoginUi { typed, network }).unwrap();
 
-    let l = login("1234", false);
+    // Over the network with 3 tries left, more than min_local_tries (2): allowed.
+    let l = login("1234", true);
     assert!(l.opened.is_some() && l.problems.is_empty());
     // A wrong secret costs exactly one try and is reported, never retried.
     let l = login("0000", false);
@@ -388,22 +512,20 @@ fn login_tries_the_tpm_pin_once_and_refuses_network_logins_when_tries_are_few() 
     assert_eq!(l.problems.len(), 1);
     assert!(l.problems[0].1.to_string().contains("wrong TPM PIN; 2 tries left"), "{}", l.problems[0].1);
     assert_eq!(counter(&t), 1);
-    // Over the network with 2 tries left (min_local_tries = 2): still allowed.
-    assert!(login("1234", true).opened.is_some());
-    assert!(login("1111", false).opened.is_none());
-    // 1 try left: a network login is refused before the TPM is asked, and costs nothing.
+    // 2 tries left, the ones kept for the device: a network login is refused before the TPM is
+    // asked, and costs nothing.
     let l = login("1234", true);
     assert!(l.opened.is_none());
-    assert!(l.problems[0].1.to_string().contains("not accepted over the network while fewer than 2 tries"));
-    assert_eq!(counter(&t), 2);
+    assert!(l.problems[0].1.to_string().contains("the last 2 are kept for the person at the device"));
+    assert_eq!(counter(&t), 1);
     // At the device it still opens.
     assert!(login("1234", false).opened.is_some());
-    assert_eq!(counter(&t), 2);
+    assert_eq!(counter(&t), 1);
 }
 
 #[test]
 fn login_skips_a_missing_tpm_silently() {
-    let t = Swtpm::start();
+    let t = Swtpm::start_owned();
     let (etc, _ds, policy) = login_setup(&t.tcti());
     drop(t);
     let ds = dirseal::ops::Dirseal::open(&etc.path().join("config.toml"), Some(&etc.path().join("ks"))).unwrap();

@@ -1227,7 +1227,8 @@ fn outcome(j: &Journal, wd: &Workdir, mut notes: Vec<String>) -> Outcome {
         } else {
             notes.push(
                 "the old plaintext was deleted, not overwritten: its blocks stay readable on the raw \
-                 device until reused (use wipe, and full-disk encryption, if that matters)"
+                 device until reused, unless the free space is overwritten (full-disk encryption \
+                 keeps them unreadable from the start)"
                     .into(),
             );
         }

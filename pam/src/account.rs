@@ -5,7 +5,9 @@
 //! such a login, exactly as `pam_unix` would refuse the password. Read from shadow directly
 //! (`getspnam_r`) rather than left to the account stack: `pam_unix`'s account check does not
 //! look at the lock mark, and a `sufficient` success skips the rest of the auth stack.
-use crate::ffi;
+//!
+//! A PIN-login account (docs/pam.md) has `*` for a password: no password opens it, which is no
+//! lock. `usermod -L` / `passwd -l` make that `!*`, which is.
 
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
 pub enum Refusal {
@@ -28,13 +30,27 @@ fn today() -> i64 {
 
 /// Whether `user` may be logged in by one of their own protectors without a password check.
 pub fn standalone_login_allowed(user: &str) -> Result<(), Refusal> {
-    let sp = match ffi::shadow(user) {
+    login_allowed(user, false)
+}
+
+/// [`standalone_login_allowed`] for a PIN-login account: `*` (no password) is not a lock.
+pub fn pin_login_allowed(user: &str) -> Result<(), Refusal> {
+    login_allowed(user, true)
+}
+
+fn login_allowed(user: &str, pin_account: bool) -> Result<(), Refusal> {
+    let sp = match dirseal::account::shadow(user) {
         Ok(Some(sp)) => sp,
         Ok(None) => return Err(Refusal::NoEntry(user.into())),
         Err(e) => return Err(Refusal::Unreadable(user.into(), e.to_string())),
     };
     let day = today();
-    if matches!(sp.hash_first, Some(b'!' | b'*')) {
+    let locked = match sp.hash_first {
+        Some(b'!') => true,
+        Some(b'*') => !pin_account,
+        _ => false,
+    };
+    if locked {
         return Err(Refusal::Locked(user.into()));
     }
     if sp.expire >= 0 && day >= sp.expire {

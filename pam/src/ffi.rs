@@ -11,6 +11,8 @@ use crate::session::Entry;
 use zeroize::Zeroizing;
 
 pub const PAM_SUCCESS: c_int = 0;
+pub const PAM_AUTH_ERR: c_int = 7;
+pub const PAM_AUTHTOK_ERR: c_int = 20;
 pub const PAM_SERVICE_ERR: c_int = 3;
 pub const PAM_PERM_DENIED: c_int = 6;
 pub const PAM_SESSION_ERR: c_int = 14;
@@ -28,6 +30,7 @@ pub const PAM_OLDAUTHTOK: c_int = 7;
 pub const PAM_SERVICE: c_int = 1;
 pub const PAM_RHOST: c_int = 4;
 
+const PAM_PROMPT_ECHO_OFF: c_int = 1;
 const PAM_ERROR_MSG: c_int = 3;
 const PAM_TEXT_INFO: c_int = 4;
 
@@ -67,6 +70,7 @@ type CleanupFn = unsafe extern "C" fn(*mut PamHandleT, *mut c_void, c_int);
 extern "C" {
     fn pam_get_user(pamh: *mut PamHandleT, user: *mut *const c_char, prompt: *const c_char) -> c_int;
     fn pam_get_item(pamh: *const PamHandleT, item_type: c_int, item: *mut *const c_void) -> c_int;
+    fn pam_set_item(pamh: *mut PamHandleT, item_type: c_int, item: *const c_void) -> c_int;
     fn pam_set_data(pamh: *mut PamHandleT, name: *const c_char, data: *mut c_void, cleanup: Option<CleanupFn>)
         -> c_int;
     fn pam_get_data(pamh: *const PamHandleT, name: *const c_char, data: *mut *const c_void) -> c_int;
@@ -162,6 +166,17 @@ impl Pam {
         Some(Passphrase::new(Zeroizing::new(bytes.to_vec())))
     }
 
+    /// Sets PAM_AUTHTOK (libpam keeps its own copy, which it wipes when replaced or freed).
+    pub fn set_authtok(&self, token: &Passphrase) -> bool {
+        if token.as_bytes().contains(&0) {
+            return false;
+        }
+        let mut c = Zeroizing::new(token.as_bytes().to_vec());
+        c.push(0);
+        // SAFETY: valid handle; `c` is NUL-terminated and outlives the call, which copies it.
+        unsafe { pam_set_item(self.h, PAM_AUTHTOK, c.as_ptr().cast()) == PAM_SUCCESS }
+    }
+
     fn converse(&self, style: c_int, text: &str) -> Result<Option<Passphrase>, c_int> {
         let mut conv: *const c_void = ptr::null();
         // SAFETY: valid handle; PAM_CONV yields a pointer to the application's pam_conv.
@@ -204,6 +219,11 @@ impl Pam {
             return Err(PAM_CONV_ERR);
         }
         Ok(answer)
+    }
+
+    /// Asks the user for a secret (not echoed); `None` when the application answered nothing.
+    pub fn prompt_secret(&self, text: &str) -> Result<Option<Passphrase>, c_int> {
+        self.converse(PAM_PROMPT_ECHO_OFF, text)
     }
 
     pub fn error_msg(&self, text: &str) {
@@ -276,50 +296,6 @@ impl Pam {
         }
         // SAFETY: the caller guarantees the pointer is a live Box<T> owned by libpam.
         Some(f(unsafe { &*p.cast::<T>() }))
-    }
-}
-
-/// What the shadow database says about an account, without its password hash.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Shadow {
-    /// The first byte of the hash field (`!` = locked by `passwd -l`/`usermod -L`, `*` = no
-    /// password); `None` when the field is empty.
-    pub hash_first: Option<u8>,
-    /// Days since 1970 of the last change (0 = must change at next login), -1 if unset.
-    pub last_change: i64,
-    pub max_days: i64,
-    /// Day (since 1970) the account expires, -1 if never.
-    pub expire: i64,
-}
-
-/// The shadow entry of `user` (`getspnam_r`); `Ok(None)` if there is none. Needs root.
-pub fn shadow(user: &str) -> Result<Option<Shadow>, std::io::Error> {
-    let name = CString::new(user).map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
-    let mut size = 4096;
-    loop {
-        // Zeroized on drop: it holds the password hash.
-        let mut buf = Zeroizing::new(vec![0 as c_char; size]);
-        // SAFETY: all-zero is a valid `spwd` (null pointers and integers); it is only read after
-        // getspnam_r filled it.
-        let mut sp: libc::spwd = unsafe { std::mem::zeroed() };
-        let mut result: *mut libc::spwd = ptr::null_mut();
-        // SAFETY: `name` is NUL-terminated; `sp` and `buf` are writable and outlive the call,
-        // which stores its strings in `buf` and points `result` at `sp` (or null).
-        let rc = unsafe { libc::getspnam_r(name.as_ptr(), &mut sp, buf.as_mut_ptr(), buf.len(), &mut result) };
-        if rc == libc::ERANGE && size < 1 << 20 {
-            size *= 4;
-            continue;
-        }
-        if rc != 0 && rc != libc::ENOENT {
-            return Err(std::io::Error::from_raw_os_error(rc));
-        }
-        if result.is_null() {
-            return Ok(None);
-        }
-        // SAFETY: on success `sp_pwdp` is null or a NUL-terminated string inside `buf`.
-        let hash_first = (!sp.sp_pwdp.is_null()).then(|| unsafe { *sp.sp_pwdp } as u8).filter(|b| *b != 0);
-        let out = Shadow { hash_first, last_change: sp.sp_lstchg, max_days: sp.sp_max, expire: sp.sp_expire };
-        return Ok(Some(out));
     }
 }
 

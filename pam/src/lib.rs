@@ -26,9 +26,11 @@ use std::path::{Path, PathBuf};
 use dirseal::config::DEFAULT_CONFIG_PATH;
 use dirseal::fscrypt::{self, KeyStatus};
 use dirseal::keystore::PolicyRecord;
+use dirseal::ops::is_tpm_pin;
 use dirseal::ops::{Dirseal, OpsError};
-use dirseal::protector::{self, ProtectorError, ProtectorRecord, Secret};
+use dirseal::protector::{self, ProtectorError, ProtectorRecord, Secret, UnlockError};
 use dirseal::secret::Passphrase;
+use dirseal::tpm2::Tpm2Error;
 use dirseal::ui::{SecretPrompt, Ui, UiError};
 
 use ffi::*;
@@ -53,6 +55,9 @@ struct Args {
     /// This line logs users in on its own with a touch of their security key (`auth sufficient`
     /// before `pam_unix`); without it the module only uses the password the stack accepted.
     standalone: bool,
+    /// This password line changes the TPM PIN of PIN-login accounts (`password [success=end
+    /// default=ignore]` before `pam_unix`); everyone else is left to the rest of the stack.
+    pin_accounts: bool,
     debug: bool,
     /// Makes the entry point panic, to test the panic guard with the real module.
     test_panic: bool,
@@ -80,6 +85,7 @@ impl Args {
                 }
                 None if arg == "unlock_only" => a.unlock_only = true,
                 None if arg == "standalone" => a.standalone = true,
+                None if arg == "pin_accounts" => a.pin_accounts = true,
                 None if arg == "debug" => a.debug = true,
                 None if arg == "test_panic" && cfg!(debug_assertions) => a.test_panic = true,
                 _ => pam.log(
@@ -227,6 +233,10 @@ pub(crate) fn authenticate(pam: &Pam, args: &Args, flags: c_int) -> c_int {
     if args.standalone {
         return standalone(pam, flags, &acct, &ds, &policy);
     }
+    // The stand-alone pass already opened it (a stack that goes on after its success).
+    if pam.master(MASTER_DATA).is_some() {
+        return PAM_IGNORE;
+    }
     let home = acct.home.display();
     // Only the user's own protectors: one shared into the home by another user opens it with the
     // CLI, never at this user's login.
@@ -265,6 +275,9 @@ pub(crate) fn authenticate(pam: &Pam, args: &Args, flags: c_int) -> c_int {
         } else if args.debug {
             pam.log(LOG_DEBUG, &format!("{}: protector {} ({}) opened", acct.name, rec.id, rec.name));
         }
+        if is_tpm_pin(&rec) {
+            pam.log(LOG_WARNING, &password_pin_warning(&acct.name, &rec));
+        }
         return PAM_IGNORE;
     }
     let text = if !login.problems.is_empty() {
@@ -300,38 +313,146 @@ fn touch_only(r: &ProtectorRecord) -> bool {
     r.kind.ask() == protector::Ask { secret: None, touch: true }
 }
 
-/// The `standalone` pass (`auth sufficient pam_dirseal.so standalone`, before `pam_unix`): the
-/// user's own touch-only protectors, tried without asking anything, log them in — unless the
-/// password database has closed the account. No such protector, or no key plugged in: `PAM_IGNORE`
-/// at once, and the stack goes on to the password.
+/// The warning for a TPM PIN that is the account's login password (docs/pam.md).
+fn password_pin_warning(user: &str, rec: &ProtectorRecord) -> String {
+    format!(
+        "{user}: TPM protector {} ({}) opened with the login password: its hash in /etc/shadow makes this PIN \
+         testable offline, without the TPM's limit on wrong guesses; give the protector a PIN of its own, or make \
+         {user} a PIN-login account (`dirseal pin-login enable {user}`)",
+        rec.id, rec.name
+    )
+}
+
+/// The `standalone` pass (an `auth` line before `pam_unix`, docs/pam.md): logs the user in on
+/// its own — unless the password database has closed the account — first with a touch of one of
+/// their own security keys (nothing asked), else with the PIN of their own TPM protector ("PIN
+/// for NAME (N tries left):"). Neither kind, no key plugged in, or an empty PIN: `PAM_IGNORE`,
+/// and the stack goes on to the password. A wrong PIN (one TPM try spent): `PAM_AUTH_ERR`.
 fn standalone(pam: &Pam, flags: c_int, acct: &Account, ds: &Dirseal, policy: &PolicyRecord) -> c_int {
-    if !ds.login_protectors(policy, acct.uid).iter().any(touch_only) {
+    let touch = ds.login_protectors(policy, acct.uid).iter().any(touch_only);
+    let pin = ds.pin_protector(policy, acct.uid);
+    if !touch && pin.is_none() {
         return PAM_IGNORE;
     }
-    if let Err(r) = account::standalone_login_allowed(&acct.name) {
-        pam.log(LOG_NOTICE, &format!("no security-key login for {}: {r}", acct.name));
-        return PAM_IGNORE;
+    let pin_account = ds.is_pin_login(&acct.name);
+    let allowed = if pin_account { account::pin_login_allowed } else { account::standalone_login_allowed };
+    if let Err(r) = allowed(&acct.name) {
+        pam.log(LOG_NOTICE, &format!("no stand-alone login for {}: {r}", acct.name));
+        // A closed account ends the login here (with `auth_err=die`). A password that must be
+        // changed first is pam_unix's to handle, and an account without a local shadow entry
+        // (LDAP, sssd) is the next module's.
+        return match r {
+            account::Refusal::Locked(_) | account::Refusal::AccountExpired(_) => PAM_AUTH_ERR,
+            _ => PAM_IGNORE,
+        };
     }
-    let mut ui = LoginUi { pam, network: network_login(pam), flags, password: None };
-    let login = ds.login_where(policy, acct.uid, &mut ui, touch_only);
-    pam.set_flag(TOUCH_TRIED);
-    let login = match login {
-        Ok(l) => l,
-        Err(e) => {
-            pam.log(LOG_NOTICE, &format!("no security-key login for {}: {e}", acct.name));
-            return PAM_IGNORE;
+    if touch {
+        let mut ui = LoginUi { pam, network: network_login(pam), flags, password: None };
+        let login = ds.login_where(policy, acct.uid, &mut ui, touch_only);
+        pam.set_flag(TOUCH_TRIED);
+        match login {
+            Ok(l) => {
+                for (id, e) in &l.problems {
+                    pam.log(LOG_WARNING, &format!("{}: protector {id}: {e}", acct.name));
+                }
+                if let Some((rec, master)) = l.opened {
+                    return logged_in(pam, acct, &rec, master, "security key");
+                }
+            }
+            Err(e) => pam.log(LOG_NOTICE, &format!("no security-key login for {}: {e}", acct.name)),
         }
-    };
-    for (id, e) in &login.problems {
-        pam.log(LOG_WARNING, &format!("{}: protector {id}: {e}", acct.name));
     }
-    let Some((rec, master)) = login.opened else { return PAM_IGNORE };
+    let Some(rec) = pin else { return PAM_IGNORE };
+    let mut ui = PinUi { pam, user: &acct.name, network: network_login(pam), current: false, answer: None };
+    match protector::unlock_with(&rec, ds.config(), &mut ui) {
+        Ok(pkey) => match ds.master_key(policy, &rec.id, &pkey) {
+            Ok(master) => {
+                let same =
+                    ui.answer.as_ref().is_some_and(|p| dirseal::account::password_is(&acct.name, p).unwrap_or(false));
+                if same && !pin_account {
+                    pam.log(LOG_WARNING, &password_pin_warning(&acct.name, &rec));
+                }
+                logged_in(pam, acct, &rec, master, "TPM PIN")
+            }
+            Err(e) => {
+                pam.log(LOG_ERR, &format!("{}: protector {}: {e}", acct.name, rec.id));
+                PAM_IGNORE
+            }
+        },
+        // An empty PIN: the user chose the password instead; no try spent.
+        Err(UnlockError::Ui(UiError::Cancelled)) => PAM_IGNORE,
+        Err(UnlockError::Ui(e)) => {
+            pam.log(LOG_NOTICE, &format!("no PIN login for {}: {e}", acct.name));
+            PAM_IGNORE
+        }
+        Err(UnlockError::Protector(e)) if wrong_pin(&e) => {
+            tell(pam, flags, LOG_NOTICE, &format!("Wrong PIN for {} ({e}).", acct.name));
+            PAM_AUTH_ERR
+        }
+        Err(UnlockError::Protector(ProtectorError::Tpm2(Tpm2Error::Unavailable { .. }))) => PAM_IGNORE,
+        // In lockout, refused over the network with few tries left, ...: the TPM was not asked.
+        Err(UnlockError::Protector(e)) => {
+            tell(pam, flags, LOG_NOTICE, &format!("dirseal: no PIN login for {}: {e}", acct.name));
+            PAM_IGNORE
+        }
+    }
+}
+
+/// A wrong PIN, which cost one TPM try.
+fn wrong_pin(e: &ProtectorError) -> bool {
+    matches!(e, ProtectorError::IncorrectSecret { .. } | ProtectorError::Tpm2(Tpm2Error::WrongPin { .. }))
+}
+
+/// A stand-alone login succeeded: keeps the key for `open_session`.
+fn logged_in(pam: &Pam, acct: &Account, rec: &ProtectorRecord, master: dirseal::secret::MasterKey, how: &str) -> c_int {
     if !pam.set_master(MASTER_DATA, master) {
         pam.log(LOG_ERR, "cannot keep the key for the session (pam_set_data failed)");
         return PAM_IGNORE;
     }
-    pam.log(LOG_NOTICE, &format!("{} logged in with security key protector {} ({})", acct.name, rec.id, rec.name));
+    pam.log(LOG_NOTICE, &format!("{} logged in with {how} protector {} ({})", acct.name, rec.id, rec.name));
     PAM_SUCCESS
+}
+
+/// The stand-alone PIN prompt, through the PAM conversation: "PIN for NAME (N tries left):".
+/// An empty answer is [`UiError::Cancelled`]: nothing goes to the TPM.
+struct PinUi<'a> {
+    pam: &'a Pam,
+    user: &'a str,
+    network: bool,
+    /// Asking the current PIN before a change ("Current PIN for ...").
+    current: bool,
+    /// The PIN typed, for the check against the login password after it opened.
+    answer: Option<Passphrase>,
+}
+
+/// "PIN for alice (2 tries left): ".
+fn pin_prompt(current: bool, user: &str, tries_left: Option<u32>) -> String {
+    let what = if current { "Current PIN" } else { "PIN" };
+    match tries_left {
+        Some(1) => format!("{what} for {user} (1 try left): "),
+        Some(n) => format!("{what} for {user} ({n} tries left): "),
+        None => format!("{what} for {user}: "),
+    }
+}
+
+impl Ui for PinUi<'_> {
+    fn secret(&mut self, prompt: &SecretPrompt<'_>) -> Result<Passphrase, UiError> {
+        let SecretPrompt::Pin { tries_left, .. } = prompt else { return Err(UiError::Cancelled) };
+        let answer = self
+            .pam
+            .prompt_secret(&pin_prompt(self.current, self.user, *tries_left))
+            .map_err(|_| UiError::NoInput { hint: "the PAM conversation failed".into() })?
+            .ok_or(UiError::NoInput { hint: "no PIN was given".into() })?;
+        if answer.is_empty() {
+            return Err(UiError::Cancelled);
+        }
+        self.answer = Some(answer.duplicate());
+        Ok(answer)
+    }
+
+    fn network_login(&self) -> bool {
+        self.network
+    }
 }
 
 /// The login's [`Ui`]: every password or PIN prompt is answered with the password the stack
@@ -580,6 +701,9 @@ fn own_protector(ds: &Dirseal, policy: &PolicyRecord, uid: u32) -> Option<Protec
 /// password (PAM_OLDAUTHTOK) to the new (PAM_AUTHTOK). It never asks and never blocks a change;
 /// when it cannot follow, it says what restores the match.
 pub(crate) fn chauthtok(pam: &Pam, args: &Args, flags: c_int) -> c_int {
+    if args.pin_accounts {
+        return pin_chauthtok(pam, args, flags);
+    }
     if flags & PAM_PRELIM_CHECK != 0 {
         return PAM_IGNORE;
     }
@@ -589,6 +713,8 @@ pub(crate) fn chauthtok(pam: &Pam, args: &Args, flags: c_int) -> c_int {
     let Some(acct) = account(pam) else { return PAM_IGNORE };
     let home = acct.home.display();
     let (ds, policy) = match home_state(pam, args, &acct) {
+        // A PIN-login account's "password" is its PIN: the `pin_accounts` line changed it.
+        Ok(Home::Managed { ds, .. }) if ds.is_pin_login(&acct.name) => return PAM_IGNORE,
         Ok(Home::Managed { ds, policy }) => (ds, policy),
         Ok(_) => return PAM_IGNORE,
         Err(e) => {
@@ -656,6 +782,90 @@ pub(crate) fn chauthtok(pam: &Pam, args: &Args, flags: c_int) -> c_int {
             PAM_IGNORE
         }
     }
+}
+
+/// The `pin_accounts` password line (before `pam_unix`, `[success=end default=ignore]`):
+/// `passwd` on a PIN-login account changes the PIN of their TPM protector — the current PIN
+/// (one TPM try if wrong), then the new one twice. Everyone else: `PAM_IGNORE`, for `pam_unix`.
+/// libpam decides the update pass's jumps by the prelim pass's results, so the prelim pass
+/// answers `PAM_SUCCESS` for exactly the accounts the update pass handles.
+fn pin_chauthtok(pam: &Pam, args: &Args, flags: c_int) -> c_int {
+    let Some(acct) = account(pam) else { return PAM_IGNORE };
+    let (ds, policy) = match home_state(pam, args, &acct) {
+        Ok(Home::Managed { ds, policy }) if ds.is_pin_login(&acct.name) => (ds, policy),
+        Ok(_) => return new_password(pam, flags),
+        Err(e) => {
+            pam.log(LOG_ERR, &format!("cannot read the dirseal keystore for {}: {e}", acct.name));
+            return new_password(pam, flags);
+        }
+    };
+    let Some(rec) = ds.pin_protector(&policy, acct.uid) else {
+        pam.log(LOG_WARNING, &format!("PIN-login account {} has no TPM PIN protector of its own", acct.name));
+        return PAM_IGNORE;
+    };
+    if flags & PAM_PRELIM_CHECK != 0 {
+        return PAM_SUCCESS;
+    }
+    if flags & PAM_UPDATE_AUTHTOK == 0 {
+        return PAM_SERVICE_ERR;
+    }
+    let fail = |text: &str| {
+        tell(pam, flags, LOG_NOTICE, &format!("{text}; the PIN of {} is unchanged.", acct.name));
+        PAM_AUTHTOK_ERR
+    };
+    let mut ui = PinUi { pam, user: &acct.name, network: network_login(pam), current: true, answer: None };
+    let pkey = match protector::unlock_with(&rec, ds.config(), &mut ui) {
+        Ok(k) => k,
+        Err(UnlockError::Protector(e)) if wrong_pin(&e) => return fail(&format!("Wrong PIN ({e})")),
+        Err(e) => return fail(&format!("dirseal: {e}")),
+    };
+    // A module before this one (pam_pwquality) may have asked the new secret already.
+    let new = match pam.authtok(PAM_AUTHTOK) {
+        Some(new) => new,
+        None => {
+            let ask = |text: &str| pam.prompt_secret(text).ok().flatten().filter(|p| !p.is_empty());
+            let Some(new) = ask(&format!("New PIN for {}: ", acct.name)) else { return fail("No new PIN given") };
+            let Some(again) = ask(&format!("Retype new PIN for {}: ", acct.name)) else {
+                return fail("No new PIN given");
+            };
+            if new != again {
+                return fail("The two new PINs differ");
+            }
+            new
+        }
+    };
+    match ds.change_secret_with(&rec.id, &pkey, Some(&new)) {
+        Ok(_) => {
+            pam.log(LOG_NOTICE, &format!("PIN of {} changed (TPM protector {})", acct.name, rec.id));
+            PAM_SUCCESS
+        }
+        Err(e) => fail(&format!("dirseal: changing the PIN failed ({e})")),
+    }
+}
+
+/// The `pin_accounts` line for everyone else. Being first in the password stack, it takes the
+/// place of the module that asks the new password for `pam_unix`, which pam-auth-update then
+/// configures with `use_authtok` (as behind pam_pwquality): so in the update pass it asks the new
+/// password twice and hands it on as PAM_AUTHTOK, unless a module before it did. `pam_unix`
+/// still asks and checks the current one (prelim pass) and decides the change.
+fn new_password(pam: &Pam, flags: c_int) -> c_int {
+    if flags & PAM_UPDATE_AUTHTOK == 0 || pam.authtok(PAM_AUTHTOK).is_some() {
+        return PAM_IGNORE;
+    }
+    let ask = |text: &str| pam.prompt_secret(text).ok().flatten();
+    let (Some(new), Some(again)) = (ask("New password: "), ask("Retype new password: ")) else {
+        return PAM_AUTHTOK_ERR;
+    };
+    if new != again {
+        if flags & PAM_SILENT == 0 {
+            pam.error_msg("Sorry, passwords do not match.");
+        }
+        return PAM_AUTHTOK_ERR;
+    }
+    if !pam.set_authtok(&new) {
+        return PAM_AUTHTOK_ERR;
+    }
+    PAM_IGNORE
 }
 
 pub(crate) fn setcred(_pam: &Pam, _args: &Args, _flags: c_int) -> c_int {

@@ -148,6 +148,11 @@ fn unlocked(u: &User) -> bool {
 /// `nodelay` only to keep its failure delay out of the test's run time; our lines get the test's
 /// paths.
 fn pam_auth_update(enable: bool) -> String {
+    pam_auth_update_with(enable, &[])
+}
+
+/// [`pam_auth_update`] with more of our profiles (data/pam-configs/NAME) enabled too.
+fn pam_auth_update_with(enable: bool, more: &[&str]) -> String {
     let root = tempfile::tempdir().unwrap();
     let configs = root.path().join("usr/share/pam-configs");
     fs::create_dir_all(&configs).unwrap();
@@ -155,9 +160,12 @@ fn pam_auth_update(enable: bool) -> String {
     fs::create_dir_all(root.path().join("var/lib/pam")).unwrap();
     let unix = fs::read_to_string("/usr/share/pam-configs/unix").unwrap();
     fs::write(configs.join("unix"), unix.replace("pam_unix.so nullok", "pam_unix.so nullok nodelay")).unwrap();
-    let ours = fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../data/pam-configs/dirseal")).unwrap();
-    assert!(ours.contains("pam_dirseal.so"));
-    fs::write(configs.join("dirseal"), ours.replace("pam_dirseal.so", "{so} {args}")).unwrap();
+    for name in std::iter::once(&"dirseal").chain(more) {
+        let ours =
+            fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../data/pam-configs").join(name)).unwrap();
+        assert!(ours.contains("pam_dirseal.so"));
+        fs::write(configs.join(name), ours.replace("pam_dirseal.so", "{so} {args}")).unwrap();
+    }
     let run = |args: &[&str]| {
         let o = Command::new("pam-auth-update")
             .arg("--root")
@@ -168,7 +176,7 @@ fn pam_auth_update(enable: bool) -> String {
             .unwrap();
         assert!(o.status.success(), "pam-auth-update {args:?}: {}", show(&o));
     };
-    run(&["--force", "--enable", "unix", "dirseal"]);
+    run(&[&["--force", "--enable", "unix", "dirseal"][..], more].concat());
     if !enable {
         run(&["--disable", "dirseal"]);
     }
@@ -842,7 +850,7 @@ fn pamtester_from(rhost: &str, service: &str, user: &str, ops: &[&str], stdin: &
 
 #[test]
 fn tpm_pin_at_login_costs_one_try_when_wrong_and_is_refused_over_the_network_when_tries_are_few() {
-    let tpm = dirseal_testfs::Swtpm::start();
+    let tpm = dirseal_testfs::Swtpm::start_owned();
     let mut s = Setup::new();
     let u = managed_tpm_user(&s, &tpm, "2468");
     u.set_system_password("2468");
@@ -865,22 +873,267 @@ fn tpm_pin_at_login_costs_one_try_when_wrong_and_is_refused_over_the_network_whe
     assert_eq!(tpm_tries_left(&tpm), 2);
 
     u.set_system_password("2468");
-    // Over the network with 2 tries left (tpm2.min_local_tries = 2): allowed.
-    let o = pamtester_from("192.0.2.7", &svc, &u.name, &["authenticate", "open_session"], "2468\n");
-    assert!(ok(&o), "{}", show(&o));
-    assert!(unlocked(&u));
-    s.ds().lock(&u.home, false).unwrap();
-    u.set_system_password("other-Password-1");
-    assert!(ok(&pamtester(&svc, &u.name, &["authenticate"], "other-Password-1\n", &[])));
-    assert_eq!(tpm_tries_left(&tpm), 1);
-    // 1 try left: a network login does not try the PIN (the TPM is not asked); at the device it does.
-    u.set_system_password("2468");
+    // 2 tries left, the last tpm2.min_local_tries (2), kept for the device: a network login does
+    // not try the PIN (the TPM is not asked); at the device it does.
     let o = pamtester_from("192.0.2.7", &svc, &u.name, &["authenticate", "open_session"], "2468\n");
     assert!(ok(&o), "{}", show(&o));
     assert!(!unlocked(&u));
-    assert_eq!(tpm_tries_left(&tpm), 1);
+    assert_eq!(tpm_tries_left(&tpm), 2);
     let o = pamtester(&svc, &u.name, &["authenticate", "open_session"], "2468\n", &[]);
     assert!(ok(&o), "{}", show(&o));
     assert!(unlocked(&u));
-    assert_eq!(tpm_tries_left(&tpm), 1);
+    assert_eq!(tpm_tries_left(&tpm), 2);
+}
+
+/// The handheld stack docs/pam.md gives: our two profiles with Debian's unix one, as
+/// pam-auth-update writes them (the `standalone` and `pin_accounts` lines before `pam_unix`).
+fn handheld_stack() -> String {
+    let stack = pam_auth_update_with(true, &["dirseal-pin"]);
+    let first = |kind: &str| stack.lines().find(|l| l.starts_with(kind)).unwrap_or_default().to_string();
+    assert!(first("auth").contains("standalone"), "{stack}");
+    assert!(first("password").contains("pin_accounts"), "{stack}");
+    stack
+}
+
+/// A PIN-login user (`dirseal pin-login enable`) whose home opens with their own TPM PIN
+/// protector (`pin`, on `tpm`) and, with `key`, a touch of a software security key of theirs;
+/// locked. The key is returned (dropping it unplugs it).
+fn pin_account(
+    s: &Setup,
+    tpm: &dirseal_testfs::Swtpm,
+    pin: &'static str,
+    key: bool,
+) -> (User, Option<dirseal_softfido::SoftFido>) {
+    let mut cfg = fs::read_to_string(s.config()).unwrap();
+    cfg.push_str(&format!("[tpm2]\ntcti = \"{}\"\n", tpm.tcti()));
+    let key = key.then(|| {
+        let sock = s.etc.path().join(format!("key-{}.sock", rand_hex()));
+        cfg.push_str(&format!("[fido2]\ntouch_timeout_secs = 2\nsocket_devices = [{sock:?}]\n"));
+        dirseal_softfido::SoftFido::start(&sock, dirseal_softfido::Options::default()).unwrap()
+    });
+    fs::write(s.config(), cfg).unwrap();
+    let u = User::new(s.fs.path());
+    let mut ds = s.ds();
+    let kind = NewKind::named("tpm2", &KindOptions::default()).unwrap();
+    let n = NewProtector { name: "tpm", uid: Some(u.uid), kind };
+    let (policy, _) = ds.encrypt(&u.home, ProtectorChoice::New(n), &mut Scripted::new(&[pin])).unwrap();
+    if key.is_some() {
+        let kind = NewKind::named("fido2", &KindOptions::default()).unwrap();
+        let n = NewProtector { name: "yubikey", uid: Some(u.uid), kind };
+        let pick = dirseal::ops::Pick { protector: None };
+        ds.add_protector_to_policy(&policy.id, pick, ProtectorChoice::New(n), &mut Scripted::new(&[pin])).unwrap();
+    }
+    fs::write(u.home.join("diary.txt"), b"dear diary").unwrap();
+    assert!(ds.lock(&u.home, false).unwrap().locked);
+    {
+        let _g = passwd_lock();
+        ds.enable_pin_login(&u.name).unwrap();
+    }
+    (u, key)
+}
+
+/// The password field of `user` in /etc/shadow.
+fn shadow_field(user: &str) -> String {
+    let shadow = fs::read_to_string("/etc/shadow").unwrap();
+    let line = shadow.lines().find(|l| l.split(':').next() == Some(user)).unwrap().to_string();
+    line.split(':').nth(1).unwrap().to_string()
+}
+
+#[test]
+fn handheld_login_a_key_touch_else_the_tpm_pin() {
+    dirseal_testfs::needs_root!();
+    let tpm = dirseal_testfs::Swtpm::start_owned();
+    let mut s = Setup::new();
+    let (u, key) = pin_account(&s, &tpm, "2468", true);
+    let key = key.unwrap();
+    assert_eq!(shadow_field(&u.name), "*", "a PIN-login account keeps no hash of anything");
+    assert!(s.ds().is_pin_login(&u.name));
+    let svc = s.service(&handheld_stack());
+    let login = ["authenticate", "acct_mgmt", "open_session"];
+
+    // Key plugged in: one touch, nothing asked (stdin is empty: any prompt would fail).
+    let o = pamtester(&svc, &u.name, &login, "", &[]);
+    assert!(ok(&o), "{}", show(&o));
+    assert!(text(&o).contains("Touch your security key (yubikey)."), "{}", show(&o));
+    assert!(!text(&o).contains("PIN") && !text(&o).contains("assword"), "nothing may be asked: {}", show(&o));
+    assert!(unlocked(&u));
+    assert!(ok(&pamtester(&svc, &u.name, &["close_session"], "", &[])));
+    assert!(!unlocked(&u));
+
+    // Key unplugged: the TPM PIN, with the tries left; the right one costs nothing.
+    drop(key);
+    let o = pamtester(&svc, &u.name, &login, "2468\n", &[]);
+    assert!(ok(&o), "{}", show(&o));
+    assert!(text(&o).contains(&format!("PIN for {} (3 tries left):", u.name)), "{}", show(&o));
+    assert!(!text(&o).contains("Touch"), "{}", show(&o));
+    assert!(unlocked(&u), "the PIN opened the home");
+    assert_eq!(tpm_tries_left(&tpm), 3);
+    assert!(ok(&pamtester(&svc, &u.name, &["close_session"], "", &[])));
+    assert!(!unlocked(&u));
+
+    // An empty PIN spends nothing and goes on to the password, which this account has none of.
+    let o = pamtester(&svc, &u.name, &["authenticate"], "\n\n", &[]);
+    assert!(!ok(&o), "{}", show(&o));
+    assert_eq!(tpm_tries_left(&tpm), 3);
+
+    // Locked accounts are refused before the TPM is asked: no prompt, no try spent.
+    for (lock, unlock) in [("usermod", "usermod"), ("passwd", "passwd")] {
+        let (l, ul) = if lock == "usermod" { ("-L", "-U") } else { ("-l", "-u") };
+        accounts(lock, &[l, &u.name], None).unwrap();
+        assert_eq!(shadow_field(&u.name), "!*", "{lock} {l} still locks a PIN-login account");
+        let o = pamtester(&svc, &u.name, &["authenticate"], "2468\n", &[]);
+        assert!(!ok(&o), "{lock} {l}: {}", show(&o));
+        assert!(!text(&o).contains("PIN for"), "{}", show(&o));
+        assert_eq!(tpm_tries_left(&tpm), 3);
+        assert!(!unlocked(&u));
+        // `passwd -u` refuses to leave an account without a password; put `*` back as usermod does.
+        if unlock == "usermod" {
+            accounts("usermod", &[ul, &u.name], None).unwrap();
+        } else {
+            accounts("usermod", &["-p", "*", &u.name], None).unwrap();
+        }
+        assert_eq!(shadow_field(&u.name), "*");
+    }
+    // An expired account too.
+    accounts("chage", &["-E", "0", &u.name], None).unwrap();
+    assert!(!ok(&pamtester(&svc, &u.name, &["authenticate"], "2468\n", &[])));
+    assert_eq!(tpm_tries_left(&tpm), 3);
+    accounts("chage", &["-E", "-1", &u.name], None).unwrap();
+    assert!(ok(&pamtester(&svc, &u.name, &["authenticate"], "2468\n", &[])));
+}
+
+#[test]
+fn three_wrong_pins_are_refused_with_the_tries_left_shown_each_time() {
+    dirseal_testfs::needs_root!();
+    let tpm = dirseal_testfs::Swtpm::start_owned();
+    let mut s = Setup::new();
+    let (u, _) = pin_account(&s, &tpm, "2468", false);
+    let svc = s.service(&handheld_stack());
+    for (left, shown) in [(3, "3 tries left"), (2, "2 tries left"), (1, "1 try left")] {
+        assert_eq!(tpm_tries_left(&tpm), left);
+        let o = pamtester(&svc, &u.name, &["authenticate"], "1111\n", &[]);
+        assert!(!ok(&o), "{}", show(&o));
+        assert!(text(&o).contains(&format!("PIN for {} ({shown}):", u.name)), "{}", show(&o));
+        assert!(text(&o).contains("Wrong PIN"), "{}", show(&o));
+        // One try per wrong PIN, and no password prompt after it (`auth_err=die`).
+        assert!(!text(&o).contains("assword"), "{}", show(&o));
+        assert_eq!(tpm_tries_left(&tpm), left - 1);
+    }
+    // In lockout: the right PIN is not even asked for.
+    let o = pamtester(&svc, &u.name, &["authenticate", "open_session"], "2468\n", &[]);
+    assert!(!ok(&o), "{}", show(&o));
+    assert!(!text(&o).contains("PIN for"), "{}", show(&o));
+    assert!(text(&o).contains("locked out"), "{}", show(&o));
+    assert!(!unlocked(&u));
+}
+
+#[test]
+fn passwd_changes_the_pin_of_a_pin_account_and_still_changes_passwords() {
+    dirseal_testfs::needs_root!();
+    let tpm = dirseal_testfs::Swtpm::start_owned();
+    let mut s = Setup::new();
+    let (u, _) = pin_account(&s, &tpm, "2468", false);
+    let plain = in_step_user(&s, "old-Password-1");
+    let svc = s.service(&handheld_stack());
+
+    // The user runs passwd: the current PIN, then the new one twice; no password involved.
+    let o = {
+        let _g = passwd_lock();
+        pamtester_as(&u, &svc, &["chauthtok"], "2468\n1357\n1357\n")
+    };
+    assert!(ok(&o), "{}", show(&o));
+    assert!(text(&o).contains(&format!("Current PIN for {} (3 tries left):", u.name)), "{}", show(&o));
+    assert_eq!(shadow_field(&u.name), "*", "still no hash");
+    let o = pamtester(&svc, &u.name, &["authenticate"], "2468\n", &[]);
+    assert!(!ok(&o), "the old PIN is refused: {}", show(&o));
+    let o = pamtester(&svc, &u.name, &["authenticate", "open_session"], "1357\n", &[]);
+    assert!(ok(&o), "{}", show(&o));
+    assert!(unlocked(&u), "the new PIN opens the home");
+
+    // A wrong current PIN changes nothing (and costs its one try).
+    let before = tpm_tries_left(&tpm);
+    let o = {
+        let _g = passwd_lock();
+        pamtester_as(&u, &svc, &["chauthtok"], "0000\n9999\n9999\n")
+    };
+    assert!(!ok(&o), "{}", show(&o));
+    assert!(text(&o).contains("Wrong PIN"), "{}", show(&o));
+    assert_eq!(tpm_tries_left(&tpm), before - 1);
+
+    // Everyone else still changes their password through pam_unix, and the home follows.
+    let o = {
+        let _g = passwd_lock();
+        pamtester_as(&plain, &svc, &["chauthtok"], "old-Password-1\nnew-Password-2\nnew-Password-2\n")
+    };
+    assert!(ok(&o), "{}", show(&o));
+    assert!(!ok(&pamtester(&svc, &plain.name, &["authenticate"], "old-Password-1\n", &[])));
+    let o = pamtester(&svc, &plain.name, &["authenticate", "open_session"], "new-Password-2\n", &[]);
+    assert!(ok(&o), "{}", show(&o));
+    assert!(unlocked(&plain), "the home follows the new password");
+}
+
+#[test]
+fn a_tpm_pin_equal_to_the_login_password_is_refused_unless_allowed_and_then_warned_about() {
+    dirseal_testfs::needs_root!();
+    let tpm = dirseal_testfs::Swtpm::start_owned();
+    let s = Setup::new();
+    let mut f = fs::OpenOptions::new().append(true).open(s.config()).unwrap();
+    writeln!(f, "[tpm2]\ntcti = \"{}\"", tpm.tcti()).unwrap();
+    let u = s.managed_user("home-Password-1");
+    u.set_system_password("24682468");
+    let mut ds = s.ds();
+    let policy = ds.policy_of(&u.home).unwrap();
+    let pick = dirseal::ops::Pick { protector: None };
+    let tpm_kind = |allow| NewKind::named("tpm2", &KindOptions { allow_password_pin: allow, ..Default::default() });
+    let n = NewProtector { name: "tpm", uid: Some(u.uid), kind: tpm_kind(false).unwrap() };
+    let e = ds
+        .add_protector_to_policy(
+            &policy.id,
+            pick,
+            ProtectorChoice::New(n),
+            &mut Scripted::new(&["home-Password-1", "24682468"]),
+        )
+        .unwrap_err();
+    assert!(matches!(&e, dirseal::ops::OpsError::PinIsLoginPassword { user } if *user == u.name), "{e}");
+    assert!(e.to_string().contains("offline"), "{e}");
+    // Another PIN is fine; so is this one when asked for.
+    let n = NewProtector { name: "tpm", uid: Some(u.uid), kind: tpm_kind(false).unwrap() };
+    ds.create_protector(&n, &mut Scripted::new(&["1357"])).unwrap();
+    let n = NewProtector { name: "tpm", uid: Some(u.uid), kind: tpm_kind(true).unwrap() };
+    ds.add_protector_to_policy(
+        &policy.id,
+        pick,
+        ProtectorChoice::New(n),
+        &mut Scripted::new(&["home-Password-1", "24682468"]),
+    )
+    .unwrap();
+    // `status` warns while the account's password has a hash in shadow...
+    let st = ds.dir_status(&u.home).unwrap();
+    assert_eq!(st.warnings.len(), 1, "{:?}", st.warnings);
+    assert!(st.warnings[0].contains("testable offline"), "{:?}", st.warnings);
+    // ... and the login with it works as before: the password, then the PIN with it.
+    let mut s = s;
+    let svc = s.service(&shipped_stack());
+    let o = pamtester(&svc, &u.name, &["authenticate", "open_session"], "24682468\n", &[]);
+    assert!(ok(&o), "{}", show(&o));
+    assert!(unlocked(&u));
+    // As a PIN-login account the hash is gone, and so is the warning.
+    {
+        let _g = passwd_lock();
+        s.ds().enable_pin_login(&u.name).unwrap();
+    }
+    assert_eq!(shadow_field(&u.name), "*");
+    assert!(s.ds().dir_status(&u.home).unwrap().warnings.is_empty());
+}
+
+#[test]
+fn pin_login_needs_a_tpm_pin_protector_of_the_users_own() {
+    dirseal_testfs::needs_root!();
+    let s = Setup::new();
+    let u = s.managed_user("home-Password-1");
+    u.set_system_password("home-Password-1");
+    let e = s.ds().enable_pin_login(&u.name).unwrap_err();
+    assert!(matches!(e, dirseal::ops::OpsError::NoPinProtector { .. }), "{e}");
+    assert_ne!(shadow_field(&u.name), "*", "nothing was changed");
+    assert!(!s.ds().is_pin_login(&u.name));
 }

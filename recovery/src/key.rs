@@ -149,6 +149,12 @@ impl RecoveryKey {
         RecoveryKey(Box::new(*bytes))
     }
 
+    /// The key's bytes, for a caller that uses the key itself as a secret (the TPM reset code is
+    /// the TPM lockout hierarchy's authValue). Copy them only into wiped memory.
+    pub fn expose_bytes(&self) -> &[u8; KEY_BYTES] {
+        &self.0
+    }
+
     /// Parses a typed key. Accepts the groups separated by any mix of dashes, spaces, tabs, dots
     /// or underscores, any other grouping adding up to 48 digits (including none at all), and
     /// surrounding whitespace. Reports the first problem precisely enough to fix it: a stray

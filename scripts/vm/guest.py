@@ -563,7 +563,14 @@ def tpm2(summary):
     if not os.path.exists("/dev/tpmrm0"):
         raise Failure("the guest has no /dev/tpmrm0 (is swtpm attached?)")
     with f2fs_scratch("/tmp/tpm2", 128 << 20) as (dev, mnt, ds):
-        ds("tpm2", "status")
+        # A PIN protector needs the TPM's lockout owned (else anyone could reset the count of
+        # wrong PINs); --yes: the reset code is printed, not typed back.
+        out = ds("tpm2", "setup", "--yes").stdout
+        if "reset code" not in out:
+            raise Failure(f"tpm2 setup printed no reset code: {out.strip()}")
+        status = json.loads(ds("tpm2", "status", "--json").stdout)
+        if not status.get("lockout_owned"):
+            raise Failure(f"the lockout is not owned after setup: {status}")
         d = os.path.join(mnt, "vault")
         os.mkdir(d)
         ds("encrypt", d, "--protector-type", "tpm2", "--protector-name", "tpm", stdin="2580\n")

@@ -20,6 +20,8 @@ pub const MANAGE_ACTION: &str = "org.dirseal.Dirseal1.manage";
 #[derive(Clone, Debug)]
 pub struct Caller {
     pub uid: u32,
+    /// The sender's process as the bus daemon knows it (for logind: is it at the device?).
+    pub pid: Option<u32>,
     /// The sender's unique bus name and the connection to ask polkit about it on.
     bus: Option<(String, Connection)>,
     /// Polkit's answer, asked at most once per call and only when the call needs it.
@@ -33,13 +35,19 @@ impl Caller {
         let dbus = zbus::fdo::DBusProxy::new(conn).await?;
         let creds = dbus.get_connection_credentials(sender.clone().into()).await?;
         let uid = creds.unix_user_id().ok_or_else(|| Error::denied("the bus did not report the caller's uid"))?;
-        Ok(Caller { uid, bus: Some((sender.to_string(), conn.clone())), admin: OnceLock::new() })
+        let pid = creds.process_id();
+        Ok(Caller { uid, pid, bus: Some((sender.to_string(), conn.clone())), admin: OnceLock::new() })
     }
 
     /// A caller known by uid only (no polkit), for tests.
     #[cfg(test)]
     pub fn local(uid: u32) -> Caller {
-        Caller { uid, bus: None, admin: OnceLock::new() }
+        Caller { uid, pid: None, bus: None, admin: OnceLock::new() }
+    }
+
+    /// The connection the call came on (the system bus), to ask other services about the caller.
+    pub fn bus(&self) -> Option<&Connection> {
+        self.bus.as_ref().map(|(_, c)| c)
     }
 
     /// Root, or a user polkit has already let act as an administrator in this call.

@@ -7,6 +7,7 @@ mod error;
 mod fdio;
 mod jobs;
 mod log;
+mod pin;
 mod service;
 
 use std::path::PathBuf;

@@ -357,6 +357,7 @@ impl Enrol {
         }
         let id = parse_protector_id(named)?;
         caller.check_protector(&ds.keystore().protector(&id)?)?;
+        pin_try(ds, caller, Some(id))?;
         secrets.current.push((Some(id), secret));
         Ok(Enrol { existing: Some(id), name, uid })
     }
@@ -427,6 +428,12 @@ fn to_dbus(v: &serde_json::Value) -> Option<OwnedValue> {
     OwnedValue::try_from(v).ok()
 }
 
+/// Before the TPM checks a PIN for the caller: the service's part of the rule on PIN tries
+/// ([`crate::pin`]). Root's calls that name no protector pass.
+fn pin_try(ds: &Dirseal, caller: &Caller, protector: Option<ProtectorId>) -> Result<()> {
+    protector.map_or(Ok(()), |id| crate::pin::may_try(ds, caller, &id))
+}
+
 /// A check's answer: whether the secret was right; other errors stay errors.
 fn valid<T, E: Into<Error>>(r: std::result::Result<T, E>) -> Result<bool> {
     match r.map_err(Into::into) {
@@ -479,13 +486,18 @@ impl Service {
             let _one = ctx.one_at_a_time();
             let ds = ctx.open()?;
             if protector.is_empty() && !caller.is_root() {
-                // The caller's own protectors, in the login order for their uid.
+                // The caller's own protectors, in the login order for their uid. The secret may
+                // reach each: every TPM PIN among them must be allowed a try first.
+                for rec in ds.login_protectors(&ds.policy_of(&path)?, caller.uid) {
+                    pin_try(&ds, caller, Some(rec.id))?;
+                }
                 let mut secrets = Secrets { current: vec![(None, secret)], ..Default::default() };
                 ds.unlock_as(&path, caller.uid, &mut secrets)?;
                 return Ok(());
             }
             let policy = ds.policy_of(&path)?;
             let pick = choose(&ds, caller, &policy, &protector, &path)?;
+            pin_try(&ds, caller, pick.protector)?;
             ds.unlock(&path, pick, &mut Secrets { current: vec![(pick.protector, secret)], ..Default::default() })?;
             Ok(())
         })
@@ -640,6 +652,7 @@ impl Service {
             let mut ds = ctx.open()?;
             let policy = ds.policy_of(&path)?;
             let pick = choose(&ds, caller, &policy, &with, &path)?;
+            pin_try(&ds, caller, pick.protector)?;
             let mut secrets = Secrets { current: vec![(pick.protector, with_secret)], ..Default::default() };
             let enrol = Enrol::new(&ds, caller, &path, &new, &new_name, new_secret, &mut secrets)?;
             let rec = ds.add_protector_to_policy(&policy.id, pick, enrol.choice(), &mut secrets)?;
@@ -686,6 +699,7 @@ impl Service {
             let _one = ctx.one_at_a_time();
             let ds = ctx.open()?;
             caller.check_protector(&ds.keystore().protector(&id)?)?;
+            pin_try(&ds, caller, Some(id))?;
             ds.change_secret(
                 &id,
                 &mut Secrets { current: vec![(Some(id), old)], new: Some(new), ..Default::default() },
@@ -709,6 +723,7 @@ impl Service {
             let _one = ctx.one_at_a_time();
             let ds = ctx.open_existing()?;
             caller.check_protector(&ds.keystore().protector(&id)?)?;
+            pin_try(&ds, caller, Some(id))?;
             valid(ds.verify_protector(&id, &mut Secrets { current: vec![(Some(id), secret)], ..Default::default() }))
         })
         .await
@@ -833,6 +848,7 @@ impl Service {
             }
             let policy = ds.policy_of(&path)?;
             let pick = choose(&ds, caller, &policy, &protector, &path)?;
+            pin_try(&ds, caller, pick.protector)?;
             let (policy, master) = ds.master_key_of_dir(
                 &path,
                 pick,

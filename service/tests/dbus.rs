@@ -385,24 +385,100 @@ fn a_second_service_on_the_bus_says_one_runs_and_exits() {
     h.ok(None, "ListProtectors", &[], &[]);
 }
 
+/// A TPM whose lockout is owned (as after `dirseal tpm2 setup`) with `max_tries` tries and a long
+/// recovery time (nothing is forgiven during a test).
+fn owned_tpm(max_tries: u32) -> dirseal_testfs::Swtpm {
+    let tpm = dirseal_testfs::Swtpm::start_owned();
+    let n = max_tries.to_string();
+    let auth = dirseal_testfs::Swtpm::OWNER_AUTH;
+    tpm.tool(&["tpm2_dictionarylockout", "-s", "-n", &n, "-t", "1000", "-l", "1000", "-p", auth]).unwrap();
+    tpm
+}
+
+/// The service's rule on PIN tries: at most one try per few seconds per uid.
+const PIN_INTERVAL: Duration = Duration::from_millis(3100);
+
 #[test]
 fn tpm_tries_left_counts_down_with_wrong_pins() {
     if !root_only() {
         return;
     }
-    let tpm = dirseal_testfs::Swtpm::start();
+    let tpm = owned_tpm(4);
     let h = Harness::with_config(&format!("[tpm2]\ntcti = \"{}\"\n", tpm.tcti()));
     let alice = h.user();
     // A user makes their own TPM+PIN protector.
     let id =
         h.ok(Some(&alice), "CreateProtector", &[s("alice-tpm"), fd(3), "{'kind': <'tpm2'>}".into()], &[(3, "1234")]);
     let id = strings(&id)[0].clone();
-    assert_eq!(h.ok(Some(&alice), "GetTpmTriesLeft", &[s(&id)], &[]), "(uint32 3,)");
+    assert_eq!(h.ok(Some(&alice), "GetTpmTriesLeft", &[s(&id)], &[]), "(uint32 4,)");
     assert_eq!(h.ok(Some(&alice), "VerifySecret", &[s(&id), fd(3)], &[(3, "9999")]), "(false,)");
-    assert_eq!(h.ok(Some(&alice), "GetTpmTriesLeft", &[s(&id)], &[]), "(uint32 2,)");
+    assert_eq!(h.ok(Some(&alice), "GetTpmTriesLeft", &[s(&id)], &[]), "(uint32 3,)");
+    // A second try at once is refused before the TPM sees it.
+    let e = h.fails(Some(&alice), "VerifySecret", &[s(&id), fd(3)], &[(3, "1234")], DENIED);
+    assert!(e.contains("too many TPM PIN tries in a row"), "{e}");
+    std::thread::sleep(PIN_INTERVAL);
     assert_eq!(h.ok(Some(&alice), "VerifySecret", &[s(&id), fd(3)], &[(3, "1234")]), "(true,)");
     let bob = h.user();
     h.fails(Some(&bob), "GetTpmTriesLeft", &[s(&id)], &[], DENIED);
+}
+
+/// Regression (issue 20): an unprivileged caller used their own TPM protector to spend the TPM's
+/// shared tries over D-Bus until the TPM locked every user out. Now the last `min_local_tries`
+/// are kept for the person at the device, and root still verifies.
+#[test]
+fn an_unprivileged_caller_cannot_lock_the_tpm_out_over_dbus() {
+    if !root_only() {
+        return;
+    }
+    let tpm = owned_tpm(5);
+    let h = Harness::with_config(&format!("[tpm2]\ntcti = \"{}\"\nmin_local_tries = 2\n", tpm.tcti()));
+    let mallory = h.user();
+    let id = h.ok(Some(&mallory), "CreateProtector", &[s("m-tpm"), fd(3), "{'kind': <'tpm2'>}".into()], &[(3, "2468")]);
+    let id = strings(&id)[0].clone();
+    let tries = || -> u32 {
+        let r = h.ok(None, "GetTpmTriesLeft", &[s(&id)], &[]);
+        r.trim_start_matches("(uint32 ").trim_end_matches(",)").parse().unwrap()
+    };
+    let (mut spent, mut kept) = (0, 0);
+    for guess in 0..8 {
+        match h.call(Some(&mallory), "VerifySecret", &[s(&id), fd(3)], &[(3, &format!("{guess:04}"))], None) {
+            Ok(r) => {
+                assert_eq!(r, "(false,)");
+                spent += 1;
+            }
+            Err(e) => {
+                assert_eq!(e.name, DENIED, "{}", e.message);
+                assert!(e.message.contains("kept for the person at the device"), "{}", e.message);
+                kept += 1;
+            }
+        }
+        assert!(tries() >= 2, "a D-Bus caller brought the TPM below min_local_tries: {} left", tries());
+        std::thread::sleep(PIN_INTERVAL);
+    }
+    assert_eq!((spent, kept, tries()), (3, 5, 2));
+    assert_eq!(h.ok(None, "VerifySecret", &[s(&id), fd(3)], &[(3, "2468")]), "(true,)");
+    // Not mallory's protector: refused before the TPM is asked.
+    let root_pin = h.ok(None, "CreateProtector", &[s("root-tpm"), fd(3), "{'kind': <'tpm2'>}".into()], &[(3, "1357")]);
+    let root_pin = strings(&root_pin)[0].clone();
+    h.fails(Some(&mallory), "VerifySecret", &[s(&root_pin), fd(3)], &[(3, "0000")], DENIED);
+    assert_eq!(tries(), 2);
+}
+
+/// Regression (issue 20): with the TPM's lockout hierarchy unowned anyone could reset the count of
+/// wrong PINs, so a PIN protector is refused there (and allowed without PIN).
+#[test]
+fn a_tpm_pin_protector_needs_an_owned_lockout() {
+    if !root_only() {
+        return;
+    }
+    let tpm = dirseal_testfs::Swtpm::start();
+    let h = Harness::with_config(&format!("[tpm2]\ntcti = \"{}\"\n", tpm.tcti()));
+    let alice = h.user();
+    let e = h
+        .call(Some(&alice), "CreateProtector", &[s("a"), fd(3), "{'kind': <'tpm2'>}".into()], &[(3, "1234")], None)
+        .expect_err("a PIN on an unowned TPM lockout must be refused");
+    assert!(e.message.contains("lockout hierarchy has no password"), "{}", e.message);
+    h.ok(Some(&alice), "CreateProtector", &[s("b"), fd(3), "{'kind': <'tpm2'>, 'no_pin': <true>}".into()], &[(3, "x")]);
 }
 
 /// Waits for the first signal `pick` accepts; every signal seen is kept in `seen`.

@@ -16,6 +16,7 @@ fn the_dbus_demo_runs_and_leaves_nothing_behind() {
         .expect("bash");
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "the demo failed:\n{text}");
+    assert!(!text.contains('\x1b'), "terminal escape codes written into a pipe:\n{text}");
     for want in [
         "org.dirseal.Dirseal1.Job.Progress ('copying'",
         "org.dirseal.Dirseal1.Job.Finished ('done'",

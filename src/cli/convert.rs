@@ -21,6 +21,7 @@ use super::ProtectorArgs;
 #[derive(Args)]
 pub struct ConvertArgs {
     /// The directory to encrypt in place
+    #[arg(required_unless_present = "status")]
     dir: Option<PathBuf>,
     #[command(flatten)]
     protector: ProtectorArgs,
@@ -180,6 +181,7 @@ pub fn run(ds: &mut Dirseal, args: ConvertArgs, ui: &mut TermUi) -> Result<i32> 
             println!("{}", serde_json::to_string(&serde_json::json!({ "plan": s }))?);
         }
         let user = args.protector.user_or_owner(&abs)?;
+        ui.login_user = user.as_ref().map(|u| u.name.clone());
         ui.assume_yes = args.yes;
         convert::run(ds, plan, args.protector.choice(&user)?, ui, &hooks)
     };
@@ -194,6 +196,19 @@ pub fn run(ds: &mut Dirseal, args: ConvertArgs, ui: &mut TermUi) -> Result<i32> 
     report(&abs, &done.outcome, summary.as_ref().map(|s| s.apparent_bytes), args.json)?;
     if args.scrub {
         return scrub_after(&abs, &done.outcome, &stop, args.json);
+    }
+    if !args.json && done.outcome.state == State::Done {
+        let d = clean(&abs.display().to_string());
+        if args.recovery.decided().is_none() && args.yes {
+            println!("note: no recovery key was made (--yes makes one only with --recovery-key); `dirseal recovery add {d}` makes one");
+        }
+        if !args.wipe {
+            let mp = dirseal::fscrypt::mount_point(&abs)?;
+            println!(
+                "note: `dirseal scrub {}` overwrites the free space, the old plaintext's blocks included",
+                clean(&mp.display().to_string())
+            );
+        }
     }
     Ok(0)
 }

@@ -7,6 +7,7 @@ use dirseal::keystore::KeystoreError;
 use dirseal::ops::OpsError;
 use dirseal::protector::ProtectorError;
 use dirseal::recovery::RecoveryError;
+use dirseal::tpm2::Tpm2Error;
 
 /// The hint for the first error in `e`'s chain that has one.
 pub fn hint(e: &anyhow::Error) -> Option<String> {
@@ -31,6 +32,9 @@ pub fn hint(e: &anyhow::Error) -> Option<String> {
         if let Some(p) = cause.downcast_ref::<ProtectorError>() {
             return protector(p);
         }
+        if let Some(t) = cause.downcast_ref::<Tpm2Error>() {
+            return tpm2(t);
+        }
         cause.downcast_ref::<Fido2Error>().and_then(fido2)
     })
 }
@@ -49,6 +53,8 @@ fn convert(e: &ConvertError) -> Option<String> {
 fn ops(e: &OpsError) -> Option<String> {
     match e {
         OpsError::AmbiguousProtector { .. } => Some("pick one with --protector ID".into()),
+        // Only directories are encrypted: for a file there is nothing to suggest.
+        OpsError::NotEncrypted { path } if !path.is_dir() => None,
         OpsError::NotEncrypted { path } => {
             let p = path.display();
             Some(format!("encrypt an empty directory with `dirseal encrypt {p}`, or one that holds data with `dirseal convert {p}`"))
@@ -71,6 +77,14 @@ fn ops(e: &OpsError) -> Option<String> {
             }
             (!ways.is_empty()).then(|| format!("unlock it with {}", ways.join(" or ")))
         }
+        OpsError::PinIsLoginPassword { user } => Some(format!(
+            "choose another PIN; or keep it and make {user} a PIN-login account: create the protector with \
+             --allow-password-pin, then `dirseal pin-login enable {user}` removes the password hash"
+        )),
+        OpsError::NoPinProtector { user, home } => Some(format!(
+            "`dirseal policy add-protector {} --protector-type tpm2 --user {user}` adds one",
+            home.display()
+        )),
         OpsError::Keystore(k) => keystore(k),
         OpsError::Recovery(r) => recovery(r),
         OpsError::Fscrypt(f) => fscrypt(f),
@@ -122,6 +136,24 @@ fn fscrypt(e: &FscryptError) -> Option<String> {
 fn protector(e: &ProtectorError) -> Option<String> {
     match e {
         ProtectorError::Fido2(f) => fido2(f),
+        ProtectorError::IncorrectSecret { .. } => {
+            Some("forgotten? a directory's recovery key opens it: `dirseal unlock --recovery DIR`".into())
+        }
+        ProtectorError::Tpm2(t) => tpm2(t),
+        _ => None,
+    }
+}
+
+fn tpm2(e: &Tpm2Error) -> Option<String> {
+    match e {
+        Tpm2Error::LockoutNotOwned => Some(
+            "run `dirseal tpm2 setup` first (it shows a TPM reset code to write down), or pass --no-pin for a \
+             protector without PIN"
+                .into(),
+        ),
+        Tpm2Error::WrongResetCode { .. } => {
+            Some("`dirseal tpm2 status` shows when the TPM forgives failures without the code".into())
+        }
         _ => None,
     }
 }

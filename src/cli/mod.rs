@@ -8,6 +8,7 @@ mod scrub;
 mod term;
 mod tpm2;
 
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
@@ -17,7 +18,7 @@ use serde::Serialize;
 use dirseal::config::DEFAULT_CONFIG_PATH;
 use dirseal::ids::{KeyIdentifier, ProtectorId};
 use dirseal::keystore::{PolicyRecord, ProtectorRecord};
-use dirseal::ops::{self, Dirseal, LockReport, NewProtector, Pick, ProtectorChoice, ProtectorSummary};
+use dirseal::ops::{self, Dirseal, LockReport, NewProtector, OpsError, Pick, ProtectorChoice, ProtectorSummary};
 use dirseal::protector::{self, KindOptions, NewKind};
 use dirseal::tpm2::PcrSet;
 
@@ -33,10 +34,10 @@ use term::TermUi;
 )]
 pub struct Cli {
     /// Config file
-    #[arg(long, global = true, env = "DIRSEAL_CONFIG", default_value = DEFAULT_CONFIG_PATH, value_name = "FILE")]
+    #[arg(long, global = true, env = "DIRSEAL_CONFIG", default_value = DEFAULT_CONFIG_PATH, value_name = "FILE", help_heading = "Global options")]
     config: PathBuf,
     /// Keystore directory [default: from the config, else /var/lib/dirseal]
-    #[arg(long, global = true, env = "DIRSEAL_KEYSTORE", value_name = "DIR")]
+    #[arg(long, global = true, env = "DIRSEAL_KEYSTORE", value_name = "DIR", help_heading = "Global options")]
     keystore: Option<PathBuf>,
     #[command(subcommand)]
     cmd: Cmd,
@@ -46,12 +47,15 @@ pub struct Cli {
 enum Cmd {
     /// Show the system overview, or one directory: encrypted?, locked?, policy, protectors
     Status {
+        /// A directory (any path) to report on; without it, every policy and protector
         dir: Option<PathBuf>,
+        /// Print one JSON object instead of text
         #[arg(long)]
         json: bool,
     },
     /// Encrypt an empty directory (for one that holds data, use `convert`)
     Encrypt {
+        /// The empty directory to encrypt
         dir: PathBuf,
         #[command(flatten)]
         protector: ProtectorArgs,
@@ -62,6 +66,7 @@ enum Cmd {
     Convert(convert::ConvertArgs),
     /// Unlock an encrypted directory (load its key into the kernel)
     Unlock {
+        /// The encrypted directory (any directory of its tree)
         dir: PathBuf,
         /// Protector to use when the directory has several
         #[arg(long, value_name = "ID", conflicts_with = "recovery")]
@@ -72,16 +77,20 @@ enum Cmd {
     },
     /// Lock an encrypted directory (remove its key from the kernel)
     Lock {
+        /// The encrypted directory (any directory of its tree: the whole tree is locked)
         dir: PathBuf,
         /// Also remove the key other users added
         #[arg(long)]
         all_users: bool,
+        /// Print the outcome as JSON
         #[arg(long)]
         json: bool,
     },
     /// Change the password (or PIN) of a directory's protector
     ChangePassword {
+        /// The encrypted directory whose protector's secret changes
         dir: PathBuf,
+        /// Protector to change when the directory has several
         #[arg(long, value_name = "ID")]
         protector: Option<ProtectorId>,
     },
@@ -100,6 +109,9 @@ enum Cmd {
     /// Security keys (FIDO2): which are connected and what they support
     #[command(subcommand)]
     Fido2(fido2::Fido2Cmd),
+    /// PIN-login accounts: log in with the TPM PIN alone, no password hash in /etc/shadow
+    #[command(subcommand)]
+    PinLogin(PinLoginCmd),
     /// Overwrite a filesystem's free space (old plaintext of deleted or converted files), then TRIM
     Scrub(scrub::ScrubArgs),
     /// Write shell completions and man pages into DIR
@@ -119,7 +131,7 @@ enum ProtectorCmd {
         #[arg(long)]
         name: String,
         /// Kind of protector
-        #[arg(long = "type", default_value = "password", value_parser = clap::builder::PossibleValuesParser::new(protector::KIND_NAMES))]
+        #[arg(long = "type", alias = "protector-type", default_value = "password", value_parser = clap::builder::PossibleValuesParser::new(protector::KIND_NAMES))]
         protector_type: String,
         /// The user whose password this is
         #[arg(long)]
@@ -128,11 +140,28 @@ enum ProtectorCmd {
         kdf: KdfArgs,
     },
     /// Delete a protector that no policy uses any more
-    Remove { id: ProtectorId },
+    Remove {
+        /// The protector's id (`dirseal protector list`)
+        id: ProtectorId,
+    },
     /// Check a protector's secret without changing anything
-    Verify { id: ProtectorId },
+    Verify {
+        /// The protector's id (`dirseal protector list`)
+        id: ProtectorId,
+    },
     /// Change a protector's password or PIN (no data is re-encrypted)
-    ChangePassword { id: ProtectorId },
+    ChangePassword {
+        /// The protector's id (`dirseal protector list`)
+        id: ProtectorId,
+    },
+}
+
+#[derive(Subcommand)]
+enum PinLoginCmd {
+    /// Make USER log in with their TPM PIN only: their password hash is removed, `passwd` changes the PIN
+    Enable { user: String },
+    /// End USER's PIN login (the account keeps no password until `passwd USER` sets one)
+    Disable { user: String },
 }
 
 #[derive(Subcommand)]
@@ -194,6 +223,9 @@ pub struct KdfArgs {
     /// FIDO2: require the security key's built-in user verification (fingerprint)
     #[arg(long)]
     uv: bool,
+    /// tpm2: accept a PIN equal to the user's login password (its hash in /etc/shadow then lets anyone with the disk test the PIN offline)
+    #[arg(long)]
+    allow_password_pin: bool,
 }
 
 #[derive(Args, Default)]
@@ -202,7 +234,7 @@ pub struct ProtectorArgs {
     #[arg(long, value_name = "ID", conflicts_with_all = ["protector_name"])]
     protector: Option<ProtectorId>,
     /// Kind of new protector to create
-    #[arg(long, default_value = "password", value_parser = clap::builder::PossibleValuesParser::new(protector::KIND_NAMES))]
+    #[arg(long, alias = "type", default_value = "password", value_parser = clap::builder::PossibleValuesParser::new(protector::KIND_NAMES))]
     protector_type: String,
     /// Name of the new protector [default: the owner's user name ("uid N" without a passwd entry), else the kind]
     #[arg(long, value_name = "NAME")]
@@ -224,6 +256,7 @@ impl KdfArgs {
             device: self.device.clone(),
             pin: self.pin,
             uv: self.uv,
+            allow_password_pin: self.allow_password_pin,
         };
         Ok(NewKind::named(name, &opts)?)
     }
@@ -287,14 +320,43 @@ pub fn main() -> i32 {
     let cli = Cli::parse();
     match run(cli) {
         Ok(code) => code,
+        Err(e) if cancelled(&e) => {
+            eprintln!("dirseal: cancelled; nothing was changed");
+            130
+        }
         Err(e) => {
-            eprintln!("dirseal: error: {}", clean(&format!("{e:#}")));
+            eprintln!("dirseal: error: {}", clean(&one_line(&e)));
             if let Some(h) = hint::hint(&e) {
                 eprintln!("dirseal: {}", clean(&h));
             }
             1
         }
     }
+}
+
+/// Whether the person cancelled a prompt (Ctrl-D): exit status 130, as a shell reports an
+/// interrupted command. The library wraps `UiError` transparently in several error types, and a
+/// transparent wrapper displays exactly the wrapped text, so the text identifies it in any of them.
+fn cancelled(e: &anyhow::Error) -> bool {
+    let text = dirseal::ui::UiError::Cancelled.to_string();
+    e.chain().any(|c| c.to_string() == text)
+}
+
+/// The error and its causes on one line, each said once: many errors already name their cause
+/// in their own message (`cannot open X: No such file or directory`), and anyhow's `{:#}` would
+/// repeat it.
+fn one_line(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if out.is_empty() {
+            out = text;
+        } else if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+    }
+    out
 }
 
 fn require_root() -> Result<()> {
@@ -316,6 +378,12 @@ fn run(cli: Cli) -> Result<i32> {
         generate_docs(dir)?;
         return Ok(0);
     }
+    // A user may read the status of what they can see (policy and key status need no privilege);
+    // the root-only keystore's facts are then reported as hidden.
+    if let (Cmd::Status { dir: Some(dir), json }, false) = (&cli.cmd, nix::unistd::geteuid().is_root()) {
+        status_dir(None, dir, *json)?;
+        return Ok(0);
+    }
     require_root()?;
     // Scrubbing touches no keys: it must work with a missing or broken config and keystore.
     if let Cmd::Scrub(args) = cli.cmd {
@@ -327,7 +395,22 @@ fn run(cli: Cli) -> Result<i32> {
     if let Cmd::Fido2(cmd) = cli.cmd {
         return fido2::run(&dirseal::config::Config::load(&cli.config)?, cmd);
     }
-    let mut ds = Dirseal::open(&cli.config, cli.keystore.as_deref())?;
+    // Commands that only read never create a keystore (a typo'd --keystore, or a status on a
+    // machine that manages nothing, must leave no directory behind).
+    let read_only = matches!(
+        cli.cmd,
+        Cmd::Status { .. }
+            | Cmd::Lock { .. }
+            | Cmd::Unlock { .. }
+            | Cmd::Protector(ProtectorCmd::List { .. } | ProtectorCmd::Verify { .. })
+            | Cmd::Policy(PolicyCmd::List { .. })
+            | Cmd::Recovery(recovery::RecoveryCmd::Verify { .. })
+    );
+    let mut ds = if read_only {
+        Dirseal::open_existing(&cli.config, cli.keystore.as_deref())?
+    } else {
+        Dirseal::open(&cli.config, cli.keystore.as_deref())?
+    };
     let json = matches!(
         cli.cmd,
         Cmd::Status { json: true, .. }
@@ -335,12 +418,13 @@ fn run(cli: Cli) -> Result<i32> {
             | Cmd::Protector(ProtectorCmd::List { json: true })
             | Cmd::Policy(PolicyCmd::List { json: true })
     ) || matches!(&cli.cmd, Cmd::Convert(a) if a.json);
-    let mut ui = TermUi { json, assume_yes: false };
+    let mut ui = TermUi { json, assume_yes: false, login_user: None };
     match cli.cmd {
-        Cmd::Status { dir: Some(dir), json } => status_dir(&ds, &dir, json)?,
+        Cmd::Status { dir: Some(dir), json } => status_dir(Some(&ds), &dir, json)?,
         Cmd::Status { dir: None, json } => overview(&ds, json)?,
         Cmd::Encrypt { dir, protector, recovery: offer } => {
             let user = protector.user_or_owner(&dir)?;
+            ui.login_user = user.as_ref().map(|u| u.name.clone());
             // Ask before anything is encrypted; the key is shown once the master key exists.
             let want_recovery = offer.wanted(&dir, &mut ui)?;
             let (policy, master) = ds.encrypt(&dir, protector.choice(&user)?, &mut ui)?;
@@ -350,7 +434,7 @@ fn run(cli: Cli) -> Result<i32> {
         }
         Cmd::Convert(args) => return convert::run(&mut ds, args, &mut ui),
         Cmd::Unlock { dir, recovery: true, .. } => ds.unlock_with_recovery(&dir, &mut ui)?,
-        Cmd::Unlock { dir, protector, recovery: false } => ds.unlock(&dir, Pick { protector }, &mut ui)?,
+        Cmd::Unlock { dir, protector, recovery: false } => unlock(&mut ds, &dir, Pick { protector }, &mut ui)?,
         Cmd::Lock { dir, all_users, json } => return lock(&ds, &dir, all_users, json),
         Cmd::ChangePassword { dir, protector } => {
             let rec = ds.protector_of_dir(&dir, Pick { protector })?;
@@ -360,22 +444,58 @@ fn run(cli: Cli) -> Result<i32> {
         Cmd::Protector(cmd) => protector(&mut ds, cmd, &mut ui)?,
         Cmd::Policy(cmd) => policy(&mut ds, cmd, &mut ui)?,
         Cmd::Recovery(cmd) => recovery::run(&mut ds, cmd, &mut ui)?,
+        Cmd::PinLogin(PinLoginCmd::Enable { user }) => {
+            let rec = ds.enable_pin_login(&user)?;
+            println!(
+                "{} logs in with the PIN of TPM protector {} ({}) on the `standalone` line (docs/pam.md); no password \
+                 hash is left in /etc/shadow, and `passwd` changes the PIN",
+                clean(&user),
+                clean(&rec.name),
+                rec.id
+            );
+        }
+        Cmd::PinLogin(PinLoginCmd::Disable { user }) => {
+            ds.disable_pin_login(&user)?;
+            println!(
+                "{} is no PIN-login account any more; `passwd {}` gives it a password",
+                clean(&user),
+                clean(&user)
+            );
+        }
         Cmd::GenerateDocs { .. } | Cmd::Tpm2(_) | Cmd::Fido2(_) | Cmd::Scrub(_) => unreachable!("handled above"),
     }
     Ok(0)
+}
+
+/// On a terminal a mistyped secret is asked again, three tries in all (as `fscrypt unlock`
+/// does); a script gets the first error. A TPM PIN's prompt shows the tries the TPM has left.
+fn unlock(ds: &mut Dirseal, dir: &Path, pick: Pick, ui: &mut TermUi) -> Result<()> {
+    use dirseal::protector::ProtectorError;
+    let tries = if std::io::stdin().is_terminal() { 3 } else { 1 };
+    for n in 1..=tries {
+        match ds.unlock(dir, pick, ui) {
+            Err(OpsError::Protector(ProtectorError::IncorrectSecret { what, .. })) if n < tries => {
+                eprintln!("incorrect {what}; try again");
+            }
+            r => return Ok(r?),
+        }
+    }
+    unreachable!("the last try returns")
 }
 
 fn lock(ds: &Dirseal, dir: &Path, all_users: bool, json: bool) -> Result<i32> {
     let r: LockReport = ds.lock(dir, all_users)?;
     if json {
         print_json(&r)?;
+    } else if r.already_locked {
+        println!("{} is already locked", clean(&r.path.display().to_string()));
     } else if r.locked {
-        println!("locked {}", clean(&dir.display().to_string()));
+        println!("locked {}", clean(&r.path.display().to_string()));
     }
     if r.locked {
         return Ok(0);
     }
-    let d = clean(&dir.display().to_string());
+    let d = clean(&r.path.display().to_string());
     if r.files_busy {
         let mut msg = format!("{d} is only partly locked: files in it are still open");
         if r.busy.is_empty() {
@@ -406,18 +526,30 @@ struct DirStatusOut {
     status: ops::DirStatus,
     /// State of a conversion of this directory recorded in its work dir, if any.
     conversion: Option<String>,
-    /// Whether a recovery key is stored on the directory.
-    recovery_key: bool,
+    /// Whether a recovery key is stored on the directory; `None` when hidden.
+    recovery_key: Option<bool>,
+    /// Run by a user other than root: keystore facts and the recovery key are not shown.
+    hidden: bool,
 }
 
-fn status_dir(ds: &Dirseal, dir: &Path, json: bool) -> Result<()> {
-    let status = ds.dir_status(dir)?;
+/// `ds` is `None` for a user other than root: the keystore's facts (protectors, whether dirseal
+/// manages the policy) and the root-only recovery key attribute are then reported as hidden.
+fn status_dir(ds: Option<&Dirseal>, dir: &Path, json: bool) -> Result<()> {
+    let status = match ds {
+        Some(ds) => ds.dir_status(dir)?,
+        None => ops::public_dir_status(dir)?,
+    };
+    let hidden = ds.is_none();
     let conversion = dirseal::convert::absolute(dir)
         .ok()
         .and_then(|abs| dirseal::convert::status(&abs).ok().flatten())
         .map(|v| v.state.to_string());
-    let recovery_key = status.encrypted && dirseal::recovery::read_blob(dir).is_ok_and(|b| b.is_some());
-    let out = DirStatusOut { status, conversion, recovery_key };
+    // The recovery key is stored on the top of the encrypted tree, whichever directory was asked.
+    let recovery_key = status
+        .encrypted_root
+        .as_deref()
+        .is_some_and(|top| dirseal::recovery::read_blob(top).is_ok_and(|b| b.is_some()));
+    let out = DirStatusOut { status, conversion, recovery_key: (!hidden).then_some(recovery_key), hidden };
     if json {
         return print_json(&out);
     }
@@ -428,8 +560,22 @@ fn status_dir(ds: &Dirseal, dir: &Path, json: bool) -> Result<()> {
         None => println!("  encrypted:  no"),
         Some(p) => {
             println!("  encrypted:  yes (policy {p})");
+            let asked = std::fs::canonicalize(&s.path).ok();
+            if let Some(top) = s.encrypted_root.as_deref().filter(|t| asked.as_deref() != Some(*t)) {
+                println!(
+                    "  part of:    {} (one key locks and unlocks the whole tree)",
+                    clean(&top.display().to_string())
+                );
+            }
             println!("  key:        {}", s.key.unwrap_or("unknown"));
-            println!("  managed:    {}", if s.managed { "yes" } else { "no (no policy record in the keystore)" });
+            println!(
+                "  managed:    {}",
+                match (hidden, s.managed) {
+                    (true, _) => "hidden (the keystore is root's: `sudo dirseal status` shows protectors)",
+                    (false, true) => "yes",
+                    (false, false) => "no (no policy record in the keystore)",
+                }
+            );
         }
     }
     if !s.protectors.is_empty() {
@@ -441,7 +587,11 @@ fn status_dir(ds: &Dirseal, dir: &Path, json: bool) -> Result<()> {
     if s.encrypted {
         println!(
             "  recovery:   {}",
-            if out.recovery_key { "yes" } else { "no (create one with `dirseal recovery add`)" }
+            match out.recovery_key {
+                None => "hidden (stored where only root reads it)",
+                Some(true) => "yes",
+                Some(false) => "no (create one with `dirseal recovery add`)",
+            }
         );
     }
     if let Some(c) = &out.conversion {
@@ -449,6 +599,9 @@ fn status_dir(ds: &Dirseal, dir: &Path, json: bool) -> Result<()> {
     }
     for p in &s.problems {
         println!("  problem:    {}", clean(p));
+    }
+    for w in &s.warnings {
+        println!("  warning:    {}", clean(w));
     }
     Ok(())
 }
@@ -460,11 +613,11 @@ fn filesystem_line(f: &ops::FsStatus) -> String {
     match f.encryption {
         Support::Enabled => format!("{at}, can encrypt"),
         Support::NotEnabled if f.fstype == "f2fs" => format!(
-            "{at}, cannot encrypt until its encrypt feature is enabled: `fsck.f2fs -O encrypt {}` (unmounted)",
+            "{at}, cannot encrypt until its encrypt feature is enabled: `fsck.f2fs -O encrypt {}` (f2fs needs it unmounted)",
             clean(&f.device)
         ),
         Support::NotEnabled => format!(
-            "{at}, cannot encrypt until its encrypt feature is enabled: `tune2fs -O encrypt {}` (unmounted)",
+            "{at}, cannot encrypt until its encrypt feature is enabled: `tune2fs -O encrypt {}` (works while mounted)",
             clean(&f.device)
         ),
         Support::Unsupported => format!("{at}, cannot encrypt (fscrypt needs ext4 or f2fs)"),

@@ -19,17 +19,25 @@ use super::ProtectorArgs;
 pub enum RecoveryCmd {
     /// Create a recovery key for DIR: shown once, to write down (asks for a protector's secret)
     Add {
+        /// The encrypted directory (the top of its tree)
         dir: PathBuf,
         /// Protector that proves access when the directory has several
         #[arg(long, value_name = "ID")]
         protector: Option<ProtectorId>,
     },
     /// Check a typed recovery key against DIR without unlocking anything
-    Verify { dir: PathBuf },
+    Verify {
+        /// The encrypted directory the key belongs to
+        dir: PathBuf,
+    },
     /// Delete DIR's recovery key (it stops working)
-    Remove { dir: PathBuf },
+    Remove {
+        /// The encrypted directory whose key is deleted
+        dir: PathBuf,
+    },
     /// Unlock DIR with its recovery key and enrol a new protector; works with a lost keystore
     Restore {
+        /// The encrypted directory to open and give a new protector
         dir: PathBuf,
         #[command(flatten)]
         protector: ProtectorArgs,
@@ -95,8 +103,20 @@ pub fn run(ds: &mut Dirseal, cmd: RecoveryCmd, ui: &mut TermUi) -> Result<()> {
             println!("removed the recovery key of {}", clean(&dir.display().to_string()));
         }
         RecoveryCmd::Restore { dir, protector } => {
-            let user = protector.user()?;
-            ds.restore_with_recovery(&dir, protector.choice(&user)?, ui)?;
+            // As `convert` does: a home's new protector belongs to its owner, else PAM (which
+            // tries only the user's own protectors) would leave the restored home locked.
+            let user = protector.user_or_owner(&dir)?;
+            ui.login_user = user.as_ref().map(|u| u.name.clone());
+            let (_, prec) = ds.restore_with_recovery(&dir, protector.choice(&user)?, ui)?;
+            if let (Some(u), None) = (&user, protector.protector) {
+                println!(
+                    "protector {} belongs to {}: a login unlocks {} only while its password is {}'s login password",
+                    clean(&prec.name),
+                    clean(&u.name),
+                    clean(&dir.display().to_string()),
+                    clean(&u.name)
+                );
+            }
         }
     }
     Ok(())

@@ -17,7 +17,14 @@ pub struct TermUi {
     pub json: bool,
     /// `--yes`: the conversion question is answered yes without asking.
     pub assume_yes: bool,
+    /// The user a new password protector belongs to: PAM opens their home with their login
+    /// password, so the prompt says the two must be the same.
+    pub login_user: Option<String>,
 }
+
+/// Shorter passwords are accepted, with a warning: whoever copies the keystore can try them
+/// offline, at the KDF's cost per guess.
+const SHORT_PASSWORD: usize = 8;
 
 /// Turns off terminal echo for its lifetime.
 struct NoEcho {
@@ -27,16 +34,12 @@ struct NoEcho {
 impl NoEcho {
     /// No echo, but the newline that ends the line is shown (password prompts).
     fn new() -> Option<NoEcho> {
-        NoEcho::with(true)
-    }
-
-    fn with(echo_newline: bool) -> Option<NoEcho> {
         use nix::sys::termios::{tcgetattr, tcsetattr, LocalFlags, SetArg};
         let stdin = io::stdin();
         let saved = tcgetattr(&stdin).ok()?;
         let mut t = saved.clone();
         t.local_flags.remove(LocalFlags::ECHO);
-        t.local_flags.set(LocalFlags::ECHONL, echo_newline);
+        t.local_flags.insert(LocalFlags::ECHONL);
         tcsetattr(&stdin, SetArg::TCSANOW, &t).ok()?;
         Some(NoEcho { saved })
     }
@@ -81,16 +84,35 @@ fn read_line() -> Result<Option<Passphrase>, UiError> {
     Ok(read_raw_line(MAX_SECRET)?.map(Passphrase::new))
 }
 
-/// Asks for one secret line on stderr, without echo on a terminal.
+/// Asks for one secret line on stderr, without echo on a terminal. An empty line is never a
+/// secret (no KDF runs for it): a terminal asks again, a script gets [`UiError::Empty`]. Ctrl-D
+/// on a terminal cancels, on a line of its own.
 pub fn ask(prompt: &str) -> Result<Passphrase, UiError> {
     let tty = io::stdin().is_terminal();
-    if tty {
-        eprint!("{prompt}");
-        let _ = io::stderr().flush();
+    loop {
+        if tty {
+            eprint!("{prompt}");
+            let _ = io::stderr().flush();
+        }
+        let echo = if tty { NoEcho::new() } else { None };
+        let line = read_line()?;
+        drop(echo);
+        match line {
+            Some(s) if !s.as_bytes().is_empty() => return Ok(s),
+            Some(_) if tty => eprintln!("nothing was typed; type it again (Ctrl-D cancels)"),
+            Some(_) => return Err(UiError::Empty),
+            None if tty => {
+                // Ctrl-D leaves the cursor after the prompt: the message goes on its own line.
+                eprintln!();
+                return Err(UiError::Cancelled);
+            }
+            None => {
+                return Err(UiError::NoInput {
+                    hint: "type it on a terminal, or pipe one line per prompt on stdin".into(),
+                })
+            }
+        }
     }
-    let _echo = if tty { NoEcho::new() } else { None };
-    read_line()?
-        .ok_or_else(|| UiError::NoInput { hint: "type it on a terminal, or pipe one line per prompt on stdin".into() })
 }
 
 /// "TPM PIN for alice (3 tries left): ": for a device that counts tries, the tries are what matters
@@ -122,7 +144,24 @@ impl Ui for TermUi {
             SecretPrompt::Password { name, id } => ask(&format!("Password for protector {} ({id}): ", clean(name))),
             SecretPrompt::Pin { name, id, device, tries_left } => ask(&pin_prompt(name, id, device, *tries_left)),
             SecretPrompt::NewPassword { name } => {
-                ask_new(&format!("New password for protector {}: ", clean(name)), "Repeat the new password: ")
+                let tty = io::stdin().is_terminal();
+                if let (true, Some(user)) = (tty, &self.login_user) {
+                    let u = clean(user);
+                    eprintln!("Logging in unlocks this directory only while this password is {u}'s login password.");
+                }
+                let first = ask(&format!("New password for protector {}: ", clean(name)))?;
+                if tty {
+                    let len = String::from_utf8_lossy(first.as_bytes()).chars().count();
+                    if len < SHORT_PASSWORD {
+                        eprintln!(
+                            "warning: {len} characters are quick to guess for anyone who copies the keystore; a longer one is safer"
+                        );
+                    }
+                    if ask("Repeat the new password: ")? != first {
+                        return Err(UiError::Mismatch);
+                    }
+                }
+                Ok(first)
             }
             SecretPrompt::NewPin { name } => {
                 ask_new(&format!("New PIN for protector {}: ", clean(name)), "Repeat the new PIN: ")
@@ -278,30 +317,27 @@ fn yes_no(line: &[u8]) -> Option<bool> {
 
 /// Asks a yes/no question until it gets an answer (the default is no; end of input is no).
 ///
-/// What is typed is not echoed: a password typed one prompt too early must not appear on screen
-/// or in a terminal's scrollback. The accepted answer is shown instead; anything else is neither
-/// shown nor taken as "no", the question is asked again.
+/// The answer is echoed as typed (only secrets are hidden); anything but an answer is not taken
+/// as "no", the question is asked again.
 pub fn confirm(question: &str) -> bool {
     let tty = io::stdin().is_terminal();
     loop {
         eprint!("{question} [y/N] ");
         let _ = io::stderr().flush();
-        let echo = if tty { NoEcho::with(false) } else { None };
         let line = read_line();
-        drop(echo);
         let answer = match &line {
             Ok(Some(l)) => yes_no(l.as_bytes()),
             // End of input or an unreadable line: nothing was agreed to.
-            Ok(None) | Err(_) => Some(false),
+            Ok(None) | Err(_) => {
+                if tty {
+                    eprintln!();
+                }
+                Some(false)
+            }
         };
         match answer {
-            Some(a) => {
-                if tty {
-                    eprintln!("{}", if a { "yes" } else { "no" });
-                }
-                return a;
-            }
-            None => eprintln!("\nplease answer y or n (what you typed was not shown)"),
+            Some(a) => return a,
+            None => eprintln!("please answer y or n"),
         }
     }
 }

@@ -5,9 +5,11 @@ use clap::Subcommand;
 use serde::Serialize;
 
 use dirseal::config::Config;
-use dirseal::tpm2::{self, human_secs, DaParameters, DaStatus, Tcti, Tpm};
+use dirseal::secret::Passphrase;
+use dirseal::tpm2::{self, human_secs, DaParameters, DaStatus, ResetCode, Tcti, Tpm, Tpm2Error, SETUP_DEFAULTS};
 
 use super::print_json;
+use super::term;
 
 #[derive(Subcommand)]
 pub enum Tpm2Cmd {
@@ -16,19 +18,25 @@ pub enum Tpm2Cmd {
         #[arg(long)]
         json: bool,
     },
-    /// Set the dictionary-attack parameters (options not given keep their current value)
+    /// Own the TPM's lockout: set the dictionary-attack parameters and give the lockout hierarchy
+    /// a random password, shown once as the TPM reset code (write it down). Once owned, giving
+    /// parameters changes them (the reset code is asked).
     Setup {
-        /// Wrong PINs (across all TPM protectors) before the TPM locks out
+        /// Wrong PINs (across all TPM protectors) before the TPM locks out [default: 6]
         #[arg(long, value_name = "N")]
         max_tries: Option<u32>,
-        /// Seconds after which the TPM forgives one wrong PIN (0: never, only a reset)
+        /// Seconds after which the TPM forgives one wrong PIN (0: never, only a reset) [default: 7200]
         #[arg(long, value_name = "S")]
         recovery_time: Option<u32>,
-        /// Seconds the lockout hierarchy stays blocked after a wrong lockout password
+        /// Seconds the lockout hierarchy stays blocked after a wrong reset code [default: 600]
         #[arg(long, value_name = "S")]
         lockout_recovery: Option<u32>,
+        /// Print the reset code without asking for it back (scripts)
+        #[arg(long)]
+        yes: bool,
     },
-    /// Forget every counted wrong PIN now (needs the TPM's lockout hierarchy, which has no password)
+    /// Forget every counted wrong PIN now; asks for the TPM reset code (on a terminal, else one
+    /// line on stdin)
     ResetLockout,
 }
 
@@ -84,10 +92,13 @@ fn print_status(s: &StatusOut) {
     } else {
         println!("  in lockout:        no");
     }
-    if d.lockout_auth_set {
-        println!("  lockout password:  set (dirseal cannot change these parameters; use tpm2_dictionarylockout)");
+    if d.lockout_owned {
+        println!("  lockout owned:     yes: only the TPM reset code resets the count of wrong PINs");
+    } else {
+        println!("  lockout owned:     no: anyone can reset the count of wrong PINs, so PINs are not protected;");
+        println!("                     run `dirseal tpm2 setup`");
     }
-    println!("  network logins:    refused while fewer than {} tries are left", s.min_local_tries);
+    println!("  kept for the device: the last {} tries (not spent from the network or D-Bus)", s.min_local_tries);
 }
 
 pub fn run(config: &Config, cmd: Tpm2Cmd) -> Result<i32> {
@@ -100,21 +111,40 @@ pub fn run(config: &Config, cmd: Tpm2Cmd) -> Result<i32> {
                 print_status(&s);
             }
         }
-        Tpm2Cmd::Setup { max_tries, recovery_time, lockout_recovery } => {
-            if max_tries.is_none() && recovery_time.is_none() && lockout_recovery.is_none() {
-                bail!("nothing to set: give --max-tries, --recovery-time and/or --lockout-recovery");
-            }
+        Tpm2Cmd::Setup { max_tries, recovery_time, lockout_recovery, yes } => {
             if max_tries == Some(0) {
                 bail!("--max-tries 0 would lock every TPM PIN out at once; give at least 1");
             }
             let tcti = config.tpm2.tcti();
             let cur = Tpm::open(&tcti)?.da_status()?;
-            let p = DaParameters {
-                max_tries: max_tries.unwrap_or(cur.max_tries),
-                recovery_time_s: recovery_time.unwrap_or(cur.recovery_time_s),
-                lockout_recovery_s: lockout_recovery.unwrap_or(cur.lockout_recovery_s),
+            let given = max_tries.is_some() || recovery_time.is_some() || lockout_recovery.is_some();
+            if cur.lockout_owned && !given {
+                println!("{}", Tpm2Error::LockoutOwned);
+                return Ok(0);
+            }
+            let base = if cur.lockout_owned {
+                DaParameters {
+                    max_tries: cur.max_tries,
+                    recovery_time_s: cur.recovery_time_s,
+                    lockout_recovery_s: cur.lockout_recovery_s,
+                }
+            } else {
+                SETUP_DEFAULTS
             };
-            tpm2::set_da_parameters(&tcti, p)?;
+            let p = DaParameters {
+                max_tries: max_tries.unwrap_or(base.max_tries),
+                recovery_time_s: recovery_time.unwrap_or(base.recovery_time_s),
+                lockout_recovery_s: lockout_recovery.unwrap_or(base.lockout_recovery_s),
+            };
+            if cur.lockout_owned {
+                let code = read_code()?;
+                tpm2::set_da_parameters(&tcti, &code, p)?;
+            } else {
+                let code = ResetCode::generate();
+                show_code(&code, yes)?;
+                tpm2::setup(&tcti, p, &code)?;
+                println!("The TPM's lockout is now owned: only this reset code undoes wrong PINs.");
+            }
             println!(
                 "TPM dictionary-attack protection: {} tries, one forgiven every {}, lockout recovery {}",
                 p.max_tries,
@@ -123,9 +153,48 @@ pub fn run(config: &Config, cmd: Tpm2Cmd) -> Result<i32> {
             );
         }
         Tpm2Cmd::ResetLockout => {
-            tpm2::reset_lockout(&config.tpm2.tcti())?;
+            let tcti = config.tpm2.tcti();
+            if Tpm::open(&tcti)?.da_status()?.lockout_owned {
+                tpm2::reset_lockout(&tcti, Some(&read_code()?))?;
+            } else {
+                tpm2::reset_lockout(&tcti, None)?;
+                eprintln!("warning: {}; run `dirseal tpm2 setup`", Tpm2Error::LockoutNotOwned);
+            }
             println!("the TPM forgot every counted wrong PIN");
         }
     }
     Ok(0)
+}
+
+/// Shows a new reset code; unless `yes`, has it typed back (a miswritten copy is caught now,
+/// before it becomes the only way to reset the TPM's lockout).
+fn show_code(code: &ResetCode, yes: bool) -> Result<()> {
+    println!(
+        "TPM reset code — write it down and keep it away from the device; it is shown only once:\n\n    {}\n\n\
+         It resets the TPM's count of wrong PINs. Without it, wrong PINs are only forgotten with time.\n",
+        &*code.to_display()
+    );
+    if yes {
+        return Ok(());
+    }
+    for _ in 0..3 {
+        let typed = match term::ask("Type the TPM reset code back to confirm: ") {
+            Ok(t) => t,
+            Err(e) => bail!(
+                "{e}; the TPM reset code was not confirmed, nothing changed (pass --yes to skip the confirmation)"
+            ),
+        };
+        match ResetCode::parse(&typed) {
+            Ok(c) if c == *code => return Ok(()),
+            Ok(_) => eprintln!("that is a valid code, but not this one; check what you wrote"),
+            Err(e) => eprintln!("{e}"),
+        }
+    }
+    bail!("the TPM reset code was not confirmed; nothing changed (pass --yes to skip the confirmation)")
+}
+
+/// The reset code, asked on the terminal or read as one line from stdin.
+fn read_code() -> Result<ResetCode> {
+    let typed: Passphrase = term::ask("TPM reset code: ")?;
+    Ok(ResetCode::parse(&typed)?)
 }

@@ -21,7 +21,7 @@ use crate::ids::ProtectorId;
 use crate::kdf::KdfError;
 use crate::keystore::FORMAT_VERSION;
 use crate::secret::{Passphrase, ProtectorKey, PROTECTOR_KEY_LEN};
-use crate::tpm2::{PcrSet, Tpm2Error};
+use crate::tpm2::{PcrSet, PinTries, Tpm2Error};
 use crate::ui::{SecretPrompt, Ui, UiError};
 use crate::wrap::{self, Kek, Wrapped};
 
@@ -170,10 +170,10 @@ impl ProtectorKind {
         Ok(match (self, s) {
             (ProtectorKind::Tpm2(t), _) => {
                 let st = t.ready(config)?;
-                let min = config.tpm2.min_local_tries();
-                if network && st.tries_left() < min {
-                    return Err(Tpm2Error::NetworkRefused { tries_left: st.tries_left(), min }.into());
-                }
+                // A login from the network is not at the device; it is not rate limited here
+                // (each PAM conversation is one try, behind the stack's own failure delay).
+                PinTries { tries_left: st.tries_left(), min_local_tries: config.tpm2.min_local_tries() }
+                    .may_try(!network, None)?;
                 SecretPrompt::Pin { name, id, device: "TPM", tries_left: Some(st.tries_left()) }
             }
             (ProtectorKind::Fido2(f), _) => {
@@ -246,9 +246,20 @@ pub struct KindOptions {
     pub pin: bool,
     /// Require the security key's built-in user verification (fido2).
     pub uv: bool,
+    /// Accept a PIN equal to the owner's login password (tpm2): see [`tpm2::NewTpm2`].
+    pub allow_password_pin: bool,
 }
 
 impl NewKind {
+    /// Refuses, before any secret is asked, a protector that could not be made safely now (a TPM
+    /// PIN on a TPM whose lockout anyone can reset). [`create`] checks again.
+    pub fn check_ready(&self, config: &Config) -> Result<(), ProtectorError> {
+        match self {
+            NewKind::Tpm2(t) if !t.no_pin => Ok(crate::tpm2::require_owned_lockout(&mut tpm2::open(config)?)?),
+            _ => Ok(()),
+        }
+    }
+
     /// The kind named `name` (one of [`KIND_NAMES`]) with `opts`.
     pub fn named(name: &str, opts: &KindOptions) -> Result<NewKind, ProtectorError> {
         let refuse = |option: &'static str, given: bool, kind: &'static str| {
@@ -261,6 +272,7 @@ impl NewKind {
         match name {
             "password" => {
                 refuse("--no-pin", opts.no_pin, "password")?;
+                refuse("--allow-password-pin", opts.allow_password_pin, "password")?;
                 refuse("--pcr", opts.pcrs.is_some(), "password")?;
                 refuse("--device", opts.device.is_some(), "password")?;
                 refuse("--pin", opts.pin, "password")?;
@@ -276,12 +288,17 @@ impl NewKind {
                 refuse("--device", opts.device.is_some(), "tpm2")?;
                 refuse("--pin", opts.pin, "tpm2")?;
                 refuse("--uv", opts.uv, "tpm2")?;
-                Ok(NewKind::Tpm2(tpm2::NewTpm2 { no_pin: opts.no_pin, pcrs: opts.pcrs.clone().unwrap_or_default() }))
+                Ok(NewKind::Tpm2(tpm2::NewTpm2 {
+                    no_pin: opts.no_pin,
+                    pcrs: opts.pcrs.clone().unwrap_or_default(),
+                    allow_password_pin: opts.allow_password_pin,
+                }))
             }
             "fido2" => {
                 refuse("--kdf-time-ms", opts.kdf_time_ms.is_some(), "fido2")?;
                 refuse("--kdf-memory-mib", opts.kdf_memory_mib.is_some(), "fido2")?;
                 refuse("--no-pin", opts.no_pin, "fido2")?;
+                refuse("--allow-password-pin", opts.allow_password_pin, "fido2")?;
                 refuse("--pcr", opts.pcrs.is_some(), "fido2")?;
                 Ok(NewKind::Fido2(fido2::NewFido2 { device: opts.device.clone(), pin: opts.pin, uv: opts.uv }))
             }

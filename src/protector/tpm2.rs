@@ -8,7 +8,7 @@ use super::{Ask, ProtectorError, Secret};
 use crate::config::Config;
 use crate::kdf::{self, Argon2Params, KdfError};
 use crate::secret::{Passphrase, ProtectorKey};
-use crate::tpm2::{DaStatus, PcrSet, PinKdf, SealedKey, Tpm, Tpm2Error, DEFAULT_PIN_KDF};
+use crate::tpm2::{self, DaStatus, PcrSet, PinKdf, SealedKey, Tpm, Tpm2Error, DEFAULT_PIN_KDF};
 use crate::wrap::Kek;
 
 /// A TPM2 protector's parameters. Parsed from disk only with a PIN cost inside the bounds of
@@ -53,6 +53,9 @@ pub struct NewTpm2 {
     /// unchanged) can unseal it.
     pub no_pin: bool,
     pub pcrs: PcrSet,
+    /// Accept a PIN equal to the owner's login password. Refused by default: /etc/shadow's hash of
+    /// that password lets anyone with the disk find the PIN offline, which the TPM cannot count.
+    pub allow_password_pin: bool,
 }
 
 const WITH_PIN: Ask = Ask { secret: Some(Secret::Pin), touch: false };
@@ -66,6 +69,10 @@ fn pin_kdf(config: &Config) -> Argon2Params {
         Some(p) if p.memory_kib < memory_kib => p,
         _ => Argon2Params { memory_kib, ..DEFAULT_PIN_KDF },
     }
+}
+
+pub(super) fn open(config: &Config) -> Result<Tpm, Tpm2Error> {
+    Tpm::open(&config.tpm2.tcti())
 }
 
 pub(super) fn da_status(config: &Config) -> Result<DaStatus, Tpm2Error> {
@@ -145,6 +152,11 @@ impl NewTpm2 {
             (false, Some(p)) => Some(p),
             (false, None) => return Err(ProtectorError::NoAnswer { what: "TPM PIN" }),
         };
+        if pin.is_some() {
+            // A PIN is only as strong as the limit on guessing it, which holds only while nobody
+            // but the lockout's owner can reset the count of wrong PINs.
+            tpm2::require_owned_lockout(&mut Tpm::open(&config.tpm2.tcti())?)?;
+        }
         seal(config, pin, &self.pcrs)
     }
 }

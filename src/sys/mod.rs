@@ -3,7 +3,7 @@
 //! Kernel interfaces that neither libc nor nix wrap: the fscrypt ioctls (UAPI `<linux/fscrypt.h>`),
 //! `statx` for the encrypted attribute, and `FITRIM` (UAPI `<linux/fs.h>`). Each is exposed as one safe function taking a borrowed
 //! fd, returning the raw [`Errno`] so that `crate::fscrypt` can map it to a meaningful error.
-//! [`tpm2`] holds the two TPM commands tss-esapi does not wrap; [`fido2`] is the libfido2 wrapper.
+//! [`shadow`] reads /etc/shadow and calls libcrypt. [`tpm2`] holds the two TPM commands tss-esapi does not wrap; [`fido2`] is the libfido2 wrapper.
 #![allow(unsafe_code)]
 // The structs keep their kernel names so they can be checked against the UAPI header by eye.
 #![allow(non_camel_case_types)]
@@ -17,6 +17,7 @@ use nix::errno::Errno;
 use zeroize::Zeroize;
 
 pub mod fido2;
+pub mod shadow;
 pub mod tpm2;
 
 pub const FSCRYPT_POLICY_V1: u8 = 0;
