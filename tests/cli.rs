@@ -97,9 +97,13 @@ fn two_protectors_one_policy_and_one_protector_two_policies() {
     // Either protector opens a; ambiguous without --protector.
     let err = env.fails(&["unlock", p(&a)], "bpw\n");
     assert!(err.contains("--protector"), "{err}");
-    env.ok(&["unlock", p(&a), "--protector", &bob], "bpw\n");
+    // A protector is named by its name as well as its id.
+    env.ok(&["unlock", p(&a), "--protector", "bob"], "bpw\n");
     assert_eq!(fs::read(a.join("f")).unwrap(), b"data");
     env.ok(&["lock", p(&a)], "");
+    env.ok(&["protector", "verify", "alice"], "apw\n");
+    let err = env.fails(&["unlock", p(&a), "--protector", "carol"], "");
+    assert!(err.contains("carol"), "{err}");
     env.ok(&["unlock", p(&a), "--protector", &alice], "apw\n");
     env.ok(&["unlock", p(&b)], "apw\n");
     assert_eq!(fs::read(b.join("g")).unwrap(), b"more");

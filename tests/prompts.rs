@@ -254,3 +254,28 @@ fn the_new_password_says_what_it_is_for() {
     assert!(ok, "{out}");
     assert_eq!(env.status_json(&d)["encrypted"], true);
 }
+
+/// Two protectors open the directory: a terminal offers them as a numbered menu, re-asks on a
+/// non-number, and the chosen one's password unlocks.
+#[test]
+fn unlock_offers_a_menu_of_protectors() {
+    dirseal_testfs::needs_root!();
+    let env = Env::new();
+    let d = locked(&env);
+    env.ok(&["unlock", p(&d)], "right-pw\n");
+    env.ok(&["policy", "add-protector", p(&d), "--protector-name", "second"], "right-pw\nsecond-pw\n");
+    env.ok(&["lock", p(&d)], "");
+    let mut t = Term::spawn(&env, &["unlock", p(&d)]);
+    t.wait_for("Which one (1-2)?", 1);
+    assert!(t.text().contains("1) ") && t.text().contains("2) "), "{}", t.text());
+    t.type_line("x");
+    t.wait_for("type a number from 1 to 2", 1);
+    let text = t.text();
+    let line = text.lines().find(|l| l.ends_with("second")).unwrap_or_else(|| panic!("{text}"));
+    t.type_line(&line.trim()[..1]);
+    t.wait_for("Password for protector second", 1);
+    t.type_unechoed("second-pw");
+    let (ok, out) = t.finish();
+    assert!(ok, "{out}");
+    assert_eq!(env.status_json(&d)["key"], "unlocked");
+}

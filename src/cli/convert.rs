@@ -183,7 +183,8 @@ pub fn run(ds: &mut Dirseal, args: ConvertArgs, ui: &mut TermUi) -> Result<i32> 
         let user = args.protector.user_or_owner(&abs)?;
         ui.login_user = user.as_ref().map(|u| u.name.clone());
         ui.assume_yes = args.yes;
-        convert::run(ds, plan, args.protector.choice(&user)?, ui, &hooks)
+        let choice = args.protector.choice(ds, &user)?;
+        convert::run(ds, plan, choice, ui, &hooks)
     };
     reporter.finish();
     let done = result?;

@@ -68,9 +68,9 @@ enum Cmd {
     Unlock {
         /// The encrypted directory (any directory of its tree)
         dir: PathBuf,
-        /// Protector to use when the directory has several
-        #[arg(long, value_name = "ID", conflicts_with = "recovery")]
-        protector: Option<ProtectorId>,
+        /// Protector to use when the directory has several (its id or name)
+        #[arg(long, value_name = "ID|NAME", conflicts_with = "recovery")]
+        protector: Option<ProtectorRef>,
         /// Unlock with the directory's recovery key (works without the keystore)
         #[arg(long)]
         recovery: bool,
@@ -90,9 +90,9 @@ enum Cmd {
     ChangePassword {
         /// The encrypted directory whose protector's secret changes
         dir: PathBuf,
-        /// Protector to change when the directory has several
-        #[arg(long, value_name = "ID")]
-        protector: Option<ProtectorId>,
+        /// Protector to change when the directory has several (its id or name)
+        #[arg(long, value_name = "ID|NAME")]
+        protector: Option<ProtectorRef>,
     },
     /// Manage protectors (what unwraps a directory's key)
     #[command(subcommand)]
@@ -141,18 +141,18 @@ enum ProtectorCmd {
     },
     /// Delete a protector that no policy uses any more
     Remove {
-        /// The protector's id (`dirseal protector list`)
-        id: ProtectorId,
+        /// The protector's id or name (`dirseal protector list`)
+        id: ProtectorRef,
     },
     /// Check a protector's secret without changing anything
     Verify {
-        /// The protector's id (`dirseal protector list`)
-        id: ProtectorId,
+        /// The protector's id or name (`dirseal protector list`)
+        id: ProtectorRef,
     },
     /// Change a protector's password or PIN (no data is re-encrypted)
     ChangePassword {
-        /// The protector's id (`dirseal protector list`)
-        id: ProtectorId,
+        /// The protector's id or name (`dirseal protector list`)
+        id: ProtectorRef,
     },
 }
 
@@ -175,9 +175,9 @@ enum PolicyCmd {
     AddProtector {
         #[command(flatten)]
         target: PolicyTarget,
-        /// Existing protector of the policy that proves access (asked for its secret)
-        #[arg(long, value_name = "ID")]
-        with: Option<ProtectorId>,
+        /// Existing protector of the policy that proves access (asked for its secret), by id or name
+        #[arg(long, value_name = "ID|NAME")]
+        with: Option<ProtectorRef>,
         #[command(flatten)]
         new: ProtectorArgs,
     },
@@ -185,8 +185,9 @@ enum PolicyCmd {
     RemoveProtector {
         #[command(flatten)]
         target: PolicyTarget,
-        #[arg(long, value_name = "ID")]
-        protector: ProtectorId,
+        /// The protector that stops opening it, by id or name
+        #[arg(long, value_name = "ID|NAME")]
+        protector: ProtectorRef,
     },
 }
 
@@ -230,9 +231,9 @@ pub struct KdfArgs {
 
 #[derive(Args, Default)]
 pub struct ProtectorArgs {
-    /// Protect with this existing protector (asks its secret)
-    #[arg(long, value_name = "ID", conflicts_with_all = ["protector_name"])]
-    protector: Option<ProtectorId>,
+    /// Protect with this existing protector (asks its secret), by id or name
+    #[arg(long, value_name = "ID|NAME", conflicts_with_all = ["protector_name"])]
+    protector: Option<ProtectorRef>,
     /// Kind of new protector to create
     #[arg(long, alias = "type", default_value = "password", value_parser = clap::builder::PossibleValuesParser::new(protector::KIND_NAMES))]
     protector_type: String,
@@ -301,13 +302,38 @@ impl ProtectorArgs {
         Ok(Some(User { uid, name }))
     }
 
-    fn choice<'a>(&'a self, user: &'a Option<User>) -> Result<ProtectorChoice<'a>> {
-        if let Some(id) = self.protector {
-            return Ok(ProtectorChoice::Existing(id));
+    fn choice<'a>(&'a self, ds: &Dirseal, user: &'a Option<User>) -> Result<ProtectorChoice<'a>> {
+        if let Some(p) = &self.protector {
+            return Ok(ProtectorChoice::Existing(p.id(ds)?));
         }
         let kind = self.kdf.kind(&self.protector_type)?;
         let name = self.protector_name.as_deref().or(user.as_ref().map(|u| u.name.as_str())).unwrap_or(kind.name());
         Ok(ProtectorChoice::New(NewProtector { name, uid: user.as_ref().map(|u| u.uid), kind }))
+    }
+}
+
+/// A protector as the person names it: its 16-digit id, or its name (which must then be unique;
+/// the error of an ambiguous one lists the candidates with their ids).
+#[derive(Clone, Debug)]
+pub struct ProtectorRef(String);
+
+impl std::str::FromStr for ProtectorRef {
+    type Err = String;
+    fn from_str(s: &str) -> Result<ProtectorRef, String> {
+        if s.is_empty() {
+            return Err("a protector id or name".into());
+        }
+        Ok(ProtectorRef(s.to_string()))
+    }
+}
+
+impl ProtectorRef {
+    fn id(&self, ds: &Dirseal) -> Result<ProtectorId> {
+        Ok(ds.protector_named(&self.0, None)?.id)
+    }
+
+    fn pick(this: &Option<ProtectorRef>, ds: &Dirseal) -> Result<Pick> {
+        Ok(Pick { protector: this.as_ref().map(|p| p.id(ds)).transpose()? })
     }
 }
 
@@ -427,17 +453,21 @@ fn run(cli: Cli) -> Result<i32> {
             ui.login_user = user.as_ref().map(|u| u.name.clone());
             // Ask before anything is encrypted; the key is shown once the master key exists.
             let want_recovery = offer.wanted(&dir, &mut ui)?;
-            let (policy, master) = ds.encrypt(&dir, protector.choice(&user)?, &mut ui)?;
+            let choice = protector.choice(&ds, &user)?;
+            let (policy, master) = ds.encrypt(&dir, choice, &mut ui)?;
             if want_recovery {
                 recovery::create(&dir, &policy.id, &master, &mut ui)?;
             }
         }
         Cmd::Convert(args) => return convert::run(&mut ds, args, &mut ui),
         Cmd::Unlock { dir, recovery: true, .. } => ds.unlock_with_recovery(&dir, &mut ui)?,
-        Cmd::Unlock { dir, protector, recovery: false } => unlock(&mut ds, &dir, Pick { protector }, &mut ui)?,
+        Cmd::Unlock { dir, protector, recovery: false } => {
+            let pick = ProtectorRef::pick(&protector, &ds)?;
+            unlock(&mut ds, &dir, pick, &mut ui)?
+        }
         Cmd::Lock { dir, all_users, json } => return lock(&ds, &dir, all_users, json),
         Cmd::ChangePassword { dir, protector } => {
-            let rec = ds.protector_of_dir(&dir, Pick { protector })?;
+            let rec = ds.protector_of_dir(&dir, ProtectorRef::pick(&protector, &ds)?)?;
             let rec = ds.change_secret(&rec.id, &mut ui)?;
             println!("changed the password of protector {} ({})", clean(&rec.name), rec.id);
         }
@@ -469,9 +499,13 @@ fn run(cli: Cli) -> Result<i32> {
 
 /// On a terminal a mistyped secret is asked again, three tries in all (as `fscrypt unlock`
 /// does); a script gets the first error. A TPM PIN's prompt shows the tries the TPM has left.
-fn unlock(ds: &mut Dirseal, dir: &Path, pick: Pick, ui: &mut TermUi) -> Result<()> {
+fn unlock(ds: &mut Dirseal, dir: &Path, mut pick: Pick, ui: &mut TermUi) -> Result<()> {
     use dirseal::protector::ProtectorError;
-    let tries = if std::io::stdin().is_terminal() { 3 } else { 1 };
+    let tty = std::io::stdin().is_terminal();
+    if tty && pick.protector.is_none() {
+        pick.protector = choose(ds, dir)?;
+    }
+    let tries = if tty { 3 } else { 1 };
     for n in 1..=tries {
         match ds.unlock(dir, pick, ui) {
             Err(OpsError::Protector(ProtectorError::IncorrectSecret { what, .. })) if n < tries => {
@@ -481,6 +515,27 @@ fn unlock(ds: &mut Dirseal, dir: &Path, pick: Pick, ui: &mut TermUi) -> Result<(
         }
     }
     unreachable!("the last try returns")
+}
+
+/// On a terminal, a directory that several protectors open offers them as a numbered menu (as
+/// `fscrypt unlock` does) instead of asking for `--protector`. `None`: one protector, or none
+/// usable (the library then says which).
+fn choose(ds: &Dirseal, dir: &Path) -> Result<Option<ProtectorId>> {
+    let st = ds.dir_status(dir)?;
+    if st.protectors.len() < 2 || st.key == Some("unlocked") {
+        return Ok(None);
+    }
+    eprintln!("{} opens with any of:", clean(&dir.display().to_string()));
+    for (n, p) in st.protectors.iter().enumerate() {
+        eprintln!("  {}) {}", n + 1, protector_line(p));
+    }
+    loop {
+        let answer = term::ask_visible(&format!("Which one (1-{})? ", st.protectors.len()))?;
+        match answer.trim().parse::<usize>() {
+            Ok(n) if (1..=st.protectors.len()).contains(&n) => return Ok(Some(st.protectors[n - 1].id)),
+            _ => eprintln!("type a number from 1 to {}", st.protectors.len()),
+        }
+    }
 }
 
 fn lock(ds: &Dirseal, dir: &Path, all_users: bool, json: bool) -> Result<i32> {
@@ -761,14 +816,17 @@ fn protector(ds: &mut Dirseal, cmd: ProtectorCmd, ui: &mut TermUi) -> Result<()>
             println!("created protector {} ({})", rec.id, clean(&rec.name));
         }
         ProtectorCmd::Remove { id } => {
+            let id = id.id(ds)?;
             ds.remove_protector(&id)?;
             println!("removed protector {id}");
         }
         ProtectorCmd::Verify { id } => {
+            let id = id.id(ds)?;
             let rec: ProtectorRecord = ds.verify_protector(&id, ui)?;
             println!("the secret of protector {} ({}) is correct", rec.id, clean(&rec.name));
         }
         ProtectorCmd::ChangePassword { id } => {
+            let id = id.id(ds)?;
             let rec = ds.change_secret(&id, ui)?;
             println!("changed the password of protector {} ({})", rec.id, clean(&rec.name));
         }
@@ -802,11 +860,14 @@ fn policy(ds: &mut Dirseal, cmd: PolicyCmd, ui: &mut TermUi) -> Result<()> {
         PolicyCmd::AddProtector { target, with, new } => {
             let id = policy_id(ds, &target)?;
             let user = new.user()?;
-            let rec = ds.add_protector_to_policy(&id, Pick { protector: with }, new.choice(&user)?, ui)?;
+            let with = ProtectorRef::pick(&with, ds)?;
+            let choice = new.choice(ds, &user)?;
+            let rec = ds.add_protector_to_policy(&id, with, choice, ui)?;
             println!("protector {} ({}) now opens policy {id}", rec.id, clean(&rec.name));
         }
         PolicyCmd::RemoveProtector { target, protector } => {
             let id = policy_id(ds, &target)?;
+            let protector = protector.id(ds)?;
             ds.remove_protector_from_policy(&id, &protector)?;
             println!("protector {protector} no longer opens policy {id}");
         }

@@ -4,8 +4,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Result};
 use clap::{Args, Subcommand};
 
-use dirseal::ids::{KeyIdentifier, ProtectorId};
-use dirseal::ops::{Dirseal, Pick};
+use dirseal::ids::KeyIdentifier;
+use dirseal::ops::Dirseal;
 use dirseal::recovery::{self, RecoveryError};
 use dirseal::secret::MasterKey;
 use dirseal_recovery::RecoveryKey;
@@ -21,9 +21,9 @@ pub enum RecoveryCmd {
     Add {
         /// The encrypted directory (the top of its tree)
         dir: PathBuf,
-        /// Protector that proves access when the directory has several
-        #[arg(long, value_name = "ID")]
-        protector: Option<ProtectorId>,
+        /// Protector that proves access when the directory has several (its id or name)
+        #[arg(long, value_name = "ID|NAME")]
+        protector: Option<super::ProtectorRef>,
     },
     /// Check a typed recovery key against DIR without unlocking anything
     Verify {
@@ -87,7 +87,8 @@ pub fn run(ds: &mut Dirseal, cmd: RecoveryCmd, ui: &mut TermUi) -> Result<()> {
             if recovery::read_blob(&dir)?.is_some() {
                 return Err(RecoveryError::Exists { path: dir }.into());
             }
-            let (policy, master) = ds.master_key_of_dir(&dir, Pick { protector }, ui)?;
+            let pick = super::ProtectorRef::pick(&protector, ds)?;
+            let (policy, master) = ds.master_key_of_dir(&dir, pick, ui)?;
             create(&dir, &policy.id, &master, ui)?;
             println!("recovery key saved on {}", clean(&dir.display().to_string()));
         }
@@ -107,7 +108,8 @@ pub fn run(ds: &mut Dirseal, cmd: RecoveryCmd, ui: &mut TermUi) -> Result<()> {
             // tries only the user's own protectors) would leave the restored home locked.
             let user = protector.user_or_owner(&dir)?;
             ui.login_user = user.as_ref().map(|u| u.name.clone());
-            let (_, prec) = ds.restore_with_recovery(&dir, protector.choice(&user)?, ui)?;
+            let choice = protector.choice(ds, &user)?;
+            let (_, prec) = ds.restore_with_recovery(&dir, choice, ui)?;
             if let (Some(u), None) = (&user, protector.protector) {
                 println!(
                     "protector {} belongs to {}: a login unlocks {} only while its password is {}'s login password",

@@ -115,6 +115,19 @@ pub fn ask(prompt: &str) -> Result<Passphrase, UiError> {
     }
 }
 
+/// Asks for one visible line (a menu choice) on a terminal; Ctrl-D cancels.
+pub fn ask_visible(prompt: &str) -> Result<String, UiError> {
+    eprint!("{prompt}");
+    let _ = io::stderr().flush();
+    match read_raw_line(64)? {
+        Some(line) => Ok(String::from_utf8_lossy(&line).into_owned()),
+        None => {
+            eprintln!();
+            Err(UiError::Cancelled)
+        }
+    }
+}
+
 /// "TPM PIN for alice (3 tries left): ": for a device that counts tries, the tries are what matters
 /// to the person typing.
 fn pin_prompt(name: &str, id: &ProtectorId, device: &str, tries_left: Option<u32>) -> String {
