@@ -95,7 +95,8 @@ if [ -z "$cmd" ]; then
   cmd="python3 /run/dirseal-repo/scripts/vm/guest.py --bin /run/dirseal-bin --out /mnt --mode $mode${only:+ --only $only} ${VM_GUEST_ARGS:-}"
 fi
 # A hung guest must not hang the suite, and a slow one must not fail it: the console is watched,
-# and only silence for $stall s stops the guest.
+# and only silence for $stall s stops the guest. `no_timer_check`: on a busy host the kernel's
+# boot-time check of the emulated timer can fail and panic ("IO-APIC + timer doesn't work").
 stall=${VM_STALL:-600}
 console=$out/console.log
 : >"$console"
@@ -103,7 +104,7 @@ start=$(date +%s)
 qemu-system-x86_64 -accel tcg,thread=multi -cpu max -smp 2 -m 1536 \
   -nographic -no-reboot -nodefaults -serial stdio \
   -kernel "$kroot/boot/vmlinuz-$kver" -initrd "$tmp/initrd.img" \
-  -append "console=ttyS0 quiet loglevel=3 panic=-1 dirseal.cmd=$(printf '%s' "$cmd" | base64 -w0)" \
+  -append "console=ttyS0 quiet loglevel=3 panic=-1 no_timer_check dirseal.cmd=$(printf '%s' "$cmd" | base64 -w0)" \
   -chardev socket,id=chrtpm,path="$tpm/sock" -tpmdev emulator,id=tpm0,chardev=chrtpm -device tpm-tis,tpmdev=tpm0 \
   -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on \
   -virtfs local,path="$out",mount_tag=results,security_model=none \
