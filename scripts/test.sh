@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: system packages, format, lints, build, unit + integration tests on real
-# loop-mounted ext4, then power cuts and f2fs in a qemu guest (scripts/vm-test.sh, ~5 min).
+# loop-mounted ext4, a short kill soak (scripts/soak.sh), then power cuts, disk faults and f2fs in a
+# qemu guest (scripts/vm-test.sh, ~10 min).
 # Needs root (loop devices, fscrypt ioctls, PAM). Prints a final tally.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -21,12 +22,19 @@ pass=$(grep -Eo '[0-9]+ passed' "$log" | awk '{s+=$1} END {print s+0}')
 fail=$(grep -Eo '[0-9]+ failed' "$log" | awk '{s+=$1} END {print s+0}')
 skip=$(grep -Eo '[0-9]+ ignored' "$log" | awk '{s+=$1} END {print s+0}')
 rm -f "$log"
+# SIGKILLs at random moments across copy, move, abort and rollback (a large run: docs/crash-safety.md).
+soak_log=$(mktemp)
+bash scripts/soak.sh 20 2>&1 | tee "$soak_log"
+soak_rc=${PIPESTATUS[0]}
+[ "$rc" -ne 0 ] || rc=$soak_rc
 # Power cuts (dm-log-writes replays) and f2fs, in a qemu guest: a sample of crash points.
 vm_log=$(mktemp)
 bash scripts/vm-test.sh --no-deps 2>&1 | tee "$vm_log"
 vm_rc=${PIPESTATUS[0]}
 echo "tests: $pass passed, $fail failed, $skip skipped"
-grep -E '^(powercut: [0-9]+ points|(f2fs|tpm2): (ok|FAILED)|vm-test: (ok|FAILED))' "$vm_log"
+grep -E '^soak: [0-9]+ kills' "$soak_log"
+rm -f "$soak_log"
+grep -E '^(powercut: [0-9]+ points|faults: [0-9]+ scenarios|(f2fs|tpm2): (ok|FAILED)|vm-test: (ok|FAILED))' "$vm_log"
 rm -f "$vm_log"
 [ "$rc" -ne 0 ] && exit "$rc"
 exit "$vm_rc"

@@ -420,7 +420,12 @@ pub fn run(
             } else {
                 None
             };
-            let chosen = ds.resolve_protector(choice, ui)?;
+            drop_orphan_policy(ds, &source, &workdir)?;
+            let chosen = match choice {
+                ProtectorChoice::New(n) => ds.adopt_or_create_protector(&n, ui)?,
+                existing => ds.resolve_protector(existing, ui)?,
+            };
+            migrate::fault::point(migrate::fault::Point::AfterProtectorSaved);
             let host =
                 KeyHost { protector: Some(chosen), recovery: recovery.as_ref(), ..KeyHost::new(ds, &source, hooks) };
             let outcome = migrate::start(&req, &host, *engine)?;
@@ -431,6 +436,39 @@ pub fn run(
             Ok(Converted { outcome, recovery_key_saved: saved })
         }
     }
+}
+
+/// Removes the policy record a new conversion of `source` made before it was interrupted, ahead
+/// of its journal: the conversion's staging dir is still there, empty, encrypted with a policy
+/// the keystore holds for `source` and no journal of this work dir names. The engine removes that
+/// staging dir as a leftover; its record wraps a key nothing uses, and the same command run again
+/// must end with the keystore an uninterrupted run makes (one policy, and its protector adopted
+/// by [`Dirseal::adopt_or_create_protector`], which only takes protectors no policy uses).
+fn drop_orphan_policy(ds: &Dirseal, source: &Path, workdir: &Path) -> Result<(), ConvertError> {
+    let staging = migrate::staging_path(workdir);
+    let empty = std::fs::symlink_metadata(&staging).is_ok_and(|m| m.is_dir())
+        && std::fs::read_dir(&staging).is_ok_and(|mut d| d.next().is_none());
+    if !empty {
+        return Ok(());
+    }
+    let Ok(Some(policy)) = fscrypt::get_policy(&staging) else { return Ok(()) };
+    let id = policy.identifier;
+    if migrate::status(workdir)?.is_some_and(|v| v.token == id.to_string()) {
+        return Ok(());
+    }
+    let Ok(record) = ds.keystore().policy(&id) else { return Ok(()) };
+    if record.path_hint.as_deref() != Some(source) {
+        return Ok(());
+    }
+    {
+        let _guard = ds.keystore().lock().map_err(OpsError::from)?;
+        ds.keystore().remove_policy(&id).map_err(OpsError::from)?;
+    }
+    if let Ok(mp) = fscrypt::mount_point(source) {
+        // The staging dir is empty: nothing of it is in use, so the key goes too.
+        let _ = fscrypt::remove_key(&mp, &id, false);
+    }
+    Ok(())
 }
 
 /// Loads the key of a conversion's staging directory again (after a reboot), with a protector's
@@ -557,8 +595,15 @@ impl Host for KeyHost<'_> {
             .as_ref()
             .ok_or_else(|| HostError("internal: no protector chosen for a new conversion".into()))?;
         // The hint names the source: after the swap that path is the encrypted directory.
-        let (policy, master) = self.ds.new_policy(self.source, prec, pkey).map_err(host_err)?;
+        let (policy, master) = Dirseal::draft_policy(self.source, prec, pkey);
+        // The staging dir carries the policy (on disk) before its record exists: after a crash
+        // before the journal, a record always has its staging dir, by which the next run knows it
+        // for an orphan ([`drop_orphan_policy`]).
+        self.ds.add_key(self.source, &master).map_err(host_err)?;
         fscrypt::set_policy_fd(staging, path, &policy.id).map_err(host_err)?;
+        rustix::fs::fsync(staging).map_err(|e| HostError(format!("{}: cannot sync it: {e}", path.display())))?;
+        self.ds.save_new_policy(&policy).map_err(host_err)?;
+        migrate::fault::point(migrate::fault::Point::AfterPolicySaved);
         if let Some(key) = self.recovery {
             crate::recovery::install_at(staging, path, &policy.id, &master, key).map_err(host_err)?;
         }

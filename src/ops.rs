@@ -273,8 +273,17 @@ impl Dirseal {
         if ask.touch {
             ui.touch(n.name, None);
         }
+        self.save_created_protector(n, secret.as_ref())
+    }
+
+    /// Creates protector `n` with the secret asked for it and saves it.
+    fn save_created_protector(
+        &mut self,
+        n: &NewProtector<'_>,
+        secret: Option<&Passphrase>,
+    ) -> Result<(ProtectorRecord, ProtectorKey), OpsError> {
         let mut config = self.config.clone();
-        let (rec, key) = protector::create(n.name, n.uid, &n.kind, &mut config, secret.as_ref())?;
+        let (rec, key) = protector::create(n.name, n.uid, &n.kind, &mut config, secret)?;
         if config != self.config {
             config.save(&self.config_path)?;
             self.config = config;
@@ -282,6 +291,40 @@ impl Dirseal {
         let _guard = self.keystore.lock()?;
         self.keystore.save_protector(&rec)?;
         Ok((rec, key))
+    }
+
+    /// Like [`Dirseal::create_protector`], for a conversion's new protector: a password protector
+    /// of the same name and owner that no policy uses and that opens with the password given is
+    /// taken instead of making another. A conversion interrupted after saving its protector and
+    /// before its policy left it (it wraps nothing); the same command run again must end with the
+    /// keystore an uninterrupted run makes, not two protectors of one name. Kinds whose unlocking
+    /// costs something (a TPM's lockout tries, a touch) are never tried: they get a new protector.
+    pub fn adopt_or_create_protector(
+        &mut self,
+        n: &NewProtector<'_>,
+        ui: &mut dyn Ui,
+    ) -> Result<(ProtectorRecord, ProtectorKey), OpsError> {
+        if !matches!(n.kind, NewKind::Password(_)) {
+            return self.create_protector(n, ui);
+        }
+        let candidates: Vec<ProtectorRecord> = self
+            .keystore
+            .protectors()?
+            .into_iter()
+            .filter_map(|(_, r)| r.ok())
+            .filter(|r| r.name == n.name && r.uid == n.uid && matches!(r.kind, protector::ProtectorKind::Password(_)))
+            .filter(|r| self.keystore.policies_using(&r.id).is_ok_and(|p| p.is_empty()))
+            .collect();
+        if candidates.is_empty() {
+            return self.create_protector(n, ui);
+        }
+        let secret = protector::ask_new(n.kind.ask(), n.name, ui)?;
+        for rec in candidates {
+            if let Ok(key) = protector::unlock(&rec, &self.config, secret.as_ref()) {
+                return Ok((rec, key));
+            }
+        }
+        self.save_created_protector(n, secret.as_ref())
     }
 
     /// Asks what `rec`'s kind needs and unwraps its key; a wrong secret changes nothing.
@@ -699,16 +742,27 @@ impl Dirseal {
         prec: &ProtectorRecord,
         pkey: &ProtectorKey,
     ) -> Result<(PolicyRecord, MasterKey), OpsError> {
+        let (policy, master) = Self::draft_policy(dir, prec, pkey);
+        self.save_new_policy(&policy)?;
+        self.add_key(dir, &master)?;
+        Ok((policy, master))
+    }
+
+    /// A fresh master key and its policy record protected by `prec`, nothing written: for a caller
+    /// that puts the policy on a directory before the record exists ([`Dirseal::save_new_policy`]),
+    /// so that every saved record has its directory.
+    pub fn draft_policy(dir: &Path, prec: &ProtectorRecord, pkey: &ProtectorKey) -> (PolicyRecord, MasterKey) {
         let master = MasterKey::random();
         let id = fscrypt::key_identifier(&master);
         let mut policy = PolicyRecord::new(id, Some(dir.to_path_buf()));
         policy.add_protector(&prec.id, pkey, &master);
-        {
-            let _guard = self.keystore.lock()?;
-            self.keystore.save_policy(&policy)?;
-        }
-        self.add_key(dir, &master)?;
-        Ok((policy, master))
+        (policy, master)
+    }
+
+    pub fn save_new_policy(&self, policy: &PolicyRecord) -> Result<(), OpsError> {
+        let _guard = self.keystore.lock()?;
+        self.keystore.save_policy(policy)?;
+        Ok(())
     }
 
     /// Adds protector `new` to the policy of `dir` (or of policy `id`), proving access with an

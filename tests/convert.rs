@@ -221,11 +221,11 @@ fn crash_at_every_fault_point_then_resume() {
     /// (migrate/tests/crash.rs), which reach every point.
     fn arrivals(p: Point) -> &'static [u32] {
         match p {
-            AfterStagingCreated | AfterPrepare | AfterRecordCopying | BeforeRecordCopied | AfterRecordCopied
-            | AfterVerify | AfterRecordVerified | AfterSwap | AfterRecordSwapped | MidDispose => &[1],
+            AfterProtectorSaved | AfterStagingCreated | AfterPolicySaved | BeforeRecordPrepared | AfterPrepare
+            | AfterRecordCopying | BeforeRecordCopied | AfterRecordCopied | AfterVerify | AfterRecordVerified
+            | AfterSwap | AfterRecordSwapped | MidDispose => &[1],
             CopyFile => &[3, 30],
-            BeforeRecordPrepared
-            | CopySpecialMade
+            CopySpecialMade
             | CopySpecial
             | CopyDir
             | VerifyEntry
@@ -271,6 +271,110 @@ fn crash_at_every_fault_point_then_resume() {
         assert_eq!(manifest(&home), before, "after crash at {point}");
         assert_eq!(env.status_json(&home)["encrypted"], true, "{point}");
     }
+}
+
+/// The keystore's records as an uninterrupted run leaves them, per policy: its path hint and the
+/// names of the protectors that wrap it; and the protectors no policy uses.
+#[cfg(feature = "fault-injection")]
+fn keystore_shape(env: &Env) -> (BTreeMap<String, Vec<String>>, Vec<String>) {
+    let read = |sub: &str| -> BTreeMap<String, serde_json::Value> {
+        fs::read_dir(env.keystore().join(sub))
+            .map(|d| {
+                d.map(|e| {
+                    let e = e.unwrap();
+                    let name = e.file_name().to_string_lossy().trim_end_matches(".json").to_string();
+                    (name, serde_json::from_slice(&fs::read(e.path()).unwrap()).unwrap())
+                })
+                .collect()
+            })
+            .unwrap_or_default()
+    };
+    let protectors = read("protectors");
+    let mut used = std::collections::BTreeSet::new();
+    let mut policies = BTreeMap::new();
+    for (id, pol) in read("policies") {
+        let mut names: Vec<String> = pol["protectors"]
+            .as_object()
+            .unwrap_or_else(|| panic!("policy {id} has no wrapped keys: {pol}"))
+            .keys()
+            .map(|pid| {
+                used.insert(pid.clone());
+                protectors[pid]["name"].as_str().unwrap().to_string()
+            })
+            .collect();
+        names.sort();
+        let hint = pol["path_hint"].as_str().unwrap_or("").to_string();
+        assert!(policies.insert(hint.clone(), names).is_none(), "two policies for {hint}");
+    }
+    let unused = protectors.iter().filter(|(id, _)| !used.contains(*id)).map(|(id, _)| id.clone()).collect();
+    (policies, unused)
+}
+
+/// A crash between any two keystore/journal writes at the start of a conversion (protector saved,
+/// staging dir made, policy saved, journal written), then the same command: the keystore is the
+/// one an uninterrupted run makes (one policy for the directory, wrapped by one protector; no
+/// protector that wraps nothing), with or without a recovery key.
+#[cfg(feature = "fault-injection")]
+#[test]
+fn a_crash_among_the_first_writes_leaves_no_orphan_in_the_keystore() {
+    dirseal_testfs::needs_root!();
+    use Point::*;
+    let env = Env::new();
+    let start = [AfterProtectorSaved, AfterStagingCreated, AfterPolicySaved, BeforeRecordPrepared, AfterPrepare];
+    let mut want = BTreeMap::new();
+    for (i, (point, extra)) in start.iter().flat_map(|pt| [(pt, &[][..]), (pt, &["--recovery-key"][..])]).enumerate() {
+        let home = env.mnt().join(format!("o{i}"));
+        build_home(&home, fresh_uid());
+        let before = manifest(&home);
+        crash_convert_with(&env, &home, &point.to_string(), extra);
+        convert_ok(&env, &home, extra);
+        assert_eq!(manifest(&home), before, "{point} {extra:?}");
+        want.insert(p(&home).to_string(), vec!["owner".to_string()]);
+        let (policies, unused) = keystore_shape(&env);
+        assert_eq!(policies, want, "after a crash at {point} {extra:?}");
+        assert!(unused.is_empty(), "after a crash at {point} {extra:?}: protectors that wrap nothing: {unused:?}");
+        assert_eq!(env.status_json(&home)["protectors"].as_array().map(Vec::len), Some(1), "{point}");
+    }
+}
+
+/// A write the device lost: the copy's data on disk is not what its cached pages hold (as after
+/// an I/O error during writeback, reported to a run that then stopped). Emulated by overwriting
+/// the staged file's first block in the image, behind the filesystem's back, after a crash
+/// during the copy. The resumed verification must read the disk, find the difference and copy
+/// the file again; reading the cache it passed a copy that read as garbage after a remount.
+#[cfg(feature = "fault-injection")]
+#[test]
+fn a_resumed_verification_reads_the_copy_from_the_disk_not_the_cache() {
+    dirseal_testfs::needs_root!();
+    use std::io::{Seek, SeekFrom, Write};
+    let mut env = Env::new();
+    let home = env.mnt().join("h");
+    build_home(&home, fresh_uid());
+    let before = manifest(&home);
+    // After the whole copy pass, before `Copied`: the resumed run passes again and then compares
+    // every file's content (no copy start time is trusted after an interrupted pass).
+    crash_convert(&env, &home, &format!("{}:1", Point::BeforeRecordCopied));
+    let wd = fs::read_dir(env.mnt().join(".dirseal/convert")).unwrap().next().unwrap().unwrap().path();
+    let staged = wd.join("staging/Documents/deep/er/big.bin");
+    assert_eq!(fs::read(&staged).unwrap(), fs::read(home.join("Documents/deep/er/big.bin")).unwrap());
+    let sync = std::process::Command::new("sync").status().unwrap();
+    assert!(sync.success());
+    let out = std::process::Command::new("filefrag").args(["-v", p(&staged)]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let block: u64 = text.split("blocks of ").nth(1).and_then(|t| t.split(' ').next()?.parse().ok()).expect(&text);
+    // The first extent's line: "   0:        0..      73:      34816..     34889:     74: ..."
+    let line = text.lines().find(|l| l.trim_start().starts_with("0:")).expect(&text);
+    let physical: u64 = line.split(':').nth(2).and_then(|f| f.split("..").next()?.trim().parse().ok()).expect(line);
+    let mut img = fs::OpenOptions::new().write(true).open(env.fs.image()).unwrap();
+    img.seek(SeekFrom::Start(physical * block)).unwrap();
+    img.write_all(&[0x5a; 4096]).unwrap();
+    img.sync_all().unwrap();
+    // The cache still shows the old data.
+    assert_eq!(fs::read(&staged).unwrap(), fs::read(home.join("Documents/deep/er/big.bin")).unwrap());
+    env.ok(&["convert", p(&home), "--yes"], "pw\n");
+    env.fs.remount();
+    env.ok(&["unlock", p(&home)], "pw\n");
+    assert_eq!(manifest(&home), before, "the converted tree after a remount");
 }
 
 #[cfg(feature = "fault-injection")]

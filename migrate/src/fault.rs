@@ -34,7 +34,11 @@ macro_rules! points {
 }
 
 points! {
+    /// The host (dirseal's convert) saved the new protector in the keystore.
+    AfterProtectorSaved = "after-protector-saved",
     AfterStagingCreated = "after-staging-created",
+    /// The host saved the staging directory's policy record in the keystore.
+    AfterPolicySaved = "after-policy-saved",
     BeforeRecordPrepared = "before-record-prepared",
     AfterPrepare = "after-prepare",
     AfterRecordCopying = "after-record-copying",
@@ -102,8 +106,9 @@ impl std::fmt::Display for Point {
 /// Exits the process with status 99 when `DIRSEAL_FAULT` names this point and this is the
 /// wanted arrival. No destructors, no journal flush: to the files on disk it looks like a crash at
 /// this instant (the engine never holds unwritten data in user space).
+/// Public for the host, whose keystore writes at the start of a conversion are crash points too.
 #[cfg(feature = "fault-injection")]
-pub(crate) fn point(here: Point) {
+pub fn point(here: Point) {
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::OnceLock;
     static WANTED: OnceLock<Option<(String, u64)>> = OnceLock::new();
@@ -133,7 +138,7 @@ pub(crate) fn point(here: Point) {
 
 #[cfg(not(feature = "fault-injection"))]
 #[inline(always)]
-pub(crate) fn point(_: Point) {}
+pub fn point(_: Point) {}
 
 #[cfg(test)]
 mod tests {

@@ -578,15 +578,89 @@ fn copy_range(src: BorrowedFd<'_>, dst: BorrowedFd<'_>, pos: u64, len: u64) -> i
         Ok(n) => return Ok(n as u64),
         // Filesystems or kernels that cannot: fall back to plain reads and writes.
         Err(Errno::XDEV | Errno::OPNOTSUPP | Errno::INVAL | Errno::NOSYS) => {}
-        Err(e) => return Err(e.into()),
+        Err(e) => {
+            // copy_file_range does not say which side failed. A bad sector in the original must
+            // be named as such, with its offset (the user can restore that file), not pass for
+            // a failing target; reading the range again tells them apart.
+            return Err(match unreadable_at(src, pos, len) {
+                Some((at, re)) => located(re, Side::ReadOriginal, at),
+                None => located(e.into(), Side::WriteCopy, o),
+            });
+        }
     }
     let mut buf = vec![0u8; len as usize];
-    let n = rustix::io::pread(src, &mut buf[..], pos)?;
+    let n = match rustix::io::pread(src, &mut buf[..], pos) {
+        Ok(n) => n,
+        Err(e) => {
+            let (at, re) = unreadable_at(src, pos, len).unwrap_or((pos, e.into()));
+            return Err(located(re, Side::ReadOriginal, at));
+        }
+    };
     let mut done = 0;
     while done < n {
-        done += rustix::io::pwrite(dst, &buf[done..n], pos + done as u64)?;
+        let at = pos + done as u64;
+        done += rustix::io::pwrite(dst, &buf[done..n], at).map_err(|e| located(e.into(), Side::WriteCopy, at))?;
     }
     Ok(n as u64)
+}
+
+/// The first 4 KiB block of `[pos, pos + len)` of `fd` that cannot be read, and why.
+fn unreadable_at(fd: BorrowedFd<'_>, pos: u64, len: u64) -> Option<(u64, io::Error)> {
+    const BLOCK: u64 = 4096;
+    let mut buf = [0u8; BLOCK as usize];
+    let mut at = pos;
+    while at < pos + len {
+        let n = (pos + len - at).min(BLOCK - at % BLOCK) as usize;
+        match rustix::io::pread(fd, &mut buf[..n], at) {
+            Ok(0) => return None,
+            Ok(k) => at += k as u64,
+            Err(e) => return Some((at, e.into())),
+        }
+    }
+    None
+}
+
+/// What an I/O error of a copy happened doing, to which file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Side {
+    ReadOriginal,
+    WriteCopy,
+    ReadCopy,
+}
+
+/// An I/O error of a copy or comparison, with the file and byte offset where it happened. Its
+/// errno stays visible to [`is_errno`] (running out of space is told apart by it).
+#[derive(Debug)]
+pub(crate) struct Located {
+    pub side: Side,
+    pub offset: u64,
+    pub source: io::Error,
+}
+
+impl std::fmt::Display for Located {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let what = match self.side {
+            Side::ReadOriginal => "reading the original",
+            Side::WriteCopy => "writing the copy",
+            Side::ReadCopy => "reading the copy",
+        };
+        write!(f, "{what} at byte {}: {}", self.offset, self.source)
+    }
+}
+
+impl std::error::Error for Located {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.source)
+    }
+}
+
+fn located(e: io::Error, side: Side, offset: u64) -> io::Error {
+    io::Error::new(e.kind(), Located { side, offset, source: e })
+}
+
+/// Where an error [`located`] it, if it was.
+pub(crate) fn location(e: &io::Error) -> Option<&Located> {
+    e.get_ref().and_then(|inner| inner.downcast_ref::<Located>())
 }
 
 /// Overwrites every allocated data range of a regular file with zeros and syncs it.
@@ -652,6 +726,13 @@ pub(crate) fn start_writeback(fd: impl AsFd, range: Option<(u64, u64)>) {
     let _ = rustix::fs::fadvise(fd, off, std::num::NonZeroU64::new(len), rustix::fs::Advice::DontNeed);
 }
 
+/// Writes the file's dirty pages and drops its cached ones, so that the next reads come from
+/// the disk. Fails if the data cannot be written (an error not yet reported to anyone).
+pub(crate) fn drop_cached(fd: BorrowedFd<'_>) -> io::Result<()> {
+    rustix::fs::fsync(fd)?;
+    Ok(rustix::fs::fadvise(fd, 0, None, rustix::fs::Advice::DontNeed)?)
+}
+
 /// Asks for the first `len` bytes of a file opened for reading without waiting for them.
 pub(crate) fn read_ahead(fd: impl AsFd, len: u64) {
     // Advice only: if it fails, the copy reads the data when it gets there.
@@ -686,11 +767,13 @@ pub(crate) fn same_content(
             }
             Ok(())
         };
+        let read_a = |buf: &mut [u8], at: u64| read(a, buf, at).map_err(|e| located(e, Side::ReadOriginal, at));
+        let read_b = |buf: &mut [u8], at: u64| read(b, buf, at).map_err(|e| located(e, Side::ReadCopy, at));
         if size <= CHUNK {
             // One read each: cheaper than finding the data ranges of a small file.
             let n = size as usize;
-            read(a, &mut x[..n], 0)?;
-            read(b, &mut y[..n], 0)?;
+            read_a(&mut x[..n], 0)?;
+            read_b(&mut y[..n], 0)?;
             on_chunk(size);
             return Ok(x[..n] == y[..n]);
         }
@@ -704,8 +787,8 @@ pub(crate) fn same_content(
             let mut at = start;
             while at < end {
                 let n = (end - at).min(CHUNK) as usize;
-                read(a, &mut x[..n], at)?;
-                read(b, &mut y[..n], at)?;
+                read_a(&mut x[..n], at)?;
+                read_b(&mut y[..n], at)?;
                 if x[..n] != y[..n] {
                     return Ok(false);
                 }
@@ -783,5 +866,54 @@ pub(crate) fn is_redirected(e: &io::Error) -> bool {
 }
 
 pub(crate) fn is_errno(e: &io::Error, errno: Errno) -> bool {
-    e.raw_os_error() == Some(errno.raw_os_error())
+    let raw = location(e).map_or(e, |l| &l.source).raw_os_error();
+    raw == Some(errno.raw_os_error())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A bad sector in the original is reported as a read of the original, at the byte offset of
+    /// the first block that fails, with its errno: /proc/self/mem gives a real EIO past the end
+    /// of a mapping.
+    #[test]
+    fn an_unreadable_original_is_named_with_its_offset() {
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        let regions: Vec<(u64, u64, bool, bool)> = maps
+            .lines()
+            .map(|l| {
+                let (range, rest) = l.split_once(' ').unwrap();
+                let (a, b) = range.split_once('-').unwrap();
+                let special = l.contains('[');
+                (
+                    u64::from_str_radix(a, 16).unwrap(),
+                    u64::from_str_radix(b, 16).unwrap(),
+                    rest.starts_with('r'),
+                    special,
+                )
+            })
+            .collect();
+        // A readable mapping followed by a wide gap (other threads may map memory meanwhile).
+        let end = regions
+            .windows(2)
+            .find(|w| w[0].2 && !w[0].3 && w[0].1 - w[0].0 >= 8192 && w[1].0 - w[0].1 >= 1 << 30)
+            .map(|w| w[0].1)
+            .expect("a readable mapping followed by a gap");
+        let mem = std::fs::File::open("/proc/self/mem").unwrap();
+        // Writes at offsets as high as the mapping's address: only a null device takes them.
+        let dst = std::fs::OpenOptions::new().write(true).open("/dev/null").unwrap();
+        let mut pos = end - 8192;
+        let err = loop {
+            match copy_range(mem.as_fd(), dst.as_fd(), pos, end + 8192 - pos) {
+                Ok(0) => panic!("the unmapped range read as the end of the file"),
+                Ok(n) => pos += n,
+                Err(e) => break e,
+            }
+        };
+        let at = location(&err).unwrap_or_else(|| panic!("not located: {err}"));
+        assert_eq!((at.side, at.offset), (Side::ReadOriginal, end), "{err}");
+        assert!(is_errno(&err, Errno::IO), "{err}");
+        assert!(err.to_string().starts_with(&format!("reading the original at byte {end}: ")), "{err}");
+    }
 }

@@ -765,6 +765,11 @@ fn begin(
     run(req, host, &wd, j, false, timings)
 }
 
+/// Where the staging copy of the conversion recorded in `workdir` is (or will be).
+pub fn staging_path(workdir: &Path) -> PathBuf {
+    workdir.join(STAGING)
+}
+
 /// Removes what an earlier attempt left in the work dir: the staging copy of an aborted
 /// conversion, or an empty staging dir made just before a crash (before the journal existed).
 /// Anything else is left alone: it might be someone's data.

@@ -277,6 +277,13 @@ impl Verifier<'_, '_> {
                 let open = |h: &OwnedFd| fsx::reopen(h.as_fd(), OFlags::RDONLY | OFlags::NOATIME);
                 let a = open(&fd).map_err(|err| ctx.src_err(rel, err))?;
                 let b = open(&efd).map_err(|err| ctx.dst_err(rel, err))?;
+                // The copy is compared as the disk has it, not as its pages in memory do: a write
+                // the device failed (reported to a run that then stopped) leaves clean pages
+                // holding data the disk never got, and a resumed verification reading those would
+                // pass a copy that reads differently after the next reboot.
+                if let Err(err) = fsx::drop_cached(b.as_fd()) {
+                    return Ok(Some(format!("its data did not reach the disk ({err})")));
+                }
                 let same = fsx::same_content(a.as_fd(), b.as_fd(), m.size, &mut |n| {
                     ctx.bytes_done.fetch_add(n, Ordering::Relaxed);
                     ctx.tick(false);

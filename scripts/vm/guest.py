@@ -327,20 +327,24 @@ class Recording:
     def replayer(self):
         return os.path.join(ARGS.bin, "replay-log")
 
-    def points(self, full):
+    def points(self):
         """Flush points within the conversion, and points between them (the unflushed tail of
-        the log after them dropped). Sampled: a spread of each; full: all of them."""
+        the log after them dropped); a point = the number of log entries applied."""
         flushes, between = [], []
         for e in self.entries[self.start + 1 : self.end + 1]:
             i, flags = int(e[0]), int(e[1])
             if flags & 8:
                 continue
-            (flushes if flags & 3 else between).append(i + 1)  # a point = number of entries applied
-        if not full:
-            rnd = random.Random(ARGS.seed)
-            flushes = spread(flushes, round(ARGS.flush_points * self.share), rnd)
-            between = spread(between, round(ARGS.between_points * self.share), rnd)
-        return sorted(set(flushes) | set(between) | {self.start + 1, self.end + 1}), len(flushes)
+            (flushes if flags & 3 else between).append(i + 1)
+        return flushes, between
+
+    def fixed_points(self, flushes):
+        """The minimum set a sampled run always replays: the last point (the finished run) and
+        flush points evenly spaced from the first (no randomness: every run covers them)."""
+        k = max(2, round(ARGS.min_points * self.share))
+        step = max(1, len(flushes) / k)
+        even = {flushes[int(i * step)] for i in range(k) if int(i * step) < len(flushes)}
+        return sorted(even | {self.end + 1})
 
     def check_done(self, mnt, what):
         """The directory is encrypted, opens through the keystore and holds the original tree."""
@@ -408,11 +412,28 @@ def spread(items, k, rnd):
     """Up to k items: evenly spaced, plus a few at random."""
     if len(items) <= k:
         return list(items)
+    if k <= 0:
+        return []
     even = max(1, k - k // 4)
     step = len(items) / even
     picked = {items[int(i * step)] for i in range(even)}
     picked |= set(rnd.sample(items, k // 4))
     return sorted(picked)
+
+
+class Progress:
+    """A console line at least every PERIOD seconds while points are replayed: the host's watchdog
+    (scripts/vm-test.sh) takes a silent guest for a hung one."""
+
+    PERIOD = 30
+
+    def __init__(self):
+        self.last = time.time()
+
+    def tick(self, msg):
+        if time.time() - self.last >= self.PERIOD:
+            say(msg)
+            self.last = time.time()
 
 
 def sha256_file(path):
@@ -423,40 +444,297 @@ def sha256_file(path):
     return h.hexdigest()
 
 
+def replay_points(rec, name, points, progress, deadline, tally):
+    """Replays `points` (ascending) onto a zeroed image, each checked; stops early, between
+    points, once `deadline` (time.time()) is passed. Returns the seconds each point took."""
+    with open(rec.replay_img, "wb") as f:
+        f.truncate(rec.size)
+    applied = 0
+    took = []
+    for n in points:
+        if deadline is not None and time.time() >= deadline:
+            break
+        t = time.time()
+        run([rec.replayer(), "replay", rec.log_img, rec.replay_img, str(applied), str(n)])
+        applied = n
+        tally["replayed"] += 1
+        try:
+            st = rec.check_point(n)
+            tally["states"][st] = tally["states"].get(st, 0) + 1
+        except Failure as e:
+            tally["lost"] += 1
+            say(f"powercut[{name}]: LOST at {e}")
+        took.append(time.time() - t)
+        progress.tick(f"powercut[{name}]: {tally['replayed']} points replayed so far, {tally['lost']} lost")
+    return took
+
+
 def powercut(summary):
-    replayed = lost = 0
-    for fstype, mode in [(f, m) for f in FILESYSTEMS for m in CONVERT_MODES]:
+    """Sampled: each recording replays its fixed points, then as many more (flush points and
+    points between, 20:6) as fit its share of the time budget that is left, measured by its own
+    points: a slow machine replays fewer, never fails for being slow. Full: every point."""
+    tally = {"replayed": 0, "lost": 0, "states": {}}
+    fixed_total = 0
+    runs = [(f, m) for f in FILESYSTEMS for m in CONVERT_MODES]
+    t_all = time.time()
+    deadline = t_all + ARGS.budget
+    progress = Progress()
+    for idx, (fstype, mode) in enumerate(runs):
         name = f"{fstype}/{mode}"
         work = f"/tmp/powercut-{fstype}-{mode}"
         rec = Recording(work, fstype, mode)
         t0 = time.time()
+        say(f"powercut[{name}]: recording the conversion")
         rec.record()
-        points, nflush = rec.points(ARGS.mode == "full")
-        say(
-            f"powercut[{name}]: recorded {len(rec.entries)} log entries ({rec.end - rec.start - 1} during the "
-            f"conversion, which took {rec.convert_secs:.1f} s); replaying {len(points)} points "
-            f"({nflush} flush points among them)"
-        )
-        with open(rec.replay_img, "wb") as f:
-            f.truncate(rec.size)
-        applied = 0
-        states = {}
-        for n in points:
-            run([rec.replayer(), "replay", rec.log_img, rec.replay_img, str(applied), str(n)])
-            applied = n
-            replayed += 1
-            if replayed % 50 == 0:
-                say(f"powercut[{name}]: {replayed} points replayed so far, {lost} lost")
-            try:
-                st = rec.check_point(n)
-                states[st] = states.get(st, 0) + 1
-            except Failure as e:
-                lost += 1
-                say(f"powercut[{name}]: LOST at {e}")
-        say(f"powercut[{name}]: {states} in {time.time() - t0:.0f} s")
+        record_secs = time.time() - t0
+        flushes, between = rec.points()
+        tally["states"] = {}
+        before = tally["replayed"]
+        if ARGS.mode == "full":
+            pts = sorted(set(flushes) | set(between) | {rec.start + 1, rec.end + 1})
+            say(f"powercut[{name}]: recorded {len(rec.entries)} log entries (conversion {rec.convert_secs:.1f} s); "
+                f"replaying all {len(pts)} points ({len(flushes)} flush points)")
+            replay_points(rec, name, pts, progress, None, tally)
+        else:
+            fixed = rec.fixed_points(flushes)
+            fixed_total += len(fixed)
+            say(f"powercut[{name}]: recorded {len(rec.entries)} log entries (conversion {rec.convert_secs:.1f} s, "
+                f"{len(flushes)} flush points, {len(between)} between); replaying {len(fixed)} fixed points")
+            took = replay_points(rec, name, fixed, progress, None, tally)
+            # This recording's share of what is left (f2fs weighs half), keeping time to record
+            # the ones after it.
+            later = runs[idx + 1 :]
+            weight = rec.share / (rec.share + sum(FILESYSTEMS[f][2] for f, _ in later))
+            mine = max(0.0, deadline - time.time() - record_secs * len(later)) * weight
+            per_point = max(sum(took) / max(1, len(took)), 0.1)
+            k = int(mine / per_point)
+            rnd = random.Random(f"{ARGS.seed}-{name}")
+            rest_f = [p for p in flushes if p not in fixed]
+            rest_b = [p for p in between if p not in fixed]
+            kb = min(len(rest_b), k * 6 // 26)
+            kf = min(len(rest_f), k - kb)
+            kb = min(len(rest_b), k - kf)
+            extra = sorted(set(spread(rest_f, kf, rnd)) | set(spread(rest_b, kb, rnd)))
+            if extra:
+                say(f"powercut[{name}]: {per_point:.1f} s per point; {len(extra)} more points fit the budget")
+                replay_points(rec, name, extra, progress, time.time() + mine, tally)
+        say(f"powercut[{name}]: {tally['replayed'] - before} points {tally['states']} in {time.time() - t0:.0f} s")
         shutil.rmtree(work, ignore_errors=True)
-    summary.append(f"powercut: {replayed} points replayed, {lost} lost")
-    return lost == 0 and replayed > 0
+    how = "every point" if ARGS.mode == "full" else (
+        f"{fixed_total} fixed + {tally['replayed'] - fixed_total} within the {ARGS.budget} s budget")
+    summary.append(f"powercut: {tally['replayed']} points replayed, {tally['lost']} lost ({how}, "
+                   f"{time.time() - t_all:.0f} s)")
+    return tally["lost"] == 0 and tally["replayed"] > 0
+
+
+# ---------------------------------------------------------------- faults
+
+
+class FaultDisk:
+    """A filesystem on a device-mapper device whose table is swapped to make the disk fail: a
+    linear map of a loop device, with ranges or the whole device replaced by the `error` target
+    (reads and writes fail) or by `flakey` with `error_writes` (writes fail, reads work)."""
+
+    def __init__(self, work, fstype, mode):
+        self.work, self.fstype, self.mode = work, fstype, mode
+        self.mkfs, self.fsck_cmd, _ = FILESYSTEMS[fstype]
+        os.makedirs(work)
+        self.img = os.path.join(work, "disk.img")
+        self.size = 160 << 20
+        with open(self.img, "wb") as f:
+            f.truncate(self.size)
+        self.loop = losetup(self.img)
+        self.sectors = self.size // 512
+        self.name = os.path.basename(work)
+        self.dev = f"/dev/mapper/{self.name}"
+        run(["dmsetup", "create", "--noudevsync", self.name, "--table", self.linear()])
+        run([*self.mkfs, self.dev])
+        self.mnt = os.path.join(work, "mnt")
+        mount(self.dev, self.mnt, fstype)
+        self.src = os.path.join(self.mnt, "home", "alice")
+        self.ds = Dirseal(os.path.join(self.mnt, "keystore"), os.path.join(work, "etc"))
+        os.makedirs(os.path.dirname(self.src))
+        make_tree(self.src, seed=26)
+        self.manifest = manifest(self.src)
+        run(["sync"])
+
+    def linear(self, start=0, end=None):
+        end = self.sectors if end is None else end
+        return f"{start} {end - start} linear {self.loop} {start}"
+
+    def table(self, lines):
+        """Swaps the live table (resume suspends the device, lets queued I/O finish, swaps)."""
+        run(["dmsetup", "load", self.name], stdin="".join(line + "\n" for line in lines))
+        run(["dmsetup", "resume", "--noudevsync", self.name])
+
+    def heal(self):
+        self.table([self.linear()])
+
+    def convert_args(self):
+        return ["convert", self.src, "--yes", "--protector-name", "owner", *CONVERT_MODES[self.mode][0]]
+
+    def drop_caches(self):
+        run(["sync"], check=False)
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3")
+
+    def replug(self):
+        """The device back, as after pulling and plugging it in again: unmount what is left,
+        restore the table, repair with fsck (the kernel's journal replay first), mount."""
+        if os.path.ismount(self.mnt):
+            p = run(["umount", self.mnt], check=False)
+            if p.returncode != 0:
+                run(["umount", "-l", self.mnt], check=False)
+        self.heal()
+        if self.fstype == "ext4":
+            p = run(["e2fsck", "-fy", self.dev], check=False)
+            if p.returncode not in (0, 1):
+                raise Failure(f"e2fsck could not repair the filesystem (status {p.returncode})")
+        else:
+            run(["fsck.f2fs", "-f", "-y", self.dev], check=False)
+        mount(self.dev, self.mnt, self.fstype)
+
+    def finish(self, what):
+        """The same command finishes the job: the tree is the original, encrypted, and opens."""
+        again = self.ds(*self.convert_args(), stdin=PASSWORD, check=False)
+        if again.returncode != 0:
+            if "already encrypted" not in again.stderr:
+                raise Lost(f"{what}: running the same command again failed: {again.stderr.strip()}")
+            # Finished before the fault; the replug's unmount dropped the key.
+            self.ds("unlock", self.src, stdin=PASSWORD)
+        if not is_encrypted(self.src):
+            raise Lost(f"{what}: {self.src} is not encrypted after the conversion finished")
+        self.ds("lock", self.src)
+        self.ds("unlock", self.src, stdin=PASSWORD)
+        got = manifest(self.src)
+        if got != self.manifest:
+            raise Lost(f"{what}: the encrypted tree differs from the original: {diff(self.manifest, got)}")
+
+    def close(self):
+        if os.path.ismount(self.mnt):
+            run(["umount", "-l", self.mnt], check=False)
+        run(["dmsetup", "remove", "--noudevsync", self.name], check=False)
+        run(["losetup", "-d", self.loop], check=False)
+        shutil.rmtree(self.work, ignore_errors=True)
+
+
+class Lost(Failure):
+    """Data was lost (as opposed to a fault handled without a clear message)."""
+
+
+def first_extent(path):
+    """(physical block, blocks, block size) of the first extent of a file, by FIEMAP."""
+    out = run(["filefrag", "-v", path]).stdout
+    block = int(out.split("blocks of ")[1].split()[0])
+    line = next(line for line in out.splitlines() if line.strip().startswith("0:"))
+    fields = line.split(":")
+    physical = int(fields[2].split("..")[0])
+    length = int(fields[3].split()[0]) if len(fields) > 3 else 1
+    return physical, length, block
+
+
+def fault_unreadable(d):
+    """A bad block in a source file: the conversion stops naming the file and the offset, the
+    original is untouched (copy) or resumable (move), and once the block reads again the same
+    command finishes."""
+    victim = os.path.join(d.src, "big.bin")
+    physical, length, block = first_extent(victim)
+    if length < 3:
+        raise Failure(f"{victim}: its first extent has {length} blocks, too few to put a bad one inside")
+    bad = (physical + 2) * block // 512  # the file's third block
+    d.table([d.linear(0, bad), f"{bad} {block // 512} error", d.linear(bad + block // 512)])
+    d.drop_caches()
+    p = d.ds(*d.convert_args(), stdin=PASSWORD, check=False)
+    if p.returncode == 0:
+        raise Failure("the conversion succeeded over an unreadable source block")
+    if "big.bin" not in p.stderr or f"reading the original at byte {2 * block}" not in p.stderr:
+        raise Failure(f"the error does not name the file and offset: {p.stderr.strip()}")
+    d.heal()
+    d.drop_caches()
+    if CONVERT_MODES[d.mode][1]:
+        got = manifest(d.src)
+        if got != d.manifest:
+            raise Lost(f"the original changed after the failed conversion: {diff(d.manifest, got)}")
+    d.finish("after the block healed")
+
+
+def wait_for_progress(d, proc, seconds=600):
+    """Until the conversion has begun (its journal exists) and worked a moment, or exited."""
+    wd = os.path.join(d.mnt, ".dirseal", "convert")
+    t0 = time.time()
+    while time.time() - t0 < seconds and proc.poll() is None:
+        if any(os.path.exists(j) for j in glob_journals(wd)):
+            time.sleep(random.uniform(0.3, 1.5))
+            return
+        time.sleep(0.1)
+
+
+def glob_journals(wd):
+    if not os.path.isdir(wd):
+        return []
+    return [os.path.join(wd, x, "journal.json") for x in os.listdir(wd)]
+
+
+def fault_mid_run(d, table, what):
+    """The disk fails while the conversion runs (`table` from then on), the run stops, the device
+    comes back (replug: unmount, fsck, mount) and the same command finishes the job."""
+    r, w = os.pipe()
+    os.write(w, PASSWORD.encode())
+    os.close(w)
+    proc = subprocess.Popen([d.ds.bin, *d.convert_args()], stdin=r, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=d.ds.env)
+    os.close(r)
+    wait_for_progress(d, proc)
+    if proc.poll() is None:
+        d.table(table)
+    try:
+        out, err = proc.communicate(timeout=600)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        raise Failure(f"{what}: the conversion hung on the failing disk")
+    log(f"  {what}: convert -> {proc.returncode}: {err.strip()[-600:]}")
+    if proc.returncode == 0 and "already" not in out:
+        # It may have finished before the fault reached it; the resume below still checks.
+        log(f"  {what}: the conversion finished before the fault")
+    d.replug()
+    d.finish(f"after the {what}")
+
+
+def faults(summary):
+    """Disk faults on ext4 and f2fs, copy and move: a bad block in the original, failing writes
+    for a while, and the device vanishing mid-run then coming back. Sampled runs leave out the
+    repetitive combinations (--mode full runs them all)."""
+    kinds = ["unreadable", "write-eio", "vanish"]
+    cases = [(f, m, k) for f in FILESYSTEMS for m in CONVERT_MODES for k in kinds]
+    if ARGS.mode != "full":
+        cases = [c for c in cases if c[2] == "unreadable" or (c[2], c[1]) in (("write-eio", "copy"), ("vanish", "move"))]
+    n = lost = failed = 0
+    for fstype, mode, kind in cases:
+        name = f"faults[{fstype}/{mode}/{kind}]"
+        t0 = time.time()
+        d = None
+        try:
+            d = FaultDisk(f"/tmp/faults-{fstype}-{mode}-{kind}", fstype, mode)
+            if kind == "unreadable":
+                fault_unreadable(d)
+            elif kind == "write-eio":
+                fault_mid_run(d, [f"0 {d.sectors} flakey {d.loop} 0 0 3600 1 error_writes"], "failing writes")
+            else:
+                fault_mid_run(d, [f"0 {d.sectors} error"], "vanished device")
+            say(f"{name}: ok ({time.time() - t0:.0f} s)")
+        except Lost as e:
+            lost += 1
+            say(f"{name}: LOST: {e}")
+        except Exception as e:  # noqa: BLE001 - one broken scenario must not hide the others
+            failed += 1
+            say(f"{name}: FAILED: {type(e).__name__}: {e}")
+        finally:
+            n += 1
+            if d is not None:
+                d.close()
+    summary.append(f"faults: {n} scenarios, {lost} lost" + (f", {failed} failed" if failed else ""))
+    return lost == 0 and failed == 0
 
 
 # ---------------------------------------------------------------- f2fs
@@ -603,9 +881,11 @@ def main():
     ap.add_argument("--bin", required=True, help="where dirseal and replay-log are")
     ap.add_argument("--out", required=True)
     ap.add_argument("--mode", choices=["sampled", "full"], default="sampled")
-    ap.add_argument("--only", choices=["powercut", "f2fs", "tpm2"])
-    ap.add_argument("--flush-points", type=int, default=20, help="sampled flush points per ext4 recording")
-    ap.add_argument("--between-points", type=int, default=6, help="sampled points between flushes per ext4 recording")
+    ap.add_argument("--only", choices=["powercut", "faults", "f2fs", "tpm2"])
+    ap.add_argument("--min-points", type=int, default=3,
+                    help="sampled: fixed flush points per ext4 recording (half on f2fs), always replayed")
+    ap.add_argument("--budget", type=int, default=240,
+                    help="sampled: seconds for the power-cut replays; more points are replayed while it lasts")
     ap.add_argument("--seed", type=int, default=int(time.time()))
     ARGS = ap.parse_args()
     LOG = open(os.path.join(ARGS.out, "guest.log"), "w")
@@ -613,9 +893,10 @@ def main():
     summary = []
     ok = True
     t0 = time.time()
-    for name, fn in (("powercut", powercut), ("f2fs", f2fs), ("tpm2", tpm2)):
+    for name, fn in (("powercut", powercut), ("faults", faults), ("f2fs", f2fs), ("tpm2", tpm2)):
         if ARGS.only and ARGS.only != name:
             continue
+        say(f"{name}: starting")  # the host's watchdog hears from the guest at each suite
         try:
             ok = fn(summary) and ok
         except Failure as e:

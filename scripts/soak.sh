@@ -1,0 +1,191 @@
+#!/usr/bin/env bash
+# Kill soak: SIGKILL `dirseal convert` at random moments, N times in all, across copy and move
+# mode, and across aborts and rollbacks (which are killed too), on a hostile tree (odd names,
+# hard links, sparse files, xattrs, every entry kind). Each tree must end as the original: the
+# encrypted copy after the same command finished it, or the plaintext after an abort or a
+# rollback. Prints `soak: N kills, M lost`; exits non-zero on any loss.
+#
+#   scripts/soak.sh [N]     N kills (default 40); SOAK_SEED=S repeats a run
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ "$(id -u)" -ne 0 ]; then echo "scripts/soak.sh must run as root (loop mounts, fscrypt keys)" >&2; exit 1; fi
+kills=${1:-40}
+cargo build -q --workspace --features fault-injection
+bin=$(realpath "${CARGO_TARGET_DIR:-target}/debug/dirseal")
+work=$(mktemp -d /tmp/dirseal-soak.XXXXXX)
+loop=""
+cleanup() {
+  umount "$work/mnt" 2>/dev/null || umount -l "$work/mnt" 2>/dev/null || true
+  [ -z "$loop" ] || losetup -d "$loop" 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+truncate -s 768M "$work/fs.img"
+mkfs.ext4 -q -O encrypt "$work/fs.img"
+mkdir "$work/mnt"
+loop=$(losetup --find --show "$work/fs.img")
+mount "$loop" "$work/mnt"
+printf '[argon2]\ntime_cost = 1\nmemory_kib = 1024\nparallelism = 1\n' >"$work/config.toml"
+chmod 600 "$work/config.toml"
+DIRSEAL_CONFIG=$work/config.toml DIRSEAL_KEYSTORE=$work/keystore \
+  python3 - "$bin" "$work/mnt" "$kills" "${SOAK_SEED:-$(date +%s)}" <<'EOF'
+import hashlib, json, os, random, stat, subprocess, sys, time
+
+BIN, MNT, WANT, SEED = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+PW = "soak pw\n"
+rnd = random.Random(SEED)
+print(f"soak: seed {SEED}", flush=True)
+
+
+def tree(root, seed):
+    """Hostile names (newlines, invalid UTF-8, 255 bytes, leading dashes), deep dirs, hard links
+    across dirs, symlinks, a FIFO, a sparse file larger than a move's chunk, xattrs, odd modes."""
+    r = random.Random(seed)
+    os.makedirs(root)
+    os.chown(root, 4242, 4242)
+    dirs = [root.encode()]
+    for i in range(8):
+        d = os.path.join(r.choice(dirs), f"d{i} \n\x01".encode() if i % 3 == 0 else f"dir-{i}".encode())
+        os.mkdir(d)
+        dirs.append(d)
+    deep = os.path.join(root.encode(), *[b"deep"] * 30)
+    os.makedirs(deep)
+    files = []
+    for i in range(150):
+        name = r.choice([f"f{i}".encode(), b"-rf " + str(i).encode(), b"\xff\xfe" + bytes([48 + i % 10]) + str(i).encode(),
+                         (b"L" * 250 + str(i).encode())[:255]])
+        f = os.path.join(r.choice(dirs), name)
+        with open(f, "wb") as fh:
+            fh.write(r.randbytes(r.choice([0, 1, 4095, 4096, 9000, 70000, 300000])))
+        files.append(f)
+    with open(os.path.join(deep, b"bottom"), "wb") as fh:
+        fh.write(b"deep")
+    sparse = os.path.join(root.encode(), b"disk.img")
+    with open(sparse, "wb") as fh:
+        fh.truncate(36 << 20)
+        for off in (0, 5 << 20, 17 << 20, (36 << 20) - 4096):
+            fh.seek(off)
+            fh.write(r.randbytes(4096))
+    for i in range(6):
+        os.link(files[i], os.path.join(r.choice(dirs), f"link-{i}".encode()))
+    os.symlink(b"../\xff target", os.path.join(dirs[1], b"sym"))
+    os.mkfifo(os.path.join(dirs[2], b"fifo"))
+    os.setxattr(files[7], "user.k", b"v" * 500)
+    os.chmod(files[8], 0o4711)
+    for dp, dn, fn in os.walk(root.encode()):
+        for n in dn + fn:
+            p = os.path.join(dp, n)
+            if not os.path.islink(p):
+                os.chown(p, 4242, 4242)
+    os.chmod(files[8], 0o4711)
+
+
+def manifest(root):
+    out = {}
+    for dp, dn, fn in os.walk(root.encode()):
+        for n in sorted(dn + fn) + ([b"."] if dp == root.encode() else []):
+            p = os.path.normpath(os.path.join(dp, n))
+            st = os.lstat(p)
+            e = (st.st_mode, st.st_uid, st.st_gid, st.st_mtime_ns if not stat.S_ISDIR(st.st_mode) else 0,
+                 tuple(sorted((k, os.getxattr(p, k, follow_symlinks=False)) for k in os.listxattr(p, follow_symlinks=False))))
+            if stat.S_ISREG(st.st_mode):
+                e += (st.st_size, st.st_nlink, hashlib.sha256(open(p, "rb").read()).hexdigest())
+            elif stat.S_ISLNK(st.st_mode):
+                e += (os.readlink(p),)
+            out[os.path.relpath(p, root.encode())] = e
+    return out
+
+
+def ds(*args, check=True):
+    p = subprocess.run([BIN, *args], input=PW, capture_output=True, text=True)
+    if check and p.returncode != 0:
+        raise RuntimeError(f"dirseal {' '.join(args)}: {p.stderr.strip()}")
+    return p
+
+
+def killed(args, delay):
+    """Runs dirseal, SIGKILLs it after `delay` s; whether it was still running (a kill)."""
+    p = subprocess.Popen([BIN, *args], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True)
+    p.stdin.write(PW)
+    p.stdin.close()
+    time.sleep(delay)
+    alive = p.poll() is None
+    if alive:
+        p.kill()
+    p.wait()
+    return alive
+
+
+def state(home):
+    p = ds("convert", "--status", "--json", home, check=False)
+    if p.returncode != 0 or not p.stdout.strip():
+        return None
+    return json.loads(p.stdout).get("state")
+
+
+kills = lost = homes = 0
+typical = None
+while kills < WANT:
+    homes += 1
+    home = os.path.join(MNT, f"home{homes}")
+    tree(home, rnd.randrange(1 << 30))
+    want = manifest(home)
+    mode = rnd.choice(["copy", "move"])
+    end = rnd.choice(["finish", "finish", "abort", "rollback"])
+    if end == "rollback" and mode == "move":
+        end = "abort"
+    args = ["convert", home, "--yes", "--protector-name", "soak", "--mode", mode]
+    if end == "rollback":
+        args.append("--keep-backup")
+    if typical is None:
+        t0 = time.time()
+        ds(*args)
+        typical = max(0.5, time.time() - t0)
+        print(f"soak: one conversion takes {typical:.1f} s here", flush=True)
+    else:
+        budget = rnd.randint(1, 4)
+        for _ in range(budget):
+            if killed(args, rnd.uniform(0, typical * 1.2)):
+                kills += 1
+        try:
+            if end == "abort":
+                st = state(home)
+                if st in ("prepared", "copying", "copied", "verified", "moving", "moved", "moving-back", "moving back"):
+                    if killed(["convert", "--abort", home], rnd.uniform(0, typical / 2)):
+                        kills += 1
+                    ds("convert", "--abort", home)
+                else:
+                    ds(*args, check=False)  # too late to abort (or done already): finish
+                    end = "finish"
+            elif end == "rollback":
+                ds(*args)  # stops at Swapped, keeping the backup
+                if killed(["convert", "--rollback", home], rnd.uniform(0, typical / 2)):
+                    kills += 1
+                ds("convert", "--rollback", home)
+            else:
+                ds(*args, check=False)
+                ds(*args, check=False)
+        except RuntimeError as e:
+            lost += 1
+            print(f"soak: LOST {home} ({mode}, {end}): {e}", flush=True)
+            continue
+    if end == "finish":
+        try:
+            ds("lock", home)
+            ds("unlock", home)
+        except RuntimeError as e:
+            lost += 1
+            print(f"soak: LOST {home} ({mode}): {e}", flush=True)
+            continue
+    got = manifest(home)
+    if got != want:
+        lost += 1
+        bad = [k for k in set(want) | set(got) if want.get(k) != got.get(k)][:3]
+        print(f"soak: LOST {home} ({mode}, {end}): differs at {bad}", flush=True)
+        continue
+    subprocess.run(["rm", "-rf", home], check=True)
+    if homes % 10 == 0:
+        print(f"soak: {kills} kills so far ({homes} trees), {lost} lost", flush=True)
+print(f"soak: {kills} kills, {lost} lost ({homes} trees, copy and move, aborts and rollbacks)", flush=True)
+sys.exit(1 if lost else 0)
+EOF
