@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: system packages, format, lints, build, unit + integration tests on real
-# loop-mounted ext4, then power cuts and f2fs in a qemu guest (scripts/vm-test.sh, ~5 min).
+# loop-mounted ext4, then power cuts and f2fs in a qemu guest (scripts/vm-test.sh, ~5 min), then
+# the installed product on a booted Debian guest (scripts/system-test.sh, ~10 min; SYSTEM_TEST=0
+# skips it).
 # Needs root (loop devices, fscrypt ioctls, PAM). Prints a final tally.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -25,8 +27,17 @@ rm -f "$log"
 vm_log=$(mktemp)
 bash scripts/vm-test.sh --no-deps 2>&1 | tee "$vm_log"
 vm_rc=${PIPESTATUS[0]}
+# The whole product installed on a booted Debian guest with systemd: logins, bus activation, polkit,
+# a key on hidraw, the .deb.
+sys_log=$(mktemp) sys_rc=0
+if [ "${SYSTEM_TEST:-1}" != 0 ]; then
+  bash scripts/system-test.sh --no-deps 2>&1 | tee "$sys_log"
+  sys_rc=${PIPESTATUS[0]}
+fi
 echo "tests: $pass passed, $fail failed, $skip skipped"
 grep -E '^(powercut: [0-9]+ points|(f2fs|tpm2): (ok|FAILED)|vm-test: (ok|FAILED))' "$vm_log"
-rm -f "$vm_log"
+grep -E '^system: ([a-z0-9]+ (ok|FAILED)|[0-9]+ scenarios|ok|FAILED)' "$sys_log"
+rm -f "$vm_log" "$sys_log"
 [ "$rc" -ne 0 ] && exit "$rc"
-exit "$vm_rc"
+[ "$vm_rc" -ne 0 ] && exit "$vm_rc"
+exit "$sys_rc"

@@ -44,6 +44,7 @@ run() {
   else
     failed=$((failed + 1))
     log "system: $name FAILED: $(cat "$W/why" 2>/dev/null || echo "status $rc")"
+    journalctl -b --no-pager -n 300 >"$R/$name.journal" 2>&1 || true
   fi
   scenario=""
 }
