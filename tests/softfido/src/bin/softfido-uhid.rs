@@ -10,7 +10,7 @@
 use std::fs::{File, OpenOptions};
 use std::io::{self, BufRead, Read, Write};
 use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use dirseal_softfido::{Options, SoftFido};
@@ -68,11 +68,12 @@ struct Device {
 }
 
 impl Device {
-    fn plug(socket: &PathBuf) -> io::Result<Device> {
+    fn plug(socket: &Path) -> io::Result<Device> {
         let mut uhid = OpenOptions::new().read(true).write(true).open("/dev/uhid")?;
         uhid.write_all(&create_event())?;
         let conn: Arc<Mutex<Option<UnixStream>>> = Arc::new(Mutex::new(None));
-        let (mut events, writer, c, socket) = (uhid.try_clone()?, uhid.try_clone()?, conn.clone(), socket.clone());
+        let (mut events, writer, c, socket) =
+            (uhid.try_clone()?, uhid.try_clone()?, conn.clone(), socket.to_path_buf());
         // Events from the kernel: opens, closes and output reports. Ends when the device is
         // destroyed (the read fails or returns nothing).
         std::thread::spawn(move || {
