@@ -47,7 +47,7 @@ expect {
   "login: " {}
   timeout { puts "\nEXPECT: no login prompt"; exit 2 }
 }
-sleep 1
+expect { -timeout 3 "login: " { exp_continue } timeout {} }
 send "$env(U)\r"
 expect "Password: "
 sleep 1
@@ -82,7 +82,7 @@ expect {
   "login: " {}
   timeout { puts "\nEXPECT: no login prompt"; exit 2 }
 }
-sleep 1
+expect { -timeout 3 "login: " { exp_continue } timeout {} }
 send "$env(U)\r"
 expect {
   -re {\$ $} {}
@@ -122,7 +122,7 @@ fconfigure $tty -mode 115200,n,8,1 -translation binary -buffering none
 spawn -open $tty
 send "\r"
 expect "login: "
-sleep 1
+expect { -timeout 3 "login: " { exp_continue } timeout {} }
 send "$env(U)\r"
 expect { -re {PIN for [^\r\n]*tries left\)?:} {} timeout { exit 2 } }
 sleep 1
@@ -243,7 +243,9 @@ scenario_login() {
   ssh "${SSH_OPTS[@]}" -tt -i /root/alice-key -o PreferredAuthentications=publickey alice@localhost \
     'test -e secret.txt && echo HOME-OPEN || echo HOME-LOCKED' >"$W/out" 2>&1 || fail "ssh key login: $(cat "$W/out")"
   grep -q HOME-LOCKED "$W/out" || fail "a key login unlocked the home: $(cat "$W/out")"
-  grep -q "stays locked" "$W/out" || fail "a key login did not say the home stays locked: $(tr -d '\r' <"$W/out")"
+  # Said to the user when sshd passes session messages on, always to the journal.
+  grep -q "stays locked" "$W/out" || journalctl -b --no-pager | grep -q "pam_dirseal(sshd:session).*stays locked" ||
+    fail "a key login did not say the home stays locked: $(tr -d '\r' <"$W/out")"
   wait_gone alice; wait_key alice locked 30
   step "console login (agetty + login on ttyS1)"
   console_login alice "$PW_ALICE" 'cat ~/secret.txt' >"$W/out" 2>&1 || fail "console login: $(tr -d '\r' <"$W/out" | tail -c 400)"
