@@ -9,6 +9,8 @@
 #   scripts/system-test.sh --only a,b       some scenarios (names as printed)
 #   scripts/system-test.sh --cmd CMD        boot, run CMD as root in the guest instead (debugging)
 #   scripts/system-test.sh --rebuild-image  build the guest image again (it is cached)
+#   SYSTEM_DEMO_PIN=1                       also the TPM-PIN half of `demo` (needs the PIN login)
+#   SYSTEM_OUT=DIR                          results, console log and logs (default target/system/out)
 #
 # The guest's root filesystem is made by mmdebstrap from the Debian archive (cached under
 # CARGO_TARGET_DIR/system, rebuilt when the package list below changes); each run boots a

@@ -353,7 +353,7 @@ scenario_deb() {
   snapshot "$W/fs-before-deb"
   step "apt install $(basename "$deb")"
   cp "$deb" "$W/"
-  check "apt install" apt-get install -y --no-download "$W/$(basename "$deb")"
+  check "apt install" apt-get install -y "$W/$(basename "$deb")"
   check "pam-auth-update" pam-auth-update --enable dirseal
   printf '[argon2]\ntime_cost = 1\nmemory_kib = 8192\nparallelism = 1\n' >/etc/dirseal/config.toml
   chmod 600 /etc/dirseal/config.toml
@@ -373,7 +373,7 @@ scenario_deb() {
     fail "the filesystem differs after the purge: $(grep '^[-+][^-+]' "$R/deb.diff" | head -c 600)"
   [ -d /var/lib/dirseal ] || fail "the purge removed the keystore"
   step "reinstall: the home encrypted before the purge opens"
-  check "apt install again" apt-get install -y --no-download "$W/$(basename "$deb")"
+  check "apt install again" apt-get install -y "$W/$(basename "$deb")"
   check "pam-auth-update" pam-auth-update --enable dirseal
   ssh_pw alice "$pw" cat secret.txt >"$W/out" 2>&1 || fail "ssh login after reinstall: $(cat "$W/out")"
   grep -q "alice's secret" "$W/out" || fail "the home did not open after purge and reinstall: $(cat "$W/out")"
