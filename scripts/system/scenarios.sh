@@ -319,7 +319,7 @@ scenario_logout() {
 scenario_polkit() {
   local pw; pw=$(alice_pw)
   step "alice locks and unlocks her own home from the console"
-  console_login alice "$pw" "loginctl show-session \$XDG_SESSION_ID -p Remote -p Active; \
+  console_login alice "$pw" "cd /; loginctl show-session \$XDG_SESSION_ID -p Remote -p Active; \
 busctl call org.dirseal.Dirseal1 /org/dirseal/Dirseal1 org.dirseal.Dirseal1 Lock sb /home/alice false && \
 test ! -e /home/alice/secret.txt && \
 gdbus call --system --dest org.dirseal.Dirseal1 --object-path /org/dirseal/Dirseal1 --method org.dirseal.Dirseal1.Unlock \
