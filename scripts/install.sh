@@ -8,10 +8,12 @@
 #
 # Files that only one place is read from go there whatever the prefix: the PAM module into the
 # multiarch security dir, the profile into /usr/share/pam-configs, the bus policy into
-# /usr/share/dbus-1/system.d, the polkit action into /usr/share/polkit-1/actions. Every file and every directory the install created is recorded in
-# PREFIX/share/dirseal/install-manifest, and --uninstall removes exactly those, so the system is
-# left as before — except the keystore and config (/var/lib/dirseal, /etc/dirseal), which hold the
-# only keys to encrypted data and are never removed.
+# /usr/share/dbus-1/system.d, the polkit action into /usr/share/polkit-1/actions. Every file and
+# every directory the install created is recorded in PREFIX/share/dirseal/install-manifest, and
+# --uninstall removes exactly those, so the system is left as before. A file that was already there
+# (not from an earlier install) is copied to PREFIX/share/dirseal/backup first and put back by
+# --uninstall. Never removed: the keystore and config (/var/lib/dirseal, /etc/dirseal), which hold
+# the only keys to encrypted data.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,7 +27,7 @@ while [ $# -gt 0 ]; do
     --build-dir) build=${2:?--build-dir needs a directory}; shift 2 ;;
     --build-dir=*) build=${1#*=}; shift ;;
     --uninstall) uninstall=1; shift ;;
-    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "install.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -38,6 +40,7 @@ fi
 multiarch=$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || gcc -print-multiarch 2>/dev/null || echo "$(uname -m)-linux-gnu")
 manifest_rel=$prefix/share/dirseal/install-manifest
 manifest=$destdir$manifest_rel
+backup_rel=$prefix/share/dirseal/backup
 
 live() { [ -z "$destdir" ]; }
 
@@ -52,7 +55,14 @@ if [ "$uninstall" = 1 ]; then
   fi
   # Files first, then directories deepest first (only if empty: something else may live there).
   created=$(grep '^d ' "$manifest.dirs" 2>/dev/null | cut -c3- | sort -r || true)
+  restore=$(grep '^b ' "$manifest" | cut -c3- || true)
   grep '^f ' "$manifest" | cut -c3- | while IFS= read -r f; do rm -f -- "$destdir$f"; done
+  # What was there before the install goes back.
+  while IFS= read -r f; do
+    [ -z "$f" ] || mv -f -- "$destdir$backup_rel$f" "$destdir$f" ||
+      echo "install.sh: could not restore $f from $destdir$backup_rel$f" >&2
+  done <<< "$restore"
+  rm -rf -- "$destdir$backup_rel"
   rm -f -- "$manifest" "$manifest.dirs"
   while IFS= read -r d; do
     [ -n "$d" ] && { rmdir -- "$destdir$d" 2>/dev/null || true; }
@@ -76,7 +86,12 @@ trap 'rm -rf "$docs"' EXIT
 "$build/dirseal" generate-docs "$docs" >/dev/null
 
 if [ -n "$destdir" ]; then mkdir -p "$destdir"; fi
-files=() dirs=()
+files=()
+# An earlier install's files are ours to overwrite; the directories it created and the files it
+# backed up stay recorded.
+old_manifest=$(cat "$manifest" 2>/dev/null || true)
+mapfile -t backups < <(grep '^b ' <<<"$old_manifest" | cut -c3-)
+mapfile -t dirs < <(grep '^d ' "$manifest.dirs" 2>/dev/null | cut -c3-)
 # mkdir -p that records each directory it creates.
 mkdirs() {
   local d=$1 missing=()
@@ -89,6 +104,12 @@ mkdirs() {
 # put MODE SOURCE DEST (DEST without destdir)
 put() {
   mkdirs "$(dirname "$3")"
+  if [ -e "$destdir$3" ] && ! grep -qxF "f $3" <<<"$old_manifest" && [ ! -e "$destdir$backup_rel$3" ]; then
+    mkdirs "$backup_rel"
+    mkdir -p "$(dirname "$destdir$backup_rel$3")"
+    cp -a -- "$destdir$3" "$destdir$backup_rel$3"
+    backups+=("$3")
+  fi
   install -m "$1" "$2" "$destdir$3"
   files+=("$3")
 }
@@ -115,6 +136,7 @@ if [ ! -d "$destdir/etc/dirseal" ]; then mkdirs /etc; install -d -m 700 "$destdi
 mkdirs "$(dirname "$manifest_rel")"
 printf 'f %s\n' "${files[@]}" > "$manifest"
 printf 'f %s\n' "$manifest_rel" >> "$manifest"
+{ [ ${#backups[@]} -eq 0 ] || printf 'b %s\n' "${backups[@]}"; } >> "$manifest"
 { [ ${#dirs[@]} -eq 0 ] || printf 'd %s\n' "${dirs[@]}"; } > "$manifest.dirs"
 
 if live; then
@@ -122,4 +144,5 @@ if live; then
   if command -v systemctl >/dev/null && systemctl is-active --quiet dbus 2>/dev/null; then systemctl reload dbus; fi
 fi
 echo "installed dirseal into ${destdir:-/} (prefix $prefix): ${#files[@]} files"
+[ ${#backups[@]} -eq 0 ] || echo "kept a copy of ${#backups[@]} file(s) that were already there in $backup_rel; --uninstall puts them back"
 echo "next: enable login unlocking with \`sudo pam-auth-update --enable dirseal\` (keep a root shell open while you try a login)"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: system packages, format, lints, build, unit + integration tests on real
 # loop-mounted ext4, a short kill soak (scripts/soak.sh), then power cuts, disk faults and f2fs in a
-# qemu guest (scripts/vm-test.sh, ~10 min).
+# qemu guest (scripts/vm-test.sh, ~10 min); SYSTEM_TEST=1 adds the installed product on a booted
+# Debian guest (scripts/system-test.sh, ~10 min), not yet run by default: not all its scenarios pass.
 # Needs root (loop devices, fscrypt ioctls, PAM). Prints a final tally.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -16,7 +17,7 @@ set +e
 log=$(mktemp)
 # One test at a time: a command spawned by one test holds copies of every fd of the test
 # process until it execs, so a parallel test could see its files "busy" (key removal) or "in use".
-cargo test --workspace --features fault-injection -- --test-threads=1 2>&1 | tee "$log"
+cargo test --workspace --no-fail-fast --features fault-injection -- --test-threads=1 2>&1 | tee "$log"
 rc=${PIPESTATUS[0]}
 pass=$(grep -Eo '[0-9]+ passed' "$log" | awk '{s+=$1} END {print s+0}')
 fail=$(grep -Eo '[0-9]+ failed' "$log" | awk '{s+=$1} END {print s+0}')
@@ -31,10 +32,20 @@ soak_rc=${PIPESTATUS[0]}
 vm_log=$(mktemp)
 bash scripts/vm-test.sh --no-deps 2>&1 | tee "$vm_log"
 vm_rc=${PIPESTATUS[0]}
+# The whole product installed on a booted Debian guest with systemd: logins, bus activation, polkit,
+# a key on hidraw, the .deb.
+sys_log=$(mktemp) sys_rc=0
+if [ "${SYSTEM_TEST:-0}" != 0 ]; then
+  bash scripts/system-test.sh --no-deps 2>&1 | tee "$sys_log"
+  sys_rc=${PIPESTATUS[0]}
+fi
 echo "tests: $pass passed, $fail failed, $skip skipped"
 grep -E '^soak: [0-9]+ kills' "$soak_log"
 rm -f "$soak_log"
 grep -E '^(powercut: [0-9]+ points|faults: [0-9]+ scenarios|(f2fs|tpm2): (ok|FAILED)|vm-test: (ok|FAILED))' "$vm_log"
 rm -f "$vm_log"
+grep -E '^system: ([a-z0-9]+ (ok|FAILED)|[0-9]+ scenarios|ok|FAILED)' "$sys_log"
+rm -f "$sys_log"
 [ "$rc" -ne 0 ] && exit "$rc"
-exit "$vm_rc"
+[ "$vm_rc" -ne 0 ] && exit "$vm_rc"
+exit "$sys_rc"

@@ -524,7 +524,19 @@ fn converting(pam: &Pam, args: &Args, acct: &Account, flags: c_int, (allowed, re
     refused
 }
 
+/// systemd's user manager (user@UID.service, PAM service `systemd-user`) is not a login: its
+/// session is closed by `(sd-pam)` after that process dropped root, where this module can do
+/// nothing, so a record of it would keep the home unlocked for good. Not counted: the home locks
+/// when the last login ends (user services still holding files leave it partly locked, logged with
+/// the processes). Found by scripts/system-test.sh (`logout`).
+fn user_manager(pam: &Pam) -> bool {
+    pam.item(PAM_SERVICE).as_deref() == Some("systemd-user")
+}
+
 pub(crate) fn open_session(pam: &Pam, args: &Args, _flags: c_int) -> c_int {
+    if user_manager(pam) {
+        return PAM_IGNORE;
+    }
     let Some(acct) = account(pam) else { return PAM_IGNORE };
     let managed = match home_state(pam, args, &acct) {
         Ok(Home::Managed { ds, policy }) => Some((ds, policy)),
@@ -592,6 +604,11 @@ fn unlock(pam: &Pam, ds: &Dirseal, policy: &PolicyRecord, acct: &Account) -> Res
                      a password it does not follow); `dirseal unlock {home}` opens it"
                 ),
             );
+            // The user, too, must know why their files look scrambled (an SSH key login).
+            pam.info_msg(&format!(
+                "dirseal: your home {home} stays locked: this login did not use your password; \
+                 `dirseal unlock {home}` opens it"
+            ));
         }
         return Ok(());
     };
@@ -619,6 +636,9 @@ fn log_dropped(pam: &Pam, acct: &Account, sessions: &Sessions) {
 }
 
 pub(crate) fn close_session(pam: &Pam, args: &Args, _flags: c_int) -> c_int {
+    if user_manager(pam) {
+        return PAM_IGNORE;
+    }
     let Some(acct) = account(pam) else { return PAM_IGNORE };
     let ds = match home_state(pam, args, &acct) {
         Ok(Home::Managed { ds, .. }) => Some(ds),

@@ -168,3 +168,27 @@ fn another_prefix_moves_binaries_and_the_unit_but_not_what_only_one_place_reads(
     let left: Vec<String> = listing(root).into_iter().map(|(p, _)| p).collect();
     assert_eq!(left, vec!["etc/".to_string(), "etc/dirseal/".to_string()]);
 }
+
+#[test]
+fn a_file_that_was_there_before_is_backed_up_and_restored_not_deleted() {
+    let dest = tempfile::tempdir().expect("tempdir");
+    let root = dest.path();
+    let theirs = root.join("usr/share/zsh/vendor-completions/_dirseal");
+    std::fs::create_dir_all(theirs.parent().unwrap()).unwrap();
+    std::fs::write(&theirs, b"# someone else's completion\n").unwrap();
+    std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let before = listing(root);
+
+    let text = install(root, &["--prefix", "/usr"]);
+    assert!(text.contains("kept a copy of 1 file"), "says it kept the old file: {text}");
+    assert_ne!(std::fs::read(&theirs).unwrap(), b"# someone else's completion\n", "ours is installed");
+    // A second install over the first backs up nothing of its own and keeps the first backup.
+    let text = install(root, &["--prefix", "/usr"]);
+    assert!(text.contains("kept a copy of 1 file"), "the earlier backup is still recorded: {text}");
+
+    install(root, &["--uninstall", "--prefix", "/usr"]);
+    assert_eq!(std::fs::read(&theirs).unwrap(), b"# someone else's completion\n", "restored, not deleted");
+    let mut after = listing(root);
+    after.retain(|(p, _)| p != "etc/dirseal/" && p != "etc/");
+    assert_eq!(after, before, "uninstall leaves the tree as it was, modes included");
+}

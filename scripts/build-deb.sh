@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# Builds dirseal_VERSION_ARCH.deb with dpkg-deb: the files scripts/install.sh lays out (binaries, PAM
+# module and its pam-auth-update profile, bus policy, activation file, unit, polkit action, man
+# pages, completions), its dependencies read from the binaries, and maintainer scripts that run
+# pam-auth-update. The profile is not enabled by installing the package (it is `Default: no`):
+# `pam-auth-update --enable dirseal`, as after install.sh. Removing the package backs PAM out first.
+# Purging removes /etc/dirseal but keeps the keystore /var/lib/dirseal: it holds the only keys to
+# the encrypted homes, and a reinstall opens them again.
+#
+#   scripts/build-deb.sh [--build-dir target/release] [--out DIR]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build="" out=$PWD
+while [ $# -gt 0 ]; do
+  case $1 in
+    --build-dir) build=$2; shift 2 ;;
+    --out) out=$2; shift 2 ;;
+    -h|--help) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "build-deb.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+if [ -z "$build" ]; then cargo build --release --workspace --quiet; build=target/release; fi
+version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
+arch=$(dpkg --print-architecture)
+stage=$(mktemp -d)
+trap 'rm -rf "$stage"' EXIT
+root=$stage/root
+bash scripts/install.sh --destdir "$root" --build-dir "$build" >/dev/null
+# dpkg keeps its own file list; the config dir is made by postinst (root-only), removed on purge.
+rm -rf "$root/usr/share/dirseal" "$root/etc"
+# Debian 12 still reads units from /lib/systemd/system first; /usr/lib is the same directory there.
+
+# Depends: the packages that ship the libraries the binaries link.
+deps=$(for f in "$root/usr/sbin/dirseal" "$root/usr/libexec/dirsealed" "$root"/usr/lib/*/security/pam_dirseal.so; do
+         objdump -p "$f" | awk '$1 == "NEEDED" {print $2}'
+       done | sort -u | while read -r lib; do
+         path=$(ldconfig -p | awk -v l="$lib" '$1 == l {print $NF; exit}')
+         [ -n "$path" ] && { dpkg -S "$path" 2>/dev/null || dpkg -S "$(realpath "$path")" 2>/dev/null; } | head -1 | cut -d: -f1 || true
+       done | sort -u | paste -sd, | sed 's/,/, /g')
+mkdir -p "$root/DEBIAN"
+size=$(du -sk --exclude=DEBIAN "$root" | cut -f1)
+cat >"$root/DEBIAN/control" <<EOF
+Package: dirseal
+Version: $version
+Architecture: $arch
+Maintainer: dirseal developers <dirseal@localhost>
+Installed-Size: $size
+Depends: $deps, libpam-runtime, dbus
+Recommends: polkitd
+Section: admin
+Priority: optional
+Description: encrypt existing directories in place with fscrypt, unlock at login
+ dirseal converts directories that hold data (home directories) to Linux native filesystem
+ encryption (fscrypt v2 on ext4/f2fs) in place, keeps the keys behind password, TPM2 and FIDO2
+ protectors, and unlocks homes at login through its PAM module (pam-auth-update --enable dirseal).
+ The D-Bus service dirsealed is started on demand.
+EOF
+cat >"$root/DEBIAN/postinst" <<'EOF'
+#!/bin/sh
+set -e
+if [ "$1" = configure ]; then
+  [ -d /etc/dirseal ] || install -d -m 700 /etc/dirseal
+  # Registers the profile; it stays off until `pam-auth-update --enable dirseal` (Default: no),
+  # and stays on across upgrades once enabled.
+  pam-auth-update --package
+  if [ -d /run/systemd/system ]; then systemctl daemon-reload || true; fi
+  if [ -d /run/systemd/system ] && systemctl is-active --quiet dbus; then systemctl reload dbus || true; fi
+fi
+EOF
+cat >"$root/DEBIAN/prerm" <<'EOF'
+#!/bin/sh
+set -e
+if [ "$1" = remove ] || [ "$1" = deconfigure ]; then
+  # PAM first: a stack that names a module that is gone breaks every login.
+  pam-auth-update --package --remove dirseal
+  if [ -d /run/systemd/system ]; then systemctl stop dirsealed.service 2>/dev/null || true; fi
+fi
+EOF
+cat >"$root/DEBIAN/postrm" <<'EOF'
+#!/bin/sh
+set -e
+if [ "$1" = remove ] || [ "$1" = purge ]; then
+  if [ -d /run/systemd/system ]; then systemctl daemon-reload || true; fi
+fi
+if [ "$1" = purge ]; then
+  rm -rf /etc/dirseal
+  if [ -d /var/lib/dirseal ]; then
+    echo "dirseal: kept /var/lib/dirseal: it holds the only keys to your encrypted directories" >&2
+  fi
+fi
+EOF
+chmod 755 "$root/DEBIAN/postinst" "$root/DEBIAN/prerm" "$root/DEBIAN/postrm"
+deb=$out/dirseal_${version}_${arch}.deb
+dpkg-deb --root-owner-group -Zxz --build "$root" "$deb" >/dev/null
+echo "$deb"

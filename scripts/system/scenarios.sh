@@ -1,0 +1,428 @@
+# The scenarios of the system test (sourced by scripts/system/guest.sh, which provides step, fail,
+# check, $R, $B, $S, $W). They build on each other in this order: `install` first.
+# shellcheck shell=bash
+SCENARIOS="install activation login logout polkit demo uninstall deb"
+
+PW_ALICE=alice-pw-1 PW_ALICE2=alice-pw-2 PW_BOB=bob-pw-1
+SSH_OPTS=(-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR -o ConnectTimeout=30)
+DBUS=(--system --dest org.dirseal.Dirseal1 --object-path /org/dirseal/Dirseal1)
+
+home_key() { dirseal status "/home/$1" --json | sed -n 's/.*"key": *"\([a-z-]*\)".*/\1/p'; }
+# wait_key USER STATE [SECONDS]: until the home's key is in STATE (locked, unlocked, ...).
+wait_key() {
+  local i
+  for ((i = 0; i < ${3:-60}; i++)); do
+    [ "$(home_key "$1")" = "$2" ] && return 0
+    sleep 1
+  done
+  fail "/home/$1 is $(home_key "$1"), not $2, after ${3:-60} s"
+}
+# wait_gone USER: until the user's systemd --user manager and every session has ended.
+wait_gone() {
+  local uid i; uid=$(id -u "$1")
+  for ((i = 0; i < 90; i++)); do
+    if ! systemctl is-active -q "user@$uid.service" && ! loginctl list-sessions --no-legend | grep -qw "$1"; then
+      return 0
+    fi
+    sleep 1
+  done
+  fail "user@$uid.service or a session of $1 is still there after 90 s"
+}
+ssh_pw() { # USER PASSWORD CMD...
+  local u=$1 p=$2; shift 2
+  sshpass -p "$p" ssh "${SSH_OPTS[@]}" -o PreferredAuthentications=password -o PubkeyAuthentication=no "$u@localhost" "$@"
+}
+# A console login on the serial port agetty serves (ttyS1, wired to ttyS2): types the user name and
+# password, runs CMD in the shell, logs out. Prints what the terminal showed. It pauses before
+# typing: agetty and login flush what was typed ahead when they switch the terminal's mode.
+console_login() { # USER PASSWORD CMD
+  U=$1 P=$2 C=$3 timeout 180 expect -f - <<'EXP'
+set timeout 60
+log_user 1
+set tty [open /dev/ttyS2 r+]
+fconfigure $tty -mode 115200,n,8,1 -translation binary -buffering none
+spawn -open $tty
+send "\r"
+expect {
+  "login: " {}
+  timeout { puts "\nEXPECT: no login prompt"; exit 2 }
+}
+expect { -timeout 3 "login: " { exp_continue } timeout {} }
+send "$env(U)\r"
+expect "Password: "
+sleep 1
+send "$env(P)\r"
+expect {
+  -re {\$ $} {}
+  "Login incorrect" { puts "\nEXPECT: login refused"; exit 3 }
+  timeout { puts "\nEXPECT: no shell prompt"; exit 4 }
+}
+send "$env(C); echo CONSOLE-DONE-\$?\r"
+expect {
+  -re {CONSOLE-DONE-([0-9]+)} { set rc $expect_out(1,string) }
+  timeout { puts "\nEXPECT: command did not finish"; exit 5 }
+}
+send "exit\r"
+expect "login: "
+exit $rc
+EXP
+}
+
+# A console login that types no password: the key is touched (softfido grants it). Fails (6) when
+# a password prompt comes instead; prints what the terminal showed.
+console_login_key() { # USER CMD
+  U=$1 C=$2 timeout 180 expect -f - <<'EXP'
+set timeout 90
+log_user 1
+set tty [open /dev/ttyS2 r+]
+fconfigure $tty -mode 115200,n,8,1 -translation binary -buffering none
+spawn -open $tty
+send "\r"
+expect {
+  "login: " {}
+  timeout { puts "\nEXPECT: no login prompt"; exit 2 }
+}
+expect { -timeout 3 "login: " { exp_continue } timeout {} }
+send "$env(U)\r"
+expect {
+  -re {\$ $} {}
+  "Password: " { send "\003"; expect "login: "; puts "\nEXPECT: asked for a password"; exit 6 }
+  timeout { puts "\nEXPECT: no shell prompt"; exit 4 }
+}
+send "$env(C); echo CONSOLE-DONE-\$?\r"
+expect {
+  -re {CONSOLE-DONE-([0-9]+)} { set rc $expect_out(1,string) }
+  timeout { puts "\nEXPECT: command did not finish"; exit 5 }
+}
+send "exit\r"
+expect "login: "
+exit $rc
+EXP
+}
+
+# The TPM-PIN half of the demo (SYSTEM_DEMO_PIN=1): needs the PIN login of the TPM issue
+# (`auth sufficient pam_dirseal.so standalone` asks "PIN for NAME (N tries left):" when no key is
+# plugged in). Key unplugged → PIN → logged in; three wrong PINs → refused, tries counting down;
+# a locked account → refused without a TPM try.
+demo_pin() {
+  local pin=2468 i
+  step "TPM PIN protector for alice"
+  printf '%s\n%s\n' "$pin" "$pin" | dirseal protector create --type tpm2 --name pin --user alice >"$W/out" 2>&1 ||
+    fail "tpm2 protector create: $(cat "$W/out")"
+  local id; id=$(grep -Eo '[0-9a-f]{16}' "$W/out" | head -1)
+  printf '%s\n' "$(alice_pw)" | dirseal policy add-protector /home/alice --protector "$id" >"$W/out" 2>&1 ||
+    fail "policy add-protector (tpm2): $(cat "$W/out")"
+  echo unplug >&7
+  for ((i = 0; i < 30; i++)); do ls /dev/hidraw* >/dev/null 2>&1 || break; sleep 1; done
+  step "unplugged: PIN login"
+  U=alice PIN=$pin timeout 180 expect -f - >"$W/out" 2>&1 <<'EXP' || fail "PIN login: $(tr -d '\r' <"$W/out" | tail -c 400)"
+set timeout 90
+set tty [open /dev/ttyS2 r+]
+fconfigure $tty -mode 115200,n,8,1 -translation binary -buffering none
+spawn -open $tty
+send "\r"
+expect "login: "
+expect { -timeout 3 "login: " { exp_continue } timeout {} }
+send "$env(U)\r"
+expect { -re {PIN for [^\r\n]*tries left\)?:} {} timeout { exit 2 } }
+sleep 1
+send "$env(PIN)\r"
+expect { -re {\$ $} {} timeout { exit 3 } }
+send "cat ~/secret.txt; exit\r"
+expect "login: "
+EXP
+  grep -q "alice's secret" "$W/out" || fail "the PIN login did not unlock: $(tr -d '\r' <"$W/out" | tail -c 400)"
+  wait_gone alice; wait_key alice locked 60
+  step "three wrong PINs"
+  U=alice timeout 300 expect -f - >"$W/out" 2>&1 <<'EXP' || true
+set timeout 90
+set tty [open /dev/ttyS2 r+]
+fconfigure $tty -mode 115200,n,8,1 -translation binary -buffering none
+spawn -open $tty
+for {set n 0} {$n < 3} {incr n} {
+  send "\r"
+  expect "login: "
+  send "$env(U)\r"
+  expect { -re {PIN for [^\r\n]*} {} timeout { exit 2 } }
+  send "0000\r"
+  expect { "Password: " { send "wrong\r" } -re {\$ $} { exit 9 } timeout { exit 3 } }
+  expect "Login incorrect"
+}
+EXP
+  grep -Eq "PIN for .*\(([0-9]+) tries left" "$W/out" || fail "no tries shown: $(tr -d '\r' <"$W/out" | tail -c 400)"
+  ! grep -q "alice's secret\|CONSOLE-DONE" "$W/out" || fail "a wrong PIN logged in"
+  local tries; tries=$(grep -Eo '\(([0-9]+) tries left' "$W/out" | grep -Eo '[0-9]+' | paste -sd' ')
+  [ "$(echo "$tries" | wc -w)" -ge 3 ] && [ "${tries%% *}" -gt "${tries##* }" ] || fail "the tries did not count down: $tries"
+  step "a locked account: no TPM try"
+  local before; before=$(dirseal tpm2 status 2>&1 | grep -Eio '[0-9]+ tries' | head -1)
+  usermod -L alice
+  U=alice timeout 120 expect -f - >"$W/out" 2>&1 <<'EXP' || true
+set timeout 60
+set tty [open /dev/ttyS2 r+]
+fconfigure $tty -mode 115200,n,8,1 -translation binary -buffering none
+spawn -open $tty
+send "\r"
+expect "login: "
+send "$env(U)\r"
+expect { -re {PIN for} { exit 7 } "Password: " { send "x\r" } timeout { exit 3 } }
+expect "Login incorrect"
+EXP
+  usermod -U alice
+  ! grep -q "PIN for" "$W/out" || fail "a locked account was asked for its TPM PIN"
+  [ "$(dirseal tpm2 status 2>&1 | grep -Eio '[0-9]+ tries' | head -1)" = "$before" ] || fail "a locked account cost a TPM try"
+}
+
+snapshot() { # FILE: what the uninstall must restore (paths, types, modes; contents of config files)
+  find / -xdev \( -path /proc -o -path /sys -o -path /run -o -path /tmp -o -path /var/tmp -o -path /var/log \
+      -o -path /var/cache -o -path /var/lib/apt -o -path /var/lib/dpkg -o -path /var/lib/systemd -o -path /home \
+      -o -path /var/lib/dirseal -o -path /etc/dirseal -o -path /.dirseal -o -path /root -o -path /var/lib/polkit-1 \) -prune \
+      -o -printf '%y %m %u %p\n' | sort >"$1"
+  find /etc -xdev -type f \( -path '/etc/pam.d/*' -o -path '/etc/ssh/*' -o -name '*.conf' \) -print0 |
+    sort -z | xargs -0 sha256sum >>"$1"
+}
+
+scenario_install() {
+  step "users"
+  useradd -m -s /bin/bash alice && echo "alice:$PW_ALICE" | chpasswd
+  useradd -m -s /bin/bash -G sudo bob && echo "bob:$PW_BOB" | chpasswd
+  echo "alice's secret" >/home/alice/secret.txt
+  mkdir -p /home/alice/docs && seq 1000 >/home/alice/docs/numbers
+  chown -R alice: /home/alice
+  # A key login for alice that does not depend on her (encrypted) home.
+  ssh-keygen -q -t ed25519 -N '' -f /root/alice-key
+  mkdir -p /etc/ssh/authorized_keys && cp /root/alice-key.pub /etc/ssh/authorized_keys/alice
+  echo 'AuthorizedKeysFile /etc/ssh/authorized_keys/%u .ssh/authorized_keys' >/etc/ssh/sshd_config.d/keys.conf
+  systemctl reload ssh
+  # A file install.sh must keep: uninstall restores it (scenario uninstall).
+  mkdir -p /usr/share/zsh/vendor-completions && echo "# someone else's" >/usr/share/zsh/vendor-completions/_dirseal
+  snapshot "$W/fs-before"
+  step "scripts/install.sh"
+  check "install.sh" bash "$S/scripts/install.sh" --build-dir "$B"
+  # Cheap keys in the guest (TCG is slow); the defaults are calibrated on the host.
+  printf '[argon2]\ntime_cost = 1\nmemory_kib = 8192\nparallelism = 1\n' >/etc/dirseal/config.toml
+  chmod 600 /etc/dirseal/config.toml
+  step "pam-auth-update --enable dirseal"
+  check "pam-auth-update" pam-auth-update --enable dirseal
+  for f in auth account session session-noninteractive password; do
+    grep -q pam_dirseal "/etc/pam.d/common-$f" || fail "pam-auth-update left pam_dirseal out of common-$f"
+  done
+  ! systemctl is-active -q dirsealed || fail "dirsealed runs right after the install (it should wait for the bus)"
+}
+
+# Root converts alice's home over the bus; the bus starts dirsealed through systemd.
+scenario_activation() {
+  step "Convert /home/alice over the system bus"
+  ! systemctl is-active -q dirsealed || fail "dirsealed already running"
+  gdbus call "${DBUS[@]}" --method org.dirseal.Dirseal1.Convert "'/home/alice'" "@h 3" "@a{sv} {}" 3<<<"$PW_ALICE" \
+    >"$W/job" 2>&1 || fail "Convert: $(cat "$W/job")"
+  systemctl is-active -q dirsealed || fail "dirsealed is not active after a call to its name"
+  journalctl -u dbus --no-pager | grep -q "Activating via systemd: service name='org.dirseal.Dirseal1'" ||
+    fail "the bus did not activate dirsealed through systemd"
+  step "wait for the conversion"
+  local i
+  for ((i = 0; i < 120; i++)); do
+    busctl call org.dirseal.Dirseal1 /org/dirseal/Dirseal1 org.dirseal.Dirseal1 GetStatus s /home/alice >"$W/st" 2>&1 || true
+    dirseal status /home/alice --json >"$W/status" 2>&1 || true
+    grep -q '"encrypted": *true' "$W/status" && ! grep -q '"conversion": *{' "$W/status" && break
+    sleep 1
+  done
+  grep -q '"encrypted": *true' "$W/status" || fail "not encrypted after 120 s: $(cat "$W/status")"
+  step "Lock with busctl"
+  check "busctl Lock" busctl call org.dirseal.Dirseal1 /org/dirseal/Dirseal1 org.dirseal.Dirseal1 Lock sb /home/alice false
+  wait_key alice locked 10
+  [ ! -e /home/alice/secret.txt ] || fail "secret.txt readable by name while locked"
+  systemctl status dirsealed --no-pager >"$R/dirsealed-status.txt" 2>&1 || true
+}
+
+scenario_login() {
+  step "ssh password login"
+  ssh_pw alice "$PW_ALICE" cat secret.txt >"$W/out" 2>&1 || fail "ssh password login: $(cat "$W/out")"
+  grep -q "alice's secret" "$W/out" || fail "ssh password login did not see the home unlocked: $(cat "$W/out")"
+  wait_gone alice; wait_key alice locked 30
+  step "ssh key login"
+  ssh "${SSH_OPTS[@]}" -tt -i /root/alice-key -o PreferredAuthentications=publickey alice@localhost \
+    'test -e secret.txt && echo HOME-OPEN || echo HOME-LOCKED' >"$W/out" 2>&1 || fail "ssh key login: $(cat "$W/out")"
+  grep -q HOME-LOCKED "$W/out" || fail "a key login unlocked the home: $(cat "$W/out")"
+  # Said to the user when sshd passes session messages on, always to the journal.
+  grep -q "stays locked" "$W/out" || journalctl -b --no-pager | grep -q "pam_dirseal(sshd:session).*stays locked" ||
+    fail "a key login did not say the home stays locked: $(tr -d '\r' <"$W/out")"
+  wait_gone alice; wait_key alice locked 30
+  step "console login (agetty + login on ttyS1)"
+  console_login alice "$PW_ALICE" 'cat ~/secret.txt' >"$W/out" 2>&1 || fail "console login: $(tr -d '\r' <"$W/out" | tail -c 400)"
+  grep -q "alice's secret" "$W/out" || fail "console login did not see the home unlocked: $(tr -d '\r' <"$W/out" | tail -c 400)"
+  wait_gone alice; wait_key alice locked 30
+  step "passwd as alice"
+  OLD=$PW_ALICE NEW=$PW_ALICE2 timeout 120 expect -f - >"$W/out" 2>&1 <<'EXP' || fail "passwd: $(tr -d '\r' <"$W/out")"
+set timeout 60
+spawn runuser -u alice -- passwd
+expect "Current password: "
+send "$env(OLD)\r"
+expect "New password: "
+send "$env(NEW)\r"
+expect "Retype new password: "
+send "$env(NEW)\r"
+expect {
+  "password updated successfully" { exit 0 }
+  timeout { exit 1 }
+  eof { exit 1 }
+}
+EXP
+  ssh_pw alice "$PW_ALICE2" cat secret.txt >"$W/out" 2>&1 || fail "ssh login with the new password: $(cat "$W/out")"
+  grep -q "alice's secret" "$W/out" || fail "the new password did not unlock the home: $(cat "$W/out")"
+  wait_gone alice; wait_key alice locked 30
+  PW_ALICE=$PW_ALICE2
+  echo "$PW_ALICE2" >"$W/pw-alice"
+}
+
+alice_pw() { cat "$W/pw-alice" 2>/dev/null || echo "$PW_ALICE"; }
+
+# Two sessions; the home stays open until the last ends and the user manager has stopped.
+scenario_logout() {
+  local pw uid; pw=$(alice_pw); uid=$(id -u alice)
+  step "first session (held open)"
+  sshpass -p "$pw" ssh "${SSH_OPTS[@]}" -o PreferredAuthentications=password -o PubkeyAuthentication=no \
+    alice@localhost 'cat secret.txt; exec sleep 600' >"$W/first" 2>&1 &
+  local first=$!
+  for ((i = 0; i < 60; i++)); do grep -q "alice's secret" "$W/first" && break; sleep 1; done
+  grep -q "alice's secret" "$W/first" || fail "first session did not open the home: $(cat "$W/first")"
+  step "second session, logged out"
+  ssh_pw alice "$pw" cat secret.txt >"$W/out" 2>&1 || fail "second login: $(cat "$W/out")"
+  sleep 2
+  [ "$(home_key alice)" = unlocked ] || fail "the home locked while the first session was still open ($(home_key alice))"
+  step "end the first session"
+  pkill -u alice -x sleep || true
+  wait "$first" || true
+  # Locked once the last login has ended: systemd --user (which closes its PAM session unprivileged,
+  # docs/pam.md) does not keep it open.
+  for ((i = 0; i < 60; i++)); do
+    [ "$(home_key alice)" = unlocked ] || break
+    sleep 1
+  done
+  [ "$(home_key alice)" = locked ] || fail "the home is $(home_key alice) after the last logout (journal: $(journalctl -b --no-pager | grep -i dirseal | tail -3 | tr '\n' ' '))"
+  wait_gone alice
+  step "a process left behind holding a file: partly locked, and said so"
+  sshpass -p "$pw" ssh "${SSH_OPTS[@]}" -o PreferredAuthentications=password -o PubkeyAuthentication=no \
+    alice@localhost 'nohup sleep 600 <secret.txt >/dev/null 2>&1 & sleep 1' >"$W/out" 2>&1 || fail "login: $(cat "$W/out")"
+  for ((i = 0; i < 60; i++)); do
+    journalctl -b --no-pager | grep -q "only partly locked" && break
+    sleep 1
+  done
+  journalctl -b --no-pager | grep -q "only partly locked: files are still open by pid" ||
+    fail "a logout that left files open did not report it (key: $(home_key alice))"
+  pkill -u alice -x sleep || true
+  wait_gone alice
+  check "dirseal lock" dirseal lock /home/alice
+  wait_key alice locked 30
+}
+
+# Own Lock/Unlock from a local (console) session; other users' homes refused from SSH.
+scenario_polkit() {
+  local pw; pw=$(alice_pw)
+  step "alice locks and unlocks her own home from the console"
+  console_login alice "$pw" "cd /; loginctl show-session \$XDG_SESSION_ID -p Remote -p Active; \
+busctl call org.dirseal.Dirseal1 /org/dirseal/Dirseal1 org.dirseal.Dirseal1 Lock sb /home/alice false && \
+test ! -e /home/alice/secret.txt && \
+gdbus call --system --dest org.dirseal.Dirseal1 --object-path /org/dirseal/Dirseal1 --method org.dirseal.Dirseal1.Unlock \
+  \"'/home/alice'\" \"''\" '@h 3' 3<<<'$pw' && cat /home/alice/secret.txt" >"$W/out" 2>&1 ||
+    fail "own Lock/Unlock at the console: $(tr -d '\r' <"$W/out" | tail -c 500)"
+  grep -q "Active=yes" "$W/out" || fail "the console session is not active: $(tr -d '\r' <"$W/out" | tail -c 300)"
+  wait_gone alice; wait_key alice locked 30
+  step "bob (an administrator) over SSH acts on alice's home"
+  ssh_pw bob "$PW_BOB" busctl call org.dirseal.Dirseal1 /org/dirseal/Dirseal1 org.dirseal.Dirseal1 \
+    GetStatus s /home/alice >"$W/out" 2>&1 && fail "bob read alice's status over SSH: $(cat "$W/out")"
+  grep -q "org.dirseal.Dirseal1.manage" "$W/out" || fail "the refusal does not name the polkit action: $(cat "$W/out")"
+  grep -q "Access denied\|AccessDenied\|may act only" "$W/out" || fail "not an access refusal: $(cat "$W/out")"
+  true
+}
+
+scenario_uninstall() {
+  step "scripts/install.sh --uninstall"
+  check "uninstall" bash "$S/scripts/install.sh" --uninstall
+  snapshot "$W/fs-after"
+  diff -u "$W/fs-before" "$W/fs-after" >"$R/uninstall.diff" ||
+    fail "the filesystem differs after --uninstall: $(grep '^[-+][^-+]' "$R/uninstall.diff" | head -c 600)"
+  grep -q "someone else's" /usr/share/zsh/vendor-completions/_dirseal || fail "the pre-existing _dirseal was not restored"
+  ! grep -rq pam_dirseal /etc/pam.d || fail "the PAM stack still names pam_dirseal"
+}
+
+# The package: installs, logins unlock again, purge leaves nothing but the keystore, a reinstall
+# opens the home encrypted before the purge.
+scenario_deb() {
+  local deb pw; deb=$(ls "$B"/dirseal_*.deb); pw=$(alice_pw)
+  rm -f /usr/share/zsh/vendor-completions/_dirseal # the package may own it
+  snapshot "$W/fs-before-deb"
+  step "apt install $(basename "$deb")"
+  cp "$deb" "$W/"
+  check "apt install" apt-get install -y "$W/$(basename "$deb")"
+  check "pam-auth-update" pam-auth-update --enable dirseal
+  printf '[argon2]\ntime_cost = 1\nmemory_kib = 8192\nparallelism = 1\n' >/etc/dirseal/config.toml
+  chmod 600 /etc/dirseal/config.toml
+  step "ssh password login with the package"
+  ssh_pw alice "$pw" cat secret.txt >"$W/out" 2>&1 || fail "ssh login: $(cat "$W/out")"
+  grep -q "alice's secret" "$W/out" || fail "login did not unlock the home with the package: $(cat "$W/out")"
+  wait_gone alice; wait_key alice locked 60
+  step "busctl activates the packaged service"
+  systemctl stop dirsealed 2>/dev/null || true
+  check "busctl GetStatus" busctl call org.dirseal.Dirseal1 /org/dirseal/Dirseal1 org.dirseal.Dirseal1 GetStatus s /home/alice
+  systemctl is-active -q dirsealed || fail "the packaged dirsealed was not activated"
+  step "apt purge dirseal"
+  check "apt purge" apt-get purge -y dirseal
+  ! grep -rq pam_dirseal /etc/pam.d || fail "the PAM stack still names pam_dirseal after the purge"
+  snapshot "$W/fs-after-deb"
+  diff -u "$W/fs-before-deb" "$W/fs-after-deb" >"$R/deb.diff" ||
+    fail "the filesystem differs after the purge: $(grep '^[-+][^-+]' "$R/deb.diff" | head -c 600)"
+  [ -d /var/lib/dirseal ] || fail "the purge removed the keystore"
+  step "reinstall: the home encrypted before the purge opens"
+  check "apt install again" apt-get install -y "$W/$(basename "$deb")"
+  check "pam-auth-update" pam-auth-update --enable dirseal
+  ssh_pw alice "$pw" cat secret.txt >"$W/out" 2>&1 || fail "ssh login after reinstall: $(cat "$W/out")"
+  grep -q "alice's secret" "$W/out" || fail "the home did not open after purge and reinstall: $(cat "$W/out")"
+  wait_gone alice; wait_key alice locked 60
+}
+
+# The handheld demo: a security key on hidraw (the software authenticator through /dev/uhid).
+# Touched → logged in with nothing typed; unplugged → the password (or, with SYSTEM_DEMO_PIN=1,
+# the TPM PIN); a locked account → refused, the key never asked.
+scenario_demo() {
+  local pw; pw=$(alice_pw)
+  step "plug the key in (softfido-uhid)"
+  rm -f "$W/fido.ctl"; mkfifo "$W/fido.ctl"
+  "$B/softfido-uhid" /run/softfido.sock <"$W/fido.ctl" >"$W/fido.out" 2>&1 &
+  exec 7>"$W/fido.ctl"
+  local i
+  for ((i = 0; i < 30; i++)); do ls /dev/hidraw* >/dev/null 2>&1 && break; sleep 1; done
+  ls /dev/hidraw* >/dev/null 2>&1 || fail "no /dev/hidraw after plugging the key in: $(cat "$W/fido.out")"
+  check "dirseal fido2 list" dirseal fido2 list
+  grep -q hidraw "$W/out" || fail "libfido2 does not list the key on hidraw: $(cat "$W/out")"
+  step "a key protector for alice's home"
+  dirseal protector create --type fido2 --name key --user alice >"$W/out" 2>&1 </dev/null ||
+    fail "protector create: $(cat "$W/out")"
+  local id; id=$(grep -Eo '[0-9a-f]{16}' "$W/out" | head -1)
+  [ -n "$id" ] || fail "no protector id in: $(cat "$W/out")"
+  printf '%s\n' "$pw" | dirseal policy add-protector /home/alice --protector "$id" >"$W/out" 2>&1 ||
+    fail "policy add-protector: $(cat "$W/out")"
+  # The stand-alone key login, before pam_unix (docs/pam.md).
+  sed -i '0,/^auth/s//auth\tsufficient\t\t\tpam_dirseal.so standalone\nauth/' /etc/pam.d/common-auth
+  step "console login with a touch"
+  console_login_key alice 'cat ~/secret.txt' >"$W/out" 2>&1 || fail "key login: $(tr -d '\r' <"$W/out" | tail -c 400)"
+  grep -q "alice's secret" "$W/out" || fail "the key login did not unlock the home: $(tr -d '\r' <"$W/out" | tail -c 400)"
+  wait_gone alice; wait_key alice locked 60
+  step "unplugged: the password"
+  echo unplug >&7
+  for ((i = 0; i < 30; i++)); do ls /dev/hidraw* >/dev/null 2>&1 || break; sleep 1; done
+  ! ls /dev/hidraw* >/dev/null 2>&1 || fail "the hidraw node stayed after unplugging"
+  console_login alice "$pw" 'cat ~/secret.txt' >"$W/out" 2>&1 || fail "password login without the key: $(tr -d '\r' <"$W/out" | tail -c 400)"
+  grep -q "alice's secret" "$W/out" || fail "the password login without the key did not unlock: $(tr -d '\r' <"$W/out" | tail -c 400)"
+  wait_gone alice; wait_key alice locked 60
+  step "a locked account: the key is not asked"
+  echo plug >&7
+  for ((i = 0; i < 30; i++)); do ls /dev/hidraw* >/dev/null 2>&1 && break; sleep 1; done
+  usermod -L alice
+  console_login_key alice 'true' >"$W/out" 2>&1 && fail "a locked account logged in with the key"
+  grep -q "Password: " "$W/out" || fail "a locked account was not sent on to the password: $(tr -d '\r' <"$W/out" | tail -c 400)"
+  grep -q "Touch your security key" "$W/out" && fail "the key was asked for a locked account"
+  usermod -U alice
+  if [ "${SYSTEM_DEMO_PIN:-0}" = 1 ]; then demo_pin; fi
+  echo quit >&7; exec 7>&-
+  sed -i '/pam_dirseal.so standalone/d' /etc/pam.d/common-auth
+}
