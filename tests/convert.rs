@@ -393,6 +393,14 @@ fn resume_after_reboot_asks_for_the_secret() {
     let st: serde_json::Value =
         serde_json::from_str(&env.ok(&["convert", "--status", "--json", p(&home)], "")).unwrap();
     assert_eq!(st["state"], "copying");
+    assert_eq!(st["running"], false, "{st}");
+    // Interrupted does not read as running: status says so and what resumes it.
+    let text = env.ok(&["status", p(&home)], "");
+    let want = format!("conversion: interrupted while copying (");
+    assert!(
+        text.contains(&want) && text.contains(&format!("run `dirseal convert {}` to resume", home.display())),
+        "{text}"
+    );
     env.ok(&["convert", p(&home)], "pw\n");
     assert_eq!(manifest(&home), before);
 }

@@ -288,6 +288,8 @@ pub struct StatusView {
     pub wipe: bool,
     /// The old tree, when it is kept in the work dir.
     pub backup: Option<PathBuf>,
+    /// A live process holds the conversion's lock: it is running now, not interrupted.
+    pub running: bool,
 }
 
 fn holder(pid: Option<u32>) -> String {
@@ -1290,6 +1292,7 @@ pub fn status(workdir: &Path) -> Result<Option<StatusView>, MigrateError> {
         keep_backup: j.keep_backup,
         wipe: j.wipe,
         backup,
+        running: matches!(wd.probe_lock(), Err(MigrateError::Busy { .. })),
     }))
 }
 

@@ -108,6 +108,8 @@ struct StatusOut<'a> {
     bytes_total: u64,
     keep_backup: bool,
     started_unix: u64,
+    /// A live process is running it now; otherwise it was interrupted and resumes when run again.
+    running: bool,
 }
 
 fn status_out(v: &StatusView) -> StatusOut<'_> {
@@ -122,6 +124,7 @@ fn status_out(v: &StatusView) -> StatusOut<'_> {
         bytes_total: v.bytes_total,
         keep_backup: v.keep_backup,
         started_unix: v.started_unix,
+        running: v.running,
     }
 }
 
@@ -295,16 +298,36 @@ fn show_status(abs: &Path, v: Option<&StatusView>, json: bool) -> Result<i32> {
 }
 
 fn print_status(v: &StatusView) {
-    println!(
-        "{}: {} ({}/{} files, {}/{} bytes), policy {}",
-        clean(&v.source.display().to_string()),
-        v.state,
+    println!("{}: {}", clean(&v.source.display().to_string()), status_text(v));
+}
+
+/// A recorded conversion as a person reads it: finished, running now, or interrupted (with what
+/// to run, and where a move's files are meanwhile).
+pub fn status_text(v: &StatusView) -> String {
+    let d = clean(&v.source.display().to_string());
+    let counts = format!(
+        "{} of {} files, {} of {}",
         v.files_done,
         v.files_total,
-        v.bytes_done,
-        v.bytes_total,
-        if v.token.is_empty() { "-" } else { &v.token }
+        HumanBytes(v.bytes_done),
+        HumanBytes(v.bytes_total)
     );
+    match v.state {
+        State::Done | State::Aborted | State::RolledBack => v.state.to_string(),
+        s if v.running => format!("{s}, running now ({counts})"),
+        State::Swapped => format!(
+            "encrypted; the old plaintext is kept until `dirseal convert --commit {d}` (or `--rollback` restores it)"
+        ),
+        State::RollingBack => format!("interrupted while rolling back; run `dirseal convert --rollback {d}` to finish"),
+        State::MovingBack => {
+            format!("interrupted while moving files back; run `dirseal convert --abort {d}` to finish")
+        }
+        s @ (State::Moving | State::Moved) => format!(
+            "interrupted while {s} ({counts}); the files already moved are in the work dir's staging directory until \
+             `dirseal convert {d}` resumes (or `--abort` moves them back)"
+        ),
+        s => format!("interrupted while {s} ({counts}); run `dirseal convert {d}` to resume (or `--abort`)"),
+    }
 }
 
 /// Every conversion recorded on any mounted filesystem.

@@ -595,10 +595,8 @@ fn status_dir(ds: Option<&Dirseal>, dir: &Path, json: bool) -> Result<()> {
         None => ops::public_dir_status(dir)?,
     };
     let hidden = ds.is_none();
-    let conversion = dirseal::convert::absolute(dir)
-        .ok()
-        .and_then(|abs| dirseal::convert::status(&abs).ok().flatten())
-        .map(|v| v.state.to_string());
+    let view = dirseal::convert::absolute(dir).ok().and_then(|abs| dirseal::convert::status(&abs).ok().flatten());
+    let conversion = view.as_ref().map(|v| v.state.to_string());
     // The recovery key is stored on the top of the encrypted tree, whichever directory was asked.
     let recovery_key = status
         .encrypted_root
@@ -649,8 +647,8 @@ fn status_dir(ds: Option<&Dirseal>, dir: &Path, json: bool) -> Result<()> {
             }
         );
     }
-    if let Some(c) = &out.conversion {
-        println!("  conversion: {c}");
+    if let Some(v) = &view {
+        println!("  conversion: {}", convert::status_text(v));
     }
     for p in &s.problems {
         println!("  problem:    {}", clean(p));
