@@ -396,7 +396,7 @@ fn resume_after_reboot_asks_for_the_secret() {
     assert_eq!(st["running"], false, "{st}");
     // Interrupted does not read as running: status says so and what resumes it.
     let text = env.ok(&["status", p(&home)], "");
-    let want = format!("conversion: interrupted while copying (");
+    let want = "conversion: interrupted while copying (";
     assert!(
         text.contains(&want) && text.contains(&format!("run `dirseal convert {}` to resume", home.display())),
         "{text}"
