@@ -398,7 +398,7 @@ fn resume_after_reboot_asks_for_the_secret() {
     let text = env.ok(&["status", p(&home)], "");
     let want = "conversion: interrupted while copying (";
     assert!(
-        text.contains(&want) && text.contains(&format!("run `dirseal convert {}` to resume", home.display())),
+        text.contains(want) && text.contains(&format!("run `dirseal convert {}` to resume", home.display())),
         "{text}"
     );
     env.ok(&["convert", p(&home)], "pw\n");
