@@ -106,16 +106,16 @@ EXP
 # a locked account → refused without a TPM try.
 demo_pin() {
   local pin=2468 i
+  # Unplugged first: with the key in, the touch would prove access instead of the password.
+  echo unplug >&7
+  for ((i = 0; i < 30; i++)); do ls /dev/hidraw* >/dev/null 2>&1 || break; sleep 1; done
   step "TPM PIN protector for alice"
   # PIN protectors need the TPM's lockout owned (docs/tpm2.md).
   check "dirseal tpm2 setup" dirseal tpm2 setup --yes
-  printf '%s\n%s\n' "$pin" "$pin" | dirseal protector create --type tpm2 --name pin --user alice >"$W/out" 2>&1 ||
-    fail "tpm2 protector create: $(cat "$W/out")"
-  local id; id=$(grep -Eo '[0-9a-f]{16}' "$W/out" | head -1)
-  printf '%s\n' "$(alice_pw)" | dirseal policy add-protector /home/alice --protector "$id" >"$W/out" 2>&1 ||
-    fail "policy add-protector (tpm2): $(cat "$W/out")"
-  echo unplug >&7
-  for ((i = 0; i < 30; i++)); do ls /dev/hidraw* >/dev/null 2>&1 || break; sleep 1; done
+  # One line per prompt: a password of the home, then the new PIN.
+  printf '%s\n%s\n' "$(alice_pw)" "$pin" |
+    dirseal policy add-protector /home/alice --protector-type tpm2 --protector-name pin --user alice >"$W/out" 2>&1 ||
+    fail "policy add-protector --protector-type tpm2: $(cat "$W/out")"
   step "unplugged: PIN login"
   U=alice PIN=$pin timeout 180 expect -f - >"$W/out" 2>&1 <<'EXP' || fail "PIN login: $(tr -d '\r' <"$W/out" | tail -c 400)"
 set timeout 90
