@@ -83,7 +83,7 @@ rm -rf "$out"; mkdir -p "$out/results" "$out/bin"
 # The binaries under test, frozen for this run.
 cp "$target/debug/dirseal" "$target/debug/dirsealed" "$target/debug/libpam_dirseal.so" "$out/bin/"
 cp "$target/debug/softfido-uhid" "$out/bin/"
-bash scripts/build-deb.sh --build-dir "$target/debug" --out "$out/bin" >/dev/null
+bash scripts/build-deb.sh --build-dir "$target/debug" --out "$out/bin" --fast >/dev/null
 qemu-img create -q -f qcow2 -b "$img/root.img" -F raw "$out/root.qcow2"
 printf '%s\n' "$only" >"$out/results/only"
 printf '%s\n' "$cmd" >"$out/results/cmd"
