@@ -363,8 +363,9 @@ gdbus call --system --dest org.dirseal.Dirseal1 --object-path /org/dirseal/Dirse
   grep -q "Active=yes" "$W/out" || fail "the console session is not active: $(tr -d '\r' <"$W/out" | tail -c 300)"
   wait_gone alice; wait_key alice locked 30
   step "bob (an administrator) over SSH acts on alice's home"
-  ssh_pw bob "$PW_BOB" busctl call org.dirseal.Dirseal1 /org/dirseal/Dirseal1 org.dirseal.Dirseal1 \
-    GetStatus s /home/alice >"$W/out" 2>&1 && fail "bob read alice's status over SSH: $(cat "$W/out")"
+  # gdbus, not busctl: busctl shows every AccessDenied as just "Access denied".
+  ssh_pw bob "$PW_BOB" gdbus call --system --dest org.dirseal.Dirseal1 --object-path /org/dirseal/Dirseal1 \
+    --method org.dirseal.Dirseal1.GetStatus "'/home/alice'" >"$W/out" 2>&1 && fail "bob read alice's status over SSH: $(cat "$W/out")"
   grep -q "org.dirseal.Dirseal1.manage" "$W/out" || fail "the refusal does not name the polkit action: $(cat "$W/out")"
   grep -q "Access denied\|AccessDenied\|may act only" "$W/out" || fail "not an access refusal: $(cat "$W/out")"
   true
