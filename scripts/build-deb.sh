@@ -7,15 +7,17 @@
 # Purging removes /etc/dirseal but keeps the keystore /var/lib/dirseal: it holds the only keys to
 # the encrypted homes, and a reinstall opens them again.
 #
-#   scripts/build-deb.sh [--build-dir target/release] [--out DIR]
+#   scripts/build-deb.sh [--build-dir target/release] [--out DIR] [--fast]
+#   --fast: gzip -1 instead of xz (tests: a debug build's package is large and xz takes minutes)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-build="" out=$PWD
+build="" out=$PWD compress=(-Zxz)
 while [ $# -gt 0 ]; do
   case $1 in
     --build-dir) build=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
-    -h|--help) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --fast) compress=(-Zgzip -z1); shift ;;
+    -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "build-deb.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -91,5 +93,5 @@ fi
 EOF
 chmod 755 "$root/DEBIAN/postinst" "$root/DEBIAN/prerm" "$root/DEBIAN/postrm"
 deb=$out/dirseal_${version}_${arch}.deb
-dpkg-deb --root-owner-group -Zxz --build "$root" "$deb" >/dev/null
+dpkg-deb --root-owner-group "${compress[@]}" --build "$root" "$deb" >/dev/null
 echo "$deb"

@@ -9,7 +9,7 @@
 #   scripts/system-test.sh --only a,b       some scenarios (names as printed)
 #   scripts/system-test.sh --cmd CMD        boot, run CMD as root in the guest instead (debugging)
 #   scripts/system-test.sh --rebuild-image  build the guest image again (it is cached)
-#   SYSTEM_DEMO_PIN=1                       also the TPM-PIN half of `demo` (needs the PIN login)
+#   SYSTEM_DEMO_PIN=1                       also the TPM-PIN half of `demo` (not yet passing)
 #   SYSTEM_OUT=DIR                          results, console log and logs (default target/system/out)
 #
 # The guest's root filesystem is made by mmdebstrap from the Debian archive (cached under
@@ -83,7 +83,7 @@ rm -rf "$out"; mkdir -p "$out/results" "$out/bin"
 # The binaries under test, frozen for this run.
 cp "$target/debug/dirseal" "$target/debug/dirsealed" "$target/debug/libpam_dirseal.so" "$out/bin/"
 cp "$target/debug/softfido-uhid" "$out/bin/"
-bash scripts/build-deb.sh --build-dir "$target/debug" --out "$out/bin" >/dev/null
+bash scripts/build-deb.sh --build-dir "$target/debug" --out "$out/bin" --fast >/dev/null
 qemu-img create -q -f qcow2 -b "$img/root.img" -F raw "$out/root.qcow2"
 printf '%s\n' "$only" >"$out/results/only"
 printf '%s\n' "$cmd" >"$out/results/cmd"

@@ -39,6 +39,7 @@ run() {
     "scenario_$name"
   ) >"$R/$name.log" 2>&1
   local rc=$?
+  after_scenario "$rc" 2>>"$R/$name.log"
   if [ $rc -eq 0 ]; then
     log "system: $name ok"
   else

@@ -57,7 +57,7 @@ expect {
   "Login incorrect" { puts "\nEXPECT: login refused"; exit 3 }
   timeout { puts "\nEXPECT: no shell prompt"; exit 4 }
 }
-send "$env(C); echo CONSOLE-DONE-\$?\r"
+send "export SYSTEMD_PAGER=cat PAGER=cat; $env(C); echo CONSOLE-DONE-\$?\r"
 expect {
   -re {CONSOLE-DONE-([0-9]+)} { set rc $expect_out(1,string) }
   timeout { puts "\nEXPECT: command did not finish"; exit 5 }
@@ -89,7 +89,7 @@ expect {
   "Password: " { send "\003"; expect "login: "; puts "\nEXPECT: asked for a password"; exit 6 }
   timeout { puts "\nEXPECT: no shell prompt"; exit 4 }
 }
-send "$env(C); echo CONSOLE-DONE-\$?\r"
+send "export SYSTEMD_PAGER=cat PAGER=cat; $env(C); echo CONSOLE-DONE-\$?\r"
 expect {
   -re {CONSOLE-DONE-([0-9]+)} { set rc $expect_out(1,string) }
   timeout { puts "\nEXPECT: command did not finish"; exit 5 }
@@ -106,16 +106,21 @@ EXP
 # a locked account → refused without a TPM try.
 demo_pin() {
   local pin=2468 i
-  step "TPM PIN protector for alice"
-  printf '%s\n%s\n' "$pin" "$pin" | dirseal protector create --type tpm2 --name pin --user alice >"$W/out" 2>&1 ||
-    fail "tpm2 protector create: $(cat "$W/out")"
-  local id; id=$(grep -Eo '[0-9a-f]{16}' "$W/out" | head -1)
-  printf '%s\n' "$(alice_pw)" | dirseal policy add-protector /home/alice --protector "$id" >"$W/out" 2>&1 ||
-    fail "policy add-protector (tpm2): $(cat "$W/out")"
+  # Unplugged first: with the key in, the touch would prove access instead of the password.
   echo unplug >&7
   for ((i = 0; i < 30; i++)); do ls /dev/hidraw* >/dev/null 2>&1 || break; sleep 1; done
+  step "TPM PIN protector for alice"
+  # PIN protectors need the TPM's lockout owned (docs/tpm2.md).
+  check "dirseal tpm2 setup" dirseal tpm2 setup --yes
+  # One line per prompt: a password of the home, then the new PIN.
+  printf '%s\n%s\n' "$(alice_pw)" "$pin" |
+    dirseal policy add-protector /home/alice --protector-type tpm2 --protector-name pin --user alice >"$W/out" 2>&1 ||
+    fail "policy add-protector --protector-type tpm2: $(cat "$W/out")"
+  # The TPM under TCG and a loaded host is slow: login's 60 s limit ran out before the PIN was
+  # checked. Restored by demo_undo.
+  sed -i 's/^LOGIN_TIMEOUT.*/LOGIN_TIMEOUT\t\t600/' /etc/login.defs
   step "unplugged: PIN login"
-  U=alice PIN=$pin timeout 180 expect -f - >"$W/out" 2>&1 <<'EXP' || fail "PIN login: $(tr -d '\r' <"$W/out" | tail -c 400)"
+  U=alice PIN=$pin timeout 600 expect -f - >"$W/out" 2>&1 <<'EXP' || fail "PIN login: $(tr -d '\r' <"$W/out" | tail -c 400)"
 set timeout 90
 set tty [open /dev/ttyS2 r+]
 fconfigure $tty -mode 115200,n,8,1 -translation binary -buffering none
@@ -127,15 +132,15 @@ send "$env(U)\r"
 expect { -re {PIN for [^\r\n]*tries left\)?:} {} timeout { exit 2 } }
 sleep 1
 send "$env(PIN)\r"
-expect { -re {\$ $} {} timeout { exit 3 } }
+expect { -timeout 500 -re {\$ $} {} timeout { exit 3 } }
 send "cat ~/secret.txt; exit\r"
 expect "login: "
 EXP
   grep -q "alice's secret" "$W/out" || fail "the PIN login did not unlock: $(tr -d '\r' <"$W/out" | tail -c 400)"
   wait_gone alice; wait_key alice locked 60
   step "three wrong PINs"
-  U=alice timeout 300 expect -f - >"$W/out" 2>&1 <<'EXP' || true
-set timeout 90
+  U=alice timeout 1500 expect -f - >"$W/out" 2>&1 <<'EXP' || true
+set timeout 400
 set tty [open /dev/ttyS2 r+]
 fconfigure $tty -mode 115200,n,8,1 -translation binary -buffering none
 spawn -open $tty
@@ -154,7 +159,8 @@ EXP
   local tries; tries=$(grep -Eo '\(([0-9]+) tries left' "$W/out" | grep -Eo '[0-9]+' | paste -sd' ')
   [ "$(echo "$tries" | wc -w)" -ge 3 ] && [ "${tries%% *}" -gt "${tries##* }" ] || fail "the tries did not count down: $tries"
   step "a locked account: no TPM try"
-  local before; before=$(dirseal tpm2 status 2>&1 | grep -Eio '[0-9]+ tries' | head -1)
+  local before; before=$(dirseal tpm2 status 2>&1 | grep -Eo 'tries left: *[0-9]+')
+  [ -n "$before" ] || fail "dirseal tpm2 status shows no tries: $(dirseal tpm2 status 2>&1)"
   usermod -L alice
   U=alice timeout 120 expect -f - >"$W/out" 2>&1 <<'EXP' || true
 set timeout 60
@@ -169,7 +175,34 @@ expect "Login incorrect"
 EXP
   usermod -U alice
   ! grep -q "PIN for" "$W/out" || fail "a locked account was asked for its TPM PIN"
-  [ "$(dirseal tpm2 status 2>&1 | grep -Eio '[0-9]+ tries' | head -1)" = "$before" ] || fail "a locked account cost a TPM try"
+  [ "$(dirseal tpm2 status 2>&1 | grep -Eo 'tries left: *[0-9]+')" = "$before" ] || fail "a locked account cost a TPM try"
+}
+
+# After every scenario, passed or failed (guest.sh): no login of the test users left over, their
+# accounts open, their homes locked, so that one failure does not fail the scenarios after it. A
+# failed scenario may have left a shell, a pager or a prompt on the console port: whatever runs
+# there is ended (systemd starts a fresh agetty).
+after_scenario() { # STATUS
+  local u i
+  if [ "$1" != 0 ]; then
+    pkill -KILL -t ttyS1 2>/dev/null || true
+  fi
+  for u in alice bob; do
+    id "$u" >/dev/null 2>&1 || continue
+    if loginctl list-sessions --no-legend | grep -qw "$u"; then
+      echo "after: ending the sessions of $u" >>"$R/$scenario.log"
+      loginctl terminate-user "$u" 2>/dev/null || true
+    fi
+    for ((i = 0; i < 60; i++)); do
+      ! systemctl is-active -q "user@$(id -u "$u").service" && ! loginctl list-sessions --no-legend | grep -qw "$u" && break
+      sleep 1
+    done
+    usermod -U "$u" 2>/dev/null || true
+    if command -v dirseal >/dev/null && [ "$(home_key "$u")" = unlocked ]; then
+      echo "after: locking /home/$u" >>"$R/$scenario.log"
+      dirseal lock "/home/$u" >>"$R/$scenario.log" 2>&1 || true
+    fi
+  done
 }
 
 snapshot() { # FILE: what the uninstall must restore (paths, types, modes; contents of config files)
@@ -235,6 +268,7 @@ scenario_activation() {
 }
 
 scenario_login() {
+  local i
   step "ssh password login"
   ssh_pw alice "$PW_ALICE" cat secret.txt >"$W/out" 2>&1 || fail "ssh password login: $(cat "$W/out")"
   grep -q "alice's secret" "$W/out" || fail "ssh password login did not see the home unlocked: $(cat "$W/out")"
@@ -244,6 +278,10 @@ scenario_login() {
     'test -e secret.txt && echo HOME-OPEN || echo HOME-LOCKED' >"$W/out" 2>&1 || fail "ssh key login: $(cat "$W/out")"
   grep -q HOME-LOCKED "$W/out" || fail "a key login unlocked the home: $(cat "$W/out")"
   # Said to the user when sshd passes session messages on, always to the journal.
+  for ((i = 0; i < 20; i++)); do
+    grep -q "stays locked" "$W/out" || journalctl -b --no-pager | grep -q "pam_dirseal(sshd:session).*stays locked" && break
+    sleep 1 # the journal may not have it yet
+  done
   grep -q "stays locked" "$W/out" || journalctl -b --no-pager | grep -q "pam_dirseal(sshd:session).*stays locked" ||
     fail "a key login did not say the home stays locked: $(tr -d '\r' <"$W/out")"
   wait_gone alice; wait_key alice locked 30
@@ -328,8 +366,9 @@ gdbus call --system --dest org.dirseal.Dirseal1 --object-path /org/dirseal/Dirse
   grep -q "Active=yes" "$W/out" || fail "the console session is not active: $(tr -d '\r' <"$W/out" | tail -c 300)"
   wait_gone alice; wait_key alice locked 30
   step "bob (an administrator) over SSH acts on alice's home"
-  ssh_pw bob "$PW_BOB" busctl call org.dirseal.Dirseal1 /org/dirseal/Dirseal1 org.dirseal.Dirseal1 \
-    GetStatus s /home/alice >"$W/out" 2>&1 && fail "bob read alice's status over SSH: $(cat "$W/out")"
+  # gdbus, not busctl: busctl shows every AccessDenied as just "Access denied".
+  ssh_pw bob "$PW_BOB" gdbus call --system --dest org.dirseal.Dirseal1 --object-path /org/dirseal/Dirseal1 \
+    --method org.dirseal.Dirseal1.GetStatus "'/home/alice'" >"$W/out" 2>&1 && fail "bob read alice's status over SSH: $(cat "$W/out")"
   grep -q "org.dirseal.Dirseal1.manage" "$W/out" || fail "the refusal does not name the polkit action: $(cat "$W/out")"
   grep -q "Access denied\|AccessDenied\|may act only" "$W/out" || fail "not an access refusal: $(cat "$W/out")"
   true
@@ -385,9 +424,13 @@ scenario_deb() {
 # the TPM PIN); a locked account → refused, the key never asked.
 scenario_demo() {
   local pw; pw=$(alice_pw)
+  cp -a /etc/pam.d/common-auth "$W/common-auth.before-demo"
+  cp -a /etc/login.defs "$W/login.defs.before-demo"
+  trap demo_undo EXIT
   step "plug the key in (softfido-uhid)"
   rm -f "$W/fido.ctl"; mkfifo "$W/fido.ctl"
   "$B/softfido-uhid" /run/softfido.sock <"$W/fido.ctl" >"$W/fido.out" 2>&1 &
+  echo $! >"$W/fido.pid"
   exec 7>"$W/fido.ctl"
   local i
   for ((i = 0; i < 30; i++)); do ls /dev/hidraw* >/dev/null 2>&1 && break; sleep 1; done
@@ -423,6 +466,17 @@ scenario_demo() {
   grep -q "Touch your security key" "$W/out" && fail "the key was asked for a locked account"
   usermod -U alice
   if [ "${SYSTEM_DEMO_PIN:-0}" = 1 ]; then demo_pin; fi
-  echo quit >&7; exec 7>&-
-  sed -i '/pam_dirseal.so standalone/d' /etc/pam.d/common-auth
+}
+# What the demo changed, undone however it ended: the PAM line, the key, a locked account.
+demo_undo() {
+  local i
+  cp -a "$W/common-auth.before-demo" /etc/pam.d/common-auth
+  cp -a "$W/login.defs.before-demo" /etc/login.defs
+  usermod -U alice
+  { echo quit >&7; exec 7>&-; } 2>/dev/null || true
+  local pid; pid=$(cat "$W/fido.pid" 2>/dev/null) || true
+  if [ -n "$pid" ]; then
+    for ((i = 0; i < 10; i++)); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
+    kill "$pid" 2>/dev/null || true
+  fi
 }
