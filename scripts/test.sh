@@ -2,7 +2,7 @@
 # The whole test suite: system packages, format, lints, build, unit + integration tests on real
 # loop-mounted ext4, a short kill soak (scripts/soak.sh), then power cuts, disk faults and f2fs in a
 # qemu guest (scripts/vm-test.sh, ~10 min); SYSTEM_TEST=1 adds the installed product on a booted
-# Debian guest (scripts/system-test.sh, ~10 min), not yet run by default: not all its scenarios pass.
+# Debian guest (scripts/system-test.sh, ~15 min), not yet run by default: green once so far.
 # Needs root (loop devices, fscrypt ioctls, PAM). Prints a final tally.
 set -uo pipefail
 cd "$(dirname "$0")/.."
