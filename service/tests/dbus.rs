@@ -7,21 +7,10 @@ use std::path::Path;
 use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
-use support::{fill, s, snapshot, strings, watch_jobs, write_as_root, Daemon, Harness, JobSignal, Polkit, User};
-
-const DENIED: &str = "org.freedesktop.DBus.Error.AccessDenied";
-
-fn root_only() -> bool {
-    if nix::unistd::geteuid().is_root() {
-        return true;
-    }
-    eprintln!("skipped: needs root (loop mounts, users, a system bus)");
-    false
-}
-
-fn fd(n: u32) -> String {
-    format!("@h {n}")
-}
+use support::{
+    fd, fill, root_only, s, snapshot, strings, watch_jobs, write_as_root, Daemon, Harness, JobSignal, Polkit, User,
+    DENIED,
+};
 
 /// A user encrypts their own empty home through the service: returns (policy, protector).
 fn encrypt_home(h: &Harness, u: &User, pw: &str) -> (String, String) {

@@ -12,22 +12,9 @@ use std::time::{Duration, Instant};
 
 use zbus::zvariant::OwnedValue;
 
-use support::{fill, s, strings, watch_jobs, Harness, JobSignal, User, NAME, PATH};
+use support::{fd, fill, root_only, s, strings, watch_jobs, Harness, JobSignal, User, DENIED, NAME, PATH};
 
-const DENIED: &str = "org.freedesktop.DBus.Error.AccessDenied";
 const INVALID: &str = "org.freedesktop.DBus.Error.InvalidArgs";
-
-fn root_only() -> bool {
-    if nix::unistd::geteuid().is_root() {
-        return true;
-    }
-    eprintln!("skipped: needs root (loop mounts, users, a system bus)");
-    false
-}
-
-fn fd(n: u32) -> String {
-    format!("@h {n}")
-}
 
 fn encrypt_home(h: &Harness, u: &User, pw: &str) -> String {
     let r = h.ok(Some(u), "Encrypt", &[s(u.home_str()), s(""), fd(3)], &[(3, pw)]);

@@ -157,6 +157,22 @@ pub struct CallError {
     pub message: String,
 }
 
+pub const DENIED: &str = "org.freedesktop.DBus.Error.AccessDenied";
+
+/// Whether the test may run: it needs root (loop mounts, users, a system bus); says so when not.
+pub fn root_only() -> bool {
+    if nix::unistd::geteuid().is_root() {
+        return true;
+    }
+    eprintln!("skipped: needs root (loop mounts, users, a system bus)");
+    false
+}
+
+/// A gdbus argument that passes the caller's descriptor `n` (a secret's pipe).
+pub fn fd(n: u32) -> String {
+    format!("@h {n}")
+}
+
 /// GVariant text for a string argument.
 pub fn s(v: &str) -> String {
     assert!(!v.contains('\''), "test strings have no quotes");
