@@ -1,4 +1,4 @@
-//! The `dirseal` binary: everything lives in the library and the `cli` glue.
+//! The `dirseal` command: clap, prompts and progress bars over the core library (`dirseal`, in core/).
 #![forbid(unsafe_code)]
 
 mod cli;

@@ -3,7 +3,7 @@
 # removed on exit. Usage: scratch_fs NAME SIZE_MIB INODES   (sets bin, work, mnt)
 scratch_fs() {
   bash scripts/deps.sh >/dev/null
-  cargo build --quiet --release -p dirseal
+  cargo build --quiet --release -p dirseal-cli
   bin=$(realpath "${CARGO_TARGET_DIR:-target}/release/dirseal")
   work=$(mktemp -d "/tmp/dirseal-$1.XXXXXX")
   mnt=$work/mnt scratch_loop=

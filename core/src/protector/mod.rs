@@ -592,7 +592,7 @@ pub(crate) mod tests {
     #[test]
     fn a_documented_password_record_opens() {
         let id: ProtectorId = "0123456789abcdef".parse().unwrap();
-        let rec = parse(include_bytes!("../../tests/data/password-golden.json"), &id).unwrap();
+        let rec = parse(include_bytes!("../../../tests/data/password-golden.json"), &id).unwrap();
         assert_eq!((rec.name.as_str(), rec.uid, rec.kind.name()), ("alice", Some(1000), "password"));
         let key = unlock(&rec, &Config::default(), Some(&pw("correct horse"))).unwrap();
         assert_eq!(key.as_bytes().to_vec(), (200..232).collect::<Vec<u8>>());
