@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::kdf::Argon2Params;
+pub use crate::kdf::{Argon2Params, KdfError, MIN_MEMORY_KIB};
 use crate::securefile::{self, SecureFileError};
 use crate::tpm2::Tcti;
 

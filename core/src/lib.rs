@@ -4,6 +4,7 @@
 //! The library never prints or prompts: everything that needs a human goes through [`ui::Ui`].
 //! `unsafe` lives only in the crate-private `sys` module (kernel calls rustix does not wrap).
 #![deny(unsafe_code)]
+#![warn(missing_docs, unreachable_pub)]
 
 pub mod account;
 pub mod config;
@@ -11,7 +12,7 @@ pub mod convert;
 pub mod fido2;
 pub mod fscrypt;
 pub mod ids;
-pub mod kdf;
+mod kdf;
 pub mod keystore;
 pub mod ops;
 pub mod protector;
@@ -22,4 +23,4 @@ pub mod securefile;
 mod sys;
 pub mod tpm2;
 pub mod ui;
-pub mod wrap;
+mod wrap;

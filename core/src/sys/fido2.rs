@@ -22,7 +22,7 @@ use libfido2_sys as ffi;
 use zeroize::{Zeroize, Zeroizing};
 
 /// Length of an hmac-secret output for one 32-byte salt.
-pub const HMAC_SECRET_LEN: usize = 32;
+pub(crate) const HMAC_SECRET_LEN: usize = 32;
 /// Longest a socket device may stay silent when libfido2 itself waits without limit (open).
 const SOCKET_SILENCE_CAP: Duration = Duration::from_secs(60);
 
@@ -46,7 +46,7 @@ impl std::fmt::Display for DevicePath {
 
 /// A connected authenticator as listed, before opening it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct HidInfo {
+pub(crate) struct HidInfo {
     pub path: String,
     pub manufacturer: String,
     pub product: String,
@@ -190,7 +190,7 @@ fn init() {
 }
 
 /// Authenticators libfido2 finds on the HID bus.
-pub fn list_hid() -> Result<Vec<HidInfo>, Fido2Error> {
+pub(crate) fn list_hid() -> Result<Vec<HidInfo>, Fido2Error> {
     init();
     const MAX: usize = 64;
     // SAFETY: allocates MAX entries; freed below with the same count.
