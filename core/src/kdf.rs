@@ -32,7 +32,7 @@ pub enum KdfError {
 }
 
 impl Argon2Params {
-    pub fn check(&self) -> Result<(), KdfError> {
+    pub(crate) fn check(&self) -> Result<(), KdfError> {
         let ok = (1..=MAX_TIME_COST).contains(&self.time_cost)
             && (MIN_MEMORY_KIB..=MAX_MEMORY_KIB).contains(&self.memory_kib)
             && (1..=MAX_PARALLELISM).contains(&self.parallelism)

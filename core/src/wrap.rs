@@ -13,6 +13,7 @@ pub(crate) const TAG_LEN: usize = 16;
 pub(crate) struct Kek(Box<[u8; 32]>);
 
 impl Kek {
+    #[cfg(test)]
     pub(crate) fn new(bytes: [u8; 32]) -> Kek {
         let mut bytes = Zeroizing::new(bytes);
         Kek(Box::new(std::mem::take(&mut *bytes)))
@@ -35,9 +36,9 @@ impl Drop for Kek {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Wrapped {
     #[serde(with = "hex_array")]
-    pub nonce: [u8; NONCE_LEN],
+    pub(crate) nonce: [u8; NONCE_LEN],
     #[serde(with = "hex::serde")]
-    pub ciphertext: Vec<u8>,
+    pub(crate) ciphertext: Vec<u8>,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]

@@ -43,14 +43,14 @@ pub(crate) const FSCRYPT_KEY_STATUS_INCOMPLETELY_REMOVED: u32 = 3;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct fscrypt_policy_v2 {
-    pub version: u8,
-    pub contents_encryption_mode: u8,
-    pub filenames_encryption_mode: u8,
-    pub flags: u8,
+    pub(crate) version: u8,
+    pub(crate) contents_encryption_mode: u8,
+    pub(crate) filenames_encryption_mode: u8,
+    pub(crate) flags: u8,
     /// 0 = the filesystem block size; older kernels call this byte reserved.
-    pub log2_data_unit_size: u8,
-    pub reserved: [u8; 3],
-    pub master_key_identifier: [u8; FSCRYPT_KEY_IDENTIFIER_SIZE],
+    pub(crate) log2_data_unit_size: u8,
+    pub(crate) reserved: [u8; 3],
+    pub(crate) master_key_identifier: [u8; FSCRYPT_KEY_IDENTIFIER_SIZE],
 }
 
 /// `struct fscrypt_get_policy_ex_arg`.
@@ -61,8 +61,8 @@ pub(crate) struct fscrypt_policy_v2 {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct fscrypt_get_policy_ex_arg {
-    pub policy_size: u64,
-    pub policy: fscrypt_policy_v2,
+    pub(crate) policy_size: u64,
+    pub(crate) policy: fscrypt_policy_v2,
 }
 
 /// `struct fscrypt_key_specifier`. The kernel's `u` is a union of byte arrays: descriptor (8),
@@ -70,9 +70,9 @@ pub(crate) struct fscrypt_get_policy_ex_arg {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct fscrypt_key_specifier {
-    pub type_: u32,
-    pub reserved: u32,
-    pub u: [u8; 32],
+    pub(crate) type_: u32,
+    pub(crate) reserved: u32,
+    pub(crate) u: [u8; 32],
 }
 
 impl fscrypt_key_specifier {
@@ -92,32 +92,32 @@ impl fscrypt_key_specifier {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct fscrypt_add_key_arg {
-    pub key_spec: fscrypt_key_specifier,
-    pub raw_size: u32,
-    pub key_id: u32,
-    pub flags: u32,
-    pub reserved: [u32; 7],
+    pub(crate) key_spec: fscrypt_key_specifier,
+    pub(crate) raw_size: u32,
+    pub(crate) key_id: u32,
+    pub(crate) flags: u32,
+    pub(crate) reserved: [u32; 7],
 }
 
 /// `struct fscrypt_remove_key_arg`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct fscrypt_remove_key_arg {
-    pub key_spec: fscrypt_key_specifier,
-    pub removal_status_flags: u32,
-    pub reserved: [u32; 5],
+    pub(crate) key_spec: fscrypt_key_specifier,
+    pub(crate) removal_status_flags: u32,
+    pub(crate) reserved: [u32; 5],
 }
 
 /// `struct fscrypt_get_key_status_arg`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct fscrypt_get_key_status_arg {
-    pub key_spec: fscrypt_key_specifier,
-    pub reserved: [u32; 6],
-    pub status: u32,
-    pub status_flags: u32,
-    pub user_count: u32,
-    pub out_reserved: [u32; 13],
+    pub(crate) key_spec: fscrypt_key_specifier,
+    pub(crate) reserved: [u32; 6],
+    pub(crate) status: u32,
+    pub(crate) status_flags: u32,
+    pub(crate) user_count: u32,
+    pub(crate) out_reserved: [u32; 13],
 }
 
 /// An add-key argument with its raw key in place, the way the kernel reads it: the header
@@ -150,9 +150,9 @@ const _: () = assert!(size_of::<fstrim_range>() == 24);
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct fstrim_range {
-    pub start: u64,
-    pub len: u64,
-    pub minlen: u64,
+    pub(crate) start: u64,
+    pub(crate) len: u64,
+    pub(crate) minlen: u64,
 }
 
 mod ioctls {
@@ -286,7 +286,7 @@ fn component(name: &OsStr) -> Result<CString, Errno> {
 
 /// Atomically swaps `olddir/oldname` and `newdir/newname` (`renameat2(RENAME_EXCHANGE)`). Both
 /// must exist; names are single components and are never followed if they are symlinks.
-pub fn rename_exchange(
+pub(crate) fn rename_exchange(
     olddir: BorrowedFd<'_>,
     oldname: &OsStr,
     newdir: BorrowedFd<'_>,

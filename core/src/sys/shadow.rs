@@ -7,10 +7,10 @@ use zeroize::Zeroizing;
 
 /// One shadow entry; the hash field stays in zeroizing memory.
 pub(crate) struct RawShadow {
-    pub hash: Zeroizing<Vec<u8>>,
-    pub last_change: i64,
-    pub max_days: i64,
-    pub expire: i64,
+    pub(crate) hash: Zeroizing<Vec<u8>>,
+    pub(crate) last_change: i64,
+    pub(crate) max_days: i64,
+    pub(crate) expire: i64,
 }
 
 /// The shadow entry of `user`; `Ok(None)` if there is none. Needs root.
