@@ -20,6 +20,7 @@ pub struct Shadow {
     pub(crate) has_hash: bool,
     /// Days since 1970 of the last change (0 = must change at next login), -1 if unset.
     pub last_change: i64,
+    /// Days a password stays valid after `last_change`, -1 if unset.
     pub max_days: i64,
     /// Day (since 1970) the account expires, -1 if never.
     pub expire: i64,

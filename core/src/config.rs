@@ -9,32 +9,38 @@ pub use crate::kdf::{Argon2Params, KdfError, MIN_MEMORY_KIB};
 use crate::securefile::{self, SecureFileError};
 use crate::tpm2::Tcti;
 
+/// Where every front end reads the config unless told otherwise.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/dirseal/config.toml";
 pub(crate) const DEFAULT_KEYSTORE_PATH: &str = "/var/lib/dirseal";
 const MAX_CONFIG_BYTES: u64 = 64 * 1024;
 
+/// The machine's dirseal settings (`config.toml`, docs/formats.md); missing file = defaults.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
-    /// Keystore directory; default [`DEFAULT_KEYSTORE_PATH`].
+    /// Keystore directory; default `/var/lib/dirseal`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub keystore: Option<PathBuf>,
     /// The Argon2id cost every new password protector gets, calibrated on first use.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub argon2: Option<Argon2Params>,
+    /// `[pam]`: login policy for the PAM module.
     #[serde(default)]
     pub pam: PamConfig,
+    /// `[tpm2]`: where the TPM is and how its PIN tries are shared.
     #[serde(default)]
     pub tpm2: Tpm2Config,
+    /// `[fido2]`: touch timeout and software authenticators.
     #[serde(default, skip_serializing_if = "Fido2Config::is_default")]
     pub fido2: Fido2Config,
 }
 
+/// The `[fido2]` section.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Fido2Config {
     /// How long an unlock waits for a touch of the key; default
-    /// [`crate::fido2::DEFAULT_TOUCH_TIMEOUT`] (30 s).
+    /// 30 s.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) touch_timeout_secs: Option<u64>,
     /// Unix sockets of software authenticators to treat as connected keys (tests, demos). Only
@@ -49,16 +55,17 @@ impl Fido2Config {
     }
 }
 
+/// The `[tpm2]` section.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Tpm2Config {
-    /// Where the TPM is (a TCTI string); default [`crate::tpm2::DEFAULT_TCTI`], the kernel's
+    /// Where the TPM is (a TCTI string); default `device:/dev/tpmrm0`, the kernel's
     /// resource manager.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tcti: Option<Tcti>,
     /// The last TPM PIN tries, kept for the person at the device: no try is spent from the network
     /// or over D-Bus unless more than this many are left ([`crate::tpm2::PinTries`]), so nobody
-    /// elsewhere can lock the owner out of their own device; default [`DEFAULT_MIN_LOCAL_TRIES`].
+    /// elsewhere can lock the owner out of their own device; default 2.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) min_local_tries: Option<u32>,
 }
@@ -67,14 +74,17 @@ pub struct Tpm2Config {
 pub(crate) const DEFAULT_MIN_LOCAL_TRIES: u32 = 2;
 
 impl Tpm2Config {
+    /// The configured TPM location, or the default.
     pub fn tcti(&self) -> Tcti {
         self.tcti.clone().unwrap_or_default()
     }
+    /// The configured tries kept for the device, or the default.
     pub fn min_local_tries(&self) -> u32 {
         self.min_local_tries.unwrap_or(DEFAULT_MIN_LOCAL_TRIES)
     }
 }
 
+/// The `[pam]` section.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PamConfig {
@@ -88,12 +98,20 @@ pub struct PamConfig {
     pub(crate) pin_login: Vec<String>,
 }
 
+/// Why the config could not be read or written.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
+    /// The file was refused (owner, mode, symlink) or could not be read or written.
     #[error("cannot use the config file: {0}")]
     File(#[from] SecureFileError),
+    /// The file does not parse, or holds values out of bounds.
     #[error("config file {path} is invalid: {reason}; fix it (see docs/formats.md) or remove it to use defaults")]
-    Invalid { path: PathBuf, reason: String },
+    Invalid {
+        /// The config file.
+        path: PathBuf,
+        /// What is wrong, in the parser's words.
+        reason: String,
+    },
 }
 
 impl Config {
@@ -124,6 +142,7 @@ impl Config {
         Ok(c)
     }
 
+    /// Writes the config atomically to `path` (root-only), creating its directory if needed.
     pub fn save(&self, path: &Path) -> Result<(), ConfigError> {
         let invalid = |reason: String| ConfigError::Invalid { path: path.to_path_buf(), reason };
         let text = toml::to_string(self).map_err(|e| invalid(e.to_string()))?;

@@ -36,15 +36,19 @@ pub(crate) fn device_paths(cfg: &Fido2Config) -> Result<Vec<DevicePath>, Fido2Er
 /// A connected key, for `dirseal fido2 list`.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct Connected {
+    /// The device path `--device` accepts.
     pub path: String,
+    /// Manufacturer and product as the device reports them (empty for none).
     pub product: String,
     /// What the key said of itself; absent if it could not be opened (then `error` says why).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub info: Option<AuthenticatorInfo>,
+    /// Why the key could not be opened, when it could not.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
 }
 
+/// Every connected key and what it says of itself (`dirseal fido2 list`).
 pub fn list(cfg: &Fido2Config) -> Result<Vec<Connected>, Fido2Error> {
     let hid = crate::sys::fido2::list_hid()?;
     let mut out = Vec::new();

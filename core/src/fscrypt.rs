@@ -23,40 +23,127 @@ pub(crate) use crate::sys::rename_exchange as rename_exchange_at;
 
 const MOUNTINFO: &str = "/proc/self/mountinfo";
 
+/// Why an fscrypt operation failed, worded for the person who has to fix it.
 #[derive(Debug, thiserror::Error)]
 pub enum FscryptError {
+    /// The filesystem cannot encrypt: no encrypt feature, or not a filesystem fscrypt supports.
     #[error("{}", not_supported_message(mountpoint, fstype.as_deref(), device.as_deref()))]
-    NotSupported { mountpoint: PathBuf, fstype: Option<String>, device: Option<String> },
+    NotSupported {
+        /// Mount point of that filesystem.
+        mountpoint: PathBuf,
+        /// Its type from the mount table, when known: it decides which command the advice names.
+        fstype: Option<String>,
+        /// Its device, when known, for the advice's command line.
+        device: Option<String>,
+    },
+    /// The directory already has a policy with another key or other settings.
     #[error("{path} is already encrypted with a different policy or key")]
-    AlreadyEncrypted { path: PathBuf },
+    AlreadyEncrypted {
+        /// The directory.
+        path: PathBuf,
+    },
+    /// The kernel sets a policy only on an empty directory; this one holds data.
     #[error("{path} is not empty and the kernel can only encrypt empty directories; one that holds data is converted")]
-    NotEmpty { path: PathBuf },
+    NotEmpty {
+        /// The directory.
+        path: PathBuf,
+    },
+    /// A policy was asked for on something other than a directory.
     #[error("{path} is not a directory; only directories can be given an encryption policy")]
-    NotADirectory { path: PathBuf },
+    NotADirectory {
+        /// What was given.
+        path: PathBuf,
+    },
+    /// The path ends in a symbolic link, which is never followed.
     #[error("{path} is a symbolic link, which dirseal never follows; pass the real path instead")]
-    Symlink { path: PathBuf },
+    Symlink {
+        /// The link.
+        path: PathBuf,
+    },
+    /// The directory has a v1 policy (another tool's), which dirseal leaves alone.
     #[error("{path} is encrypted with a v1 fscrypt policy, which dirseal does not manage; unlock it with the tool that created it (for example `fscrypt unlock`)")]
-    PolicyV1 { path: PathBuf },
+    PolicyV1 {
+        /// The directory.
+        path: PathBuf,
+    },
+    /// The directory has a policy version or mode dirseal does not know.
     #[error("{path} has an fscrypt policy dirseal does not understand ({detail}); use the tool that created it, or a newer dirseal")]
-    UnsupportedPolicy { path: PathBuf, detail: String },
+    UnsupportedPolicy {
+        /// The directory.
+        path: PathBuf,
+        /// What was not understood (version, modes), for the report.
+        detail: String,
+    },
+    /// The kernel's identifier for an added key differs from ours (a bug; the key was removed).
     #[error("the kernel derived key identifier {kernel} but dirseal computed {expected}; the key was removed again. This is a bug in dirseal or the kernel, please report it")]
-    KeyIdMismatch { expected: KeyIdentifier, kernel: KeyIdentifier },
+    KeyIdMismatch {
+        /// The identifier dirseal computed.
+        expected: KeyIdentifier,
+        /// The identifier the kernel returned.
+        kernel: KeyIdentifier,
+    },
+    /// Removing a key that this user has not added (locked already, or another user's claim).
     #[error("key {id} is not loaded on {mountpoint}: the directory is already locked, or another user added the key (root can remove it for all users)")]
-    KeyNotPresent { mountpoint: PathBuf, id: KeyIdentifier },
+    KeyNotPresent {
+        /// The filesystem the key was to be removed from.
+        mountpoint: PathBuf,
+        /// The key.
+        id: KeyIdentifier,
+    },
+    /// The operation needs the directory's key loaded, and it is not.
     #[error("{path} is encrypted and its key is not loaded; unlock it first")]
-    Locked { path: PathBuf },
+    Locked {
+        /// The encrypted path.
+        path: PathBuf,
+    },
+    /// The kernel refused: key management needs root, a policy needs ownership.
     #[error("permission denied to {op} {path}; fscrypt key management needs root, and setting a policy needs ownership of the directory")]
-    PermissionDenied { path: PathBuf, op: &'static str },
+    PermissionDenied {
+        /// The path the operation was on.
+        path: PathBuf,
+        /// What was attempted, as a verb phrase for the message ("set a policy on").
+        op: &'static str,
+    },
+    /// The kernel refused the atomic exchange (different filesystems or encryption contexts).
     #[error("cannot exchange {a} and {b}: they are on different filesystems, or the exchange would move one into a directory encrypted with another key; keep both in the same unencrypted directory")]
-    ExchangeRefused { a: PathBuf, b: PathBuf },
+    ExchangeRefused {
+        /// First path of the exchange.
+        a: PathBuf,
+        /// Second path of the exchange.
+        b: PathBuf,
+    },
+    /// A path that cannot be used for the operation (no parent, `..`, a root).
     #[error("{path} cannot be used here: {reason}")]
-    InvalidPath { path: PathBuf, reason: &'static str },
+    InvalidPath {
+        /// The path.
+        path: PathBuf,
+        /// Why it cannot be used.
+        reason: &'static str,
+    },
+    /// No mount in the mount table holds the path.
     #[error("no mount in {MOUNTINFO} holds {path}; check that the path exists and that /proc is mounted")]
-    NoMount { path: PathBuf },
+    NoMount {
+        /// The path looked up.
+        path: PathBuf,
+    },
+    /// The mount table could not be parsed.
     #[error("{MOUNTINFO} line {line} is malformed ({reason}); check that /proc is a real procfs")]
-    MountInfo { line: usize, reason: &'static str },
+    MountInfo {
+        /// 1-based line of the malformed entry.
+        line: usize,
+        /// What was wrong with it.
+        reason: &'static str,
+    },
+    /// Any other I/O or kernel error.
     #[error("cannot {op} {path}: {source}; check the path and retry")]
-    Io { path: PathBuf, op: &'static str, source: io::Error },
+    Io {
+        /// The path the operation was on.
+        path: PathBuf,
+        /// What was attempted, as a verb phrase for the message.
+        op: &'static str,
+        /// The underlying error.
+        source: io::Error,
+    },
 }
 
 fn not_supported_message(mountpoint: &Path, fstype: Option<&str>, device: Option<&str>) -> String {
@@ -115,6 +202,7 @@ pub struct PolicyV2 {
     pub(crate) contents_mode: u8,
     pub(crate) filenames_mode: u8,
     pub(crate) flags: u8,
+    /// Which master key unlocks the directory.
     pub identifier: KeyIdentifier,
 }
 
@@ -379,7 +467,11 @@ pub fn set_policy(dir: &Path, id: &KeyIdentifier) -> Result<(), FscryptError> {
     set_policy_fd(f.as_fd(), dir, id)
 }
 
-pub(crate) fn set_policy_fd(fd: BorrowedFd<'_>, path_for_errors: &Path, id: &KeyIdentifier) -> Result<(), FscryptError> {
+pub(crate) fn set_policy_fd(
+    fd: BorrowedFd<'_>,
+    path_for_errors: &Path,
+    id: &KeyIdentifier,
+) -> Result<(), FscryptError> {
     let path = path_for_errors;
     let p = PolicyV2::new(*id);
     let raw = sys::fscrypt_policy_v2 {
@@ -439,14 +531,18 @@ pub fn remove_key(mountpoint: &Path, id: &KeyIdentifier, all_users: bool) -> Res
     }
 }
 
+/// Whether a master key is loaded on a filesystem (for every user, not only the caller).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KeyStatus {
+    /// Not loaded: the directories using it are locked.
     Absent,
+    /// Loaded: the directories using it are unlocked.
     Present,
     /// Removed, but files that were open at the time are still unlocked.
     IncompletelyRemoved,
 }
 
+/// Asks the kernel whether key `id` is loaded on the filesystem at `mountpoint`.
 pub fn key_status(mountpoint: &Path, id: &KeyIdentifier) -> Result<KeyStatus, FscryptError> {
     let dir = open_dir(mountpoint, "open")?;
     let arg = sys::get_encryption_key_status(dir.as_fd(), &id.0)

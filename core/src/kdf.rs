@@ -15,18 +15,32 @@ pub(crate) const MAX_MEMORY_KIB: u32 = 4 * 1024 * 1024;
 pub(crate) const MAX_TIME_COST: u32 = 1000;
 pub(crate) const MAX_PARALLELISM: u32 = 64;
 
+/// Argon2id cost parameters, as stored in protector records and the config.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Argon2Params {
+    /// Passes over memory (Argon2 `t`).
     pub time_cost: u32,
+    /// Memory in KiB (Argon2 `m`).
     pub memory_kib: u32,
+    /// Lanes (Argon2 `p`).
     pub parallelism: u32,
 }
 
+/// Why stretching a password failed.
 #[derive(Debug, thiserror::Error)]
 pub enum KdfError {
+    /// The parameters are outside the bounds a real protector can have (a tampered file).
     #[error("Argon2id parameters out of range (time {time_cost}, memory {memory_kib} KiB, lanes {parallelism}); allowed: time 1..={MAX_TIME_COST}, memory {MIN_MEMORY_KIB}..={MAX_MEMORY_KIB} KiB, lanes 1..={MAX_PARALLELISM}")]
-    Params { time_cost: u32, memory_kib: u32, parallelism: u32 },
+    Params {
+        /// The time cost given.
+        time_cost: u32,
+        /// The memory given, in KiB.
+        memory_kib: u32,
+        /// The lanes given.
+        parallelism: u32,
+    },
+    /// The Argon2 implementation failed (its message).
     #[error("Argon2id failed: {0}")]
     Argon2(String),
 }
@@ -55,7 +69,11 @@ pub(crate) fn derive(password: &Passphrase, salt: &[u8], p: Argon2Params) -> Res
 }
 
 /// Stretches `password` with `salt` into 32 bytes, for uses that are not a [`Kek`] (a TPM authValue).
-pub(crate) fn derive_bytes(password: &Passphrase, salt: &[u8], p: Argon2Params) -> Result<Zeroizing<[u8; 32]>, KdfError> {
+pub(crate) fn derive_bytes(
+    password: &Passphrase,
+    salt: &[u8],
+    p: Argon2Params,
+) -> Result<Zeroizing<[u8; 32]>, KdfError> {
     p.check()?;
     let params = argon2::Params::new(p.memory_kib, p.time_cost, p.parallelism, Some(32))
         .map_err(|e| KdfError::Argon2(e.to_string()))?;

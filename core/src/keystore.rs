@@ -19,26 +19,71 @@ pub(crate) const FORMAT_VERSION: u32 = 1;
 const POLICY_FORMAT: &str = "dirseal-policy";
 const MAX_FILE_BYTES: u64 = 256 * 1024;
 
+/// Why the keystore could not be read or changed; each names the file or record concerned.
 #[derive(Debug, thiserror::Error)]
 pub enum KeystoreError {
+    /// No record with that id.
     #[error("no {kind} {id} in the keystore")]
-    NotFound { kind: &'static str, id: String },
+    NotFound {
+        /// What was looked for ("protector", "policy").
+        kind: &'static str,
+        /// The id asked for, as given.
+        id: String,
+    },
+    /// A file failed to parse or to pass the record's checks.
     #[error("keystore file {path} is corrupt ({reason}); restore it from a backup, or remove it and re-create what it held (a directory's policy comes back from its recovery key)")]
-    Corrupt { path: PathBuf, reason: String },
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The file or directory itself was refused or could not be read or written.
     #[error("keystore: {0}")]
     File(#[from] SecureFileError),
+    /// A protector still wraps the master key of some policies, so it cannot be removed.
     #[error("protector {id} still protects {policies}; remove it from those first")]
-    InUse { id: ProtectorId, policies: String },
+    InUse {
+        /// The protector.
+        id: ProtectorId,
+        /// The policies it protects, listed for the message.
+        policies: String,
+    },
+    /// Whether a protector is in use cannot be told because a policy file is unreadable.
     #[error("cannot tell whether {path} uses protector {id} because that file is unreadable ({reason}); fix or remove that file first")]
-    Undecidable { id: ProtectorId, path: PathBuf, reason: String },
+    Undecidable {
+        /// The protector to be removed.
+        id: ProtectorId,
+        /// The unreadable policy file.
+        path: PathBuf,
+        /// Why it cannot be read.
+        reason: String,
+    },
+    /// Removing this protector would leave the policy with none.
     #[error("policy {policy} has no other usable protector; add another one first so the data stays reachable")]
-    LastProtector { policy: KeyIdentifier },
+    LastProtector {
+        /// The policy.
+        policy: KeyIdentifier,
+    },
+    /// The policy does not list the protector.
     #[error("policy {policy} has no entry for protector {protector}")]
-    NoEntry { policy: KeyIdentifier, protector: ProtectorId },
+    NoEntry {
+        /// The policy.
+        policy: KeyIdentifier,
+        /// The protector asked for.
+        protector: ProtectorId,
+    },
+    /// The protector's entry in the policy does not authenticate with that protector's key.
     #[error("the entry for protector {protector} in policy {policy} does not open with that protector: the policy file was altered or copied from elsewhere; restore it from a backup or use the recovery key")]
-    EntryMismatch { policy: KeyIdentifier, protector: ProtectorId },
+    EntryMismatch {
+        /// The policy.
+        policy: KeyIdentifier,
+        /// The protector whose entry failed.
+        protector: ProtectorId,
+    },
 }
 
+/// A policy file (`policies/ID.json`): one directory's master key, wrapped once per protector.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PolicyRecord {
     /// The fscrypt key identifier of the master key: the kernel's name for the policy.
@@ -58,6 +103,7 @@ fn protector_kek(pkey: &ProtectorKey) -> Kek {
 }
 
 impl PolicyRecord {
+    /// A policy with no protectors yet; [`PolicyRecord::add_protector`] gives it its first.
     pub fn new(id: KeyIdentifier, path_hint: Option<PathBuf>) -> PolicyRecord {
         PolicyRecord { id, path_hint, wrapped: BTreeMap::new() }
     }
@@ -149,6 +195,7 @@ pub struct KeystoreLock {
     _lock: nix::fcntl::Flock<File>,
 }
 
+/// The keystore directory (`protectors/`, `policies/`, `.lock`); reads and writes its records.
 pub struct Keystore {
     root: PathBuf,
 }
@@ -171,10 +218,12 @@ impl Keystore {
         }
     }
 
+    /// The keystore directory.
     pub fn root(&self) -> &Path {
         &self.root
     }
 
+    /// Takes the keystore lock (blocking), for a read-modify-write of its files.
     pub fn lock(&self) -> Result<KeystoreLock, KeystoreError> {
         Ok(KeystoreLock { _lock: securefile::lock_file(&self.root.join(".lock"))? })
     }
@@ -195,6 +244,7 @@ impl Keystore {
         }
     }
 
+    /// Reads and checks the protector record `id`.
     pub fn protector(&self, id: &ProtectorId) -> Result<ProtectorRecord, KeystoreError> {
         let path = self.protector_path(id);
         let bytes = self.read(&path, "protector", id.to_string())?;
@@ -226,6 +276,7 @@ impl Keystore {
         Ok(self.ids::<ProtectorId>("protectors")?.into_iter().map(|id| (id, self.protector(&id))).collect())
     }
 
+    /// Every policy, each readable or not.
     pub fn policies(&self) -> Result<Listing<KeyIdentifier, PolicyRecord>, KeystoreError> {
         Ok(self.ids::<KeyIdentifier>("policies")?.into_iter().map(|id| (id, self.policy(&id))).collect())
     }

@@ -15,28 +15,72 @@ pub(crate) const XATTR: &str = "trusted.dirseal.recovery";
 /// The largest well-formed blob: anything longer is refused before parsing.
 const MAX_XATTR: usize = dirseal_recovery::MAX_BLOB;
 
+/// Why a recovery key could not be made, read or used.
 #[derive(Debug, thiserror::Error)]
 pub enum RecoveryError {
+    /// The directory has no fscrypt policy.
     #[error("{path} is not encrypted, so it has no recovery key")]
-    NotEncrypted { path: PathBuf },
+    NotEncrypted {
+        /// The directory.
+        path: PathBuf,
+    },
+    /// The directory has no recovery attribute.
     #[error("{path} has no recovery key (its {XATTR} attribute is missing); one can be created while it is unlocked")]
-    Missing { path: PathBuf },
+    Missing {
+        /// The directory.
+        path: PathBuf,
+    },
+    /// The directory has a recovery attribute already; it is never overwritten.
     #[error("{path} already has a recovery key; remove it first (the old key then stops working)")]
-    Exists { path: PathBuf },
+    Exists {
+        /// The directory.
+        path: PathBuf,
+    },
+    /// The typed key is malformed (the parser names the group).
     #[error("the recovery key is mistyped: {0}")]
     Typo(#[from] ParseError),
+    /// The stored blob is malformed, or does not open with this key.
     #[error("{path}: {source}")]
-    Blob { path: PathBuf, source: BlobError },
+    Blob {
+        /// The directory holding the blob.
+        path: PathBuf,
+        /// What the blob parser or opener said.
+        source: BlobError,
+    },
+    /// The blob was made for another directory's policy (copied here).
     #[error("the recovery data of {path} names policy {found}, but the directory's policy is {expected}: it was copied from another directory and cannot open this one")]
-    OtherPolicy { path: PathBuf, expected: KeyIdentifier, found: KeyIdentifier },
+    OtherPolicy {
+        /// The directory.
+        path: PathBuf,
+        /// The directory's policy.
+        expected: KeyIdentifier,
+        /// The policy the blob names.
+        found: KeyIdentifier,
+    },
+    /// The recovered key is not the policy's key (forged or damaged blob).
     #[error("the key recovered for {path} does not match its policy {expected}: the recovery data is forged or damaged; nothing was unlocked")]
-    KeyMismatch { path: PathBuf, expected: KeyIdentifier },
+    KeyMismatch {
+        /// The directory.
+        path: PathBuf,
+        /// The directory's policy.
+        expected: KeyIdentifier,
+    },
+    /// Reading, writing or removing the attribute failed.
     #[error(
         "cannot {op} the recovery attribute of {path}: {source}; dirseal must run as root on a filesystem with xattrs"
     )]
-    Xattr { path: PathBuf, op: &'static str, source: std::io::Error },
+    Xattr {
+        /// The directory.
+        path: PathBuf,
+        /// What was attempted, as a verb for the message.
+        op: &'static str,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// Reading the directory's policy failed.
     #[error(transparent)]
     Fscrypt(#[from] FscryptError),
+    /// Asking for the key failed or was cancelled.
     #[error(transparent)]
     Ui(#[from] UiError),
 }

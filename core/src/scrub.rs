@@ -30,16 +30,38 @@ const CHUNK: u64 = 1 << 20;
 const SYNC_EVERY: u64 = 64 << 20;
 const MIB: u64 = 1 << 20;
 
+/// Why a scrub could not start or stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum ScrubError {
+    /// Finding the filesystem (mount table) failed.
     #[error(transparent)]
     Fscrypt(#[from] FscryptError),
+    /// The filesystem is mounted read-only.
     #[error("the filesystem at {mount_point} is mounted read-only; its free space cannot be overwritten")]
-    ReadOnly { mount_point: PathBuf },
+    ReadOnly {
+        /// Its mount point.
+        mount_point: PathBuf,
+    },
+    /// An unfinished conversion on the filesystem still needs its free space or old plaintext.
     #[error("the conversion of {source_dir} on {mount_point} is not finished ({state}): it needs the free space, or keeps the old plaintext on purpose; finish it (or abort or roll it back), then scrub")]
-    Converting { mount_point: PathBuf, source_dir: PathBuf, state: String },
+    Converting {
+        /// The filesystem's mount point.
+        mount_point: PathBuf,
+        /// The directory being converted.
+        source_dir: PathBuf,
+        /// Where the conversion stopped, in the engine's words.
+        state: String,
+    },
+    /// Any other I/O error.
     #[error("cannot {op} {path}: {source}")]
-    Io { path: PathBuf, op: &'static str, source: io::Error },
+    Io {
+        /// The path the operation was on.
+        path: PathBuf,
+        /// What was attempted, as a verb for the message.
+        op: &'static str,
+        /// The underlying error.
+        source: io::Error,
+    },
 }
 
 fn io_err<'a>(path: &'a Path, op: &'static str) -> impl FnOnce(io::Error) -> ScrubError + 'a {
@@ -49,9 +71,11 @@ fn io_err<'a>(path: &'a Path, op: &'static str) -> impl FnOnce(io::Error) -> Scr
     }
 }
 
+/// How to scrub (the defaults suit every front end).
 #[derive(Clone, Debug, Default)]
 pub struct Options {
-    /// Free space (as ordinary programs see it) never to fill; `None` is [`default_reserve`].
+    /// Free space (as ordinary programs see it) never to fill; `None`: 1% of the filesystem, at
+    /// least 16 MiB and at most 1 GiB.
     pub reserve: Option<u64>,
     /// Skip `FITRIM` after the overwrite.
     pub no_trim: bool,
@@ -74,6 +98,7 @@ pub enum Medium {
     SolidState,
     /// A loop device: what reaches a disk depends on the filesystem holding its backing file.
     Loop,
+    /// The kernel does not say (no block device found for the filesystem).
     Unknown,
 }
 
@@ -83,22 +108,30 @@ pub enum Medium {
 pub enum Trim {
     /// The filesystem passed its free blocks to the device as discards (`bytes` as it counts them).
     Done {
+        /// Bytes discarded.
         bytes: u64,
     },
     /// The device (or the filesystem) does not support discard.
     Unsupported,
     /// Not attempted: asked not to, or the overwrite was interrupted.
     Skipped,
+    /// `FITRIM` returned an error.
     Failed {
+        /// The error.
         reason: String,
     },
 }
 
+/// What a scrub did, for the front end to report (and print as JSON).
 #[derive(Clone, Debug, Serialize)]
 pub struct Report {
+    /// The filesystem scrubbed.
     pub mount_point: PathBuf,
+    /// Its type (ext4, f2fs, …) from the mount table.
     pub fstype: String,
+    /// Its device from the mount table.
     pub device: String,
+    /// What kind of storage holds it: decides what the overwrite reaches.
     pub medium: Medium,
     /// Size of the filesystem.
     pub(crate) size: u64,
@@ -118,6 +151,7 @@ pub struct Report {
     /// (the kernel, not dirseal, picks the blocks).
     pub unwritten: u64,
     pub(crate) swept: u64,
+    /// What `FITRIM` did after the overwrite.
     pub trim: Trim,
     /// Stopped by a signal: the fill file was released, nothing was trimmed.
     pub interrupted: bool,

@@ -31,6 +31,7 @@ macro_rules! fixed_secret {
                 arr.zeroize();
                 Some($t(k))
             }
+            /// The key bytes, for the crypto that uses them; do not copy them out.
             pub fn as_bytes(&self) -> &[u8; $n] {
                 &self.0
             }
@@ -68,18 +69,23 @@ fixed_secret!(
 pub struct Passphrase(Zeroizing<Vec<u8>>);
 
 impl Passphrase {
+    /// Takes bytes already in a zeroizing buffer (as read from a terminal or pipe).
     pub fn new(bytes: Zeroizing<Vec<u8>>) -> Self {
         Passphrase(bytes)
     }
+    /// Copies `s`; the caller's copy is not wiped, so use it for literals and tests.
     pub fn from_str_copy(s: &str) -> Self {
         Passphrase(Zeroizing::new(s.as_bytes().to_vec()))
     }
+    /// The secret's bytes, for the KDF or device that checks them.
     pub fn as_bytes(&self) -> &[u8] {
         &self.0
     }
+    /// Nothing was typed (front ends ask again instead of running the KDF).
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
+    /// An explicit copy, because secrets are deliberately not `Clone`.
     pub fn duplicate(&self) -> Self {
         Passphrase(Zeroizing::new(self.0.to_vec()))
     }

@@ -5,18 +5,43 @@ use std::io::{self, Read, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
+/// Why a root-owned private file or directory was refused or could not be used.
 #[derive(Debug, thiserror::Error)]
 pub enum SecureFileError {
+    /// The file does not exist (callers often treat this as "empty" or "defaults").
     #[error("{path} does not exist")]
-    NotFound { path: PathBuf },
+    NotFound {
+        /// The file.
+        path: PathBuf,
+    },
+    /// Someone other than root could have written the file or directory.
     #[error("refusing {path}: {reason}; it must be owned by root and not writable by group or others (fix with `chown root:root` and `chmod go-w`), or be removed")]
-    Insecure { path: PathBuf, reason: String },
+    Insecure {
+        /// The file or directory.
+        path: PathBuf,
+        /// Which check failed (owner, mode, type).
+        reason: String,
+    },
+    /// The file is larger than any file of its kind can be.
     #[error(
         "{path} is larger than {max} bytes, which no dirseal file is; it is not a dirseal file, remove or restore it"
     )]
-    TooLarge { path: PathBuf, max: u64 },
+    TooLarge {
+        /// The file.
+        path: PathBuf,
+        /// The cap for its kind, in bytes.
+        max: u64,
+    },
+    /// Any other I/O error.
     #[error("cannot {op} {path}: {source}")]
-    Io { path: PathBuf, op: &'static str, source: io::Error },
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// What was attempted, as a verb for the message.
+        op: &'static str,
+        /// The underlying error.
+        source: io::Error,
+    },
 }
 
 fn io_err<'a>(path: &'a Path, op: &'static str) -> impl FnOnce(io::Error) -> SecureFileError + 'a {

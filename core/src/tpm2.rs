@@ -104,12 +104,13 @@ impl fmt::Display for Tcti {
     }
 }
 
-/// A set of SHA-256 bank PCR indices, each in 0..=[`MAX_PCR`]. Serialized as a sorted list.
+/// A set of SHA-256 bank PCR indices, each in 0..=23. Serialized as a sorted list.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(try_from = "Vec<u8>", into = "Vec<u8>")]
 pub struct PcrSet(BTreeSet<u8>);
 
 impl PcrSet {
+    /// No PCR selected: the sealed key is not bound to the boot state.
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
@@ -204,6 +205,7 @@ pub struct DaStatus {
     pub recovery_time_s: u32,
     /// Seconds the lockout hierarchy stays blocked after a wrong lockout password.
     pub lockout_recovery_s: u32,
+    /// The TPM refuses every PIN until the lockout ends or is reset.
     pub in_lockout: bool,
     /// The lockout hierarchy has a password (`lockoutAuthSet`): nobody without it can reset the
     /// count of wrong PINs, so the limit on guessing holds. Without it, anyone can.
@@ -211,6 +213,7 @@ pub struct DaStatus {
 }
 
 impl DaStatus {
+    /// Wrong PINs the TPM still accepts before it locks out (0 while in lockout).
     pub fn tries_left(&self) -> u32 {
         if self.in_lockout {
             0
@@ -223,8 +226,11 @@ impl DaStatus {
 /// New dictionary-attack parameters (`dirseal tpm2 setup`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DaParameters {
+    /// Failures allowed before lockout.
     pub max_tries: u32,
+    /// Seconds after which one counted failure is forgotten (0 = never).
     pub recovery_time_s: u32,
+    /// Seconds the lockout hierarchy stays blocked after a wrong reset code.
     pub lockout_recovery_s: u32,
 }
 
@@ -251,6 +257,7 @@ impl PartialEq for ResetCode {
 impl Eq for ResetCode {}
 
 impl ResetCode {
+    /// A fresh random code, for [`setup`] to install and the front end to show once.
     pub fn generate() -> ResetCode {
         ResetCode(RecoveryKey::generate())
     }
@@ -299,7 +306,9 @@ fn typo_text(e: Option<&ParseError>) -> String {
 /// [`PinTries::MIN_INTERVAL`] between tries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PinTries {
+    /// Wrong PINs the TPM still accepts now ([`DaStatus::tries_left`]).
     pub tries_left: u32,
+    /// Tries kept for someone at the device (config `[tpm2] min_local_tries`).
     pub min_local_tries: u32,
 }
 
@@ -322,44 +331,97 @@ impl PinTries {
     }
 }
 
+/// Why a TPM operation failed or was refused, worded for the person who has to act.
 #[derive(Debug, thiserror::Error)]
 pub enum Tpm2Error {
+    /// No TPM answered at the configured location.
     #[error("no usable TPM at {tcti}: {reason}; check that this machine has a TPM 2.0 (/dev/tpmrm0), or set tpm2.tcti in the config")]
-    Unavailable { tcti: Tcti, reason: String },
+    Unavailable {
+        /// Where the TPM was looked for.
+        tcti: Tcti,
+        /// What the TSS said.
+        reason: String,
+    },
+    /// `tpm2.tcti` in the config is not a TPM location the TSS understands (the text given).
     #[error("invalid TPM location (tpm2.tcti) {0:?}: expected e.g. \"device:/dev/tpmrm0\" or \"swtpm:host=127.0.0.1,port=2321\"")]
     BadTcti(String),
+    /// A PCR selection could not be parsed (why).
     #[error("invalid PCR selection: {0}")]
     BadPcrs(String),
+    /// The TPM judged the PIN wrong and counted a failure.
     #[error("{}", wrong_pin(*.tries_left))]
-    WrongPin { tries_left: Option<u32> },
+    WrongPin {
+        /// Tries left afterwards, if the TPM could be asked.
+        tries_left: Option<u32>,
+    },
+    /// The TPM is in dictionary-attack lockout and refuses every PIN.
     #[error("{}", lockout_message(*.recovery_time_s))]
-    Lockout { recovery_time_s: Option<u32> },
+    Lockout {
+        /// Seconds per forgiven failure, if known, to say when a try comes back.
+        recovery_time_s: Option<u32>,
+    },
+    /// The boot state measured in the bound PCRs changed since sealing.
     #[error("the TPM refused to unseal: PCRs {pcrs} changed since this protector was created (firmware, boot loader, Secure Boot or kernel change)")]
-    PcrMismatch { pcrs: PcrSet },
+    PcrMismatch {
+        /// The PCRs the sealed key is bound to.
+        pcrs: PcrSet,
+    },
+    /// The sealed key belongs to another TPM, or this one was cleared.
     #[error("this TPM cannot open the sealed key: it was sealed by another TPM, or this TPM has been cleared since")]
     ForeignBlob,
+    /// The stored sealed key cannot be parsed (what is wrong).
     #[error("the TPM protector's sealed key is damaged: {0}")]
     Corrupt(String),
+    /// A caller away from the device reached the tries kept for the person at it ([`PinTries`]).
     #[error("the TPM has {tries_left} PIN tries left, and the last {min} are kept for the person at the device, so that nobody elsewhere can lock its owner out; type the PIN at the device (a local session), or wait for the TPM to forgive failures")]
-    TriesKept { tries_left: u32, min: u32 },
+    TriesKept {
+        /// Tries the TPM has left.
+        tries_left: u32,
+        /// Tries kept for someone at the device.
+        min: u32,
+    },
+    /// A rate-limited caller tried again within [`PinTries::MIN_INTERVAL`].
     #[error("too many TPM PIN tries in a row; try again in {wait_s} s")]
-    TooSoon { wait_s: u64 },
+    TooSoon {
+        /// Seconds to wait before the next try is allowed.
+        wait_s: u64,
+    },
+    /// The sealed key needs a PIN and none was given.
     #[error("a PIN is needed for this TPM protector")]
     PinRequired,
+    /// A PIN protector was asked for on a TPM whose lockout anyone can reset (no `tpm2 setup`).
     #[error("the TPM's lockout hierarchy has no password, so anyone with this machine can reset the TPM's count of wrong PINs and guess a PIN without limit: a TPM PIN would protect nothing")]
     LockoutNotOwned,
+    /// [`setup`] found the lockout hierarchy already owned and changed nothing.
     #[error("the TPM's lockout hierarchy already has a password (from an earlier setup, the operating system or another tool): nobody without it can reset the count of wrong PINs, so TPM PINs are protected; its parameters were left as they are")]
     LockoutOwned,
+    /// A typed reset code is malformed (which group, what is wrong); the TPM was not asked.
     #[error("the TPM reset code is mistyped: {0}")]
     ResetCodeTypo(String),
+    /// The TPM rejected the reset code and now blocks its lockout hierarchy for a while.
     #[error("{}", wrong_reset_code(*.lockout_recovery_s))]
-    WrongResetCode { lockout_recovery_s: Option<u32> },
+    WrongResetCode {
+        /// How long the block lasts, in seconds, if known.
+        lockout_recovery_s: Option<u32>,
+    },
+    /// The lockout hierarchy is still blocked after an earlier wrong reset code.
     #[error("the TPM refuses its lockout hierarchy for now, after a wrong reset code (lockout password); it accepts one again {}", after_recovery(*.lockout_recovery_s))]
-    LockoutHierarchyBlocked { lockout_recovery_s: Option<u32> },
+    LockoutHierarchyBlocked {
+        /// How long such a block lasts, in seconds, if known.
+        lockout_recovery_s: Option<u32>,
+    },
+    /// Resetting the lockout needs the reset code, and none was given.
     #[error("the TPM's lockout hierarchy has a password: only its TPM reset code (shown once at setup, or the secret of whoever else set it) resets the count of wrong PINs; without it, wait for the TPM to forgive them")]
     ResetCodeNeeded,
+    /// Any other TPM refusal.
     #[error("the TPM refused {action}: {rc}")]
-    Tpm { action: &'static str, rc: String },
+    Tpm {
+        /// What was asked of the TPM, for the message.
+        action: &'static str,
+        /// The TPM's response code, decoded.
+        rc: String,
+    },
+    /// The PIN's Argon2id parameters in the sealed key are out of bounds.
     #[error(transparent)]
     Kdf(#[from] KdfError),
 }
@@ -476,12 +538,14 @@ pub struct Tpm {
 }
 
 impl Tpm {
+    /// Connects to the TPM at `tcti`.
     pub fn open(tcti: &Tcti) -> Result<Tpm, Tpm2Error> {
         let ctx = Context::new(tcti.conf())
             .map_err(|e| Tpm2Error::Unavailable { tcti: tcti.clone(), reason: e.to_string() })?;
         Ok(Tpm { ctx })
     }
 
+    /// Reads the dictionary-attack state (tries left, lockout, whether the lockout is owned).
     pub fn da_status(&mut self) -> Result<DaStatus, Tpm2Error> {
         let first: u32 = PropertyTag::Permanent.into();
         let last: u32 = PropertyTag::LockoutRecovery.into();

@@ -11,19 +11,45 @@ use crate::secret::Passphrase;
 #[derive(Clone, Debug)]
 pub enum SecretPrompt<'a> {
     /// The current password of an existing protector.
-    Password { name: &'a str, id: &'a ProtectorId },
+    Password {
+        /// The protector's name, to show.
+        name: &'a str,
+        /// Its id, to tell protectors of the same name apart.
+        id: &'a ProtectorId,
+    },
     /// A new password for a protector being created or changed; front ends should ask twice.
-    NewPassword { name: &'a str },
+    NewPassword {
+        /// The protector's name, to show.
+        name: &'a str,
+    },
     /// The PIN of an existing protector (a TPM or a security key checks it). `device` names what
     /// checks it ("TPM"; empty when unspecified); `tries_left` is how many wrong PINs it still
     /// takes before locking out, when it says.
-    Pin { name: &'a str, id: &'a ProtectorId, device: &'static str, tries_left: Option<u32> },
+    Pin {
+        /// The protector's name, to show.
+        name: &'a str,
+        /// Its id, to tell protectors of the same name apart.
+        id: &'a ProtectorId,
+        /// What checks the PIN ("TPM"; empty when unspecified).
+        device: &'static str,
+        /// Wrong PINs the device still takes before locking out, when it says.
+        tries_left: Option<u32>,
+    },
     /// A new PIN for a protector being created or changed; front ends should ask twice.
-    NewPin { name: &'a str },
+    NewPin {
+        /// The protector's name, to show.
+        name: &'a str,
+    },
     /// The PIN a security key already has, while a protector is being created on it: asked once.
-    KeyPin { name: &'a str },
+    KeyPin {
+        /// The protector being created.
+        name: &'a str,
+    },
     /// A recovery key, typed back from paper.
-    RecoveryKey { dir: &'a Path },
+    RecoveryKey {
+        /// The encrypted directory the key opens.
+        dir: &'a Path,
+    },
 }
 
 /// A yes/no question before something that cannot be taken back quietly.
@@ -31,26 +57,49 @@ pub enum SecretPrompt<'a> {
 pub enum Question<'a> {
     /// Encrypt `dir` in place; the summary says what it involves (size, time, space, who is
     /// locked out meanwhile, whether a recovery key will be made).
-    Convert { dir: &'a Path, summary: &'a crate::convert::Summary },
+    Convert {
+        /// The directory to encrypt.
+        dir: &'a Path,
+        /// What the conversion involves, for the front end to show before asking.
+        summary: &'a crate::convert::Summary,
+    },
     /// Make a recovery key for `dir` (the way back in if every protector is lost).
-    CreateRecoveryKey { dir: &'a Path },
+    CreateRecoveryKey {
+        /// The directory the key would open.
+        dir: &'a Path,
+    },
 }
 
 /// Why no secret or answer came back.
 #[derive(Debug, thiserror::Error)]
 pub enum UiError {
+    /// Input ended before a secret was read (a script, a closed pipe).
     #[error("no secret was given (input closed); {hint}")]
-    NoInput { hint: String },
+    NoInput {
+        /// How to give the secret another way, in the front end's terms.
+        hint: String,
+    },
+    /// A new secret and its repetition differ.
     #[error("the two new secrets differ; nothing was changed, run the command again")]
     Mismatch,
+    /// An empty secret was given where one is required.
     #[error("an empty password or PIN is not allowed; nothing was changed")]
     Empty,
+    /// The person cancelled (Ctrl-D, a "no", a front end that cannot ask).
     #[error("cancelled; nothing was changed")]
     Cancelled,
+    /// A question could not be asked and nothing said yes in advance.
     #[error("{what} needs confirmation; {hint}")]
-    Unconfirmed { what: String, hint: String },
+    Unconfirmed {
+        /// What needed the confirmation.
+        what: String,
+        /// How to say yes without being asked (e.g. the CLI's `--yes`).
+        hint: String,
+    },
+    /// The recovery key typed back differs from the one shown.
     #[error("the recovery key typed back differs from the one shown; nothing was saved, run the command again")]
     RecoveryKeyNotConfirmed,
+    /// Reading the terminal or pipe failed.
     #[error("reading the secret failed: {0}")]
     Io(#[from] std::io::Error),
 }
@@ -58,10 +107,15 @@ pub enum UiError {
 /// Progress of a long job, for bars and JSON streams.
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct Progress {
+    /// The phase's name as the engine reports it (docs/dbus.md lists them).
     pub phase: String,
+    /// Bytes handled so far in this phase.
     pub bytes_done: u64,
+    /// Bytes this phase handles in all.
     pub bytes_total: u64,
+    /// Files handled so far in this phase.
     pub files_done: u64,
+    /// Files this phase handles in all.
     pub files_total: u64,
 }
 
@@ -94,7 +148,10 @@ impl Eta {
     }
 }
 
+/// What the library needs from a front end to reach a person; every method but `secret` has a
+/// default for front ends that cannot show or ask that thing.
 pub trait Ui {
+    /// Asks for a secret; the prompt says which and for what, so the front end words it.
     fn secret(&mut self, prompt: &SecretPrompt<'_>) -> Result<Passphrase, UiError>;
     /// A protector waits for a touch of its device (a FIDO2 key) now; `id` is absent while one is
     /// being created. Front ends say so; the device itself waits.

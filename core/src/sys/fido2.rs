@@ -57,6 +57,7 @@ pub(crate) struct HidInfo {
 /// What an opened authenticator says of itself (CTAP getInfo).
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct AuthenticatorInfo {
+    /// CTAP versions the key speaks (`FIDO_2_0`, `U2F_V2`, …).
     pub versions: Vec<String>,
     pub(crate) extensions: Vec<String>,
     /// Option name → value (`clientPin`, `uv`, `up`, `rk`, …).
@@ -65,9 +66,11 @@ pub struct AuthenticatorInfo {
 }
 
 impl AuthenticatorInfo {
+    /// The value of option `name`; `None` when the key does not report it.
     pub fn option(&self, name: &str) -> Option<bool> {
         self.options.iter().find(|(n, _)| n == name).map(|(_, v)| *v)
     }
+    /// The key offers the hmac-secret extension, which every dirseal credential needs.
     pub fn hmac_secret(&self) -> bool {
         self.extensions.iter().any(|e| e == "hmac-secret")
     }
@@ -111,36 +114,63 @@ fn opt_ptr(p: Option<&Pin>) -> *const c_char {
     p.map_or(std::ptr::null(), Pin::as_ptr)
 }
 
+/// Why a security key operation failed, worded for the person holding the key.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum Fido2Error {
+    /// The device could not be opened or is not usable as a FIDO2 key.
     #[error("cannot open security key {path}: {reason}")]
-    Open { path: String, reason: String },
+    Open {
+        /// The device path.
+        path: String,
+        /// Why not.
+        reason: String,
+    },
+    /// No touch came within the timeout (seconds).
     #[error("no touch on the security key within {0} s")]
     Timeout(u64),
+    /// The key judged the PIN wrong.
     #[error("wrong PIN for the security key{}", retries_left(*.retries))]
-    PinInvalid { retries: Option<u32> },
+    PinInvalid {
+        /// PIN tries the key has left, when it says.
+        retries: Option<u32>,
+    },
+    /// The PIN is blocked for good; only a reset of the key helps.
     #[error("the security key's PIN is blocked after too many wrong PINs; only a reset of the key (which erases its credentials) unblocks it")]
     PinBlocked,
+    /// Three wrong PINs in a row: the key wants to be replugged.
     #[error(
         "the security key refuses PINs after three wrong ones in a row; unplug it and plug it back in, then try again"
     )]
     PinAuthBlocked,
+    /// The operation needs the key's PIN and none was given.
     #[error("the security key requires its PIN")]
     PinRequired,
+    /// The key has no PIN, and the operation needs one.
     #[error("the security key has no PIN set")]
     PinNotSet,
+    /// The key refused a new PIN's length.
     #[error("the security key rejected the new PIN (too short or too long: 4 to 63 characters)")]
     PinPolicy,
+    /// The key does not hold the credential asked for.
     #[error("this security key does not hold the credential")]
     NoCredential,
+    /// The key lacks a needed feature (named).
     #[error("the security key does not support {0}")]
     Unsupported(&'static str),
+    /// No connected key holds the credential.
     #[error("no connected security key holds this protector's credential; plug the key in and try again")]
     NotConnected,
+    /// The operation was cancelled on the key.
     #[error("the operation was cancelled on the security key")]
     Cancelled,
+    /// Any other libfido2 error.
     #[error("security key error: {msg} (libfido2 code {code})")]
-    Other { code: i32, msg: String },
+    Other {
+        /// libfido2's error code.
+        code: i32,
+        /// libfido2's description of it.
+        msg: String,
+    },
 }
 
 fn retries_left(r: Option<u32>) -> String {
@@ -313,11 +343,15 @@ pub struct Device {
 
 /// What to ask for in an assertion.
 pub struct AssertRequest<'a> {
+    /// The relying party the credential was made for (dirseal's is `fido2::RP_ID`).
     pub rp_id: &'a str,
+    /// Credentials to accept; the key answers with the one it holds.
     pub credential_ids: &'a [&'a [u8]],
     /// None = a probe: which credential does this key hold (no touch, no secret).
     pub salt: Option<&'a [u8; 32]>,
+    /// The key's PIN, when the credential needs user verification.
     pub pin: Option<&'a Pin>,
+    /// Ask for user verification (PIN or biometrics) besides presence.
     pub uv: bool,
 }
 
@@ -383,6 +417,7 @@ impl Device {
         Ok(())
     }
 
+    /// Asks the key what it is and what it supports (CTAP getInfo).
     pub fn info(&mut self) -> Result<AuthenticatorInfo, Fido2Error> {
         let info = Owned::<ffi::fido_cbor_info_t>::new(
             // SAFETY: plain allocation, NULL-checked by Owned.
