@@ -10,6 +10,7 @@ pub mod config;
 pub mod convert;
 pub mod fido2;
 pub mod fscrypt;
+pub mod home;
 pub mod ids;
 pub mod kdf;
 pub mod keystore;

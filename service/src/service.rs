@@ -952,6 +952,63 @@ impl Service {
         .await
     }
 
+    /// Creates `user`'s home (from the passwd entry) encrypted from the start, with a new password
+    /// protector of theirs, named after them, whose password is `secret`; the skeleton is copied
+    /// in. Root or an administrator (polkit) only. The home must not exist or be empty. Options:
+    /// `skel` (s: an absolute directory; default /etc/skel). No recovery key is made
+    /// (`RecoveryAdd` makes one). Returns (home, policy, protector).
+    #[zbus(out_args("home", "policy", "protector"))]
+    async fn create_home(
+        &self,
+        #[zbus(header)] hdr: Header<'_>,
+        user: String,
+        secret: zvariant::OwnedFd,
+        options: HashMap<String, OwnedValue>,
+    ) -> Result<(String, String, String)> {
+        self.call("CreateHome", user.clone(), &hdr, move |ctx, caller| {
+            use dirseal::home::{self, HomeError};
+            if !caller.may_administer() {
+                return Err(Error::denied(format!(
+                    "only root or an administrator may create a home (polkit action {})",
+                    crate::auth::MANAGE_ACTION
+                )));
+            }
+            let mut o = home::Options { recovery_key: Some(false), ..Default::default() };
+            for (k, v) in &options {
+                match k.as_str() {
+                    "skel" => {
+                        let s = String::try_from(
+                            v.try_clone().map_err(|_| Error::invalid("option skel must be of type s"))?,
+                        )
+                        .map_err(|_| Error::invalid("option skel must be of type s"))?;
+                        o.skel = PathBuf::from(s);
+                        if !o.skel.is_absolute() {
+                            return Err(Error::invalid("option skel must be an absolute path"));
+                        }
+                    }
+                    other => return Err(Error::invalid(format!("unknown option {other:?}; known: skel"))),
+                }
+            }
+            let secret = read_secret(secret.into(), "secret")?;
+            let _one = ctx.one_at_a_time();
+            let mut ds = ctx.open()?;
+            let mut secrets = Secrets { new: Some(secret), ..Default::default() };
+            let made = home::Account::named(&user)
+                .and_then(|acct| home::create(&mut ds, &acct, NewKind::Password(Default::default()), &o, &mut secrets));
+            let made = made.map_err(|e| match e {
+                HomeError::Ops(o) => Error::from(o),
+                HomeError::Recovery(r) => Error::from(r),
+                HomeError::Ui(u) => Error::from(ops::OpsError::Ui(u)),
+                e @ HomeError::NoSuchUser(_) => Error::new(Kind::NotFound, e.to_string()),
+                e @ HomeError::NotEmpty { .. } => Error::new(Kind::Busy, e.to_string()),
+                e @ HomeError::Path { .. } => Error::invalid(e.to_string()),
+                e @ HomeError::Skel { .. } => Error::failed(e.to_string()),
+            })?;
+            Ok((made.home.display().to_string(), made.policy.to_string(), made.protector.to_string()))
+        })
+        .await
+    }
+
     /// How many wrong PINs the TPM behind a tpm2 protector still accepts before it locks out.
     #[zbus(out_args("tries"))]
     async fn get_tpm_tries_left(&self, #[zbus(header)] hdr: Header<'_>, protector: String) -> Result<u32> {
