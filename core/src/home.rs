@@ -180,6 +180,7 @@ pub fn create(
         rustix::fs::mkdir(home, Mode::from_raw_mode(0o700)).map_err(|e| io("cannot create it", e.into()))?;
     }
     let dir = open_dir_nofollow(None, home.as_os_str()).map_err(|e| io("cannot open it", e))?;
+    let before = rustix::fs::fstat(&dir).map_err(|e| io("cannot inspect it", e.into()))?;
     let root_only = || -> std::io::Result<()> {
         rustix::fs::fchown(&dir, Some(Uid::ROOT), Some(Gid::ROOT))?;
         rustix::fs::fchmod(&dir, Mode::from_raw_mode(0o700))?;
@@ -190,8 +191,13 @@ pub fn create(
     let (policy, master) = match ds.encrypt(home, ProtectorChoice::New(new), ui) {
         Ok(p) => p,
         Err(e) => {
+            // Nothing was written: the home is as it was (gone again, or its owner and mode back).
             if missing {
                 let _ = std::fs::remove_dir(home);
+            } else {
+                let _ =
+                    rustix::fs::fchown(&dir, Some(Uid::from_raw(before.st_uid)), Some(Gid::from_raw(before.st_gid)));
+                let _ = rustix::fs::fchmod(&dir, Mode::from_raw_mode(before.st_mode & 0o7777));
             }
             return Err(e.into());
         }

@@ -1198,6 +1198,8 @@ fn mkhome_creates_a_missing_home_encrypted_at_the_first_login() {
     let o = pamtester(&svc, &u.name, &["authenticate", "open_session", "close_session"], "first-Password-1\n", &[]);
     assert!(ok(&o), "{}", show(&o));
     assert_eq!(protectors_of(&s, u.uid).len(), 1);
+    // Two session lines of the module (mkhome's and the plain one) ended one session: locked.
+    assert!(!unlocked(&u), "the last logout must lock");
     let o = pamtester(&svc, &u.name, &["authenticate", "open_session"], "first-Password-1\n", &[]);
     assert!(ok(&o), "{}", show(&o));
     assert!(unlocked(&u));
