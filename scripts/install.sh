@@ -48,7 +48,7 @@ if [ "$uninstall" = 1 ]; then
   [ -f "$manifest" ] || { echo "install.sh: no install manifest at $manifest; nothing to uninstall" >&2; exit 1; }
   # Backing out PAM first: removing a module the stack still names would break logins.
   if live && command -v pam-auth-update >/dev/null && [ -f /usr/share/pam-configs/dirseal ]; then
-    pam-auth-update --package --remove dirseal dirseal-pin || true
+    pam-auth-update --package --remove dirseal dirseal-pin dirseal-mkhome || true
   fi
   if live && command -v systemctl >/dev/null && [ -d /run/systemd/system ]; then
     systemctl stop dirsealed.service 2>/dev/null || true
@@ -119,6 +119,7 @@ put 755 "$build/dirsealed" "$prefix/libexec/dirsealed"
 put 644 "$build/libpam_dirseal.so" "/usr/lib/$multiarch/security/pam_dirseal.so"
 put 644 data/pam-configs/dirseal /usr/share/pam-configs/dirseal
 put 644 data/pam-configs/dirseal-pin /usr/share/pam-configs/dirseal-pin
+put 644 data/pam-configs/dirseal-mkhome /usr/share/pam-configs/dirseal-mkhome
 put 644 data/dbus-1/system.d/org.dirseal.Dirseal1.conf /usr/share/dbus-1/system.d/org.dirseal.Dirseal1.conf
 put 644 data/dbus-1/system-services/org.dirseal.Dirseal1.service "$prefix/share/dbus-1/system-services/org.dirseal.Dirseal1.service"
 put 644 data/org.dirseal.Dirseal1.xml "$prefix/share/dbus-1/interfaces/org.dirseal.Dirseal1.xml"

@@ -645,7 +645,7 @@ fn wipe_and_the_status_of_all_conversions() {
 #[test]
 fn a_conversion_walks_the_tree_once_for_its_census() {
     dirseal_testfs::needs_root!();
-    use dirseal::convert::{self, Hooks, Options, Planned};
+    use dirseal::convert::{self, Hooks, Options, Plan};
     use dirseal::ops::{Dirseal, NewProtector, ProtectorChoice};
     use dirseal::protector::{KindOptions, NewKind};
     use dirseal_testfs::ui::Scripted;
@@ -665,7 +665,8 @@ fn a_conversion_walks_the_tree_once_for_its_census() {
     let options = Options { threads: 1, recovery_key: None, ..Options::default() };
     let plan = convert::plan(&ds, &home, options, &hooks).unwrap();
     assert_eq!(listed() - start, dirs, "the plan's census lists each directory once");
-    let Planned::New { census, .. } = &plan.what else { panic!("a new conversion was expected") };
+    let Plan::New(plan) = plan else { panic!("a new conversion was expected") };
+    let census = &plan.census;
     assert_eq!(census.entries, before.len() as u64);
     assert!(census.space_available >= census.space_needed);
 
@@ -673,7 +674,7 @@ fn a_conversion_walks_the_tree_once_for_its_census() {
     let choice = ProtectorChoice::New(NewProtector { name: "owner", uid: None, kind });
     // Yes to every question: the conversion, and a recovery key.
     let mut ui = Scripted::new(&["pw"]).yes();
-    let done = convert::run(&mut ds, plan, choice, &mut ui, &hooks).unwrap();
+    let done = plan.run(&mut ds, choice, &mut ui, &hooks).unwrap();
     assert_eq!(listed() - start, dirs, "running the plan must not walk the tree for a second census");
     assert_eq!(done.outcome.state, dirseal_migrate::State::Done);
     assert_eq!(done.recovery_key_saved, Some(true));

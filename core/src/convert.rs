@@ -1,7 +1,9 @@
 //! Conversion of a directory that holds data, for every front end: [`plan`] checks everything
-//! without writing (one walk of the tree, for the census), [`run`] asks the [`Ui`] to confirm,
-//! offers a recovery key, creates or unlocks the protector and drives the engine; [`finish`]
-//! aborts, rolls back or commits.
+//! without writing (one walk of the tree, for the census) and answers a new conversion
+//! ([`NewPlan`]) or an unfinished one ([`ResumePlan`]). [`NewPlan::run`] takes the protector to
+//! create or use, asks the [`Ui`] to confirm, offers a recovery key and drives the engine;
+//! [`ResumePlan::run`] takes at most the protector that reloads the staging key. [`finish`]
+//! aborts, rolls back or commits; [`cancel`] ends a stopped run as its state allows.
 //!
 //! The engine in `dirseal-migrate` knows nothing of keys; this module supplies the staging
 //! directory's policy (saved in the keystore before any data is copied, so an interrupted
@@ -110,25 +112,39 @@ pub struct Options {
     pub estimate: bool,
 }
 
-/// A checked conversion, ready for [`run`].
+/// A checked conversion. What running it takes differs, and the types say so: a new one needs
+/// the protector to create or use ([`NewPlan::run`]); an unfinished one at most the protector
+/// that reloads its staging key ([`ResumePlan::run`]).
 #[derive(Debug)]
-pub struct Plan {
+pub enum Plan {
+    New(NewPlan),
+    Resume(ResumePlan),
+}
+
+/// A new conversion that passed every check: what it will copy and needs, the owner, and the
+/// measured time estimate when [`Options::estimate`] asked for one (and the probe could run).
+#[derive(Debug)]
+pub struct NewPlan {
     /// The directory, absolute (its final component not followed).
     pub source: PathBuf,
     /// Its root-only work dir (journal, staging copy).
     pub workdir: PathBuf,
     pub options: Options,
-    pub what: Planned,
+    pub census: Census,
+    pub owner: Owner,
+    pub estimate: Option<Estimate>,
+    engine: Box<migrate::Plan>,
 }
 
+/// An unfinished conversion. `staging_key` names the policy whose key must be loaded again
+/// first (after a reboot): [`ResumePlan::run`] asks for a protector's secret then.
 #[derive(Debug)]
-pub enum Planned {
-    /// A new conversion that passed every check: what it will copy and needs, the owner, and the
-    /// measured time estimate when [`Options::estimate`] asked for one (and the probe could run).
-    New { census: Census, owner: Owner, engine: Box<migrate::Plan>, estimate: Option<Estimate> },
-    /// An unfinished conversion. `staging_key` names the policy whose key must be loaded again
-    /// first (after a reboot): [`run`] asks for a protector's secret then.
-    Resume { state: State, staging_key: Option<KeyIdentifier> },
+pub struct ResumePlan {
+    pub source: PathBuf,
+    pub workdir: PathBuf,
+    pub options: Options,
+    pub state: State,
+    pub staging_key: Option<KeyIdentifier>,
 }
 
 /// Progress reports and the stop flag of a long run (SIGINT/SIGTERM, a cancelled D-Bus call).
@@ -176,7 +192,7 @@ pub fn plan(ds: &Dirseal, dir: &Path, options: Options, hooks: &Hooks<'_>) -> Re
     let workdir = workdir_for(&source)?;
     if let Some(v) = migrate::status(&workdir)?.filter(|v| unfinished(v.state)) {
         let staging_key = staging_key_needed(&source, &v)?;
-        return Ok(Plan { source, workdir, options, what: Planned::Resume { state: v.state, staging_key } });
+        return Ok(Plan::Resume(ResumePlan { source, workdir, options, state: v.state, staging_key }));
     }
     // Nothing may be created (protector, policy, work dir) on a filesystem that cannot encrypt.
     fscrypt::check_supported(&fscrypt::mount_point(&source).map_err(OpsError::from)?).map_err(OpsError::from)?;
@@ -189,7 +205,7 @@ pub fn plan(ds: &Dirseal, dir: &Path, options: Options, hooks: &Hooks<'_>) -> Re
     let engine = migrate::preflight(&request(&source, &workdir, &options), &host)?;
     let census = *engine.census();
     let estimate = if options.estimate { estimate(&source, &census) } else { None };
-    Ok(Plan { source, workdir, options, what: Planned::New { census, owner, engine: Box::new(engine), estimate } })
+    Ok(Plan::New(NewPlan { source, workdir, options, census, owner, estimate, engine: Box::new(engine) }))
 }
 
 /// What a new conversion involves, as a person should see it before saying yes (and as front
@@ -235,21 +251,35 @@ pub struct Estimate {
 }
 
 impl Plan {
-    /// The name of a new password protector made for this conversion: the owner's login name,
-    /// else "password" (a root-owned directory, an owner without a name).
-    pub fn default_protector_name(&self) -> String {
-        let uid = match &self.what {
-            Planned::New { owner, .. } => owner.uid,
-            Planned::Resume { .. } => return "password".into(),
-        };
-        let named = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)).ok().flatten();
-        named.filter(|_| uid != 0).map_or_else(|| "password".into(), |u| u.name)
+    /// The directory, absolute.
+    pub fn source(&self) -> &Path {
+        match self {
+            Plan::New(p) => &p.source,
+            Plan::Resume(p) => &p.source,
+        }
     }
 
     /// The summary of a new conversion; `None` when resuming one.
     pub fn summary(&self) -> Option<Summary> {
-        let Planned::New { census, owner, estimate, .. } = &self.what else { return None };
-        Some(summary(&self.source, &self.options, census, owner, *estimate))
+        match self {
+            Plan::New(p) => Some(p.summary()),
+            Plan::Resume(_) => None,
+        }
+    }
+}
+
+impl NewPlan {
+    /// The name of a new password protector made for this conversion: the owner's login name,
+    /// else "password" (a root-owned directory, an owner without a name).
+    pub fn default_protector_name(&self) -> String {
+        let uid = self.owner.uid;
+        let named = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)).ok().flatten();
+        named.filter(|_| uid != 0).map_or_else(|| "password".into(), |u| u.name)
+    }
+
+    /// What the conversion involves, as a person should see it before saying yes.
+    pub fn summary(&self) -> Summary {
+        summary(&self.source, &self.options, &self.census, &self.owner, self.estimate)
     }
 }
 
@@ -377,64 +407,62 @@ fn probe(base: &OwnedFd, name: &str, path: &Path, id: &KeyIdentifier, bytes: u64
     Ok((rate.max(1), per_entry))
 }
 
-/// Runs a plan. A new conversion: the Ui confirms ([`Question::Convert`]), a recovery key is
-/// made if wanted and shown ([`Ui::show_recovery_key`]) before anything is encrypted, the
-/// protector `choice` is created or unlocked, then the engine copies, verifies and swaps. A
-/// resumed one: the staging key is loaded again if needed (with the protector `choice` names,
-/// else the policy's only one), then the engine goes on from where it stopped.
-pub fn run(
-    ds: &mut Dirseal,
-    plan: Plan,
-    choice: ProtectorChoice<'_>,
-    ui: &mut dyn Ui,
-    hooks: &Hooks<'_>,
-) -> Result<Converted, ConvertError> {
-    let Plan { source, workdir, options, what } = plan;
-    let req = request(&source, &workdir, &options);
-    match what {
-        Planned::Resume { state, staging_key } => {
-            if let Some(id) = staging_key {
-                let pick = match choice {
-                    ProtectorChoice::Existing(id) => Pick { protector: Some(id) },
-                    ProtectorChoice::New(_) => Pick::default(),
-                };
-                load_staging_key(ds, &source, &id, pick, ui)?;
-            }
-            ui.notice(&format!("resuming the conversion of {} ({state})", source.display()));
-            let outcome = migrate::convert(&req, &KeyHost::new(ds, &source, hooks))?;
-            Ok(Converted { outcome, recovery_key_saved: None })
+impl NewPlan {
+    /// Runs a new conversion: the Ui confirms ([`Question::Convert`]), a recovery key is made if
+    /// wanted and shown ([`Ui::show_recovery_key`]) before anything is encrypted, the protector
+    /// `choice` is created or unlocked, then the engine copies, verifies and swaps.
+    pub fn run(
+        self,
+        ds: &mut Dirseal,
+        choice: ProtectorChoice<'_>,
+        ui: &mut dyn Ui,
+        hooks: &Hooks<'_>,
+    ) -> Result<Converted, ConvertError> {
+        let summary = self.summary();
+        let NewPlan { source, workdir, options, engine, .. } = self;
+        let req = request(&source, &workdir, &options);
+        if !ui.confirm(&Question::Convert { dir: &source, summary: &summary })? {
+            return Err(UiError::Cancelled.into());
         }
-        Planned::New { census, owner, engine, estimate } => {
-            let summary = summary(&source, &options, &census, &owner, estimate);
-            if !ui.confirm(&Question::Convert { dir: &source, summary: &summary })? {
-                return Err(UiError::Cancelled.into());
-            }
-            let want_key = match options.recovery_key {
-                Some(w) => w,
-                None => ui.confirm(&Question::CreateRecoveryKey { dir: &source })?,
-            };
-            let recovery = if want_key {
-                let key = RecoveryKey::generate();
-                ui.show_recovery_key(&source, &key)?;
-                Some(key)
-            } else {
-                None
-            };
-            drop_orphan_policy(ds, &source, &workdir)?;
-            let chosen = match choice {
-                ProtectorChoice::New(n) => ds.adopt_or_create_protector(&n, ui)?,
-                existing => ds.resolve_protector(existing, ui)?,
-            };
-            migrate::fault::point(migrate::fault::Point::AfterProtectorSaved);
-            let host =
-                KeyHost { protector: Some(chosen), recovery: recovery.as_ref(), ..KeyHost::new(ds, &source, hooks) };
-            let outcome = migrate::start(&req, &host, *engine)?;
-            let saved = recovery.map(|_| {
-                !matches!(outcome.state, State::Done | State::Swapped)
-                    || crate::recovery::read_blob(&source).is_ok_and(|b| b.is_some())
-            });
-            Ok(Converted { outcome, recovery_key_saved: saved })
+        let want_key = match options.recovery_key {
+            Some(w) => w,
+            None => ui.confirm(&Question::CreateRecoveryKey { dir: &source })?,
+        };
+        let recovery = if want_key {
+            let key = RecoveryKey::generate();
+            ui.show_recovery_key(&source, &key)?;
+            Some(key)
+        } else {
+            None
+        };
+        drop_orphan_policy(ds, &source, &workdir)?;
+        let chosen = match choice {
+            ProtectorChoice::New(n) => ds.adopt_or_create_protector(&n, ui)?,
+            existing => ds.resolve_protector(existing, ui)?,
+        };
+        migrate::fault::point(migrate::fault::Point::AfterProtectorSaved);
+        let host = KeyHost { protector: Some(chosen), recovery: recovery.as_ref(), ..KeyHost::new(ds, &source, hooks) };
+        let outcome = migrate::start(&req, &host, *engine)?;
+        let saved = recovery.map(|_| {
+            !matches!(outcome.state, State::Done | State::Swapped)
+                || crate::recovery::read_blob(&source).is_ok_and(|b| b.is_some())
+        });
+        Ok(Converted { outcome, recovery_key_saved: saved })
+    }
+}
+
+impl ResumePlan {
+    /// Resumes an unfinished conversion from where it stopped: the staging key is loaded again
+    /// first if needed, with the protector `pick` names (none: the policy's only one).
+    pub fn run(self, ds: &Dirseal, pick: Pick, ui: &mut dyn Ui, hooks: &Hooks<'_>) -> Result<Converted, ConvertError> {
+        let ResumePlan { source, workdir, options, state, staging_key } = self;
+        if let Some(id) = staging_key {
+            load_staging_key(ds, &source, &id, pick, ui)?;
         }
+        ui.notice(&format!("resuming the conversion of {} ({state})", source.display()));
+        let req = request(&source, &workdir, &options);
+        let outcome = migrate::convert(&req, &KeyHost::new(ds, &source, hooks))?;
+        Ok(Converted { outcome, recovery_key_saved: None })
     }
 }
 

@@ -27,6 +27,7 @@ pub mod config;
 pub mod convert;
 pub mod fido2;
 pub mod fscrypt;
+pub mod home;
 pub mod ids;
 mod kdf;
 pub mod keystore;

@@ -428,6 +428,19 @@ impl Dirseal {
     /// Loads `dir`'s key for `uid` with no protector named: `uid`'s own protectors of it are tried
     /// in the login order ([`Dirseal::login_protectors`]), each asked of the Ui, until one opens.
     pub fn unlock_as(&self, dir: &Path, uid: u32, ui: &mut dyn Ui) -> Result<(), OpsError> {
+        self.unlock_as_where(dir, uid, ui, |_| true)
+    }
+
+    /// [`Dirseal::unlock_as`] over the protectors `keep` accepts, asked of each just before it
+    /// would be tried (a front end's own rule, such as the service's PIN tries): one refused is
+    /// skipped and the next tried. With none accepted the error is [`OpsError::OpensNone`].
+    pub fn unlock_as_where(
+        &self,
+        dir: &Path,
+        uid: u32,
+        ui: &mut dyn Ui,
+        mut keep: impl FnMut(&ProtectorRecord) -> bool,
+    ) -> Result<(), OpsError> {
         if self.is_unlocked(dir)? {
             ui.notice(&format!("{} is already unlocked", dir.display()));
             return Ok(());
@@ -437,10 +450,11 @@ impl Dirseal {
         let list = self.login_protectors(&policy, uid);
         match list.as_slice() {
             [] => return Err(OpsError::NoneOfYours { uid, what }),
-            [one] => return self.unlock(dir, Pick { protector: Some(one.id) }, ui),
+            [one] if keep(one) => return self.unlock(dir, Pick { protector: Some(one.id) }, ui),
+            [_] => return Err(OpsError::OpensNone { uid, what, list: listed(&list) }),
             _ => {}
         }
-        let login = self.login(&policy, uid, ui)?;
+        let login = self.login_where(&policy, uid, ui, keep)?;
         match login.opened {
             Some((_, master)) => {
                 self.add_key(dir, &master)?;
@@ -463,20 +477,23 @@ impl Dirseal {
         self.login_where(policy, uid, ui, |_| true)
     }
 
-    /// [`Dirseal::login`] over the login protectors `keep` accepts. Those that need a security
-    /// key's own PIN are never among them: a login has no such PIN, and offering it the password
-    /// would spend the key's few tries.
+    /// [`Dirseal::login`] over the login protectors `keep` accepts (asked of each just before it
+    /// would be tried, in order). Those that need a security key's own PIN are never among them: a
+    /// login has no such PIN, and offering it the password would spend the key's few tries.
     pub fn login_where(
         &self,
         policy: &PolicyRecord,
         uid: u32,
         ui: &mut dyn Ui,
-        keep: impl Fn(&ProtectorRecord) -> bool,
+        mut keep: impl FnMut(&ProtectorRecord) -> bool,
     ) -> Result<Login, OpsError> {
         let mut problems = Vec::new();
         let mut list = self.login_protectors(policy, uid);
-        list.retain(|r| keep(r) && r.kind.ask().secret != Some(protector::Secret::KeyPin));
+        list.retain(|r| r.kind.ask().secret != Some(protector::Secret::KeyPin));
         for rec in list {
+            if !keep(&rec) {
+                continue;
+            }
             let pkey = match protector::unlock_with(&rec, &self.config, ui) {
                 Ok(k) => k,
                 Err(UnlockError::Ui(e)) => return Err(e.into()),

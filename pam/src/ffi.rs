@@ -245,6 +245,17 @@ impl Pam {
         unsafe { self.get_boxed::<MasterKey, _>(name, MasterKey::duplicate) }
     }
 
+    /// Keeps a secret for a later stack of this transaction (zeroized when libpam frees it).
+    pub fn set_secret(&self, name: &CStr, secret: Passphrase) -> bool {
+        self.set_boxed(name, secret)
+    }
+
+    /// A copy of the secret stored by `set_secret`, if any.
+    pub fn secret(&self, name: &CStr) -> Option<Passphrase> {
+        // SAFETY: only `set_secret` stores data under the names it is given.
+        unsafe { self.get_boxed::<Passphrase, _>(name, Passphrase::duplicate) }
+    }
+
     /// Drops the stored key now (after it has been handed to the kernel).
     pub fn clear_master(&self, name: &CStr) {
         // SAFETY: replacing the data runs the cleanup of the old pointer; null data has no cleanup.

@@ -43,6 +43,13 @@ const MASTER_DATA: &CStr = c"dirseal_master_key";
 const TOUCH_TRIED: &CStr = c"dirseal_touch_tried";
 /// Where `open_session` leaves the session it recorded for `close_session`.
 const SESSION_DATA: &CStr = c"dirseal_session";
+/// Set once a session line did its work (recorded the session; ended it), so a second line of
+/// this module in the same stack (the `dirseal-mkhome` profile's) does it only once.
+const OPENED: &CStr = c"dirseal_session_opened";
+const CLOSED: &CStr = c"dirseal_session_closed";
+/// Where an `auth` line with `mkhome` keeps the accepted password of a user without a home, for
+/// the session line's `mkhome` (libpam hides PAM_AUTHTOK from the session stack).
+const NEW_HOME_PASSWORD: &CStr = c"dirseal_new_home_password";
 const DEFAULT_RUNDIR: &str = "/run/dirseal";
 
 /// Module arguments: the only settings besides the root-owned config.
@@ -58,6 +65,11 @@ struct Args {
     /// This password line changes the TPM PIN of PIN-login accounts (`password [success=end
     /// default=ignore]` before `pam_unix`); everyone else is left to the rest of the stack.
     pin_accounts: bool,
+    /// This session line creates a missing home, encrypted, with a protector from the login
+    /// password, before it does what it always does (docs/pam.md): pam_mkhomedir's place.
+    mkhome: bool,
+    /// The skeleton `mkhome` copies in (default /etc/skel).
+    skel: Option<PathBuf>,
     debug: bool,
     /// Makes the entry point panic, to test the panic guard with the real module.
     test_panic: bool,
@@ -80,12 +92,14 @@ impl Args {
                 Some(("config", v)) if abs(v).is_some() => a.config = abs(v),
                 Some(("keystore", v)) if abs(v).is_some() => a.keystore = abs(v),
                 Some(("rundir", v)) if abs(v).is_some() => a.rundir = abs(v),
+                Some(("skel", v)) if abs(v).is_some() => a.skel = abs(v),
                 Some(("test_delay", v)) if cfg!(debug_assertions) && delay(v).is_some() => {
                     a.test_delays.extend(delay(v))
                 }
                 None if arg == "unlock_only" => a.unlock_only = true,
                 None if arg == "standalone" => a.standalone = true,
                 None if arg == "pin_accounts" => a.pin_accounts = true,
+                None if arg == "mkhome" => a.mkhome = true,
                 None if arg == "debug" => a.debug = true,
                 None if arg == "test_panic" && cfg!(debug_assertions) => a.test_panic = true,
                 _ => pam.log(
@@ -221,6 +235,15 @@ fn home_state(pam: &Pam, args: &Args, acct: &Account) -> Result<Home, String> {
 /// Only a line that says `standalone` logs users in, by a security key's touch ([`standalone`]).
 pub(crate) fn authenticate(pam: &Pam, args: &Args, flags: c_int) -> c_int {
     let Some(acct) = account(pam) else { return PAM_IGNORE };
+    // An `mkhome` auth line only keeps the password of a user whose home is to be made.
+    if args.mkhome {
+        if new_home_wanted(pam, args, &acct) {
+            if let Some(pw) = pam.authtok(PAM_AUTHTOK) {
+                pam.set_secret(NEW_HOME_PASSWORD, pw);
+            }
+        }
+        return PAM_IGNORE;
+    }
     let (ds, policy) = match home_state(pam, args, &acct) {
         Ok(Home::Managed { ds, policy }) => (ds, policy),
         // A home being converted is still plaintext; `acct_mgmt` decides whether the login may go on.
@@ -533,11 +556,17 @@ fn user_manager(pam: &Pam) -> bool {
     pam.item(PAM_SERVICE).as_deref() == Some("systemd-user")
 }
 
-pub(crate) fn open_session(pam: &Pam, args: &Args, _flags: c_int) -> c_int {
+pub(crate) fn open_session(pam: &Pam, args: &Args, flags: c_int) -> c_int {
     if user_manager(pam) {
         return PAM_IGNORE;
     }
     let Some(acct) = account(pam) else { return PAM_IGNORE };
+    if args.mkhome {
+        mkhome(pam, args, &acct, flags);
+    }
+    if pam.flag(OPENED) {
+        return PAM_IGNORE;
+    }
     let managed = match home_state(pam, args, &acct) {
         Ok(Home::Managed { ds, policy }) => Some((ds, policy)),
         // Recorded too: the home becomes managed when the conversion swaps, and the sessions open
@@ -563,6 +592,7 @@ pub(crate) fn open_session(pam: &Pam, args: &Args, _flags: c_int) -> c_int {
     match Entry::current(acct.uid) {
         Ok(me) => {
             sessions.add(me);
+            pam.set_flag(OPENED);
             if !pam.set_session(SESSION_DATA, me) {
                 pam.log(LOG_WARNING, "cannot keep the session record for close_session (pam_set_data failed)");
             }
@@ -587,6 +617,96 @@ pub(crate) fn open_session(pam: &Pam, args: &Args, _flags: c_int) -> c_int {
     }
     args.pause("after-open");
     result
+}
+
+/// `mkhome`: creates the home of a first login, if it does not exist, encrypted from the start
+/// ([`dirseal::home::create`]) with a password protector from the password the stack accepted;
+/// its key stays loaded for the session. Never for system accounts (uid below login.defs'
+/// UID_MIN). Whenever it cannot (no password went through the stack, a filesystem that cannot
+/// encrypt, any error), it logs why and creates nothing: the login goes on without a home, and
+/// never gets a plaintext one from this module (a `pam_mkhomedir` line after this one would make
+/// one).
+fn mkhome(pam: &Pam, args: &Args, acct: &Account, flags: c_int) {
+    use dirseal::home;
+    if !new_home_wanted(pam, args, acct) {
+        return;
+    }
+    let Some(password) = pam.secret(NEW_HOME_PASSWORD).or_else(|| pam.authtok(PAM_AUTHTOK)) else {
+        tell(
+            pam,
+            flags,
+            LOG_NOTICE,
+            &format!(
+                "dirseal: your home {} was not created: its protector needs the password you log in with, and this \
+                 login did not use it; log in once with your password",
+                acct.home.display()
+            ),
+        );
+        return;
+    };
+    let made = (|| -> Result<home::Created, String> {
+        let full = home::Account::named(&acct.name).map_err(|e| e.to_string())?;
+        if full.uid != acct.uid || full.home != acct.home {
+            return Err("the password database changed during the login".into());
+        }
+        let mut ds = Dirseal::open(args.config(), args.keystore.as_deref()).map_err(|e| e.to_string())?;
+        let options = home::Options {
+            skel: args.skel.clone().unwrap_or_else(|| home::DEFAULT_SKEL.into()),
+            // A recovery key must be shown to someone: `dirseal recovery add` makes one later.
+            recovery_key: Some(false),
+            ..Default::default()
+        };
+        let kind = dirseal::protector::NewKind::Password(Default::default());
+        home::create(&mut ds, &full, kind, &options, &mut NewHomeUi { password }).map_err(|e| e.to_string())
+    })();
+    match made {
+        Ok(c) => pam.log(
+            LOG_NOTICE,
+            &format!(
+                "created the home {} of {} encrypted (policy {}, protector {}), {} entries from the skeleton",
+                c.home.display(),
+                c.user,
+                c.policy,
+                c.protector,
+                c.entries
+            ),
+        ),
+        Err(e) => {
+            tell(pam, flags, LOG_ERR, &format!("dirseal: your home {} was not created: {e}", acct.home.display()))
+        }
+    }
+}
+
+/// Whether `mkhome` makes `acct`'s home: it does not exist (a dangling symlink exists), and the
+/// account is not a system one (uid below login.defs' UID_MIN).
+fn new_home_wanted(pam: &Pam, args: &Args, acct: &Account) -> bool {
+    match std::fs::symlink_metadata(&acct.home) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        _ => return false,
+    }
+    let defs = dirseal::home::LoginDefs::read(Path::new(dirseal::home::LOGIN_DEFS));
+    if acct.uid < defs.uid_min {
+        if args.debug {
+            pam.log(LOG_DEBUG, &format!("{}: a system account (uid below {}); no home made", acct.name, defs.uid_min));
+        }
+        return false;
+    }
+    true
+}
+
+/// A new home's [`Ui`]: the new protector's password is the one the stack accepted; nothing is
+/// asked, and no recovery key is made.
+struct NewHomeUi {
+    password: Passphrase,
+}
+
+impl Ui for NewHomeUi {
+    fn secret(&mut self, prompt: &SecretPrompt<'_>) -> Result<Passphrase, UiError> {
+        match prompt {
+            SecretPrompt::NewPassword { .. } => Ok(self.password.duplicate()),
+            _ => Err(UiError::Cancelled),
+        }
+    }
 }
 
 /// Adds the key `auth` kept, if any, and forgets it.
@@ -640,6 +760,9 @@ pub(crate) fn close_session(pam: &Pam, args: &Args, _flags: c_int) -> c_int {
         return PAM_IGNORE;
     }
     let Some(acct) = account(pam) else { return PAM_IGNORE };
+    if pam.flag(CLOSED) {
+        return PAM_IGNORE;
+    }
     let ds = match home_state(pam, args, &acct) {
         Ok(Home::Managed { ds, .. }) => Some(ds),
         Ok(Home::Converting) => None,
@@ -664,6 +787,7 @@ pub(crate) fn close_session(pam: &Pam, args: &Args, _flags: c_int) -> c_int {
     if let Some(me) = pam.session(SESSION_DATA) {
         sessions.remove(&me);
     }
+    pam.set_flag(CLOSED);
     let left = sessions.live();
     if args.debug {
         pam.log(LOG_DEBUG, &format!("{}: {left} session(s) left", acct.home.display()));

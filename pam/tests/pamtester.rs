@@ -1137,3 +1137,144 @@ fn pin_login_needs_a_tpm_pin_protector_of_the_users_own() {
     assert_ne!(shadow_field(&u.name), "*", "nothing was changed");
     assert!(!s.ds().is_pin_login(&u.name));
 }
+
+/// The stack of the shipped profiles with first-login homes on (`dirseal` and `dirseal-mkhome`).
+fn mkhome_stack() -> String {
+    let stack = pam_auth_update_with(true, &["dirseal-mkhome"]);
+    assert!(stack.contains("{so} {args} mkhome"), "{stack}");
+    stack
+}
+
+fn lsattr_encrypted(dir: &Path) -> bool {
+    let o = Command::new("lsattr").arg("-d").arg(dir).output().unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    out.split_whitespace().next().is_some_and(|flags| flags.contains('E'))
+}
+
+/// A user's protectors in the keystore.
+fn protectors_of(s: &Setup, uid: u32) -> Vec<dirseal::keystore::ProtectorRecord> {
+    let ds = s.ds();
+    let all = ds.keystore().protectors().unwrap();
+    all.into_iter().filter_map(|(_, r)| r.ok()).filter(|r| r.uid == Some(uid)).collect()
+}
+
+/// `mkhome`: the first login of a user without a home creates it encrypted, from the skeleton,
+/// with a protector from the login password, and the session starts with it unlocked; the last
+/// logout locks it; the second login just unlocks it (no second protector).
+#[test]
+fn mkhome_creates_a_missing_home_encrypted_at_the_first_login() {
+    dirseal_testfs::needs_root!();
+    let mut s = Setup::new();
+    let u = User::new(s.fs.path());
+    fs::remove_dir(&u.home).unwrap();
+    u.set_system_password("first-Password-1");
+    let svc = s.service(&mkhome_stack());
+    let o = pamtester(&svc, &u.name, &["authenticate", "acct_mgmt", "open_session"], "first-Password-1\n", &[]);
+    assert!(ok(&o), "{}", show(&o));
+    assert!(lsattr_encrypted(&u.home), "lsattr -d must show E: {}", show(&o));
+    use std::os::unix::fs::MetadataExt;
+    let meta = fs::metadata(&u.home).unwrap();
+    let gid = nix::unistd::User::from_name(&u.name).unwrap().unwrap().gid.as_raw();
+    assert_eq!((meta.uid(), meta.gid()), (u.uid, gid));
+    let defs = dirseal::home::LoginDefs::read(Path::new("/etc/login.defs"));
+    assert_eq!(meta.mode() & 0o7777, defs.home_mode);
+    // Unlocked, with /etc/skel's files (as the user's, with their modes).
+    let skel = fs::read_dir("/etc/skel").unwrap().count();
+    assert_eq!(fs::read_dir(&u.home).unwrap().count(), skel);
+    for e in fs::read_dir("/etc/skel").unwrap() {
+        let e = e.unwrap();
+        let copy = fs::symlink_metadata(u.home.join(e.file_name())).unwrap();
+        assert_eq!(copy.mode(), e.metadata().unwrap().mode(), "{:?}", e.file_name());
+        assert_eq!(copy.uid(), u.uid);
+    }
+    let mine = protectors_of(&s, u.uid);
+    assert_eq!(mine.len(), 1);
+    assert_eq!(mine[0].name, u.name);
+    fs::write(u.home.join("diary.txt"), b"dear diary").unwrap();
+    // (That session's pamtester is gone: the next login drops it as dead. Lock as root.)
+    s.ds().lock(&u.home, false).unwrap();
+    assert!(!unlocked(&u));
+    // The second login unlocks it and makes nothing new.
+    let o = pamtester(&svc, &u.name, &["authenticate", "open_session", "close_session"], "first-Password-1\n", &[]);
+    assert!(ok(&o), "{}", show(&o));
+    assert_eq!(protectors_of(&s, u.uid).len(), 1);
+    // Two session lines of the module (mkhome's and the plain one) ended one session: locked.
+    assert!(!unlocked(&u), "the last logout must lock");
+    let o = pamtester(&svc, &u.name, &["authenticate", "open_session"], "first-Password-1\n", &[]);
+    assert!(ok(&o), "{}", show(&o));
+    assert!(unlocked(&u));
+    s.ds().lock(&u.home, false).unwrap();
+}
+
+/// `mkhome` never makes a home for a system account, nor without a password (a key login), nor a
+/// plaintext one when the filesystem cannot encrypt: the login goes on without it.
+#[test]
+fn mkhome_leaves_system_accounts_and_passwordless_logins_alone() {
+    dirseal_testfs::needs_root!();
+    let mut s = Setup::new();
+    let svc = s.service(&mkhome_stack());
+    // A system account (useradd -r: a uid below UID_MIN).
+    let name = format!("dss{}", rand_hex());
+    let home = s.fs.path().join(&name);
+    accounts("useradd", &["-r", "-M", "-d", home.to_str().unwrap(), "-s", "/usr/sbin/nologin", &name], None).unwrap();
+    let sys = scopeguard(&name);
+    accounts("chpasswd", &[], Some(&format!("{name}:sys-Password-1\n"))).unwrap();
+    let o = pamtester(&svc, &name, &["authenticate", "open_session", "close_session"], "sys-Password-1\n", &[]);
+    assert!(ok(&o), "{}", show(&o));
+    assert!(!home.exists(), "a system account got a home");
+    drop(sys);
+    // No password through the stack.
+    let u = User::new(s.fs.path());
+    fs::remove_dir(&u.home).unwrap();
+    let session = mkhome_stack().lines().filter(|l| l.starts_with("session")).collect::<Vec<_>>().join("\n");
+    let nopw = s.service(&format!("auth required pam_permit.so\n{session}\n"));
+    let o = pamtester(&nopw, &u.name, &["authenticate", "open_session", "close_session"], "", &[]);
+    assert!(ok(&o), "{}", show(&o));
+    assert!(!u.home.exists());
+    assert!(text(&o).contains("was not created"), "{}", show(&o));
+    // A filesystem without the encrypt feature.
+    let plain = TestFs::with(dirseal_testfs::Options { encrypt: false, ..Default::default() });
+    let v = User::new(plain.path());
+    fs::remove_dir(&v.home).unwrap();
+    v.set_system_password("plain-Password-1");
+    let o = pamtester(&svc, &v.name, &["authenticate", "open_session", "close_session"], "plain-Password-1\n", &[]);
+    assert!(ok(&o), "{}", show(&o));
+    assert!(!v.home.exists(), "no plaintext home may be made");
+    assert!(protectors_of(&s, v.uid).is_empty(), "nothing may be created on a filesystem that cannot encrypt");
+}
+
+/// Removes the account when dropped.
+struct Account(String);
+impl Drop for Account {
+    fn drop(&mut self) {
+        let _ = accounts("userdel", &[&self.0], None);
+    }
+}
+fn scopeguard(name: &str) -> Account {
+    Account(name.to_string())
+}
+
+/// A home made by `dirseal home create` (the library call the CLI makes) opens at a login with
+/// the password its protector was given.
+#[test]
+fn a_home_created_encrypted_is_unlocked_by_a_login() {
+    dirseal_testfs::needs_root!();
+    let mut s = Setup::new();
+    let u = User::new(s.fs.path());
+    fs::remove_dir(&u.home).unwrap();
+    u.set_system_password("made-Password-1");
+    let acct = dirseal::home::Account::named(&u.name).unwrap();
+    let kind = NewKind::named("password", &KindOptions::default()).unwrap();
+    let options = dirseal::home::Options { recovery_key: Some(false), ..Default::default() };
+    let made =
+        dirseal::home::create(&mut s.ds(), &acct, kind, &options, &mut Scripted::new(&["made-Password-1"])).unwrap();
+    assert_eq!(made.home, u.home);
+    fs::write(u.home.join("diary.txt"), b"dear diary").unwrap();
+    s.ds().lock(&u.home, false).unwrap();
+    assert!(!unlocked(&u));
+    let svc = s.service(&shipped_stack());
+    let o = pamtester(&svc, &u.name, &["authenticate", "open_session"], "made-Password-1\n", &[]);
+    assert!(ok(&o), "{}", show(&o));
+    assert!(unlocked(&u));
+    s.ds().lock(&u.home, false).unwrap();
+}

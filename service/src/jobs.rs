@@ -18,16 +18,16 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use dirseal::convert::{self, Cancelled, ConvertError, Converted, Hooks, Plan, Planned};
-use dirseal::ops::{Dirseal, ProtectorChoice};
+use dirseal::convert::{self, Cancelled, ConvertError, Converted, Hooks, NewPlan, Plan, ResumePlan};
+use dirseal::ops::{Dirseal, Pick};
 use dirseal::ui::{Eta, Progress};
 use dirseal_migrate::MigrateError;
 use serde::{Deserialize, Serialize};
-use zbus::message::Header;
-use zbus::names::BusName;
-use zbus::object_server::SignalEmitter;
-use zbus::zvariant::OwnedObjectPath;
-use zbus::{interface, Connection};
+use zbus::message::{Header, Message};
+use zbus::names::{BusName, InterfaceName, MemberName};
+use zbus::object_server::{DispatchResult2, Interface, SignalEmitter};
+use zbus::zvariant::{OwnedObjectPath, OwnedValue, Value};
+use zbus::{interface, Connection, ObjectServer};
 
 use crate::auth::Caller;
 use crate::error::{Error, Kind, Result};
@@ -123,7 +123,7 @@ fn remove_marker(ctx: &Ctx, source: &Path) {
     }
 }
 
-/// The job object on the bus.
+/// The job object on the bus (served as [`PrivateJob`]).
 pub struct Job {
     source: String,
     owner: u32,
@@ -233,6 +233,93 @@ impl Job {
     async fn failed(emitter: &SignalEmitter<'_>, error: &str, message: &str) -> zbus::Result<()>;
 }
 
+/// [`Job`] as served: zbus's generated `GetAll` leaves out each property whose getter refuses
+/// (zbus 5), so another user would get an empty dictionary where `Get` says AccessDenied. This
+/// wrapper refuses `GetAll` as a whole first and hands everything else to the generated code.
+/// (zbus calls its `Interface` trait unstable: it is re-checked when zbus is upgraded.)
+pub struct PrivateJob(Job);
+
+#[async_trait::async_trait]
+impl Interface for PrivateJob {
+    fn name() -> InterfaceName<'static> {
+        <Job as Interface>::name()
+    }
+
+    fn spawn_tasks_for_methods(&self) -> bool {
+        self.0.spawn_tasks_for_methods()
+    }
+
+    async fn get(
+        &self,
+        property_name: &str,
+        server: &ObjectServer,
+        connection: &Connection,
+        header: Option<&Header<'_>>,
+        emitter: &SignalEmitter<'_>,
+    ) -> Option<zbus::fdo::Result<OwnedValue>> {
+        self.0.get(property_name, server, connection, header, emitter).await
+    }
+
+    async fn get_all(
+        &self,
+        server: &ObjectServer,
+        connection: &Connection,
+        header: Option<&Header<'_>>,
+        emitter: &SignalEmitter<'_>,
+    ) -> zbus::fdo::Result<HashMap<String, OwnedValue>> {
+        self.0.check_reader(connection, header.cloned()).await?;
+        self.0.get_all(server, connection, header, emitter).await
+    }
+
+    fn set<'call>(
+        &'call self,
+        property_name: &'call str,
+        value: &'call Value<'_>,
+        server: &'call ObjectServer,
+        connection: &'call Connection,
+        header: Option<&'call Header<'_>>,
+        emitter: &'call SignalEmitter<'_>,
+    ) -> DispatchResult2<'call> {
+        self.0.set(property_name, value, server, connection, header, emitter)
+    }
+
+    async fn set_mut(
+        &mut self,
+        property_name: &str,
+        value: &Value<'_>,
+        server: &ObjectServer,
+        connection: &Connection,
+        header: Option<&Header<'_>>,
+        emitter: &SignalEmitter<'_>,
+    ) -> Option<zbus::fdo::Result<()>> {
+        self.0.set_mut(property_name, value, server, connection, header, emitter).await
+    }
+
+    fn call<'call>(
+        &'call self,
+        server: &'call ObjectServer,
+        connection: &'call Connection,
+        msg: &'call Message,
+        name: MemberName<'call>,
+    ) -> DispatchResult2<'call> {
+        self.0.call(server, connection, msg, name)
+    }
+
+    fn call_mut<'call>(
+        &'call mut self,
+        server: &'call ObjectServer,
+        connection: &'call Connection,
+        msg: &'call Message,
+        name: MemberName<'call>,
+    ) -> DispatchResult2<'call> {
+        self.0.call_mut(server, connection, msg, name)
+    }
+
+    fn introspect_to_writer(&self, writer: &mut dyn std::fmt::Write, level: usize) {
+        self.0.introspect_to_writer(writer, level)
+    }
+}
+
 /// Who receives a job's signals: each connection of its owner and of root, addressed one by one.
 struct Audience {
     conn: Connection,
@@ -309,14 +396,28 @@ impl Reporter<'_> {
     }
 }
 
-/// What a job needs to run: a checked plan and the protector for a new conversion.
+/// What a job needs to run: a checked plan with what its kind takes, and the call's secrets.
 pub struct Start {
     pub ds: Dirseal,
-    pub plan: Plan,
-    /// The protector of a new conversion (unused by a resumed one).
-    pub enrol: Option<Enrol>,
+    pub work: Work,
     pub secrets: Secrets,
     pub owner: u32,
+}
+
+/// A new conversion with its protector; an unfinished one with the protector (if named) that
+/// reloads its staging key.
+pub enum Work {
+    New(NewPlan, Enrol),
+    Resume(ResumePlan, Pick),
+}
+
+impl Work {
+    fn source(&self) -> &Path {
+        match self {
+            Work::New(p, _) => &p.source,
+            Work::Resume(p, _) => &p.source,
+        }
+    }
 }
 
 /// Puts the job object on the bus and starts its thread; returns the object path.
@@ -324,7 +425,7 @@ pub fn spawn(ctx: &Arc<Ctx>, conn: &Connection, start: Start) -> Result<OwnedObj
     let n = ctx.jobs.next.fetch_add(1, Ordering::SeqCst) + 1;
     let path = OwnedObjectPath::try_from(format!("/org/dirseal/Dirseal1/jobs/{n}"))
         .map_err(|e| Error::failed(format!("job path: {e}")))?;
-    let source = start.plan.source.clone();
+    let source = start.work.source().to_path_buf();
     let start_owner = start.owner;
     let stop = Arc::new(AtomicBool::new(false));
     let cancelled = Arc::new(AtomicBool::new(false));
@@ -338,7 +439,7 @@ pub fn spawn(ctx: &Arc<Ctx>, conn: &Connection, start: Start) -> Result<OwnedObj
     };
     // Recorded before the job exists, so a job on the bus always has its record.
     write_marker(ctx, &source, start.owner)?;
-    if let Err(e) = zbus::block_on(conn.object_server().at(path.as_ref(), job)) {
+    if let Err(e) = zbus::block_on(conn.object_server().at(path.as_ref(), PrivateJob(job))) {
         remove_marker(ctx, &source);
         return Err(e.into());
     }
@@ -368,20 +469,16 @@ fn run(
     cancelled: &AtomicBool,
     state: &Mutex<String>,
 ) {
-    let Start { mut ds, plan, enrol, mut secrets, owner } = start;
-    let source = plan.source.clone();
+    let Start { mut ds, work, mut secrets, owner } = start;
+    let source = work.source().to_path_buf();
     let audience = Audience { conn: conn.clone(), path: path.clone(), owner, uids: Mutex::default() };
     let reporter = Reporter { audience: &audience, last: Mutex::default() };
     let progress = |p: &Progress| reporter.report(p);
     let hooks = Hooks { progress: &progress, stop };
-    // A resume without a named protector unlocks the staging key with the policy's only one.
-    let nothing = ProtectorChoice::New(dirseal::ops::NewProtector {
-        name: "",
-        uid: None,
-        kind: dirseal::protector::NewKind::Password(Default::default()),
-    });
-    let choice = enrol.as_ref().map_or(nothing, Enrol::choice);
-    let result = convert::run(&mut ds, plan, choice, &mut secrets, &hooks);
+    let result = match work {
+        Work::New(plan, enrol) => plan.run(&mut ds, enrol.choice(), &mut secrets, &hooks),
+        Work::Resume(plan, pick) => plan.run(&ds, pick, &mut secrets, &hooks),
+    };
     let set = |s: &str| *state.lock().unwrap_or_else(|e| e.into_inner()) = s.to_string();
     let log =
         |what: &str| crate::log::line(&format!("job {} ({}, uid {owner}): {what}", path.as_str(), source.display()));
@@ -456,18 +553,18 @@ pub fn resume_recorded(ctx: &Arc<Ctx>, conn: &Connection) {
             let ds = ctx.open()?;
             let idle = AtomicBool::new(false);
             let hooks = Hooks { progress: &|_| {}, stop: &idle };
-            let plan = convert::plan(&ds, &m.source, Default::default(), &hooks)?;
-            match &plan.what {
-                Planned::Resume { staging_key: None, .. } => {}
-                Planned::Resume { staging_key: Some(_), .. } => {
+            let plan = match convert::plan(&ds, &m.source, Default::default(), &hooks)? {
+                Plan::Resume(p) if p.staging_key.is_none() => p,
+                Plan::Resume(_) => {
                     return Err(Error::new(
                         Kind::NotFound,
                         "its staging key is not loaded: Convert with a secret resumes it",
                     ))
                 }
-                Planned::New { .. } => return Err(Error::new(Kind::NotFound, "no unfinished conversion is recorded")),
-            }
-            let start = Start { ds, plan, enrol: None, secrets: Secrets::default(), owner: m.uid };
+                Plan::New(_) => return Err(Error::new(Kind::NotFound, "no unfinished conversion is recorded")),
+            };
+            let work = Work::Resume(plan, Pick::default());
+            let start = Start { ds, work, secrets: Secrets::default(), owner: m.uid };
             spawn(ctx, conn, start)
         })();
         match r {

@@ -486,14 +486,26 @@ impl Service {
             let _one = ctx.one_at_a_time();
             let ds = ctx.open()?;
             if protector.is_empty() && !caller.is_root() {
-                // The caller's own protectors, in the login order for their uid. The secret may
-                // reach each: every TPM PIN among them must be allowed a try first.
-                for rec in ds.login_protectors(&ds.policy_of(&path)?, caller.uid) {
-                    pin_try(&ds, caller, Some(rec.id))?;
-                }
+                // The caller's own protectors, in the login order for their uid. A TPM PIN the
+                // rule refuses a try now is skipped (the next one is tried); when none could be
+                // tried at all, the refusal is the answer.
+                let (mut refused, mut tried) = (None, 0);
+                let keep = |rec: &dirseal::protector::ProtectorRecord| match pin_try(&ds, caller, Some(rec.id)) {
+                    Ok(()) => {
+                        tried += 1;
+                        true
+                    }
+                    Err(e) => {
+                        refused.get_or_insert(e);
+                        false
+                    }
+                };
                 let mut secrets = Secrets { current: vec![(None, secret)], ..Default::default() };
-                ds.unlock_as(&path, caller.uid, &mut secrets)?;
-                return Ok(());
+                return match ds.unlock_as_where(&path, caller.uid, &mut secrets, keep) {
+                    Ok(()) => Ok(()),
+                    Err(e @ ops::OpsError::OpensNone { .. }) if tried == 0 => Err(refused.unwrap_or_else(|| e.into())),
+                    Err(e) => Err(e.into()),
+                };
             }
             let policy = ds.policy_of(&path)?;
             let pick = choose(&ds, caller, &policy, &protector, &path)?;
@@ -770,19 +782,31 @@ impl Service {
             let hooks = dirseal::convert::Hooks { progress: &|_| {}, stop: &idle };
             let plan = dirseal::convert::plan(&ds, &path, o, &hooks)?;
             let mut secrets = Secrets::default();
-            // A copy for a later step that needs the staging key again (aborting a cancelled move).
-            let spare = secret.duplicate();
-            let name = plan.default_protector_name();
-            let enrol = Enrol::new(&ds, caller, &path, &protector, &name, secret, &mut secrets)?;
-            if matches!(plan.what, dirseal::convert::Planned::Resume { .. }) {
-                // Resuming: the secret reloads the staging key with whichever protector it has.
-                // (Only then: a new conversion needs it as the new protector's password.)
-                if let Some(secret) = secrets.new.take() {
-                    secrets.current.push((None, secret));
+            // A copy for a later step that needs the staging key again (aborting a cancelled
+            // move, with whichever protector it has).
+            secrets.current.push((None, secret.duplicate()));
+            let work = match plan {
+                dirseal::convert::Plan::New(plan) => {
+                    let name = plan.default_protector_name();
+                    let enrol = Enrol::new(&ds, caller, &path, &protector, &name, secret, &mut secrets)?;
+                    jobs::Work::New(plan, enrol)
                 }
-            }
-            secrets.current.push((None, spare));
-            let start = jobs::Start { ds, plan, enrol: Some(enrol), secrets, owner: owner_of(&path).unwrap_or(0) };
+                dirseal::convert::Plan::Resume(plan) => {
+                    // No protector is made: the secret reloads the staging key (after a reboot),
+                    // with the named protector, else the one the staging policy has.
+                    let pick = if protector.is_empty() {
+                        Pick::default()
+                    } else {
+                        let id = parse_protector_id(&protector)?;
+                        caller.check_protector(&ds.keystore().protector(&id)?)?;
+                        pin_try(&ds, caller, Some(id))?;
+                        secrets.current.push((Some(id), secret));
+                        Pick { protector: Some(id) }
+                    };
+                    jobs::Work::Resume(plan, pick)
+                }
+            };
+            let start = jobs::Start { ds, work, secrets, owner: owner_of(&path).unwrap_or(0) };
             jobs::spawn(&ctx, &bus, start)
         })
         .await
@@ -813,12 +837,13 @@ impl Service {
             let idle = std::sync::atomic::AtomicBool::new(false);
             let hooks = dirseal::convert::Hooks { progress: &|_| {}, stop: &idle };
             let plan = dirseal::convert::plan(&ds, &path, o, &hooks)?;
-            let json = match (&plan.summary(), &plan.what) {
-                (Some(s), _) => serde_json::to_value(s).map_err(|e| Error::failed(e.to_string()))?,
-                (None, dirseal::convert::Planned::Resume { state, .. }) => {
-                    serde_json::json!({ "path": plan.source, "state": state.to_string() })
+            let json = match &plan {
+                dirseal::convert::Plan::New(p) => {
+                    serde_json::to_value(p.summary()).map_err(|e| Error::failed(e.to_string()))?
                 }
-                (None, _) => serde_json::Value::Null,
+                dirseal::convert::Plan::Resume(p) => {
+                    serde_json::json!({ "path": p.source, "state": p.state.to_string() })
+                }
             };
             match to_dbus(&json).map(HashMap::<String, OwnedValue>::try_from) {
                 Some(Ok(m)) => Ok(m),
@@ -923,6 +948,63 @@ impl Service {
                 ));
             }
             Ok(())
+        })
+        .await
+    }
+
+    /// Creates `user`'s home (from the passwd entry) encrypted from the start, with a new password
+    /// protector of theirs, named after them, whose password is `secret`; the skeleton is copied
+    /// in. Root or an administrator (polkit) only. The home must not exist or be empty. Options:
+    /// `skel` (s: an absolute directory; default /etc/skel). No recovery key is made
+    /// (`RecoveryAdd` makes one). Returns (home, policy, protector).
+    #[zbus(out_args("home", "policy", "protector"))]
+    async fn create_home(
+        &self,
+        #[zbus(header)] hdr: Header<'_>,
+        user: String,
+        secret: zvariant::OwnedFd,
+        options: HashMap<String, OwnedValue>,
+    ) -> Result<(String, String, String)> {
+        self.call("CreateHome", user.clone(), &hdr, move |ctx, caller| {
+            use dirseal::home::{self, HomeError};
+            if !caller.may_administer() {
+                return Err(Error::denied(format!(
+                    "only root or an administrator may create a home (polkit action {})",
+                    crate::auth::MANAGE_ACTION
+                )));
+            }
+            let mut o = home::Options { recovery_key: Some(false), ..Default::default() };
+            for (k, v) in &options {
+                match k.as_str() {
+                    "skel" => {
+                        let s = String::try_from(
+                            v.try_clone().map_err(|_| Error::invalid("option skel must be of type s"))?,
+                        )
+                        .map_err(|_| Error::invalid("option skel must be of type s"))?;
+                        o.skel = PathBuf::from(s);
+                        if !o.skel.is_absolute() {
+                            return Err(Error::invalid("option skel must be an absolute path"));
+                        }
+                    }
+                    other => return Err(Error::invalid(format!("unknown option {other:?}; known: skel"))),
+                }
+            }
+            let secret = read_secret(secret.into(), "secret")?;
+            let _one = ctx.one_at_a_time();
+            let mut ds = ctx.open()?;
+            let mut secrets = Secrets { new: Some(secret), ..Default::default() };
+            let made = home::Account::named(&user)
+                .and_then(|acct| home::create(&mut ds, &acct, NewKind::Password(Default::default()), &o, &mut secrets));
+            let made = made.map_err(|e| match e {
+                HomeError::Ops(o) => Error::from(o),
+                HomeError::Recovery(r) => Error::from(r),
+                HomeError::Ui(u) => Error::from(ops::OpsError::Ui(u)),
+                e @ HomeError::NoSuchUser(_) => Error::new(Kind::NotFound, e.to_string()),
+                e @ HomeError::NotEmpty { .. } => Error::new(Kind::Busy, e.to_string()),
+                e @ HomeError::Path { .. } => Error::invalid(e.to_string()),
+                e @ HomeError::Skel { .. } => Error::failed(e.to_string()),
+            })?;
+            Ok((made.home.display().to_string(), made.policy.to_string(), made.protector.to_string()))
         })
         .await
     }

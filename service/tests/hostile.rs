@@ -200,9 +200,10 @@ fn another_users_job_is_private() {
         let e = h.call_at(Some(&bob), &job, &format!("{props}.Get"), &args, &[], None).unwrap_err();
         assert_eq!(e.name, DENIED, "{prop}: {}", e.message);
     }
-    // zbus leaves a property its getter refuses out of GetAll: bob gets an empty dictionary.
-    let all = h.call_at(Some(&bob), &job, &format!("{props}.GetAll"), std::slice::from_ref(&iface), &[], None);
-    assert_eq!(all.expect("GetAll"), "(@a{sv} {},)");
+    // GetAll too (zbus alone would answer an empty dictionary).
+    let e =
+        h.call_at(Some(&bob), &job, &format!("{props}.GetAll"), std::slice::from_ref(&iface), &[], None).unwrap_err();
+    assert_eq!(e.name, DENIED, "GetAll: {}", e.message);
     let own = h
         .call_at(Some(&alice), &job, &format!("{props}.GetAll"), std::slice::from_ref(&iface), &[], None)
         .expect("GetAll");
@@ -249,6 +250,42 @@ fn unlock_follows_the_callers_login_order() {
     let b = strings(&h.ok(Some(&alice), "CreateProtector", &[s("dup"), fd(3), "{}".into()], &[(3, "y")]))[0].clone();
     let msg = h.fails(Some(&alice), "Unlock", &[home.clone(), s("dup"), fd(3)], &[(3, "x")], INVALID);
     assert!(msg.contains(&a) && msg.contains(&b), "{msg}");
+}
+
+/// An unnamed Unlock does not fail whole because the PIN rule refuses one of the caller's
+/// protectors a try: that one is skipped and the next in the login order is tried (here the
+/// password, which opens). Only when none could be tried is the refusal the answer.
+#[test]
+fn unlock_skips_a_protector_the_pin_rule_refuses() {
+    if !root_only() {
+        return;
+    }
+    // Four tries left, ten reserved for someone at the device: no try for a caller over the bus.
+    let tpm = dirseal_testfs::Swtpm::start_owned();
+    let auth = dirseal_testfs::Swtpm::OWNER_AUTH;
+    tpm.tool(&["tpm2_dictionarylockout", "-s", "-n", "4", "-t", "1000", "-l", "1000", "-p", auth]).unwrap();
+    let h = Harness::with_config(&format!("[tpm2]\ntcti = \"{}\"\nmin_local_tries = 10\n", tpm.tcti()));
+    let alice = h.user();
+    let home = s(alice.home_str());
+    let pw = encrypt_home(&h, &alice, "pw-a");
+    let pin = h.ok(Some(&alice), "CreateProtector", &[s("a-pin"), fd(3), "{'kind': <'tpm2'>}".into()], &[(3, "1234")]);
+    let pin = strings(&pin)[0].clone();
+    // Root (whom the rule lets through) adds her TPM protector to her home.
+    h.ok(
+        None,
+        "AddProtectorToPolicy",
+        &[home.clone(), s(&pw), fd(3), s(&pin), fd(4), s("")],
+        &[(3, "pw-a"), (4, "1234")],
+    );
+    h.ok(Some(&alice), "Lock", &[home.clone(), "false".into()], &[]);
+    h.ok(Some(&alice), "Unlock", &[home.clone(), s(""), fd(3)], &[(3, "pw-a")]);
+    assert_eq!(h.key(&alice.home), "unlocked");
+    // With the password protector gone, the one left is refused: that refusal is the answer.
+    h.ok(None, "RemoveProtectorFromPolicy", &[home.clone(), s(&pw)], &[]);
+    h.ok(Some(&alice), "Lock", &[home.clone(), "false".into()], &[]);
+    let msg = h.fails(Some(&alice), "Unlock", &[home.clone(), s(""), fd(3)], &[(3, "1234")], DENIED);
+    assert!(msg.contains("tries"), "{msg}");
+    assert_eq!(h.key(&alice.home), "locked");
 }
 
 /// Cancel while a move-mode conversion is moving (held there by the fault-injection build):

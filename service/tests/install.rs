@@ -91,6 +91,7 @@ fn install_lays_out_every_file_and_uninstall_restores_the_tree() {
         (format!("usr/lib/{ma}/security/pam_dirseal.so"), 0o644),
         ("usr/share/pam-configs/dirseal".into(), 0o644),
         ("usr/share/pam-configs/dirseal-pin".into(), 0o644),
+        ("usr/share/pam-configs/dirseal-mkhome".into(), 0o644),
         ("usr/share/dbus-1/system.d/org.dirseal.Dirseal1.conf".into(), 0o644),
         ("usr/share/dbus-1/system-services/org.dirseal.Dirseal1.service".into(), 0o644),
         ("usr/share/dbus-1/interfaces/org.dirseal.Dirseal1.xml".into(), 0o644),
@@ -116,6 +117,7 @@ fn install_lays_out_every_file_and_uninstall_restores_the_tree() {
         ("data/dbus-1/system.d/org.dirseal.Dirseal1.conf", "usr/share/dbus-1/system.d/org.dirseal.Dirseal1.conf"),
         ("data/pam-configs/dirseal", "usr/share/pam-configs/dirseal"),
         ("data/pam-configs/dirseal-pin", "usr/share/pam-configs/dirseal-pin"),
+        ("data/pam-configs/dirseal-mkhome", "usr/share/pam-configs/dirseal-mkhome"),
         ("data/systemd/dirsealed.service", "usr/lib/systemd/system/dirsealed.service"),
         ("data/polkit-1/actions/org.dirseal.Dirseal1.policy", "usr/share/polkit-1/actions/org.dirseal.Dirseal1.policy"),
     ] {

@@ -9,8 +9,8 @@ use clap::Args;
 use indicatif::HumanBytes;
 use serde::Serialize;
 
-use dirseal::convert::{self, ConvertError, Converted, Finish, Hooks, Options};
-use dirseal::ops::Dirseal;
+use dirseal::convert::{self, ConvertError, Converted, Finish, Hooks, Options, Plan};
+use dirseal::ops::{Dirseal, Pick, ProtectorChoice};
 use dirseal::ui::Progress;
 use dirseal_migrate::{Method, Outcome, State, StatusView};
 
@@ -187,7 +187,18 @@ pub fn run(ds: &mut Dirseal, args: ConvertArgs, ui: &mut TermUi) -> Result<i32> 
         ui.login_user = user.as_ref().map(|u| u.name.clone());
         ui.assume_yes = args.yes;
         let choice = args.protector.choice(ds, &user)?;
-        convert::run(ds, plan, choice, ui, &hooks)
+        match plan {
+            Plan::New(plan) => plan.run(ds, choice, ui, &hooks),
+            // Resuming makes no protector: `--protector` at most names the one that reloads the
+            // staging key.
+            Plan::Resume(plan) => {
+                let pick = match choice {
+                    ProtectorChoice::Existing(id) => Pick { protector: Some(id) },
+                    ProtectorChoice::New(_) => Pick::default(),
+                };
+                plan.run(ds, pick, ui, &hooks)
+            }
+        }
     };
     reporter.finish();
     let done = result?;

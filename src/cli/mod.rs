@@ -2,6 +2,7 @@
 mod convert;
 mod fido2;
 mod hint;
+mod home;
 mod progress;
 mod recovery;
 mod scrub;
@@ -103,6 +104,9 @@ enum Cmd {
     /// Recovery keys: create, verify, remove, and restore access with one
     #[command(subcommand)]
     Recovery(recovery::RecoveryCmd),
+    /// New accounts' homes, encrypted before anything is written to them
+    #[command(subcommand)]
+    Home(home::HomeCmd),
     /// The TPM: status and dictionary-attack (wrong PIN) protection
     #[command(subcommand)]
     Tpm2(tpm2::Tpm2Cmd),
@@ -460,6 +464,7 @@ fn run(cli: Cli) -> Result<i32> {
             }
         }
         Cmd::Convert(args) => return convert::run(&mut ds, args, &mut ui),
+        Cmd::Home(cmd) => return home::run(&mut ds, cmd, &mut ui),
         Cmd::Unlock { dir, recovery: true, .. } => ds.unlock_with_recovery(&dir, &mut ui)?,
         Cmd::Unlock { dir, protector, recovery: false } => {
             let pick = ProtectorRef::pick(&protector, &ds)?;

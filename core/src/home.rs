@@ -1,0 +1,378 @@
+//! New homes encrypted from birth, for `dirseal home create`, the PAM module's `mkhome` and the
+//! service's `CreateHome`: the home (from the passwd entry) is created empty and root-only,
+//! encrypted before anything is written to it, the skeleton is copied in, and only then is it
+//! handed to its user. Nothing of it ever reaches the disk in plaintext, unlike `useradd -m`
+//! followed by a conversion (which leaves the skeleton's plaintext in free blocks).
+use std::ffi::OsStr;
+use std::fs::File;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use dirseal_recovery::RecoveryKey;
+use rustix::fs::{AtFlags, FileType, Mode, OFlags};
+use rustix::process::{Gid, Uid};
+
+use crate::ids::{KeyIdentifier, ProtectorId};
+use crate::ops::{Dirseal, NewProtector, OpsError, ProtectorChoice};
+use crate::protector::NewKind;
+use crate::recovery::RecoveryError;
+use crate::ui::{Question, Ui, UiError};
+
+pub const DEFAULT_SKEL: &str = "/etc/skel";
+pub const LOGIN_DEFS: &str = "/etc/login.defs";
+
+#[derive(Debug, thiserror::Error)]
+pub enum HomeError {
+    #[error("there is no user {0:?} in the password database; create the account first (`useradd -M {0}`)")]
+    NoSuchUser(String),
+    #[error("{user}'s home {path} already holds files; `dirseal convert {path}` encrypts a home that holds data")]
+    NotEmpty { user: String, path: PathBuf },
+    #[error("{path}: {reason}")]
+    Path { path: PathBuf, reason: String },
+    #[error("copying the skeleton {skel} into {home}: {reason}; {home} is encrypted and unlocked, still root's (mode 0700), and holds what was copied so far: remove it (`rm -r`, then `dirseal protector remove` for its protector) and run `dirseal home create` again")]
+    Skel { skel: PathBuf, home: PathBuf, reason: String },
+    #[error(transparent)]
+    Ops(#[from] OpsError),
+    #[error(transparent)]
+    Ui(#[from] UiError),
+    #[error(transparent)]
+    Recovery(#[from] RecoveryError),
+}
+
+/// What `/etc/login.defs` says about new homes (missing file or keys: shadow's defaults).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LoginDefs {
+    /// Accounts below it are system accounts: no home is made for them at login.
+    pub uid_min: u32,
+    /// The new home's mode: HOME_MODE, else 0777 less UMASK (as useradd does).
+    pub home_mode: u32,
+}
+
+impl Default for LoginDefs {
+    fn default() -> LoginDefs {
+        LoginDefs { uid_min: 1000, home_mode: 0o755 }
+    }
+}
+
+impl LoginDefs {
+    /// Reads `path`; an unreadable file gives the defaults (useradd does the same).
+    pub fn read(path: &Path) -> LoginDefs {
+        std::fs::read_to_string(path).map(|t| LoginDefs::parse(&t)).unwrap_or_default()
+    }
+
+    pub fn parse(text: &str) -> LoginDefs {
+        let mut uid_min = None;
+        let mut home_mode = None;
+        let mut umask = None;
+        for line in text.lines() {
+            let mut words = line.split_whitespace();
+            let (Some(key), Some(value)) = (words.next(), words.next()) else { continue };
+            // login.defs numbers are C literals: 0-prefixed octal, else decimal.
+            let octal = || u32::from_str_radix(value, 8).ok().filter(|m| *m <= 0o7777);
+            match key {
+                "UID_MIN" => uid_min = value.parse().ok(),
+                "HOME_MODE" => home_mode = octal(),
+                "UMASK" => umask = octal(),
+                _ => {}
+            }
+        }
+        let d = LoginDefs::default();
+        LoginDefs {
+            uid_min: uid_min.unwrap_or(d.uid_min),
+            home_mode: home_mode.or(umask.map(|u| 0o777 & !u)).unwrap_or(d.home_mode),
+        }
+    }
+}
+
+/// The account a home is made for, from the password database.
+#[derive(Clone, Debug)]
+pub struct Account {
+    pub name: String,
+    pub uid: u32,
+    pub gid: u32,
+    pub home: PathBuf,
+}
+
+impl Account {
+    pub fn named(user: &str) -> Result<Account, HomeError> {
+        match nix::unistd::User::from_name(user) {
+            Ok(Some(u)) => Ok(Account { name: u.name, uid: u.uid.as_raw(), gid: u.gid.as_raw(), home: u.dir }),
+            _ => Err(HomeError::NoSuchUser(user.to_string())),
+        }
+    }
+}
+
+/// How to make the home.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Copied into the new home (modes, owners made the user's, symlinks, xattrs, times).
+    pub skel: PathBuf,
+    /// Seal the master key under a new recovery key; `None` asks the Ui.
+    pub recovery_key: Option<bool>,
+    pub login_defs: PathBuf,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options { skel: DEFAULT_SKEL.into(), recovery_key: None, login_defs: LOGIN_DEFS.into() }
+    }
+}
+
+/// A home made.
+#[derive(Debug, serde::Serialize)]
+pub struct Created {
+    pub user: String,
+    pub uid: u32,
+    pub home: PathBuf,
+    pub mode: u32,
+    pub policy: KeyIdentifier,
+    pub protector: ProtectorId,
+    /// Entries copied from the skeleton.
+    pub entries: u64,
+    /// Special files (devices, fifos, sockets) of the skeleton, which are not copied.
+    pub skipped: Vec<PathBuf>,
+    /// Whether a recovery key was made (and shown through the Ui).
+    pub recovery_key: bool,
+}
+
+/// Whether `home` needs creating: it does not exist, or is an empty directory. `Err` says why not.
+pub fn check_absent_or_empty(acct: &Account) -> Result<bool, HomeError> {
+    let home = &acct.home;
+    let bad = |reason: &str| HomeError::Path { path: home.clone(), reason: reason.into() };
+    match std::fs::symlink_metadata(home) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(true),
+        Err(e) => Err(bad(&format!("cannot inspect it: {e}"))),
+        Ok(m) if !m.is_dir() => Err(bad("exists and is not a directory (symlinks are not followed)")),
+        Ok(_) => match std::fs::read_dir(home).map(|mut d| d.next().is_none()) {
+            Ok(true) => Ok(false),
+            Ok(false) => Err(HomeError::NotEmpty { user: acct.name.clone(), path: home.clone() }),
+            Err(e) => Err(bad(&format!("cannot list it: {e}"))),
+        },
+    }
+}
+
+/// Creates `acct`'s home encrypted, with a new protector of `kind` named after and owned by the
+/// user (the Ui is asked what the kind needs: a new password, a PIN, a touch), copies the skeleton
+/// in, then gives it to the user with login.defs' mode. Refused, with nothing written, when the
+/// home holds files or its filesystem cannot encrypt.
+pub fn create(
+    ds: &mut Dirseal,
+    acct: &Account,
+    kind: NewKind,
+    options: &Options,
+    ui: &mut dyn Ui,
+) -> Result<Created, HomeError> {
+    let home = &acct.home;
+    if !home.is_absolute() {
+        return Err(HomeError::Path { path: home.clone(), reason: "the passwd entry's home is not absolute".into() });
+    }
+    let missing = check_absent_or_empty(acct)?;
+    let parent = home.parent().unwrap_or(Path::new("/"));
+    // Nothing is created (directory, protector, policy) on a filesystem that cannot encrypt.
+    let mp = crate::fscrypt::mount_point(parent).map_err(OpsError::from)?;
+    crate::fscrypt::check_supported(&mp).map_err(OpsError::from)?;
+    let defs = LoginDefs::read(&options.login_defs);
+    // Root's, and closed to everyone, until it is complete: the user cannot write into it (or
+    // plant a symlink) while it is being filled.
+    let io = |what: &str, e: std::io::Error| HomeError::Path { path: home.clone(), reason: format!("{what}: {e}") };
+    if missing {
+        rustix::fs::mkdir(home, Mode::from_raw_mode(0o700)).map_err(|e| io("cannot create it", e.into()))?;
+    }
+    let dir = open_dir_nofollow(None, home.as_os_str()).map_err(|e| io("cannot open it", e))?;
+    let before = rustix::fs::fstat(&dir).map_err(|e| io("cannot inspect it", e.into()))?;
+    let root_only = || -> std::io::Result<()> {
+        rustix::fs::fchown(&dir, Some(Uid::ROOT), Some(Gid::ROOT))?;
+        rustix::fs::fchmod(&dir, Mode::from_raw_mode(0o700))?;
+        Ok(())
+    };
+    root_only().map_err(|e| io("cannot make it root's while it is made", e))?;
+    let new = NewProtector { name: &acct.name, uid: Some(acct.uid), kind };
+    let (policy, master) = match ds.encrypt(home, ProtectorChoice::New(new), ui) {
+        Ok(p) => p,
+        Err(e) => {
+            // Nothing was written: the home is as it was (gone again, or its owner and mode back).
+            if missing {
+                let _ = std::fs::remove_dir(home);
+            } else {
+                let _ =
+                    rustix::fs::fchown(&dir, Some(Uid::from_raw(before.st_uid)), Some(Gid::from_raw(before.st_gid)));
+                let _ = rustix::fs::fchmod(&dir, Mode::from_raw_mode(before.st_mode & 0o7777));
+            }
+            return Err(e.into());
+        }
+    };
+    // Invariant: a new policy has exactly the protector it was created with.
+    let protector =
+        *policy.wrapped.keys().next().ok_or_else(|| OpsError::NoProtector { what: home.display().to_string() })?;
+    let want_key = match options.recovery_key {
+        Some(w) => w,
+        None => ui.confirm(&Question::CreateRecoveryKey { dir: home })?,
+    };
+    if want_key {
+        let key = RecoveryKey::generate();
+        // Shown before it is saved: a key nobody received must not become the way in.
+        ui.show_recovery_key(home, &key)?;
+        crate::recovery::install(home, &policy.id, &master, &key)?;
+    }
+    let mut copy = Copy { owner: (acct.uid, acct.gid), entries: 0, skipped: Vec::new(), at: PathBuf::new() };
+    let skel_err = |reason: String| HomeError::Skel { skel: options.skel.clone(), home: home.clone(), reason };
+    match open_dir_nofollow(None, options.skel.as_os_str()) {
+        Ok(skel) => copy.dir(skel.as_fd(), dir.as_fd()).map_err(|e| skel_err(format!("{}: {e}", copy.at.display())))?,
+        // No skeleton (a minimal system): an empty home, as useradd makes.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(skel_err(format!("cannot open it: {e}"))),
+    }
+    let mode = defs.home_mode & 0o7777;
+    let give = || -> std::io::Result<()> {
+        rustix::fs::fchown(&dir, Some(Uid::from_raw(acct.uid)), Some(Gid::from_raw(acct.gid)))?;
+        rustix::fs::fchmod(&dir, Mode::from_raw_mode(mode))?;
+        Ok(())
+    };
+    give().map_err(|e| io("cannot give it to its user", e))?;
+    ui.notice(&format!(
+        "created {} for {}, encrypted (policy {}, protector {protector})",
+        home.display(),
+        acct.name,
+        policy.id
+    ));
+    Ok(Created {
+        user: acct.name.clone(),
+        uid: acct.uid,
+        home: home.clone(),
+        mode,
+        policy: policy.id,
+        protector,
+        entries: copy.entries,
+        skipped: copy.skipped,
+        recovery_key: want_key,
+    })
+}
+
+fn open_dir_nofollow(at: Option<BorrowedFd<'_>>, name: &OsStr) -> std::io::Result<OwnedFd> {
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    Ok(match at {
+        Some(d) => rustix::fs::openat(d, name, flags, Mode::empty())?,
+        None => rustix::fs::open(name, flags, Mode::empty())?,
+    })
+}
+
+/// A faithful copy of the skeleton into the new home, fd-relative and without following links.
+struct Copy {
+    owner: (u32, u32),
+    entries: u64,
+    skipped: Vec<PathBuf>,
+    /// Where it is (relative to the skeleton), for errors.
+    at: PathBuf,
+}
+
+impl Copy {
+    fn dir(&mut self, src: BorrowedFd<'_>, dst: BorrowedFd<'_>) -> std::io::Result<()> {
+        let mut names: Vec<Vec<u8>> = Vec::new();
+        for entry in rustix::fs::Dir::read_from(src)? {
+            let name = entry?.file_name().to_bytes().to_vec();
+            if name != b"." && name != b".." {
+                names.push(name);
+            }
+        }
+        names.sort();
+        for name in names {
+            let name = OsStr::from_bytes(&name);
+            self.at.push(name);
+            self.entry(src, dst, name)?;
+            self.at.pop();
+        }
+        Ok(())
+    }
+
+    fn entry(&mut self, src: BorrowedFd<'_>, dst: BorrowedFd<'_>, name: &OsStr) -> std::io::Result<()> {
+        let st = rustix::fs::statat(src, name, AtFlags::SYMLINK_NOFOLLOW)?;
+        let times = rustix::fs::Timestamps {
+            last_access: rustix::fs::Timespec { tv_sec: st.st_atime as _, tv_nsec: st.st_atime_nsec as _ },
+            last_modification: rustix::fs::Timespec { tv_sec: st.st_mtime as _, tv_nsec: st.st_mtime_nsec as _ },
+        };
+        let mode = Mode::from_raw_mode(st.st_mode & 0o7777);
+        let (uid, gid) = (Some(Uid::from_raw(self.owner.0)), Some(Gid::from_raw(self.owner.1)));
+        match FileType::from_raw_mode(st.st_mode) {
+            FileType::Directory => {
+                rustix::fs::mkdirat(dst, name, Mode::from_raw_mode(0o700))?;
+                let s = open_dir_nofollow(Some(src), name)?;
+                let d = open_dir_nofollow(Some(dst), name)?;
+                self.dir(s.as_fd(), d.as_fd())?;
+                finish(s.as_fd(), d.as_fd(), uid, gid, mode, &times)?;
+            }
+            FileType::RegularFile => {
+                let s =
+                    rustix::fs::openat(src, name, OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC, Mode::empty())?;
+                let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+                let d = rustix::fs::openat(dst, name, flags, Mode::from_raw_mode(0o600))?;
+                let (mut sf, mut df) = (File::from(s), File::from(d));
+                std::io::copy(&mut sf, &mut df)?;
+                finish(sf.as_fd(), df.as_fd(), uid, gid, mode, &times)?;
+            }
+            FileType::Symlink => {
+                let target = rustix::fs::readlinkat(src, name, Vec::new())?;
+                rustix::fs::symlinkat(target.as_c_str(), dst, name)?;
+                rustix::fs::chownat(dst, name, uid, gid, AtFlags::SYMLINK_NOFOLLOW)?;
+                rustix::fs::utimensat(dst, name, &times, AtFlags::SYMLINK_NOFOLLOW)?;
+            }
+            _ => {
+                self.skipped.push(self.at.clone());
+                return Ok(());
+            }
+        }
+        self.entries += 1;
+        Ok(())
+    }
+}
+
+/// The copy's metadata: xattrs (ACLs included) as the source has them, then the user as owner,
+/// then the mode (after the chown, which clears set-id bits), then the times.
+fn finish(
+    src: BorrowedFd<'_>,
+    dst: BorrowedFd<'_>,
+    uid: Option<Uid>,
+    gid: Option<Gid>,
+    mode: Mode,
+    times: &rustix::fs::Timestamps,
+) -> std::io::Result<()> {
+    for (name, value) in xattrs(src)? {
+        rustix::fs::fsetxattr(dst, name.as_c_str(), &value, rustix::fs::XattrFlags::empty())?;
+    }
+    rustix::fs::fchown(dst, uid, gid)?;
+    rustix::fs::fchmod(dst, mode)?;
+    rustix::fs::futimens(dst, times)?;
+    Ok(())
+}
+
+/// Every xattr of an open file. The encryption context is not among them: the kernel keeps it
+/// out of the xattr namespace.
+fn xattrs(fd: BorrowedFd<'_>) -> std::io::Result<Vec<(std::ffi::CString, Vec<u8>)>> {
+    let mut names = vec![0u8; 64 * 1024];
+    let n = rustix::fs::flistxattr(fd, &mut names[..])?;
+    names.truncate(n);
+    let mut out = Vec::new();
+    for raw in names.split(|b| *b == 0).filter(|s| !s.is_empty()) {
+        let name = std::ffi::CString::new(raw).map_err(std::io::Error::other)?;
+        let mut value = vec![0u8; 64 * 1024];
+        let len = rustix::fs::fgetxattr(fd, name.as_c_str(), &mut value[..])?;
+        value.truncate(len);
+        out.push((name, value));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LoginDefs;
+
+    #[test]
+    fn login_defs_home_mode_wins_over_umask() {
+        let d = LoginDefs::parse("# c\nUID_MIN\t\t 2000\nUMASK 027\nHOME_MODE 0700\n");
+        assert_eq!(d, LoginDefs { uid_min: 2000, home_mode: 0o700 });
+        assert_eq!(LoginDefs::parse("UMASK 077\n").home_mode, 0o700);
+        assert_eq!(LoginDefs::parse("UMASK 022\n").home_mode, 0o755);
+        assert_eq!(LoginDefs::parse("").uid_min, 1000);
+        assert_eq!(LoginDefs::parse("HOME_MODE bad\n").home_mode, 0o755);
+    }
+}
