@@ -375,11 +375,18 @@ impl std::error::Error for KindError {
 
 /// A kind's options, as (key, value) pairs: front ends turn their flags or arguments into
 /// these without knowing which kind takes which. The kind takes its own; the rest is refused.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct KindOptions {
     kind: &'static str,
     pairs: Vec<(String, String)>,
     trusted: bool,
+}
+
+/// No options, from someone who may set every option.
+impl Default for KindOptions {
+    fn default() -> KindOptions {
+        KindOptions::new(Vec::new())
+    }
 }
 
 impl KindOptions {
