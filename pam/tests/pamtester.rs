@@ -1084,7 +1084,12 @@ fn a_tpm_pin_equal_to_the_login_password_is_refused_unless_allowed_and_then_warn
     let mut ds = s.ds();
     let policy = ds.policy_of(&u.home).unwrap();
     let pick = dirseal::ops::Pick { protector: None };
-    let tpm_kind = |allow| NewKind::named("tpm2", KindOptions::new(if allow { vec![("allow_password_pin".into(), "true".into())] } else { vec![] }));
+    let tpm_kind = |allow| {
+        NewKind::named(
+            "tpm2",
+            KindOptions::new(if allow { vec![("allow_password_pin".into(), "true".into())] } else { vec![] }),
+        )
+    };
     let n = NewProtector { name: "tpm", uid: Some(u.uid), kind: tpm_kind(false).unwrap() };
     let e = ds
         .add_protector_to_policy(

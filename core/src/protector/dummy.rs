@@ -123,5 +123,4 @@ mod tests {
         let ProtectorKind::Dummy(d) = &listed[0].kind else { panic!("a dummy protector") };
         assert!(d.shout);
     }
-
 }

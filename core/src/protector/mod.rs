@@ -190,7 +190,6 @@ kinds! {
     "dummy" => Dummy(dummy::Dummy, dummy::NewDummy),
 }
 
-
 /// The object-safe part of [`Kind`], for dispatch without a `match` per method.
 trait KindDyn {
     fn ask(&self) -> Ask;

@@ -104,7 +104,6 @@ impl NewPassword {
         config.argon2 = Some(p);
         p
     }
-
 }
 
 impl NewKindOf for NewPassword {

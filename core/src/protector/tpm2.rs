@@ -155,7 +155,11 @@ impl Kind for Tpm2 {
     /// Only a protector with a PIN has a secret to change.
     fn rekey(&self, config: &Config, secret: Option<&Passphrase>) -> Option<Result<(Tpm2, Kek), ProtectorError>> {
         self.sealed.pin.as_ref()?;
-        Some(secret.ok_or(ProtectorError::NoAnswer { what: "TPM PIN" }).and_then(|pin| seal(config, Some(pin), &self.sealed.pcrs)))
+        Some(
+            secret
+                .ok_or(ProtectorError::NoAnswer { what: "TPM PIN" })
+                .and_then(|pin| seal(config, Some(pin), &self.sealed.pcrs)),
+        )
     }
 }
 
