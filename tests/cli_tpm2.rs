@@ -96,7 +96,9 @@ fn pcr_bound_protector_refuses_after_the_pcr_changes_and_names_the_others() {
     dirseal_testfs::needs_root!();
     let tpm = Swtpm::start();
     let env = env_with(&tpm.tcti());
-    let out = env.ok(&["protector", "create", "--type", "tpm2", "--name", "boot", "--no-pin", "--pcr", "7"], "");
+    // The flags are the kind's options; `--protector-opt no_pin --protector-opt pcr=7` says the same.
+    let out = env
+        .ok(&["protector", "create", "--type", "tpm2", "--name", "boot", "--no-pin", "--protector-opt", "pcr=7"], "");
     assert!(out.contains("created protector"), "{out}");
     let boot = id_of(&env, "boot");
     let d = env.mnt().join("data");
@@ -143,6 +145,13 @@ fn a_missing_tpm_is_a_clear_error_at_create_and_nothing_is_saved() {
     // Options of other kinds are refused, not dropped.
     let err = env.fails(&["protector", "create", "--type", "password", "--name", "x", "--no-pin"], "pw\n");
     assert!(err.contains("--no-pin does not apply to password protectors"), "{err}");
+    // Any kind's option by its key; the kind refuses what it does not take, by that key.
+    let err =
+        env.fails(&["protector", "create", "--type", "password", "--name", "x", "--protector-opt", "pcr=7"], "pw\n");
+    assert!(err.contains("option pcr does not apply to password protectors"), "{err}");
+    let err =
+        env.fails(&["protector", "create", "--type", "tpm2", "--name", "x", "--protector-opt", "no_pin=maybe"], "");
+    assert!(err.contains("option no_pin of tpm2 protectors: it is true or false"), "{err}");
     let err = env.fails(&["protector", "create", "--type", "tpm2", "--name", "x", "--pcr", "99"], "");
     assert!(err.contains("PCR 99"), "{err}");
 }

@@ -670,7 +670,7 @@ fn a_conversion_walks_the_tree_once_for_its_census() {
     assert_eq!(census.entries, before.len() as u64);
     assert!(census.space_available >= census.space_needed);
 
-    let kind = NewKind::named("password", &KindOptions::default()).unwrap();
+    let kind = NewKind::named("password", KindOptions::default()).unwrap();
     let choice = ProtectorChoice::New(NewProtector { name: "owner", uid: None, kind });
     // Yes to every question: the conversion, and a recovery key.
     let mut ui = Scripted::new(&["pw"]).yes();

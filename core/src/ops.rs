@@ -14,7 +14,6 @@ use crate::keystore::{Keystore, KeystoreError, PolicyRecord};
 use crate::protector::{self, NewKind, ProtectorError, ProtectorRecord, UnlockError};
 use crate::recovery::{self, RecoveryError};
 use crate::secret::{MasterKey, Passphrase, ProtectorKey};
-use crate::tpm2::Tpm2Error;
 use crate::ui::{Ui, UiError};
 
 #[derive(Debug, thiserror::Error)]
@@ -265,10 +264,8 @@ impl Dirseal {
         let ask = n.kind.ask();
         n.kind.check_ready(&self.config)?;
         let secret = protector::ask_new(ask, n.name, ui)?;
-        if let (NewKind::Tpm2(t), Some(uid), Some(pin)) = (&n.kind, n.uid, secret.as_ref()) {
-            if !t.allow_password_pin {
-                refuse_login_password_pin(uid, pin)?;
-            }
+        if let (true, Some(uid), Some(secret)) = (n.kind.refuses_login_password(), n.uid, secret.as_ref()) {
+            refuse_login_password_pin(uid, secret)?;
         }
         if ask.touch {
             ui.touch(n.name, None);
@@ -304,7 +301,7 @@ impl Dirseal {
         n: &NewProtector<'_>,
         ui: &mut dyn Ui,
     ) -> Result<(ProtectorRecord, ProtectorKey), OpsError> {
-        if !matches!(n.kind, NewKind::Password(_)) {
+        if n.kind.ask() != protector::Ask::PASSWORD {
             return self.create_protector(n, ui);
         }
         let candidates: Vec<ProtectorRecord> = self
@@ -312,7 +309,7 @@ impl Dirseal {
             .protectors()?
             .into_iter()
             .filter_map(|(_, r)| r.ok())
-            .filter(|r| r.name == n.name && r.uid == n.uid && matches!(r.kind, protector::ProtectorKind::Password(_)))
+            .filter(|r| r.name == n.name && r.uid == n.uid && r.kind.name() == n.kind.name())
             .filter(|r| self.keystore.policies_using(&r.id).is_ok_and(|p| p.is_empty()))
             .collect();
         if candidates.is_empty() {
@@ -498,10 +495,9 @@ impl Dirseal {
                 Ok(k) => k,
                 Err(UnlockError::Ui(e)) => return Err(e.into()),
                 Err(UnlockError::Protector(ProtectorError::IncorrectSecret { .. })) => continue,
-                // No TPM on this machine (or not now): nothing to report at every login.
-                Err(UnlockError::Protector(ProtectorError::Tpm2(Tpm2Error::Unavailable { .. }))) => continue,
-                // No security key holding the credential plugged in: the usual case, not a problem.
-                Err(UnlockError::Protector(ProtectorError::Fido2(crate::fido2::Fido2Error::NotConnected))) => continue,
+                // No TPM on this machine, no security key holding the credential plugged in: the
+                // usual case, nothing to report at every login.
+                Err(UnlockError::Protector(ProtectorError::Unavailable(_))) => continue,
                 Err(UnlockError::Protector(e)) => {
                     problems.push((rec.id, e.into()));
                     continue;
@@ -573,9 +569,7 @@ impl Dirseal {
         let what = dir.display().to_string();
         let picked = pick.protector;
         let (pid, pkey) = match self.unlock_policy_protector(&policy, pick, &what, ui) {
-            Err(OpsError::Protector(
-                e @ ProtectorError::Tpm2(Tpm2Error::PcrMismatch { .. } | Tpm2Error::Lockout { .. }),
-            )) => {
+            Err(OpsError::Protector(e @ ProtectorError::NotNow(_))) => {
                 return Err(self.use_another(&policy, dir, picked, e));
             }
             r => r?,
@@ -998,9 +992,10 @@ fn refuse_login_password_pin(uid: u32, pin: &Passphrase) -> Result<(), OpsError>
     Ok(())
 }
 
-/// Whether `rec` is a TPM protector with a PIN: what a PIN login (docs/pam.md) opens.
+/// Whether `rec` opens with a PIN alone that its device counts (a TPM PIN): what a PIN login
+/// (docs/pam.md) opens.
 pub fn is_tpm_pin(rec: &ProtectorRecord) -> bool {
-    matches!(rec.kind, protector::ProtectorKind::Tpm2(_)) && rec.kind.ask().secret == Some(protector::Secret::Pin)
+    rec.kind.ask() == protector::Ask::PIN
 }
 
 /// PIN-login accounts (docs/pam.md): log in with their TPM PIN alone, no password hash in

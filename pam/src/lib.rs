@@ -30,7 +30,6 @@ use dirseal::ops::is_tpm_pin;
 use dirseal::ops::{Dirseal, OpsError};
 use dirseal::protector::{self, ProtectorError, ProtectorRecord, Secret, UnlockError};
 use dirseal::secret::Passphrase;
-use dirseal::tpm2::Tpm2Error;
 use dirseal::ui::{SecretPrompt, Ui, UiError};
 
 use ffi::*;
@@ -412,7 +411,7 @@ fn standalone(pam: &Pam, flags: c_int, acct: &Account, ds: &Dirseal, policy: &Po
             tell(pam, flags, LOG_NOTICE, &format!("Wrong PIN for {} ({e}).", acct.name));
             PAM_AUTH_ERR
         }
-        Err(UnlockError::Protector(ProtectorError::Tpm2(Tpm2Error::Unavailable { .. }))) => PAM_IGNORE,
+        Err(UnlockError::Protector(ProtectorError::Unavailable(_))) => PAM_IGNORE,
         // In lockout, refused over the network with few tries left, ...: the TPM was not asked.
         Err(UnlockError::Protector(e)) => {
             tell(pam, flags, LOG_NOTICE, &format!("dirseal: no PIN login for {}: {e}", acct.name));
@@ -423,7 +422,7 @@ fn standalone(pam: &Pam, flags: c_int, acct: &Account, ds: &Dirseal, policy: &Po
 
 /// A wrong PIN, which cost one TPM try.
 fn wrong_pin(e: &ProtectorError) -> bool {
-    matches!(e, ProtectorError::IncorrectSecret { .. } | ProtectorError::Tpm2(Tpm2Error::WrongPin { .. }))
+    e.is_wrong_secret()
 }
 
 /// A stand-alone login succeeded: keeps the key for `open_session`.

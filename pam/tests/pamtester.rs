@@ -68,7 +68,7 @@ impl Setup {
     fn managed_user(&self, password: &'static str) -> User {
         let u = User::new(self.fs.path());
         let mut ds = self.ds();
-        let kind = NewKind::named("password", &KindOptions::default()).unwrap();
+        let kind = NewKind::named("password", KindOptions::default()).unwrap();
         let n = NewProtector { name: &u.name, uid: Some(u.uid), kind };
         ds.encrypt(&u.home, ProtectorChoice::New(n), &mut Scripted::new(&[password])).unwrap();
         fs::write(u.home.join("diary.txt"), b"dear diary").unwrap();
@@ -336,7 +336,7 @@ fn a_shared_protector_of_another_user_never_logs_the_owner_in() {
     // Bob's protector shares alice's home (a shared directory): it opens it with the CLI.
     let mut ds = s.ds();
     let policy = ds.policy_of(&alice.home).unwrap();
-    let kind = NewKind::named("password", &KindOptions::default()).unwrap();
+    let kind = NewKind::named("password", KindOptions::default()).unwrap();
     let n = NewProtector { name: &bob.name, uid: Some(bob.uid), kind };
     ds.add_protector_to_policy(
         &policy.id,
@@ -754,7 +754,7 @@ fn managed_user_with_key(s: &Setup, password: &'static str) -> (User, dirseal_so
     let u = s.managed_user(password);
     let mut ds = s.ds();
     let policy = ds.policy_of(&u.home).unwrap();
-    let kind = NewKind::named("fido2", &KindOptions::default()).unwrap();
+    let kind = NewKind::named("fido2", KindOptions::default()).unwrap();
     let n = NewProtector { name: "yubikey", uid: Some(u.uid), kind };
     let pick = dirseal::ops::Pick { protector: None };
     ds.add_protector_to_policy(&policy.id, pick, ProtectorChoice::New(n), &mut Scripted::new(&[password])).unwrap();
@@ -828,7 +828,7 @@ fn managed_tpm_user(s: &Setup, tpm: &dirseal_testfs::Swtpm, pin: &'static str) -
     writeln!(f, "[tpm2]\ntcti = \"{}\"", tpm.tcti()).unwrap();
     let u = User::new(s.fs.path());
     let mut ds = s.ds();
-    let kind = NewKind::named("tpm2", &KindOptions::default()).unwrap();
+    let kind = NewKind::named("tpm2", KindOptions::default()).unwrap();
     let n = NewProtector { name: &u.name, uid: Some(u.uid), kind };
     ds.encrypt(&u.home, ProtectorChoice::New(n), &mut Scripted::new(&[pin])).unwrap();
     fs::write(u.home.join("diary.txt"), b"dear diary").unwrap();
@@ -914,11 +914,11 @@ fn pin_account(
     fs::write(s.config(), cfg).unwrap();
     let u = User::new(s.fs.path());
     let mut ds = s.ds();
-    let kind = NewKind::named("tpm2", &KindOptions::default()).unwrap();
+    let kind = NewKind::named("tpm2", KindOptions::default()).unwrap();
     let n = NewProtector { name: "tpm", uid: Some(u.uid), kind };
     let (policy, _) = ds.encrypt(&u.home, ProtectorChoice::New(n), &mut Scripted::new(&[pin])).unwrap();
     if key.is_some() {
-        let kind = NewKind::named("fido2", &KindOptions::default()).unwrap();
+        let kind = NewKind::named("fido2", KindOptions::default()).unwrap();
         let n = NewProtector { name: "yubikey", uid: Some(u.uid), kind };
         let pick = dirseal::ops::Pick { protector: None };
         ds.add_protector_to_policy(&policy.id, pick, ProtectorChoice::New(n), &mut Scripted::new(&[pin])).unwrap();
@@ -1084,7 +1084,12 @@ fn a_tpm_pin_equal_to_the_login_password_is_refused_unless_allowed_and_then_warn
     let mut ds = s.ds();
     let policy = ds.policy_of(&u.home).unwrap();
     let pick = dirseal::ops::Pick { protector: None };
-    let tpm_kind = |allow| NewKind::named("tpm2", &KindOptions { allow_password_pin: allow, ..Default::default() });
+    let tpm_kind = |allow| {
+        NewKind::named(
+            "tpm2",
+            KindOptions::new(if allow { vec![("allow_password_pin".into(), "true".into())] } else { vec![] }),
+        )
+    };
     let n = NewProtector { name: "tpm", uid: Some(u.uid), kind: tpm_kind(false).unwrap() };
     let e = ds
         .add_protector_to_policy(
@@ -1264,7 +1269,7 @@ fn a_home_created_encrypted_is_unlocked_by_a_login() {
     fs::remove_dir(&u.home).unwrap();
     u.set_system_password("made-Password-1");
     let acct = dirseal::home::Account::named(&u.name).unwrap();
-    let kind = NewKind::named("password", &KindOptions::default()).unwrap();
+    let kind = NewKind::named("password", KindOptions::default()).unwrap();
     let options = dirseal::home::Options { recovery_key: Some(false), ..Default::default() };
     let made =
         dirseal::home::create(&mut s.ds(), &acct, kind, &options, &mut Scripted::new(&["made-Password-1"])).unwrap();

@@ -4,7 +4,6 @@ use dirseal::keystore::KeystoreError;
 use dirseal::ops::OpsError;
 use dirseal::protector::ProtectorError;
 use dirseal::recovery::RecoveryError;
-use dirseal::tpm2::Tpm2Error;
 use dirseal::ui::UiError;
 use zbus::message::{Header, Message};
 use zbus::names::ErrorName;
@@ -110,12 +109,12 @@ fn keystore_kind(e: &KeystoreError) -> Kind {
 
 fn protector_kind(e: &ProtectorError) -> Kind {
     match e {
-        ProtectorError::IncorrectSecret { .. } | ProtectorError::Tpm2(Tpm2Error::WrongPin { .. }) => {
-            Kind::IncorrectSecret
-        }
-        ProtectorError::BadName { .. } | ProtectorError::UnknownKind { .. } | ProtectorError::BadOption { .. } => {
-            Kind::InvalidArgs
-        }
+        e if e.is_wrong_secret() => Kind::IncorrectSecret,
+        ProtectorError::BadName { .. }
+        | ProtectorError::UnknownKind { .. }
+        | ProtectorError::BadOption { .. }
+        | ProtectorError::BadOptionValue { .. } => Kind::InvalidArgs,
+        ProtectorError::Privileged { .. } => Kind::AccessDenied,
         ProtectorError::NoSecret { .. } => Kind::NotSupported,
         _ => Kind::Failed,
     }

@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use dirseal::ids::ProtectorId;
 use dirseal::ops::Dirseal;
-use dirseal::protector::{Ask, ProtectorKind, Secret};
+use dirseal::protector::Ask;
 
 const LOGIN1: &str = "org.freedesktop.login1";
 use dirseal::tpm2::PinTries;
@@ -31,8 +31,8 @@ pub fn may_try(ds: &Dirseal, caller: &Caller, id: &ProtectorId) -> Result<()> {
         return Ok(());
     }
     let rec = ds.keystore().protector(id)?;
-    let pin = Ask { secret: Some(Secret::Pin), touch: false };
-    if !matches!(rec.kind, ProtectorKind::Tpm2(_)) || rec.kind.ask() != pin {
+    // A PIN the device counts (a TPM PIN); other secrets cost no shared tries.
+    if rec.kind.ask() != Ask::PIN {
         return Ok(());
     }
     if rec.uid != Some(caller.uid) {
@@ -42,10 +42,9 @@ pub fn may_try(ds: &Dirseal, caller: &Caller, id: &ProtectorId) -> Result<()> {
         )));
     }
     let config = ds.config();
-    let status = dirseal::tpm2::Tpm::open(&config.tpm2.tcti())
-        .and_then(|mut t| t.da_status())
-        .map_err(|e| Error::failed(e.to_string()))?;
-    let rule = PinTries { tries_left: status.tries_left(), min_local_tries: config.tpm2.min_local_tries() };
+    let Some(tries_left) = rec.kind.device_tries(config) else { return Ok(()) };
+    let tries_left = tries_left.map_err(|e| Error::failed(e.to_string()))?;
+    let rule = PinTries { tries_left, min_local_tries: config.tpm2.min_local_tries() };
     let mut last = LAST_TRY.lock().unwrap_or_else(|e| e.into_inner());
     let last = last.get_or_insert_with(HashMap::new);
     let since = last.get(&caller.uid).map(Instant::elapsed);

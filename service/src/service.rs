@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use dirseal::ids::ProtectorId;
 use dirseal::keystore::{KeystoreError, PolicyRecord};
 use dirseal::ops::{self, Dirseal, NewProtector, Pick, ProtectorChoice};
-use dirseal::protector::{KindOptions, NewKind, ProtectorKind};
+use dirseal::protector::{KindOptions, NewKind};
 use dirseal::secret::Passphrase;
 use dirseal::ui::{Question, SecretPrompt, Ui, UiError};
 use futures_lite::FutureExt;
@@ -582,9 +582,9 @@ impl Service {
     }
 
     /// Creates a protector named `name`: by default a password protector with password `secret`.
-    /// Options: `kind` (s: "password" or "tpm2"; `secret` is then the PIN), `no_pin` (b, tpm2:
-    /// no PIN, `secret` is ignored), `uid` (u, root only: whose protector it is; a user's
-    /// protector is always their own). Returns its id.
+    /// Options: `kind` (s: "password" or "tpm2"; `secret` is then the PIN), `uid` (u, root only:
+    /// whose protector it is; a user's protector is always their own), and the kind's own options
+    /// (docs/dbus.md), e.g. `no_pin` (b, tpm2: no PIN, `secret` is ignored). Returns its id.
     #[zbus(out_args("protector"))]
     async fn create_protector(
         &self,
@@ -596,7 +596,7 @@ impl Service {
         self.call("CreateProtector", name.clone(), &hdr, move |ctx, caller| {
             let mut uid = None;
             let mut kind = "password".to_string();
-            let mut opts = KindOptions::default();
+            let mut pairs = Vec::new();
             let bad = |o: &str, t: &str| Error::invalid(format!("option {o} must be of type {t}"));
             for (k, v) in &options {
                 match k.as_str() {
@@ -605,14 +605,15 @@ impl Service {
                         kind = String::try_from(v.try_clone().map_err(|_| bad("kind", "s"))?)
                             .map_err(|_| bad("kind", "s"))?
                     }
-                    "no_pin" => opts.no_pin = bool::try_from(v).map_err(|_| bad("no_pin", "b"))?,
-                    other => return Err(Error::invalid(format!("unknown option {other:?}; known: kind, no_pin, uid"))),
+                    // The rest is the kind's, as text: it parses and checks its own.
+                    other => pairs.push((other.to_string(), option_text(v).ok_or_else(|| bad(other, "b, s or u"))?)),
                 }
             }
             if uid.is_some_and(|u| u != caller.uid) && !caller.may_administer() {
                 return Err(Error::denied("only root may create a protector for another user"));
             }
-            let kind = NewKind::named(&kind, &opts)?;
+            let opts = if caller.may_administer() { KindOptions::new(pairs) } else { KindOptions::untrusted(pairs) };
+            let kind = NewKind::named(&kind, opts)?;
             let secret = read_secret(secret.into(), "secret")?;
             let _one = ctx.one_at_a_time();
             let mut ds = ctx.open()?;
@@ -1009,7 +1010,8 @@ impl Service {
         .await
     }
 
-    /// How many wrong PINs the TPM behind a tpm2 protector still accepts before it locks out.
+    /// How many wrong PINs the device behind a protector (a tpm2 protector's TPM) still accepts
+    /// before it locks out.
     #[zbus(out_args("tries"))]
     async fn get_tpm_tries_left(&self, #[zbus(header)] hdr: Header<'_>, protector: String) -> Result<u32> {
         self.call("GetTpmTriesLeft", protector.clone(), &hdr, move |ctx, caller| {
@@ -1017,21 +1019,29 @@ impl Service {
             let ds = ctx.open_existing()?;
             let rec = ds.keystore().protector(&id)?;
             caller.check_protector(&rec)?;
-            if !matches!(rec.kind, ProtectorKind::Tpm2(_)) {
-                return Err(Error::new(
+            match rec.kind.device_tries(ds.config()) {
+                Some(tries) => Ok(tries?),
+                None => Err(Error::new(
                     Kind::NotSupported,
-                    format!(
-                        "protector {id} is a {} protector; only tpm2 protectors have a TPM's tries",
-                        rec.kind.name()
-                    ),
-                ));
+                    format!("protector {id} is a {} protector; no device counts its wrong secrets", rec.kind.name()),
+                )),
             }
-            let tcti = ds.config().tpm2.tcti();
-            let status = dirseal::tpm2::Tpm::open(&tcti)
-                .and_then(|mut t| t.da_status())
-                .map_err(|e| Error::failed(e.to_string()))?;
-            Ok(status.tries_left())
         })
         .await
     }
+}
+
+/// A kind's option from an a{sv} value, as the text the kind parses: a boolean, a string or an
+/// unsigned number.
+fn option_text(v: &OwnedValue) -> Option<String> {
+    if let Ok(b) = bool::try_from(v) {
+        return Some(b.to_string());
+    }
+    if let Ok(u) = u32::try_from(v) {
+        return Some(u.to_string());
+    }
+    if let Ok(u) = u64::try_from(v) {
+        return Some(u.to_string());
+    }
+    String::try_from(v.try_clone().ok()?).ok()
 }

@@ -135,12 +135,14 @@ fn fscrypt(e: &FscryptError) -> Option<String> {
 
 fn protector(e: &ProtectorError) -> Option<String> {
     match e {
-        ProtectorError::Fido2(f) => fido2(f),
         ProtectorError::IncorrectSecret { .. } => {
             Some("forgotten? a directory's recovery key opens it: `dirseal unlock --recovery DIR`".into())
         }
-        ProtectorError::Tpm2(t) => tpm2(t),
-        _ => None,
+        // A device's own error: the device tools (`dirseal tpm2`, `dirseal fido2`) have advice.
+        _ => {
+            let k = e.kind_error()?;
+            k.downcast_ref::<Tpm2Error>().and_then(tpm2).or_else(|| k.downcast_ref::<Fido2Error>().and_then(fido2))
+        }
     }
 }
 

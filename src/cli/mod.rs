@@ -20,8 +20,7 @@ use dirseal::config::DEFAULT_CONFIG_PATH;
 use dirseal::ids::{KeyIdentifier, ProtectorId};
 use dirseal::keystore::{PolicyRecord, ProtectorRecord};
 use dirseal::ops::{self, Dirseal, LockReport, NewProtector, OpsError, Pick, ProtectorChoice, ProtectorSummary};
-use dirseal::protector::{self, KindOptions, NewKind};
-use dirseal::tpm2::PcrSet;
+use dirseal::protector::{self, KindOptions, NewKind, ProtectorError};
 
 pub use term::clean;
 use term::TermUi;
@@ -218,7 +217,7 @@ pub struct KdfArgs {
     no_pin: bool,
     /// tpm2: refuse to unseal once these PCRs (SHA-256 bank) differ from their values now, e.g. 7
     #[arg(long, value_name = "N[,N...]")]
-    pcr: Option<PcrSet>,
+    pcr: Option<String>,
     /// FIDO2: the security key to use, as `dirseal fido2 list` shows it (needed if several)
     #[arg(long, value_name = "PATH")]
     device: Option<String>,
@@ -231,6 +230,9 @@ pub struct KdfArgs {
     /// tpm2: accept a PIN equal to the user's login password (its hash in /etc/shadow then lets anyone with the disk test the PIN offline)
     #[arg(long)]
     allow_password_pin: bool,
+    /// An option of the protector's kind, by the name the kind gives it (KEY alone: KEY=true); the flags above are the same as --protector-opt no_pin, pcr=7, ...
+    #[arg(long, value_name = "KEY[=VALUE]")]
+    protector_opt: Vec<String>,
 }
 
 #[derive(Args, Default)]
@@ -252,18 +254,33 @@ pub struct ProtectorArgs {
 }
 
 impl KdfArgs {
+    /// The kind's options as (key, value) pairs: flag `--a-b` gives option `a_b`, which is how
+    /// an error about an option is shown with the flag that gave it. The kind sorts them out.
     fn kind(&self, name: &str) -> Result<NewKind> {
-        let opts = KindOptions {
-            kdf_time_ms: self.kdf_time_ms,
-            kdf_memory_mib: self.kdf_memory_mib,
-            no_pin: self.no_pin,
-            pcrs: self.pcr.clone(),
-            device: self.device.clone(),
-            pin: self.pin,
-            uv: self.uv,
-            allow_password_pin: self.allow_password_pin,
-        };
-        Ok(NewKind::named(name, &opts)?)
+        let yes = |b: bool| b.then(|| "true".to_string());
+        let flags = [
+            ("kdf_time_ms", self.kdf_time_ms.map(|v| v.to_string())),
+            ("kdf_memory_mib", self.kdf_memory_mib.map(|v| v.to_string())),
+            ("no_pin", yes(self.no_pin)),
+            ("pcr", self.pcr.clone()),
+            ("device", self.device.clone()),
+            ("pin", yes(self.pin)),
+            ("uv", yes(self.uv)),
+            ("allow_password_pin", yes(self.allow_password_pin)),
+        ];
+        let given: Vec<&str> = flags.iter().filter(|(_, v)| v.is_some()).map(|(k, _)| *k).collect();
+        let mut pairs: Vec<(String, String)> =
+            flags.iter().filter_map(|(k, v)| Some((k.to_string(), v.clone()?))).collect();
+        pairs.extend(self.protector_opt.iter().map(|o| match o.split_once('=') {
+            Some((k, v)) => (k.to_string(), v.to_string()),
+            None => (o.clone(), "true".into()),
+        }));
+        NewKind::named(name, KindOptions::new(pairs)).map_err(|e| match e {
+            ProtectorError::BadOption { option, kind } if given.contains(&option.as_str()) => {
+                anyhow::anyhow!("option --{} does not apply to {kind} protectors", option.replace('_', "-"))
+            }
+            e => e.into(),
+        })
     }
 }
 
@@ -505,7 +522,6 @@ fn run(cli: Cli) -> Result<i32> {
 /// On a terminal a mistyped secret is asked again, three tries in all (as `fscrypt unlock`
 /// does); a script gets the first error. A TPM PIN's prompt shows the tries the TPM has left.
 fn unlock(ds: &mut Dirseal, dir: &Path, mut pick: Pick, ui: &mut TermUi) -> Result<()> {
-    use dirseal::protector::ProtectorError;
     let tty = std::io::stdin().is_terminal();
     if tty && pick.protector.is_none() {
         pick.protector = choose(ds, dir)?;

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use sha2::Sha256;
 use zeroize::Zeroizing;
 
-use super::{Ask, ProtectorError, Secret};
+use super::{Ask, Kind, KindError, KindOptions, NewKindOf, PromptDevice, ProtectorError, Secret};
 use crate::config::Config;
 use crate::fido2::{self as keys, Device, Fido2Error};
 use crate::secret::Passphrase;
@@ -77,6 +77,21 @@ pub struct NewFido2 {
     pub uv: bool,
 }
 
+/// No connected key holds the credential: the usual case at a login, not a problem.
+impl From<Fido2Error> for ProtectorError {
+    fn from(e: Fido2Error) -> ProtectorError {
+        match e {
+            Fido2Error::NotConnected => ProtectorError::Unavailable(KindError::new(e)),
+            e => ProtectorError::Kind(KindError::new(e)),
+        }
+    }
+}
+
+/// A new protector on one of several connected keys, and none was named.
+#[derive(Debug, thiserror::Error)]
+#[error("several security keys are connected; say which one to use")]
+pub struct SeveralKeys;
+
 fn ask(pin: bool) -> Ask {
     Ask { secret: pin.then_some(Secret::KeyPin), touch: true }
 }
@@ -86,7 +101,7 @@ fn pin_of(secret: Option<&Passphrase>, wanted: bool) -> Result<Option<Pin>, Prot
         return Ok(None);
     }
     let s = secret.ok_or(ProtectorError::NoAnswer { what: "security key PIN" })?;
-    Pin::new(s.as_bytes()).map(Some).ok_or(ProtectorError::Fido2(Fido2Error::PinPolicy))
+    Pin::new(s.as_bytes()).map(Some).ok_or(Fido2Error::PinPolicy.into())
 }
 
 /// HKDF-SHA-256 of the hmac-secret, bound to the credential it came from.
@@ -98,14 +113,14 @@ fn kek_from(secret: &[u8; 32], credential_id: &[u8]) -> Kek {
     Kek::from_slice(&k)
 }
 
-impl Fido2 {
-    pub(super) fn ask(&self) -> Ask {
+impl Kind for Fido2 {
+    fn ask(&self) -> Ask {
         ask(self.pin)
     }
 
     /// Everything of the record is bound to the wrapped key: which credential, which salt, and
     /// whether PIN and UV are required (so they cannot be switched off in the file).
-    pub(super) fn aad(&self) -> String {
+    fn aad(&self) -> String {
         format!(
             "fido2:{}:{}:{}:{}:{}",
             self.rp_id,
@@ -117,13 +132,33 @@ impl Fido2 {
     }
 
     /// Fails early, asking nothing, when no connected key holds the credential.
-    pub(super) fn locate(&self, config: &Config) -> Result<Device, ProtectorError> {
-        Ok(keys::find_holder(&config.fido2, &self.rp_id, &self.credential_id)?)
+    fn locate(&self, config: &Config) -> Result<(), ProtectorError> {
+        self.holder(config).map(drop)
     }
 
-    pub(super) fn kek(&self, config: &Config, secret: Option<&Passphrase>) -> Result<Kek, ProtectorError> {
+    fn kek(&self, config: &Config, secret: Option<&Passphrase>) -> Result<Kek, ProtectorError> {
         let pin = pin_of(secret, self.pin)?;
-        self.kek_from_device(&mut self.locate(config)?, pin.as_ref())
+        self.kek_from_device(&mut self.holder(config)?, pin.as_ref())
+    }
+
+    fn prompt_device(&self, config: &Config, _network: bool) -> Result<Option<PromptDevice>, ProtectorError> {
+        let tries_left = self.holder(config)?.pin_retries().ok();
+        Ok(Some(PromptDevice { name: "Security key", tries_left }))
+    }
+
+    /// The key's PIN tries, for a protector that asks its PIN.
+    fn device_tries(&self, config: &Config) -> Option<Result<u32, ProtectorError>> {
+        if !self.pin {
+            return None;
+        }
+        Some(self.holder(config).and_then(|mut d| Ok(d.pin_retries()?)))
+    }
+}
+
+impl Fido2 {
+    /// The connected key holding the credential.
+    fn holder(&self, config: &Config) -> Result<Device, ProtectorError> {
+        Ok(keys::find_holder(&config.fido2, &self.rp_id, &self.credential_id)?)
     }
 
     /// Asks `dev` for the hmac-secret of this record's credential and salt (a touch).
@@ -140,20 +175,27 @@ impl Fido2 {
     }
 }
 
-impl NewFido2 {
-    pub(super) fn ask(&self) -> Ask {
+impl NewKindOf for NewFido2 {
+    type Made = Fido2;
+
+    /// `device` (as `dirseal fido2 list` shows it), `pin`, `uv`.
+    fn from_options(opts: &mut KindOptions) -> Result<NewFido2, ProtectorError> {
+        Ok(NewFido2 { device: opts.take("device"), pin: opts.flag("pin")?, uv: opts.flag("uv")? })
+    }
+
+    fn ask(&self) -> Ask {
         ask(self.pin)
     }
 
     /// Makes the credential (first touch) and reads its hmac-secret (second touch).
-    pub(super) fn create(&self, config: &Config, secret: Option<&Passphrase>) -> Result<(Fido2, Kek), ProtectorError> {
+    fn create(&self, config: &mut Config, secret: Option<&Passphrase>) -> Result<(Fido2, Kek), ProtectorError> {
         let cfg = &config.fido2;
         let path = match &self.device {
             Some(d) => keys::resolve(cfg, d)?,
             None => match keys::device_paths(cfg)?.as_slice() {
                 [one] => one.clone(),
                 [] => return Err(Fido2Error::NotConnected.into()),
-                _ => return Err(ProtectorError::SeveralKeys),
+                _ => return Err(ProtectorError::Kind(KindError::new(SeveralKeys))),
             },
         };
         let mut dev = Device::open(&path, cfg.touch_timeout())?;

@@ -1,18 +1,25 @@
-//! Protector kinds: what unwraps a protector key. Each kind lives in its own module and gives
-//! the same few things: how to create one, what to ask the person unlocking it ([`Ask`]), how to
-//! turn that answer into the key-encryption key of the protector key, how to change its secret,
-//! its on-disk form (a serde struct, tagged by `"type"`) and its part of the record's associated
-//! data. Everything common — the record, its file, the wrapping of the protector key, names, the
-//! login order — is here, written once.
+//! Protector kinds: what unwraps a protector key. Each kind lives in its own module and
+//! implements [`Kind`] (the record's part: what unlocking asks, the key-encryption key, a new
+//! secret, its part of the associated data) and [`NewKindOf`] (its options, read from
+//! (key, value) pairs, and how one is made). Everything common — the record, its file, the
+//! wrapping of the protector key, names, the login order, the dispatch — is here, written once;
+//! `kinds!` generates [`ProtectorKind`], [`NewKind`], [`KIND_NAMES`] and every `match` from
+//! one registration line per kind.
 //!
-//! Adding a kind touches its own module, the two enums below ([`ProtectorKind`], [`NewKind`])
-//! and docs/formats.md; docs/architecture.md walks through it.
+//! Adding a kind touches its own module, its line in the `kinds!` call below and
+//! docs/formats.md; docs/architecture.md walks through it (and `dummy`, a test-only kind,
+//! follows it).
 //!
 //! Recovery keys are not a kind: they live with the directory (an xattr, see [`crate::recovery`]),
 //! open exactly one directory, survive the loss of the keystore, and are never offered at login.
+#[cfg(test)]
+mod dummy;
 pub mod fido2;
 pub mod password;
 pub mod tpm2;
+
+use std::fmt;
+use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
@@ -21,40 +28,225 @@ use crate::ids::ProtectorId;
 use crate::kdf::KdfError;
 use crate::keystore::FORMAT_VERSION;
 use crate::secret::{Passphrase, ProtectorKey, PROTECTOR_KEY_LEN};
-use crate::tpm2::{PcrSet, PinTries, Tpm2Error};
 use crate::ui::{SecretPrompt, Ui, UiError};
 use crate::wrap::{self, Kek, Wrapped};
 
 const PROTECTOR_FORMAT: &str = "dirseal-protector";
 const MAX_NAME_CHARS: usize = 128;
 
-/// Every kind's parameters as stored in its record. The serde tag is the kind's name on disk.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "lowercase")]
-pub enum ProtectorKind {
+/// One kind as stored in a record: the kind's module implements it on its serde struct.
+pub trait Kind: Sized {
+    /// What unlocking asks for.
+    fn ask(&self) -> Ask;
+    /// The kind's part of the record's associated data: every field, so none can be edited.
+    fn aad(&self) -> String;
+    /// The key-encryption key, from the answer to [`Kind::ask`]. A wrong secret that the kind
+    /// itself notices is [`ProtectorError::WrongSecret`]; one it cannot notice makes a wrong key,
+    /// which the unwrapping reports as [`ProtectorError::IncorrectSecret`].
+    fn kek(&self, config: &Config, secret: Option<&Passphrase>) -> Result<Kek, ProtectorError>;
+    /// The same kind under a new secret; `None` for kinds (or records) without one.
+    fn rekey(&self, _config: &Config, _secret: Option<&Passphrase>) -> Option<Result<(Self, Kek), ProtectorError>> {
+        None
+    }
+    /// Checks, asking nothing and waiting for nothing, that the device this protector needs is
+    /// there, so a login moves on at once when it is not ([`ProtectorError::Unavailable`]).
+    fn locate(&self, _config: &Config) -> Result<(), ProtectorError> {
+        Ok(())
+    }
+    /// The device a typed secret goes to, asked just before the secret is: its name for the
+    /// prompt and its wrong tries left. It refuses (a TPM in lockout) before anything is asked.
+    /// `network`: the person is not at the machine. `None`: no device counts wrong secrets.
+    fn prompt_device(&self, _config: &Config, _network: bool) -> Result<Option<PromptDevice>, ProtectorError> {
+        Ok(None)
+    }
+    /// How many wrong secrets the device behind this protector still takes; `None`: no device
+    /// counts them.
+    fn device_tries(&self, _config: &Config) -> Option<Result<u32, ProtectorError>> {
+        None
+    }
+}
+
+/// How a new protector of one kind is made: the kind's module implements it on its options.
+pub trait NewKindOf: Sized {
+    /// The stored kind this makes.
+    type Made: Kind;
+    /// The kind's options from `opts`; what it does not take is refused by the caller.
+    fn from_options(opts: &mut KindOptions) -> Result<Self, ProtectorError>;
+    /// What creating one asks for (a new password or PIN is asked twice; a key's PIN once).
+    fn ask(&self) -> Ask;
+    /// Refuses, before any secret is asked, a protector that could not be made safely now.
+    fn check_ready(&self, _config: &Config) -> Result<(), ProtectorError> {
+        Ok(())
+    }
+    /// Whether the new secret must not be the owner's login password (whose hash in
+    /// /etc/shadow would let anyone with the disk guess it offline, uncounted).
+    fn refuses_login_password(&self) -> bool {
+        false
+    }
+    /// Makes one; may record machine-wide settings in `config` (the calibrated Argon2id cost).
+    fn create(&self, config: &mut Config, secret: Option<&Passphrase>) -> Result<(Self::Made, Kek), ProtectorError>;
+}
+
+/// The device a secret is typed for (see [`Kind::prompt_device`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PromptDevice {
+    pub name: &'static str,
+    pub tries_left: Option<u32>,
+}
+
+/// Generates, from one line per kind, the stored and new-kind enums, the kinds' names and the
+/// dispatch to [`Kind`] and [`NewKindOf`]: the compiler checks every arm, none is written by hand.
+macro_rules! kinds {
+    ($( $(#[doc = $doc:expr])* $(#[cfg($cfg:meta)])? $name:literal => $Variant:ident($Stored:ty, $New:ty), )*) => {
+        /// Every kind's parameters as stored in its record. The serde tag is the kind's name on disk.
+        #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+        #[serde(tag = "type")]
+        pub enum ProtectorKind {
+            $( $(#[doc = $doc])* $(#[cfg($cfg)])? #[serde(rename = $name)] $Variant($Stored), )*
+        }
+
+        /// What a new protector of each kind is made from (front ends give the kind's options).
+        #[derive(Clone, Debug)]
+        pub enum NewKind {
+            $( $(#[doc = $doc])* $(#[cfg($cfg)])? $Variant($New), )*
+        }
+
+        /// Names of the kinds a front end can create, for `--protector-type` and service arguments.
+        pub const KIND_NAMES: &[&str] = &[$( $(#[cfg($cfg)])? $name, )*];
+
+        impl ProtectorKind {
+            /// The kind's name, as on disk and in listings.
+            pub fn name(&self) -> &'static str {
+                match self { $( $(#[cfg($cfg)])? ProtectorKind::$Variant(_) => $name, )* }
+            }
+
+            fn kind(&self) -> &dyn KindDyn {
+                match self { $( $(#[cfg($cfg)])? ProtectorKind::$Variant(k) => k, )* }
+            }
+
+            /// The same kind under a new secret; `None` for kinds without one.
+            fn rekey(
+                &self,
+                config: &Config,
+                secret: Option<&Passphrase>,
+            ) -> Option<Result<(ProtectorKind, Kek), ProtectorError>> {
+                match self {
+                    $( $(#[cfg($cfg)])? ProtectorKind::$Variant(k) => {
+                        Kind::rekey(k, config, secret).map(|r| r.map(|(k, kek)| (ProtectorKind::$Variant(k), kek)))
+                    } )*
+                }
+            }
+        }
+
+        impl NewKind {
+            /// The kind named `name` (one of [`KIND_NAMES`]) with its options from `opts`; an
+            /// option the kind does not take is refused, so none is silently dropped.
+            pub fn named(name: &str, mut opts: KindOptions) -> Result<NewKind, ProtectorError> {
+                let new = match name {
+                    $( $(#[cfg($cfg)])? $name => {
+                        opts.kind = $name;
+                        NewKind::$Variant(<$New as NewKindOf>::from_options(&mut opts)?)
+                    } )*
+                    _ => return Err(ProtectorError::UnknownKind { name: name.to_string() }),
+                };
+                opts.refuse_rest()?;
+                Ok(new)
+            }
+
+            pub fn name(&self) -> &'static str {
+                match self { $( $(#[cfg($cfg)])? NewKind::$Variant(_) => $name, )* }
+            }
+
+            fn new_kind(&self) -> &dyn NewKindDyn {
+                match self { $( $(#[cfg($cfg)])? NewKind::$Variant(n) => n, )* }
+            }
+
+            fn create(
+                &self,
+                config: &mut Config,
+                secret: Option<&Passphrase>,
+            ) -> Result<(ProtectorKind, Kek), ProtectorError> {
+                match self {
+                    $( $(#[cfg($cfg)])? NewKind::$Variant(n) => {
+                        n.create(config, secret).map(|(k, kek)| (ProtectorKind::$Variant(k), kek))
+                    } )*
+                }
+            }
+        }
+    };
+}
+
+// The registered kinds: `"name" => Variant(stored type, creation type)`. The name is the
+// record's on-disk `type`, the `--protector-type`/`kind` a front end passes, and what listings show.
+kinds! {
     /// Argon2id(password, salt) wraps the protector key.
-    Password(password::Password),
+    "password" => Password(password::Password, password::NewPassword),
     /// A key sealed by the TPM (behind a PIN and/or PCR values) wraps the protector key.
-    Tpm2(tpm2::Tpm2),
+    "tpm2" => Tpm2(tpm2::Tpm2, tpm2::NewTpm2),
     /// A security key's hmac-secret (through HKDF) wraps the protector key.
-    Fido2(fido2::Fido2),
+    "fido2" => Fido2(fido2::Fido2, fido2::NewFido2),
+    /// A test-only kind that follows docs/architecture.md, proving it.
+    #[cfg(test)]
+    "dummy" => Dummy(dummy::Dummy, dummy::NewDummy),
 }
 
-/// What a new protector of each kind is made from (front ends fill in the kind's options).
-#[derive(Clone, Debug)]
-pub enum NewKind {
-    Password(password::NewPassword),
-    Tpm2(tpm2::NewTpm2),
-    Fido2(fido2::NewFido2),
+/// The object-safe part of [`Kind`], for dispatch without a `match` per method.
+trait KindDyn {
+    fn ask(&self) -> Ask;
+    fn aad(&self) -> String;
+    fn kek(&self, config: &Config, secret: Option<&Passphrase>) -> Result<Kek, ProtectorError>;
+    fn locate(&self, config: &Config) -> Result<(), ProtectorError>;
+    fn prompt_device(&self, config: &Config, network: bool) -> Result<Option<PromptDevice>, ProtectorError>;
+    fn device_tries(&self, config: &Config) -> Option<Result<u32, ProtectorError>>;
 }
 
-/// Names of the kinds a front end can create, for `--protector-type` and service arguments.
-pub const KIND_NAMES: &[&str] = &["password", "tpm2", "fido2"];
+impl<K: Kind> KindDyn for K {
+    fn ask(&self) -> Ask {
+        Kind::ask(self)
+    }
+    fn aad(&self) -> String {
+        Kind::aad(self)
+    }
+    fn kek(&self, config: &Config, secret: Option<&Passphrase>) -> Result<Kek, ProtectorError> {
+        Kind::kek(self, config, secret)
+    }
+    fn locate(&self, config: &Config) -> Result<(), ProtectorError> {
+        Kind::locate(self, config)
+    }
+    fn prompt_device(&self, config: &Config, network: bool) -> Result<Option<PromptDevice>, ProtectorError> {
+        Kind::prompt_device(self, config, network)
+    }
+    fn device_tries(&self, config: &Config) -> Option<Result<u32, ProtectorError>> {
+        Kind::device_tries(self, config)
+    }
+}
+
+/// The object-safe part of [`NewKindOf`].
+trait NewKindDyn {
+    fn ask(&self) -> Ask;
+    fn check_ready(&self, config: &Config) -> Result<(), ProtectorError>;
+    fn refuses_login_password(&self) -> bool;
+}
+
+impl<N: NewKindOf> NewKindDyn for N {
+    fn ask(&self) -> Ask {
+        NewKindOf::ask(self)
+    }
+    fn check_ready(&self, config: &Config) -> Result<(), ProtectorError> {
+        NewKindOf::check_ready(self, config)
+    }
+    fn refuses_login_password(&self) -> bool {
+        NewKindOf::refuses_login_password(self)
+    }
+}
 
 /// A secret the person types.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Secret {
+    /// A password: a wrong one costs nothing but time (no device counts it), so it may be tried
+    /// against several protectors.
     Password,
+    /// A PIN a device counts the wrong tries of (a TPM's lockout); what a PIN login opens.
     Pin,
     /// The PIN a security key already has (asked once, also when creating a protector on it).
     KeyPin,
@@ -69,6 +261,11 @@ pub struct Ask {
 }
 
 impl Ask {
+    /// A password and nothing else: trying it on a protector costs nothing but time.
+    pub const PASSWORD: Ask = Ask { secret: Some(Secret::Password), touch: false };
+    /// A PIN and nothing else (the device counts wrong ones): what a PIN login opens.
+    pub const PIN: Ask = Ask { secret: Some(Secret::Pin), touch: false };
+
     /// The login order's rank: nothing is typed before every protector that needs no typing
     /// was tried — a FIDO2 touch first, then a TPM without PIN, then passwords, then PINs.
     fn login_rank(self) -> u8 {
@@ -91,6 +288,10 @@ impl Ask {
     }
 }
 
+/// Why a protector could not be made, opened or changed. The kinds' own errors (a TPM's, a
+/// security key's) come wrapped in [`KindError`], sorted by what a front end does about them:
+/// [`ProtectorError::Unavailable`] (move on), [`ProtectorError::WrongSecret`] (a counted wrong
+/// try), [`ProtectorError::NotNow`] (use another protector) or [`ProtectorError::Kind`].
 #[derive(Debug, thiserror::Error)]
 pub enum ProtectorError {
     #[error("incorrect {what} for protector {name} ({id}); nothing was changed")]
@@ -104,16 +305,165 @@ pub enum ProtectorError {
     /// A front end called a kind without the answer its [`Ask`] named: a bug, not a user error.
     #[error("internal error: no {what} was supplied to the protector")]
     NoAnswer { what: &'static str },
-    #[error("several security keys are connected; say which one to use")]
-    SeveralKeys,
+    /// An option (by its key; front ends render their own spelling) the kind does not take.
+    #[error("option {option} does not apply to {kind} protectors")]
+    BadOption { option: String, kind: &'static str },
+    #[error("option {option} of {kind} protectors: {reason}")]
+    BadOptionValue { option: String, kind: &'static str, reason: String },
+    /// An option that only an administrator may set was given by someone else.
+    #[error("option {option} of {kind} protectors may be set only by an administrator")]
+    Privileged { option: String, kind: &'static str },
     #[error(transparent)]
     Kdf(#[from] KdfError),
+    /// The kind cannot work here now: no TPM, no security key holding the credential connected,
+    /// a library missing. A login moves on to the next protector without reporting it.
     #[error(transparent)]
-    Tpm2(#[from] Tpm2Error),
-    #[error("option {option} does not apply to {kind} protectors")]
-    BadOption { option: &'static str, kind: &'static str },
+    Unavailable(KindError),
+    /// The kind's device counted a wrong secret (a TPM PIN).
     #[error(transparent)]
-    Fido2(#[from] crate::fido2::Fido2Error),
+    WrongSecret(KindError),
+    /// The protector cannot open now, or not in this state, though its secret may be right (a
+    /// TPM in lockout, PCR values changed): another protector or the recovery key can.
+    #[error(transparent)]
+    NotNow(KindError),
+    /// Anything else the kind's device or library reports.
+    #[error(transparent)]
+    Kind(KindError),
+}
+
+impl ProtectorError {
+    /// Whether the secret given was wrong (and so counted, when a device counts them).
+    pub fn is_wrong_secret(&self) -> bool {
+        matches!(self, ProtectorError::IncorrectSecret { .. } | ProtectorError::WrongSecret(_))
+    }
+
+    /// The kind's own error, if this is one: for front ends with advice on a device's errors.
+    pub fn kind_error(&self) -> Option<&(dyn std::error::Error + Send + Sync + 'static)> {
+        match self {
+            ProtectorError::Unavailable(k)
+            | ProtectorError::WrongSecret(k)
+            | ProtectorError::NotNow(k)
+            | ProtectorError::Kind(k) => Some(&*k.0),
+            _ => None,
+        }
+    }
+}
+
+/// A kind's own error, shown as itself.
+#[derive(Debug)]
+pub struct KindError(Box<dyn std::error::Error + Send + Sync + 'static>);
+
+impl KindError {
+    pub fn new(e: impl std::error::Error + Send + Sync + 'static) -> KindError {
+        KindError(Box::new(e))
+    }
+}
+
+impl fmt::Display for KindError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for KindError {
+    // Shown as the wrapped error, so its cause is the wrapped error's.
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
+    }
+}
+
+/// A kind's options, as (key, value) pairs: front ends turn their flags or arguments into
+/// these without knowing which kind takes which. The kind takes its own; the rest is refused.
+#[derive(Clone, Debug)]
+pub struct KindOptions {
+    kind: &'static str,
+    pairs: Vec<(String, String)>,
+    trusted: bool,
+}
+
+/// No options, from someone who may set every option.
+impl Default for KindOptions {
+    fn default() -> KindOptions {
+        KindOptions::new(Vec::new())
+    }
+}
+
+impl KindOptions {
+    /// Options from someone who may set every option (the CLI runs as root).
+    pub fn new(pairs: Vec<(String, String)>) -> KindOptions {
+        KindOptions { kind: "", pairs, trusted: true }
+    }
+
+    /// Options from a caller who is not an administrator: options that cost the machine (an
+    /// Argon2id cost) or weaken a protector below the default are refused.
+    pub fn untrusted(pairs: Vec<(String, String)>) -> KindOptions {
+        KindOptions { trusted: false, ..KindOptions::new(pairs) }
+    }
+
+    /// Takes option `key`'s value (the last one given).
+    pub fn take(&mut self, key: &str) -> Option<String> {
+        let mut value = None;
+        self.pairs.retain(|(k, v)| {
+            if k == key {
+                value = Some(v.clone());
+            }
+            k != key
+        });
+        value
+    }
+
+    /// Takes option `key` and parses it.
+    pub fn parse<T: FromStr>(&mut self, key: &str) -> Result<Option<T>, ProtectorError>
+    where
+        T::Err: fmt::Display,
+    {
+        let Some(v) = self.take(key) else { return Ok(None) };
+        v.parse().map(Some).map_err(|e: T::Err| self.bad_value(key, e.to_string()))
+    }
+
+    /// Takes yes/no option `key` (absent: no).
+    pub fn flag(&mut self, key: &str) -> Result<bool, ProtectorError> {
+        match self.take(key).as_deref() {
+            None | Some("false") => Ok(false),
+            Some("true") => Ok(true),
+            Some(_) => Err(self.bad_value(key, "it is true or false".into())),
+        }
+    }
+
+    /// Like [`KindOptions::parse`], for an option only an administrator may set.
+    pub fn parse_privileged<T: FromStr>(&mut self, key: &str) -> Result<Option<T>, ProtectorError>
+    where
+        T::Err: fmt::Display,
+    {
+        let v = self.parse(key)?;
+        self.privileged(key, v.is_some())?;
+        Ok(v)
+    }
+
+    /// Like [`KindOptions::flag`], for an option only an administrator may set.
+    pub fn flag_privileged(&mut self, key: &str) -> Result<bool, ProtectorError> {
+        let v = self.flag(key)?;
+        self.privileged(key, v)?;
+        Ok(v)
+    }
+
+    fn privileged(&self, key: &str, given: bool) -> Result<(), ProtectorError> {
+        if given && !self.trusted {
+            return Err(ProtectorError::Privileged { option: key.into(), kind: self.kind });
+        }
+        Ok(())
+    }
+
+    fn bad_value(&self, key: &str, reason: String) -> ProtectorError {
+        ProtectorError::BadOptionValue { option: key.into(), kind: self.kind, reason }
+    }
+
+    fn refuse_rest(&self) -> Result<(), ProtectorError> {
+        match self.pairs.first() {
+            Some((k, _)) => Err(ProtectorError::BadOption { option: k.clone(), kind: self.kind }),
+            None => Ok(()),
+        }
+    }
 }
 
 /// A protector as kept in the keystore: a protector key wrapped by whatever its kind derives.
@@ -128,33 +478,21 @@ pub struct ProtectorRecord {
 }
 
 impl ProtectorKind {
-    /// The kind's name, as on disk and in listings.
-    pub fn name(&self) -> &'static str {
-        match self {
-            ProtectorKind::Password(_) => "password",
-            ProtectorKind::Tpm2(_) => "tpm2",
-            ProtectorKind::Fido2(_) => "fido2",
-        }
-    }
-
     /// What unlocking asks for.
     pub fn ask(&self) -> Ask {
-        match self {
-            ProtectorKind::Password(_) => password::ASK,
-            ProtectorKind::Tpm2(t) => t.ask(),
-            ProtectorKind::Fido2(f) => f.ask(),
-        }
+        self.kind().ask()
     }
 
-    /// How many wrong PINs the device behind this protector still takes (`None`: no such limit or
-    /// the device cannot be asked now).
+    /// How many wrong secrets the device behind this protector still takes (`None`: no such
+    /// limit, or the device cannot be asked now).
     pub fn tries_left(&self, config: &Config) -> Option<u32> {
-        match self {
-            ProtectorKind::Password(_) => None,
-            ProtectorKind::Tpm2(_) => tpm2::da_status(config).ok().map(|s| s.tries_left()),
-            ProtectorKind::Fido2(f) if f.pin => f.locate(config).ok().and_then(|mut d| d.pin_retries().ok()),
-            ProtectorKind::Fido2(_) => None,
-        }
+        self.device_tries(config).and_then(Result::ok)
+    }
+
+    /// Like [`ProtectorKind::tries_left`], saying why the device could not be asked; `None`: no
+    /// device counts this protector's wrong secrets.
+    pub fn device_tries(&self, config: &Config) -> Option<Result<u32, ProtectorError>> {
+        self.kind().device_tries(config)
     }
 
     /// The prompt for this kind's secret. A device that cannot take a try now (a TPM in lockout, or
@@ -167,170 +505,41 @@ impl ProtectorKind {
         network: bool,
     ) -> Result<SecretPrompt<'a>, ProtectorError> {
         let (name, id) = (rec.name.as_str(), &rec.id);
-        Ok(match (self, s) {
-            (ProtectorKind::Tpm2(t), _) => {
-                let st = t.ready(config)?;
-                // A login from the network is not at the device; it is not rate limited here
-                // (each PAM conversation is one try, behind the stack's own failure delay).
-                PinTries { tries_left: st.tries_left(), min_local_tries: config.tpm2.min_local_tries() }
-                    .may_try(!network, None)?;
-                SecretPrompt::Pin { name, id, device: "TPM", tries_left: Some(st.tries_left()) }
-            }
-            (ProtectorKind::Fido2(f), _) => {
-                let tries_left = f.locate(config)?.pin_retries().ok();
-                SecretPrompt::Pin { name, id, device: "Security key", tries_left }
-            }
-            (_, Secret::Password) => SecretPrompt::Password { name, id },
-            (_, Secret::Pin | Secret::KeyPin) => SecretPrompt::Pin { name, id, device: "", tries_left: None },
+        Ok(match (self.kind().prompt_device(config, network)?, s) {
+            (Some(d), _) => SecretPrompt::Pin { name, id, device: d.name, tries_left: d.tries_left },
+            (None, Secret::Password) => SecretPrompt::Password { name, id },
+            (None, Secret::Pin | Secret::KeyPin) => SecretPrompt::Pin { name, id, device: "", tries_left: None },
         })
     }
 
     fn aad_tail(&self) -> String {
-        match self {
-            ProtectorKind::Password(p) => p.aad(),
-            ProtectorKind::Tpm2(t) => t.aad(),
-            ProtectorKind::Fido2(f) => f.aad(),
-        }
+        self.kind().aad()
     }
 
-    /// Checks, asking nothing and waiting for nothing, that the device this protector needs is
-    /// there, so a login moves on at once when it is not.
     fn locate(&self, config: &Config) -> Result<(), ProtectorError> {
-        match self {
-            ProtectorKind::Password(_) | ProtectorKind::Tpm2(_) => Ok(()),
-            ProtectorKind::Fido2(f) => f.locate(config).map(drop),
-        }
+        self.kind().locate(config)
     }
 
     fn kek(&self, config: &Config, secret: Option<&Passphrase>) -> Result<Kek, ProtectorError> {
-        match self {
-            ProtectorKind::Password(p) => p.kek(secret),
-            ProtectorKind::Tpm2(t) => t.kek(config, secret),
-            ProtectorKind::Fido2(f) => f.kek(config, secret),
-        }
+        self.kind().kek(config, secret)
     }
-
-    /// The same kind under a new secret; `None` for kinds without one.
-    fn rekey(
-        &self,
-        config: &Config,
-        secret: Option<&Passphrase>,
-    ) -> Option<Result<(ProtectorKind, Kek), ProtectorError>> {
-        match self {
-            ProtectorKind::Password(p) => Some(p.rekey(secret).map(|(p, k)| (ProtectorKind::Password(p), k))),
-            ProtectorKind::Tpm2(t) if t.sealed.pin.is_some() => {
-                Some(t.rekey(config, secret).map(|(t, k)| (ProtectorKind::Tpm2(t), k)))
-            }
-            ProtectorKind::Tpm2(_) => None,
-            // The key's PIN is the key's business (its vendor tool changes it); the record keeps.
-            ProtectorKind::Fido2(_) => None,
-        }
-    }
-}
-
-/// Creation options as front ends collect them (flags, service arguments). Each kind takes the
-/// ones that mean something to it and refuses the others, so no option is silently dropped.
-#[derive(Clone, Debug, Default)]
-pub struct KindOptions {
-    /// Argon2id time in ms of CPU (password).
-    pub kdf_time_ms: Option<u64>,
-    /// Argon2id memory in MiB (password).
-    pub kdf_memory_mib: Option<u32>,
-    /// No PIN (tpm2).
-    pub no_pin: bool,
-    /// PCRs to bind to (tpm2).
-    pub pcrs: Option<PcrSet>,
-    /// Which connected security key (fido2).
-    pub device: Option<String>,
-    /// Require the security key's PIN at every unlock (fido2).
-    pub pin: bool,
-    /// Require the security key's built-in user verification (fido2).
-    pub uv: bool,
-    /// Accept a PIN equal to the owner's login password (tpm2): see [`tpm2::NewTpm2`].
-    pub allow_password_pin: bool,
 }
 
 impl NewKind {
     /// Refuses, before any secret is asked, a protector that could not be made safely now (a TPM
     /// PIN on a TPM whose lockout anyone can reset). [`create`] checks again.
     pub fn check_ready(&self, config: &Config) -> Result<(), ProtectorError> {
-        match self {
-            NewKind::Tpm2(t) if !t.no_pin => Ok(crate::tpm2::require_owned_lockout(&mut tpm2::open(config)?)?),
-            _ => Ok(()),
-        }
-    }
-
-    /// The kind named `name` (one of [`KIND_NAMES`]) with `opts`.
-    pub fn named(name: &str, opts: &KindOptions) -> Result<NewKind, ProtectorError> {
-        let refuse = |option: &'static str, given: bool, kind: &'static str| {
-            if given {
-                Err(ProtectorError::BadOption { option, kind })
-            } else {
-                Ok(())
-            }
-        };
-        match name {
-            "password" => {
-                refuse("--no-pin", opts.no_pin, "password")?;
-                refuse("--allow-password-pin", opts.allow_password_pin, "password")?;
-                refuse("--pcr", opts.pcrs.is_some(), "password")?;
-                refuse("--device", opts.device.is_some(), "password")?;
-                refuse("--pin", opts.pin, "password")?;
-                refuse("--uv", opts.uv, "password")?;
-                Ok(NewKind::Password(password::NewPassword {
-                    kdf_time_ms: opts.kdf_time_ms,
-                    kdf_memory_mib: opts.kdf_memory_mib,
-                }))
-            }
-            "tpm2" => {
-                refuse("--kdf-time-ms", opts.kdf_time_ms.is_some(), "tpm2")?;
-                refuse("--kdf-memory-mib", opts.kdf_memory_mib.is_some(), "tpm2")?;
-                refuse("--device", opts.device.is_some(), "tpm2")?;
-                refuse("--pin", opts.pin, "tpm2")?;
-                refuse("--uv", opts.uv, "tpm2")?;
-                Ok(NewKind::Tpm2(tpm2::NewTpm2 {
-                    no_pin: opts.no_pin,
-                    pcrs: opts.pcrs.clone().unwrap_or_default(),
-                    allow_password_pin: opts.allow_password_pin,
-                }))
-            }
-            "fido2" => {
-                refuse("--kdf-time-ms", opts.kdf_time_ms.is_some(), "fido2")?;
-                refuse("--kdf-memory-mib", opts.kdf_memory_mib.is_some(), "fido2")?;
-                refuse("--no-pin", opts.no_pin, "fido2")?;
-                refuse("--allow-password-pin", opts.allow_password_pin, "fido2")?;
-                refuse("--pcr", opts.pcrs.is_some(), "fido2")?;
-                Ok(NewKind::Fido2(fido2::NewFido2 { device: opts.device.clone(), pin: opts.pin, uv: opts.uv }))
-            }
-            _ => Err(ProtectorError::UnknownKind { name: name.to_string() }),
-        }
-    }
-
-    pub fn name(&self) -> &'static str {
-        match self {
-            NewKind::Password(_) => "password",
-            NewKind::Tpm2(_) => "tpm2",
-            NewKind::Fido2(_) => "fido2",
-        }
+        self.new_kind().check_ready(config)
     }
 
     /// What creating one asks for (a new password or PIN is asked twice; a key's PIN once).
     pub fn ask(&self) -> Ask {
-        match self {
-            NewKind::Password(_) => password::ASK,
-            NewKind::Tpm2(t) => t.ask(),
-            NewKind::Fido2(f) => f.ask(),
-        }
+        self.new_kind().ask()
     }
 
-    /// May record machine-wide settings in `config` (the calibrated Argon2id cost); the caller
-    /// saves it when it changed.
-    fn create(&self, config: &mut Config, secret: Option<&Passphrase>) -> Result<(ProtectorKind, Kek), ProtectorError> {
-        match self {
-            NewKind::Password(n) => n.create(config, secret).map(|(p, k)| (ProtectorKind::Password(p), k)),
-            NewKind::Tpm2(n) => n.create(config, secret).map(|(t, k)| (ProtectorKind::Tpm2(t), k)),
-            NewKind::Fido2(n) => n.create(config, secret).map(|(p, k)| (ProtectorKind::Fido2(p), k)),
-        }
+    /// Whether the new secret must not be the owner's login password.
+    pub fn refuses_login_password(&self) -> bool {
+        self.new_kind().refuses_login_password()
     }
 }
 

@@ -2,7 +2,7 @@
 //! On disk (docs/formats.md): `{"type": "password", "salt": hex, "argon2": {...}}`.
 use serde::{Deserialize, Serialize};
 
-use super::{Ask, ProtectorError, Secret};
+use super::{Ask, Kind, KindOptions, NewKindOf, ProtectorError};
 use crate::config::Config;
 use crate::kdf::{self, Argon2Params, KdfError};
 use crate::secret::Passphrase;
@@ -48,16 +48,20 @@ pub struct NewPassword {
     pub kdf_memory_mib: Option<u32>,
 }
 
-pub(super) const ASK: Ask = Ask { secret: Some(Secret::Password), touch: false };
+pub(super) const ASK: Ask = Ask::PASSWORD;
 
 fn password(secret: Option<&Passphrase>) -> Result<&Passphrase, ProtectorError> {
     secret.ok_or(ProtectorError::NoAnswer { what: "password" })
 }
 
-impl Password {
+impl Kind for Password {
+    fn ask(&self) -> Ask {
+        ASK
+    }
+
     /// The kind's part of the record's associated data: the salt and cost are bound to the
     /// wrapped key, so raising or lowering the cost in the file breaks it instead of weakening it.
-    pub(super) fn aad(&self) -> String {
+    fn aad(&self) -> String {
         format!(
             "password:{}:{}:{}:{}",
             hex::encode(self.salt),
@@ -67,17 +71,16 @@ impl Password {
         )
     }
 
-    pub(super) fn kek(&self, secret: Option<&Passphrase>) -> Result<Kek, ProtectorError> {
+    fn kek(&self, _config: &Config, secret: Option<&Passphrase>) -> Result<Kek, ProtectorError> {
         Ok(kdf::derive(password(secret)?, &self.salt, self.kdf)?)
     }
 
     /// A new password keeps the protector's cost (what its creator chose, perhaps with
     /// `--kdf-*` flags) and gets a fresh salt. The CLI and the PAM module both change passwords
     /// through here, so they agree.
-    pub(super) fn rekey(&self, secret: Option<&Passphrase>) -> Result<(Password, Kek), ProtectorError> {
+    fn rekey(&self, config: &Config, secret: Option<&Passphrase>) -> Option<Result<(Password, Kek), ProtectorError>> {
         let p = Password { salt: rand::random(), kdf: self.kdf };
-        let kek = p.kek(secret)?;
-        Ok((p, kek))
+        Some(p.kek(config, secret).map(|kek| (p, kek)))
     }
 }
 
@@ -101,15 +104,28 @@ impl NewPassword {
         config.argon2 = Some(p);
         p
     }
+}
 
-    pub(super) fn create(
-        &self,
-        config: &mut Config,
-        secret: Option<&Passphrase>,
-    ) -> Result<(Password, Kek), ProtectorError> {
+impl NewKindOf for NewPassword {
+    type Made = Password;
+
+    /// `kdf_time_ms`, `kdf_memory_mib`: this protector's Argon2id cost instead of the machine's
+    /// (administrators only: it costs the machine that much at every unlock).
+    fn from_options(opts: &mut KindOptions) -> Result<NewPassword, ProtectorError> {
+        Ok(NewPassword {
+            kdf_time_ms: opts.parse_privileged("kdf_time_ms")?,
+            kdf_memory_mib: opts.parse_privileged("kdf_memory_mib")?,
+        })
+    }
+
+    fn ask(&self) -> Ask {
+        ASK
+    }
+
+    fn create(&self, config: &mut Config, secret: Option<&Passphrase>) -> Result<(Password, Kek), ProtectorError> {
         let secret = password(secret)?;
         let p = Password { salt: rand::random(), kdf: self.params(config) };
-        let kek = p.kek(Some(secret))?;
+        let kek = p.kek(config, Some(secret))?;
         Ok((p, kek))
     }
 }

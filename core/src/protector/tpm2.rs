@@ -4,11 +4,11 @@
 //! "pin": {"salt": hex, "argon2": {...}} | null}`.
 use serde::{Deserialize, Serialize};
 
-use super::{Ask, ProtectorError, Secret};
+use super::{Ask, Kind, KindError, KindOptions, NewKindOf, PromptDevice, ProtectorError};
 use crate::config::Config;
 use crate::kdf::{self, Argon2Params, KdfError};
 use crate::secret::{Passphrase, ProtectorKey};
-use crate::tpm2::{self, DaStatus, PcrSet, PinKdf, SealedKey, Tpm, Tpm2Error, DEFAULT_PIN_KDF};
+use crate::tpm2::{self, DaStatus, PcrSet, PinKdf, PinTries, SealedKey, Tpm, Tpm2Error, DEFAULT_PIN_KDF};
 use crate::wrap::Kek;
 
 /// A TPM2 protector's parameters. Parsed from disk only with a PIN cost inside the bounds of
@@ -58,8 +58,21 @@ pub struct NewTpm2 {
     pub allow_password_pin: bool,
 }
 
-const WITH_PIN: Ask = Ask { secret: Some(Secret::Pin), touch: false };
+const WITH_PIN: Ask = Ask::PIN;
 const NO_PIN: Ask = Ask { secret: None, touch: false };
+
+/// The TPM's errors, sorted for the front ends: no TPM here, a wrong PIN (counted), a TPM that
+/// will not unseal now (lockout, changed PCRs), or anything else.
+impl From<Tpm2Error> for ProtectorError {
+    fn from(e: Tpm2Error) -> ProtectorError {
+        match e {
+            Tpm2Error::Unavailable { .. } => ProtectorError::Unavailable(KindError::new(e)),
+            Tpm2Error::WrongPin { .. } => ProtectorError::WrongSecret(KindError::new(e)),
+            Tpm2Error::Lockout { .. } | Tpm2Error::PcrMismatch { .. } => ProtectorError::NotNow(KindError::new(e)),
+            e => ProtectorError::Kind(KindError::new(e)),
+        }
+    }
+}
 
 /// The PIN stretching: [`DEFAULT_PIN_KDF`], or the machine's configured cost when that is lighter
 /// (tests; small machines).
@@ -71,11 +84,11 @@ fn pin_kdf(config: &Config) -> Argon2Params {
     }
 }
 
-pub(super) fn open(config: &Config) -> Result<Tpm, Tpm2Error> {
+fn open(config: &Config) -> Result<Tpm, Tpm2Error> {
     Tpm::open(&config.tpm2.tcti())
 }
 
-pub(super) fn da_status(config: &Config) -> Result<DaStatus, Tpm2Error> {
+fn da_status(config: &Config) -> Result<DaStatus, Tpm2Error> {
     Tpm::open(&config.tpm2.tcti())?.da_status()
 }
 
@@ -85,8 +98,8 @@ fn seal(config: &Config, pin: Option<&Passphrase>, pcrs: &PcrSet) -> Result<(Tpm
     Ok((Tpm2 { sealed }, Kek::from_slice(kek.as_bytes())))
 }
 
-impl Tpm2 {
-    pub(super) fn ask(&self) -> Ask {
+impl Kind for Tpm2 {
+    fn ask(&self) -> Ask {
         if self.sealed.pin.is_some() {
             WITH_PIN
         } else {
@@ -96,7 +109,7 @@ impl Tpm2 {
 
     /// The kind's part of the record's associated data: both blobs, the PCRs and the PIN's
     /// stretching, so none can be swapped or weakened in the file.
-    pub(super) fn aad(&self) -> String {
+    fn aad(&self) -> String {
         let pin = match &self.sealed.pin {
             Some(PinKdf { salt, argon2: a }) => {
                 format!("pin:{}:{}:{}:{}", hex::encode(salt), a.time_cost, a.memory_kib, a.parallelism)
@@ -113,16 +126,24 @@ impl Tpm2 {
 
     /// The TPM's dictionary-attack state, checked before a PIN is asked: a locked-out TPM is
     /// reported without asking (and without costing anything).
-    pub(super) fn ready(&self, config: &Config) -> Result<DaStatus, ProtectorError> {
+    fn prompt_device(&self, config: &Config, network: bool) -> Result<Option<PromptDevice>, ProtectorError> {
         let st = da_status(config)?;
         if st.in_lockout && self.sealed.pin.is_some() {
             return Err(Tpm2Error::Lockout { recovery_time_s: Some(st.recovery_time_s) }.into());
         }
-        Ok(st)
+        // A login from the network is not at the device; it is not rate limited here
+        // (each PAM conversation is one try, behind the stack's own failure delay).
+        PinTries { tries_left: st.tries_left(), min_local_tries: config.tpm2.min_local_tries() }
+            .may_try(!network, None)?;
+        Ok(Some(PromptDevice { name: "TPM", tries_left: Some(st.tries_left()) }))
+    }
+
+    fn device_tries(&self, config: &Config) -> Option<Result<u32, ProtectorError>> {
+        Some(da_status(config).map(|s| s.tries_left()).map_err(ProtectorError::from))
     }
 
     /// Unseals; a wrong PIN costs one TPM try and is never retried.
-    pub(super) fn kek(&self, config: &Config, secret: Option<&Passphrase>) -> Result<Kek, ProtectorError> {
+    fn kek(&self, config: &Config, secret: Option<&Passphrase>) -> Result<Kek, ProtectorError> {
         if self.sealed.pin.is_some() && secret.is_none() {
             return Err(ProtectorError::NoAnswer { what: "TPM PIN" });
         }
@@ -131,14 +152,41 @@ impl Tpm2 {
     }
 
     /// A new PIN: a fresh key sealed under it, bound to the same PCRs (at their current values).
-    pub(super) fn rekey(&self, config: &Config, secret: Option<&Passphrase>) -> Result<(Tpm2, Kek), ProtectorError> {
-        let pin = secret.ok_or(ProtectorError::NoAnswer { what: "TPM PIN" })?;
-        seal(config, Some(pin), &self.sealed.pcrs)
+    /// Only a protector with a PIN has a secret to change.
+    fn rekey(&self, config: &Config, secret: Option<&Passphrase>) -> Option<Result<(Tpm2, Kek), ProtectorError>> {
+        self.sealed.pin.as_ref()?;
+        Some(
+            secret
+                .ok_or(ProtectorError::NoAnswer { what: "TPM PIN" })
+                .and_then(|pin| seal(config, Some(pin), &self.sealed.pcrs)),
+        )
     }
 }
 
-impl NewTpm2 {
-    pub(super) fn ask(&self) -> Ask {
+impl NewKindOf for NewTpm2 {
+    type Made = Tpm2;
+
+    /// `no_pin`, `pcr` (`7,11`), `allow_password_pin` (administrators only).
+    fn from_options(opts: &mut KindOptions) -> Result<NewTpm2, ProtectorError> {
+        Ok(NewTpm2 {
+            no_pin: opts.flag("no_pin")?,
+            pcrs: opts.parse("pcr")?.unwrap_or_default(),
+            allow_password_pin: opts.flag_privileged("allow_password_pin")?,
+        })
+    }
+
+    fn check_ready(&self, config: &Config) -> Result<(), ProtectorError> {
+        if self.no_pin {
+            return Ok(());
+        }
+        Ok(tpm2::require_owned_lockout(&mut open(config)?)?)
+    }
+
+    fn refuses_login_password(&self) -> bool {
+        !self.allow_password_pin
+    }
+
+    fn ask(&self) -> Ask {
         if self.no_pin {
             NO_PIN
         } else {
@@ -146,7 +194,7 @@ impl NewTpm2 {
         }
     }
 
-    pub(super) fn create(&self, config: &Config, secret: Option<&Passphrase>) -> Result<(Tpm2, Kek), ProtectorError> {
+    fn create(&self, config: &mut Config, secret: Option<&Passphrase>) -> Result<(Tpm2, Kek), ProtectorError> {
         let pin = match (self.no_pin, secret) {
             (true, _) => None,
             (false, Some(p)) => Some(p),

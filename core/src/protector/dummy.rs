@@ -1,0 +1,126 @@
+//! A test-only fourth kind, added exactly as docs/architecture.md ("Where a new protector kind
+//! goes") says: this module and one line in `kinds!`; nothing in ops or the front ends. Its key-
+//! encryption key is SHA-256(salt, secret) — no real kind would be so cheap to guess.
+//! On disk: `{"type": "dummy", "salt": hex, "shout": bool}`.
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use super::{Ask, Kind, KindOptions, NewKindOf, ProtectorError};
+use crate::config::Config;
+use crate::secret::Passphrase;
+use crate::wrap::Kek;
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Dummy {
+    #[serde(with = "hex::serde")]
+    pub salt: [u8; 16],
+    /// The secret is upper-cased first (an option of the kind, to show options reach it).
+    pub shout: bool,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct NewDummy {
+    pub shout: bool,
+}
+
+fn kek(salt: &[u8; 16], shout: bool, secret: Option<&Passphrase>) -> Result<Kek, ProtectorError> {
+    let s = secret.ok_or(ProtectorError::NoAnswer { what: "password" })?;
+    let s = if shout { s.as_bytes().to_ascii_uppercase() } else { s.as_bytes().to_vec() };
+    Ok(Kek::from_slice(&Sha256::new().chain_update(salt).chain_update(&s).finalize().into()))
+}
+
+impl Kind for Dummy {
+    fn ask(&self) -> Ask {
+        Ask::PASSWORD
+    }
+
+    fn aad(&self) -> String {
+        format!("dummy:{}:{}", hex::encode(self.salt), self.shout)
+    }
+
+    fn kek(&self, _config: &Config, secret: Option<&Passphrase>) -> Result<Kek, ProtectorError> {
+        kek(&self.salt, self.shout, secret)
+    }
+
+    fn rekey(&self, _config: &Config, secret: Option<&Passphrase>) -> Option<Result<(Dummy, Kek), ProtectorError>> {
+        let d = Dummy { salt: rand::random(), shout: self.shout };
+        Some(kek(&d.salt, d.shout, secret).map(|k| (d, k)))
+    }
+}
+
+impl NewKindOf for NewDummy {
+    type Made = Dummy;
+
+    fn from_options(opts: &mut KindOptions) -> Result<NewDummy, ProtectorError> {
+        Ok(NewDummy { shout: opts.flag("shout")? })
+    }
+
+    fn ask(&self) -> Ask {
+        Ask::PASSWORD
+    }
+
+    fn create(&self, _config: &mut Config, secret: Option<&Passphrase>) -> Result<(Dummy, Kek), ProtectorError> {
+        let d = Dummy { salt: rand::random(), shout: self.shout };
+        let k = kek(&d.salt, d.shout, secret)?;
+        Ok((d, k))
+    }
+}
+
+/// The walk a reviewer would do for a new kind, through the same calls the front ends make.
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::{Dirseal, NewProtector};
+    use crate::protector::{NewKind, ProtectorKind, KIND_NAMES};
+    use crate::ui::{SecretPrompt, Ui, UiError};
+
+    /// Answers each prompt with the next of `answers`.
+    struct Script(Vec<&'static str>);
+
+    impl Ui for Script {
+        fn secret(&mut self, _: &SecretPrompt<'_>) -> Result<Passphrase, UiError> {
+            let s = self.0.remove(0);
+            Ok(Passphrase::from_str_copy(s))
+        }
+    }
+
+    fn opts(pairs: &[(&str, &str)]) -> KindOptions {
+        KindOptions::new(pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect())
+    }
+
+    #[test]
+    fn a_fourth_kind_needs_only_its_module_and_its_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut ds = Dirseal::open(&dir.path().join("config.toml"), Some(&dir.path().join("keystore"))).unwrap();
+        assert!(KIND_NAMES.contains(&"dummy"));
+        // Options reach the kind by key; what it does not take is refused, naming no front end.
+        let e = NewKind::named("dummy", opts(&[("no_pin", "true")])).unwrap_err();
+        assert_eq!(e.to_string(), "option no_pin does not apply to dummy protectors");
+        let e = NewKind::named("dummy", opts(&[("shout", "loud")])).unwrap_err();
+        assert!(matches!(e, ProtectorError::BadOptionValue { kind: "dummy", .. }), "{e}");
+        let kind = NewKind::named("dummy", opts(&[("shout", "true")])).unwrap();
+
+        // Create (the new secret is asked twice by a terminal; the Ui gives it once here).
+        let n = NewProtector { name: "d", uid: None, kind };
+        let (rec, key) = ds.create_protector(&n, &mut Script(vec!["secret"])).unwrap();
+        assert_eq!(rec.kind.name(), "dummy");
+
+        // Unlock: the option took effect; a wrong secret is the common error.
+        assert!(ds.unlock_protector(&rec, &mut Script(vec!["SeCrEt"])).unwrap() == key);
+        let Err(e) = ds.unlock_protector(&rec, &mut Script(vec!["other"])) else { panic!("a wrong secret opened it") };
+        assert!(e.to_string().starts_with("incorrect password for protector d"), "{e}");
+
+        // Change its secret: same id and key, new secret.
+        ds.change_secret(&rec.id, &mut Script(vec!["secret", "new"])).unwrap();
+        let changed = ds.keystore().protector(&rec.id).unwrap();
+        assert!(ds.unlock_protector(&changed, &mut Script(vec!["NEW"])).unwrap() == key);
+        assert!(ds.unlock_protector(&changed, &mut Script(vec!["secret"])).is_err());
+
+        // List: the record comes back from its file, as on disk.
+        let listed: Vec<_> = ds.keystore().protectors().unwrap().into_iter().filter_map(|(_, r)| r.ok()).collect();
+        assert_eq!(listed.len(), 1);
+        let ProtectorKind::Dummy(d) = &listed[0].kind else { panic!("a dummy protector") };
+        assert!(d.shout);
+    }
+}
