@@ -16,6 +16,7 @@ pub mod keystore;
 pub mod ops;
 pub mod protector;
 pub mod recovery;
+pub mod remedy;
 pub mod scrub;
 pub mod secret;
 pub mod securefile;
