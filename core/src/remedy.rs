@@ -181,9 +181,8 @@ impl OpsError {
             OpsError::NotEmpty { path } => Some(Remedy::Convert { dir: path.clone() }),
             OpsError::AlreadyEncrypted { path, .. } => Some(Remedy::ShowStatus { dir: path.clone() }),
             OpsError::NoProtector { .. } => Some(Remedy::AddProtector),
-            OpsError::UseAnother { dir, others, recovery, .. } => (!others.is_empty() || *recovery).then(|| {
-                Remedy::UseAnotherProtector { dir: dir.clone(), others: others.clone(), recovery: *recovery }
-            }),
+            OpsError::UseAnother { dir, others, recovery, .. } => (!others.is_empty() || *recovery)
+                .then(|| Remedy::UseAnotherProtector { dir: dir.clone(), others: others.clone(), recovery: *recovery }),
             OpsError::PinIsLoginPassword { user } => Some(Remedy::PinLoginAccount { user: user.clone() }),
             OpsError::NoPinProtector { user, home } => {
                 Some(Remedy::CreatePinProtector { user: user.clone(), home: home.clone() })

@@ -171,7 +171,9 @@ fn message(e: &(dyn std::error::Error + 'static)) -> String {
 /// caller is a program that offers its own way to do it).
 pub fn next(r: &Remedy) -> String {
     match r {
-        Remedy::EncryptOrConvert { .. } => "call Encrypt for an empty directory, Convert for one that holds data".into(),
+        Remedy::EncryptOrConvert { .. } => {
+            "call Encrypt for an empty directory, Convert for one that holds data".into()
+        }
         Remedy::Convert { .. } => "call Convert to encrypt it in place".into(),
         Remedy::Force => "if nothing writes there, root can call Convert with the force option".into(),
         Remedy::AbortConversion { .. } => {

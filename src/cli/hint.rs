@@ -28,7 +28,9 @@ pub fn render(r: &Remedy) -> String {
             }
             format!("unlock it with {}", ways.join(" or "))
         }
-        Remedy::UseRecoveryKey => "forgotten? a directory's recovery key opens it: `dirseal unlock --recovery DIR`".into(),
+        Remedy::UseRecoveryKey => {
+            "forgotten? a directory's recovery key opens it: `dirseal unlock --recovery DIR`".into()
+        }
         Remedy::RestorePolicy { dir: Some(dir) } => {
             format!("if you have its recovery key, run `dirseal recovery restore {}`", dir.display())
         }
@@ -52,10 +54,9 @@ pub fn render(r: &Remedy) -> String {
             "choose another PIN; or keep it and make {user} a PIN-login account: create the protector with \
              --allow-password-pin, then `dirseal pin-login enable {user}` removes the password hash"
         ),
-        Remedy::CreatePinProtector { user, home } => format!(
-            "`dirseal policy add-protector {} --protector-type tpm2 --user {user}` adds one",
-            home.display()
-        ),
+        Remedy::CreatePinProtector { user, home } => {
+            format!("`dirseal policy add-protector {} --protector-type tpm2 --user {user}` adds one", home.display())
+        }
         Remedy::SetUpTpm => "run `dirseal tpm2 setup` first (it shows a TPM reset code to write down), or pass \
                              --no-pin for a protector without PIN"
             .into(),
@@ -92,8 +93,9 @@ mod tests {
     /// The library decides which error has which remedy; the hint follows the chain to it.
     #[test]
     fn found_along_the_chain() {
-        let e = anyhow::Error::new(dirseal::ops::OpsError::AmbiguousProtector { what: "d".into(), list: "a, b".into() })
-            .context("unlocking");
+        let e =
+            anyhow::Error::new(dirseal::ops::OpsError::AmbiguousProtector { what: "d".into(), list: "a, b".into() })
+                .context("unlocking");
         assert_eq!(hint(&e).as_deref(), Some("pick one with --protector ID"));
         assert_eq!(hint(&anyhow::anyhow!("plain")), None);
     }
