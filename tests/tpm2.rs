@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use dirseal::config::Config;
 use dirseal::ids::ProtectorId;
-use dirseal::kdf::{Argon2Params, MIN_MEMORY_KIB};
+use dirseal::config::{Argon2Params, MIN_MEMORY_KIB};
 use dirseal::keystore::Keystore;
 use dirseal::protector::tpm2::NewTpm2;
 use dirseal::protector::{self, NewKind, ProtectorError};

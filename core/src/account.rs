@@ -17,7 +17,7 @@ pub struct Shadow {
     /// password); `None` when the field is empty.
     pub hash_first: Option<u8>,
     /// The field holds a crypt hash, possibly behind the lock mark `!`.
-    pub has_hash: bool,
+    pub(crate) has_hash: bool,
     /// Days since 1970 of the last change (0 = must change at next login), -1 if unset.
     pub last_change: i64,
     pub max_days: i64,
@@ -63,14 +63,14 @@ pub fn password_is(user: &str, secret: &Passphrase) -> Result<bool, std::io::Err
 #[derive(Debug, thiserror::Error)]
 #[error("cannot change the password entry of {user}: {reason}")]
 pub struct AccountError {
-    pub user: String,
-    pub reason: String,
+    pub(crate) user: String,
+    pub(crate) reason: String,
 }
 
 /// Replaces `user`'s password hash by `*`: no password opens the account any more and none can
 /// be tested offline. `usermod -L` still locks it (`!*`). Done by `usermod`, which keeps
 /// /etc/shadow's locking and backup conventions.
-pub fn remove_password(user: &str) -> Result<(), AccountError> {
+pub(crate) fn remove_password(user: &str) -> Result<(), AccountError> {
     let err = |reason: String| AccountError { user: user.into(), reason };
     let o = Command::new("usermod").args(["-p", "*", "--", user]).output().map_err(|e| err(format!("usermod: {e}")))?;
     if !o.status.success() {

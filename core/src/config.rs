@@ -5,12 +5,12 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::kdf::Argon2Params;
+pub use crate::kdf::{Argon2Params, KdfError, MIN_MEMORY_KIB};
 use crate::securefile::{self, SecureFileError};
 use crate::tpm2::Tcti;
 
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/dirseal/config.toml";
-pub const DEFAULT_KEYSTORE_PATH: &str = "/var/lib/dirseal";
+pub(crate) const DEFAULT_KEYSTORE_PATH: &str = "/var/lib/dirseal";
 const MAX_CONFIG_BYTES: u64 = 64 * 1024;
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -36,7 +36,7 @@ pub struct Fido2Config {
     /// How long an unlock waits for a touch of the key; default
     /// [`crate::fido2::DEFAULT_TOUCH_TIMEOUT`] (30 s).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub touch_timeout_secs: Option<u64>,
+    pub(crate) touch_timeout_secs: Option<u64>,
     /// Unix sockets of software authenticators to treat as connected keys (tests, demos). Only
     /// this root-owned file can name one; each must be a socket owned by root.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -60,11 +60,11 @@ pub struct Tpm2Config {
     /// or over D-Bus unless more than this many are left ([`crate::tpm2::PinTries`]), so nobody
     /// elsewhere can lock the owner out of their own device; default [`DEFAULT_MIN_LOCAL_TRIES`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub min_local_tries: Option<u32>,
+    pub(crate) min_local_tries: Option<u32>,
 }
 
 /// Tries kept for the device: network logins stop when the TPM has this many left.
-pub const DEFAULT_MIN_LOCAL_TRIES: u32 = 2;
+pub(crate) const DEFAULT_MIN_LOCAL_TRIES: u32 = 2;
 
 impl Tpm2Config {
     pub fn tcti(&self) -> Tcti {
@@ -85,7 +85,7 @@ pub struct PamConfig {
     /// have no password hash in /etc/shadow, and `passwd` changes their PIN. Set by `dirseal
     /// pin-login enable USER`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub pin_login: Vec<String>,
+    pub(crate) pin_login: Vec<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -135,7 +135,7 @@ impl Config {
         Ok(())
     }
 
-    pub fn keystore_path(&self) -> PathBuf {
+    pub(crate) fn keystore_path(&self) -> PathBuf {
         self.keystore.clone().unwrap_or_else(|| PathBuf::from(DEFAULT_KEYSTORE_PATH))
     }
 }

@@ -12,21 +12,21 @@ pub use crate::sys::fido2::{AssertRequest, AuthenticatorInfo, Device, DevicePath
 
 /// The relying party id of every dirseal credential. Fixed: a credential made for it is useless
 /// to any website, and a website's credential is useless here.
-pub const RP_ID: &str = "dirseal";
+pub(crate) const RP_ID: &str = "dirseal";
 /// How long an unlock waits for a touch unless the config says otherwise.
-pub const DEFAULT_TOUCH_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_TOUCH_TIMEOUT: Duration = Duration::from_secs(30);
 /// Opening a key and asking it whether it holds a credential takes milliseconds; a device that
 /// takes longer is not the one.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
 
 impl Fido2Config {
-    pub fn touch_timeout(&self) -> Duration {
+    pub(crate) fn touch_timeout(&self) -> Duration {
         self.touch_timeout_secs.map_or(DEFAULT_TOUCH_TIMEOUT, Duration::from_secs)
     }
 }
 
 /// Every connected key's path: hidraw devices, then the configured socket devices that exist.
-pub fn device_paths(cfg: &Fido2Config) -> Result<Vec<DevicePath>, Fido2Error> {
+pub(crate) fn device_paths(cfg: &Fido2Config) -> Result<Vec<DevicePath>, Fido2Error> {
     let mut out: Vec<DevicePath> =
         crate::sys::fido2::list_hid()?.into_iter().map(|d| DevicePath::Hid(d.path)).collect();
     out.extend(cfg.socket_devices.iter().filter(|p| p.exists()).map(|p| DevicePath::Socket(p.clone())));
@@ -67,7 +67,7 @@ pub fn list(cfg: &Fido2Config) -> Result<Vec<Connected>, Fido2Error> {
 }
 
 /// The device `--device` names: one of the connected keys, never an arbitrary path.
-pub fn resolve(cfg: &Fido2Config, given: &str) -> Result<DevicePath, Fido2Error> {
+pub(crate) fn resolve(cfg: &Fido2Config, given: &str) -> Result<DevicePath, Fido2Error> {
     device_paths(cfg)?
         .into_iter()
         .find(|p| p.to_string() == given)
@@ -75,7 +75,7 @@ pub fn resolve(cfg: &Fido2Config, given: &str) -> Result<DevicePath, Fido2Error>
 }
 
 /// The connected key holding `credential_id`, asked of each key without a touch.
-pub fn find_holder(cfg: &Fido2Config, rp_id: &str, credential_id: &[u8]) -> Result<Device, Fido2Error> {
+pub(crate) fn find_holder(cfg: &Fido2Config, rp_id: &str, credential_id: &[u8]) -> Result<Device, Fido2Error> {
     for p in device_paths(cfg)? {
         let Ok(mut d) = Device::open(&p, PROBE_TIMEOUT) else { continue };
         let probe = crate::sys::fido2::AssertRequest {

@@ -19,7 +19,7 @@ pub use crate::ids::KeyIdentifier;
 use crate::secret::MasterKey;
 use crate::sys;
 /// The fd-relative exchange, for callers that already hold directory fds.
-pub use crate::sys::rename_exchange as rename_exchange_at;
+pub(crate) use crate::sys::rename_exchange as rename_exchange_at;
 
 const MOUNTINFO: &str = "/proc/self/mountinfo";
 
@@ -112,9 +112,9 @@ fn not_supported(path: &Path) -> FscryptError {
 /// affect which key unlocks the directory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PolicyV2 {
-    pub contents_mode: u8,
-    pub filenames_mode: u8,
-    pub flags: u8,
+    pub(crate) contents_mode: u8,
+    pub(crate) filenames_mode: u8,
+    pub(crate) flags: u8,
     pub identifier: KeyIdentifier,
 }
 
@@ -143,14 +143,14 @@ pub fn key_identifier(key: &MasterKey) -> KeyIdentifier {
 
 /// One line of /proc/self/mountinfo, the parts dirseal needs.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct MountEntry {
+pub(crate) struct MountEntry {
     /// The filesystem's device number (`st_dev` of its files).
-    pub major: u64,
-    pub minor: u64,
-    pub mount_point: PathBuf,
-    pub fstype: String,
+    pub(crate) major: u64,
+    pub(crate) minor: u64,
+    pub(crate) mount_point: PathBuf,
+    pub(crate) fstype: String,
     /// The mounted device (or `none`, `tmpfs`, ...), as the mount table names it.
-    pub source: String,
+    pub(crate) source: String,
 }
 
 /// Undoes the kernel's octal escapes (`\040` space, `\011` tab, `\012` newline, `\134` backslash).
@@ -235,7 +235,7 @@ fn pick_mount(entries: Vec<MountEntry>, resolved: &Path, major: u64, minor: u64)
 }
 
 /// The mount holding `path` (which is not followed if it is a symlink).
-pub fn mount_entry(path: &Path) -> Result<MountEntry, FscryptError> {
+pub(crate) fn mount_entry(path: &Path) -> Result<MountEntry, FscryptError> {
     let meta = std::fs::symlink_metadata(path).map_err(|e| from_io(e, path, "inspect"))?;
     let resolved = resolve_nofollow(path)?;
     let text = std::fs::read_to_string(MOUNTINFO).map_err(|e| from_io(e, Path::new(MOUNTINFO), "read"))?;
@@ -245,7 +245,7 @@ pub fn mount_entry(path: &Path) -> Result<MountEntry, FscryptError> {
 }
 
 /// Every mount point, in /proc/self/mountinfo order.
-pub fn mount_points() -> Result<Vec<PathBuf>, FscryptError> {
+pub(crate) fn mount_points() -> Result<Vec<PathBuf>, FscryptError> {
     let text = std::fs::read_to_string(MOUNTINFO).map_err(|e| from_io(e, Path::new(MOUNTINFO), "read"))?;
     Ok(parse_mountinfo(&text)?.into_iter().map(|m| m.mount_point).collect())
 }
@@ -253,7 +253,7 @@ pub fn mount_points() -> Result<Vec<PathBuf>, FscryptError> {
 /// The top of the encrypted tree `dir` belongs to: the highest ancestor on the same filesystem
 /// with the same policy (a subdirectory inherits its parent's). Locking any directory of the tree
 /// locks all of it, and the tree's facts (its recovery key) live on this directory.
-pub fn encrypted_root(dir: &Path, policy: &PolicyV2) -> Result<PathBuf, FscryptError> {
+pub(crate) fn encrypted_root(dir: &Path, policy: &PolicyV2) -> Result<PathBuf, FscryptError> {
     let mp = mount_point(dir)?;
     let mut top = resolve_nofollow(dir)?;
     while top != mp {
@@ -311,7 +311,7 @@ pub enum Support {
 }
 
 /// Asks the kernel whether the filesystem mounted at `mountpoint` can encrypt.
-pub fn support(mountpoint: &Path) -> Result<Support, FscryptError> {
+pub(crate) fn support(mountpoint: &Path) -> Result<Support, FscryptError> {
     let path = mountpoint;
     let dir = open_dir(path, "open")?;
     // ext4 without the encrypt feature refuses every fscrypt ioctl with EOPNOTSUPP, including this
@@ -343,7 +343,7 @@ pub fn get_policy(path: &Path) -> Result<Option<PolicyV2>, FscryptError> {
     get_policy_fd(f.as_fd(), path)
 }
 
-pub fn get_policy_fd(fd: BorrowedFd<'_>, path_for_errors: &Path) -> Result<Option<PolicyV2>, FscryptError> {
+pub(crate) fn get_policy_fd(fd: BorrowedFd<'_>, path_for_errors: &Path) -> Result<Option<PolicyV2>, FscryptError> {
     let path = path_for_errors;
     let unsupported = |detail: String| FscryptError::UnsupportedPolicy { path: path.to_path_buf(), detail };
     let arg = match sys::get_encryption_policy_ex(fd) {
@@ -379,7 +379,7 @@ pub fn set_policy(dir: &Path, id: &KeyIdentifier) -> Result<(), FscryptError> {
     set_policy_fd(f.as_fd(), dir, id)
 }
 
-pub fn set_policy_fd(fd: BorrowedFd<'_>, path_for_errors: &Path, id: &KeyIdentifier) -> Result<(), FscryptError> {
+pub(crate) fn set_policy_fd(fd: BorrowedFd<'_>, path_for_errors: &Path, id: &KeyIdentifier) -> Result<(), FscryptError> {
     let path = path_for_errors;
     let p = PolicyV2::new(*id);
     let raw = sys::fscrypt_policy_v2 {

@@ -66,7 +66,7 @@ hex_id!(KeyIdentifier, 16, "a key identifier");
 hex_id!(ProtectorId, 8, "a protector id");
 
 impl ProtectorId {
-    pub fn random() -> ProtectorId {
+    pub(crate) fn random() -> ProtectorId {
         ProtectorId(rand::random())
     }
 }

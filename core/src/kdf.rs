@@ -11,9 +11,9 @@ use crate::wrap::Kek;
 /// useful sense. Tests use it to stay fast.
 pub const MIN_MEMORY_KIB: u32 = 1024;
 /// Upper bounds that keep a tampered file from making every unlock take hours or exhaust memory.
-pub const MAX_MEMORY_KIB: u32 = 4 * 1024 * 1024;
-pub const MAX_TIME_COST: u32 = 1000;
-pub const MAX_PARALLELISM: u32 = 64;
+pub(crate) const MAX_MEMORY_KIB: u32 = 4 * 1024 * 1024;
+pub(crate) const MAX_TIME_COST: u32 = 1000;
+pub(crate) const MAX_PARALLELISM: u32 = 64;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -32,7 +32,7 @@ pub enum KdfError {
 }
 
 impl Argon2Params {
-    pub fn check(&self) -> Result<(), KdfError> {
+    pub(crate) fn check(&self) -> Result<(), KdfError> {
         let ok = (1..=MAX_TIME_COST).contains(&self.time_cost)
             && (MIN_MEMORY_KIB..=MAX_MEMORY_KIB).contains(&self.memory_kib)
             && (1..=MAX_PARALLELISM).contains(&self.parallelism)
@@ -50,12 +50,12 @@ impl Argon2Params {
 }
 
 /// Stretches `password` with `salt` into a 256-bit key-encryption key.
-pub fn derive(password: &Passphrase, salt: &[u8], p: Argon2Params) -> Result<Kek, KdfError> {
+pub(crate) fn derive(password: &Passphrase, salt: &[u8], p: Argon2Params) -> Result<Kek, KdfError> {
     Ok(Kek::from_slice(&*derive_bytes(password, salt, p)?))
 }
 
 /// Stretches `password` with `salt` into 32 bytes, for uses that are not a [`Kek`] (a TPM authValue).
-pub fn derive_bytes(password: &Passphrase, salt: &[u8], p: Argon2Params) -> Result<Zeroizing<[u8; 32]>, KdfError> {
+pub(crate) fn derive_bytes(password: &Passphrase, salt: &[u8], p: Argon2Params) -> Result<Zeroizing<[u8; 32]>, KdfError> {
     p.check()?;
     let params = argon2::Params::new(p.memory_kib, p.time_cost, p.parallelism, Some(32))
         .map_err(|e| KdfError::Argon2(e.to_string()))?;
@@ -67,7 +67,7 @@ pub fn derive_bytes(password: &Passphrase, salt: &[u8], p: Argon2Params) -> Resu
 
 /// min(RAM/8, 256 MiB), never below [`MIN_MEMORY_KIB`]: enough to hurt GPUs, small enough for a
 /// handheld that also runs a game.
-pub fn memory_cap_kib() -> u32 {
+pub(crate) fn memory_cap_kib() -> u32 {
     let ram_kib = nix::sys::sysinfo::sysinfo().map(|s| s.ram_total() / 1024).unwrap_or(2 * 1024 * 1024);
     (ram_kib / 8).min(256 * 1024).max(u64::from(MIN_MEMORY_KIB)) as u32
 }
@@ -77,7 +77,7 @@ fn lanes() -> u32 {
 }
 
 /// The time cost that makes one derivation take about `target` with `memory_kib` on this machine.
-pub fn calibrate(target: Duration, memory_kib: u32) -> Argon2Params {
+pub(crate) fn calibrate(target: Duration, memory_kib: u32) -> Argon2Params {
     let memory_kib = memory_kib.clamp(MIN_MEMORY_KIB, MAX_MEMORY_KIB);
     let mut p = Argon2Params { time_cost: 1, memory_kib, parallelism: lanes() };
     let pw = Passphrase::from_str_copy("calibration");

@@ -15,7 +15,7 @@ use crate::secret::{MasterKey, ProtectorKey, MASTER_KEY_LEN};
 use crate::securefile::{self, SecureFileError};
 use crate::wrap::{self, Kek, WrapError, Wrapped};
 
-pub const FORMAT_VERSION: u32 = 1;
+pub(crate) const FORMAT_VERSION: u32 = 1;
 const POLICY_FORMAT: &str = "dirseal-policy";
 const MAX_FILE_BYTES: u64 = 256 * 1024;
 
@@ -68,7 +68,7 @@ impl PolicyRecord {
         self.wrapped.insert(*pid, w);
     }
 
-    pub fn unwrap_master(&self, pid: &ProtectorId, pkey: &ProtectorKey) -> Result<MasterKey, KeystoreError> {
+    pub(crate) fn unwrap_master(&self, pid: &ProtectorId, pkey: &ProtectorKey) -> Result<MasterKey, KeystoreError> {
         let w = self.wrapped.get(pid).ok_or(KeystoreError::NoEntry { policy: self.id, protector: *pid })?;
         match wrap::open(&protector_kek(pkey), &policy_aad(&self.id, pid), w, MASTER_KEY_LEN) {
             // Invariant: `open` checked the plaintext is MASTER_KEY_LEN bytes.
@@ -79,7 +79,7 @@ impl PolicyRecord {
         }
     }
 
-    pub fn remove_protector(&mut self, pid: &ProtectorId) -> Result<(), KeystoreError> {
+    pub(crate) fn remove_protector(&mut self, pid: &ProtectorId) -> Result<(), KeystoreError> {
         if !self.wrapped.contains_key(pid) {
             return Err(KeystoreError::NoEntry { policy: self.id, protector: *pid });
         }
@@ -142,7 +142,7 @@ fn policy_json(r: &PolicyRecord) -> Vec<u8> {
 }
 
 /// Every record of one kind, each parsed or with the error that names its file.
-pub type Listing<I, R> = Vec<(I, Result<R, KeystoreError>)>;
+pub(crate) type Listing<I, R> = Vec<(I, Result<R, KeystoreError>)>;
 
 /// Held while a command reads, modifies and writes keystore files.
 pub struct KeystoreLock {
@@ -164,7 +164,7 @@ impl Keystore {
 
     /// Opens without creating anything (for the PAM module and read-only status): a missing
     /// keystore is an empty one.
-    pub fn open_existing(root: &Path) -> Result<Keystore, KeystoreError> {
+    pub(crate) fn open_existing(root: &Path) -> Result<Keystore, KeystoreError> {
         match securefile::check_private_dir(root) {
             Ok(()) | Err(SecureFileError::NotFound { .. }) => Ok(Keystore { root: root.to_path_buf() }),
             Err(e) => Err(e.into()),
@@ -201,7 +201,7 @@ impl Keystore {
         protector::parse(&bytes, id).map_err(|reason| KeystoreError::Corrupt { path, reason })
     }
 
-    pub fn policy(&self, id: &KeyIdentifier) -> Result<PolicyRecord, KeystoreError> {
+    pub(crate) fn policy(&self, id: &KeyIdentifier) -> Result<PolicyRecord, KeystoreError> {
         let path = self.policy_path(id);
         let bytes = self.read(&path, "policy", id.to_string())?;
         parse_policy(&bytes, id).map_err(|reason| KeystoreError::Corrupt { path, reason })
@@ -231,7 +231,7 @@ impl Keystore {
     }
 
     /// Policies that list protector `id`.
-    pub fn policies_using(&self, id: &ProtectorId) -> Result<Vec<KeyIdentifier>, KeystoreError> {
+    pub(crate) fn policies_using(&self, id: &ProtectorId) -> Result<Vec<KeyIdentifier>, KeystoreError> {
         let mut using = Vec::new();
         for (pid, p) in self.policies()? {
             match p {
@@ -262,7 +262,7 @@ impl Keystore {
     }
 
     /// Deletes a protector that no policy uses. Callers hold [`Keystore::lock`].
-    pub fn remove_protector(&self, id: &ProtectorId) -> Result<(), KeystoreError> {
+    pub(crate) fn remove_protector(&self, id: &ProtectorId) -> Result<(), KeystoreError> {
         let path = self.protector_path(id);
         if !path.exists() {
             return Err(KeystoreError::NotFound { kind: "protector", id: id.to_string() });
@@ -278,7 +278,7 @@ impl Keystore {
 
     /// Deletes a policy record (its directory becomes unreachable except by a recovery key).
     /// Callers hold [`Keystore::lock`].
-    pub fn remove_policy(&self, id: &KeyIdentifier) -> Result<(), KeystoreError> {
+    pub(crate) fn remove_policy(&self, id: &KeyIdentifier) -> Result<(), KeystoreError> {
         match securefile::remove_durable(&self.policy_path(id)) {
             Ok(()) => Ok(()),
             Err(SecureFileError::NotFound { .. }) => {

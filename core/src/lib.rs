@@ -1,9 +1,26 @@
 //! dirseal: encrypt existing directories in place with Linux fscrypt v2, with master keys kept
-//! behind protectors (kinds in [`protector`]; recovery keys in [`recovery`]).
+//! behind protectors. The front ends (the `dirseal` command, `pam_dirseal`, `dirsealed`) are thin
+//! glue over this crate, starting at [`Dirseal`].
 //!
 //! The library never prints or prompts: everything that needs a human goes through [`ui::Ui`].
 //! `unsafe` lives only in the crate-private `sys` module (kernel calls rustix does not wrap).
+//!
+//! Where things are:
+//! - [`ops`]: the operations every front end offers (encrypt, unlock, lock, protectors, policies).
+//! - [`convert`]: planning and running the in-place conversion of a directory that holds data.
+//! - [`protector`]: protector kinds (password, TPM2, FIDO2) and what unlocking each asks for.
+//! - [`keystore`]: the root-only directory of protector and policy records.
+//! - [`recovery`]: recovery keys kept with the data, for when the keystore is gone.
+//! - [`fscrypt`]: the kernel's fscrypt v2 API, typed, with errors that say what they mean.
+//! - [`tpm2`], [`fido2`]: the devices behind the TPM2 and FIDO2 protector kinds.
+//! - [`config`]: the root-owned `/etc/dirseal/config.toml`.
+//! - [`account`]: what the password database says of an account (for PIN and touch logins).
+//! - [`scrub`]: overwriting free space, so plaintext deleted before a conversion is gone.
+//! - [`secret`], [`ids`]: zeroizing secret types; key and protector identifiers.
+//! - [`securefile`]: root-owned private files (no-follow reads, atomic durable writes).
+//! - [`ui`]: the trait through which the library asks a person things and reports progress.
 #![deny(unsafe_code)]
+#![warn(missing_docs, unreachable_pub)]
 
 pub mod account;
 pub mod config;
@@ -11,7 +28,7 @@ pub mod convert;
 pub mod fido2;
 pub mod fscrypt;
 pub mod ids;
-pub mod kdf;
+mod kdf;
 pub mod keystore;
 pub mod ops;
 pub mod protector;
@@ -23,4 +40,9 @@ pub mod securefile;
 mod sys;
 pub mod tpm2;
 pub mod ui;
-pub mod wrap;
+mod wrap;
+
+pub use ids::{KeyIdentifier, ProtectorId};
+pub use ops::Dirseal;
+pub use secret::Passphrase;
+pub use ui::Ui;

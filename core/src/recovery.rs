@@ -11,7 +11,7 @@ use crate::ids::KeyIdentifier;
 use crate::secret::{MasterKey, Passphrase};
 use crate::ui::{SecretPrompt, Ui, UiError};
 
-pub const XATTR: &str = "trusted.dirseal.recovery";
+pub(crate) const XATTR: &str = "trusted.dirseal.recovery";
 /// The largest well-formed blob: anything longer is refused before parsing.
 const MAX_XATTR: usize = dirseal_recovery::MAX_BLOB;
 
@@ -95,7 +95,7 @@ pub fn install(dir: &Path, policy: &KeyIdentifier, master: &MasterKey, key: &Rec
 }
 
 /// [`install`] on a directory already open (`path` only names it in errors).
-pub fn install_at(
+pub(crate) fn install_at(
     dir: BorrowedFd<'_>,
     path: &Path,
     policy: &KeyIdentifier,

@@ -59,7 +59,7 @@ pub struct Options {
 
 /// 1% of the filesystem, at least 16 MiB and at most 1 GiB: room for logs, caches and a running
 /// game while the disk is otherwise full.
-pub fn default_reserve(fs_size: u64) -> u64 {
+pub(crate) fn default_reserve(fs_size: u64) -> u64 {
     (fs_size / 100).clamp(16 * MIB, 1024 * MIB)
 }
 
@@ -101,9 +101,9 @@ pub struct Report {
     pub device: String,
     pub medium: Medium,
     /// Size of the filesystem.
-    pub size: u64,
+    pub(crate) size: u64,
     /// Free space to ordinary programs before the overwrite.
-    pub available_before: u64,
+    pub(crate) available_before: u64,
     /// ... and after the fill file was released: the space is back.
     pub available_after: u64,
     /// The safety reserve kept for other programs.
@@ -117,7 +117,7 @@ pub struct Report {
     /// `swept` more bytes into free space beyond the fill's end, which usually covers much of it
     /// (the kernel, not dirseal, picks the blocks).
     pub unwritten: u64,
-    pub swept: u64,
+    pub(crate) swept: u64,
     pub trim: Trim,
     /// Stopped by a signal: the fill file was released, nothing was trimmed.
     pub interrupted: bool,
@@ -421,7 +421,7 @@ fn sync_and_drop_cache(f: &File, mp: &Path) -> Result<(), ScrubError> {
 }
 
 /// `FITRIM` on the filesystem holding `path`: the bytes trimmed.
-pub fn trim(path: &Path) -> Result<u64, ScrubError> {
+pub(crate) fn trim(path: &Path) -> Result<u64, ScrubError> {
     let mp = fscrypt::mount_point(path)?;
     let root = File::open(&mp).map_err(io_err(&mp, "open"))?;
     crate::sys::fitrim(root.as_fd()).map_err(|e| io_err(&mp, "trim")(io::Error::from(e)))

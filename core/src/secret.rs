@@ -6,9 +6,9 @@ use subtle::ConstantTimeEq;
 use zeroize::{Zeroize, Zeroizing};
 
 /// Size of an fscrypt v2 master key we generate (the kernel accepts 16..=64; we use the maximum).
-pub const MASTER_KEY_LEN: usize = 64;
+pub(crate) const MASTER_KEY_LEN: usize = 64;
 /// Size of a protector key: the AES-256-GCM key that wraps master keys.
-pub const PROTECTOR_KEY_LEN: usize = 32;
+pub(crate) const PROTECTOR_KEY_LEN: usize = 32;
 
 macro_rules! fixed_secret {
     ($(#[$m:meta])* $t:ident, $n:expr) => {

@@ -96,7 +96,7 @@ pub fn ensure_private_dir(dir: &Path) -> Result<(), SecureFileError> {
 }
 
 /// Checks an existing directory without creating it.
-pub fn check_private_dir(dir: &Path) -> Result<(), SecureFileError> {
+pub(crate) fn check_private_dir(dir: &Path) -> Result<(), SecureFileError> {
     let meta = std::fs::symlink_metadata(dir).map_err(io_err(dir, "inspect"))?;
     check_meta(dir, &meta, true)
 }
@@ -150,7 +150,7 @@ pub fn lock_file(path: &Path) -> Result<nix::fcntl::Flock<File>, SecureFileError
 }
 
 /// Unlinks `path` durably. A missing file is `NotFound`.
-pub fn remove_durable(path: &Path) -> Result<(), SecureFileError> {
+pub(crate) fn remove_durable(path: &Path) -> Result<(), SecureFileError> {
     std::fs::remove_file(path).map_err(io_err(path, "remove"))?;
     sync_dir(path.parent().unwrap_or(Path::new(".")))
 }

@@ -45,15 +45,15 @@ use crate::secret::{Passphrase, ProtectorKey, PROTECTOR_KEY_LEN};
 use crate::sys::tpm2::{dictionary_attack, DaCommand};
 
 /// The kernel's resource manager: several programs may use the TPM at once.
-pub const DEFAULT_TCTI: &str = "device:/dev/tpmrm0";
+pub(crate) const DEFAULT_TCTI: &str = "device:/dev/tpmrm0";
 /// Highest PCR index a PC TPM has (24 PCRs).
-pub const MAX_PCR: u8 = 23;
-pub const PIN_SALT_LEN: usize = 16;
+pub(crate) const MAX_PCR: u8 = 23;
+pub(crate) const PIN_SALT_LEN: usize = 16;
 
 /// The PIN stretching for new TPM protectors. The TPM's lockout, not this cost, is what limits
 /// guessing; Argon2id keeps the PIN itself away from the TPM and makes an authValue stolen from
 /// the TPM's memory slow to invert.
-pub const DEFAULT_PIN_KDF: Argon2Params = Argon2Params { time_cost: 2, memory_kib: 32 * 1024, parallelism: 1 };
+pub(crate) const DEFAULT_PIN_KDF: Argon2Params = Argon2Params { time_cost: 2, memory_kib: 32 * 1024, parallelism: 1 };
 
 /// Where the TPM is: a TCTI loader string (`device:/dev/tpmrm0`, `swtpm:host=127.0.0.1,port=2321`,
 /// `tabrmd:`), checked when parsed.
@@ -65,9 +65,6 @@ impl Tcti {
     fn conf(&self) -> TctiNameConf {
         // Invariant: constructed only by `from_str`, which checked this parse.
         TctiNameConf::from_str(&self.0).unwrap_or(TctiNameConf::Device(Default::default()))
-    }
-    pub fn as_str(&self) -> &str {
-        &self.0
     }
 }
 
@@ -116,7 +113,7 @@ impl PcrSet {
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
-    pub fn iter(&self) -> impl Iterator<Item = u8> + '_ {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = u8> + '_ {
         self.0.iter().copied()
     }
     fn selection(&self) -> Result<PcrSelectionList, Tpm2Error> {
@@ -175,8 +172,8 @@ impl fmt::Display for PcrSet {
 #[serde(deny_unknown_fields)]
 pub struct PinKdf {
     #[serde(with = "hex::serde")]
-    pub salt: [u8; PIN_SALT_LEN],
-    pub argon2: Argon2Params,
+    pub(crate) salt: [u8; PIN_SALT_LEN],
+    pub(crate) argon2: Argon2Params,
 }
 
 /// A protector key sealed by one TPM: what the keystore keeps. Useless without that TPM (and, when
@@ -476,18 +473,13 @@ fn primary_template() -> Result<Public, tss_esapi::Error> {
 /// An open connection to a TPM.
 pub struct Tpm {
     ctx: Context,
-    tcti: Tcti,
 }
 
 impl Tpm {
     pub fn open(tcti: &Tcti) -> Result<Tpm, Tpm2Error> {
         let ctx = Context::new(tcti.conf())
             .map_err(|e| Tpm2Error::Unavailable { tcti: tcti.clone(), reason: e.to_string() })?;
-        Ok(Tpm { ctx, tcti: tcti.clone() })
-    }
-
-    pub fn tcti(&self) -> &Tcti {
-        &self.tcti
+        Ok(Tpm { ctx })
     }
 
     pub fn da_status(&mut self) -> Result<DaStatus, Tpm2Error> {
@@ -750,7 +742,7 @@ fn da_command(tcti: &Tcti, auth: &[u8], cmd: DaCommand) -> Result<(), Tpm2Error>
 }
 
 /// Whether the TPM's lockout is owned; the check before a PIN is trusted to guard a key.
-pub fn require_owned_lockout(tpm: &mut Tpm) -> Result<(), Tpm2Error> {
+pub(crate) fn require_owned_lockout(tpm: &mut Tpm) -> Result<(), Tpm2Error> {
     if tpm.da_status()?.lockout_owned {
         Ok(())
     } else {
@@ -775,7 +767,7 @@ mod tests {
     #[test]
     fn tcti_strings_are_checked() {
         for ok in [DEFAULT_TCTI, "swtpm:host=127.0.0.1,port=2321", "device:/dev/tpm0"] {
-            assert_eq!(ok.parse::<Tcti>().unwrap().as_str(), ok);
+            assert_eq!(String::from(ok.parse::<Tcti>().unwrap()), ok);
         }
         for bad in ["", "bogus:x", "swtpm:port=notanumber"] {
             assert!(bad.parse::<Tcti>().is_err(), "{bad}");

@@ -6,18 +6,19 @@ use aes_gcm::{Aes256Gcm, Nonce};
 use serde::{Deserialize, Serialize};
 use zeroize::Zeroizing;
 
-pub const NONCE_LEN: usize = 12;
-pub const TAG_LEN: usize = 16;
+pub(crate) const NONCE_LEN: usize = 12;
+pub(crate) const TAG_LEN: usize = 16;
 
 /// A 256-bit key-encryption key (derived from a password, a protector key, or a recovery key).
-pub struct Kek(Box<[u8; 32]>);
+pub(crate) struct Kek(Box<[u8; 32]>);
 
 impl Kek {
-    pub fn new(bytes: [u8; 32]) -> Kek {
+    #[cfg(test)]
+    pub(crate) fn new(bytes: [u8; 32]) -> Kek {
         let mut bytes = Zeroizing::new(bytes);
         Kek(Box::new(std::mem::take(&mut *bytes)))
     }
-    pub fn from_slice(b: &[u8; 32]) -> Kek {
+    pub(crate) fn from_slice(b: &[u8; 32]) -> Kek {
         Kek(Box::new(*b))
     }
     fn cipher(&self) -> Aes256Gcm {
@@ -35,13 +36,13 @@ impl Drop for Kek {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Wrapped {
     #[serde(with = "hex_array")]
-    pub nonce: [u8; NONCE_LEN],
+    pub(crate) nonce: [u8; NONCE_LEN],
     #[serde(with = "hex::serde")]
-    pub ciphertext: Vec<u8>,
+    pub(crate) ciphertext: Vec<u8>,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum WrapError {
+pub(crate) enum WrapError {
     /// Wrong key, or the data or its associated data were altered: GCM cannot tell these apart.
     #[error("authentication failed")]
     Authentication,
@@ -49,7 +50,7 @@ pub enum WrapError {
     Length { expected: usize, got: usize },
 }
 
-pub fn seal(kek: &Kek, aad: &[u8], plaintext: &[u8]) -> Wrapped {
+pub(crate) fn seal(kek: &Kek, aad: &[u8], plaintext: &[u8]) -> Wrapped {
     let nonce: [u8; NONCE_LEN] = rand::random();
     let ciphertext = kek
         .cipher()
@@ -60,7 +61,7 @@ pub fn seal(kek: &Kek, aad: &[u8], plaintext: &[u8]) -> Wrapped {
 }
 
 /// Opens `w`, requiring the plaintext to be exactly `len` bytes.
-pub fn open(kek: &Kek, aad: &[u8], w: &Wrapped, len: usize) -> Result<Zeroizing<Vec<u8>>, WrapError> {
+pub(crate) fn open(kek: &Kek, aad: &[u8], w: &Wrapped, len: usize) -> Result<Zeroizing<Vec<u8>>, WrapError> {
     if w.ciphertext.len() != len + TAG_LEN {
         return Err(WrapError::Length { expected: len + TAG_LEN, got: w.ciphertext.len() });
     }
@@ -73,10 +74,10 @@ pub fn open(kek: &Kek, aad: &[u8], w: &Wrapped, len: usize) -> Result<Zeroizing<
 mod hex_array {
     use serde::{Deserialize, Deserializer, Serializer};
 
-    pub fn serialize<S: Serializer, const N: usize>(v: &[u8; N], s: S) -> Result<S::Ok, S::Error> {
+    pub(super) fn serialize<S: Serializer, const N: usize>(v: &[u8; N], s: S) -> Result<S::Ok, S::Error> {
         s.serialize_str(&hex::encode(v))
     }
-    pub fn deserialize<'de, D: Deserializer<'de>, const N: usize>(d: D) -> Result<[u8; N], D::Error> {
+    pub(super) fn deserialize<'de, D: Deserializer<'de>, const N: usize>(d: D) -> Result<[u8; N], D::Error> {
         let s = String::deserialize(d)?;
         let mut out = [0u8; N];
         hex::decode_to_slice(&s, &mut out).map_err(serde::de::Error::custom)?;

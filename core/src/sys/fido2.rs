@@ -22,7 +22,7 @@ use libfido2_sys as ffi;
 use zeroize::{Zeroize, Zeroizing};
 
 /// Length of an hmac-secret output for one 32-byte salt.
-pub const HMAC_SECRET_LEN: usize = 32;
+pub(crate) const HMAC_SECRET_LEN: usize = 32;
 /// Longest a socket device may stay silent when libfido2 itself waits without limit (open).
 const SOCKET_SILENCE_CAP: Duration = Duration::from_secs(60);
 
@@ -46,22 +46,22 @@ impl std::fmt::Display for DevicePath {
 
 /// A connected authenticator as listed, before opening it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct HidInfo {
-    pub path: String,
-    pub manufacturer: String,
-    pub product: String,
-    pub vendor_id: u16,
-    pub product_id: u16,
+pub(crate) struct HidInfo {
+    pub(crate) path: String,
+    pub(crate) manufacturer: String,
+    pub(crate) product: String,
+    pub(crate) vendor_id: u16,
+    pub(crate) product_id: u16,
 }
 
 /// What an opened authenticator says of itself (CTAP getInfo).
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct AuthenticatorInfo {
     pub versions: Vec<String>,
-    pub extensions: Vec<String>,
+    pub(crate) extensions: Vec<String>,
     /// Option name → value (`clientPin`, `uv`, `up`, `rk`, …).
-    pub options: Vec<(String, bool)>,
-    pub pin_protocols: Vec<u8>,
+    pub(crate) options: Vec<(String, bool)>,
+    pub(crate) pin_protocols: Vec<u8>,
 }
 
 impl AuthenticatorInfo {
@@ -190,7 +190,7 @@ fn init() {
 }
 
 /// Authenticators libfido2 finds on the HID bus.
-pub fn list_hid() -> Result<Vec<HidInfo>, Fido2Error> {
+pub(crate) fn list_hid() -> Result<Vec<HidInfo>, Fido2Error> {
     init();
     const MAX: usize = 64;
     // SAFETY: allocates MAX entries; freed below with the same count.
@@ -308,7 +308,6 @@ unsafe extern "C" fn io_write(h: *mut c_void, buf: *const c_uchar, len: usize) -
 /// An open authenticator.
 pub struct Device {
     dev: *mut ffi::fido_dev_t,
-    path: DevicePath,
     timeout: Duration,
 }
 
@@ -348,7 +347,7 @@ impl Device {
         if dev.is_null() {
             return Err(fail("out of memory".into()));
         }
-        let mut d = Device { dev, path: path.clone(), timeout };
+        let mut d = Device { dev, timeout };
         if let DevicePath::Socket(_) = path {
             let io = ffi::fido_dev_io_t {
                 open: Some(io_open),
@@ -375,12 +374,8 @@ impl Device {
         Ok(d)
     }
 
-    pub fn path(&self) -> &DevicePath {
-        &self.path
-    }
-
     /// Bounds every later operation, the wait for a touch included.
-    pub fn set_timeout(&mut self, timeout: Duration) -> Result<(), Fido2Error> {
+    pub(crate) fn set_timeout(&mut self, timeout: Duration) -> Result<(), Fido2Error> {
         let ms = c_int::try_from(timeout.as_millis()).unwrap_or(c_int::MAX);
         // SAFETY: open device; any timeout value is accepted.
         check(unsafe { ffi::fido_dev_set_timeout(self.dev, ms) })?;

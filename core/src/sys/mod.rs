@@ -16,41 +16,41 @@ use std::os::unix::ffi::OsStrExt;
 use nix::errno::Errno;
 use zeroize::Zeroize;
 
-pub mod fido2;
-pub mod shadow;
-pub mod tpm2;
+pub(crate) mod fido2;
+pub(crate) mod shadow;
+pub(crate) mod tpm2;
 
-pub const FSCRYPT_POLICY_V1: u8 = 0;
-pub const FSCRYPT_POLICY_V2: u8 = 2;
-pub const FSCRYPT_KEY_IDENTIFIER_SIZE: usize = 16;
+pub(crate) const FSCRYPT_POLICY_V1: u8 = 0;
+pub(crate) const FSCRYPT_POLICY_V2: u8 = 2;
+pub(crate) const FSCRYPT_KEY_IDENTIFIER_SIZE: usize = 16;
 /// Largest raw master key the kernel accepts.
-pub const FSCRYPT_MAX_KEY_SIZE: usize = 64;
+pub(crate) const FSCRYPT_MAX_KEY_SIZE: usize = 64;
 
-pub const FSCRYPT_MODE_AES_256_XTS: u8 = 1;
-pub const FSCRYPT_MODE_AES_256_CTS: u8 = 4;
-pub const FSCRYPT_POLICY_FLAGS_PAD_32: u8 = 0x03;
+pub(crate) const FSCRYPT_MODE_AES_256_XTS: u8 = 1;
+pub(crate) const FSCRYPT_MODE_AES_256_CTS: u8 = 4;
+pub(crate) const FSCRYPT_POLICY_FLAGS_PAD_32: u8 = 0x03;
 
-pub const FSCRYPT_KEY_SPEC_TYPE_IDENTIFIER: u32 = 2;
+pub(crate) const FSCRYPT_KEY_SPEC_TYPE_IDENTIFIER: u32 = 2;
 
-pub const FSCRYPT_KEY_REMOVAL_STATUS_FLAG_FILES_BUSY: u32 = 0x1;
-pub const FSCRYPT_KEY_REMOVAL_STATUS_FLAG_OTHER_USERS: u32 = 0x2;
+pub(crate) const FSCRYPT_KEY_REMOVAL_STATUS_FLAG_FILES_BUSY: u32 = 0x1;
+pub(crate) const FSCRYPT_KEY_REMOVAL_STATUS_FLAG_OTHER_USERS: u32 = 0x2;
 
-pub const FSCRYPT_KEY_STATUS_ABSENT: u32 = 1;
-pub const FSCRYPT_KEY_STATUS_PRESENT: u32 = 2;
-pub const FSCRYPT_KEY_STATUS_INCOMPLETELY_REMOVED: u32 = 3;
+pub(crate) const FSCRYPT_KEY_STATUS_ABSENT: u32 = 1;
+pub(crate) const FSCRYPT_KEY_STATUS_PRESENT: u32 = 2;
+pub(crate) const FSCRYPT_KEY_STATUS_INCOMPLETELY_REMOVED: u32 = 3;
 
 /// `struct fscrypt_policy_v2`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct fscrypt_policy_v2 {
-    pub version: u8,
-    pub contents_encryption_mode: u8,
-    pub filenames_encryption_mode: u8,
-    pub flags: u8,
+pub(crate) struct fscrypt_policy_v2 {
+    pub(crate) version: u8,
+    pub(crate) contents_encryption_mode: u8,
+    pub(crate) filenames_encryption_mode: u8,
+    pub(crate) flags: u8,
     /// 0 = the filesystem block size; older kernels call this byte reserved.
-    pub log2_data_unit_size: u8,
-    pub reserved: [u8; 3],
-    pub master_key_identifier: [u8; FSCRYPT_KEY_IDENTIFIER_SIZE],
+    pub(crate) log2_data_unit_size: u8,
+    pub(crate) reserved: [u8; 3],
+    pub(crate) master_key_identifier: [u8; FSCRYPT_KEY_IDENTIFIER_SIZE],
 }
 
 /// `struct fscrypt_get_policy_ex_arg`.
@@ -60,19 +60,19 @@ pub struct fscrypt_policy_v2 {
 /// and a v1 answer is recognised by `policy.version`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
-pub struct fscrypt_get_policy_ex_arg {
-    pub policy_size: u64,
-    pub policy: fscrypt_policy_v2,
+pub(crate) struct fscrypt_get_policy_ex_arg {
+    pub(crate) policy_size: u64,
+    pub(crate) policy: fscrypt_policy_v2,
 }
 
 /// `struct fscrypt_key_specifier`. The kernel's `u` is a union of byte arrays: descriptor (8),
 /// identifier (16) and 32 reserved bytes, so a 32-byte array is the same thing.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
-pub struct fscrypt_key_specifier {
-    pub type_: u32,
-    pub reserved: u32,
-    pub u: [u8; 32],
+pub(crate) struct fscrypt_key_specifier {
+    pub(crate) type_: u32,
+    pub(crate) reserved: u32,
+    pub(crate) u: [u8; 32],
 }
 
 impl fscrypt_key_specifier {
@@ -91,33 +91,33 @@ impl fscrypt_key_specifier {
 /// `struct fscrypt_add_key_arg`, without the flexible `raw[]` array that follows it.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
-pub struct fscrypt_add_key_arg {
-    pub key_spec: fscrypt_key_specifier,
-    pub raw_size: u32,
-    pub key_id: u32,
-    pub flags: u32,
-    pub reserved: [u32; 7],
+pub(crate) struct fscrypt_add_key_arg {
+    pub(crate) key_spec: fscrypt_key_specifier,
+    pub(crate) raw_size: u32,
+    pub(crate) key_id: u32,
+    pub(crate) flags: u32,
+    pub(crate) reserved: [u32; 7],
 }
 
 /// `struct fscrypt_remove_key_arg`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
-pub struct fscrypt_remove_key_arg {
-    pub key_spec: fscrypt_key_specifier,
-    pub removal_status_flags: u32,
-    pub reserved: [u32; 5],
+pub(crate) struct fscrypt_remove_key_arg {
+    pub(crate) key_spec: fscrypt_key_specifier,
+    pub(crate) removal_status_flags: u32,
+    pub(crate) reserved: [u32; 5],
 }
 
 /// `struct fscrypt_get_key_status_arg`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
-pub struct fscrypt_get_key_status_arg {
-    pub key_spec: fscrypt_key_specifier,
-    pub reserved: [u32; 6],
-    pub status: u32,
-    pub status_flags: u32,
-    pub user_count: u32,
-    pub out_reserved: [u32; 13],
+pub(crate) struct fscrypt_get_key_status_arg {
+    pub(crate) key_spec: fscrypt_key_specifier,
+    pub(crate) reserved: [u32; 6],
+    pub(crate) status: u32,
+    pub(crate) status_flags: u32,
+    pub(crate) user_count: u32,
+    pub(crate) out_reserved: [u32; 13],
 }
 
 /// An add-key argument with its raw key in place, the way the kernel reads it: the header
@@ -149,10 +149,10 @@ const _: () = assert!(size_of::<fstrim_range>() == 24);
 /// `struct fstrim_range` (`<linux/fs.h>`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
-pub struct fstrim_range {
-    pub start: u64,
-    pub len: u64,
-    pub minlen: u64,
+pub(crate) struct fstrim_range {
+    pub(crate) start: u64,
+    pub(crate) len: u64,
+    pub(crate) minlen: u64,
 }
 
 mod ioctls {
@@ -193,14 +193,14 @@ mod ioctls {
 }
 
 /// FS_IOC_SET_ENCRYPTION_POLICY on a directory fd.
-pub fn set_encryption_policy(dir: BorrowedFd<'_>, policy: &fscrypt_policy_v2) -> Result<(), Errno> {
+pub(crate) fn set_encryption_policy(dir: BorrowedFd<'_>, policy: &fscrypt_policy_v2) -> Result<(), Errno> {
     // SAFETY: `dir` is a live fd for the duration of the call; `policy` points to a fully
     // initialised 24-byte v2 policy, which the kernel only reads (size chosen by `version`).
     unsafe { ioctls::fs_ioc_set_encryption_policy(dir.as_raw_fd(), policy) }.map(drop)
 }
 
 /// FS_IOC_GET_ENCRYPTION_POLICY_EX. `ENODATA` means the file is not encrypted.
-pub fn get_encryption_policy_ex(fd: BorrowedFd<'_>) -> Result<fscrypt_get_policy_ex_arg, Errno> {
+pub(crate) fn get_encryption_policy_ex(fd: BorrowedFd<'_>) -> Result<fscrypt_get_policy_ex_arg, Errno> {
     let mut arg =
         fscrypt_get_policy_ex_arg { policy_size: size_of::<fscrypt_policy_v2>() as u64, ..Default::default() };
     // SAFETY: `fd` is live; `arg` is a valid, exclusively borrowed buffer whose `policy_size`
@@ -213,7 +213,7 @@ pub fn get_encryption_policy_ex(fd: BorrowedFd<'_>) -> Result<fscrypt_get_policy
 ///
 /// `fd` may be any file or directory on the target filesystem, usually its root. The key is copied
 /// into a heap buffer that is scrubbed when this function returns, on every path.
-pub fn add_encryption_key(fd: BorrowedFd<'_>, raw: &[u8]) -> Result<[u8; FSCRYPT_KEY_IDENTIFIER_SIZE], Errno> {
+pub(crate) fn add_encryption_key(fd: BorrowedFd<'_>, raw: &[u8]) -> Result<[u8; FSCRYPT_KEY_IDENTIFIER_SIZE], Errno> {
     if raw.is_empty() || raw.len() > FSCRYPT_MAX_KEY_SIZE {
         return Err(Errno::EINVAL);
     }
@@ -232,7 +232,7 @@ pub fn add_encryption_key(fd: BorrowedFd<'_>, raw: &[u8]) -> Result<[u8; FSCRYPT
 
 /// FS_IOC_REMOVE_ENCRYPTION_KEY (or its `_ALL_USERS` variant, which needs CAP_SYS_ADMIN).
 /// Returns the `FSCRYPT_KEY_REMOVAL_STATUS_FLAG_*` bits.
-pub fn remove_encryption_key(
+pub(crate) fn remove_encryption_key(
     fd: BorrowedFd<'_>,
     id: &[u8; FSCRYPT_KEY_IDENTIFIER_SIZE],
     all_users: bool,
@@ -252,7 +252,7 @@ pub fn remove_encryption_key(
 }
 
 /// FS_IOC_GET_ENCRYPTION_KEY_STATUS. Returns the whole answer (status, flags, user count).
-pub fn get_encryption_key_status(
+pub(crate) fn get_encryption_key_status(
     fd: BorrowedFd<'_>,
     id: &[u8; FSCRYPT_KEY_IDENTIFIER_SIZE],
 ) -> Result<fscrypt_get_key_status_arg, Errno> {
@@ -266,7 +266,7 @@ pub fn get_encryption_key_status(
 /// FITRIM on any fd of a mounted filesystem: discards every free block the device can discard.
 /// Returns the number of bytes the filesystem reports as trimmed. `EOPNOTSUPP` means the device
 /// (or the filesystem) does not support discard.
-pub fn fitrim(fd: BorrowedFd<'_>) -> Result<u64, Errno> {
+pub(crate) fn fitrim(fd: BorrowedFd<'_>) -> Result<u64, Errno> {
     let mut range = fstrim_range { start: 0, len: u64::MAX, minlen: 0 };
     // SAFETY: `fd` is live for the call; `range` is an initialised, exclusively borrowed
     // `fstrim_range` of the size encoded in the request code; the kernel reads it and writes back
@@ -286,7 +286,7 @@ fn component(name: &OsStr) -> Result<CString, Errno> {
 
 /// Atomically swaps `olddir/oldname` and `newdir/newname` (`renameat2(RENAME_EXCHANGE)`). Both
 /// must exist; names are single components and are never followed if they are symlinks.
-pub fn rename_exchange(
+pub(crate) fn rename_exchange(
     olddir: BorrowedFd<'_>,
     oldname: &OsStr,
     newdir: BorrowedFd<'_>,
@@ -308,7 +308,7 @@ fn errno(e: rustix::io::Errno) -> Errno {
 ///
 /// A filesystem that does not report the attribute in `stx_attributes_mask` cannot encrypt, so
 /// the answer is `false`.
-pub fn is_encrypted_at(dir: BorrowedFd<'_>, name: &OsStr, nofollow: bool) -> Result<bool, Errno> {
+pub(crate) fn is_encrypted_at(dir: BorrowedFd<'_>, name: &OsStr, nofollow: bool) -> Result<bool, Errno> {
     use rustix::fs::{AtFlags, StatxAttributes, StatxFlags};
     let (cname, mut flags) =
         if name.is_empty() { (CString::default(), AtFlags::EMPTY_PATH) } else { (component(name)?, AtFlags::empty()) };

@@ -6,15 +6,15 @@ use std::ptr;
 use zeroize::Zeroizing;
 
 /// One shadow entry; the hash field stays in zeroizing memory.
-pub struct RawShadow {
-    pub hash: Zeroizing<Vec<u8>>,
-    pub last_change: i64,
-    pub max_days: i64,
-    pub expire: i64,
+pub(crate) struct RawShadow {
+    pub(crate) hash: Zeroizing<Vec<u8>>,
+    pub(crate) last_change: i64,
+    pub(crate) max_days: i64,
+    pub(crate) expire: i64,
 }
 
 /// The shadow entry of `user`; `Ok(None)` if there is none. Needs root.
-pub fn getspnam(user: &str) -> Result<Option<RawShadow>, std::io::Error> {
+pub(crate) fn getspnam(user: &str) -> Result<Option<RawShadow>, std::io::Error> {
     let name = CString::new(user).map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
     let mut size = 4096;
     loop {
@@ -59,7 +59,7 @@ const CRYPT_DATA_SIZE: usize = 65536;
 
 /// `crypt(phrase, setting)`: the hash of `phrase` in the form of `setting` (a shadow hash), or
 /// `None` when libcrypt refuses (unknown method, a NUL in either).
-pub fn crypt(phrase: &[u8], setting: &[u8]) -> Option<Zeroizing<Vec<u8>>> {
+pub(crate) fn crypt(phrase: &[u8], setting: &[u8]) -> Option<Zeroizing<Vec<u8>>> {
     let phrase = Zeroizing::new(CString::new(phrase).ok()?.into_bytes_with_nul());
     let setting = CString::new(setting).ok()?;
     // Zeroized on drop: it holds the phrase's hash and the method's scratch state. All-zero is

@@ -22,7 +22,7 @@ const ALG_SHA256: u16 = 0x000B;
 
 /// What to do to the TPM's dictionary-attack protection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DaCommand {
+pub(crate) enum DaCommand {
     /// `TPM2_DictionaryAttackParameters`: failures before lockout, seconds per forgiven failure,
     /// seconds before the lockout hierarchy may be tried again after a failure on it.
     Parameters { max_tries: u32, recovery_time: u32, lockout_recovery: u32 },
@@ -61,7 +61,7 @@ impl Drop for Esys {
 /// Runs `cmd` against the TPM named by `tcti` (a TCTI loader string such as
 /// `device:/dev/tpmrm0`), authorized by the lockout hierarchy's authValue `lockout_auth` (at most
 /// 64 bytes; empty when the hierarchy has none). Returns the raw TSS2 response code on failure.
-pub fn dictionary_attack(tcti: &CStr, lockout_auth: &[u8], cmd: DaCommand) -> Result<(), TSS2_RC> {
+pub(crate) fn dictionary_attack(tcti: &CStr, lockout_auth: &[u8], cmd: DaCommand) -> Result<(), TSS2_RC> {
     let mut auth = TPM2B_AUTH { size: 0, buffer: [0; 64] };
     let Some(dst) = auth.buffer.get_mut(..lockout_auth.len()) else {
         // TPM_RC_SIZE: longer than any digest, so no TPM could hold it.
