@@ -3,8 +3,8 @@ use std::io::Write;
 use std::time::{Duration, Instant};
 
 use dirseal::config::Config;
-use dirseal::ids::ProtectorId;
 use dirseal::config::{Argon2Params, MIN_MEMORY_KIB};
+use dirseal::ids::ProtectorId;
 use dirseal::keystore::Keystore;
 use dirseal::protector::tpm2::NewTpm2;
 use dirseal::protector::{self, NewKind, ProtectorError};

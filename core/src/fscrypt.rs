@@ -379,7 +379,11 @@ pub fn set_policy(dir: &Path, id: &KeyIdentifier) -> Result<(), FscryptError> {
     set_policy_fd(f.as_fd(), dir, id)
 }
 
-pub(crate) fn set_policy_fd(fd: BorrowedFd<'_>, path_for_errors: &Path, id: &KeyIdentifier) -> Result<(), FscryptError> {
+pub(crate) fn set_policy_fd(
+    fd: BorrowedFd<'_>,
+    path_for_errors: &Path,
+    id: &KeyIdentifier,
+) -> Result<(), FscryptError> {
     let path = path_for_errors;
     let p = PolicyV2::new(*id);
     let raw = sys::fscrypt_policy_v2 {

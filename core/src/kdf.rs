@@ -55,7 +55,11 @@ pub(crate) fn derive(password: &Passphrase, salt: &[u8], p: Argon2Params) -> Res
 }
 
 /// Stretches `password` with `salt` into 32 bytes, for uses that are not a [`Kek`] (a TPM authValue).
-pub(crate) fn derive_bytes(password: &Passphrase, salt: &[u8], p: Argon2Params) -> Result<Zeroizing<[u8; 32]>, KdfError> {
+pub(crate) fn derive_bytes(
+    password: &Passphrase,
+    salt: &[u8],
+    p: Argon2Params,
+) -> Result<Zeroizing<[u8; 32]>, KdfError> {
     p.check()?;
     let params = argon2::Params::new(p.memory_kib, p.time_cost, p.parallelism, Some(32))
         .map_err(|e| KdfError::Argon2(e.to_string()))?;

@@ -21,45 +21,86 @@ use crate::tpm2::Tpm2Error;
 /// by each of them before it compiles.
 #[derive(Clone, Debug)]
 pub enum Remedy {
-    /// `dir` is not encrypted: encrypt it if it is empty, convert it if it holds data.
-    EncryptOrConvert { dir: PathBuf },
-    /// `dir` holds data: convert it (encrypt it in place).
-    Convert { dir: PathBuf },
+    /// The directory is not encrypted: encrypt it if it is empty, convert it if it holds data.
+    EncryptOrConvert {
+        /// The directory.
+        dir: PathBuf,
+    },
+    /// The directory holds data: convert it (encrypt it in place).
+    Convert {
+        /// The directory.
+        dir: PathBuf,
+    },
     /// The owner of the directory is logged in: convert anyway if nothing writes there.
     Force,
-    /// The conversion journal of `dir` cannot be trusted: abort the conversion.
-    AbortConversion { dir: PathBuf },
+    /// The conversion journal cannot be trusted: abort the conversion.
+    AbortConversion {
+        /// The directory being converted.
+        dir: PathBuf,
+    },
     /// Several protectors fit: name the one to use (the message lists them).
     PickProtector,
-    /// A device-bound protector cannot open now: open `dir` with one of `others` or, if
-    /// `recovery`, with its recovery key. Never empty (no remedy then).
-    UseAnotherProtector { dir: PathBuf, others: Vec<ProtectorSummary>, recovery: bool },
+    /// A device-bound protector cannot open now: use another way in. Never with neither
+    /// `others` nor `recovery` (there is no remedy then).
+    UseAnotherProtector {
+        /// The directory to open.
+        dir: PathBuf,
+        /// Its other protectors.
+        others: Vec<ProtectorSummary>,
+        /// Whether it has a recovery key.
+        recovery: bool,
+    },
     /// The secret is wrong (perhaps forgotten): a directory's recovery key opens it.
     UseRecoveryKey,
-    /// The policy is missing or does not match: the directory's recovery key restores it
-    /// (`dir` when the error knows which directory).
-    RestorePolicy { dir: Option<PathBuf> },
-    /// `dir` is already encrypted: its status shows how.
-    ShowStatus { dir: PathBuf },
+    /// The policy is missing or does not match: the directory's recovery key restores it.
+    RestorePolicy {
+        /// The directory, when the error knows which.
+        dir: Option<PathBuf>,
+    },
+    /// The directory is already encrypted: its status shows how.
+    ShowStatus {
+        /// The directory.
+        dir: PathBuf,
+    },
     /// The policy needs another (usable) protector.
     AddProtector,
     /// The protector still protects policies: remove it from them first.
     RemoveFromPolicies,
     /// No such protector or policy: list what exists.
     ListExisting,
-    /// `dir` is locked: unlock it first.
-    Unlock { dir: PathBuf },
-    /// `dir` has no recovery key: create one while it is unlocked.
-    AddRecoveryKey { dir: PathBuf },
-    /// `dir` already has a recovery key: remove it first.
-    RemoveRecoveryKey { dir: PathBuf },
-    /// The recovery data on `dir` is damaged: remove it and add a new key.
-    ReplaceRecoveryKey { dir: PathBuf },
-    /// The PIN is `user`'s login password: choose another, or allow it and make `user` a
+    /// The directory is locked: unlock it first.
+    Unlock {
+        /// The directory.
+        dir: PathBuf,
+    },
+    /// The directory has no recovery key: create one while it is unlocked.
+    AddRecoveryKey {
+        /// The directory.
+        dir: PathBuf,
+    },
+    /// The directory already has a recovery key: remove it first.
+    RemoveRecoveryKey {
+        /// The directory.
+        dir: PathBuf,
+    },
+    /// The recovery data on the directory is damaged: remove it and add a new key.
+    ReplaceRecoveryKey {
+        /// The directory.
+        dir: PathBuf,
+    },
+    /// The PIN is the user's login password: choose another, or allow it and make the user a
     /// PIN-login account.
-    PinLoginAccount { user: String },
-    /// `user` has no TPM protector with a PIN of their own on `home`: add one.
-    CreatePinProtector { user: String, home: PathBuf },
+    PinLoginAccount {
+        /// The user.
+        user: String,
+    },
+    /// The user has no TPM protector with a PIN of their own on their home: add one.
+    CreatePinProtector {
+        /// The user.
+        user: String,
+        /// Their home.
+        home: PathBuf,
+    },
     /// The TPM's lockout hierarchy is not owned: set the TPM up first, or use no PIN.
     SetUpTpm,
     /// The TPM refuses for now: its status says when it forgives failures.
