@@ -11,6 +11,7 @@
 //! - [`protector`]: protector kinds (password, TPM2, FIDO2) and what unlocking each asks for.
 //! - [`keystore`]: the root-only directory of protector and policy records.
 //! - [`recovery`]: recovery keys kept with the data, for when the keystore is gone.
+//! - [`remedy`]: the way out of each error, as data each front end renders in its own terms.
 //! - [`fscrypt`]: the kernel's fscrypt v2 API, typed, with errors that say what they mean.
 //! - [`tpm2`], [`fido2`]: the devices behind the TPM2 and FIDO2 protector kinds.
 //! - [`config`]: the root-owned `/etc/dirseal/config.toml`.
@@ -34,6 +35,7 @@ pub mod keystore;
 pub mod ops;
 pub mod protector;
 pub mod recovery;
+pub mod remedy;
 pub mod scrub;
 pub mod secret;
 pub mod securefile;

@@ -17,6 +17,7 @@
 
 pub mod account;
 mod ffi;
+mod remedy;
 mod session;
 
 use std::ffi::{c_int, CStr};
@@ -210,7 +211,7 @@ fn home_state(pam: &Pam, args: &Args, acct: &Account) -> Result<Home, String> {
             return Ok(Home::Unmanaged);
         }
     };
-    let ds = args.open().map_err(|e| e.to_string())?;
+    let ds = args.open().map_err(|e| remedy::why(&e))?;
     match ds.managed_policy(&acct.home) {
         // managed_policy looks the record up by the kernel's identifier; checking it again here
         // keeps that the invariant this module relies on, whatever the lookup becomes.
@@ -223,7 +224,7 @@ fn home_state(pam: &Pam, args: &Args, acct: &Account) -> Result<Home, String> {
             acct.home.display()
         )),
         Ok(None) => Ok(Home::Unmanaged),
-        Err(e) => Err(e.to_string()),
+        Err(e) => Err(remedy::why(&e)),
     }
 }
 
@@ -284,12 +285,12 @@ pub(crate) fn authenticate(pam: &Pam, args: &Args, flags: c_int) -> c_int {
         Ok(l) => l,
         Err(e) => {
             // A key or token login: no password went through the stack, and this module asks none.
-            pam.log(LOG_NOTICE, &format!("{home} stays locked: {e}"));
+            pam.log(LOG_NOTICE, &format!("{home} stays locked: {}", remedy::why(&e)));
             return PAM_IGNORE;
         }
     };
     for (id, e) in &login.problems {
-        pam.log(LOG_WARNING, &format!("{}: protector {id}: {e}", acct.name));
+        pam.log(LOG_WARNING, &format!("{}: protector {id}: {}", acct.name, remedy::why(e)));
     }
     if let Some((rec, master)) = login.opened {
         if !pam.set_master(MASTER_DATA, master) {
@@ -375,13 +376,13 @@ fn standalone(pam: &Pam, flags: c_int, acct: &Account, ds: &Dirseal, policy: &Po
         match login {
             Ok(l) => {
                 for (id, e) in &l.problems {
-                    pam.log(LOG_WARNING, &format!("{}: protector {id}: {e}", acct.name));
+                    pam.log(LOG_WARNING, &format!("{}: protector {id}: {}", acct.name, remedy::why(e)));
                 }
                 if let Some((rec, master)) = l.opened {
                     return logged_in(pam, acct, &rec, master, "security key");
                 }
             }
-            Err(e) => pam.log(LOG_NOTICE, &format!("no security-key login for {}: {e}", acct.name)),
+            Err(e) => pam.log(LOG_NOTICE, &format!("no security-key login for {}: {}", acct.name, remedy::why(&e))),
         }
     }
     let Some(rec) = pin else { return PAM_IGNORE };
@@ -397,7 +398,7 @@ fn standalone(pam: &Pam, flags: c_int, acct: &Account, ds: &Dirseal, policy: &Po
                 logged_in(pam, acct, &rec, master, "TPM PIN")
             }
             Err(e) => {
-                pam.log(LOG_ERR, &format!("{}: protector {}: {e}", acct.name, rec.id));
+                pam.log(LOG_ERR, &format!("{}: protector {}: {}", acct.name, rec.id, remedy::why(&e)));
                 PAM_IGNORE
             }
         },

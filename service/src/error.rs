@@ -1,9 +1,12 @@
 //! The service's D-Bus errors: a name a front end can branch on, and a one-line message: the
-//! library's, which says what happened, and the service's next step in terms of its methods.
+//! library's, which says what happened, and the library's remedy for it rendered as the
+//! service's next step in terms of its methods ([`next`]).
 use dirseal::keystore::KeystoreError;
 use dirseal::ops::OpsError;
 use dirseal::protector::ProtectorError;
 use dirseal::recovery::RecoveryError;
+use dirseal::remedy::Remedy;
+use dirseal::tpm2::Tpm2Error;
 use dirseal::ui::UiError;
 use zbus::message::{Header, Message};
 use zbus::names::ErrorName;
@@ -122,7 +125,7 @@ fn protector_kind(e: &ProtectorError) -> Kind {
 
 impl From<ProtectorError> for Error {
     fn from(e: ProtectorError) -> Error {
-        Error::new(protector_kind(&e), e.to_string())
+        Error::new(protector_kind(&e), message(&e))
     }
 }
 
@@ -156,79 +159,74 @@ fn recovery_kind(e: &RecoveryError) -> Kind {
     }
 }
 
-/// `e`'s message, then what to call next if there is a method for it.
-fn message(e: &dyn std::error::Error, next: Option<&str>) -> String {
-    match next {
-        Some(n) => format!("{e}; {n}"),
+/// `e`'s message, then its remedy (if it has one) as what to call next.
+fn message(e: &(dyn std::error::Error + 'static)) -> String {
+    match Remedy::find(e) {
+        Some(r) => format!("{e}; {}", next(&r)),
         None => e.to_string(),
     }
 }
 
-fn ops_next(e: &OpsError) -> Option<&'static str> {
-    match e {
-        OpsError::NotEncrypted { .. } => Some("call Encrypt for an empty directory, Convert for one that holds data"),
-        OpsError::NotManaged { .. } | OpsError::KeyMismatch { .. } => {
-            Some("RecoveryRestore with the directory's recovery key restores its policy")
+/// A remedy in the service's terms: its methods and options, never a CLI command line (the
+/// caller is a program that offers its own way to do it).
+pub fn next(r: &Remedy) -> String {
+    match r {
+        Remedy::EncryptOrConvert { .. } => {
+            "call Encrypt for an empty directory, Convert for one that holds data".into()
         }
-        OpsError::NotEmpty { .. } => Some("call Convert to encrypt it in place"),
-        OpsError::AlreadyEncrypted { .. } => Some("GetStatus shows its state"),
-        OpsError::NoProtector { .. } => Some("add one with AddProtectorToPolicy"),
-        OpsError::UseAnother { .. } => {
-            Some("call Unlock with one of those protectors, or RecoveryRestore with the key")
+        Remedy::Convert { .. } => "call Convert to encrypt it in place".into(),
+        Remedy::Force => "if nothing writes there, root can call Convert with the force option".into(),
+        Remedy::AbortConversion { .. } => {
+            "root aborts it with the command-line tool; the service resumes no conversion it cannot trust".into()
         }
-        OpsError::Keystore(k) => keystore_next(k),
-        OpsError::Recovery(r) => recovery_next(r),
-        OpsError::Fscrypt(f) => fscrypt_next(f),
-        _ => None,
-    }
-}
-
-fn keystore_next(e: &KeystoreError) -> Option<&'static str> {
-    match e {
-        KeystoreError::NotFound { .. } => Some("ListProtectors shows what exists"),
-        KeystoreError::InUse { .. } => Some("remove it with RemoveProtectorFromPolicy"),
-        KeystoreError::LastProtector { .. } => Some("add one with AddProtectorToPolicy"),
-        _ => None,
-    }
-}
-
-fn recovery_next(e: &RecoveryError) -> Option<&'static str> {
-    match e {
-        RecoveryError::Missing { .. } => Some("while it is unlocked, create one with RecoveryAdd"),
-        RecoveryError::Exists { .. } => Some("remove it with RecoveryRemove"),
-        RecoveryError::Blob { source, .. } if source.is_damaged() => {
-            Some("replace it: RecoveryRemove, then RecoveryAdd")
+        Remedy::PickProtector => "name one of them in the protector argument".into(),
+        Remedy::UseAnotherProtector { others, recovery, .. } => match (others.is_empty(), *recovery) {
+            (false, true) => "call Unlock with one of those protectors, or RecoveryRestore with the key".into(),
+            (false, false) => "call Unlock with one of those protectors".into(),
+            (true, _) => "call RecoveryRestore with the key".into(),
+        },
+        Remedy::UseRecoveryKey => "forgotten? RecoveryRestore with the directory's recovery key opens it".into(),
+        Remedy::RestorePolicy { .. } => "RecoveryRestore with the directory's recovery key restores its policy".into(),
+        Remedy::ShowStatus { .. } => "GetStatus shows its state".into(),
+        Remedy::AddProtector => "add one with AddProtectorToPolicy".into(),
+        Remedy::RemoveFromPolicies => "remove it with RemoveProtectorFromPolicy".into(),
+        Remedy::ListExisting => "ListProtectors shows what exists".into(),
+        Remedy::Unlock { .. } => "call Unlock first".into(),
+        Remedy::AddRecoveryKey { .. } => "while it is unlocked, create one with RecoveryAdd".into(),
+        Remedy::RemoveRecoveryKey { .. } => "remove it with RecoveryRemove".into(),
+        Remedy::ReplaceRecoveryKey { .. } => "replace it: RecoveryRemove, then RecoveryAdd".into(),
+        Remedy::PinLoginAccount { user } => format!(
+            "call CreateProtector again with another PIN; keeping this one needs root to make {user} a PIN-login \
+             account with the command-line tool"
+        ),
+        Remedy::CreatePinProtector { .. } => {
+            "CreateProtector with kind tpm2, then AddProtectorToPolicy, adds one".into()
         }
-        RecoveryError::Fscrypt(f) => fscrypt_next(f),
-        _ => None,
-    }
-}
-
-fn fscrypt_next(e: &dirseal::fscrypt::FscryptError) -> Option<&'static str> {
-    use dirseal::fscrypt::FscryptError as F;
-    match e {
-        F::AlreadyEncrypted { .. } => Some("GetStatus shows its state"),
-        F::NotEmpty { .. } => Some("call Convert to encrypt it in place"),
-        F::Locked { .. } => Some("call Unlock first"),
-        _ => None,
+        Remedy::SetUpTpm => {
+            "root sets the TPM up first with the command-line tool; or call CreateProtector with no_pin for a \
+             protector without PIN"
+                .into()
+        }
+        Remedy::WaitForTpm => "wait until the TPM forgives failures, then try again".into(),
+        Remedy::ListSecurityKeys => "check that the security key is plugged in".into(),
     }
 }
 
 impl From<OpsError> for Error {
     fn from(e: OpsError) -> Error {
-        Error::new(ops_kind(&e), message(&e, ops_next(&e)))
+        Error::new(ops_kind(&e), message(&e))
     }
 }
 
 impl From<KeystoreError> for Error {
     fn from(e: KeystoreError) -> Error {
-        Error::new(keystore_kind(&e), message(&e, keystore_next(&e)))
+        Error::new(keystore_kind(&e), message(&e))
     }
 }
 
 impl From<RecoveryError> for Error {
     fn from(e: RecoveryError) -> Error {
-        Error::new(recovery_kind(&e), message(&e, recovery_next(&e)))
+        Error::new(recovery_kind(&e), message(&e))
     }
 }
 
@@ -259,10 +257,33 @@ impl From<dirseal::convert::ConvertError> for Error {
             C::Ui(UiError::Empty) => Kind::InvalidArgs,
             _ => Kind::Failed,
         };
-        let next = match &e {
-            C::Ops(o) => ops_next(o),
-            _ => None,
-        };
-        Error::new(kind, message(&e, next))
+        Error::new(kind, message(&e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every remedy comes out in the service's terms: no CLI command line or flag.
+    #[test]
+    fn every_remedy_names_no_cli_command() {
+        for r in Remedy::examples() {
+            let text = next(&r);
+            assert!(!text.is_empty() && !text.contains("dirseal ") && !text.contains("--"), "{r:?}: {text}");
+        }
+    }
+
+    /// The three a D-Bus caller got no advice for before (the CLI had it).
+    #[test]
+    fn ambiguous_owner_active_and_bad_token_carry_advice() {
+        let e = Error::from(OpsError::AmbiguousProtector { what: "/home/a".into(), list: "1 (x), 2 (y)".into() });
+        assert!(e.message.ends_with("; name one of them in the protector argument"), "{e}");
+        use dirseal::convert::ConvertError as C;
+        let e = Error::from(C::OwnerActive { path: "/home/a".into(), uid: 1000, pids: "7".into() });
+        assert_eq!(e.kind, Kind::Busy);
+        assert!(e.message.ends_with("root can call Convert with the force option"), "{e}");
+        let e = Error::from(C::BadToken { path: "/home/a".into(), token: "x".into() });
+        assert!(e.message.contains("root aborts it"), "{e}");
     }
 }

@@ -12,6 +12,8 @@ use support::{
     DENIED,
 };
 
+const BUSY: &str = "org.dirseal.Dirseal1.Error.Busy";
+
 /// A user encrypts their own empty home through the service: returns (policy, protector).
 fn encrypt_home(h: &Harness, u: &User, pw: &str) -> (String, String) {
     let r = h.ok(Some(u), "Encrypt", &[s(u.home_str()), s(""), fd(3)], &[(3, pw)]);
@@ -467,6 +469,8 @@ fn a_tpm_pin_protector_needs_an_owned_lockout() {
         .call(Some(&alice), "CreateProtector", &[s("a"), fd(3), "{'kind': <'tpm2'>}".into()], &[(3, "1234")], None)
         .expect_err("a PIN on an unowned TPM lockout must be refused");
     assert!(e.message.contains("lockout hierarchy has no password"), "{}", e.message);
+    // The library's remedy, in the service's terms: the option that does without a PIN.
+    assert!(e.message.contains("CreateProtector with no_pin") && !e.message.contains("--no-pin"), "{}", e.message);
     h.ok(Some(&alice), "CreateProtector", &[s("b"), fd(3), "{'kind': <'tpm2'>, 'no_pin': <true>}".into()], &[(3, "x")]);
     // The kind's options pass through; an Argon2id cost (what every unlock then costs the
     // machine) is an administrator's to set, and an option no kind takes is refused by its key.
@@ -478,6 +482,36 @@ fn a_tpm_pin_protector_needs_an_owned_lockout() {
     let odd = "{'shout': <true>}";
     let e = h.call(Some(&alice), "CreateProtector", &[s("d"), fd(3), odd.into()], &[(3, "x")], None).expect_err("odd");
     assert!(e.message.contains("option shout does not apply to password protectors"), "{}", e.message);
+}
+
+/// A process that is killed when the test ends, however it ends.
+struct Running(std::process::Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Advice comes from the library's one mapping, so a D-Bus caller gets it where only the CLI did
+/// before: converting a home whose owner has processes running names the option that overrides it.
+#[test]
+fn converting_a_home_whose_owner_is_active_names_the_force_option() {
+    if !root_only() {
+        return;
+    }
+    let h = Harness::new();
+    let alice = h.user();
+    fill(&alice.home, 2, 4096, alice.uid);
+    use std::os::unix::process::CommandExt;
+    let _session = Running(
+        std::process::Command::new("sleep").arg("60").uid(alice.uid).current_dir("/").spawn().expect("sleep as alice"),
+    );
+    let msg = h.fails(None, "Convert", &[s(alice.home_str()), fd(3), "{}".into()], &[(3, "pw")], BUSY);
+    assert!(msg.contains("has processes running"), "{msg}");
+    assert!(msg.ends_with("; if nothing writes there, root can call Convert with the force option"), "{msg}");
+    assert!(!bool::try_from(h.status(&alice.home)["encrypted"].try_clone().unwrap()).unwrap());
 }
 
 /// Waits for the first signal `pick` accepts; every signal seen is kept in `seen`.

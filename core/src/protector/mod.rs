@@ -354,8 +354,14 @@ impl ProtectorError {
 pub struct KindError(Box<dyn std::error::Error + Send + Sync + 'static>);
 
 impl KindError {
+    /// Wraps a kind's (or its device's) own error.
     pub fn new(e: impl std::error::Error + Send + Sync + 'static) -> KindError {
         KindError(Box::new(e))
+    }
+
+    /// The wrapped error itself, e.g. for a front end's remedy lookup.
+    pub fn as_error(&self) -> &(dyn std::error::Error + 'static) {
+        &*self.0
     }
 }
 
