@@ -369,18 +369,16 @@ impl<'c, 'a> Mover<'c, 'a> {
             mtime: m.mtime,
             xattrs: x.into_iter().map(|(n, v)| (HexBytes(n), HexBytes(v))).collect(),
         };
-        self.save(Some(f.clone()))?;
-        fault::point(Point::MoveFileStarted);
+        self.save(Some(f.clone()), Point::MoveFileStarted)?;
         self.large(f)
     }
 
-    /// Writes the journal with this file in flight (or none), and the progress counters.
-    fn save(&mut self, f: Option<InFlight>) -> Result<(), MigrateError> {
-        use std::sync::atomic::Ordering::Relaxed;
+    /// Records this file in flight (or none) with the progress counters; `then` is the crash
+    /// point right after the record.
+    fn save(&mut self, f: Option<InFlight>, then: impl Into<Option<Point>>) -> Result<(), MigrateError> {
         self.j.inflight = f;
-        self.j.files_done = self.ctx.files_done.load(Relaxed).min(self.j.files_total);
-        self.j.bytes_done = self.ctx.bytes_done.load(Relaxed).min(self.j.bytes_total);
-        self.wd.write(self.j)
+        self.ctx.counters_into(self.j);
+        self.wd.save(self.j, then)
     }
 
     /// Moves (the rest of) the file in flight, chunk by chunk, and finishes it.
@@ -470,8 +468,7 @@ impl<'c, 'a> Mover<'c, 'a> {
             rustix::fs::fdatasync(&dst).map_err(|e| self.dest_err(&rel, e.into()))?;
             fault::point(Point::MoveChunkCopied);
             f.moved = if f.back { n - end } else { n - start };
-            self.save(Some(f.clone()))?;
-            fault::point(Point::MoveChunkRecorded);
+            self.save(Some(f.clone()), Point::MoveChunkRecorded)?;
             if f.back {
                 // Frees the chunk's blocks in staging; a crash before this only delays that.
                 match fsx::punch(src.as_fd(), start, end - start) {
@@ -521,7 +518,7 @@ impl<'c, 'a> Mover<'c, 'a> {
         fsx::fsync(from_dir).map_err(|e| self.origin_err(rel, e))?;
         fault::point(Point::MoveFileDone);
         self.ctx.file_done();
-        self.save(None)
+        self.save(None, None)
     }
 }
 
