@@ -224,6 +224,8 @@ fn crash_at_every_fault_point_then_resume() {
             | MoveFileStarted
             | MoveChunkCopied
             | MoveChunkRecorded
+            | MoveLinkMade
+            | MoveLinkRemoved
             | MoveFileDone
             | AfterRecordSettling
             | SettleDir

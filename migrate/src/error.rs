@@ -40,7 +40,7 @@ pub enum MigrateError {
     MountPointInside { path: PathBuf },
     #[error("not enough free space for a copy of {}: about {needed} bytes needed, {available} available; free some space and try again", path.display())]
     NoSpace { path: PathBuf, needed: u64, available: u64 },
-    #[error("not enough free space to move {} into the encrypted directory: about {needed} bytes needed (a few chunks, the directories and the hard-linked files, which are copied), {available} available; free some space and try again", path.display())]
+    #[error("not enough free space to move {} into the encrypted directory: about {needed} bytes needed (a few chunks, the directories and the files also linked from outside it, which are copied), {available} available; free some space and try again", path.display())]
     NoSpaceToMove { path: PathBuf, needed: u64, available: u64 },
     #[error("not enough free space for a copy of {}: about {needed} bytes needed, {available} available, and a move keeps no backup; free some space, or convert without keeping a backup", path.display())]
     NoSpaceForBackup { path: PathBuf, needed: u64, available: u64 },

@@ -171,8 +171,8 @@ pub fn abort(workdir: &Path, host: &dyn Host) -> Result<Outcome, MigrateError> {
             let (src, stg) = open_pair(&j, &wd)?;
             let ctx = Ctx::new(host, &j.source.0, src.meta.mnt_id, Phase::MovingBack, j.files_total, j.bytes_total);
             ctx.tick(true);
-            let inflight = j.inflight.as_ref().map(|f| f.rel.0.clone());
-            mv::prepare_back(&ctx, &src.fd, &stg, inflight.as_deref(), j.step != Step::Moving)?;
+            let inflight: Vec<&Path> = j.inflight.iter().flat_map(|f| f.names()).collect();
+            mv::prepare_back(&ctx, &src.fd, &stg, &inflight, j.step != Step::Moving)?;
             rustix::fs::syncfs(&stg).map_err(|e| io_err("syncing", &wd.staging_path())(e.into()))?;
             if let Some(f) = &mut j.inflight {
                 f.back = true;

@@ -155,6 +155,10 @@ pub(crate) struct InFlight {
     pub atime: Time,
     pub mtime: Time,
     pub xattrs: Vec<(HexBytes, HexBytes)>,
+    /// A hard-link group's other names (the same inode as `rel`), linked at the destination
+    /// once the data is there, before any original name is removed. Absent for a single file.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub links: Vec<HexRel>,
 }
 
 #[derive(Deserialize)]
@@ -170,6 +174,15 @@ struct RawInFlight {
     atime: Time,
     mtime: Time,
     xattrs: Vec<(HexBytes, HexBytes)>,
+    #[serde(default)]
+    links: Vec<HexRel>,
+}
+
+impl InFlight {
+    /// Every name of the file in flight: its own, then its group's others.
+    pub(crate) fn names(&self) -> impl Iterator<Item = &Path> {
+        std::iter::once(self.rel.0.as_path()).chain(self.links.iter().map(|l| l.0.as_path()))
+    }
 }
 
 impl TryFrom<RawInFlight> for InFlight {
@@ -177,6 +190,9 @@ impl TryFrom<RawInFlight> for InFlight {
     fn try_from(r: RawInFlight) -> Result<InFlight, String> {
         if r.moved > r.size {
             return Err("more of the file in flight moved than it holds".into());
+        }
+        if r.links.iter().any(|l| l == &r.rel) || (1..r.links.len()).any(|i| r.links[i..].contains(&r.links[i - 1])) {
+            return Err("the hard-link group in flight names a file twice".into());
         }
         if r.perm & !0o7777 != 0 || r.atime.nsec >= 1_000_000_000 || r.mtime.nsec >= 1_000_000_000 {
             return Err("the metadata of the file in flight is out of range".into());
@@ -192,6 +208,7 @@ impl TryFrom<RawInFlight> for InFlight {
             atime: r.atime,
             mtime: r.mtime,
             xattrs: r.xattrs,
+            links: r.links,
         })
     }
 }
@@ -790,6 +807,7 @@ mod tests {
                 atime: t,
                 mtime: t,
                 xattrs: vec![(HexBytes(b"user.a".to_vec()), HexBytes(vec![0, 1, 255]))],
+                links: Vec::new(),
             }),
             copy_started: None,
             ..sample(step)

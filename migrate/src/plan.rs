@@ -62,7 +62,7 @@ pub struct Census {
     pub space_needed: u64,
     pub space_available: u64,
     /// Free space a copy needs (allocated blocks plus a margin) and a move needs (a few chunks,
-    /// the directories and the hard-linked files, which are copied).
+    /// the directories and the files also linked from outside the tree, which are copied).
     pub copy_needed: u64,
     pub move_needed: u64,
     pub inodes_needed: u64,
@@ -103,10 +103,11 @@ pub fn preflight(req: &Request, host: &dyn Host) -> Result<Plan, MigrateError> {
 }
 
 /// Free space a move needs: the chunk in flight or one batch (whichever is pending; both
-/// counted, with a block of rounding per file), a block per directory, the hard-linked files
-/// (copied, not moved), and a margin.
+/// counted, with a block of rounding per file), a block per directory, the files also linked
+/// from outside the tree (copied, not moved), and a margin. A hard-link group inside the tree
+/// moves like one file.
 fn move_needed(c: &scan::Census) -> u64 {
-    mv::CHUNK + mv::BATCH_BYTES + mv::BATCH_FILES as u64 * 4096 + (c.dirs + 1) * 4096 + c.linked_alloc + (16 << 20)
+    mv::CHUNK + mv::BATCH_BYTES + mv::BATCH_FILES as u64 * 4096 + (c.dirs + 1) * 4096 + c.outside_alloc + (16 << 20)
 }
 
 /// Picks copy or move by free space (and the request), or refuses. Returns the method, whether
@@ -168,7 +169,7 @@ pub(crate) fn preflight_source(req: &Request, host: &dyn Host, src: &Source) -> 
     let (method, auto, copy_needed, move_needed) = choose_method(req, src, &census, available)?;
     let inodes = match method {
         Method::Copy => census.entries + 1 + census.entries / 20 + 16,
-        Method::Move => census.dirs + census.linked + mv::BATCH_FILES as u64 + 16,
+        Method::Move => census.dirs + census.outside_links + mv::BATCH_FILES as u64 + 16,
     };
     if vfs.f_favail < inodes {
         return Err(MigrateError::NoInodes { path: src.path.clone(), needed: inodes, available: vfs.f_favail });

@@ -208,6 +208,23 @@ pub fn add_bulk(root: &Path, n: usize, big_mib: usize) {
 /// Adds files that move chunk by chunk (the tests set a 1 MiB chunk) under `root/large`: a sparse
 /// one with data islands across chunk boundaries, setuid and a file capability (which shrinking a
 /// file drops), and a dense one; owned like `root`, with set times.
+/// A file of several chunks with three names in three directories (after [`add_large`]): move
+/// mode moves its data once and links the names again.
+pub fn add_large_group(root: &Path) {
+    let first = root.join("large/group-3m");
+    fs::write(&first, (0..(3u32 << 20) + 777).map(|i| (i.wrapping_mul(40_503) >> 8) as u8).collect::<Vec<u8>>())
+        .unwrap();
+    fs::hard_link(&first, root.join("a/group-link")).unwrap();
+    fs::hard_link(&first, root.join("group-three")).unwrap();
+    let m = fs::metadata(root).unwrap();
+    chown(&first, m.uid(), m.gid());
+    fs::set_permissions(&first, fs::Permissions::from_mode(0o640)).unwrap();
+    xattr(&first, "user.group", b"three names");
+    set_times(&first, (1_100_000_003, 7), (1_600_000_003, 8));
+    // The directories the links went into keep their times.
+    set_times(&root.join("large"), (1_100_000_002, 5), (1_600_000_002, 6));
+}
+
 pub fn add_large(root: &Path) {
     use std::os::unix::fs::FileExt;
     let m = fs::metadata(root).unwrap();
