@@ -509,6 +509,16 @@ fn data_ranges(
     Ok(())
 }
 
+/// Bytes of data (not holes) of `fd` within `[start, end)`.
+pub(crate) fn data_in(fd: BorrowedFd<'_>, start: u64, end: u64) -> io::Result<u64> {
+    let mut n = 0;
+    data_ranges(fd, start, end, &mut |from, to| {
+        n += to - from;
+        Ok(())
+    })?;
+    Ok(n)
+}
+
 /// Copies the data of `src` in `[start, end)` to the same offsets of `dst`, skipping holes (what
 /// is a hole in `src` is left untouched in `dst`, which the caller has made a hole). `on_chunk` as
 /// for [`copy_sparse`].

@@ -134,9 +134,9 @@ fn begin(
         keep_backup: req.keep_backup,
         wipe: req.wipe,
         files_total: census.entries,
-        // A copy counts data, not sizes (a sparse disk image would make the bar and ETA lie); a
-        // move moves whole sizes chunk by chunk and counts those.
-        bytes_total: if census.method == Method::Copy { census.data } else { census.bytes },
+        // Data, not sizes, for a copy and a move alike: a sparse disk image would make the bar and
+        // ETA lie.
+        bytes_total: census.data,
         outside_links: census.outside_links,
         files_done: 0,
         bytes_done: 0,
@@ -396,6 +396,7 @@ impl<'r> Run<'r> {
             return Err(self.failed(&ctx, move_err(e)));
         }
         self.sync_staging(&trees.stg)?;
+        ctx.tick(true);
         self.all_done();
         self.record(Step::Settling, Point::AfterRecordSettling)
     }

@@ -301,6 +301,7 @@ impl<'c, 'a> Mover<'c, 'a> {
         let ino = fsx::stat_fd(&copy).map_err(|e| self.dest_err(first, e))?.ino;
         for r in others {
             self.link_at_dest(&copy, ino, r)?;
+            ctx.add_bytes(if m.kind == Kind::File { m.data() } else { 0 });
             ctx.file_done();
         }
         Ok(())
@@ -520,7 +521,9 @@ impl<'c, 'a> Mover<'c, 'a> {
             }
         }
         let ctx = self.ctx;
-        ctx.add_bytes(if f.back { n - f.moved } else { f.moved });
+        // What an earlier run moved, in data (the unrecorded parts are holes by now).
+        let (done_from, done_to) = if f.back { (0, split) } else { (split, n) };
+        ctx.add_bytes(fsx::data_in(dst.as_fd(), done_from, done_to).map_err(dst_err)?);
         let mut on_chunk = |k: u64| {
             ctx.add_bytes(k);
             ctx.check_stop().map_err(|_| interrupted())
@@ -611,7 +614,10 @@ impl<'c, 'a> Mover<'c, 'a> {
             rustix::fs::syncfs(self.origin_root()).map_err(|e| self.origin_err(root, e.into()))?;
         }
         fault::point(Point::MoveFileDone);
-        for _ in 0..=f.links.len() {
+        self.ctx.file_done();
+        for _ in &f.links {
+            // Each name counts its data, as a copy counts it (and the census).
+            self.ctx.add_bytes(m.data());
             self.ctx.file_done();
         }
         self.save(None, None)

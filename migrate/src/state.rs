@@ -74,8 +74,8 @@ pub struct Outcome {
     pub state: State,
     pub method: Method,
     pub token: String,
-    /// Entries in the tree (below its root) and bytes of regular file data: a copy counts what it
-    /// copies (a sparse file's allocated data, not its size; see [`Census::data`]), a move sizes.
+    /// Entries in the tree (below its root) and bytes of regular file data: what a copy or a move
+    /// puts into staging (a sparse file's allocated data, not its size; see [`Census::data`]).
     pub files: u64,
     pub bytes: u64,
     /// The old tree, kept in the work dir, when the state is `Swapped`.
