@@ -390,8 +390,11 @@ impl<'r> Run<'r> {
         let trees = self.open(true)?;
         let ctx = self.ctx(&trees, Phase::Moving);
         ctx.tick(true);
-        let (wd, j) = (self.wd, &mut self.j);
-        let moved = self.t.time("move", || mv::Mover::new(&ctx, wd, j, &trees.src.fd, &trees.stg, false).run());
+        let (wd, j, pool) = (self.wd, &mut self.j, &self.pool);
+        // Small files are copied on the pool's threads, one directory's batch at a time.
+        let moved = self
+            .t
+            .time("move", || pool.install(|| mv::Mover::new(&ctx, wd, j, &trees.src.fd, &trees.stg, false).run()));
         if let Err(e) = moved {
             return Err(self.failed(&ctx, move_err(e)));
         }

@@ -10,7 +10,8 @@
 //!   `[0, size - moved)` under the source name, `[size - moved, size)` under the staging name (a
 //!   group's other names, recorded with it, are wherever they exist).
 //!
-//! Small files move in batches (each copied whole, then one `syncfs`, then the sources removed),
+//! Small files move in batches (each copied whole, a directory's worth in parallel on the current
+//! rayon pool, then one `syncfs`, then the sources removed),
 //! large ones chunk by chunk (copy a chunk, `fdatasync`, record `moved`, then truncate the
 //! source, or punch the staging file when moving back). A hard-link group moves after the walk
 //! like a large file, in flight with all its names: the data once, then every other name linked
@@ -341,6 +342,8 @@ impl<'c, 'a> Mover<'c, 'a> {
     /// Moves the non-directory entries of one directory; returns its subdirectories.
     fn entries(&mut self, from: &Rc<OwnedFd>, to: &OwnedFd, rel: &Path) -> Result<Vec<OsString>, MigrateError> {
         let mut subdirs = Vec::new();
+        // Small entries of this directory, copied together (in parallel) once they fill a batch.
+        let (mut small, mut small_bytes) = (Vec::new(), 0);
         for name in fsx::list_names(from).map_err(|e| self.origin_err(rel, e))? {
             let r = rel.join(&name);
             let Some(m) = fsx::stat_at(from, &name).map_err(|e| self.origin_err(&r, e))? else { continue };
@@ -352,11 +355,47 @@ impl<'c, 'a> Mover<'c, 'a> {
                 continue;
             }
             self.ctx.check_stop()?;
-            self.entry(from, to, &name, &r, &m)?;
+            if self.entry(from, to, &name, &r, &m)? {
+                small_bytes += if m.kind == Kind::File { m.size } else { 0 };
+                small.push((name, r, m.kind));
+                if self.batch.len() + small.len() >= batch_files() || self.batch_bytes + small_bytes >= BATCH_BYTES {
+                    self.copy_small(from, to, std::mem::take(&mut small), std::mem::take(&mut small_bytes))?;
+                    self.flush()?;
+                }
+            }
         }
+        self.copy_small(from, to, small, small_bytes)?;
         Ok(subdirs)
     }
 
+    /// Copies small entries of one directory into its destination twin on the current rayon
+    /// pool, then adds them to the batch. Nothing leaves the origin before the batch's `syncfs`
+    /// ([`Mover::flush`]), so the rule holds whatever order the workers finish in: a copy whose
+    /// origin name still exists is a leftover.
+    fn copy_small(
+        &mut self,
+        from: &Rc<OwnedFd>,
+        to: &OwnedFd,
+        small: Vec<(OsString, PathBuf, Kind)>,
+        bytes: u64,
+    ) -> Result<(), MigrateError> {
+        use rayon::prelude::*;
+        let (ctx, back, dir): (&Ctx, bool, &OwnedFd) = (self.ctx, self.back, from);
+        small.par_iter().try_for_each(|(name, rel, kind)| {
+            ctx.check_stop()?;
+            let fd =
+                fsx::open_path(dir, name).map_err(|e| if back { ctx.dst_err(rel, e) } else { ctx.src_err(rel, e) })?;
+            copy::create(ctx, &fd, None, *kind, to, name, rel, false)?;
+            fault::point(Point::MoveEntryCopied);
+            Ok::<(), MigrateError>(())
+        })?;
+        self.batch.extend(small.into_iter().map(|(name, rel, _)| (Rc::clone(from), name, rel)));
+        self.batch_bytes += bytes;
+        Ok(())
+    }
+
+    /// Clears the destination name, then moves a large file or notes a hard-link group; returns
+    /// whether the entry is a small one, for [`Mover::copy_small`].
     fn entry(
         &mut self,
         from: &Rc<OwnedFd>,
@@ -364,29 +403,21 @@ impl<'c, 'a> Mover<'c, 'a> {
         name: &OsStr,
         rel: &Path,
         m: &Meta,
-    ) -> Result<(), MigrateError> {
-        let ctx = self.ctx;
+    ) -> Result<bool, MigrateError> {
         if fsx::stat_at(to, name).map_err(|e| self.dest_err(rel, e))?.is_some() {
             remove::remove_tree(to.as_fd(), name, false, &|_| Ok(())).map_err(|e| self.dest_err(rel, e))?;
         }
         if m.nlink > 1 {
             // Moved as a group once the walk has seen all its names (see move_groups).
             self.groups.entry(m.ino).or_insert_with(|| (*m, Vec::new())).1.push(rel.to_path_buf());
-            return Ok(());
+            return Ok(false);
         }
         if m.kind == Kind::File && m.size > chunk() {
             self.flush()?;
-            return self.start_large(from, name, rel, m, Vec::new());
+            self.start_large(from, name, rel, m, Vec::new())?;
+            return Ok(false);
         }
-        let fd = fsx::open_path(from, name).map_err(|e| self.origin_err(rel, e))?;
-        copy::create(ctx, &fd, None, m.kind, to, name, rel, false)?;
-        fault::point(Point::MoveEntryCopied);
-        self.batch.push((Rc::clone(from), name.to_os_string(), rel.to_path_buf()));
-        self.batch_bytes += if m.kind == Kind::File { m.size } else { 0 };
-        if self.batch.len() >= batch_files() || self.batch_bytes >= BATCH_BYTES {
-            self.flush()?;
-        }
-        Ok(())
+        Ok(true)
     }
 
     /// Makes the batch's copies (and recorded directory times) durable, then removes their
