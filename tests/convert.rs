@@ -10,6 +10,7 @@ use std::path::Path;
 use common::{fresh_uid, names, p, Env};
 #[cfg(feature = "fault-injection")]
 use dirseal_migrate::fault::Point;
+use dirseal_testfs::tree::entries_manifest as manifest;
 
 /// A small home with the kinds of entries a user has, owned by `uid`.
 fn build_home(root: &Path, uid: u32) {
@@ -40,32 +41,6 @@ fn xattr_set(path: &Path, name: &str, value: &str) {
 fn xattr_get(path: &Path, name: &str) -> String {
     let out = std::process::Command::new("getfattr").args(["--only-values", "-n", name, p(path)]).output().unwrap();
     String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// Everything a user would notice about a tree: type, content, mode, owner, mtime, link target.
-fn manifest(root: &Path) -> BTreeMap<String, String> {
-    let mut m = BTreeMap::new();
-    let mut stack = vec![root.to_path_buf()];
-    while let Some(dir) = stack.pop() {
-        for e in fs::read_dir(&dir).unwrap() {
-            let e = e.unwrap();
-            let path = e.path();
-            let md = fs::symlink_metadata(&path).unwrap();
-            let rel = path.strip_prefix(root).unwrap().to_string_lossy().into_owned();
-            let what = if md.file_type().is_symlink() {
-                format!("link {}", fs::read_link(&path).unwrap().display())
-            } else if md.is_dir() {
-                stack.push(path.clone());
-                "dir".to_string()
-            } else {
-                use sha2::Digest;
-                format!("file {} links={}", hex::encode(sha2::Sha256::digest(fs::read(&path).unwrap())), md.nlink())
-            };
-            let mtime = if md.file_type().is_symlink() { 0 } else { md.mtime_nsec() + md.mtime() * 1_000_000_000 };
-            m.insert(rel, format!("{what} mode={:o} uid={} gid={} mtime={mtime}", md.mode(), md.uid(), md.gid()));
-        }
-    }
-    m
 }
 
 fn convert_ok(env: &Env, dir: &Path, extra: &[&str]) -> String {
@@ -249,6 +224,8 @@ fn crash_at_every_fault_point_then_resume() {
             | MoveFileStarted
             | MoveChunkCopied
             | MoveChunkRecorded
+            | MoveLinkMade
+            | MoveLinkRemoved
             | MoveFileDone
             | AfterRecordSettling
             | SettleDir

@@ -63,6 +63,59 @@ fn a_nearly_full_filesystem_is_converted_by_moving_and_every_entry_stays_the_sam
     assert!(available(env.mnt()) > 100 << 20, "the old copy's space is free again");
 }
 
+/// Hard links cost a move no space: a 100 MiB file with a second name and a group of three
+/// (engine::build_tree's) on a filesystem with room for neither a copy nor, before groups moved,
+/// the copy of the linked file; SIGKILLs at spread moments, each resumed; the link groups and
+/// everything else come out the same.
+#[test]
+fn hard_linked_files_move_once_and_keep_their_links_across_sigkills() {
+    dirseal_testfs::needs_root!();
+    let env = Env::with(Options { size_mib: 256, ..Default::default() });
+    let home = env.mnt().join("store");
+    engine::build_tree(&home);
+    let mut f = fs::File::create(home.join("blob")).unwrap();
+    let mut block = vec![0u8; 1 << 20];
+    for i in 0..100u32 {
+        for (j, b) in block.iter_mut().enumerate() {
+            *b = (i as usize * 7 + j / 512) as u8;
+        }
+        f.write_all(&block).unwrap();
+    }
+    f.sync_all().unwrap();
+    drop(f);
+    fs::hard_link(home.join("blob"), home.join("a/b/blob-again")).unwrap();
+    // Room for the move's chunks and batches, not for a second copy of the blob.
+    fill_until_available(env.mnt(), &env.mnt().join("other-data"), 75 << 20);
+    let before = engine::manifest(&home);
+    let args = ["convert", p(&home), "--yes", "--protector-name", "owner", "--mode", "auto"];
+    for delay_ms in [150u64, 400, 700, 1000, 1500] {
+        let mut child = env
+            .cmd(&args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let _ = child.stdin.take().unwrap().write_all(b"pw\n");
+        std::thread::sleep(std::time::Duration::from_millis(delay_ms));
+        let _ = child.kill();
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!stderr.contains("not enough free space"), "{stderr}");
+        let state = env.status_json(&home)["conversion"].clone();
+        eprintln!("killed at {delay_ms} ms: conversion {state}");
+        if state == "done" {
+            break;
+        }
+    }
+    if env.status_json(&home)["conversion"] != "done" {
+        env.ok(&args, "pw\n");
+    }
+    let st = env.status_json(&home);
+    assert_eq!((st["encrypted"].as_bool(), st["conversion"].as_str()), (Some(true), Some("done")));
+    engine::assert_same(&engine::manifest(&home), &before, "after the killed and resumed move");
+}
+
 #[cfg(feature = "fault-injection")]
 #[test]
 fn a_crashed_move_is_aborted_after_a_reboot_with_the_secret() {

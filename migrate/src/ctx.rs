@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use rustix::io::Errno;
 
 use crate::fsx::{self, Meta};
+use crate::journal::Journal;
 use crate::{Host, MigrateError, Phase, Progress};
 
 const PROGRESS_EVERY: Duration = Duration::from_millis(250);
@@ -64,6 +65,12 @@ impl<'a> Ctx<'a> {
     pub(crate) fn saving(mut self, saver: &'a (dyn Fn(u64, u64) + Sync)) -> Ctx<'a> {
         self.saver = Some(saver);
         self
+    }
+
+    /// Copies this pass's counters into the journal (capped at its totals), for its next write.
+    pub(crate) fn counters_into(&self, j: &mut Journal) {
+        j.files_done = self.files_done.load(Ordering::Relaxed).min(j.files_total);
+        j.bytes_done = self.bytes_done.load(Ordering::Relaxed).min(j.bytes_total);
     }
 
     /// Whether the host asked to stop (as seen by any thread).

@@ -77,6 +77,10 @@ points! {
     MoveChunkCopied = "move-chunk-copied",
     /// After each chunk recorded, before the original shrinks (or, moving back, is punched).
     MoveChunkRecorded = "move-chunk-recorded",
+    /// After each other name of a hard-link group linked at its destination.
+    MoveLinkMade = "move-link-made",
+    /// After each other original name of a hard-link group removed.
+    MoveLinkRemoved = "move-link-removed",
     /// After a large file's original name removed, before the journal forgets it.
     MoveFileDone = "move-file-done",
     AfterRecordSettling = "after-record-settling",

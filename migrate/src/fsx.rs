@@ -454,7 +454,6 @@ pub(crate) fn copy_sparse(
     dense: bool,
     on_chunk: &mut dyn FnMut(u64) -> io::Result<()>,
 ) -> io::Result<()> {
-    const CHUNK: u64 = 1 << 20;
     let mut off = 0u64;
     // `dense` is a hint from st_blocks, which also counts an external xattr block and extent tree
     // blocks, so one SEEK_HOLE confirms it: the first hole at the end means there is none.
@@ -467,15 +466,7 @@ pub(crate) fn copy_sparse(
     if dense {
         // No holes to find: skip the SEEK_DATA/SEEK_HOLE round trips (they dominate for the many
         // small files of a home).
-        while off < size {
-            let n = copy_range(src, dst, off, (size - off).min(CHUNK))?;
-            if n == 0 {
-                break;
-            }
-            off += n;
-            on_chunk(n)?;
-        }
-        if off != size {
+        if copy_chunks(src, dst, 0, size, on_chunk)? != size {
             rustix::fs::ftruncate(dst, size)?;
         }
         return Ok(());
@@ -487,16 +478,9 @@ pub(crate) fn copy_sparse(
             Err(e) => return Err(e.into()),
         };
         let hole = rustix::fs::seek(src, SeekFrom::Hole(data))?;
-        let mut pos = data;
-        while pos < hole {
-            let len = (hole - pos).min(CHUNK);
-            let n = copy_range(src, dst, pos, len)?;
-            if n == 0 {
-                // The file shrank under us; the caller's before/after check catches it.
-                break 'segments;
-            }
-            pos += n;
-            on_chunk(n)?;
+        if copy_chunks(src, dst, data, hole, on_chunk)? < hole {
+            // The file shrank under us; the caller's before/after check catches it.
+            break 'segments;
         }
         off = hole;
     }
@@ -525,6 +509,16 @@ fn data_ranges(
     Ok(())
 }
 
+/// Bytes of data (not holes) of `fd` within `[start, end)`.
+pub(crate) fn data_in(fd: BorrowedFd<'_>, start: u64, end: u64) -> io::Result<u64> {
+    let mut n = 0;
+    data_ranges(fd, start, end, &mut |from, to| {
+        n += to - from;
+        Ok(())
+    })?;
+    Ok(n)
+}
+
 /// Copies the data of `src` in `[start, end)` to the same offsets of `dst`, skipping holes (what
 /// is a hole in `src` is left untouched in `dst`, which the caller has made a hole). `on_chunk` as
 /// for [`copy_sparse`].
@@ -535,18 +529,33 @@ pub(crate) fn copy_span(
     end: u64,
     on_chunk: &mut dyn FnMut(u64) -> io::Result<()>,
 ) -> io::Result<()> {
-    const CHUNK: u64 = 1 << 20;
-    data_ranges(src, start, end, &mut |mut pos, to| {
-        while pos < to {
-            let n = copy_range(src, dst, pos, (to - pos).min(CHUNK))?;
-            if n == 0 {
-                return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the file shrank while it was moved"));
-            }
-            pos += n;
-            on_chunk(n)?;
+    data_ranges(src, start, end, &mut |pos, to| {
+        if copy_chunks(src, dst, pos, to, on_chunk)? < to {
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the file shrank while it was moved"));
         }
         Ok(())
     })
+}
+
+/// Copies `[pos, to)` of `src` to the same offsets of `dst` in 1 MiB chunks, calling `on_chunk`
+/// after each; returns where it stopped (short of `to` if the file ended first).
+fn copy_chunks(
+    src: BorrowedFd<'_>,
+    dst: BorrowedFd<'_>,
+    mut pos: u64,
+    to: u64,
+    on_chunk: &mut dyn FnMut(u64) -> io::Result<()>,
+) -> io::Result<u64> {
+    const CHUNK: u64 = 1 << 20;
+    while pos < to {
+        let n = copy_range(src, dst, pos, (to - pos).min(CHUNK))?;
+        if n == 0 {
+            break;
+        }
+        pos += n;
+        on_chunk(n)?;
+    }
+    Ok(pos)
 }
 
 /// Deallocates `[off, off + len)` of a regular file (it reads as zeros; the size stays).

@@ -45,10 +45,50 @@ impl From<Version> for u32 {
     }
 }
 
-/// A path stored as hex of its bytes: any Linux path round-trips, UTF-8 or not.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(try_from = "String", into = "String")]
-pub(crate) struct HexPath(pub PathBuf);
+/// Paths stored as hex of their bytes: any Linux path round-trips, UTF-8 or not. Each type says
+/// what it names in errors and which paths it accepts.
+macro_rules! hex_path {
+    ($($(#[$doc:meta])* $ty:ident($what:literal, $ok:expr, $rule:literal);)+) => {$(
+        $(#[$doc])*
+        #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+        #[serde(try_from = "String", into = "String")]
+        pub(crate) struct $ty(pub PathBuf);
+
+        impl TryFrom<String> for $ty {
+            type Error = String;
+            fn try_from(s: String) -> Result<Self, String> {
+                let p = unhex_path(&s, $what)?;
+                let ok: fn(&Path) -> bool = $ok;
+                if !ok(&p) {
+                    return Err($rule.into());
+                }
+                Ok($ty(p))
+            }
+        }
+
+        impl From<$ty> for String {
+            fn from(p: $ty) -> String {
+                hex::encode(p.0.as_os_str().as_bytes())
+            }
+        }
+    )+};
+}
+
+hex_path! {
+    /// The source's absolute path.
+    HexPath("source path", |p| p.is_absolute(), "source path must be absolute");
+    /// A path relative to the tree's root: non-empty, no NUL, and only normal components (no `/`
+    /// at the start, no `.` or `..`), so it can only name an entry beneath the root.
+    HexRel(
+        "relative path",
+        |p| {
+            let bytes = p.as_os_str().as_bytes();
+            let normal = p.components().all(|c| matches!(c, std::path::Component::Normal(_)));
+            !bytes.is_empty() && normal && !bytes.ends_with(b"/")
+        },
+        "a relative path must be non-empty, without NUL, `.`, `..` or a leading `/`"
+    );
+}
 
 /// Decodes a hex-stored path (`what` names it in the error).
 fn unhex_path(s: &str, what: &str) -> Result<PathBuf, String> {
@@ -57,49 +97,6 @@ fn unhex_path(s: &str, what: &str) -> Result<PathBuf, String> {
         return Err(format!("{what} contains NUL"));
     }
     Ok(PathBuf::from(OsStr::from_bytes(&bytes)))
-}
-
-impl TryFrom<String> for HexPath {
-    type Error = String;
-    fn try_from(s: String) -> Result<Self, String> {
-        let p = unhex_path(&s, "source path")?;
-        if !p.is_absolute() {
-            return Err("source path must be absolute".into());
-        }
-        Ok(HexPath(p))
-    }
-}
-
-impl From<HexPath> for String {
-    fn from(p: HexPath) -> String {
-        hex::encode(p.0.as_os_str().as_bytes())
-    }
-}
-
-/// A path relative to the tree's root, stored as hex of its bytes: non-empty, no NUL, and only
-/// normal components (no `/` at the start, no `.` or `..`), so it can only name an entry beneath
-/// the root.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(try_from = "String", into = "String")]
-pub(crate) struct HexRel(pub PathBuf);
-
-impl TryFrom<String> for HexRel {
-    type Error = String;
-    fn try_from(s: String) -> Result<Self, String> {
-        let p = unhex_path(&s, "relative path")?;
-        let normal = p.components().all(|c| matches!(c, std::path::Component::Normal(_)));
-        let bytes = p.as_os_str().as_bytes();
-        if bytes.is_empty() || !normal || bytes.ends_with(b"/") {
-            return Err("a relative path must be non-empty, without NUL, `.`, `..` or a leading `/`".into());
-        }
-        Ok(HexRel(p))
-    }
-}
-
-impl From<HexRel> for String {
-    fn from(p: HexRel) -> String {
-        hex::encode(p.0.as_os_str().as_bytes())
-    }
 }
 
 /// Bytes stored as hex (xattr names and values).
@@ -158,6 +155,10 @@ pub(crate) struct InFlight {
     pub atime: Time,
     pub mtime: Time,
     pub xattrs: Vec<(HexBytes, HexBytes)>,
+    /// A hard-link group's other names (the same inode as `rel`), linked at the destination
+    /// once the data is there, before any original name is removed. Absent for a single file.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub links: Vec<HexRel>,
 }
 
 #[derive(Deserialize)]
@@ -173,6 +174,15 @@ struct RawInFlight {
     atime: Time,
     mtime: Time,
     xattrs: Vec<(HexBytes, HexBytes)>,
+    #[serde(default)]
+    links: Vec<HexRel>,
+}
+
+impl InFlight {
+    /// Every name of the file in flight: its own, then its group's others.
+    pub(crate) fn names(&self) -> impl Iterator<Item = &Path> {
+        std::iter::once(self.rel.0.as_path()).chain(self.links.iter().map(|l| l.0.as_path()))
+    }
 }
 
 impl TryFrom<RawInFlight> for InFlight {
@@ -180,6 +190,9 @@ impl TryFrom<RawInFlight> for InFlight {
     fn try_from(r: RawInFlight) -> Result<InFlight, String> {
         if r.moved > r.size {
             return Err("more of the file in flight moved than it holds".into());
+        }
+        if r.links.iter().any(|l| l == &r.rel) || (1..r.links.len()).any(|i| r.links[i..].contains(&r.links[i - 1])) {
+            return Err("the hard-link group in flight names a file twice".into());
         }
         if r.perm & !0o7777 != 0 || r.atime.nsec >= 1_000_000_000 || r.mtime.nsec >= 1_000_000_000 {
             return Err("the metadata of the file in flight is out of range".into());
@@ -195,6 +208,7 @@ impl TryFrom<RawInFlight> for InFlight {
             atime: r.atime,
             mtime: r.mtime,
             xattrs: r.xattrs,
+            links: r.links,
         })
     }
 }
@@ -410,8 +424,8 @@ impl TryFrom<RawJournal> for Journal {
             return Err("a copy start time in a move".into());
         }
         if let Step::Copying { round } | Step::Copied { round } = r.step {
-            if round >= crate::MAX_ROUNDS {
-                return Err(format!("copy round {round} is beyond the limit of {}", crate::MAX_ROUNDS));
+            if round >= crate::machine::MAX_ROUNDS {
+                return Err(format!("copy round {round} is beyond the limit of {}", crate::machine::MAX_ROUNDS));
             }
         }
         Ok(Journal {
@@ -661,8 +675,7 @@ impl Workdir {
         Ok(())
     }
 
-    /// Records a transition: sets `j.step`, writes the journal durably, then passes the fault
-    /// point that stands for a crash right after this record.
+    /// Records a transition: sets `j.step`, then [`Workdir::save`]s.
     pub(crate) fn record(
         &self,
         j: &mut Journal,
@@ -670,6 +683,12 @@ impl Workdir {
         then: impl Into<Option<Point>>,
     ) -> Result<(), MigrateError> {
         j.step = step;
+        self.save(j, then)
+    }
+
+    /// Writes the journal durably, then passes the fault point that stands for a crash right
+    /// after this write: every record of the engine goes through here.
+    pub(crate) fn save(&self, j: &Journal, then: impl Into<Option<Point>>) -> Result<(), MigrateError> {
         self.write(j)?;
         if let Some(p) = then.into() {
             fault::point(p);
@@ -788,6 +807,7 @@ mod tests {
                 atime: t,
                 mtime: t,
                 xattrs: vec![(HexBytes(b"user.a".to_vec()), HexBytes(vec![0, 1, 255]))],
+                links: Vec::new(),
             }),
             copy_started: None,
             ..sample(step)
@@ -837,17 +857,20 @@ mod tests {
         assert_eq!(serde_json::from_value::<Journal>(old).unwrap().copy_started, None, "journals from before it");
     }
 
+    /// The error of parsing `good` changed by `f` (which must make it unparsable).
+    fn parse_error(good: &serde_json::Value, f: &dyn Fn(&mut serde_json::Value)) -> String {
+        let mut v = good.clone();
+        f(&mut v);
+        match serde_json::from_value::<Journal>(v.clone()) {
+            Ok(_) => panic!("parsed: {v}"),
+            Err(e) => e.to_string(),
+        }
+    }
+
     #[test]
     fn bad_states_do_not_parse() {
         let good = serde_json::to_value(sample(Step::Copying { round: 0 })).unwrap();
-        let bad = |f: &dyn Fn(&mut serde_json::Value)| {
-            let mut v = good.clone();
-            f(&mut v);
-            match serde_json::from_value::<Journal>(v.clone()) {
-                Ok(_) => panic!("parsed: {v}"),
-                Err(e) => e.to_string(),
-            }
-        };
+        let bad = |f: &dyn Fn(&mut serde_json::Value)| parse_error(&good, f);
         assert!(bad(&|v| v["source"] = "686f6d65".into()).contains("absolute"));
         assert!(bad(&|v| v["source"] = "2f6100".into()).contains("NUL"));
         assert!(bad(&|v| v["source"] = "zz".into()).contains("hex"));
@@ -866,14 +889,7 @@ mod tests {
         assert!(bad(&|v| v["surprise"] = 1.into()).contains("unknown field"));
         assert!(bad(&|v| v["step"] = serde_json::json!({"name": "moving"})).contains("does not belong"));
         let good = serde_json::to_value(moving(Step::Moving)).unwrap();
-        let bad = |f: &dyn Fn(&mut serde_json::Value)| {
-            let mut v = good.clone();
-            f(&mut v);
-            match serde_json::from_value::<Journal>(v.clone()) {
-                Ok(_) => panic!("parsed: {v}"),
-                Err(e) => e.to_string(),
-            }
-        };
+        let bad = |f: &dyn Fn(&mut serde_json::Value)| parse_error(&good, f);
         assert!(bad(&|v| v["inflight"]["moved"] = (601u64 << 20).into()).contains("more of the file"));
         assert!(bad(&|v| v["inflight"]["rel"] = hex::encode("a/../../etc").into()).contains("relative path"));
         assert!(bad(&|v| v["inflight"]["rel"] = hex::encode("/etc/shadow").into()).contains("relative path"));

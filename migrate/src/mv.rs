@@ -7,14 +7,17 @@
 //! - moving back (an abort): an entry whose *staging* name exists is in staging (a source entry
 //!   of that name is a leftover);
 //! - except the one regular file the journal names as in flight, whose data is split: bytes
-//!   `[0, size - moved)` under the source name, `[size - moved, size)` under the staging name.
+//!   `[0, size - moved)` under the source name, `[size - moved, size)` under the staging name (a
+//!   group's other names, recorded with it, are wherever they exist).
 //!
-//! Small files move in batches (each copied whole, then one `syncfs`, then the sources removed),
+//! Small files move in batches (each copied whole, a directory's worth in parallel on the current
+//! rayon pool, then one `syncfs`, then the sources removed),
 //! large ones chunk by chunk (copy a chunk, `fdatasync`, record `moved`, then truncate the
-//! source, or punch the staging file when moving back). Multiply-linked files are copied, not
-//! moved: their names stay in the source until the old tree is disposed of after the swap (the
-//! rule then keeps them in the source across any crash), and their staging names are linked as
-//! one group. Directories are created in staging as they are entered; their original times (which
+//! source, or punch the staging file when moving back). A hard-link group moves after the walk
+//! like a large file, in flight with all its names: the data once, then every other name linked
+//! at the destination, then the original names removed (see [`Mover::move_groups`]); a group
+//! with names outside the tree is copied, its source names staying until the disposal after the
+//! swap. Directories are created in staging as they are entered; their original times (which
 //! moving entries out of them changes) are kept in a root-only xattr on the staging directory
 //! until [`settle`] applies the final metadata.
 
@@ -107,6 +110,22 @@ fn dir_beneath(root: &OwnedFd, rel: &Path) -> io::Result<OwnedFd> {
     fsx::reopen(p.as_fd(), OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOATIME)
 }
 
+/// The directory part and the name of a relative path.
+fn split(rel: &Path) -> Result<(&Path, &OsStr), MigrateError> {
+    match (rel.parent(), rel.file_name()) {
+        (Some(p), Some(n)) => Ok((p, n)),
+        _ => Err(MigrateError::Internal("an entry without a name")),
+    }
+}
+
+/// Removes a name; one already gone is fine.
+fn remove_name(dir: &OwnedFd, name: &OsStr) -> io::Result<()> {
+    match fsx::unlink(dir, name) {
+        Err(e) if fsx::is_errno(&e, Errno::NOENT) => Ok(()),
+        r => r,
+    }
+}
+
 fn interrupted() -> io::Error {
     io::Error::from(io::ErrorKind::Interrupted)
 }
@@ -125,8 +144,9 @@ pub(crate) struct Mover<'c, 'a> {
     /// Directory times recorded on staging and not yet synced: the next flush syncs even
     /// without a batch.
     times_unsynced: bool,
-    /// Source inode → (staging name, staging inode) of multiply-linked files copied in this run.
-    links: HashMap<u64, (PathBuf, u64)>,
+    /// Multiply-linked files met by the walk (inode → its metadata and the names seen), moved
+    /// as groups once the walk has seen every name.
+    groups: HashMap<u64, (Meta, Vec<PathBuf>)>,
 }
 
 struct Frame {
@@ -156,7 +176,7 @@ impl<'c, 'a> Mover<'c, 'a> {
             batch: Vec::new(),
             batch_bytes: 0,
             times_unsynced: false,
-            links: HashMap::new(),
+            groups: HashMap::new(),
         }
     }
 
@@ -229,7 +249,76 @@ impl<'c, 'a> Mover<'c, 'a> {
             let subdirs = self.entries(&from, &to, &rel)?;
             stack.push(Frame { from, to, rel, subdirs });
         }
-        self.flush()
+        self.flush()?;
+        self.move_groups()
+    }
+
+    /// After the walk: each hard-linked regular file whose every name is in the tree moves like
+    /// one large file, its other names recorded with it. Moving in, a group with names outside
+    /// the tree, or of special files (no data to speak of), is copied instead: its source names
+    /// stay until the disposal.
+    fn move_groups(&mut self) -> Result<(), MigrateError> {
+        let mut groups: Vec<(Meta, Vec<PathBuf>)> = std::mem::take(&mut self.groups).into_values().collect();
+        for g in &mut groups {
+            g.1.sort();
+        }
+        groups.sort_by(|a, b| a.1.cmp(&b.1));
+        for (m, mut names) in groups {
+            self.ctx.check_stop()?;
+            let first = names.remove(0);
+            let (parent, name) = split(&first)?;
+            let from = dir_beneath(self.origin_root(), parent).map_err(|e| self.origin_err(&first, e))?;
+            if m.kind == Kind::File && names.len() + 1 >= m.nlink as usize {
+                self.start_large(&from, name, &first, &m, names)?;
+            } else if !self.back {
+                self.copy_group(&from, name, &first, &m, &names)?;
+            } else {
+                return Err(MigrateError::MoveInconsistent {
+                    path: self.ctx.display(&first),
+                    reason: "a hard-linked entry in the staging directory has names outside it".into(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Copies a file that also has names outside the tree and links its names in the tree to the
+    /// copy: its data must stay for the names outside.
+    fn copy_group(
+        &mut self,
+        from: &OwnedFd,
+        name: &OsStr,
+        first: &Path,
+        m: &Meta,
+        others: &[PathBuf],
+    ) -> Result<(), MigrateError> {
+        let ctx = self.ctx;
+        let (parent, _) = split(first)?;
+        let to = dir_beneath(self.dest_root(), parent).map_err(|e| self.dest_err(first, e))?;
+        let fd = fsx::open_path(from, name).map_err(|e| self.origin_err(first, e))?;
+        copy::create(ctx, &fd, None, m.kind, &to, name, first, true)?;
+        ctx.file_done();
+        let copy = fsx::open_path(&to, name).map_err(|e| self.dest_err(first, e))?;
+        let ino = fsx::stat_fd(&copy).map_err(|e| self.dest_err(first, e))?.ino;
+        for r in others {
+            self.link_at_dest(&copy, ino, r)?;
+            ctx.add_bytes(if m.kind == Kind::File { m.data() } else { 0 });
+            ctx.file_done();
+        }
+        Ok(())
+    }
+
+    /// Makes the destination name `rel` a link to `file` (inode `ino`), replacing what else is
+    /// there (a leftover, by the rule above).
+    fn link_at_dest(&self, file: &OwnedFd, ino: u64, rel: &Path) -> Result<(), MigrateError> {
+        let (parent, name) = split(rel)?;
+        let dir = dir_beneath(self.dest_root(), parent).map_err(|e| self.dest_err(rel, e))?;
+        match fsx::stat_at(&dir, name).map_err(|e| self.dest_err(rel, e))? {
+            Some(e) if e.ino == ino => return Ok(()),
+            Some(_) => remove::remove_tree(dir.as_fd(), name, false, &|_| Ok(())).map_err(|e| self.dest_err(rel, e))?,
+            None => {}
+        }
+        fsx::link_fd(file, &dir, name).map_err(|e| self.dest_err(rel, e))
     }
 
     /// Moving in: before anything leaves a source directory, its staging copy records the
@@ -253,6 +342,8 @@ impl<'c, 'a> Mover<'c, 'a> {
     /// Moves the non-directory entries of one directory; returns its subdirectories.
     fn entries(&mut self, from: &Rc<OwnedFd>, to: &OwnedFd, rel: &Path) -> Result<Vec<OsString>, MigrateError> {
         let mut subdirs = Vec::new();
+        // Small entries of this directory, copied together (in parallel) once they fill a batch.
+        let (mut small, mut small_bytes) = (Vec::new(), 0);
         for name in fsx::list_names(from).map_err(|e| self.origin_err(rel, e))? {
             let r = rel.join(&name);
             let Some(m) = fsx::stat_at(from, &name).map_err(|e| self.origin_err(&r, e))? else { continue };
@@ -264,11 +355,47 @@ impl<'c, 'a> Mover<'c, 'a> {
                 continue;
             }
             self.ctx.check_stop()?;
-            self.entry(from, to, &name, &r, &m)?;
+            if self.entry(from, to, &name, &r, &m)? {
+                small_bytes += if m.kind == Kind::File { m.size } else { 0 };
+                small.push((name, r, m.kind));
+                if self.batch.len() + small.len() >= batch_files() || self.batch_bytes + small_bytes >= BATCH_BYTES {
+                    self.copy_small(from, to, std::mem::take(&mut small), std::mem::take(&mut small_bytes))?;
+                    self.flush()?;
+                }
+            }
         }
+        self.copy_small(from, to, small, small_bytes)?;
         Ok(subdirs)
     }
 
+    /// Copies small entries of one directory into its destination twin on the current rayon
+    /// pool, then adds them to the batch. Nothing leaves the origin before the batch's `syncfs`
+    /// ([`Mover::flush`]), so the rule holds whatever order the workers finish in: a copy whose
+    /// origin name still exists is a leftover.
+    fn copy_small(
+        &mut self,
+        from: &Rc<OwnedFd>,
+        to: &OwnedFd,
+        small: Vec<(OsString, PathBuf, Kind)>,
+        bytes: u64,
+    ) -> Result<(), MigrateError> {
+        use rayon::prelude::*;
+        let (ctx, back, dir): (&Ctx, bool, &OwnedFd) = (self.ctx, self.back, from);
+        small.par_iter().try_for_each(|(name, rel, kind)| {
+            ctx.check_stop()?;
+            let fd =
+                fsx::open_path(dir, name).map_err(|e| if back { ctx.dst_err(rel, e) } else { ctx.src_err(rel, e) })?;
+            copy::create(ctx, &fd, None, *kind, to, name, rel, false)?;
+            fault::point(Point::MoveEntryCopied);
+            Ok::<(), MigrateError>(())
+        })?;
+        self.batch.extend(small.into_iter().map(|(name, rel, _)| (Rc::clone(from), name, rel)));
+        self.batch_bytes += bytes;
+        Ok(())
+    }
+
+    /// Clears the destination name, then moves a large file or notes a hard-link group; returns
+    /// whether the entry is a small one, for [`Mover::copy_small`].
     fn entry(
         &mut self,
         from: &Rc<OwnedFd>,
@@ -276,46 +403,21 @@ impl<'c, 'a> Mover<'c, 'a> {
         name: &OsStr,
         rel: &Path,
         m: &Meta,
-    ) -> Result<(), MigrateError> {
-        let ctx = self.ctx;
-        let existing = fsx::stat_at(to, name).map_err(|e| self.dest_err(rel, e))?;
-        if m.nlink > 1 && !self.back {
-            // Copied, never moved: the source names keep the data until the disposal.
-            if let Some((rep, ino)) = self.links.get(&m.ino).cloned() {
-                if existing.map(|e| e.ino) != Some(ino) {
-                    if existing.is_some() {
-                        fsx::unlink(to, name).map_err(|e| self.dest_err(rel, e))?;
-                    }
-                    let rfd = fsx::open_beneath(self.dest_root(), &rep).map_err(|e| self.dest_err(&rep, e))?;
-                    fsx::link_fd(&rfd, to, name).map_err(|e| self.dest_err(rel, e))?;
-                }
-            } else {
-                if existing.is_some() {
-                    remove::remove_tree(to.as_fd(), name, false, &|_| Ok(())).map_err(|e| self.dest_err(rel, e))?;
-                }
-                let fd = fsx::open_path(from, name).map_err(|e| self.origin_err(rel, e))?;
-                let ino = copy::create(ctx, &fd, None, m.kind, to, name, rel, true)?;
-                self.links.insert(m.ino, (rel.to_path_buf(), ino));
-            }
-            ctx.file_done();
-            return Ok(());
-        }
-        if existing.is_some() {
+    ) -> Result<bool, MigrateError> {
+        if fsx::stat_at(to, name).map_err(|e| self.dest_err(rel, e))?.is_some() {
             remove::remove_tree(to.as_fd(), name, false, &|_| Ok(())).map_err(|e| self.dest_err(rel, e))?;
+        }
+        if m.nlink > 1 {
+            // Moved as a group once the walk has seen all its names (see move_groups).
+            self.groups.entry(m.ino).or_insert_with(|| (*m, Vec::new())).1.push(rel.to_path_buf());
+            return Ok(false);
         }
         if m.kind == Kind::File && m.size > chunk() {
             self.flush()?;
-            return self.start_large(from, name, rel, m);
+            self.start_large(from, name, rel, m, Vec::new())?;
+            return Ok(false);
         }
-        let fd = fsx::open_path(from, name).map_err(|e| self.origin_err(rel, e))?;
-        copy::create(ctx, &fd, None, m.kind, to, name, rel, false)?;
-        fault::point(Point::MoveEntryCopied);
-        self.batch.push((Rc::clone(from), name.to_os_string(), rel.to_path_buf()));
-        self.batch_bytes += if m.kind == Kind::File { m.size } else { 0 };
-        if self.batch.len() >= batch_files() || self.batch_bytes >= BATCH_BYTES {
-            self.flush()?;
-        }
-        Ok(())
+        Ok(true)
     }
 
     /// Makes the batch's copies (and recorded directory times) durable, then removes their
@@ -353,8 +455,16 @@ impl<'c, 'a> Mover<'c, 'a> {
         Ok(())
     }
 
-    /// Records a large file as in flight, then moves it.
-    fn start_large(&mut self, from: &OwnedFd, name: &OsStr, rel: &Path, m: &Meta) -> Result<(), MigrateError> {
+    /// Records a large file (or a hard-link group, with its other names `links`) as in flight,
+    /// then moves it.
+    fn start_large(
+        &mut self,
+        from: &OwnedFd,
+        name: &OsStr,
+        rel: &Path,
+        m: &Meta,
+        links: Vec<PathBuf>,
+    ) -> Result<(), MigrateError> {
         let fd = fsx::open_path(from, name).map_err(|e| self.origin_err(rel, e))?;
         let x = fsx::xattrs(fd.as_fd()).map_err(|e| self.origin_err(rel, e))?;
         let f = InFlight {
@@ -368,28 +478,26 @@ impl<'c, 'a> Mover<'c, 'a> {
             atime: m.atime,
             mtime: m.mtime,
             xattrs: x.into_iter().map(|(n, v)| (HexBytes(n), HexBytes(v))).collect(),
+            links: links.into_iter().map(HexRel).collect(),
         };
-        self.save(Some(f.clone()))?;
-        fault::point(Point::MoveFileStarted);
+        self.save(Some(f.clone()), Point::MoveFileStarted)?;
         self.large(f)
     }
 
-    /// Writes the journal with this file in flight (or none), and the progress counters.
-    fn save(&mut self, f: Option<InFlight>) -> Result<(), MigrateError> {
-        use std::sync::atomic::Ordering::Relaxed;
+    /// Records this file in flight (or none) with the progress counters; `then` is the crash
+    /// point right after the record.
+    fn save(&mut self, f: Option<InFlight>, then: impl Into<Option<Point>>) -> Result<(), MigrateError> {
         self.j.inflight = f;
-        self.j.files_done = self.ctx.files_done.load(Relaxed).min(self.j.files_total);
-        self.j.bytes_done = self.ctx.bytes_done.load(Relaxed).min(self.j.bytes_total);
-        self.wd.write(self.j)
+        self.ctx.counters_into(self.j);
+        self.wd.save(self.j, then)
     }
 
     /// Moves (the rest of) the file in flight, chunk by chunk, and finishes it.
     fn large(&mut self, mut f: InFlight) -> Result<(), MigrateError> {
         let rel = f.rel.0.clone();
-        let (parent, name) = match (rel.parent(), rel.file_name()) {
-            (Some(p), Some(n)) => (p.to_path_buf(), n.to_os_string()),
-            _ => return Err(MigrateError::Internal("a file in flight without a name")),
-        };
+        let (parent, name) = split(&rel).map(|(p, n)| (p.to_path_buf(), n.to_os_string()))?;
+        // A group's names share one inode on the side that has them all.
+        let names = 1 + f.links.len() as u64;
         let (from_root, to_root) = if f.back { (self.stg_root, self.src_root) } else { (self.src_root, self.stg_root) };
         let from_dir = dir_beneath(from_root, &parent).map_err(|e| self.origin_err(&rel, e))?;
         let to_dir = dir_beneath(to_root, &parent).map_err(|e| self.dest_err(&rel, e))?;
@@ -401,11 +509,11 @@ impl<'c, 'a> Mover<'c, 'a> {
             return self.finish_large(&f, &from_dir, &to_dir, &name);
         };
         let lost = |what: &str| MigrateError::MoveInconsistent { path: self.ctx.display(&rel), reason: what.into() };
-        if fm.kind != Kind::File || fm.nlink != 1 {
-            return Err(lost("the file in flight is no longer a regular file with one name"));
+        if fm.kind != Kind::File || u64::from(fm.nlink) > names {
+            return Err(lost("the file in flight is no longer a regular file with the names recorded"));
         }
         let to_meta = fsx::stat_at(&to_dir, &name).map_err(|e| self.dest_err(&rel, e))?;
-        let usable = to_meta.is_some_and(|t| t.kind == Kind::File && t.nlink == 1);
+        let usable = to_meta.is_some_and(|t| t.kind == Kind::File && u64::from(t.nlink) <= names);
         if !usable {
             if !fresh {
                 return Err(lost("the part already moved is missing"));
@@ -444,7 +552,9 @@ impl<'c, 'a> Mover<'c, 'a> {
             }
         }
         let ctx = self.ctx;
-        ctx.add_bytes(if f.back { n - f.moved } else { f.moved });
+        // What an earlier run moved, in data (the unrecorded parts are holes by now).
+        let (done_from, done_to) = if f.back { (0, split) } else { (split, n) };
+        ctx.add_bytes(fsx::data_in(dst.as_fd(), done_from, done_to).map_err(dst_err)?);
         let mut on_chunk = |k: u64| {
             ctx.add_bytes(k);
             ctx.check_stop().map_err(|_| interrupted())
@@ -470,8 +580,7 @@ impl<'c, 'a> Mover<'c, 'a> {
             rustix::fs::fdatasync(&dst).map_err(|e| self.dest_err(&rel, e.into()))?;
             fault::point(Point::MoveChunkCopied);
             f.moved = if f.back { n - end } else { n - start };
-            self.save(Some(f.clone()))?;
-            fault::point(Point::MoveChunkRecorded);
+            self.save(Some(f.clone()), Point::MoveChunkRecorded)?;
             if f.back {
                 // Frees the chunk's blocks in staging; a crash before this only delays that.
                 match fsx::punch(src.as_fd(), start, end - start) {
@@ -513,15 +622,36 @@ impl<'c, 'a> Mover<'c, 'a> {
         fsx::apply_meta(p.as_fd(), &want, &x).map_err(|e| self.dest_err(rel, e))?;
         let r = fsx::reopen(p.as_fd(), OFlags::RDONLY | OFlags::NOATIME).map_err(|e| self.dest_err(rel, e))?;
         fsx::fsync(&r).map_err(|e| self.dest_err(rel, e))?;
-        match fsx::unlink(from_dir, name) {
-            Ok(()) => {}
-            Err(e) if fsx::is_errno(&e, Errno::NOENT) => {}
-            Err(e) => return Err(self.origin_err(rel, e)),
+        // A group: every other name is linked at the destination (durably) before any original
+        // name goes, and the recorded name goes last, so a resumed run finds the file by it.
+        for l in &f.links {
+            self.link_at_dest(&p, m.ino, &l.0)?;
+            fault::point(Point::MoveLinkMade);
         }
-        fsx::fsync(from_dir).map_err(|e| self.origin_err(rel, e))?;
+        let root = Path::new("");
+        if !f.links.is_empty() {
+            rustix::fs::syncfs(self.dest_root()).map_err(|e| self.dest_err(root, e.into()))?;
+        }
+        for l in &f.links {
+            let (parent, other) = split(&l.0)?;
+            let dir = dir_beneath(self.origin_root(), parent).map_err(|e| self.origin_err(&l.0, e))?;
+            remove_name(&dir, other).map_err(|e| self.origin_err(&l.0, e))?;
+            fault::point(Point::MoveLinkRemoved);
+        }
+        remove_name(from_dir, name).map_err(|e| self.origin_err(rel, e))?;
+        if f.links.is_empty() {
+            fsx::fsync(from_dir).map_err(|e| self.origin_err(rel, e))?;
+        } else {
+            rustix::fs::syncfs(self.origin_root()).map_err(|e| self.origin_err(root, e.into()))?;
+        }
         fault::point(Point::MoveFileDone);
         self.ctx.file_done();
-        self.save(None)
+        for _ in &f.links {
+            // Each name counts its data, as a copy counts it (and the census).
+            self.ctx.add_bytes(m.data());
+            self.ctx.file_done();
+        }
+        self.save(None, None)
     }
 }
 
@@ -593,12 +723,12 @@ pub(crate) fn settle(ctx: &Ctx, src_root: &OwnedFd, stg_root: &OwnedFd) -> Resul
 /// Before moving back (an abort): every staging directory records the original times (settled
 /// ones carry them as their own; in an unsettled move a directory without a record was just made,
 /// so its source twin is untouched), and every staging copy whose source name still exists is
-/// removed, except the file in flight. After this, "the staging name exists" means "it is there".
+/// removed, except the names of the file (or group) in flight. After this, "the staging name exists" means "it is there".
 pub(crate) fn prepare_back(
     ctx: &Ctx,
     src_root: &OwnedFd,
     stg_root: &OwnedFd,
-    inflight: Option<&Path>,
+    inflight: &[&Path],
     settling: bool,
 ) -> Result<(), MigrateError> {
     each_dir(src_root, stg_root, ctx, &mut |s, t, rel, _| {
@@ -613,7 +743,7 @@ pub(crate) fn prepare_back(
         for name in fsx::list_names(t).map_err(|e| ctx.dst_err(rel, e))? {
             let r = rel.join(&name);
             let Some(m) = fsx::stat_at(t, &name).map_err(|e| ctx.dst_err(&r, e))? else { continue };
-            if m.kind == Kind::Dir || Some(r.as_path()) == inflight {
+            if m.kind == Kind::Dir || inflight.contains(&r.as_path()) {
                 continue;
             }
             let in_source = match s {

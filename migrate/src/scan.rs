@@ -23,13 +23,12 @@ pub(crate) struct Census {
     pub data: u64,
     /// Space actually allocated (st_blocks), root included: what the copy will need.
     pub alloc: u64,
-    /// Multiply-linked files with links outside the tree.
+    /// Multiply-linked files with links outside the tree, and the space they take: move mode
+    /// copies them (their data must stay for the names outside).
     pub outside_links: u64,
+    pub outside_alloc: u64,
     /// Directories below the root.
     pub dirs: u64,
-    /// Multiply-linked inodes and the space they take (each counted once): move mode copies them.
-    pub linked: u64,
-    pub linked_alloc: u64,
 }
 
 /// Directories the census has listed, in this process: a test checks that a conversion walks
@@ -55,15 +54,20 @@ pub(crate) fn census(ctx: &Ctx, root: &OwnedFd) -> Result<Census, MigrateError> 
     let poisoned = || MigrateError::Internal("census state poisoned");
     let mut c = s.total.into_inner().map_err(|_| poisoned())?;
     let links = s.links.into_inner().map_err(|_| poisoned())?;
-    c.outside_links = links.values().filter(|(nlink, seen)| seen < nlink).count() as u64;
+    for (nlink, seen, alloc) in links.values() {
+        if seen < nlink {
+            c.outside_links += 1;
+            c.outside_alloc += alloc;
+        }
+    }
     Ok(c)
 }
 
 struct Scanner<'c, 'a> {
     ctx: &'c Ctx<'a>,
     total: Mutex<Census>,
-    /// nlink and names seen, for multiply-linked inodes only.
-    links: Mutex<HashMap<u64, (u32, u32)>>,
+    /// nlink, names seen and allocated bytes, for multiply-linked inodes only.
+    links: Mutex<HashMap<u64, (u32, u32, u64)>>,
 }
 
 struct Dir {
@@ -116,12 +120,7 @@ impl Visitor for Scanner<'_, '_> {
         if !linked.is_empty() {
             let mut links = self.links.lock().map_err(|_| MigrateError::Internal("census state poisoned"))?;
             for m in linked {
-                let seen = links.entry(m.ino).or_insert_with(|| {
-                    c.linked += 1;
-                    c.linked_alloc += m.blocks * 512;
-                    (m.nlink, 0)
-                });
-                seen.1 += 1;
+                links.entry(m.ino).or_insert((m.nlink, 0, m.blocks * 512)).1 += 1;
             }
         }
         let mut t = self.total.lock().map_err(|_| MigrateError::Internal("census state poisoned"))?;
@@ -130,8 +129,6 @@ impl Visitor for Scanner<'_, '_> {
         t.dirs += c.dirs;
         t.bytes += c.bytes;
         t.data += c.data;
-        t.linked += c.linked;
-        t.linked_alloc += c.linked_alloc;
         ctx.files_done.store(t.entries, Ordering::Relaxed);
         drop(t);
         ctx.tick(false);

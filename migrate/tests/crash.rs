@@ -83,6 +83,9 @@ enum Op {
     Move,
     /// A move stopped with a large file moved and one in flight, an abort, then the abort again.
     MoveAbort,
+    /// A move stopped while a hard-link group's names are linked in staging, an abort, then the
+    /// abort again.
+    GroupAbort,
 }
 
 /// One crash: at the `at`-th arrival at the point, during `op`, run with `flags`.
@@ -128,7 +131,9 @@ fn crashes(p: Point) -> Vec<Crash> {
         MoveFileStarted => vec![at(Move, 1), at(Move, 2), at(MoveAbort, 1)],
         MoveChunkCopied => vec![at(Move, 1), at(Move, 3), at(MoveAbort, 1), at(MoveAbort, 2)],
         MoveChunkRecorded => vec![at(Move, 1), at(Move, 2), at(Move, 4), at(MoveAbort, 1), at(MoveAbort, 3)],
-        MoveFileDone => vec![at(Move, 1), at(Move, 2), at(MoveAbort, 1), at(MoveAbort, 2)],
+        MoveLinkMade => vec![at(Move, 1), at(Move, 2), at(Move, 3), at(GroupAbort, 1), at(GroupAbort, 2)],
+        MoveLinkRemoved => vec![at(Move, 1), at(Move, 2), at(GroupAbort, 1), at(GroupAbort, 2)],
+        MoveFileDone => vec![at(Move, 1), at(Move, 2), at(MoveAbort, 1), at(MoveAbort, 2), at(GroupAbort, 1)],
         SettleDir => vec![at(Move, 1), at(Move, 5)],
         AfterRecordMovingBack | BeforeRecordAbortedMove => vec![at(MoveAbort, 1)],
         AbortEntry => vec![at(Abort, 1), at(Abort, 15)],
@@ -259,6 +264,7 @@ fn crashes_while_aborting_rolling_back_or_committing_resume() {
 fn move_tree(src: &Path) {
     build_tree(src);
     common::add_large(src);
+    common::add_large_group(src);
     add_bulk(src, 60, 0);
 }
 
@@ -298,6 +304,20 @@ fn a_crash_at_every_fault_point_of_an_aborted_move_loses_nothing_and_the_abort_f
         finishes("abort", &src, &wd, &[], "aborted");
         assert_eq!(fs::metadata(&src).unwrap().ino(), original, "{point}");
         assert_same(&manifest(&src), &before, &format!("after aborting, with a crash at {point}"));
+        assert_eq!(wd_names(&wd), ["journal.json", "lock"], "{point}");
+        fs::remove_dir_all(&src).unwrap();
+    }
+    // Stopped while the large group's other names are linked in staging (its data all there,
+    // its source names not yet removed): the abort turns the group around.
+    let linking = format!("{}:1", Point::MoveLinkMade);
+    for (i, (point, _)) in points_of(Op::GroupAbort).iter().enumerate() {
+        let (src, wd) = c.other(&format!("g{i}"));
+        move_tree(&src);
+        let before = manifest(&src);
+        faults("convert", &src, &wd, MOVE, &linking);
+        faults("abort", &src, &wd, &[], point);
+        finishes("abort", &src, &wd, &[], "aborted");
+        assert_same(&manifest(&src), &before, &format!("after aborting a group, with a crash at {point}"));
         assert_eq!(wd_names(&wd), ["journal.json", "lock"], "{point}");
         fs::remove_dir_all(&src).unwrap();
     }

@@ -325,6 +325,26 @@ fn auto_copies_when_a_copy_fits_moves_when_not_and_refuses_below_a_move() {
     assert_eq!((st.state, st.method), (State::Done, Method::Move));
 }
 
+/// A move counts data as a copy does: a sparse file's holes are not bytes to move (they made the
+/// bar and the ETA lie, and the result claim sizes).
+#[test]
+fn a_move_counts_data_not_sizes() {
+    dirseal_testfs::needs_root!();
+    let c = Case::new();
+    build_tree(&c.src);
+    common::add_large(&c.src);
+    let host = PlainHost::new();
+    let census = *migrate::preflight(&move_req(&c.src, &c.wd, Mode::Move), &host).unwrap().census();
+    assert!(census.data * 2 < census.bytes, "the tree is mostly holes: {census:?}");
+    let out = migrate::convert(&move_req(&c.src, &c.wd, Mode::Move), &host).unwrap();
+    assert_eq!((out.method, out.bytes), (Method::Move, census.data));
+    let reports = host.reports.lock().unwrap();
+    let moving: Vec<_> = reports.iter().filter(|p| p.phase == Phase::Moving).collect();
+    assert!(moving.iter().all(|p| p.bytes_total == census.data), "{moving:?}");
+    let most = moving.iter().map(|p| p.bytes_done).max().unwrap();
+    assert!(most * 100 >= census.data * 95, "the move reported {most} of {} bytes", census.data);
+}
+
 /// A batch of small files waiting for its sync must not hold a descriptor per file: with the
 /// usual soft limit of 1,024 descriptors a directory of more files failed with EMFILE.
 #[test]

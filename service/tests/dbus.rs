@@ -7,9 +7,10 @@ use std::path::Path;
 use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
+use dirseal_testfs::tree::contents;
+
 use support::{
-    fd, fill, root_only, s, snapshot, strings, watch_jobs, write_as_root, Daemon, Harness, JobSignal, Polkit, User,
-    DENIED,
+    fd, fill, root_only, s, strings, watch_jobs, write_as_root, Daemon, Harness, JobSignal, Polkit, User, DENIED,
 };
 
 const BUSY: &str = "org.dirseal.Dirseal1.Error.Busy";
@@ -215,7 +216,7 @@ fn another_users_home_and_protectors_are_denied_and_nothing_changes() {
     std::fs::write(&keyfile, b"").unwrap();
     std::os::unix::fs::chown(&keyfile, Some(bob.uid), None).unwrap();
 
-    let before = (snapshot(&h.keystore()), h.key(&alice.home), snapshot(&h.config()));
+    let before = (contents(&h.keystore()), h.key(&alice.home), contents(&h.config()));
     let b = Some(&bob);
     let denied = |method: &str, args: &[String], secrets: &[(u32, &str)]| {
         let msg = h.fails(b, method, args, secrets, DENIED);
@@ -262,7 +263,7 @@ fn another_users_home_and_protectors_are_denied_and_nothing_changes() {
     h.fails(b, "GetStatus", &[s("relative")], &[], "org.freedesktop.DBus.Error.InvalidArgs");
     h.fails(b, "GetStatus", &[s(h.fs.path().to_str().unwrap())], &[], DENIED);
 
-    let after = (snapshot(&h.keystore()), h.key(&alice.home), snapshot(&h.config()));
+    let after = (contents(&h.keystore()), h.key(&alice.home), contents(&h.config()));
     assert!(before == after, "a denied call changed the keystore, the config or the key status");
     assert!(!bool::try_from(h.status(&spare)["encrypted"].try_clone().unwrap()).unwrap());
 }
@@ -555,10 +556,6 @@ fn sample_home(u: &User, mib: usize, small: usize) {
 fn entries(dir: &Path) -> usize {
     let list = std::fs::read_dir(dir).into_iter().flatten().flatten();
     list.map(|e| 1 + if e.file_type().is_ok_and(|t| t.is_dir()) { entries(&e.path()) } else { 0 }).sum()
-}
-
-fn contents(dir: &Path) -> Vec<(std::path::PathBuf, Vec<u8>)> {
-    snapshot(dir).into_iter().map(|(p, b)| (p.strip_prefix(dir).unwrap().to_path_buf(), b)).collect()
 }
 
 #[test]

@@ -67,6 +67,8 @@ pub struct PlainHost {
     pub trims: Mutex<Vec<PathBuf>>,
     /// Every phase start seen, in order.
     pub phases: Mutex<Vec<Phase>>,
+    /// Every progress report, in order.
+    pub reports: Mutex<Vec<Progress>>,
 }
 
 impl Default for PlainHost {
@@ -86,6 +88,7 @@ impl PlainHost {
             encrypted: AtomicBool::new(false),
             trims: Mutex::new(Vec::new()),
             phases: Mutex::new(Vec::new()),
+            reports: Mutex::new(Vec::new()),
         }
     }
 
@@ -156,6 +159,7 @@ impl Host for PlainHost {
     }
 
     fn progress(&self, p: &Progress) {
+        self.reports.lock().unwrap().push(*p);
         let mut cur = self.phase.lock().unwrap();
         if *cur != Some(p.phase) {
             *cur = Some(p.phase);

@@ -1,22 +1,19 @@
-//! Shared by the engine tests: a tree with every kind of entry, and a manifest of everything the
-//! conversion must preserve, read without disturbing access times.
+//! Shared by the engine tests: a tree with every kind of entry; the manifest of everything the
+//! conversion must preserve is dirseal-testfs's (`tree`).
 #![allow(dead_code)]
 
 pub mod host;
 
-use std::collections::BTreeMap;
-use std::ffi::{OsStr, OsString};
-use std::fmt::Write as _;
+use std::ffi::OsStr;
 use std::fs;
-use std::io::Read;
-use std::os::fd::OwnedFd;
-use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use dirseal_migrate::Request;
+pub use dirseal_testfs::tree::{assert_same, manifest, walk};
 use dirseal_testfs::{Options, TestFs};
-use rustix::fs::{AtFlags, Mode, OFlags, Timespec, Timestamps, CWD};
+use rustix::fs::{AtFlags, Timespec, Timestamps, CWD};
 
 pub fn req<'a>(src: &'a Path, wd: &'a Path) -> Request<'a> {
     Request {
@@ -211,6 +208,23 @@ pub fn add_bulk(root: &Path, n: usize, big_mib: usize) {
 /// Adds files that move chunk by chunk (the tests set a 1 MiB chunk) under `root/large`: a sparse
 /// one with data islands across chunk boundaries, setuid and a file capability (which shrinking a
 /// file drops), and a dense one; owned like `root`, with set times.
+/// A file of several chunks with three names in three directories (after [`add_large`]): move
+/// mode moves its data once and links the names again.
+pub fn add_large_group(root: &Path) {
+    let first = root.join("large/group-3m");
+    fs::write(&first, (0..(3u32 << 20) + 777).map(|i| (i.wrapping_mul(40_503) >> 8) as u8).collect::<Vec<u8>>())
+        .unwrap();
+    fs::hard_link(&first, root.join("a/group-link")).unwrap();
+    fs::hard_link(&first, root.join("group-three")).unwrap();
+    let m = fs::metadata(root).unwrap();
+    chown(&first, m.uid(), m.gid());
+    fs::set_permissions(&first, fs::Permissions::from_mode(0o640)).unwrap();
+    xattr(&first, "user.group", b"three names");
+    set_times(&first, (1_100_000_003, 7), (1_600_000_003, 8));
+    // The directories the links went into keep their times.
+    set_times(&root.join("large"), (1_100_000_002, 5), (1_600_000_002, 6));
+}
+
 pub fn add_large(root: &Path) {
     use std::os::unix::fs::FileExt;
     let m = fs::metadata(root).unwrap();
@@ -235,153 +249,4 @@ pub fn add_large(root: &Path) {
     set_times(&sparse, (1_100_000_000, 1), (1_600_000_000, 2));
     set_times(&dense, (1_100_000_001, 3), (1_600_000_001, 4));
     set_times(&dir, (1_100_000_002, 5), (1_600_000_002, 6));
-}
-
-/// Relative paths of every entry below `root` (not following symlinks).
-pub fn walk(root: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let mut stack = vec![PathBuf::new()];
-    while let Some(rel) = stack.pop() {
-        for name in list(&root.join(&rel)) {
-            let r = rel.join(&name);
-            if fs::symlink_metadata(root.join(&r)).unwrap().is_dir() {
-                stack.push(r.clone());
-            }
-            out.push(r);
-        }
-    }
-    out
-}
-
-fn open_noatime(path: &Path, dir: bool) -> OwnedFd {
-    let flags = OFlags::RDONLY | OFlags::NOATIME | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-    let flags = if dir { flags | OFlags::DIRECTORY } else { flags };
-    rustix::fs::open(path, flags, Mode::empty()).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-}
-
-/// Sorted names in a directory, listed without updating its access time.
-fn list(dir: &Path) -> Vec<OsString> {
-    let mut d = rustix::fs::Dir::new(open_noatime(dir, true)).unwrap();
-    let mut out = Vec::new();
-    while let Some(e) = d.read() {
-        let n = e.unwrap().file_name().to_bytes().to_vec();
-        if n != b"." && n != b".." {
-            out.push(OsString::from_vec(n));
-        }
-    }
-    out.sort();
-    out
-}
-
-/// Everything the conversion must preserve, one line per entry, keyed by the entry's path bytes
-/// ("." is the root itself): type, mode (with setuid/setgid/sticky), owner, size, atime and
-/// mtime in ns (atime not for symlinks: reading a link updates it), device number, symlink target,
-/// content hash, data/hole layout, every xattr (ACLs, trusted.*, security.*) and hard-link group.
-/// Nothing is read in a way that changes an atime.
-pub fn manifest(root: &Path) -> BTreeMap<Vec<u8>, String> {
-    use sha2::Digest;
-    let mut m = BTreeMap::new();
-    let mut groups: BTreeMap<u64, Vec<Vec<u8>>> = BTreeMap::new();
-    let mut rels = walk(root);
-    rels.push(PathBuf::from("."));
-    for rel in rels {
-        let path = if rel == Path::new(".") { root.to_path_buf() } else { root.join(&rel) };
-        let md = fs::symlink_metadata(&path).unwrap();
-        let ft = md.file_type();
-        let key = rel.as_os_str().as_bytes().to_vec();
-        let mut d = format!(
-            "mode={:o} uid={} gid={} mtime={}.{:09}",
-            md.mode(),
-            md.uid(),
-            md.gid(),
-            md.mtime(),
-            md.mtime_nsec()
-        );
-        if !ft.is_symlink() {
-            write!(d, " atime={}.{:09}", md.atime(), md.atime_nsec()).unwrap();
-        }
-        if ft.is_symlink() {
-            let t = fs::read_link(&path).unwrap();
-            write!(d, " symlink->{}", hex::encode(t.as_os_str().as_bytes())).unwrap();
-        } else if ft.is_file() {
-            let mut data = Vec::new();
-            fs::File::from(open_noatime(&path, false)).read_to_end(&mut data).unwrap();
-            write!(
-                d,
-                " file size={} sha256={} data={:?}",
-                md.len(),
-                hex::encode(sha2::Sha256::digest(&data)),
-                segments(&path)
-            )
-            .unwrap();
-        } else if ft.is_dir() {
-            d += " dir";
-        } else {
-            write!(d, " special {ft:?} rdev={}", md.rdev()).unwrap();
-        }
-        write!(d, " xattrs={:?}", xattrs(&path)).unwrap();
-        if !ft.is_dir() && md.nlink() > 1 {
-            groups.entry(md.ino()).or_default().push(key.clone());
-            write!(d, " nlink={}", md.nlink()).unwrap();
-        }
-        m.insert(key, d);
-    }
-    for group in groups.values() {
-        let names: Vec<String> = group.iter().map(|n| String::from_utf8_lossy(n).into_owned()).collect();
-        for name in group {
-            write!(m.get_mut(name).unwrap(), " linkgroup={names:?}").unwrap();
-        }
-    }
-    m
-}
-
-/// Asserts two manifests are equal, naming the first entry that differs.
-#[track_caller]
-pub fn assert_same(after: &BTreeMap<Vec<u8>, String>, before: &BTreeMap<Vec<u8>, String>, what: &str) {
-    for (k, v) in before {
-        assert_eq!(after.get(k), Some(v), "{what}: entry {:?}", String::from_utf8_lossy(k));
-    }
-    for k in after.keys() {
-        assert!(before.contains_key(k), "{what}: extra entry {:?}", String::from_utf8_lossy(k));
-    }
-}
-
-fn xattrs(path: &Path) -> Vec<(String, String)> {
-    use sha2::Digest;
-    let mut names = vec![0u8; 65536];
-    let n = rustix::fs::llistxattr(path, &mut names[..]).unwrap();
-    let mut out: Vec<(String, String)> = names[..n]
-        .split(|b| *b == 0)
-        .filter(|s| !s.is_empty())
-        .map(|name| {
-            let name = OsStr::from_bytes(name);
-            let mut v = vec![0u8; 65536];
-            let len = rustix::fs::lgetxattr(path, name, &mut v[..]).unwrap();
-            let v = &v[..len];
-            let shown = if len > 64 {
-                format!("{len} bytes sha256={}", hex::encode(sha2::Sha256::digest(v)))
-            } else {
-                hex::encode(v)
-            };
-            (name.to_string_lossy().into_owned(), shown)
-        })
-        .collect();
-    out.sort();
-    out
-}
-
-/// Data segments of a file (SEEK_DATA/SEEK_HOLE), in 4 KiB blocks.
-fn segments(path: &Path) -> Vec<(u64, u64)> {
-    use rustix::fs::{seek, SeekFrom};
-    let f = open_noatime(path, false);
-    let len = fs::File::from(f.try_clone().unwrap()).metadata().unwrap().len();
-    let mut out = Vec::new();
-    let mut at = 0u64;
-    while at < len {
-        let Ok(start) = seek(&f, SeekFrom::Data(at)) else { break };
-        let end = seek(&f, SeekFrom::Hole(start)).unwrap();
-        out.push((start / 4096, end.div_ceil(4096)));
-        at = end;
-    }
-    out
 }

@@ -348,25 +348,6 @@ impl Harness {
     }
 }
 
-/// Every file under `dir` with its bytes, for "nothing changed" checks.
-pub fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let Ok(rd) = std::fs::read_dir(&d) else { continue };
-        for e in rd.flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                stack.push(p);
-            } else {
-                out.push((p.clone(), std::fs::read(&p).unwrap_or_default()));
-            }
-        }
-    }
-    out.sort();
-    out
-}
-
 pub fn write_as_root(path: &Path, bytes: &[u8]) {
     std::fs::File::create(path).and_then(|mut f| f.write_all(bytes)).expect("write");
 }

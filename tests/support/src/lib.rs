@@ -11,6 +11,7 @@ use std::process::Command;
 
 pub mod logwrites;
 mod swtpm;
+pub mod tree;
 #[cfg(feature = "ui")]
 pub mod ui;
 mod users;

@@ -1,0 +1,121 @@
+//! The engine's one error type: each message names the problem and what to do about it.
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+use dirseal_procs::ProcessUse;
+
+use crate::journal::Journal;
+use crate::{HostError, State};
+
+fn holder(pid: Option<u32>) -> String {
+    pid.map(|p| format!(" (pid {p})")).unwrap_or_default()
+}
+
+fn list_users(users: &[ProcessUse]) -> String {
+    let mut s: Vec<String> = users.iter().take(5).map(|u| u.to_string()).collect();
+    if users.len() > 5 {
+        s.push(format!("and {} more", users.len() - 5));
+    }
+    s.join("; ")
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum MigrateError {
+    #[error("cannot use {}: {source}; check that the directory exists", path.display())]
+    SourceUnavailable { path: PathBuf, source: io::Error },
+    #[error("{} is a symbolic link; convert the directory it points to instead", path.display())]
+    SourceIsSymlink { path: PathBuf },
+    #[error("{} is not a directory; only directories can be converted", path.display())]
+    NotADirectory { path: PathBuf },
+    #[error("{} is the root of a filesystem; convert a directory inside it instead", path.display())]
+    FilesystemRoot { path: PathBuf },
+    #[error("{} is already encrypted; there is nothing to convert", path.display())]
+    AlreadyEncrypted { path: PathBuf },
+    #[error("{} is encrypted on its own; move it out of the directory, convert, then move it back", path.display())]
+    EncryptedInside { path: PathBuf },
+    #[error("{} is immutable or append-only, which a copy cannot keep and which blocks removing the old tree; clear the flag (chattr -i -a) and try again, then set it again after the conversion", path.display())]
+    ImmutableInside { path: PathBuf },
+    #[error("{} is a mount point inside the directory; unmount it (or move it out) and try again", path.display())]
+    MountPointInside { path: PathBuf },
+    #[error("not enough free space for a copy of {}: about {needed} bytes needed, {available} available; free some space and try again", path.display())]
+    NoSpace { path: PathBuf, needed: u64, available: u64 },
+    #[error("not enough free space to move {} into the encrypted directory: about {needed} bytes needed (a few chunks, the directories and the files also linked from outside it, which are copied), {available} available; free some space and try again", path.display())]
+    NoSpaceToMove { path: PathBuf, needed: u64, available: u64 },
+    #[error("not enough free space for a copy of {}: about {needed} bytes needed, {available} available, and a move keeps no backup; free some space, or convert without keeping a backup", path.display())]
+    NoSpaceForBackup { path: PathBuf, needed: u64, available: u64 },
+    #[error("moving {} failed: {source}; the move is paused and nothing is lost: part of the files are already in the conversion's root-only staging directory, each whole in one of the two trees (the journal says which); fix the cause and run the same command again to continue, or abort the conversion to move them back", path.display())]
+    MoveFailed { path: PathBuf, source: io::Error },
+    #[error("the filesystem ran out of space while moving {}; the move is paused and nothing is lost (every file is whole in one of the two trees, the journal says which); free some space and run the same command again to continue", path.display())]
+    MoveOutOfSpace { path: PathBuf },
+    #[error("cannot continue moving {}: {reason}; something changed the directory or its staging copy during the move; nothing more was changed (see docs/crash-safety.md to recover by hand)", path.display())]
+    MoveInconsistent { path: PathBuf, reason: String },
+    #[error("moving {} into the encrypted directory keeps no backup of the original; convert without keeping a backup, or by copying (which needs room for a second copy)", path.display())]
+    MoveWithBackup { path: PathBuf },
+    #[error("not enough free inodes for a copy of {}: {needed} needed, {available} available; delete some files and try again", path.display())]
+    NoInodes { path: PathBuf, needed: u64, available: u64 },
+    #[error("{} is in use: {}; close these programs (or log the user out) and try again, or force the conversion", path.display(), list_users(users))]
+    InUse { path: PathBuf, users: Vec<ProcessUse> },
+    #[error("work directory {} is unsafe: {reason}; fix or remove it and try again", path.display())]
+    UnsafeWorkdir { path: PathBuf, reason: String },
+    #[error("the staging copy in {} does not carry the encryption recorded for it ({reason}); nothing was swapped and the original is untouched: abort the conversion and start it again", workdir.display())]
+    StagingNotEncrypted { workdir: PathBuf, reason: String },
+    #[error("work directory {} is not on the same mount as {}; it must be on the directory's filesystem", workdir.display(), source_dir.display())]
+    WorkdirElsewhere { workdir: PathBuf, source_dir: PathBuf },
+    #[error("work directory {} lies inside {}; use one outside the directory being converted", workdir.display(), source_dir.display())]
+    WorkdirInsideSource { workdir: PathBuf, source_dir: PathBuf },
+    #[error("another conversion{} is running in {}; wait for it to finish (or stop it) and try again", holder(*pid), workdir.display())]
+    Busy { workdir: PathBuf, pid: Option<u32> },
+    #[error("the conversion journal {} is corrupt ({reason}), so dirseal cannot tell how far the conversion got and changes nothing. If the directory being converted still holds your files, delete {} and start again; if it does not, your original files are in {}/staging: move them back first", path.display(), workdir.display(), workdir.display())]
+    CorruptJournal { path: PathBuf, workdir: PathBuf, reason: String },
+    #[error("work directory {} belongs to the conversion of {}, not {}; finish or abort that conversion first", workdir.display(), journal_source.display(), requested.display())]
+    OtherSource { workdir: PathBuf, journal_source: PathBuf, requested: PathBuf },
+    #[error("no conversion is recorded in {}; start one first", workdir.display())]
+    NoConversion { workdir: PathBuf },
+    #[error("{} was replaced or moved since the conversion started; put the directory back, or abort the conversion", path.display())]
+    SourceReplaced { path: PathBuf },
+    #[error("copying {} failed: {source}; fix the cause, then run the same command again to resume (nothing was swapped; the original is untouched)", path.display())]
+    CopyFailed { path: PathBuf, source: io::Error },
+    #[error("the filesystem ran out of space while copying {}; free some space and run the same command again to resume, or abort the conversion (the original is untouched)", path.display())]
+    OutOfSpace { path: PathBuf },
+    #[error("{} keeps changing while it is copied; stop the programs writing to it and run the same command again", path.display())]
+    KeepsChanging { path: PathBuf },
+    #[error("the copy of {} still differs from the original ({reason}) after several passes; stop the programs changing the directory and run the same command again", path.display())]
+    VerifyFailed { path: PathBuf, reason: String },
+    #[error("{step} failed: {source}; fix the cause and run the same command again")]
+    Host { step: &'static str, source: HostError },
+    #[error("the conversion was interrupted while {state}; nothing is lost: run the same command again to resume")]
+    Interrupted { state: State },
+    #[error("cannot {op} a conversion that is {state}: {hint}")]
+    WrongState { op: &'static str, state: State, hint: &'static str },
+    #[error("{what} {} failed: {source}; fix the cause and run the same command again", path.display())]
+    Io { what: &'static str, path: PathBuf, source: io::Error },
+    #[error("internal error: {0}; please report this bug")]
+    Internal(&'static str),
+}
+
+pub(crate) fn io_err<'a>(what: &'static str, path: &'a Path) -> impl Fn(io::Error) -> MigrateError + 'a {
+    move |source| MigrateError::Io { what, path: path.to_path_buf(), source }
+}
+
+pub(crate) fn host_err(step: &'static str) -> impl Fn(HostError) -> MigrateError {
+    move |source| MigrateError::Host { step, source }
+}
+
+/// A failure while moving pauses the move, with its own message: the original is no longer
+/// untouched (files are in the staging directory), but every file is whole somewhere.
+pub(crate) fn move_err(e: MigrateError) -> MigrateError {
+    match e {
+        MigrateError::OutOfSpace { path } => MigrateError::MoveOutOfSpace { path },
+        MigrateError::CopyFailed { path, source } => MigrateError::MoveFailed { path, source },
+        e => e,
+    }
+}
+
+pub(crate) fn other_source(workdir: &Path, j: &Journal, requested: &Path) -> MigrateError {
+    MigrateError::OtherSource {
+        workdir: workdir.to_path_buf(),
+        journal_source: j.source.0.clone(),
+        requested: requested.to_path_buf(),
+    }
+}
