@@ -6,7 +6,6 @@ use dirseal::ops::OpsError;
 use dirseal::protector::ProtectorError;
 use dirseal::recovery::RecoveryError;
 use dirseal::remedy::Remedy;
-use dirseal::tpm2::Tpm2Error;
 use dirseal::ui::UiError;
 use zbus::message::{Header, Message};
 use zbus::names::ErrorName;
