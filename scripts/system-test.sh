@@ -11,6 +11,7 @@
 #   scripts/system-test.sh --only a,b       some scenarios (names as printed)
 #   scripts/system-test.sh --cmd CMD        boot, run CMD as root in the guest instead (debugging)
 #   scripts/system-test.sh --rebuild-image  build the guest image again (it is cached)
+#   scripts/system-test.sh --image-only     build the guest image if it is not cached, nothing else
 #   SYSTEM_DEMO_PIN=0                       without the TPM-PIN half of `demo`
 #   SYSTEM_OUT=DIR                          results, console log and logs (default target/system/out)
 #
@@ -26,15 +27,16 @@ cd "$(dirname "$0")/.."
 repo=$PWD
 if [ "$(id -u)" -ne 0 ]; then echo "scripts/system-test.sh must run as root (mmdebstrap, qemu shares)" >&2; exit 1; fi
 
-only="" cmd="" rebuild="" skip_deps=""
+only="" cmd="" rebuild="" skip_deps="" image_only=""
 while [ $# -gt 0 ]; do
   case $1 in
     --only) only=$2; shift ;;
     --quick) only=install,activation,login,logout,demo ;;
     --cmd) cmd=$2; shift ;;
     --rebuild-image) rebuild=1 ;;
+    --image-only) image_only=1 ;;
     --no-deps) skip_deps=1 ;;
-    *) echo "usage: scripts/system-test.sh [--quick] [--only NAME,...] [--cmd CMD] [--rebuild-image] [--no-deps]" >&2; exit 2 ;;
+    *) echo "usage: scripts/system-test.sh [--quick] [--only NAME,...] [--cmd CMD] [--rebuild-image] [--image-only] [--no-deps]" >&2; exit 2 ;;
   esac
   shift
 done
@@ -42,13 +44,7 @@ done
 target=$(realpath -m "${CARGO_TARGET_DIR:-target}")
 sys=$target/system
 mkdir -p "$sys"
-if [ -z "$skip_deps" ]; then
-  bash scripts/deps.sh
-  command -v mmdebstrap >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mmdebstrap >/dev/null
-fi
-t0=$(date +%s)
-cargo build -q --workspace --features fault-injection
-echo "system: built in $(( $(date +%s) - t0 )) s"
+[ -n "$skip_deps" ] || bash scripts/deps.sh
 
 # --- The guest image -------------------------------------------------------------------------
 # What the guest needs: systemd and logind (sessions, systemd --user), dbus, polkitd, sshd and the
@@ -83,6 +79,10 @@ if [ -n "$rebuild" ] || [ "$(cat "$img/version" 2>/dev/null)" != "$image_version
   echo "$image_version" >"$img/version"
   echo "system: image built in $(( $(date +%s) - t0 )) s"
 fi
+[ -z "$image_only" ] || exit 0
+t0=$(date +%s)
+cargo build -q --workspace --features fault-injection
+echo "system: built in $(( $(date +%s) - t0 )) s"
 
 # --- One run -----------------------------------------------------------------------------------
 out=${SYSTEM_OUT:-$sys/out}
