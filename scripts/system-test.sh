@@ -7,7 +7,7 @@
 #
 #   scripts/system-test.sh                  every scenario
 #   scripts/system-test.sh --quick          the subset scripts/test.sh runs (CI): one boot, install
-#                                           activation login logout demo (docs/architecture.md)
+#                                           activation logout demo (docs/architecture.md)
 #   scripts/system-test.sh --only a,b       some scenarios (names as printed)
 #   scripts/system-test.sh --cmd CMD        boot, run CMD as root in the guest instead (debugging)
 #   scripts/system-test.sh --rebuild-image  build the guest image again (it is cached)
@@ -31,7 +31,7 @@ only="" cmd="" rebuild="" skip_deps="" image_only=""
 while [ $# -gt 0 ]; do
   case $1 in
     --only) only=$2; shift ;;
-    --quick) only=install,activation,login,logout,demo ;;
+    --quick) only=install,activation,logout,demo ;;
     --cmd) cmd=$2; shift ;;
     --rebuild-image) rebuild=1 ;;
     --image-only) image_only=1 ;;
