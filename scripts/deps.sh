@@ -6,7 +6,9 @@ pkgs=(libtss2-dev libfido2-dev libpam0g-dev libudev-dev libclang-dev pkg-config 
       tpm2-tools pamtester dbus libglib2.0-bin polkitd e2fsprogs acl attr util-linux passwd python3 rsync fscrypt time
       libssl-dev zlib1g-dev python3-pip
       # The VM tests (scripts/vm-test.sh): guest userland comes from the host root over 9p.
-      busybox-static dmsetup f2fs-tools kmod cpio zstd)
+      busybox-static dmsetup f2fs-tools kmod cpio zstd
+      # The system test (scripts/system-test.sh): its guest's root filesystem.
+      mmdebstrap)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

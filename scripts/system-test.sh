@@ -6,15 +6,19 @@
 # `system: NAME ok|FAILED: why` per scenario and `system: N scenarios, M failed`.
 #
 #   scripts/system-test.sh                  every scenario
+#   scripts/system-test.sh --quick          the subset scripts/test.sh runs (CI): one boot, install
+#                                           activation logout demo (docs/architecture.md)
 #   scripts/system-test.sh --only a,b       some scenarios (names as printed)
 #   scripts/system-test.sh --cmd CMD        boot, run CMD as root in the guest instead (debugging)
 #   scripts/system-test.sh --rebuild-image  build the guest image again (it is cached)
-#   SYSTEM_DEMO_PIN=1                       also the TPM-PIN half of `demo` (not yet passing)
+#   scripts/system-test.sh --image-only     build the guest image if it is not cached, nothing else
+#   SYSTEM_DEMO_PIN=0                       without the TPM-PIN half of `demo`
 #   SYSTEM_OUT=DIR                          results, console log and logs (default target/system/out)
 #
 # The guest's root filesystem is made by mmdebstrap from the Debian archive (cached under
 # CARGO_TARGET_DIR/system, rebuilt when the package list below changes); each run boots a
-# copy-on-write overlay of it, so runs do not see each other. The checkout and the binaries of this
+# copy-on-write overlay of it, so runs do not see each other. Its kernel is vm-test.sh's (Debian's,
+# fetched once for both) with a busybox initramfs, its modules copied into the image. The checkout and the binaries of this
 # build reach the guest as read-only 9p shares, the results as a writable one. A guest that makes
 # no progress (no console output, no step logged) for SYSTEM_STALL seconds (default 240) is stopped
 # and its console log printed; a slow one that keeps moving is not.
@@ -23,14 +27,16 @@ cd "$(dirname "$0")/.."
 repo=$PWD
 if [ "$(id -u)" -ne 0 ]; then echo "scripts/system-test.sh must run as root (mmdebstrap, qemu shares)" >&2; exit 1; fi
 
-only="" cmd="" rebuild="" skip_deps=""
+only="" cmd="" rebuild="" skip_deps="" image_only=""
 while [ $# -gt 0 ]; do
   case $1 in
     --only) only=$2; shift ;;
+    --quick) only=install,activation,logout,demo ;;
     --cmd) cmd=$2; shift ;;
     --rebuild-image) rebuild=1 ;;
+    --image-only) image_only=1 ;;
     --no-deps) skip_deps=1 ;;
-    *) echo "usage: scripts/system-test.sh [--only NAME,...] [--cmd CMD] [--rebuild-image] [--no-deps]" >&2; exit 2 ;;
+    *) echo "usage: scripts/system-test.sh [--quick] [--only NAME,...] [--cmd CMD] [--rebuild-image] [--image-only] [--no-deps]" >&2; exit 2 ;;
   esac
   shift
 done
@@ -38,56 +44,57 @@ done
 target=$(realpath -m "${CARGO_TARGET_DIR:-target}")
 sys=$target/system
 mkdir -p "$sys"
-if [ -z "$skip_deps" ]; then
-  bash scripts/deps.sh
-  command -v mmdebstrap >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mmdebstrap >/dev/null
-fi
-t0=$(date +%s)
-cargo build -q --workspace --features fault-injection
-echo "system: built in $(( $(date +%s) - t0 )) s"
+[ -n "$skip_deps" ] || bash scripts/deps.sh
 
 # --- The guest image -------------------------------------------------------------------------
 # What the guest needs: systemd and logind (sessions, systemd --user), dbus, polkitd, sshd and the
-# console login, the libraries dirseal links (libfido2, tss2), dpkg-dev (install.sh asks it for the
-# multiarch triplet; build-deb.sh uses dpkg-deb), gdbus (busctl cannot pass file descriptors),
-# expect and sshpass to type passwords, and Debian's kernel with an initramfs.
+# console login, the libraries dirseal links (libfido2, tss2), gdbus (busctl cannot pass file
+# descriptors), expect and sshpass to type passwords, kmod to load the kernel's modules. Nothing
+# more: every package is time to build on a clean machine (CI). No manuals, docs or translations.
+. scripts/lib/guest.sh
+guest_kernel "$target/vm/kernel"
 pkgs=systemd,systemd-sysv,libpam-systemd,dbus,polkitd,pkexec,openssh-server,openssh-client,sshpass
 pkgs+=,libpam-modules,libpam-runtime,libfido2-1,libtss2-esys-3.0.2-0,libtss2-tctildr0,libtss2-tcti-device0
-pkgs+=,libtss2-mu0,libtss2-rc0,udev,e2fsprogs,login,passwd,linux-image-amd64,expect,kmod,procps,psmisc
-pkgs+=,dpkg-dev,libglib2.0-bin,ca-certificates
-image_version="1 $pkgs $(sha256sum scripts/system/image-setup.sh | cut -c1-16)"
+pkgs+=,libtss2-mu0,libtss2-rc0,udev,e2fsprogs,login,passwd,expect,kmod,procps,libglib2.0-bin
+image_version="2 $pkgs $kver $(cat scripts/system/image-setup.sh scripts/system/init | sha256sum | cut -c1-16)"
 img=$sys/image
 if [ -n "$rebuild" ] || [ "$(cat "$img/version" 2>/dev/null)" != "$image_version" ]; then
-  echo "system: building the guest image (mmdebstrap, a few minutes; cached in $img)"
+  echo "system: building the guest image (mmdebstrap; cached in $img)"
   t0=$(date +%s)
   rm -rf "$img" "$sys/root.tmp"; mkdir -p "$img"
   mirror=$(grep -rhoE '^(URIs: *|deb +)https?://[^ ]+/debian/?( |$)' /etc/apt/sources.list /etc/apt/sources.list.d/ \
              2>/dev/null | head -1 | sed -E 's/^(URIs: *|deb +)//; s/ *$//') || true
   mirror=${mirror:-http://deb.debian.org/debian}
   mmdebstrap --quiet --variant=apt --mode=root --include="$pkgs" \
-    --customize-hook="bash $repo/scripts/system/image-setup.sh \"\$1\"" \
+    --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/doc/*' \
+    --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-include=/usr/share/locale/locale.alias' \
+    --customize-hook="bash $repo/scripts/system/image-setup.sh \"\$1\" \"$kroot/lib/modules/$kver\"" \
     bookworm "$sys/root.tmp" "$mirror" >"$img/mmdebstrap.log" 2>&1 ||
     { tail -30 "$img/mmdebstrap.log"; echo "system: FAILED: mmdebstrap (log $img/mmdebstrap.log)"; exit 1; }
-  cp "$(ls "$sys"/root.tmp/boot/vmlinuz-* | head -1)" "$img/vmlinuz"
-  cp "$(ls "$sys"/root.tmp/boot/initrd.img-* | head -1)" "$img/initrd.img"
-  # ext4 with the encrypt feature: the homes are converted in place on the root filesystem.
+  # The disk (ext4 with the encrypt feature: the homes are converted in place on the root
+  # filesystem) and the initramfs that mounts it.
   mke2fs -q -t ext4 -O encrypt -L guest -d "$sys/root.tmp" "$img/root.img" 4G
   rm -rf "$sys/root.tmp"
+  guest_initramfs "$img/initrd.img" scripts/system/init virtio_pci virtio_blk ext4 crc32c_intel crc32c_generic
   echo "$image_version" >"$img/version"
   echo "system: image built in $(( $(date +%s) - t0 )) s"
 fi
+[ -z "$image_only" ] || exit 0
+t0=$(date +%s)
+cargo build -q --workspace --features fault-injection
+echo "system: built in $(( $(date +%s) - t0 )) s"
 
 # --- One run -----------------------------------------------------------------------------------
 out=${SYSTEM_OUT:-$sys/out}
 rm -rf "$out"; mkdir -p "$out/results" "$out/bin"
-# The binaries under test, frozen for this run.
-cp "$target/debug/dirseal" "$target/debug/dirsealed" "$target/debug/libpam_dirseal.so" "$out/bin/"
-cp "$target/debug/softfido-uhid" "$out/bin/"
-bash scripts/build-deb.sh --build-dir "$target/debug" --out "$out/bin" --fast >/dev/null
+# The binaries under test, frozen for this run, without their debug info (a tenth of the size: the
+# package is built and the guest reads them in seconds, not minutes).
+for f in dirseal dirsealed libpam_dirseal.so softfido-uhid; do objcopy --strip-debug "$target/debug/$f" "$out/bin/$f"; done
+bash scripts/build-deb.sh --build-dir "$out/bin" --out "$out/bin" --fast >/dev/null
 qemu-img create -q -f qcow2 -b "$img/root.img" -F raw "$out/root.qcow2"
 printf '%s\n' "$only" >"$out/results/only"
 printf '%s\n' "$cmd" >"$out/results/cmd"
-printf 'SYSTEM_DEMO_PIN=%q\n' "${SYSTEM_DEMO_PIN:-0}" >"$out/results/env"
+printf 'SYSTEM_DEMO_PIN=%q\n' "${SYSTEM_DEMO_PIN:-1}" >"$out/results/env"
 
 tmp=$(mktemp -d)
 swtpm_pid="" qemu_pid=""
@@ -97,59 +104,46 @@ cleanup() {
   rm -rf "$tmp"
 }
 trap cleanup EXIT
-# A software TPM for the guest; fresh state each run.
-mkdir -p "$out/tpm"
-swtpm socket --tpm2 --tpmstate dir="$out/tpm" --ctrl type=unixio,path="$out/tpm/sock" --terminate \
-  --log file="$out/tpm/log" &
-swtpm_pid=$!
-for _ in $(seq 100); do [ -S "$out/tpm/sock" ] && break; sleep 0.1; done
-[ -S "$out/tpm/sock" ] || { echo "system: swtpm did not start (see $out/tpm/log)" >&2; exit 1; }
+guest_swtpm "$out/tpm"
 
 console=$out/console.log
 : >"$console"
 start=$(date +%s)
 # ttyS0: the console (kernel, systemd, the test's lines). ttyS1 and ttyS2 are wired to each other
 # through a unix socket: agetty serves ttyS1, the test types a login on ttyS2.
-qemu-system-x86_64 -accel tcg,thread=multi -cpu max -smp 2 -m 2048 \
-  -nographic -no-reboot -nodefaults \
+guest_qemu_args "$out/tpm"
+qemu-system-x86_64 "${qemu_args[@]}" -m 2048 \
   -chardev file,id=con,path="$console" -serial chardev:con \
   -chardev socket,id=s1,path="$tmp/serial",server=on,wait=off -serial chardev:s1 \
   -chardev socket,id=s2,path="$tmp/serial" -serial chardev:s2 \
-  -kernel "$img/vmlinuz" -initrd "$img/initrd.img" \
-  -append "root=/dev/vda rw console=ttyS0 quiet loglevel=3 panic=-1 systemd.show_status=false" \
+  -kernel "$kroot/boot/vmlinuz-$kver" -initrd "$img/initrd.img" \
+  -append "console=ttyS0 quiet loglevel=3 panic=-1 no_timer_check systemd.show_status=false" \
   -drive file="$out/root.qcow2",if=virtio,format=qcow2,cache=unsafe \
-  -chardev socket,id=chrtpm,path="$out/tpm/sock" -tpmdev emulator,id=tpm0,chardev=chrtpm -device tpm-tis,tpmdev=tpm0 \
   -virtfs local,path="$repo",mount_tag=repo,security_model=none,readonly=on \
   -virtfs local,path="$out/bin",mount_tag=bin,security_model=none,readonly=on \
   -virtfs local,path="$out/results",mount_tag=results,security_model=none \
   >"$out/qemu.log" 2>&1 &
 qemu_pid=$!
 
-# The stall watchdog: progress is console output or a step the guest logs; lines of the test are
-# echoed as they come.
-stall=${SYSTEM_STALL:-240} limit=${SYSTEM_LIMIT:-3600}
-last_size=-1 last_change=$(date +%s) shown=0 verdict=""
-while kill -0 "$qemu_pid" 2>/dev/null; do
-  sleep 2
-  size=$(( $(stat -c %s "$console") + $(stat -c %s "$out/results/log" 2>/dev/null || echo 0) ))
-  now=$(date +%s)
-  if [ "$size" != "$last_size" ]; then last_size=$size last_change=$now; fi
-  if [ -f "$out/results/log" ]; then
-    n=$(wc -l <"$out/results/log")
-    if [ "$n" -gt "$shown" ]; then sed -n "$((shown + 1)),${n}p" "$out/results/log" | grep '^system: ' || true; shown=$n; fi
-  fi
-  if [ $((now - last_change)) -ge "$stall" ]; then verdict="no progress for $stall s"; break; fi
-  if [ $((now - start)) -ge "$limit" ]; then verdict="still running after $limit s"; break; fi
-done
-if [ -n "$verdict" ]; then
-  kill "$qemu_pid" 2>/dev/null || true; wait "$qemu_pid" 2>/dev/null || true; qemu_pid=""
-  echo "system: FAILED: the guest stopped: $verdict; its console log ($console) ends:"
+# The stall watchdog: progress is console output, a step the guest logs or what a console dialog
+# shows; lines of the test are echoed as they come.
+shown=0
+guest_tick() {
+  [ -f "$out/results/log" ] || return 0
+  local n; n=$(wc -l <"$out/results/log")
+  if [ "$n" -gt "$shown" ]; then sed -n "$((shown + 1)),${n}p" "$out/results/log" | grep '^system: ' || true; shown=$n; fi
+}
+guest_watch "$qemu_pid" "${SYSTEM_STALL:-240}" "${SYSTEM_LIMIT:-3600}" "$console" "$out/results/log" \
+  "$out/results/console-dialogs.log"
+if [ -n "$guest_verdict" ]; then
+  wait "$qemu_pid" 2>/dev/null || true; qemu_pid=""
+  echo "system: FAILED: the guest stopped: $guest_verdict; its console log ($console) ends:"
   tail -60 "$console" | sed 's/^/  | /'
   [ ! -f "$out/results/log" ] || { echo "  last steps:"; tail -15 "$out/results/log" | sed 's/^/  | /'; }
   exit 1
 fi
 wait "$qemu_pid" 2>/dev/null || true; qemu_pid=""
-[ ! -f "$out/results/log" ] || { n=$(wc -l <"$out/results/log"); sed -n "$((shown + 1)),${n}p" "$out/results/log" | grep '^system: ' || true; }
+guest_tick
 echo "system: guest ran $(( $(date +%s) - start )) s"
 if [ ! -f "$out/results/exit-status" ]; then
   echo "system: FAILED: the guest powered off without finishing; its console log ($console) ends:"

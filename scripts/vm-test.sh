@@ -40,36 +40,15 @@ mkdir -p "$vm"
 [ -n "$skip_deps" ] || bash scripts/deps.sh
 cargo build -q --workspace --features fault-injection
 
-# Kernel: the package's files, unpacked (installing it would run a slow postinst for nothing).
-kroot=$vm/kernel/root
-if ! ls "$kroot"/boot/vmlinuz-* >/dev/null 2>&1; then
-  pkg=$(apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-6/ {print $2; exit}')
-  if [ -z "$pkg" ]; then apt-get update -qq; pkg=$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-6/ {print $2; exit}'); fi
-  [ -n "$pkg" ] || { echo "vm-test: no linux-image-6.* package found in the apt lists" >&2; exit 1; }
-  rm -rf "$vm/kernel"; mkdir -p "$vm/kernel/dl"
-  (cd "$vm/kernel/dl" && apt-get download -q "$pkg" 2>&1 | grep -v '^W: Download is performed unsandboxed' || true)
-  dpkg-deb -x "$vm"/kernel/dl/"$pkg"_*.deb "$kroot.tmp"
-  rm -f "$vm"/kernel/dl/*.deb
-  mv "$kroot.tmp" "$kroot"
-fi
-kver=$(ls "$kroot/lib/modules" | head -1)
-[ -f "$kroot/lib/modules/$kver/modules.dep" ] || depmod -b "$kroot" "$kver"
+. scripts/lib/guest.sh
+guest_kernel "$vm/kernel"
 
-# Initramfs: static busybox, an init script and the modules the tests need, in dependency order.
+# Initramfs: static busybox, an init script and the modules the tests need.
 tmp=$(mktemp -d)
 swtpm_pid="" qemu_pid="" tail_pid=""
 trap 'for p in $qemu_pid $tail_pid $swtpm_pid; do kill "$p" 2>/dev/null || true; done; rm -rf "$tmp"' EXIT
-ird=$tmp/initramfs
-mkdir -p "$ird"/{bin,proc,sys,dev,mod}
-cp /bin/busybox "$ird/bin/busybox"
-cp scripts/vm/init "$ird/init"
-mods=(dm-mod dm-log-writes dm-flakey ext4 f2fs loop virtio_pci virtio_blk 9p 9pnet_virtio
-      aesni_intel xts cts ecb sha512_ssse3 sha512_generic crc32c_intel crc32c_generic)
-modprobe -d "$kroot" -S "$kver" --show-depends -a "${mods[@]}" | awk '$1 == "insmod" {print $2}' |
-  awk '!seen[$0]++' | while read -r ko; do
-    cp "$ko" "$ird/mod/"; echo "/mod/$(basename "$ko")"
-  done >"$ird/modules.list"
-(cd "$ird" && find . | cpio -o -H newc --quiet | gzip -1) >"$tmp/initrd.img"
+guest_initramfs "$tmp/initrd.img" scripts/vm/init dm-mod dm-log-writes dm-flakey ext4 f2fs loop virtio_pci virtio_blk \
+  9p 9pnet_virtio aesni_intel xts cts ecb sha512_ssse3 sha512_generic crc32c_intel crc32c_generic
 
 out=${VM_OUT:-$vm/out}
 rm -rf "$out"; mkdir -p "$out"
@@ -80,14 +59,9 @@ rm -rf "$bin"; mkdir -p "$bin"
 cp "$target/debug/dirseal" "$target/debug/replay-log" "$bin/"
 
 # A software TPM for the guest (its kernel's resource manager gives /dev/tpmrm0, dirseal's
-# default TCTI). Fresh state each run; it ends when qemu closes the connection.
+# default TCTI). Fresh state each run.
 tpm=$out/tpm
-mkdir -p "$tpm"
-swtpm socket --tpm2 --tpmstate dir="$tpm" --ctrl type=unixio,path="$tpm/sock" --terminate \
-  --log file="$tpm/log" &
-swtpm_pid=$!
-for _ in $(seq 100); do [ -S "$tpm/sock" ] && break; sleep 0.1; done
-[ -S "$tpm/sock" ] || { echo "vm-test: swtpm did not start (see $tpm/log)" >&2; exit 1; }
+guest_swtpm "$tpm"
 if [ -z "$cmd" ]; then
   # The checkout and the binaries reach the guest as shares of their own, mounted by the guest's init
   # at fixed paths: the host root share is seen under tmpfs mounts (/tmp, /root, …), and a checkout
@@ -101,11 +75,10 @@ stall=${VM_STALL:-600}
 console=$out/console.log
 : >"$console"
 start=$(date +%s)
-qemu-system-x86_64 -accel tcg,thread=multi -cpu max -smp 2 -m 1536 \
-  -nographic -no-reboot -nodefaults -serial stdio \
+guest_qemu_args "$tpm"
+qemu-system-x86_64 "${qemu_args[@]}" -m 1536 -serial stdio \
   -kernel "$kroot/boot/vmlinuz-$kver" -initrd "$tmp/initrd.img" \
   -append "console=ttyS0 quiet loglevel=3 panic=-1 no_timer_check dirseal.cmd=$(printf '%s' "$cmd" | base64 -w0)" \
-  -chardev socket,id=chrtpm,path="$tpm/sock" -tpmdev emulator,id=tpm0,chardev=chrtpm -device tpm-tis,tpmdev=tpm0 \
   -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on \
   -virtfs local,path="$out",mount_tag=results,security_model=none \
   -virtfs local,path="$repo",mount_tag=repo,security_model=none,readonly=on \
@@ -114,17 +87,7 @@ qemu-system-x86_64 -accel tcg,thread=multi -cpu max -smp 2 -m 1536 \
 qemu_pid=$!
 tail -n +1 -f --pid="$qemu_pid" "$console" &
 tail_pid=$!
-stalled="" seen=-1 quiet_since=$start
-while kill -0 "$qemu_pid" 2>/dev/null; do
-  sleep 5
-  size=$(stat -c %s "$console")
-  if [ "$size" != "$seen" ]; then seen=$size quiet_since=$(date +%s); fi
-  if [ $(( $(date +%s) - quiet_since )) -ge "$stall" ]; then
-    stalled=1
-    kill "$qemu_pid" 2>/dev/null || true
-    break
-  fi
-done
+guest_watch "$qemu_pid" "$stall" 0 "$console"
 set +e
 wait "$qemu_pid"
 qrc=$?
@@ -134,7 +97,7 @@ wait "$tail_pid" 2>/dev/null || true
 tail_pid=""
 echo "vm-test: guest ran $(( $(date +%s) - start )) s"
 [ -f "$out/summary" ] && cat "$out/summary"
-if [ -n "$stalled" ]; then
+if [ -n "$guest_verdict" ]; then
   echo "vm-test: FAILED: the guest printed nothing for $stall s; its console's last lines ($console, details in $out/guest.log):"
   tail -n 40 "$console" | sed 's/^/  | /'
   exit 1

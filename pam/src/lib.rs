@@ -167,12 +167,38 @@ pub(crate) fn guard(
             }
             return PAM_IGNORE;
         }
+        let _quiet = QuietTss2::new();
         f(pam, &args, flags)
     }));
     result.unwrap_or_else(|_| {
         pam.log(LOG_ERR, "internal error (panic) caught; returning PAM_SERVICE_ERR");
         PAM_SERVICE_ERR
     })
+}
+
+/// libtss2 writes every TPM error response (a wrong PIN) to the login program's stderr — the user's
+/// terminal — as `ERROR:esys:...` lines; the module says what happened itself. Its level comes from
+/// `TSS2_LOG`, read at its first message: set for the call when the application has not set it,
+/// and taken out of the application's environment again after. (The login programs run their PAM
+/// stack on one thread; the CLI does the same in `cli::main`.)
+struct QuietTss2(bool);
+
+impl QuietTss2 {
+    fn new() -> Self {
+        let set = std::env::var_os("TSS2_LOG").is_none();
+        if set {
+            std::env::set_var("TSS2_LOG", "all+NONE");
+        }
+        QuietTss2(set)
+    }
+}
+
+impl Drop for QuietTss2 {
+    fn drop(&mut self) {
+        if self.0 {
+            std::env::remove_var("TSS2_LOG");
+        }
+    }
 }
 
 /// Tells the user `text` through the conversation (unless the application asked for silence)

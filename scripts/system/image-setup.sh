@@ -1,8 +1,14 @@
 #!/usr/bin/env bash
 # mmdebstrap customize hook of scripts/system-test.sh: configures the guest's root filesystem ($1)
-# on the host. Everything the test itself needs (users, dirseal) it sets up at run time.
+# on the host, with the kernel modules of the guest's kernel ($2, /lib/modules/VERSION of
+# scripts/lib/guest.sh's kernel). Everything the test itself needs (users, dirseal) it sets up at
+# run time.
 set -euo pipefail
 root=$1
+mkdir -p "$root/usr/lib/modules"
+cp -a "$2" "$root/usr/lib/modules/"
+# mmdebstrap's --dpkgopt left out manuals and docs while building; the guest installs as usual.
+rm -f "$root/etc/dpkg/dpkg.cfg.d/99mmdebstrap"
 echo guest >"$root/etc/hostname"
 printf '127.0.0.1\tlocalhost\n::1\t\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\tguest\n' >"$root/etc/hosts"
 cat >"$root/etc/fstab" <<'FSTAB'

@@ -28,77 +28,36 @@ wait_gone() {
   done
   fail "user@$uid.service or a session of $1 is still there after 90 s"
 }
+# key plug|unplug: the software key in or out (softfido-uhid, started by the demo), and its
+# /dev/hidraw node there or gone.
+key() {
+  local i
+  echo "$1" >&7
+  for ((i = 0; i < 30; i++)); do
+    if ls /dev/hidraw* >/dev/null 2>&1; then [ "$1" = plug ] && return 0; else [ "$1" = unplug ] && return 0; fi
+    sleep 1
+  done
+  fail "/dev/hidraw is not what \`$1\` should leave after 30 s ($(ls /dev/hidraw* 2>&1); $(cat "$W/fido.out"))"
+}
 ssh_pw() { # USER PASSWORD CMD...
   local u=$1 p=$2; shift 2
   sshpass -p "$p" ssh "${SSH_OPTS[@]}" -o PreferredAuthentications=password -o PubkeyAuthentication=no "$u@localhost" "$@"
 }
-# A console login on the serial port agetty serves (ttyS1, wired to ttyS2): types the user name and
-# password, runs CMD in the shell, logs out. Prints what the terminal showed. It pauses before
-# typing: agetty and login flush what was typed ahead when they switch the terminal's mode.
+# A dialog on the console port, in Tcl with the procs of scripts/system/console.tcl (a login
+# there, agetty + login on ttyS1): `console [SECONDS] <<'EXP' ... EXP`; prints what the terminal
+# showed.
+console() { timeout "${1:-180}" expect -c "source $S/scripts/system/console.tcl" -f -; }
+# A console login: types the user name and password (none: the key is touched, and a password
+# prompt instead is status 6), runs CMD in the shell, logs out.
 console_login() { # USER PASSWORD CMD
-  U=$1 P=$2 C=$3 timeout 180 expect -f - <<'EXP'
-set timeout 60
-log_user 1
-set tty [open /dev/ttyS2 r+]
-fconfigure $tty -mode 115200,n,8,1 -translation binary -buffering none
-spawn -open $tty
-send "\r"
-expect {
-  "login: " {}
-  timeout { puts "\nEXPECT: no login prompt"; exit 2 }
-}
-expect { -timeout 3 "login: " { exp_continue } timeout {} }
-send "$env(U)\r"
-expect "Password: "
-sleep 1
-send "$env(P)\r"
-expect {
-  -re {\$ $} {}
-  "Login incorrect" { puts "\nEXPECT: login refused"; exit 3 }
-  timeout { puts "\nEXPECT: no shell prompt"; exit 4 }
-}
-send "export SYSTEMD_PAGER=cat PAGER=cat; $env(C); echo CONSOLE-DONE-\$?\r"
-expect {
-  -re {CONSOLE-DONE-([0-9]+)} { set rc $expect_out(1,string) }
-  timeout { puts "\nEXPECT: command did not finish"; exit 5 }
-}
-send "exit\r"
-expect "login: "
-exit $rc
+  U=$1 P=$2 C=$3 console <<'EXP'
+login_as $env(U)
+if {$env(P) ne ""} { expect "Password: "; answer $env(P) }
+shell_prompt
+run_and_logout $env(C)
 EXP
 }
-
-# A console login that types no password: the key is touched (softfido grants it). Fails (6) when
-# a password prompt comes instead; prints what the terminal showed.
-console_login_key() { # USER CMD
-  U=$1 C=$2 timeout 180 expect -f - <<'EXP'
-set timeout 90
-log_user 1
-set tty [open /dev/ttyS2 r+]
-fconfigure $tty -mode 115200,n,8,1 -translation binary -buffering none
-spawn -open $tty
-send "\r"
-expect {
-  "login: " {}
-  timeout { puts "\nEXPECT: no login prompt"; exit 2 }
-}
-expect { -timeout 3 "login: " { exp_continue } timeout {} }
-send "$env(U)\r"
-expect {
-  -re {\$ $} {}
-  "Password: " { send "\003"; expect "login: "; puts "\nEXPECT: asked for a password"; exit 6 }
-  timeout { puts "\nEXPECT: no shell prompt"; exit 4 }
-}
-send "export SYSTEMD_PAGER=cat PAGER=cat; $env(C); echo CONSOLE-DONE-\$?\r"
-expect {
-  -re {CONSOLE-DONE-([0-9]+)} { set rc $expect_out(1,string) }
-  timeout { puts "\nEXPECT: command did not finish"; exit 5 }
-}
-send "exit\r"
-expect "login: "
-exit $rc
-EXP
-}
+console_login_key() { console_login "$1" "" "$2"; } # USER CMD
 
 # The TPM-PIN half of the demo (SYSTEM_DEMO_PIN=1): needs the PIN login of the TPM issue
 # (`auth sufficient pam_dirseal.so standalone` asks "PIN for NAME (N tries left):" when no key is
@@ -107,8 +66,7 @@ EXP
 demo_pin() {
   local pin=2468 i
   # Unplugged first: with the key in, the touch would prove access instead of the password.
-  echo unplug >&7
-  for ((i = 0; i < 30; i++)); do ls /dev/hidraw* >/dev/null 2>&1 || break; sleep 1; done
+  key unplug
   step "TPM PIN protector for alice"
   # PIN protectors need the TPM's lockout owned (docs/tpm2.md).
   check "dirseal tpm2 setup" dirseal tpm2 setup --yes
@@ -120,57 +78,40 @@ demo_pin() {
   # checked. Restored by demo_undo.
   sed -i 's/^LOGIN_TIMEOUT.*/LOGIN_TIMEOUT\t\t600/' /etc/login.defs
   step "unplugged: PIN login"
-  U=alice PIN=$pin timeout 600 expect -f - >"$W/out" 2>&1 <<'EXP' || fail "PIN login: $(tr -d '\r' <"$W/out" | tail -c 400)"
-set timeout 90
-set tty [open /dev/ttyS2 r+]
-fconfigure $tty -mode 115200,n,8,1 -translation binary -buffering none
-spawn -open $tty
-send "\r"
-expect "login: "
-expect { -timeout 3 "login: " { exp_continue } timeout {} }
-send "$env(U)\r"
-expect { -re {PIN for [^\r\n]*tries left\)?:} {} timeout { exit 2 } }
-sleep 1
-send "$env(PIN)\r"
-expect { -timeout 500 -re {\$ $} {} timeout { exit 3 } }
-send "cat ~/secret.txt; exit\r"
-expect "login: "
+  U=alice PIN=$pin console 600 >"$W/out" 2>&1 <<'EXP' || fail "PIN login: $(tr -d '\r' <"$W/out" | tail -c 400)"
+login_as $env(U)
+expect -re {PIN for [^\r\n]*tries left\)?:} {} timeout { bye 2 "no PIN prompt" }
+answer $env(PIN)
+set timeout 500
+shell_prompt
+set timeout 60
+run_and_logout "cat ~/secret.txt"
 EXP
   grep -q "alice's secret" "$W/out" || fail "the PIN login did not unlock: $(tr -d '\r' <"$W/out" | tail -c 400)"
   wait_gone alice; wait_key alice locked 60
   step "three wrong PINs"
-  U=alice timeout 1500 expect -f - >"$W/out" 2>&1 <<'EXP' || true
+  U=alice console 1500 >"$W/out" 2>&1 <<'EXP' || true
 set timeout 400
-set tty [open /dev/ttyS2 r+]
-fconfigure $tty -mode 115200,n,8,1 -translation binary -buffering none
-spawn -open $tty
 for {set n 0} {$n < 3} {incr n} {
-  send "\r"
-  expect "login: "
-  send "$env(U)\r"
-  expect { -re {PIN for [^\r\n]*} {} timeout { exit 2 } }
-  send "0000\r"
-  expect { "Password: " { send "wrong\r" } -re {\$ $} { exit 9 } timeout { exit 3 } }
+  login_as $env(U)
+  expect -re {PIN for [^\r\n]*} {} timeout { bye 2 "no PIN prompt" }
+  answer 0000
+  expect "Password: " { answer wrong } -re {\$ $} { bye 9 "logged in" } timeout { bye 3 "no answer to the PIN" }
   expect "Login incorrect"
 }
 EXP
   grep -Eq "PIN for .*\(([0-9]+) tries left" "$W/out" || fail "no tries shown: $(tr -d '\r' <"$W/out" | tail -c 400)"
   ! grep -q "alice's secret\|CONSOLE-DONE" "$W/out" || fail "a wrong PIN logged in"
+  ! grep -q ":esys:" "$W/out" || fail "libtss2's log reached the terminal: $(grep ':esys:' "$W/out" | head -2)"
   local tries; tries=$(grep -Eo '\(([0-9]+) tries left' "$W/out" | grep -Eo '[0-9]+' | paste -sd' ')
   [ "$(echo "$tries" | wc -w)" -ge 3 ] && [ "${tries%% *}" -gt "${tries##* }" ] || fail "the tries did not count down: $tries"
   step "a locked account: no TPM try"
   local before; before=$(dirseal tpm2 status 2>&1 | grep -Eo 'tries left: *[0-9]+')
   [ -n "$before" ] || fail "dirseal tpm2 status shows no tries: $(dirseal tpm2 status 2>&1)"
   usermod -L alice
-  U=alice timeout 120 expect -f - >"$W/out" 2>&1 <<'EXP' || true
-set timeout 60
-set tty [open /dev/ttyS2 r+]
-fconfigure $tty -mode 115200,n,8,1 -translation binary -buffering none
-spawn -open $tty
-send "\r"
-expect "login: "
-send "$env(U)\r"
-expect { -re {PIN for} { exit 7 } "Password: " { send "x\r" } timeout { exit 3 } }
+  U=alice console 120 >"$W/out" 2>&1 <<'EXP' || true
+login_as $env(U)
+expect -re {PIN for} { bye 7 "asked for the PIN" } "Password: " { answer x } timeout { bye 3 "no prompt" }
 expect "Login incorrect"
 EXP
   usermod -U alice
@@ -216,6 +157,9 @@ snapshot() { # FILE: what the uninstall must restore (paths, types, modes; conte
 
 scenario_install() {
   step "users"
+  # One try per login process: after a refusal agetty starts afresh, so every console dialog
+  # begins at its prompt (login's own retry prompt takes an empty line for a user name).
+  sed -i 's/^#\?LOGIN_RETRIES.*/LOGIN_RETRIES\t\t1/' /etc/login.defs
   useradd -m -s /bin/bash alice && echo "alice:$PW_ALICE" | chpasswd
   useradd -m -s /bin/bash -G sudo bob && echo "bob:$PW_BOB" | chpasswd
   echo "alice's secret" >/home/alice/secret.txt
@@ -432,9 +376,7 @@ scenario_demo() {
   "$B/softfido-uhid" /run/softfido.sock <"$W/fido.ctl" >"$W/fido.out" 2>&1 &
   echo $! >"$W/fido.pid"
   exec 7>"$W/fido.ctl"
-  local i
-  for ((i = 0; i < 30; i++)); do ls /dev/hidraw* >/dev/null 2>&1 && break; sleep 1; done
-  ls /dev/hidraw* >/dev/null 2>&1 || fail "no /dev/hidraw after plugging the key in: $(cat "$W/fido.out")"
+  key plug
   check "dirseal fido2 list" dirseal fido2 list
   grep -q hidraw "$W/out" || fail "libfido2 does not list the key on hidraw: $(cat "$W/out")"
   step "a key protector for alice's home"
@@ -451,15 +393,12 @@ scenario_demo() {
   grep -q "alice's secret" "$W/out" || fail "the key login did not unlock the home: $(tr -d '\r' <"$W/out" | tail -c 400)"
   wait_gone alice; wait_key alice locked 60
   step "unplugged: the password"
-  echo unplug >&7
-  for ((i = 0; i < 30; i++)); do ls /dev/hidraw* >/dev/null 2>&1 || break; sleep 1; done
-  ! ls /dev/hidraw* >/dev/null 2>&1 || fail "the hidraw node stayed after unplugging"
+  key unplug
   console_login alice "$pw" 'cat ~/secret.txt' >"$W/out" 2>&1 || fail "password login without the key: $(tr -d '\r' <"$W/out" | tail -c 400)"
   grep -q "alice's secret" "$W/out" || fail "the password login without the key did not unlock: $(tr -d '\r' <"$W/out" | tail -c 400)"
   wait_gone alice; wait_key alice locked 60
   step "a locked account: the key is not asked"
-  echo plug >&7
-  for ((i = 0; i < 30; i++)); do ls /dev/hidraw* >/dev/null 2>&1 && break; sleep 1; done
+  key plug
   usermod -L alice
   console_login_key alice 'true' >"$W/out" 2>&1 && fail "a locked account logged in with the key"
   grep -q "Password: " "$W/out" || fail "a locked account was not sent on to the password: $(tr -d '\r' <"$W/out" | tail -c 400)"
