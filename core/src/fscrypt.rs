@@ -3,7 +3,7 @@
 //!
 //! Every path is opened without following a final symlink (`O_NOFOLLOW`), and the syscalls work
 //! on the resulting fd, so a path swapped for a symlink is refused instead of followed.
-use std::ffi::OsStr;
+use std::ffi::{CString, OsStr};
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd};
@@ -19,7 +19,6 @@ pub use crate::ids::KeyIdentifier;
 use crate::secret::MasterKey;
 use crate::sys;
 /// The fd-relative exchange, for callers that already hold directory fds.
-pub(crate) use crate::sys::rename_exchange as rename_exchange_at;
 
 const MOUNTINFO: &str = "/proc/self/mountinfo";
 
@@ -563,7 +562,7 @@ pub fn key_status(mountpoint: &Path, id: &KeyIdentifier) -> Result<KeyStatus, Fs
 pub fn is_encrypted(path: &Path) -> Result<bool, FscryptError> {
     // O_PATH opens nothing: no key needed, no side effects on devices or FIFOs.
     let f = open_nofollow(path, libc::O_PATH, "inspect")?;
-    sys::is_encrypted_at(f.as_fd(), OsStr::new(""), true).map_err(|e| from_errno(e, path, "inspect"))
+    is_encrypted_at(f.as_fd(), OsStr::new(""), true).map_err(|e| from_errno(e, path, "inspect"))
 }
 
 /// `path` split into its parent directory and final name, or `None` when it does not end in a
@@ -605,7 +604,7 @@ pub fn rename_exchange(a: &Path, b: &Path) -> Result<(), FscryptError> {
     };
     let da = parent(pa)?;
     let db = parent(pb)?;
-    match sys::rename_exchange(da.as_fd(), na, db.as_fd(), nb) {
+    match rename_exchange_at(da.as_fd(), na, db.as_fd(), nb) {
         Ok(()) => Ok(()),
         Err(Errno::EXDEV) => Err(FscryptError::ExchangeRefused { a: a.to_path_buf(), b: b.to_path_buf() }),
         Err(e) => Err(from_errno(e, a, "exchange")),
@@ -690,4 +689,52 @@ mod tests {
         assert_eq!(split_last(Path::new("a/.")), None);
         assert_eq!(split_last(Path::new("a/./b")), Some((Path::new("a/."), OsStr::new("b"))));
     }
+}
+
+// fd-relative calls that rustix wraps safely: they live here, not in the `unsafe` sys module.
+
+/// A single path component, so an fd-relative call cannot wander through intermediate symlinks.
+fn component(name: &OsStr) -> Result<CString, Errno> {
+    let b = name.as_bytes();
+    if b.is_empty() || b == b"." || b == b".." || b.contains(&b'/') {
+        return Err(Errno::EINVAL);
+    }
+    CString::new(b).map_err(|_| Errno::EINVAL)
+}
+
+/// Atomically swaps `olddir/oldname` and `newdir/newname` (`renameat2(RENAME_EXCHANGE)`). Both
+/// must exist; names are single components and are never followed if they are symlinks.
+pub(crate) fn rename_exchange_at(
+    olddir: BorrowedFd<'_>,
+    oldname: &OsStr,
+    newdir: BorrowedFd<'_>,
+    newname: &OsStr,
+) -> Result<(), Errno> {
+    let old = component(oldname)?;
+    let new = component(newname)?;
+    rustix::fs::renameat_with(olddir, old.as_c_str(), newdir, new.as_c_str(), rustix::fs::RenameFlags::EXCHANGE)
+        .map_err(errno)
+}
+
+fn errno(e: rustix::io::Errno) -> Errno {
+    Errno::from_raw(e.raw_os_error())
+}
+
+/// Whether `dir/name` has the fscrypt encrypted attribute, via `statx`. An empty `name` asks
+/// about `dir` itself (which may be an `O_PATH` fd of any file type). With `nofollow`, a symlink
+/// is examined itself (encrypted symlinks have encrypted targets).
+///
+/// A filesystem that does not report the attribute in `stx_attributes_mask` cannot encrypt, so
+/// the answer is `false`.
+fn is_encrypted_at(dir: BorrowedFd<'_>, name: &OsStr, nofollow: bool) -> Result<bool, Errno> {
+    use rustix::fs::{AtFlags, StatxAttributes, StatxFlags};
+    let (cname, mut flags) =
+        if name.is_empty() { (CString::default(), AtFlags::EMPTY_PATH) } else { (component(name)?, AtFlags::empty()) };
+    if nofollow {
+        flags |= AtFlags::SYMLINK_NOFOLLOW;
+    }
+    // Only the attributes are wanted: no field needs to be requested in the mask.
+    let stx = rustix::fs::statx(dir, cname.as_c_str(), flags, StatxFlags::empty()).map_err(errno)?;
+    let bit = StatxAttributes::ENCRYPTED;
+    Ok(stx.stx_attributes_mask.contains(bit) && stx.stx_attributes.contains(bit))
 }

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::format::{check_header, FORMAT_VERSION};
 use crate::ids::{KeyIdentifier, ProtectorId};
 use crate::protector;
 pub use crate::protector::{ProtectorKind, ProtectorRecord};
@@ -15,7 +16,6 @@ use crate::secret::{MasterKey, ProtectorKey, MASTER_KEY_LEN};
 use crate::securefile::{self, SecureFileError};
 use crate::wrap::{self, Kek, WrapError, Wrapped};
 
-pub(crate) const FORMAT_VERSION: u32 = 1;
 const POLICY_FORMAT: &str = "dirseal-policy";
 const MAX_FILE_BYTES: u64 = 256 * 1024;
 
@@ -148,16 +148,6 @@ struct PolicyFile {
     #[serde(default)]
     path_hint: Option<PathBuf>,
     protectors: BTreeMap<ProtectorId, Wrapped>,
-}
-
-pub(crate) fn check_header(format: &str, version: u32, want: &str) -> Result<(), String> {
-    if format != want {
-        return Err(format!("format is {format:?}, expected {want:?}"));
-    }
-    if version != FORMAT_VERSION {
-        return Err(format!("format version {version} is not supported by this dirseal (it reads version {FORMAT_VERSION}); use a matching dirseal"));
-    }
-    Ok(())
 }
 
 fn parse_policy(bytes: &[u8], file_id: &KeyIdentifier) -> Result<PolicyRecord, String> {

@@ -20,6 +20,7 @@
 //! - [`secret`], [`ids`]: zeroizing secret types; key and protector identifiers.
 //! - [`securefile`]: root-owned private files (no-follow reads, atomic durable writes).
 //! - [`ui`]: the trait through which the library asks a person things and reports progress.
+//! - [`home`]: new homes encrypted from birth (`home create`, PAM `mkhome`, D-Bus CreateHome).
 #![deny(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]
 
@@ -27,6 +28,7 @@ pub mod account;
 pub mod config;
 pub mod convert;
 pub mod fido2;
+mod format;
 pub mod fscrypt;
 pub mod home;
 pub mod ids;

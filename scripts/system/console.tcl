@@ -19,7 +19,13 @@ proc bye {code why} { puts "\nEXPECT: $why"; exit $code }
 proc login_as {user} {
   send "\r"
   expect "login: " {} "Password: " { answer ""; exp_continue } timeout { bye 2 "no login prompt" }
-  expect -timeout 3 "login: " { exp_continue } "Password: " { answer ""; exp_continue } timeout {}
+  # After an empty password, login says "Login incorrect" and exits (LOGIN_RETRIES 1): wait for
+  # agetty's next prompt, which on a slow guest takes longer than the quiet spell below.
+  expect -timeout 3 "login: " { exp_continue } "Password: " {
+    answer ""
+    expect -timeout 90 "login: " {} timeout { bye 2 "no login prompt after a refused empty login" }
+    exp_continue
+  } timeout {}
   send "$user\r"
 }
 

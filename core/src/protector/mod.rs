@@ -24,9 +24,9 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 
 use crate::config::Config;
+use crate::format::{check_header, FORMAT_VERSION};
 use crate::ids::ProtectorId;
 use crate::kdf::KdfError;
-use crate::keystore::FORMAT_VERSION;
 use crate::secret::{Passphrase, ProtectorKey, PROTECTOR_KEY_LEN};
 use crate::ui::{SecretPrompt, Ui, UiError};
 use crate::wrap::{self, Kek, Wrapped};
@@ -680,7 +680,7 @@ struct ProtectorFile {
 /// Parses a protector file named for `file_id`; the reason says what is wrong.
 pub(crate) fn parse(bytes: &[u8], file_id: &ProtectorId) -> Result<ProtectorRecord, String> {
     let f: ProtectorFile = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
-    crate::keystore::check_header(&f.format, f.version, PROTECTOR_FORMAT)?;
+    check_header(&f.format, f.version, PROTECTOR_FORMAT)?;
     if f.id != *file_id {
         return Err(format!("it holds protector {} but is named for {file_id}", f.id));
     }
