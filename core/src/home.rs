@@ -137,7 +137,7 @@ pub struct Created {
 }
 
 /// Whether `home` needs creating: it does not exist, or is an empty directory. `Err` says why not.
-pub fn check_absent_or_empty(acct: &Account) -> Result<bool, HomeError> {
+pub(crate) fn check_absent_or_empty(acct: &Account) -> Result<bool, HomeError> {
     let home = &acct.home;
     let bad = |reason: &str| HomeError::Path { path: home.clone(), reason: reason.into() };
     match std::fs::symlink_metadata(home) {

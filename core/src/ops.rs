@@ -296,7 +296,7 @@ impl Dirseal {
     /// before its policy left it (it wraps nothing); the same command run again must end with the
     /// keystore an uninterrupted run makes, not two protectors of one name. Kinds whose unlocking
     /// costs something (a TPM's lockout tries, a touch) are never tried: they get a new protector.
-    pub fn adopt_or_create_protector(
+    pub(crate) fn adopt_or_create_protector(
         &mut self,
         n: &NewProtector<'_>,
         ui: &mut dyn Ui,
@@ -325,12 +325,12 @@ impl Dirseal {
     }
 
     /// Asks what `rec`'s kind needs and unwraps its key; a wrong secret changes nothing.
-    pub fn unlock_protector(&self, rec: &ProtectorRecord, ui: &mut dyn Ui) -> Result<ProtectorKey, OpsError> {
+    pub(crate) fn unlock_protector(&self, rec: &ProtectorRecord, ui: &mut dyn Ui) -> Result<ProtectorKey, OpsError> {
         Ok(protector::unlock_with(rec, &self.config, ui)?)
     }
 
     /// An existing protector unlocked with its secret, or a new one.
-    pub fn resolve_protector(
+    pub(crate) fn resolve_protector(
         &mut self,
         choice: ProtectorChoice<'_>,
         ui: &mut dyn Ui,
@@ -595,7 +595,7 @@ impl Dirseal {
     }
 
     /// Picks one of `policy`'s protectors (`what` names the policy in errors) and unlocks it.
-    pub fn unlock_policy_protector(
+    pub(crate) fn unlock_policy_protector(
         &self,
         policy: &PolicyRecord,
         pick: Pick,
@@ -652,7 +652,7 @@ impl Dirseal {
 
     /// Whether `dir` is encrypted and its key is fully loaded, so unlocking has nothing to do.
     /// A partly removed key is not: adding it again is what finishes an interrupted lock's undo.
-    pub fn is_unlocked(&self, dir: &Path) -> Result<bool, OpsError> {
+    pub(crate) fn is_unlocked(&self, dir: &Path) -> Result<bool, OpsError> {
         let Some(policy) = fscrypt::get_policy(dir)? else { return Ok(false) };
         let mp = fscrypt::mount_point(dir)?;
         Ok(fscrypt::key_status(&mp, &policy.identifier)? == KeyStatus::Present)
@@ -747,7 +747,7 @@ impl Dirseal {
 
     /// Creates a fresh master key, saves its policy record protected by `prec`, and adds the key to
     /// the kernel of the filesystem holding `dir`. Shared by `encrypt` and `convert`.
-    pub fn new_policy(
+    pub(crate) fn new_policy(
         &self,
         dir: &Path,
         prec: &ProtectorRecord,
@@ -762,7 +762,7 @@ impl Dirseal {
     /// A fresh master key and its policy record protected by `prec`, nothing written: for a caller
     /// that puts the policy on a directory before the record exists ([`Dirseal::save_new_policy`]),
     /// so that every saved record has its directory.
-    pub fn draft_policy(dir: &Path, prec: &ProtectorRecord, pkey: &ProtectorKey) -> (PolicyRecord, MasterKey) {
+    pub(crate) fn draft_policy(dir: &Path, prec: &ProtectorRecord, pkey: &ProtectorKey) -> (PolicyRecord, MasterKey) {
         let master = MasterKey::random();
         let id = fscrypt::key_identifier(&master);
         let mut policy = PolicyRecord::new(id, Some(dir.to_path_buf()));
@@ -770,7 +770,7 @@ impl Dirseal {
         (policy, master)
     }
 
-    pub fn save_new_policy(&self, policy: &PolicyRecord) -> Result<(), OpsError> {
+    pub(crate) fn save_new_policy(&self, policy: &PolicyRecord) -> Result<(), OpsError> {
         let _guard = self.keystore.lock()?;
         self.keystore.save_policy(policy)?;
         Ok(())
@@ -1035,7 +1035,7 @@ impl Dirseal {
     /// A TPM PIN protector of an ordinary account (not PIN-login) whose login password has a hash
     /// in /etc/shadow: the PAM module offers it the login password at every login, so its PIN is
     /// that password (docs/pam.md), and the hash lets anyone with the disk find it offline.
-    pub fn pin_warning(&self, rec: &ProtectorRecord) -> Option<String> {
+    pub(crate) fn pin_warning(&self, rec: &ProtectorRecord) -> Option<String> {
         let uid = rec.uid.filter(|_| is_tpm_pin(rec))?;
         let user = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)).ok().flatten()?.name;
         if self.is_pin_login(&user) || !crate::account::shadow(&user).ok().flatten()?.has_hash {

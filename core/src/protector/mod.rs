@@ -35,7 +35,7 @@ const PROTECTOR_FORMAT: &str = "dirseal-protector";
 const MAX_NAME_CHARS: usize = 128;
 
 /// One kind as stored in a record: the kind's module implements it on its serde struct.
-pub trait Kind: Sized {
+pub(crate) trait Kind: Sized {
     /// What unlocking asks for.
     fn ask(&self) -> Ask;
     /// The kind's part of the record's associated data: every field, so none can be edited.
@@ -67,7 +67,7 @@ pub trait Kind: Sized {
 }
 
 /// How a new protector of one kind is made: the kind's module implements it on its options.
-pub trait NewKindOf: Sized {
+pub(crate) trait NewKindOf: Sized {
     /// The stored kind this makes.
     type Made: Kind;
     /// The kind's options from `opts`; what it does not take is refused by the caller.
@@ -89,9 +89,9 @@ pub trait NewKindOf: Sized {
 
 /// The device a secret is typed for (see [`Kind::prompt_device`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PromptDevice {
-    pub name: &'static str,
-    pub tries_left: Option<u32>,
+pub(crate) struct PromptDevice {
+    pub(crate) name: &'static str,
+    pub(crate) tries_left: Option<u32>,
 }
 
 /// Generates, from one line per kind, the stored and new-kind enums, the kinds' names and the
@@ -355,12 +355,12 @@ pub struct KindError(Box<dyn std::error::Error + Send + Sync + 'static>);
 
 impl KindError {
     /// Wraps a kind's (or its device's) own error.
-    pub fn new(e: impl std::error::Error + Send + Sync + 'static) -> KindError {
+    pub(crate) fn new(e: impl std::error::Error + Send + Sync + 'static) -> KindError {
         KindError(Box::new(e))
     }
 
     /// The wrapped error itself, e.g. for a front end's remedy lookup.
-    pub fn as_error(&self) -> &(dyn std::error::Error + 'static) {
+    pub(crate) fn as_error(&self) -> &(dyn std::error::Error + 'static) {
         &*self.0
     }
 }
@@ -407,7 +407,7 @@ impl KindOptions {
     }
 
     /// Takes option `key`'s value (the last one given).
-    pub fn take(&mut self, key: &str) -> Option<String> {
+    pub(crate) fn take(&mut self, key: &str) -> Option<String> {
         let mut value = None;
         self.pairs.retain(|(k, v)| {
             if k == key {
@@ -419,7 +419,7 @@ impl KindOptions {
     }
 
     /// Takes option `key` and parses it.
-    pub fn parse<T: FromStr>(&mut self, key: &str) -> Result<Option<T>, ProtectorError>
+    pub(crate) fn parse<T: FromStr>(&mut self, key: &str) -> Result<Option<T>, ProtectorError>
     where
         T::Err: fmt::Display,
     {
@@ -428,7 +428,7 @@ impl KindOptions {
     }
 
     /// Takes yes/no option `key` (absent: no).
-    pub fn flag(&mut self, key: &str) -> Result<bool, ProtectorError> {
+    pub(crate) fn flag(&mut self, key: &str) -> Result<bool, ProtectorError> {
         match self.take(key).as_deref() {
             None | Some("false") => Ok(false),
             Some("true") => Ok(true),
@@ -437,7 +437,7 @@ impl KindOptions {
     }
 
     /// Like [`KindOptions::parse`], for an option only an administrator may set.
-    pub fn parse_privileged<T: FromStr>(&mut self, key: &str) -> Result<Option<T>, ProtectorError>
+    pub(crate) fn parse_privileged<T: FromStr>(&mut self, key: &str) -> Result<Option<T>, ProtectorError>
     where
         T::Err: fmt::Display,
     {
@@ -447,7 +447,7 @@ impl KindOptions {
     }
 
     /// Like [`KindOptions::flag`], for an option only an administrator may set.
-    pub fn flag_privileged(&mut self, key: &str) -> Result<bool, ProtectorError> {
+    pub(crate) fn flag_privileged(&mut self, key: &str) -> Result<bool, ProtectorError> {
         let v = self.flag(key)?;
         self.privileged(key, v)?;
         Ok(v)
@@ -534,7 +534,7 @@ impl ProtectorKind {
 impl NewKind {
     /// Refuses, before any secret is asked, a protector that could not be made safely now (a TPM
     /// PIN on a TPM whose lockout anyone can reset). [`create`] checks again.
-    pub fn check_ready(&self, config: &Config) -> Result<(), ProtectorError> {
+    pub(crate) fn check_ready(&self, config: &Config) -> Result<(), ProtectorError> {
         self.new_kind().check_ready(config)
     }
 
@@ -544,7 +544,7 @@ impl NewKind {
     }
 
     /// Whether the new secret must not be the owner's login password.
-    pub fn refuses_login_password(&self) -> bool {
+    pub(crate) fn refuses_login_password(&self) -> bool {
         self.new_kind().refuses_login_password()
     }
 }
@@ -555,7 +555,7 @@ fn aad(id: &ProtectorId, kind: &ProtectorKind) -> Vec<u8> {
     format!("dirseal:{FORMAT_VERSION}:protector:{id}:{}", kind.aad_tail()).into_bytes()
 }
 
-pub fn check_name(name: &str) -> Result<(), ProtectorError> {
+pub(crate) fn check_name(name: &str) -> Result<(), ProtectorError> {
     let bad = |reason| Err(ProtectorError::BadName { name: name.chars().take(MAX_NAME_CHARS).collect(), reason });
     if name.trim().is_empty() {
         return bad("it is empty");
@@ -655,7 +655,7 @@ pub enum UnlockError {
 
 /// The one login order, used by the PAM module and the service: kinds that need no typing first
 /// ([`Ask`]'s rank), then the user's own protectors before others, then by name.
-pub fn login_order(list: &mut [ProtectorRecord], uid: u32) {
+pub(crate) fn login_order(list: &mut [ProtectorRecord], uid: u32) {
     list.sort_by(|a, b| {
         let key = |r: &ProtectorRecord| (r.kind.ask().login_rank(), r.uid != Some(uid));
         key(a).cmp(&key(b)).then_with(|| a.name.cmp(&b.name))
