@@ -1,7 +1,7 @@
 //! Protector kinds: what unwraps a protector key. Each kind lives in its own module and
-//! implements [`Kind`] (the record's part: what unlocking asks, the key-encryption key, a new
-//! secret, its part of the associated data) and [`NewKindOf`] (its options, read from
-//! (key, value) pairs, and how one is made). Everything common — the record, its file, the
+//! implements the crate's `Kind` trait (the record's part: what unlocking asks, the
+//! key-encryption key, a new secret, its part of the associated data) and `NewKindOf` (its
+//! options, read from (key, value) pairs, and how one is made). Everything common — the record, its file, the
 //! wrapping of the protector key, names, the login order, the dispatch — is here, written once;
 //! `kinds!` generates [`ProtectorKind`], [`NewKind`], [`KIND_NAMES`] and every `match` from
 //! one registration line per kind.
@@ -153,6 +153,7 @@ macro_rules! kinds {
                 Ok(new)
             }
 
+            /// The kind's name, as [`KIND_NAMES`] lists it.
             pub fn name(&self) -> &'static str {
                 match self { $( $(#[cfg($cfg)])? NewKind::$Variant(_) => $name, )* }
             }
@@ -256,7 +257,9 @@ pub enum Secret {
 /// device, both, or nothing at all (a TPM without PIN).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Ask {
+    /// The secret typed, if any.
     pub secret: Option<Secret>,
+    /// Whether the person must touch a device.
     pub touch: bool,
 }
 
@@ -294,25 +297,73 @@ impl Ask {
 /// try), [`ProtectorError::NotNow`] (use another protector) or [`ProtectorError::Kind`].
 #[derive(Debug, thiserror::Error)]
 pub enum ProtectorError {
+    /// The secret did not unwrap the protector key; nothing was changed, so it can be tried again.
     #[error("incorrect {what} for protector {name} ({id}); nothing was changed")]
-    IncorrectSecret { name: String, id: ProtectorId, what: &'static str },
+    IncorrectSecret {
+        /// The protector's name.
+        name: String,
+        /// Its id.
+        id: ProtectorId,
+        /// What was wrong: "password", "PIN" or "device".
+        what: &'static str,
+    },
+    /// A protector name is empty, too long or holds control characters.
     #[error("invalid protector name {name:?}: {reason}")]
-    BadName { name: String, reason: &'static str },
+    BadName {
+        /// The name given (cut to the longest allowed).
+        name: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// A new secret was asked for a protector whose kind has none.
     #[error("protector {name} ({id}) is a {kind} protector: it has no secret to change")]
-    NoSecret { name: String, id: ProtectorId, kind: &'static str },
+    NoSecret {
+        /// The protector's name.
+        name: String,
+        /// Its id.
+        id: ProtectorId,
+        /// Its kind's name.
+        kind: &'static str,
+    },
+    /// A kind name none of [`KIND_NAMES`] has.
     #[error("unknown protector kind {name:?}; known kinds: {}", KIND_NAMES.join(", "))]
-    UnknownKind { name: String },
+    UnknownKind {
+        /// The name given.
+        name: String,
+    },
     /// A front end called a kind without the answer its [`Ask`] named: a bug, not a user error.
     #[error("internal error: no {what} was supplied to the protector")]
-    NoAnswer { what: &'static str },
+    NoAnswer {
+        /// What was missing.
+        what: &'static str,
+    },
     /// An option (by its key; front ends render their own spelling) the kind does not take.
     #[error("option {option} does not apply to {kind} protectors")]
-    BadOption { option: String, kind: &'static str },
+    BadOption {
+        /// The option's key.
+        option: String,
+        /// The kind's name.
+        kind: &'static str,
+    },
+    /// An option the kind takes, with a value it cannot use.
     #[error("option {option} of {kind} protectors: {reason}")]
-    BadOptionValue { option: String, kind: &'static str, reason: String },
+    BadOptionValue {
+        /// The option's key.
+        option: String,
+        /// The kind's name.
+        kind: &'static str,
+        /// What a valid value is.
+        reason: String,
+    },
     /// An option that only an administrator may set was given by someone else.
     #[error("option {option} of {kind} protectors may be set only by an administrator")]
-    Privileged { option: String, kind: &'static str },
+    Privileged {
+        /// The option's key.
+        option: String,
+        /// The kind's name.
+        kind: &'static str,
+    },
+    /// The Argon2id cost asked for or found is out of bounds, or the derivation failed.
     #[error(transparent)]
     Kdf(#[from] KdfError),
     /// The kind cannot work here now: no TPM, no security key holding the credential connected,
@@ -475,12 +526,15 @@ impl KindOptions {
 /// A protector as kept in the keystore: a protector key wrapped by whatever its kind derives.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ProtectorRecord {
+    /// Its id, which names its file and its entries in policies.
     pub id: ProtectorId,
+    /// Its name, shown in listings and prompts.
     pub name: String,
+    /// Its kind, with that kind's parameters.
     pub kind: ProtectorKind,
     /// The user this protector belongs to (its login password), if any.
     pub uid: Option<u32>,
-    pub wrapped_key: Wrapped,
+    pub(crate) wrapped_key: Wrapped,
 }
 
 impl ProtectorKind {
@@ -647,8 +701,10 @@ pub fn ask_new(ask: Ask, name: &str, ui: &mut dyn Ui) -> Result<Option<Passphras
 /// Why a protector did not open through a Ui.
 #[derive(Debug, thiserror::Error)]
 pub enum UnlockError {
+    /// The Ui could not ask, or the person cancelled.
     #[error(transparent)]
     Ui(#[from] UiError),
+    /// The protector refused the answer or could not be opened.
     #[error(transparent)]
     Protector(#[from] ProtectorError),
 }
