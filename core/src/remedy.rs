@@ -437,7 +437,9 @@ mod tests {
             policies: "p".into(),
         }));
         assert!(matches!(Remedy::find(&e), Some(Remedy::RemoveFromPolicies)));
-        let e = OpsError::Protector(ProtectorError::Unavailable(crate::protector::KindError::new(Tpm2Error::LockoutNotOwned)));
+        let e = OpsError::Protector(ProtectorError::Unavailable(crate::protector::KindError::new(
+            Tpm2Error::LockoutNotOwned,
+        )));
         assert!(matches!(Remedy::find(&e), Some(Remedy::SetUpTpm)));
         let e = ConvertError::OwnerActive { path: "/x".into(), uid: 1, pids: "2".into() };
         assert!(matches!(Remedy::find(&e), Some(Remedy::Force)));
