@@ -29,7 +29,7 @@ use crate::ui::{Progress, Question, Ui, UiError};
 /// Why a conversion could not be planned, run, resumed or aborted.
 #[derive(Debug, thiserror::Error)]
 pub enum ConvertError {
-    /// The conversion engine failed (its journal says where; resuming continues from there).
+    /// The conversion engine refused (a preflight check) or failed (a step; its journal says where).
     #[error(transparent)]
     Migrate(#[from] MigrateError),
     /// A library operation the conversion needs failed (protectors, policies, the keystore).
@@ -198,7 +198,7 @@ pub struct Hooks<'a> {
 /// What a run achieved.
 #[derive(Debug)]
 pub struct Converted {
-    /// How it ended (converted, or stopped at a resumable state).
+    /// The engine's account: the state reached, the method, what was moved, any backup, caveats.
     pub outcome: Outcome,
     /// Whether the recovery key shown is saved on the directory; `None` when none was made.
     pub recovery_key_saved: Option<bool>,

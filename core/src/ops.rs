@@ -89,12 +89,12 @@ pub enum OpsError {
         /// What is to be opened.
         what: String,
     },
-    /// Every protector of the policy failed to open or load.
+    /// The policy's protectors exist, but none of their records can be used (unreadable, corrupt).
     #[error("{what} has no usable protector: {problems}")]
     Unusable {
         /// What is to be opened.
         what: String,
-        /// What went wrong with each, for the message.
+        /// What is wrong with each record, for the message.
         problems: String,
     },
     /// The protector picked is not one of the policy's.
@@ -235,7 +235,7 @@ pub struct ProtectorSummary {
     pub id: ProtectorId,
     /// Its name.
     pub name: String,
-    /// Its kind's name ("password", "tpm2", "fido2").
+    /// Its kind's name, one of [`protector::KIND_NAMES`].
     pub kind: &'static str,
     /// The user it belongs to, if any.
     pub uid: Option<u32>,
