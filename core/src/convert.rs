@@ -26,22 +26,50 @@ use crate::protector::ProtectorRecord;
 use crate::secret::ProtectorKey;
 use crate::ui::{Progress, Question, Ui, UiError};
 
+/// Why a conversion could not be planned, run, resumed or aborted.
 #[derive(Debug, thiserror::Error)]
 pub enum ConvertError {
+    /// The conversion engine refused (a preflight check) or failed (a step; its journal says where).
     #[error(transparent)]
     Migrate(#[from] MigrateError),
+    /// A library operation the conversion needs failed (protectors, policies, the keystore).
     #[error(transparent)]
     Ops(#[from] OpsError),
+    /// The Ui could not ask, or the person cancelled.
     #[error(transparent)]
     Ui(#[from] UiError),
+    /// The path cannot be converted as given.
     #[error("{path}: {reason}")]
-    Path { path: PathBuf, reason: String },
+    Path {
+        /// The path.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The owner is logged in: what their session writes after the copy is verified would be lost.
     #[error("the owner of {path} (uid {uid}) has processes running (pid {pids}); converting under a running session loses what it writes after verification. Log the user out first")]
-    OwnerActive { path: PathBuf, uid: u32, pids: String },
+    OwnerActive {
+        /// The directory.
+        path: PathBuf,
+        /// Its owner.
+        uid: u32,
+        /// The owner's processes, for the message.
+        pids: String,
+    },
+    /// The journal's staging key is not a key identifier: the journal was altered.
     #[error("the conversion journal of {path} names staging key {token:?}, which is not a policy id; the journal was tampered with: abort the conversion")]
-    BadToken { path: PathBuf, token: String },
+    BadToken {
+        /// The directory.
+        path: PathBuf,
+        /// What the journal holds instead.
+        token: String,
+    },
+    /// Resume or abort was asked where no conversion was started.
     #[error("no conversion of {path} is in progress")]
-    NotInProgress { path: PathBuf },
+    NotInProgress {
+        /// The directory.
+        path: PathBuf,
+    },
 }
 
 /// Where a conversion of `source` keeps its journal: root-only, on the same filesystem, named by
@@ -68,6 +96,7 @@ pub fn absolute(dir: &Path) -> Result<PathBuf, ConvertError> {
 /// The owner of a directory and the processes they run: a logged-in user keeps writing.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Owner {
+    /// The owner's uid.
     pub uid: u32,
     /// Empty for root, whose processes always run.
     pub pids: Vec<u32>,
@@ -117,7 +146,9 @@ pub struct Options {
 /// that reloads its staging key ([`ResumePlan::run`]).
 #[derive(Debug)]
 pub enum Plan {
+    /// A conversion not yet started.
     New(NewPlan),
+    /// A conversion that stopped part-way (interrupted, crashed, rebooted).
     Resume(ResumePlan),
 }
 
@@ -129,9 +160,13 @@ pub struct NewPlan {
     pub source: PathBuf,
     /// Its root-only work dir (journal, staging copy).
     pub workdir: PathBuf,
+    /// The options it was planned with.
     pub options: Options,
+    /// What the engine counted: entries, bytes, the method, the space each method needs.
     pub census: Census,
+    /// The owner, whose processes the plan checked.
     pub owner: Owner,
+    /// The measured time estimate, if asked for and the probe could run.
     pub estimate: Option<Estimate>,
     engine: Box<migrate::Plan>,
 }
@@ -140,22 +175,30 @@ pub struct NewPlan {
 /// first (after a reboot): [`ResumePlan::run`] asks for a protector's secret then.
 #[derive(Debug)]
 pub struct ResumePlan {
+    /// The directory, absolute.
     pub source: PathBuf,
+    /// Its root-only work dir, holding the journal.
     pub workdir: PathBuf,
+    /// The options to run it with.
     pub options: Options,
+    /// Where the journal says it stopped.
     pub state: State,
+    /// The staging policy whose key must be loaded again first; `None` if none is needed.
     pub staging_key: Option<KeyIdentifier>,
 }
 
 /// Progress reports and the stop flag of a long run (SIGINT/SIGTERM, a cancelled D-Bus call).
 pub struct Hooks<'a> {
+    /// Called with each progress report, from any thread.
     pub progress: &'a (dyn Fn(&Progress) + Sync),
+    /// Set to stop the run at its next safe point; it can be resumed later.
     pub stop: &'a AtomicBool,
 }
 
 /// What a run achieved.
 #[derive(Debug)]
 pub struct Converted {
+    /// The engine's account: the state reached, the method, what was moved, any backup, caveats.
     pub outcome: Outcome,
     /// Whether the recovery key shown is saved on the directory; `None` when none was made.
     pub recovery_key_saved: Option<bool>,
@@ -212,6 +255,7 @@ pub fn plan(ds: &Dirseal, dir: &Path, options: Options, hooks: &Hooks<'_>) -> Re
 /// ends show it: the CLI's `plan` object).
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct Summary {
+    /// The directory.
     pub path: PathBuf,
     /// Entries below the directory.
     pub entries: u64,
@@ -221,20 +265,28 @@ pub struct Summary {
     pub apparent_bytes: u64,
     /// Free space the copy needs, and what the filesystem has.
     pub space_needed: u64,
+    /// Free space the filesystem has.
     pub space_available: u64,
     /// The directory's owner: they cannot log in (the PAM module refuses) or use the directory
     /// until the conversion is done. Root-owned directories have no such owner.
     pub owner_uid: u32,
+    /// Their account name, if the password database has one.
     pub owner_name: Option<String>,
     /// Whether a recovery key will be made; `None`: the front end is asked next.
     pub recovery_key: Option<bool>,
+    /// Whether the old plaintext is kept until the conversion is committed (or rolled back).
     pub keep_backup: bool,
+    /// Whether the old plaintext is overwritten before deletion, then TRIMmed.
     pub wipe: bool,
     /// Copy or move, and whether [`Mode::Auto`] picked it; what each would need.
     pub method: migrate::Method,
+    /// Whether the method was picked by [`Mode::Auto`] rather than asked for.
     pub auto: bool,
+    /// Free space a copy needs.
     pub copy_needed: u64,
+    /// Free space a move needs.
     pub move_needed: u64,
+    /// The measured time estimate, if asked for and the probe could run.
     pub estimate: Option<Estimate>,
 }
 

@@ -19,23 +19,50 @@ use crate::protector::NewKind;
 use crate::recovery::RecoveryError;
 use crate::ui::{Question, Ui, UiError};
 
+/// The skeleton copied into a new home unless another is given (as useradd does).
 pub const DEFAULT_SKEL: &str = "/etc/skel";
+/// Where the home's mode and the first user uid are read from (as useradd does).
 pub const LOGIN_DEFS: &str = "/etc/login.defs";
 
+/// Why a home could not be made; a failure after encryption says what is left and how to redo it.
 #[derive(Debug, thiserror::Error)]
 pub enum HomeError {
+    /// The account does not exist: the home is made for an existing account.
     #[error("there is no user {0:?} in the password database; create the account first (`useradd -M {0}`)")]
     NoSuchUser(String),
+    /// The home already holds files: it is converted, not created.
     #[error("{user}'s home {path} already holds files; `dirseal convert {path}` encrypts a home that holds data")]
-    NotEmpty { user: String, path: PathBuf },
+    NotEmpty {
+        /// The account.
+        user: String,
+        /// Its home.
+        path: PathBuf,
+    },
+    /// The home path is not a directory, not absolute, or could not be inspected or set up.
     #[error("{path}: {reason}")]
-    Path { path: PathBuf, reason: String },
+    Path {
+        /// The path.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// Copying the skeleton failed part-way; the message says how to clean up and start over.
     #[error("copying the skeleton {skel} into {home}: {reason}; {home} is encrypted and unlocked, still root's (mode 0700), and holds what was copied so far: remove it (`rm -r`, then `dirseal protector remove` for its protector) and run `dirseal home create` again")]
-    Skel { skel: PathBuf, home: PathBuf, reason: String },
+    Skel {
+        /// The skeleton.
+        skel: PathBuf,
+        /// The home being filled.
+        home: PathBuf,
+        /// What failed.
+        reason: String,
+    },
+    /// Encrypting the home or making its protector failed.
     #[error(transparent)]
     Ops(#[from] OpsError),
+    /// The Ui could not ask, or the person cancelled.
     #[error(transparent)]
     Ui(#[from] UiError),
+    /// The recovery key could not be made or saved.
     #[error(transparent)]
     Recovery(#[from] RecoveryError),
 }
@@ -61,7 +88,7 @@ impl LoginDefs {
         std::fs::read_to_string(path).map(|t| LoginDefs::parse(&t)).unwrap_or_default()
     }
 
-    pub fn parse(text: &str) -> LoginDefs {
+    pub(crate) fn parse(text: &str) -> LoginDefs {
         let mut uid_min = None;
         let mut home_mode = None;
         let mut umask = None;
@@ -88,13 +115,18 @@ impl LoginDefs {
 /// The account a home is made for, from the password database.
 #[derive(Clone, Debug)]
 pub struct Account {
+    /// The account name.
     pub name: String,
+    /// Its uid, which the home and its files are given.
     pub uid: u32,
+    /// Its primary group, which the home and its files are given.
     pub gid: u32,
+    /// Its home directory, as the password database says.
     pub home: PathBuf,
 }
 
 impl Account {
+    /// Looks `user` up in the password database.
     pub fn named(user: &str) -> Result<Account, HomeError> {
         match nix::unistd::User::from_name(user) {
             Ok(Some(u)) => Ok(Account { name: u.name, uid: u.uid.as_raw(), gid: u.gid.as_raw(), home: u.dir }),
@@ -110,6 +142,7 @@ pub struct Options {
     pub skel: PathBuf,
     /// Seal the master key under a new recovery key; `None` asks the Ui.
     pub recovery_key: Option<bool>,
+    /// The login.defs file giving the home's mode.
     pub login_defs: PathBuf,
 }
 
@@ -122,11 +155,17 @@ impl Default for Options {
 /// A home made.
 #[derive(Debug, serde::Serialize)]
 pub struct Created {
+    /// The account.
     pub user: String,
+    /// Its uid.
     pub uid: u32,
+    /// The home made.
     pub home: PathBuf,
+    /// Its permission bits.
     pub mode: u32,
+    /// The encryption policy of the home.
     pub policy: KeyIdentifier,
+    /// The protector made for it.
     pub protector: ProtectorId,
     /// Entries copied from the skeleton.
     pub entries: u64,
@@ -137,7 +176,7 @@ pub struct Created {
 }
 
 /// Whether `home` needs creating: it does not exist, or is an empty directory. `Err` says why not.
-pub fn check_absent_or_empty(acct: &Account) -> Result<bool, HomeError> {
+pub(crate) fn check_absent_or_empty(acct: &Account) -> Result<bool, HomeError> {
     let home = &acct.home;
     let bad = |reason: &str| HomeError::Path { path: home.clone(), reason: reason.into() };
     match std::fs::symlink_metadata(home) {

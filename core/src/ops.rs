@@ -16,69 +16,190 @@ use crate::recovery::{self, RecoveryError};
 use crate::secret::{MasterKey, Passphrase, ProtectorKey};
 use crate::ui::{Ui, UiError};
 
+/// Why an operation failed; each names the directory, policy or protector concerned.
 #[derive(Debug, thiserror::Error)]
 pub enum OpsError {
+    /// The kernel's fscrypt API refused or failed.
     #[error(transparent)]
     Fscrypt(#[from] FscryptError),
+    /// The keystore could not be read or changed.
     #[error(transparent)]
     Keystore(#[from] KeystoreError),
+    /// The configuration could not be read or saved.
     #[error(transparent)]
     Config(#[from] ConfigError),
+    /// The Ui could not ask, or the person cancelled.
     #[error(transparent)]
     Ui(#[from] UiError),
+    /// A protector could not be made, opened or changed.
     #[error(transparent)]
     Protector(#[from] ProtectorError),
+    /// A recovery key could not be made, read or used.
     #[error(transparent)]
     Recovery(#[from] RecoveryError),
+    /// An operation that needs an encrypted directory was given a plain one.
     #[error("{path} is not encrypted")]
-    NotEncrypted { path: PathBuf },
+    NotEncrypted {
+        /// The directory.
+        path: PathBuf,
+    },
+    /// The directory is encrypted with a key the keystore has no policy for.
     #[error(
         "{path} is encrypted with key {id}, but the keystore has no policy for it; its recovery key can restore one"
     )]
-    NotManaged { path: PathBuf, id: KeyIdentifier },
+    NotManaged {
+        /// The directory.
+        path: PathBuf,
+        /// Its key identifier.
+        id: KeyIdentifier,
+    },
+    /// Direct encryption needs an empty directory; one with data is converted instead.
     #[error("{path} is not empty; only an empty directory is encrypted directly, one that holds data is converted")]
-    NotEmpty { path: PathBuf },
+    NotEmpty {
+        /// The directory.
+        path: PathBuf,
+    },
+    /// The directory already has an encryption policy.
     #[error("{path} is already encrypted (key {id})")]
-    AlreadyEncrypted { path: PathBuf, id: KeyIdentifier },
+    AlreadyEncrypted {
+        /// The directory.
+        path: PathBuf,
+        /// Its key identifier.
+        id: KeyIdentifier,
+    },
+    /// The path cannot be used as the directory asked for (missing, not a directory, wrong filesystem).
     #[error("{path}: {reason}")]
-    BadDirectory { path: PathBuf, reason: String },
+    BadDirectory {
+        /// The path.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// Several protectors could be used and none was picked.
     #[error("{what} has several protectors ({list}); choose the one to use")]
-    AmbiguousProtector { what: String, list: String },
+    AmbiguousProtector {
+        /// What is to be opened.
+        what: String,
+        /// Its protectors, as `id (name)`, for the message.
+        list: String,
+    },
+    /// Nothing opens the policy: it lists no protector the keystore has.
     #[error("{what} has no usable protector")]
-    NoProtector { what: String },
+    NoProtector {
+        /// What is to be opened.
+        what: String,
+    },
+    /// The policy's protectors exist, but none of their records can be used (unreadable, corrupt).
     #[error("{what} has no usable protector: {problems}")]
-    Unusable { what: String, problems: String },
+    Unusable {
+        /// What is to be opened.
+        what: String,
+        /// What is wrong with each record, for the message.
+        problems: String,
+    },
+    /// The protector picked is not one of the policy's.
     #[error("protector {id} does not protect {what}; its protectors are: {list}")]
-    NotAProtectorOf { id: ProtectorId, what: String, list: String },
+    NotAProtectorOf {
+        /// The protector picked.
+        id: ProtectorId,
+        /// What is to be opened.
+        what: String,
+        /// The policy's protectors, for the message.
+        list: String,
+    },
+    /// An unwrapped master key does not have the policy's identifier: the record was swapped or altered.
     #[error("the key unwrapped for policy {policy} has identifier {got}: the keystore entry does not belong to this directory and was refused; restore the keystore from a backup or restore the policy with the directory's recovery key")]
-    KeyMismatch { policy: KeyIdentifier, got: KeyIdentifier },
+    KeyMismatch {
+        /// The policy.
+        policy: KeyIdentifier,
+        /// The identifier of the key it unwrapped to.
+        got: KeyIdentifier,
+    },
+    /// No account has that name or uid.
     #[error("no user named {0:?}; pass an existing user name or numeric uid")]
     NoSuchUser(String),
+    /// The protector to add is already on the policy.
     #[error("protector {0} already protects this policy")]
     AlreadyProtects(ProtectorId),
+    /// A user asked to open something none of their own protectors opens.
     #[error("no protector of uid {uid} opens {what}")]
-    NoneOfYours { uid: u32, what: String },
+    NoneOfYours {
+        /// The user.
+        uid: u32,
+        /// What is to be opened.
+        what: String,
+    },
+    /// Several of the user's protectors open it and none was named.
     #[error("several protectors of uid {uid} open {what} ({list}); name one")]
-    SeveralOfYours { uid: u32, what: String, list: String },
+    SeveralOfYours {
+        /// The user.
+        uid: u32,
+        /// What is to be opened.
+        what: String,
+        /// Those protectors, for the message.
+        list: String,
+    },
+    /// A protector name matches several of the user's protectors.
     #[error("{name:?} names several protectors of uid {uid} ({list}); name one by its id")]
-    NameAmbiguous { name: String, uid: u32, list: String },
+    NameAmbiguous {
+        /// The name given.
+        name: String,
+        /// The user.
+        uid: u32,
+        /// The protectors it matches, for the message.
+        list: String,
+    },
+    /// No protector of the user has that name.
     #[error("no protector named {name:?} belongs to uid {uid}")]
-    NoSuchName { name: String, uid: u32 },
+    NoSuchName {
+        /// The name given.
+        name: String,
+        /// The user.
+        uid: u32,
+    },
+    /// The user's secret opened none of their protectors.
     #[error("the secret opens none of the protectors of uid {uid} for {what} ({list})")]
-    OpensNone { uid: u32, what: String, list: String },
+    OpensNone {
+        /// The user.
+        uid: u32,
+        /// What was to be opened.
+        what: String,
+        /// The protectors tried, for the message.
+        list: String,
+    },
+    /// A TPM PIN equal to the login password would be testable offline against /etc/shadow.
     #[error(
         "the PIN is {user}'s login password: /etc/shadow holds a hash of it, against which anyone with the disk can \
          test PINs offline without the TPM counting them; choose another PIN, or log {user} in with the PIN alone \
          (a PIN-login account, docs/pam.md)"
     )]
-    PinIsLoginPassword { user: String },
+    PinIsLoginPassword {
+        /// The account.
+        user: String,
+    },
+    /// PIN login was asked for an account whose home no TPM PIN protector of theirs opens.
     #[error("{user} has no TPM protector with a PIN of their own on {}; create one first (docs/pam.md: PIN login)", .home.display())]
-    NoPinProtector { user: String, home: PathBuf },
+    NoPinProtector {
+        /// The account.
+        user: String,
+        /// Its home directory.
+        home: PathBuf,
+    },
+    /// The account could not be looked up in the password database.
     #[error(transparent)]
     Account(#[from] crate::account::AccountError),
     /// A device-bound protector cannot open now (PCRs changed, TPM locked out); the others can.
     #[error("{source}; {} still opens with {}", .dir.display(), alternatives(.others, *.recovery))]
-    UseAnother { source: ProtectorError, dir: PathBuf, others: Vec<ProtectorSummary>, recovery: bool },
+    UseAnother {
+        /// The protector's own error.
+        source: ProtectorError,
+        /// The directory to open.
+        dir: PathBuf,
+        /// The protectors that may still open it.
+        others: Vec<ProtectorSummary>,
+        /// Whether it has a recovery key too.
+        recovery: bool,
+    },
 }
 
 /// What else opens a directory, for [`OpsError::UseAnother`]: each front end says how to use them.
@@ -110,13 +231,18 @@ impl From<UnlockError> for OpsError {
 /// A protector as shown to users and front ends.
 #[derive(Clone, Debug, Serialize)]
 pub struct ProtectorSummary {
+    /// Its id.
     pub id: ProtectorId,
+    /// Its name.
     pub name: String,
+    /// Its kind's name, one of [`protector::KIND_NAMES`].
     pub kind: &'static str,
+    /// The user it belongs to, if any.
     pub uid: Option<u32>,
 }
 
 impl ProtectorSummary {
+    /// The summary of a keystore record.
     pub fn of(r: &ProtectorRecord) -> Self {
         ProtectorSummary { id: r.id, name: r.name.clone(), kind: r.kind.name(), uid: r.uid }
     }
@@ -125,14 +251,20 @@ impl ProtectorSummary {
 /// What `dirseal status DIR` reports.
 #[derive(Clone, Debug, Serialize)]
 pub struct DirStatus {
+    /// The path asked about.
     pub path: PathBuf,
-    /// The top of the encrypted tree the path belongs to ([`fscrypt::encrypted_root`]).
+    /// The top of the encrypted tree the path belongs to (its highest ancestor on the
+    /// same filesystem with the same policy).
     pub encrypted_root: Option<PathBuf>,
+    /// Whether the path has an fscrypt policy.
     pub encrypted: bool,
+    /// The key identifier of that policy.
     pub policy: Option<KeyIdentifier>,
     /// "unlocked", "locked", or "partially-locked" (files were busy at lock time).
     pub key: Option<&'static str>,
+    /// Whether the keystore has a policy record for that key.
     pub managed: bool,
+    /// The protectors the policy lists that the keystore has.
     pub protectors: Vec<ProtectorSummary>,
     /// Something a user should fix (unreadable protector file, missing policy, ...).
     pub problems: Vec<String>,
@@ -145,15 +277,20 @@ pub struct DirStatus {
 /// The filesystem under a path, as `status` reports it.
 #[derive(Clone, Debug, Serialize)]
 pub struct FsStatus {
+    /// Where the filesystem is mounted.
     pub mount_point: PathBuf,
+    /// Its type ("ext4", "f2fs", ...).
     pub fstype: String,
+    /// The device it is mounted from.
     pub device: String,
+    /// Whether it can encrypt, and what to do if not.
     pub encryption: fscrypt::Support,
 }
 
 /// What `dirseal lock` achieved.
 #[derive(Clone, Debug, Serialize)]
 pub struct LockReport {
+    /// The directory.
     pub path: PathBuf,
     /// The key is fully gone: names are ciphertext again.
     pub locked: bool,
@@ -163,21 +300,27 @@ pub struct LockReport {
     pub files_busy: bool,
     /// Other users had also added this key; only root's `--all-users` removes theirs.
     pub other_users: bool,
+    /// Processes still holding files under it (why the lock is incomplete).
     pub busy: Vec<BusyProcess>,
 }
 
 /// What a login achieved: the protector that opened the home and its master key, if any, and
 /// what went wrong with the others (for the log).
 pub struct Login {
+    /// The protector that opened the home and the master key it unwrapped; `None` if none did.
     pub opened: Option<(ProtectorRecord, MasterKey)>,
+    /// Each protector that was tried and failed, with why.
     pub problems: Vec<(ProtectorId, OpsError)>,
 }
 
 /// A process holding files under a directory being locked.
 #[derive(Clone, Debug, Serialize)]
 pub struct BusyProcess {
+    /// Its process id.
     pub pid: u32,
+    /// Its command name.
     pub comm: String,
+    /// The user it runs as.
     pub uid: u32,
     /// "cwd", "open file /x/y", ...
     pub how: String,
@@ -200,22 +343,29 @@ fn key_word(s: KeyStatus) -> &'static str {
 /// Which protector to use when a policy has several.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Pick {
+    /// The protector to use; `None` lets the operation choose (the only one, or an error listing them).
     pub protector: Option<ProtectorId>,
 }
 
 /// How to create a new protector, of any kind.
 pub struct NewProtector<'a> {
+    /// The new protector's name, shown in listings and prompts.
     pub name: &'a str,
+    /// The user it belongs to (whose login it may open), if any.
     pub uid: Option<u32>,
+    /// Its kind and that kind's options.
     pub kind: NewKind,
 }
 
 /// Where to get the protector for a new policy: an existing one, or a new one.
 pub enum ProtectorChoice<'a> {
+    /// A protector already in the keystore.
     Existing(ProtectorId),
+    /// A protector made for the purpose.
     New(NewProtector<'a>),
 }
 
+/// The library's entry point: the keystore and configuration every operation works on.
 pub struct Dirseal {
     keystore: Keystore,
     config: Config,
@@ -241,14 +391,17 @@ impl Dirseal {
         Ok(Dirseal { keystore, config, config_path: config_path.to_path_buf() })
     }
 
+    /// The keystore this instance works on.
     pub fn keystore(&self) -> &Keystore {
         &self.keystore
     }
 
+    /// The configuration loaded at open.
     pub fn config(&self) -> &Config {
         &self.config
     }
 
+    /// Where the configuration was loaded from (and is saved to when an operation changes it).
     pub fn config_path(&self) -> &Path {
         &self.config_path
     }
@@ -296,7 +449,7 @@ impl Dirseal {
     /// before its policy left it (it wraps nothing); the same command run again must end with the
     /// keystore an uninterrupted run makes, not two protectors of one name. Kinds whose unlocking
     /// costs something (a TPM's lockout tries, a touch) are never tried: they get a new protector.
-    pub fn adopt_or_create_protector(
+    pub(crate) fn adopt_or_create_protector(
         &mut self,
         n: &NewProtector<'_>,
         ui: &mut dyn Ui,
@@ -325,12 +478,12 @@ impl Dirseal {
     }
 
     /// Asks what `rec`'s kind needs and unwraps its key; a wrong secret changes nothing.
-    pub fn unlock_protector(&self, rec: &ProtectorRecord, ui: &mut dyn Ui) -> Result<ProtectorKey, OpsError> {
+    pub(crate) fn unlock_protector(&self, rec: &ProtectorRecord, ui: &mut dyn Ui) -> Result<ProtectorKey, OpsError> {
         Ok(protector::unlock_with(rec, &self.config, ui)?)
     }
 
     /// An existing protector unlocked with its secret, or a new one.
-    pub fn resolve_protector(
+    pub(crate) fn resolve_protector(
         &mut self,
         choice: ProtectorChoice<'_>,
         ui: &mut dyn Ui,
@@ -381,7 +534,7 @@ impl Dirseal {
     }
 
     /// The protectors a login of `uid` may try, in the one login order
-    /// ([`protector::login_order`]): only the user's own (`uid` = theirs). A protector shared
+    /// (kinds that need no typing first, then by name): only the user's own (`uid` = theirs). A protector shared
     /// into the directory by someone else opens it with the CLI but never logs anyone in.
     pub fn login_protectors(&self, policy: &PolicyRecord, uid: u32) -> Vec<ProtectorRecord> {
         let (mut list, _) = self.protectors_of(policy);
@@ -595,7 +748,7 @@ impl Dirseal {
     }
 
     /// Picks one of `policy`'s protectors (`what` names the policy in errors) and unlocks it.
-    pub fn unlock_policy_protector(
+    pub(crate) fn unlock_policy_protector(
         &self,
         policy: &PolicyRecord,
         pick: Pick,
@@ -652,7 +805,7 @@ impl Dirseal {
 
     /// Whether `dir` is encrypted and its key is fully loaded, so unlocking has nothing to do.
     /// A partly removed key is not: adding it again is what finishes an interrupted lock's undo.
-    pub fn is_unlocked(&self, dir: &Path) -> Result<bool, OpsError> {
+    pub(crate) fn is_unlocked(&self, dir: &Path) -> Result<bool, OpsError> {
         let Some(policy) = fscrypt::get_policy(dir)? else { return Ok(false) };
         let mp = fscrypt::mount_point(dir)?;
         Ok(fscrypt::key_status(&mp, &policy.identifier)? == KeyStatus::Present)
@@ -747,7 +900,7 @@ impl Dirseal {
 
     /// Creates a fresh master key, saves its policy record protected by `prec`, and adds the key to
     /// the kernel of the filesystem holding `dir`. Shared by `encrypt` and `convert`.
-    pub fn new_policy(
+    pub(crate) fn new_policy(
         &self,
         dir: &Path,
         prec: &ProtectorRecord,
@@ -762,7 +915,7 @@ impl Dirseal {
     /// A fresh master key and its policy record protected by `prec`, nothing written: for a caller
     /// that puts the policy on a directory before the record exists ([`Dirseal::save_new_policy`]),
     /// so that every saved record has its directory.
-    pub fn draft_policy(dir: &Path, prec: &ProtectorRecord, pkey: &ProtectorKey) -> (PolicyRecord, MasterKey) {
+    pub(crate) fn draft_policy(dir: &Path, prec: &ProtectorRecord, pkey: &ProtectorKey) -> (PolicyRecord, MasterKey) {
         let master = MasterKey::random();
         let id = fscrypt::key_identifier(&master);
         let mut policy = PolicyRecord::new(id, Some(dir.to_path_buf()));
@@ -770,7 +923,7 @@ impl Dirseal {
         (policy, master)
     }
 
-    pub fn save_new_policy(&self, policy: &PolicyRecord) -> Result<(), OpsError> {
+    pub(crate) fn save_new_policy(&self, policy: &PolicyRecord) -> Result<(), OpsError> {
         let _guard = self.keystore.lock()?;
         self.keystore.save_policy(policy)?;
         Ok(())
@@ -800,6 +953,7 @@ impl Dirseal {
         Ok(nrec)
     }
 
+    /// Removes a protector from one policy; refused if no other readable protector would be left.
     pub fn remove_protector_from_policy(&self, policy_id: &KeyIdentifier, pid: &ProtectorId) -> Result<(), OpsError> {
         let _guard = self.keystore.lock()?;
         let mut policy = self.keystore.policy(policy_id)?;
@@ -817,6 +971,7 @@ impl Dirseal {
         Ok(())
     }
 
+    /// Deletes a protector from the keystore; refused while any policy still uses it.
     pub fn remove_protector(&self, pid: &ProtectorId) -> Result<(), OpsError> {
         let _guard = self.keystore.lock()?;
         self.keystore.remove_protector(pid)?;
@@ -1001,6 +1156,7 @@ pub fn is_tpm_pin(rec: &ProtectorRecord) -> bool {
 /// PIN-login accounts (docs/pam.md): log in with their TPM PIN alone, no password hash in
 /// /etc/shadow, and `passwd` changes the PIN. Marked in the root-owned config (`[pam] pin_login`).
 impl Dirseal {
+    /// Whether `user` is a PIN-login account (`[pam] pin_login` in the configuration).
     pub fn is_pin_login(&self, user: &str) -> bool {
         self.config.pam.pin_login.iter().any(|u| u == user)
     }
@@ -1035,7 +1191,7 @@ impl Dirseal {
     /// A TPM PIN protector of an ordinary account (not PIN-login) whose login password has a hash
     /// in /etc/shadow: the PAM module offers it the login password at every login, so its PIN is
     /// that password (docs/pam.md), and the hash lets anyone with the disk find it offline.
-    pub fn pin_warning(&self, rec: &ProtectorRecord) -> Option<String> {
+    pub(crate) fn pin_warning(&self, rec: &ProtectorRecord) -> Option<String> {
         let uid = rec.uid.filter(|_| is_tpm_pin(rec))?;
         let user = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)).ok().flatten()?.name;
         if self.is_pin_login(&user) || !crate::account::shadow(&user).ok().flatten()?.has_hash {

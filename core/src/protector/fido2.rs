@@ -1,7 +1,7 @@
 //! FIDO2 protectors: a security key's hmac-secret opens the protector key.
 //!
 //! Creating one makes a non-resident ES256 credential with the hmac-secret extension for the
-//! fixed relying party [`crate::fido2::RP_ID`] and picks a random salt. Unlocking asks the key
+//! fixed relying party id `dirseal` and picks a random salt. Unlocking asks the key
 //! (after a touch, and its PIN or built-in verification if the protector requires them) for
 //! HMAC(credential secret, salt); HKDF turns those 32 bytes into the key-encryption key of the
 //! protector key. The record holds no secret: without the very key that made the credential, the
@@ -25,16 +25,17 @@ const SALT_LEN: usize = 32;
 const MAX_CREDENTIAL_ID: usize = 1024;
 const HKDF_INFO: &[u8] = b"dirseal fido2 protector kek v1";
 
+/// A FIDO2 protector's parameters: the credential on the security key and the salt it is asked to HMAC.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(try_from = "OnDisk", into = "OnDisk")]
 pub struct Fido2 {
-    pub rp_id: String,
-    pub credential_id: Vec<u8>,
-    pub salt: [u8; SALT_LEN],
+    pub(crate) rp_id: String,
+    pub(crate) credential_id: Vec<u8>,
+    pub(crate) salt: [u8; SALT_LEN],
     /// The key's PIN is asked at every unlock (the hmac-secret differs without it).
-    pub pin: bool,
+    pub(crate) pin: bool,
     /// The key's built-in user verification (fingerprint) is required.
-    pub uv: bool,
+    pub(crate) uv: bool,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -73,7 +74,9 @@ impl From<Fido2> for OnDisk {
 pub struct NewFido2 {
     /// Which connected key (`dirseal fido2 list`); required when several are connected.
     pub device: Option<String>,
+    /// Ask the key's PIN at every unlock (the hmac-secret differs without it).
     pub pin: bool,
+    /// Require the key's built-in user verification (fingerprint).
     pub uv: bool,
 }
 
@@ -90,7 +93,7 @@ impl From<Fido2Error> for ProtectorError {
 /// A new protector on one of several connected keys, and none was named.
 #[derive(Debug, thiserror::Error)]
 #[error("several security keys are connected; say which one to use")]
-pub struct SeveralKeys;
+pub(crate) struct SeveralKeys;
 
 fn ask(pin: bool) -> Ask {
     Ask { secret: pin.then_some(Secret::KeyPin), touch: true }

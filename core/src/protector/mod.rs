@@ -1,7 +1,7 @@
 //! Protector kinds: what unwraps a protector key. Each kind lives in its own module and
-//! implements [`Kind`] (the record's part: what unlocking asks, the key-encryption key, a new
-//! secret, its part of the associated data) and [`NewKindOf`] (its options, read from
-//! (key, value) pairs, and how one is made). Everything common — the record, its file, the
+//! implements the crate's `Kind` trait (the record's part: what unlocking asks, the
+//! key-encryption key, a new secret, its part of the associated data) and `NewKindOf` (its
+//! options, read from (key, value) pairs, and how one is made). Everything common — the record, its file, the
 //! wrapping of the protector key, names, the login order, the dispatch — is here, written once;
 //! `kinds!` generates [`ProtectorKind`], [`NewKind`], [`KIND_NAMES`] and every `match` from
 //! one registration line per kind.
@@ -35,7 +35,7 @@ const PROTECTOR_FORMAT: &str = "dirseal-protector";
 const MAX_NAME_CHARS: usize = 128;
 
 /// One kind as stored in a record: the kind's module implements it on its serde struct.
-pub trait Kind: Sized {
+pub(crate) trait Kind: Sized {
     /// What unlocking asks for.
     fn ask(&self) -> Ask;
     /// The kind's part of the record's associated data: every field, so none can be edited.
@@ -67,7 +67,7 @@ pub trait Kind: Sized {
 }
 
 /// How a new protector of one kind is made: the kind's module implements it on its options.
-pub trait NewKindOf: Sized {
+pub(crate) trait NewKindOf: Sized {
     /// The stored kind this makes.
     type Made: Kind;
     /// The kind's options from `opts`; what it does not take is refused by the caller.
@@ -89,9 +89,9 @@ pub trait NewKindOf: Sized {
 
 /// The device a secret is typed for (see [`Kind::prompt_device`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PromptDevice {
-    pub name: &'static str,
-    pub tries_left: Option<u32>,
+pub(crate) struct PromptDevice {
+    pub(crate) name: &'static str,
+    pub(crate) tries_left: Option<u32>,
 }
 
 /// Generates, from one line per kind, the stored and new-kind enums, the kinds' names and the
@@ -153,6 +153,7 @@ macro_rules! kinds {
                 Ok(new)
             }
 
+            /// The kind's name, as [`KIND_NAMES`] lists it.
             pub fn name(&self) -> &'static str {
                 match self { $( $(#[cfg($cfg)])? NewKind::$Variant(_) => $name, )* }
             }
@@ -256,7 +257,9 @@ pub enum Secret {
 /// device, both, or nothing at all (a TPM without PIN).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Ask {
+    /// The secret typed, if any.
     pub secret: Option<Secret>,
+    /// Whether the person must touch a device.
     pub touch: bool,
 }
 
@@ -294,25 +297,73 @@ impl Ask {
 /// try), [`ProtectorError::NotNow`] (use another protector) or [`ProtectorError::Kind`].
 #[derive(Debug, thiserror::Error)]
 pub enum ProtectorError {
+    /// The secret did not unwrap the protector key; nothing was changed, so it can be tried again.
     #[error("incorrect {what} for protector {name} ({id}); nothing was changed")]
-    IncorrectSecret { name: String, id: ProtectorId, what: &'static str },
+    IncorrectSecret {
+        /// The protector's name.
+        name: String,
+        /// Its id.
+        id: ProtectorId,
+        /// What was wrong: "password", "PIN" or "device".
+        what: &'static str,
+    },
+    /// A protector name is empty, too long or holds control characters.
     #[error("invalid protector name {name:?}: {reason}")]
-    BadName { name: String, reason: &'static str },
+    BadName {
+        /// The name given (cut to the longest allowed).
+        name: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// A new secret was asked for a protector whose kind has none.
     #[error("protector {name} ({id}) is a {kind} protector: it has no secret to change")]
-    NoSecret { name: String, id: ProtectorId, kind: &'static str },
+    NoSecret {
+        /// The protector's name.
+        name: String,
+        /// Its id.
+        id: ProtectorId,
+        /// Its kind's name.
+        kind: &'static str,
+    },
+    /// A kind name none of [`KIND_NAMES`] has.
     #[error("unknown protector kind {name:?}; known kinds: {}", KIND_NAMES.join(", "))]
-    UnknownKind { name: String },
+    UnknownKind {
+        /// The name given.
+        name: String,
+    },
     /// A front end called a kind without the answer its [`Ask`] named: a bug, not a user error.
     #[error("internal error: no {what} was supplied to the protector")]
-    NoAnswer { what: &'static str },
+    NoAnswer {
+        /// What was missing.
+        what: &'static str,
+    },
     /// An option (by its key; front ends render their own spelling) the kind does not take.
     #[error("option {option} does not apply to {kind} protectors")]
-    BadOption { option: String, kind: &'static str },
+    BadOption {
+        /// The option's key.
+        option: String,
+        /// The kind's name.
+        kind: &'static str,
+    },
+    /// An option the kind takes, with a value it cannot use.
     #[error("option {option} of {kind} protectors: {reason}")]
-    BadOptionValue { option: String, kind: &'static str, reason: String },
+    BadOptionValue {
+        /// The option's key.
+        option: String,
+        /// The kind's name.
+        kind: &'static str,
+        /// What a valid value is.
+        reason: String,
+    },
     /// An option that only an administrator may set was given by someone else.
     #[error("option {option} of {kind} protectors may be set only by an administrator")]
-    Privileged { option: String, kind: &'static str },
+    Privileged {
+        /// The option's key.
+        option: String,
+        /// The kind's name.
+        kind: &'static str,
+    },
+    /// The Argon2id cost asked for or found is out of bounds, or the derivation failed.
     #[error(transparent)]
     Kdf(#[from] KdfError),
     /// The kind cannot work here now: no TPM, no security key holding the credential connected,
@@ -355,12 +406,12 @@ pub struct KindError(Box<dyn std::error::Error + Send + Sync + 'static>);
 
 impl KindError {
     /// Wraps a kind's (or its device's) own error.
-    pub fn new(e: impl std::error::Error + Send + Sync + 'static) -> KindError {
+    pub(crate) fn new(e: impl std::error::Error + Send + Sync + 'static) -> KindError {
         KindError(Box::new(e))
     }
 
     /// The wrapped error itself, e.g. for a front end's remedy lookup.
-    pub fn as_error(&self) -> &(dyn std::error::Error + 'static) {
+    pub(crate) fn as_error(&self) -> &(dyn std::error::Error + 'static) {
         &*self.0
     }
 }
@@ -407,7 +458,7 @@ impl KindOptions {
     }
 
     /// Takes option `key`'s value (the last one given).
-    pub fn take(&mut self, key: &str) -> Option<String> {
+    pub(crate) fn take(&mut self, key: &str) -> Option<String> {
         let mut value = None;
         self.pairs.retain(|(k, v)| {
             if k == key {
@@ -419,7 +470,7 @@ impl KindOptions {
     }
 
     /// Takes option `key` and parses it.
-    pub fn parse<T: FromStr>(&mut self, key: &str) -> Result<Option<T>, ProtectorError>
+    pub(crate) fn parse<T: FromStr>(&mut self, key: &str) -> Result<Option<T>, ProtectorError>
     where
         T::Err: fmt::Display,
     {
@@ -428,7 +479,7 @@ impl KindOptions {
     }
 
     /// Takes yes/no option `key` (absent: no).
-    pub fn flag(&mut self, key: &str) -> Result<bool, ProtectorError> {
+    pub(crate) fn flag(&mut self, key: &str) -> Result<bool, ProtectorError> {
         match self.take(key).as_deref() {
             None | Some("false") => Ok(false),
             Some("true") => Ok(true),
@@ -437,7 +488,7 @@ impl KindOptions {
     }
 
     /// Like [`KindOptions::parse`], for an option only an administrator may set.
-    pub fn parse_privileged<T: FromStr>(&mut self, key: &str) -> Result<Option<T>, ProtectorError>
+    pub(crate) fn parse_privileged<T: FromStr>(&mut self, key: &str) -> Result<Option<T>, ProtectorError>
     where
         T::Err: fmt::Display,
     {
@@ -447,7 +498,7 @@ impl KindOptions {
     }
 
     /// Like [`KindOptions::flag`], for an option only an administrator may set.
-    pub fn flag_privileged(&mut self, key: &str) -> Result<bool, ProtectorError> {
+    pub(crate) fn flag_privileged(&mut self, key: &str) -> Result<bool, ProtectorError> {
         let v = self.flag(key)?;
         self.privileged(key, v)?;
         Ok(v)
@@ -475,12 +526,15 @@ impl KindOptions {
 /// A protector as kept in the keystore: a protector key wrapped by whatever its kind derives.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ProtectorRecord {
+    /// Its id, which names its file and its entries in policies.
     pub id: ProtectorId,
+    /// Its name, shown in listings and prompts.
     pub name: String,
+    /// Its kind, with that kind's parameters.
     pub kind: ProtectorKind,
     /// The user this protector belongs to (its login password), if any.
     pub uid: Option<u32>,
-    pub wrapped_key: Wrapped,
+    pub(crate) wrapped_key: Wrapped,
 }
 
 impl ProtectorKind {
@@ -534,7 +588,7 @@ impl ProtectorKind {
 impl NewKind {
     /// Refuses, before any secret is asked, a protector that could not be made safely now (a TPM
     /// PIN on a TPM whose lockout anyone can reset). [`create`] checks again.
-    pub fn check_ready(&self, config: &Config) -> Result<(), ProtectorError> {
+    pub(crate) fn check_ready(&self, config: &Config) -> Result<(), ProtectorError> {
         self.new_kind().check_ready(config)
     }
 
@@ -544,7 +598,7 @@ impl NewKind {
     }
 
     /// Whether the new secret must not be the owner's login password.
-    pub fn refuses_login_password(&self) -> bool {
+    pub(crate) fn refuses_login_password(&self) -> bool {
         self.new_kind().refuses_login_password()
     }
 }
@@ -555,7 +609,7 @@ fn aad(id: &ProtectorId, kind: &ProtectorKind) -> Vec<u8> {
     format!("dirseal:{FORMAT_VERSION}:protector:{id}:{}", kind.aad_tail()).into_bytes()
 }
 
-pub fn check_name(name: &str) -> Result<(), ProtectorError> {
+pub(crate) fn check_name(name: &str) -> Result<(), ProtectorError> {
     let bad = |reason| Err(ProtectorError::BadName { name: name.chars().take(MAX_NAME_CHARS).collect(), reason });
     if name.trim().is_empty() {
         return bad("it is empty");
@@ -647,15 +701,17 @@ pub fn ask_new(ask: Ask, name: &str, ui: &mut dyn Ui) -> Result<Option<Passphras
 /// Why a protector did not open through a Ui.
 #[derive(Debug, thiserror::Error)]
 pub enum UnlockError {
+    /// The Ui could not ask, or the person cancelled.
     #[error(transparent)]
     Ui(#[from] UiError),
+    /// The protector refused the answer or could not be opened.
     #[error(transparent)]
     Protector(#[from] ProtectorError),
 }
 
 /// The one login order, used by the PAM module and the service: kinds that need no typing first
 /// ([`Ask`]'s rank), then the user's own protectors before others, then by name.
-pub fn login_order(list: &mut [ProtectorRecord], uid: u32) {
+pub(crate) fn login_order(list: &mut [ProtectorRecord], uid: u32) {
     list.sort_by(|a, b| {
         let key = |r: &ProtectorRecord| (r.kind.ask().login_rank(), r.uid != Some(uid));
         key(a).cmp(&key(b)).then_with(|| a.name.cmp(&b.name))

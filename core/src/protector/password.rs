@@ -10,13 +10,13 @@ use crate::wrap::Kek;
 
 const SALT_LEN: usize = 16;
 
-/// A password protector's parameters. Parsed from disk only with a cost inside the bounds of
-/// [`Argon2Params::check`], so a tampered file cannot make an unlock take hours.
+/// A password protector's parameters. Parsed from disk only with a cost inside the library's
+/// Argon2id bounds, so a tampered file cannot make an unlock take hours.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(try_from = "OnDisk", into = "OnDisk")]
 pub struct Password {
-    pub salt: [u8; SALT_LEN],
-    pub kdf: Argon2Params,
+    pub(crate) salt: [u8; SALT_LEN],
+    pub(crate) kdf: Argon2Params,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -44,8 +44,8 @@ impl From<Password> for OnDisk {
 /// How to make a new password protector: per-protector overrides of the machine's Argon2id cost.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct NewPassword {
-    pub kdf_time_ms: Option<u64>,
-    pub kdf_memory_mib: Option<u32>,
+    pub(crate) kdf_time_ms: Option<u64>,
+    pub(crate) kdf_memory_mib: Option<u32>,
 }
 
 pub(super) const ASK: Ask = Ask::PASSWORD;

@@ -11,18 +11,21 @@ use crate::secret::{Passphrase, ProtectorKey};
 use crate::tpm2::{self, DaStatus, PcrSet, PinKdf, PinTries, SealedKey, Tpm, Tpm2Error, DEFAULT_PIN_KDF};
 use crate::wrap::Kek;
 
-/// A TPM2 protector's parameters. Parsed from disk only with a PIN cost inside the bounds of
-/// [`Argon2Params::check`] and non-empty blobs.
+/// A TPM2 protector's parameters. Parsed from disk only with a PIN cost inside the
+/// library's Argon2id bounds and non-empty blobs.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(try_from = "SealedKey", into = "SealedKey")]
 pub struct Tpm2 {
-    pub sealed: SealedKey,
+    pub(crate) sealed: SealedKey,
 }
 
+/// Why a TPM2 record was refused when parsed.
 #[derive(Debug, thiserror::Error)]
 pub enum BadTpm2 {
+    /// The PIN's Argon2id cost is out of bounds.
     #[error(transparent)]
     Kdf(#[from] KdfError),
+    /// A blob of the sealed object is empty.
     #[error("the sealed TPM object is empty")]
     Empty,
 }
@@ -52,6 +55,7 @@ pub struct NewTpm2 {
     /// Seal with no PIN: anyone who can run code as root on this machine (with the bound PCRs
     /// unchanged) can unseal it.
     pub no_pin: bool,
+    /// PCRs whose current values the key is sealed to: it unseals only while they are unchanged.
     pub pcrs: PcrSet,
     /// Accept a PIN equal to the owner's login password. Refused by default: /etc/shadow's hash of
     /// that password lets anyone with the disk find the PIN offline, which the TPM cannot count.
