@@ -18,8 +18,6 @@ use sha2::Sha512;
 pub use crate::ids::KeyIdentifier;
 use crate::secret::MasterKey;
 use crate::sys;
-/// The fd-relative exchange, for callers that already hold directory fds.
-
 const MOUNTINFO: &str = "/proc/self/mountinfo";
 
 /// Why an fscrypt operation failed, worded for the person who has to fix it.
@@ -611,6 +609,54 @@ pub fn rename_exchange(a: &Path, b: &Path) -> Result<(), FscryptError> {
     }
 }
 
+// fd-relative calls that rustix wraps safely: they live here, not in the `unsafe` sys module.
+
+/// A single path component, so an fd-relative call cannot wander through intermediate symlinks.
+fn component(name: &OsStr) -> Result<CString, Errno> {
+    let b = name.as_bytes();
+    if b.is_empty() || b == b"." || b == b".." || b.contains(&b'/') {
+        return Err(Errno::EINVAL);
+    }
+    CString::new(b).map_err(|_| Errno::EINVAL)
+}
+
+/// Atomically swaps `olddir/oldname` and `newdir/newname` (`renameat2(RENAME_EXCHANGE)`). Both
+/// must exist; names are single components and are never followed if they are symlinks.
+pub(crate) fn rename_exchange_at(
+    olddir: BorrowedFd<'_>,
+    oldname: &OsStr,
+    newdir: BorrowedFd<'_>,
+    newname: &OsStr,
+) -> Result<(), Errno> {
+    let old = component(oldname)?;
+    let new = component(newname)?;
+    rustix::fs::renameat_with(olddir, old.as_c_str(), newdir, new.as_c_str(), rustix::fs::RenameFlags::EXCHANGE)
+        .map_err(errno)
+}
+
+fn errno(e: rustix::io::Errno) -> Errno {
+    Errno::from_raw(e.raw_os_error())
+}
+
+/// Whether `dir/name` has the fscrypt encrypted attribute, via `statx`. An empty `name` asks
+/// about `dir` itself (which may be an `O_PATH` fd of any file type). With `nofollow`, a symlink
+/// is examined itself (encrypted symlinks have encrypted targets).
+///
+/// A filesystem that does not report the attribute in `stx_attributes_mask` cannot encrypt, so
+/// the answer is `false`.
+fn is_encrypted_at(dir: BorrowedFd<'_>, name: &OsStr, nofollow: bool) -> Result<bool, Errno> {
+    use rustix::fs::{AtFlags, StatxAttributes, StatxFlags};
+    let (cname, mut flags) =
+        if name.is_empty() { (CString::default(), AtFlags::EMPTY_PATH) } else { (component(name)?, AtFlags::empty()) };
+    if nofollow {
+        flags |= AtFlags::SYMLINK_NOFOLLOW;
+    }
+    // Only the attributes are wanted: no field needs to be requested in the mask.
+    let stx = rustix::fs::statx(dir, cname.as_c_str(), flags, StatxFlags::empty()).map_err(errno)?;
+    let bit = StatxAttributes::ENCRYPTED;
+    Ok(stx.stx_attributes_mask.contains(bit) && stx.stx_attributes.contains(bit))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -689,52 +735,4 @@ mod tests {
         assert_eq!(split_last(Path::new("a/.")), None);
         assert_eq!(split_last(Path::new("a/./b")), Some((Path::new("a/."), OsStr::new("b"))));
     }
-}
-
-// fd-relative calls that rustix wraps safely: they live here, not in the `unsafe` sys module.
-
-/// A single path component, so an fd-relative call cannot wander through intermediate symlinks.
-fn component(name: &OsStr) -> Result<CString, Errno> {
-    let b = name.as_bytes();
-    if b.is_empty() || b == b"." || b == b".." || b.contains(&b'/') {
-        return Err(Errno::EINVAL);
-    }
-    CString::new(b).map_err(|_| Errno::EINVAL)
-}
-
-/// Atomically swaps `olddir/oldname` and `newdir/newname` (`renameat2(RENAME_EXCHANGE)`). Both
-/// must exist; names are single components and are never followed if they are symlinks.
-pub(crate) fn rename_exchange_at(
-    olddir: BorrowedFd<'_>,
-    oldname: &OsStr,
-    newdir: BorrowedFd<'_>,
-    newname: &OsStr,
-) -> Result<(), Errno> {
-    let old = component(oldname)?;
-    let new = component(newname)?;
-    rustix::fs::renameat_with(olddir, old.as_c_str(), newdir, new.as_c_str(), rustix::fs::RenameFlags::EXCHANGE)
-        .map_err(errno)
-}
-
-fn errno(e: rustix::io::Errno) -> Errno {
-    Errno::from_raw(e.raw_os_error())
-}
-
-/// Whether `dir/name` has the fscrypt encrypted attribute, via `statx`. An empty `name` asks
-/// about `dir` itself (which may be an `O_PATH` fd of any file type). With `nofollow`, a symlink
-/// is examined itself (encrypted symlinks have encrypted targets).
-///
-/// A filesystem that does not report the attribute in `stx_attributes_mask` cannot encrypt, so
-/// the answer is `false`.
-fn is_encrypted_at(dir: BorrowedFd<'_>, name: &OsStr, nofollow: bool) -> Result<bool, Errno> {
-    use rustix::fs::{AtFlags, StatxAttributes, StatxFlags};
-    let (cname, mut flags) =
-        if name.is_empty() { (CString::default(), AtFlags::EMPTY_PATH) } else { (component(name)?, AtFlags::empty()) };
-    if nofollow {
-        flags |= AtFlags::SYMLINK_NOFOLLOW;
-    }
-    // Only the attributes are wanted: no field needs to be requested in the mask.
-    let stx = rustix::fs::statx(dir, cname.as_c_str(), flags, StatxFlags::empty()).map_err(errno)?;
-    let bit = StatxAttributes::ENCRYPTED;
-    Ok(stx.stx_attributes_mask.contains(bit) && stx.stx_attributes.contains(bit))
 }
