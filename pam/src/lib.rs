@@ -222,6 +222,20 @@ enum Home {
     },
 }
 
+/// The session lines' view of the home: `Some` when managed, `None` while a conversion runs;
+/// `Err` is the PAM code to return (an unmanaged home is another module's business).
+fn session_home(pam: &Pam, args: &Args, acct: &Account) -> Result<Option<(Box<Dirseal>, PolicyRecord)>, c_int> {
+    match home_state(pam, args, acct) {
+        Ok(Home::Managed { ds, policy }) => Ok(Some((ds, policy))),
+        Ok(Home::Converting) => Ok(None),
+        Ok(Home::Unmanaged) => Err(PAM_IGNORE),
+        Err(e) => {
+            pam.log(LOG_ERR, &format!("{}: {e}", acct.name));
+            Err(PAM_SESSION_ERR)
+        }
+    }
+}
+
 fn home_state(pam: &Pam, args: &Args, acct: &Account) -> Result<Home, String> {
     // A conversion in progress leaves the home plaintext until the swap: check it first.
     if dirseal::convert::in_progress(&acct.home).unwrap_or(false) {
@@ -593,16 +607,11 @@ pub(crate) fn open_session(pam: &Pam, args: &Args, flags: c_int) -> c_int {
     if pam.flag(OPENED) {
         return PAM_IGNORE;
     }
-    let managed = match home_state(pam, args, &acct) {
-        Ok(Home::Managed { ds, policy }) => Some((ds, policy)),
-        // Recorded too: the home becomes managed when the conversion swaps, and the sessions open
-        // by then must keep the last logout from locking it under them.
-        Ok(Home::Converting) => None,
-        Ok(Home::Unmanaged) => return PAM_IGNORE,
-        Err(e) => {
-            pam.log(LOG_ERR, &format!("{}: {e}", acct.name));
-            return PAM_SESSION_ERR;
-        }
+    // A home being converted is recorded too (None): it becomes managed when the conversion
+    // swaps, and the sessions open by then must keep the last logout from locking it under them.
+    let managed = match session_home(pam, args, &acct) {
+        Ok(m) => m,
+        Err(code) => return code,
     };
     // The key is added under the sessions lock, so a logout deciding "last session" on this home
     // cannot remove it after this login added it.
@@ -789,14 +798,9 @@ pub(crate) fn close_session(pam: &Pam, args: &Args, _flags: c_int) -> c_int {
     if pam.flag(CLOSED) {
         return PAM_IGNORE;
     }
-    let ds = match home_state(pam, args, &acct) {
-        Ok(Home::Managed { ds, .. }) => Some(ds),
-        Ok(Home::Converting) => None,
-        Ok(Home::Unmanaged) => return PAM_IGNORE,
-        Err(e) => {
-            pam.log(LOG_ERR, &format!("{}: {e}", acct.name));
-            return PAM_SESSION_ERR;
-        }
+    let ds = match session_home(pam, args, &acct) {
+        Ok(m) => m.map(|(ds, _)| ds),
+        Err(code) => return code,
     };
     // Held until the end: "last session" is decided and the key removed under one lock.
     let mut sessions = match Sessions::open(args.rundir(), &acct.home) {
