@@ -14,7 +14,9 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use dirseal_migrate::{self as migrate, Census, Host, HostError, MigrateError, Outcome, Request, State, StatusView};
+use dirseal_migrate::{
+    self as migrate, Census, Direction, Host, HostError, MigrateError, Outcome, Request, State, StatusView,
+};
 pub use dirseal_migrate::{Method, Mode};
 use dirseal_recovery::RecoveryKey;
 use sha2::{Digest, Sha256};
@@ -64,6 +66,16 @@ pub enum ConvertError {
         /// What the journal holds instead.
         token: String,
     },
+    /// A decrypt would leave the owner without a login: their only one is a TPM PIN (no
+    /// password hash in /etc/shadow), which the PAM module stops handling once the directory is
+    /// plain.
+    #[error("{user}, the owner of {path}, logs in with a TPM PIN only (no password in /etc/shadow); after the decrypt dirseal no longer handles that login, so give the account a password first (`passwd {user}`), then decrypt")]
+    PinLoginOnly {
+        /// The directory.
+        path: PathBuf,
+        /// The owner's login name.
+        user: String,
+    },
     /// Resume or abort was asked where no conversion was started.
     #[error("no conversion of {path} is in progress")]
     NotInProgress {
@@ -102,7 +114,7 @@ pub struct Owner {
     pub pids: Vec<u32>,
 }
 
-fn owner_of(source: &Path) -> Result<Owner, ConvertError> {
+pub(crate) fn owner_of(source: &Path) -> Result<Owner, ConvertError> {
     use std::os::unix::fs::MetadataExt;
     let meta = std::fs::symlink_metadata(source)
         .map_err(|e| ConvertError::Path { path: source.to_path_buf(), reason: format!("cannot inspect it: {e}") })?;
@@ -204,7 +216,7 @@ pub struct Converted {
     pub recovery_key_saved: Option<bool>,
 }
 
-fn request<'a>(plan_source: &'a Path, workdir: &'a Path, o: &Options) -> Request<'a> {
+pub(crate) fn request<'a>(plan_source: &'a Path, workdir: &'a Path, o: &Options, direction: Direction) -> Request<'a> {
     // Two per CPU (at least 4): a thread waiting for a small file's data to be read leaves its
     // CPU to another (4 threads converted 200,000 small files 4-10 % faster than 2 on 2 CPUs).
     let threads = match o.threads {
@@ -219,6 +231,7 @@ fn request<'a>(plan_source: &'a Path, workdir: &'a Path, o: &Options) -> Request
         force: o.force,
         threads,
         mode: o.mode,
+        direction,
     }
 }
 
@@ -234,21 +247,30 @@ pub fn plan(ds: &Dirseal, dir: &Path, options: Options, hooks: &Hooks<'_>) -> Re
     let source = absolute(dir)?;
     let workdir = workdir_for(&source)?;
     if let Some(v) = migrate::status(&workdir)?.filter(|v| unfinished(v.state)) {
+        if v.direction != Direction::Encrypt {
+            return Err(other_direction(&v, Direction::Encrypt).into());
+        }
         let staging_key = staging_key_needed(&source, &v)?;
         return Ok(Plan::Resume(ResumePlan { source, workdir, options, state: v.state, staging_key }));
     }
     // Nothing may be created (protector, policy, work dir) on a filesystem that cannot encrypt.
     fscrypt::check_supported(&fscrypt::mount_point(&source).map_err(OpsError::from)?).map_err(OpsError::from)?;
-    let owner = owner_of(&source)?;
-    if !options.force && !options.owner_asks && !owner.pids.is_empty() {
-        let pids = owner.pids.iter().take(8).map(u32::to_string).collect::<Vec<_>>().join(", ");
-        return Err(ConvertError::OwnerActive { path: source, uid: owner.uid, pids });
-    }
+    let owner = owner_idle(&source, &options)?;
     let host = KeyHost::new(ds, &source, hooks);
-    let engine = migrate::preflight(&request(&source, &workdir, &options), &host)?;
+    let engine = migrate::preflight(&request(&source, &workdir, &options, Direction::Encrypt), &host)?;
     let census = *engine.census();
     let estimate = if options.estimate { estimate(&source, &census) } else { None };
     Ok(Plan::New(NewPlan { source, workdir, options, census, owner, estimate, engine: Box::new(engine) }))
+}
+
+/// The owner of `source`, refused while they run processes (unless forced, or asking themselves).
+pub(crate) fn owner_idle(source: &Path, options: &Options) -> Result<Owner, ConvertError> {
+    let owner = owner_of(source)?;
+    if !options.force && !options.owner_asks && !owner.pids.is_empty() {
+        let pids = owner.pids.iter().take(8).map(u32::to_string).collect::<Vec<_>>().join(", ");
+        return Err(ConvertError::OwnerActive { path: source.to_path_buf(), uid: owner.uid, pids });
+    }
+    Ok(owner)
 }
 
 /// What a new conversion involves, as a person should see it before saying yes (and as front
@@ -335,7 +357,13 @@ impl NewPlan {
     }
 }
 
-fn summary(source: &Path, options: &Options, census: &Census, owner: &Owner, estimate: Option<Estimate>) -> Summary {
+pub(crate) fn summary(
+    source: &Path,
+    options: &Options,
+    census: &Census,
+    owner: &Owner,
+    estimate: Option<Estimate>,
+) -> Summary {
     let owner_name = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(owner.uid)).ok().flatten().map(|u| u.name);
     Summary {
         path: source.to_path_buf(),
@@ -365,7 +393,7 @@ const PROBE_FILES: u64 = 200;
 /// temporary directory under its root-only `.dirseal`, encrypted with a throwaway key; everything
 /// is removed again. `None` when the probe cannot run (too little space, any error): the summary
 /// then has no estimate rather than a made-up one.
-fn estimate(source: &Path, census: &Census) -> Option<Estimate> {
+pub(crate) fn estimate(source: &Path, census: &Census) -> Option<Estimate> {
     // A quarter of the headroom the copy leaves, whole MiB: the probe never costs the copy space.
     let bytes = (census.space_available.saturating_sub(census.space_needed) / 4).min(PROBE_BYTES) >> 20 << 20;
     if bytes < 2 << 20 {
@@ -472,7 +500,7 @@ impl NewPlan {
     ) -> Result<Converted, ConvertError> {
         let summary = self.summary();
         let NewPlan { source, workdir, options, engine, .. } = self;
-        let req = request(&source, &workdir, &options);
+        let req = request(&source, &workdir, &options, Direction::Encrypt);
         if !ui.confirm(&Question::Convert { dir: &source, summary: &summary })? {
             return Err(UiError::Cancelled.into());
         }
@@ -512,7 +540,7 @@ impl ResumePlan {
             load_staging_key(ds, &source, &id, pick, ui)?;
         }
         ui.notice(&format!("resuming the conversion of {} ({state})", source.display()));
-        let req = request(&source, &workdir, &options);
+        let req = request(&source, &workdir, &options, Direction::Encrypt);
         let outcome = migrate::convert(&req, &KeyHost::new(ds, &source, hooks))?;
         Ok(Converted { outcome, recovery_key_saved: None })
     }
@@ -553,7 +581,7 @@ fn drop_orphan_policy(ds: &Dirseal, source: &Path, workdir: &Path) -> Result<(),
 
 /// Loads the key of a conversion's staging directory again (after a reboot), with a protector's
 /// secret.
-fn load_staging_key(
+pub(crate) fn load_staging_key(
     ds: &Dirseal,
     source: &Path,
     id: &KeyIdentifier,
@@ -588,21 +616,44 @@ pub fn finish(
     ui: &mut dyn Ui,
     hooks: &Hooks<'_>,
 ) -> Result<Outcome, ConvertError> {
+    finish_going(ds, dir, Direction::Encrypt, how, ui, hooks)
+}
+
+/// [`finish`] for a conversion going `direction`: one going the other way is refused (it is
+/// finished with its own command). A decrypt's token is the source's key, which moving back
+/// into the encrypted tree needs.
+pub(crate) fn finish_going(
+    ds: &Dirseal,
+    dir: &Path,
+    direction: Direction,
+    how: Finish,
+    ui: &mut dyn Ui,
+    hooks: &Hooks<'_>,
+) -> Result<Outcome, ConvertError> {
     let source = absolute(dir)?;
     let workdir = workdir_for(&source)?;
+    let recorded = migrate::status(&workdir)?;
+    if let Some(v) = recorded.as_ref().filter(|v| unfinished(v.state) && v.direction != direction) {
+        return Err(other_direction(v, direction).into());
+    }
     if how == Finish::Abort {
-        if let Some(v) = migrate::status(&workdir)?.filter(|v| v.method == Method::Move) {
-            if let Some(id) = staging_key_needed(&source, &v)? {
+        if let Some(v) = recorded.as_ref().filter(|v| v.method == Method::Move) {
+            if let Some(id) = staging_key_needed(&source, v)? {
                 load_staging_key(ds, &source, &id, Pick::default(), ui)?;
             }
         }
     }
-    let host = KeyHost::new(ds, &source, hooks);
+    let host = KeyHost { direction, ..KeyHost::new(ds, &source, hooks) };
     Ok(match how {
         Finish::Abort => migrate::abort(&workdir, &host)?,
         Finish::Rollback => migrate::rollback(&workdir, &host)?,
         Finish::Commit => migrate::commit(&workdir, &host)?,
     })
+}
+
+/// The engine's refusal of a conversion recorded going the other way than `asked`.
+pub(crate) fn other_direction(v: &StatusView, asked: Direction) -> MigrateError {
+    MigrateError::OtherDirection { path: v.source.clone(), running: v.direction.command(), asked: asked.command() }
 }
 
 /// What a cancel did to a stopped conversion.
@@ -647,7 +698,7 @@ pub fn recorded() -> Result<Vec<StatusView>, ConvertError> {
 }
 
 /// The privileged side of the engine.
-struct KeyHost<'a> {
+pub(crate) struct KeyHost<'a> {
     ds: &'a Dirseal,
     source: &'a Path,
     /// The protector for a new conversion's staging policy (absent on resume and abort).
@@ -656,11 +707,38 @@ struct KeyHost<'a> {
     /// the directory at the swap, so the key works from the first moment the data is encrypted).
     recovery: Option<&'a RecoveryKey>,
     hooks: &'a Hooks<'a>,
+    /// Decrypting: the staging dir stays plain and the token names the source's own key (the
+    /// one a resume must find loaded), given by the plan as `source_key`.
+    direction: Direction,
+    source_key: Option<KeyIdentifier>,
 }
 
 impl<'a> KeyHost<'a> {
-    fn new(ds: &'a Dirseal, source: &'a Path, hooks: &'a Hooks<'a>) -> KeyHost<'a> {
-        KeyHost { ds, source, protector: None, recovery: None, hooks }
+    pub(crate) fn new(ds: &'a Dirseal, source: &'a Path, hooks: &'a Hooks<'a>) -> KeyHost<'a> {
+        KeyHost { ds, source, protector: None, recovery: None, hooks, direction: Direction::Encrypt, source_key: None }
+    }
+
+    /// The host of a decrypt of `source`, whose policy is `key`.
+    pub(crate) fn decrypting(
+        ds: &'a Dirseal,
+        source: &'a Path,
+        key: KeyIdentifier,
+        hooks: &'a Hooks<'a>,
+    ) -> KeyHost<'a> {
+        KeyHost { direction: Direction::Decrypt, source_key: Some(key), ..KeyHost::new(ds, source, hooks) }
+    }
+}
+
+impl KeyHost<'_> {
+    /// A decrypt's staging dir must not be encrypted: what is copied into it is the plaintext.
+    fn check_plain(&self, staging: BorrowedFd<'_>, path: &Path) -> Result<(), HostError> {
+        match fscrypt::get_policy_fd(staging, path).map_err(host_err)? {
+            None => Ok(()),
+            Some(p) => Err(HostError(format!(
+                "it is encrypted (policy {}), where a decrypt needs a plain directory",
+                p.identifier
+            ))),
+        }
     }
 }
 
@@ -670,6 +748,12 @@ fn host_err(e: impl std::fmt::Display) -> HostError {
 
 impl Host for KeyHost<'_> {
     fn prepare_staging(&self, staging: BorrowedFd<'_>, path: &Path) -> Result<String, HostError> {
+        if self.direction == Direction::Decrypt {
+            // The plain staging dir only has to be plain; the token is the key the source needs.
+            self.check_plain(staging, path)?;
+            let id = self.source_key.ok_or_else(|| HostError("internal: no source key for a decrypt".into()))?;
+            return Ok(id.to_string());
+        }
         let (prec, pkey) = self
             .protector
             .as_ref()
@@ -691,6 +775,9 @@ impl Host for KeyHost<'_> {
     }
 
     fn check_staging(&self, token: &str, staging: BorrowedFd<'_>, path: &Path) -> Result<(), HostError> {
+        if self.direction == Direction::Decrypt {
+            return self.check_plain(staging, path);
+        }
         let id: KeyIdentifier = token.parse().map_err(host_err)?;
         match fscrypt::get_policy_fd(staging, path).map_err(host_err)? {
             Some(p) if p == fscrypt::PolicyV2::new(id) => Ok(()),
@@ -704,6 +791,10 @@ impl Host for KeyHost<'_> {
         let mp = fscrypt::mount_point(staging).map_err(host_err)?;
         match fscrypt::key_status(&mp, &id).map_err(host_err)? {
             KeyStatus::Present => Ok(()),
+            _ if self.direction == Direction::Decrypt => Err(HostError(format!(
+                "the key {id} of {} is not loaded (was the machine restarted?); resuming the decrypt loads it with a protector's secret",
+                self.source.display()
+            ))),
             _ => Err(HostError(format!(
                 "the staging directory's key {id} is not loaded (was the machine restarted?); resuming the conversion of {} loads it with a protector's secret",
                 self.source.display()
@@ -740,7 +831,7 @@ impl Host for KeyHost<'_> {
 
 /// The staging key of a conversion in progress, if one is recorded and its key is not loaded:
 /// the caller must unlock it (ask the secret) before resuming.
-fn staging_key_needed(source: &Path, view: &StatusView) -> Result<Option<KeyIdentifier>, ConvertError> {
+pub(crate) fn staging_key_needed(source: &Path, view: &StatusView) -> Result<Option<KeyIdentifier>, ConvertError> {
     if view.token.is_empty() || !unfinished(view.state) {
         return Ok(None);
     }

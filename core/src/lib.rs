@@ -27,6 +27,7 @@
 pub mod account;
 pub mod config;
 pub mod convert;
+pub mod decrypt;
 pub mod fido2;
 mod format;
 pub mod fscrypt;

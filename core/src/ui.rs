@@ -63,6 +63,13 @@ pub enum Question<'a> {
         /// What the conversion involves, for the front end to show before asking.
         summary: &'a crate::convert::Summary,
     },
+    /// Decrypt `dir` in place (back to plaintext); the summary is convert's.
+    Decrypt {
+        /// The encrypted directory.
+        dir: &'a Path,
+        /// What the decrypt involves.
+        summary: &'a crate::convert::Summary,
+    },
     /// Make a recovery key for `dir` (the way back in if every protector is lost).
     CreateRecoveryKey {
         /// The directory the key would open.

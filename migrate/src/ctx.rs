@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use rustix::io::Errno;
 
 use crate::fsx::{self, Meta};
-use crate::journal::Journal;
+use crate::journal::{Direction, Journal};
 use crate::{Host, MigrateError, Phase, Progress};
 
 const PROGRESS_EVERY: Duration = Duration::from_millis(250);
@@ -34,6 +34,8 @@ pub(crate) struct Ctx<'a> {
     /// Writes the counters to the journal (see `checkpoint` in lib.rs), every `SAVE_EVERY`.
     saver: Option<&'a (dyn Fn(u64, u64) + Sync)>,
     last_save: Mutex<Instant>,
+    /// Decrypting: the source's entries are encrypted (with the root's policy) by design.
+    decrypting: bool,
 }
 
 impl<'a> Ctx<'a> {
@@ -59,7 +61,14 @@ impl<'a> Ctx<'a> {
             last: Mutex::new(None),
             saver: None,
             last_save: Mutex::new(Instant::now()),
+            decrypting: false,
         }
+    }
+
+    /// A pass over the source of a conversion going `direction`.
+    pub(crate) fn going(mut self, direction: Direction) -> Ctx<'a> {
+        self.decrypting = direction == Direction::Decrypt;
+        self
     }
 
     pub(crate) fn saving(mut self, saver: &'a (dyn Fn(u64, u64) + Sync)) -> Ctx<'a> {
@@ -135,13 +144,13 @@ impl<'a> Ctx<'a> {
         Ok(())
     }
 
-    /// Refuses entries that cannot be converted faithfully: other mounts, encrypted inodes and
-    /// immutable or append-only ones.
+    /// Refuses entries that cannot be converted faithfully: other mounts, encrypted inodes (when
+    /// encrypting; a decrypt's source is encrypted throughout) and immutable or append-only ones.
     pub(crate) fn check_entry(&self, m: &Meta, rel: &Path) -> Result<(), MigrateError> {
         if m.mnt_id != self.root_mnt {
             return Err(MigrateError::MountPointInside { path: self.display(rel) });
         }
-        if m.encrypted {
+        if m.encrypted && !self.decrypting {
             return Err(MigrateError::EncryptedInside { path: self.display(rel) });
         }
         if m.immutable {

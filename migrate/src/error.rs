@@ -32,6 +32,10 @@ pub enum MigrateError {
     FilesystemRoot { path: PathBuf },
     #[error("{} is already encrypted; there is nothing to convert", path.display())]
     AlreadyEncrypted { path: PathBuf },
+    #[error("{} is not encrypted; there is nothing to decrypt", path.display())]
+    NotEncrypted { path: PathBuf },
+    #[error("a `dirseal {running}` of {} is unfinished; finish it first (run `dirseal {running}` on it again to resume, or abort it), then run `dirseal {asked}`", path.display())]
+    OtherDirection { path: PathBuf, running: &'static str, asked: &'static str },
     #[error("{} is encrypted on its own; move it out of the directory, convert, then move it back", path.display())]
     EncryptedInside { path: PathBuf },
     #[error("{} is immutable or append-only, which a copy cannot keep and which blocks removing the old tree; clear the flag (chattr -i -a) and try again, then set it again after the conversion", path.display())]
@@ -40,7 +44,7 @@ pub enum MigrateError {
     MountPointInside { path: PathBuf },
     #[error("not enough free space for a copy of {}: about {needed} bytes needed, {available} available; free some space and try again", path.display())]
     NoSpace { path: PathBuf, needed: u64, available: u64 },
-    #[error("not enough free space to move {} into the encrypted directory: about {needed} bytes needed (a few chunks, the directories and the files also linked from outside it, which are copied), {available} available; free some space and try again", path.display())]
+    #[error("not enough free space to move {} into the staging directory: about {needed} bytes needed (a few chunks, the directories and the files also linked from outside it, which are copied), {available} available; free some space and try again", path.display())]
     NoSpaceToMove { path: PathBuf, needed: u64, available: u64 },
     #[error("not enough free space for a copy of {}: about {needed} bytes needed, {available} available, and a move keeps no backup; free some space, or convert without keeping a backup", path.display())]
     NoSpaceForBackup { path: PathBuf, needed: u64, available: u64 },
@@ -50,7 +54,7 @@ pub enum MigrateError {
     MoveOutOfSpace { path: PathBuf },
     #[error("cannot continue moving {}: {reason}; something changed the directory or its staging copy during the move; nothing more was changed (see docs/crash-safety.md to recover by hand)", path.display())]
     MoveInconsistent { path: PathBuf, reason: String },
-    #[error("moving {} into the encrypted directory keeps no backup of the original; convert without keeping a backup, or by copying (which needs room for a second copy)", path.display())]
+    #[error("moving {} into the staging directory keeps no backup of the original; run without keeping a backup, or by copying (which needs room for a second copy)", path.display())]
     MoveWithBackup { path: PathBuf },
     #[error("not enough free inodes for a copy of {}: {needed} needed, {available} available; delete some files and try again", path.display())]
     NoInodes { path: PathBuf, needed: u64, available: u64 },
@@ -118,4 +122,13 @@ pub(crate) fn other_source(workdir: &Path, j: &Journal, requested: &Path) -> Mig
         journal_source: j.source.0.clone(),
         requested: requested.to_path_buf(),
     }
+}
+
+/// A recorded, unfinished conversion goes the other way than the one asked for.
+pub(crate) fn other_direction(j: &Journal) -> MigrateError {
+    let asked = match j.direction {
+        crate::Direction::Encrypt => crate::Direction::Decrypt,
+        crate::Direction::Decrypt => crate::Direction::Encrypt,
+    };
+    MigrateError::OtherDirection { path: j.source.0.clone(), running: j.direction.command(), asked: asked.command() }
 }

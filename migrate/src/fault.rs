@@ -84,6 +84,8 @@ points! {
     /// After a large file's original name removed, before the journal forgets it.
     MoveFileDone = "move-file-done",
     AfterRecordSettling = "after-record-settling",
+    /// After a staging directory got its metadata, before its times record is removed.
+    SettleTimesKept = "settle-times-kept",
     /// After each staging directory settled.
     SettleDir = "settle-dir",
     AfterRecordMoved = "after-record-moved",
@@ -99,6 +101,9 @@ points! {
     /// After each entry of the encrypted copy removed by a rollback.
     RollbackEntry = "rollback-entry",
     RollbackBeforeRecord = "rollback-before-record",
+    /// Decrypt (the host, dirseal's decrypt): the policy record is removed, the key is not yet
+    /// removed from the kernel.
+    AfterPolicyForgotten = "after-policy-forgotten",
 }
 
 impl std::fmt::Display for Point {

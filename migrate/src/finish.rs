@@ -135,6 +135,7 @@ pub fn status(workdir: &Path) -> Result<Option<StatusView>, MigrateError> {
         wipe: j.wipe,
         backup,
         running: matches!(wd.probe_lock(), Err(MigrateError::Busy { .. })),
+        direction: j.direction,
     }))
 }
 

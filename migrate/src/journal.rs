@@ -138,6 +138,33 @@ impl std::fmt::Display for Method {
     }
 }
 
+/// Which way a conversion goes: into an encrypted staging directory (`convert`) or out of an
+/// encrypted tree into a plain one (`decrypt`). Journals from before decrypt existed are
+/// conversions; a conversion's journal does not name it, so it reads as it always did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Direction {
+    /// A plaintext tree becomes encrypted.
+    #[default]
+    Encrypt,
+    /// An encrypted tree (the unlocked root of its policy) becomes plaintext.
+    Decrypt,
+}
+
+impl Direction {
+    pub(crate) fn is_encrypt(&self) -> bool {
+        *self == Direction::Encrypt
+    }
+
+    /// The command that runs (and resumes) a conversion going this way.
+    pub fn command(self) -> &'static str {
+        match self {
+            Direction::Encrypt => "convert",
+            Direction::Decrypt => "decrypt",
+        }
+    }
+}
+
 /// The regular file whose data is split between the trees: the source name holds bytes
 /// `[0, size - moved)`, the staging name `[size - moved, size)`. Its metadata is kept here because
 /// shrinking or punching a file may drop some of it (file capabilities) and changes its times.
@@ -347,6 +374,10 @@ pub(crate) struct Journal {
     pub method: Method,
     /// Move mode: the one regular file whose data is split between the two trees.
     pub inflight: Option<InFlight>,
+    /// Which way the tree goes; written only for a decrypt, so a conversion's journal is what it
+    /// was before (and a dirseal without decrypt refuses a decrypt's journal: an unknown field).
+    #[serde(skip_serializing_if = "Direction::is_encrypt")]
+    pub direction: Direction,
 }
 
 /// Access and modification time of a tree's root.
@@ -385,6 +416,8 @@ struct RawJournal {
     method: Method,
     #[serde(default)]
     inflight: Option<InFlight>,
+    #[serde(default)]
+    direction: Direction,
 }
 
 /// Longest token a host may hand out (a policy id is 32 hex digits).
@@ -449,6 +482,7 @@ impl TryFrom<RawJournal> for Journal {
             step: r.step,
             method: r.method,
             inflight: r.inflight,
+            direction: r.direction,
         })
     }
 }
@@ -788,7 +822,21 @@ mod tests {
             step,
             method: Method::Copy,
             inflight: None,
+            direction: Direction::Encrypt,
         }
+    }
+
+    #[test]
+    fn a_decrypt_journal_names_its_direction_and_a_conversion_journal_does_not() {
+        let j = sample(Step::Copying { round: 0 });
+        let text = serde_json::to_string(&j).unwrap();
+        assert!(!text.contains("direction"), "a conversion's journal is what it was before decrypt: {text}");
+        let d = Journal { direction: Direction::Decrypt, ..moving(Step::Moving) };
+        let text = serde_json::to_string(&d).unwrap();
+        assert!(text.contains(r#""direction":"decrypt""#), "{text}");
+        assert_eq!(serde_json::from_str::<Journal>(&text).unwrap(), d);
+        let bad = text.replace(r#""direction":"decrypt""#, r#""direction":"sideways""#);
+        assert!(serde_json::from_str::<Journal>(&bad).is_err());
     }
 
     fn moving(step: Step) -> Journal {

@@ -13,6 +13,10 @@
 //! swap), `RollingBack → RolledBack` (after a swap kept with `keep_backup`). Move mode:
 //! `Prepared → Moving → Moved → Swapped → Done`, and `MovingBack → Aborted` for an abort.
 //!
+//! The same machine runs the other way ([`Direction::Decrypt`]): the source is the unlocked root
+//! of an encrypted tree, the staging directory stays plain (and root-only, in the work dir) until
+//! the swap; the host's token then names the source's key, which a resume must load again.
+//!
 //! Where things are (one state of the journal, one function in machine.rs):
 //! - plan.rs: the [`Request`], [`preflight`]'s checks and [`Census`], and the choice of method;
 //! - machine.rs: [`convert`] and [`start`]: the step table and one function per step;
@@ -45,7 +49,7 @@ pub use dirseal_procs::{find_users, ProcessUse};
 pub use error::MigrateError;
 pub use finish::{abort, commit, rollback, status};
 pub use host::{Host, HostError, Phase, Progress};
-pub use journal::Method;
+pub use journal::{Direction, Method};
 pub use machine::{convert, start};
 pub use plan::{preflight, Census, Mode, Plan, Request};
 pub use scan::census_dirs_listed;

@@ -7,7 +7,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::Ordering::Relaxed;
 
 use crate::ctx::Ctx;
-use crate::error::{host_err, io_err, move_err, other_source};
+use crate::error::{host_err, io_err, move_err, other_direction, other_source};
 use crate::fault::{self, Point};
 use crate::finish::{dispose, outcome};
 use crate::journal::{self, HexPath, Journal, Method, Step, Version, Workdir, STAGING};
@@ -71,6 +71,9 @@ fn resume_recorded(req: &Request, host: &dyn Host, src: &Source) -> Option<Resul
         if j.source.0 != src.path {
             return Err(other_source(req.workdir, &j, &src.path));
         }
+        if j.direction != req.direction {
+            return Err(other_direction(&j));
+        }
         let wd = Workdir::open(req.workdir, false)?
             .ok_or(MigrateError::NoConversion { workdir: req.workdir.to_path_buf() })?;
         let _lock = wd.lock()?;
@@ -98,6 +101,9 @@ fn begin(
             if j.source.0 != src.path {
                 return Err(other_source(req.workdir, j, &src.path));
             }
+            if j.direction != req.direction {
+                return Err(other_direction(j));
+            }
             return run(req, host, &wd, j.clone(), true, timings);
         }
     }
@@ -108,10 +114,10 @@ fn begin(
     let stg_fd = fsx::open_dir(&wd.fd, STAGING.as_ref()).map_err(io_err("opening", &wd.staging_path()))?;
     let token = host
         .prepare_staging(stg_fd.as_fd(), &wd.staging_path())
-        .map_err(host_err("preparing the encrypted staging directory"))?;
+        .map_err(host_err("preparing the staging directory"))?;
     if token.len() > journal::MAX_TOKEN || token.chars().any(char::is_control) {
         return Err(MigrateError::Host {
-            step: "preparing the encrypted staging directory",
+            step: "preparing the staging directory",
             source: HostError(format!("the host returned an unusable token of {} bytes", token.len())),
         });
     }
@@ -146,6 +152,7 @@ fn begin(
         step: Step::Prepared,
         method: census.method,
         inflight: None,
+        direction: req.direction,
     };
     wd.record(&mut j, Step::Prepared, Point::AfterPrepare)?;
     timings.add("prepare", prepared.elapsed());
@@ -289,6 +296,7 @@ impl<'r> Run<'r> {
         'r: 'p,
     {
         Ctx::new(self.host, &trees.src.path, trees.src.meta.mnt_id, phase, self.j.files_total, self.j.bytes_total)
+            .going(self.j.direction)
     }
 
     /// Records a transition (timed as `journal`); `then` is the crash point right after it.
@@ -419,7 +427,7 @@ impl<'r> Run<'r> {
         self.record(Step::Moved, Point::AfterRecordMoved)
     }
 
-    /// `Verified` or `Moved`: swaps the encrypted tree into place.
+    /// `Verified` or `Moved`: swaps the staging tree (encrypted, or plain for a decrypt) into place.
     fn swapping(&mut self) -> Result<(), MigrateError> {
         let (req, host, wd, j) = (&self.req, self.host, self.wd, &self.j);
         self.t.time("swap", || swap(req, host, wd, j))?;

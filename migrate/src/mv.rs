@@ -95,6 +95,15 @@ fn recorded_times(x: &[(Vec<u8>, Vec<u8>)]) -> Option<(Time, Time)> {
     x.iter().find(|(n, _)| n == TIMES).and_then(|(_, v)| decode_times(v))
 }
 
+/// Removes the times record (settling is done with the directory); absent already is fine.
+fn remove_times_xattr(fd: BorrowedFd<'_>) -> io::Result<()> {
+    let p = fsx::proc_path(fd);
+    match rustix::fs::removexattr(p.as_str(), OsStr::from_bytes(TIMES)) {
+        Ok(()) | Err(rustix::io::Errno::NODATA) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
 fn set_times_xattr(fd: BorrowedFd<'_>, m: &Meta) -> io::Result<()> {
     let p = fsx::proc_path(fd);
     rustix::fs::setxattr(p.as_str(), OsStr::from_bytes(TIMES), &encode_times(m), rustix::fs::XattrFlags::empty())?;
@@ -708,13 +717,20 @@ pub(crate) fn settle(ctx: &Ctx, src_root: &OwnedFd, stg_root: &OwnedFd) -> Resul
         let sm = fsx::stat_fd(s).map_err(|e| ctx.src_err(rel, e))?;
         let mut x = fsx::xattrs(s.as_fd()).map_err(|e| ctx.src_err(rel, e))?;
         if is_root {
-            for (n, v) in have {
-                if n != TIMES && !x.iter().any(|(m, _)| *m == n) {
-                    x.push((n, v));
+            for (n, v) in &have {
+                if n != TIMES && !x.iter().any(|(m, _)| m == n) {
+                    x.push((n.clone(), v.clone()));
                 }
             }
         }
+        // The record goes last: the metadata is applied with it still present, so a run killed
+        // anywhere in between finds the directory unsettled and settles it again (removing the
+        // record first left a resumed run taking a half-set directory for settled).
+        x.retain(|(n, _)| n != TIMES);
+        x.extend(have.into_iter().filter(|(n, _)| n == TIMES));
         fsx::apply_meta(t.as_fd(), &Meta { atime, mtime, ..sm }, &x).map_err(|e| ctx.dst_err(rel, e))?;
+        fault::point(Point::SettleTimesKept);
+        remove_times_xattr(t.as_fd()).map_err(|e| ctx.dst_err(rel, e))?;
         fault::point(Point::SettleDir);
         Ok(())
     })

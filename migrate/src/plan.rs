@@ -4,8 +4,8 @@
 use std::path::Path;
 
 use crate::ctx::Ctx;
-use crate::error::{host_err, io_err, other_source};
-use crate::journal::{Method, Workdir};
+use crate::error::{host_err, io_err, other_direction, other_source};
+use crate::journal::{Direction, Method, Workdir};
 use crate::machine::pool;
 use crate::trees::Source;
 use crate::{find_users, fsx, mv, scan, Host, MigrateError, Phase, State};
@@ -32,6 +32,9 @@ pub struct Request<'a> {
     /// Copy, move, or pick by free space. Applies when a conversion starts; a resumed one keeps
     /// its recorded method.
     pub mode: Mode,
+    /// Encrypt (convert) or decrypt. A recorded conversion going the other way is neither
+    /// resumed nor replaced: it must be finished by its own command first.
+    pub direction: Direction,
 }
 
 /// How the caller wants the data to go into staging.
@@ -134,10 +137,12 @@ fn choose_method(
 
 /// The checks that need no walk of the tree.
 pub(crate) fn quick_checks(req: &Request, host: &dyn Host, src: &Source) -> Result<(), MigrateError> {
-    if src.meta.encrypted
-        || host.is_encrypted(&src.path).map_err(host_err("checking whether the directory is encrypted"))?
-    {
-        return Err(MigrateError::AlreadyEncrypted { path: src.path.clone() });
+    let encrypted = src.meta.encrypted
+        || host.is_encrypted(&src.path).map_err(host_err("checking whether the directory is encrypted"))?;
+    match req.direction {
+        Direction::Encrypt if encrypted => return Err(MigrateError::AlreadyEncrypted { path: src.path.clone() }),
+        Direction::Decrypt if !encrypted => return Err(MigrateError::NotEncrypted { path: src.path.clone() }),
+        _ => {}
     }
     check_workdir_location(req.workdir, src)?;
     if let Some(wd) = Workdir::open(req.workdir, false)? {
@@ -147,6 +152,9 @@ pub(crate) fn quick_checks(req: &Request, host: &dyn Host, src: &Source) -> Resu
         if let Some(j) = wd.read()? {
             if !j.step.is_final() && j.source.0 != src.path {
                 return Err(other_source(req.workdir, &j, &src.path));
+            }
+            if !j.step.is_final() && j.direction != req.direction {
+                return Err(other_direction(&j));
             }
         }
     }
@@ -158,7 +166,7 @@ pub(crate) fn quick_checks(req: &Request, host: &dyn Host, src: &Source) -> Resu
 
 pub(crate) fn preflight_source(req: &Request, host: &dyn Host, src: &Source) -> Result<Census, MigrateError> {
     quick_checks(req, host, src)?;
-    let ctx = Ctx::new(host, &src.path, src.meta.mnt_id, Phase::Scanning, 0, 0);
+    let ctx = Ctx::new(host, &src.path, src.meta.mnt_id, Phase::Scanning, 0, 0).going(req.direction);
     ctx.tick(true);
     let census = pool(req.threads)?.install(|| scan::census(&ctx, &src.fd)).map_err(|e| match e {
         MigrateError::Interrupted { .. } => MigrateError::Interrupted { state: State::Prepared },

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::path::PathBuf;
 
-use crate::journal::Method;
+use crate::journal::{Direction, Method};
 
 /// The recorded state of a conversion.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -132,4 +132,6 @@ pub struct StatusView {
     pub backup: Option<PathBuf>,
     /// A live process holds the conversion's lock: it is running now, not interrupted.
     pub running: bool,
+    /// Encrypting (`convert`) or decrypting.
+    pub direction: Direction,
 }

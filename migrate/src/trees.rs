@@ -78,16 +78,15 @@ pub fn staging_path(workdir: &Path) -> PathBuf {
 /// Anything else is left alone: it might be someone's data.
 pub(crate) fn clear_leftovers(wd: &Workdir, old: Option<&Journal>, point: Point) -> Result<(), MigrateError> {
     let Some(t) = wd.staging_meta()? else { return Ok(()) };
-    let ours = match old {
-        Some(j) => t.ino == j.staging_ino && t.ino != j.source_ino,
-        None => {
-            t.kind == fsx::Kind::Dir
-                && fsx::open_dir(&wd.fd, STAGING.as_ref())
-                    .and_then(fsx::list_names)
-                    .map(|n| n.is_empty())
-                    .unwrap_or(false)
-        }
-    };
+    let recorded = old.is_some_and(|j| t.ino == j.staging_ino && t.ino != j.source_ino);
+    // An empty dir is the one a run made just before it died, before its journal replaced the
+    // finished one of an earlier conversion (or decrypt) of the same directory.
+    let ours = recorded
+        || (t.kind == fsx::Kind::Dir
+            && fsx::open_dir(&wd.fd, STAGING.as_ref())
+                .and_then(fsx::list_names)
+                .map(|n| n.is_empty())
+                .unwrap_or(false));
     if !ours {
         return Err(MigrateError::UnsafeWorkdir {
             path: wd.path.clone(),

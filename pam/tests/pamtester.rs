@@ -671,6 +671,7 @@ fn interrupted_conversion(home: &Path, mode: dirseal_migrate::Mode) {
         force: true,
         threads: 1,
         mode,
+        direction: dirseal_migrate::Direction::Encrypt,
     };
     let e = dirseal_migrate::convert(&req, &Stopped(Default::default())).unwrap_err();
     assert!(matches!(e, dirseal_migrate::MigrateError::Interrupted { .. }), "{e:?}");

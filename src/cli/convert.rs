@@ -72,14 +72,14 @@ pub struct ConvertArgs {
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
-enum DataMode {
+pub(super) enum DataMode {
     Copy,
     Move,
     Auto,
 }
 
 #[derive(Serialize)]
-struct OutcomeOut<'a> {
+pub(super) struct OutcomeOut<'a> {
     path: &'a Path,
     state: String,
     method: String,
@@ -97,7 +97,7 @@ struct OutcomeOut<'a> {
 }
 
 #[derive(Serialize)]
-struct StatusOut<'a> {
+pub(super) struct StatusOut<'a> {
     path: &'a Path,
     state: String,
     method: String,
@@ -112,7 +112,7 @@ struct StatusOut<'a> {
     running: bool,
 }
 
-fn status_out(v: &StatusView) -> StatusOut<'_> {
+pub(super) fn status_out(v: &StatusView) -> StatusOut<'_> {
     StatusOut {
         path: &v.source,
         state: v.state.to_string(),
@@ -245,19 +245,7 @@ fn scrub_after(abs: &Path, o: &Outcome, stop: &AtomicBool, json: bool) -> Result
 /// The result; `apparent` is the sum of file sizes when the plan counted it (a new conversion).
 fn report(abs: &Path, o: &Outcome, apparent: Option<u64>, json: bool) -> Result<()> {
     if json {
-        let out = OutcomeOut {
-            path: abs,
-            state: o.state.to_string(),
-            method: o.method.to_string(),
-            files: o.files,
-            bytes: o.bytes,
-            data_bytes: o.bytes,
-            apparent_bytes: apparent,
-            policy: &o.token,
-            backup: o.backup.as_deref(),
-            notes: &o.notes,
-            timings: o.timings.parts().iter().map(|(p, d)| (p.to_string(), d.as_secs_f64().into())).collect(),
-        };
+        let out = outcome_out(abs, o, apparent);
         println!("{}", serde_json::to_string(&serde_json::json!({ "result": out }))?);
         return Ok(());
     }
@@ -298,7 +286,24 @@ fn report(abs: &Path, o: &Outcome, apparent: Option<u64>, json: bool) -> Result<
     Ok(())
 }
 
-fn show_status(abs: &Path, v: Option<&StatusView>, json: bool) -> Result<i32> {
+/// The JSON `result` of a run.
+pub(super) fn outcome_out<'a>(abs: &'a Path, o: &'a Outcome, apparent: Option<u64>) -> OutcomeOut<'a> {
+    OutcomeOut {
+        path: abs,
+        state: o.state.to_string(),
+        method: o.method.to_string(),
+        files: o.files,
+        bytes: o.bytes,
+        data_bytes: o.bytes,
+        apparent_bytes: apparent,
+        policy: &o.token,
+        backup: o.backup.as_deref(),
+        notes: &o.notes,
+        timings: o.timings.parts().iter().map(|(p, d)| (p.to_string(), d.as_secs_f64().into())).collect(),
+    }
+}
+
+pub(super) fn show_status(abs: &Path, v: Option<&StatusView>, json: bool) -> Result<i32> {
     match (v, json) {
         (None, true) => println!("{}", serde_json::json!({ "path": abs, "state": null })),
         (None, false) => println!("no conversion recorded for {}", clean(&abs.display().to_string())),
@@ -316,6 +321,7 @@ fn print_status(v: &StatusView) {
 /// to run, and where a move's files are meanwhile).
 pub fn status_text(v: &StatusView) -> String {
     let d = clean(&v.source.display().to_string());
+    let cmd = v.direction.command();
     let counts = format!(
         "{} of {} files, {} of {}",
         v.files_done,
@@ -326,18 +332,21 @@ pub fn status_text(v: &StatusView) -> String {
     match v.state {
         State::Done | State::Aborted | State::RolledBack => v.state.to_string(),
         s if v.running => format!("{s}, running now ({counts})"),
-        State::Swapped => format!(
-            "encrypted; the old plaintext is kept until `dirseal convert --commit {d}` (or `--rollback` restores it)"
+        State::Swapped if v.direction == dirseal_migrate::Direction::Decrypt => format!(
+            "decrypted; the encrypted tree is kept until `dirseal {cmd} --commit {d}` (or `--rollback` restores it)"
         ),
-        State::RollingBack => format!("interrupted while rolling back; run `dirseal convert --rollback {d}` to finish"),
+        State::Swapped => format!(
+            "encrypted; the old plaintext is kept until `dirseal {cmd} --commit {d}` (or `--rollback` restores it)"
+        ),
+        State::RollingBack => format!("interrupted while rolling back; run `dirseal {cmd} --rollback {d}` to finish"),
         State::MovingBack => {
-            format!("interrupted while moving files back; run `dirseal convert --abort {d}` to finish")
+            format!("interrupted while moving files back; run `dirseal {cmd} --abort {d}` to finish")
         }
         s @ (State::Moving | State::Moved) => format!(
             "interrupted while {s} ({counts}); the files already moved are in the work dir's staging directory until \
-             `dirseal convert {d}` resumes (or `--abort` moves them back)"
+             `dirseal {cmd} {d}` resumes (or `--abort` moves them back)"
         ),
-        s => format!("interrupted while {s} ({counts}); run `dirseal convert {d}` to resume (or `--abort`)"),
+        s => format!("interrupted while {s} ({counts}); run `dirseal {cmd} {d}` to resume (or `--abort`)"),
     }
 }
 

@@ -1,5 +1,6 @@
 //! The `dirseal` command line: thin glue from clap to [`dirseal::ops`].
 mod convert;
+mod decrypt;
 mod fido2;
 mod hint;
 mod home;
@@ -64,6 +65,9 @@ enum Cmd {
     },
     /// Encrypt a directory that already holds data, in place (resumable)
     Convert(convert::ConvertArgs),
+    /// Turn an encrypted directory back into plaintext in place (the way back from `convert`):
+    /// resumable, verified, atomic; its policy and the protectors only it used are removed
+    Decrypt(decrypt::DecryptArgs),
     /// Unlock an encrypted directory (load its key into the kernel)
     Unlock {
         /// The encrypted directory (any directory of its tree)
@@ -464,7 +468,8 @@ fn run(cli: Cli) -> Result<i32> {
             | Cmd::Lock { json: true, .. }
             | Cmd::Protector(ProtectorCmd::List { json: true })
             | Cmd::Policy(PolicyCmd::List { json: true })
-    ) || matches!(&cli.cmd, Cmd::Convert(a) if a.json);
+    ) || matches!(&cli.cmd, Cmd::Convert(a) if a.json)
+        || matches!(&cli.cmd, Cmd::Decrypt(a) if a.json);
     let mut ui = TermUi { json, assume_yes: false, login_user: None };
     match cli.cmd {
         Cmd::Status { dir: Some(dir), json } => status_dir(Some(&ds), &dir, json)?,
@@ -481,6 +486,7 @@ fn run(cli: Cli) -> Result<i32> {
             }
         }
         Cmd::Convert(args) => return convert::run(&mut ds, args, &mut ui),
+        Cmd::Decrypt(args) => return decrypt::run(&mut ds, args, &mut ui),
         Cmd::Home(cmd) => return home::run(&mut ds, cmd, &mut ui),
         Cmd::Unlock { dir, recovery: true, .. } => ds.unlock_with_recovery(&dir, &mut ui)?,
         Cmd::Unlock { dir, protector, recovery: false } => {

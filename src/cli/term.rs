@@ -188,25 +188,26 @@ impl Ui for TermUi {
 
     fn confirm(&mut self, q: &Question<'_>) -> Result<bool, UiError> {
         match q {
-            Question::Convert { dir, summary } => {
+            Question::Convert { dir, summary } | Question::Decrypt { dir, summary } => {
+                let way = Way::of(q);
                 let d = clean(&dir.display().to_string());
                 if self.assume_yes {
                     // Nothing asked, but a person watching still learns what is starting.
                     if !self.json && io::stderr().is_terminal() {
-                        eprintln!("{}", summary_text(summary));
+                        eprintln!("{}", summary_text_for(summary, way));
                     } else {
-                        eprintln!("dirseal: converting {d}: {}", method_text(summary));
+                        eprintln!("dirseal: {} {d}: {}", way.ing, method_text(summary, way));
                     }
                     return Ok(true);
                 }
                 if !io::stdin().is_terminal() {
                     return Err(UiError::Unconfirmed {
-                        what: format!("converting {d}"),
+                        what: format!("{} {d}", way.ing),
                         hint: "pass --yes when not on a terminal".into(),
                     });
                 }
-                eprintln!("{}", summary_text(summary));
-                Ok(confirm(&format!("Encrypt {d} in place?")))
+                eprintln!("{}", summary_text_for(summary, way));
+                Ok(confirm(&format!("{} {d} in place?", way.verb)))
             }
             // Only on a terminal: scripts say --recovery-key or --no-recovery-key. `--yes` asks
             // nothing but secrets, so no key unless --recovery-key says so.
@@ -265,10 +266,52 @@ fn duration(secs: u64) -> String {
 
 /// What the conversion involves, before the question (issue: a person must know the size, the
 /// time, the space, who is locked out and whether a recovery key is made before saying yes).
-pub fn summary_text(s: &dirseal::convert::Summary) -> String {
+/// The words that differ between a convert's summary and a decrypt's.
+#[derive(Clone, Copy)]
+pub struct Way {
+    verb: &'static str,
+    ing: &'static str,
+    /// The command, for "resume with", "--abort", "--commit".
+    cmd: &'static str,
+    /// What the staging directory is.
+    into: &'static str,
+    /// What the old tree is, once replaced.
+    old: &'static str,
+    decrypt: bool,
+}
+
+impl Way {
+    pub const CONVERT: Way = Way {
+        verb: "Encrypt",
+        ing: "converting",
+        cmd: "convert",
+        into: "an encrypted directory",
+        old: "the old plaintext",
+        decrypt: false,
+    };
+    pub const DECRYPT: Way = Way {
+        verb: "Decrypt",
+        ing: "decrypting",
+        cmd: "decrypt",
+        into: "a plain root-only directory",
+        old: "the encrypted tree",
+        decrypt: true,
+    };
+
+    fn of(q: &Question<'_>) -> Way {
+        if matches!(q, Question::Decrypt { .. }) {
+            Way::DECRYPT
+        } else {
+            Way::CONVERT
+        }
+    }
+}
+
+pub fn summary_text_for(s: &dirseal::convert::Summary, way: Way) -> String {
     use indicatif::HumanBytes;
     let d = clean(&s.path.display().to_string());
-    let mut out = format!("Encrypting {d} in place. {}\n", method_text(s));
+    let mut out =
+        format!("{} {d} in place. {}\n", if way.decrypt { "Decrypting" } else { "Encrypting" }, method_text(s, way));
     let mut data = format!("{} entries, {} of data", s.entries, HumanBytes(s.data_bytes));
     if s.apparent_bytes > s.data_bytes {
         data.push_str(&format!(" ({} apparent: sparse files count only their data)", HumanBytes(s.apparent_bytes)));
@@ -293,14 +336,23 @@ pub fn summary_text(s: &dirseal::convert::Summary) -> String {
         (Some(n), uid) => format!("{} (uid {uid}) cannot log in, and nothing may use the directory", clean(n)),
         (None, uid) => format!("uid {uid} cannot log in, and nothing may use the directory"),
     };
-    out.push_str(&format!("  meanwhile:    {who}; an interrupted run resumes with `dirseal convert {d}`\n"));
-    out.push_str(match s.recovery_key {
-        Some(true) => "  recovery key: yes, shown before anything is encrypted\n",
-        Some(false) => "  recovery key: no (if every password is lost, so is the data)\n",
-        None => "  recovery key: asked next\n",
-    });
+    out.push_str(&format!("  meanwhile:    {who}; an interrupted run resumes with `dirseal {} {d}`\n", way.cmd));
+    if way.decrypt {
+        out.push_str(
+            "  keys:         once done, its policy, the protectors only it used and its recovery keys are removed \
+             (--keep-protectors keeps the protectors), and the owner logs in with the account password\n",
+        );
+    } else {
+        out.push_str(match s.recovery_key {
+            Some(true) => "  recovery key: yes, shown before anything is encrypted\n",
+            Some(false) => "  recovery key: no (if every password is lost, so is the data)\n",
+            None => "  recovery key: asked next\n",
+        });
+    }
     out.push_str(&if s.keep_backup {
-        format!("  afterwards:   the old plaintext is kept until `dirseal convert --commit {d}`")
+        format!("  afterwards:   {} is kept until `dirseal {} --commit {d}`", way.old, way.cmd)
+    } else if way.decrypt {
+        "  afterwards:   the encrypted tree is deleted (its key is removed, so its blocks stay unreadable)".to_string()
     } else if s.wipe {
         "  afterwards:   the old plaintext is overwritten, then deleted".to_string()
     } else {
@@ -356,18 +408,19 @@ pub fn confirm(question: &str) -> bool {
 }
 
 /// Which way the data goes (copy or move) and why, for the confirmation.
-fn method_text(c: &dirseal::convert::Summary) -> String {
+fn method_text(c: &dirseal::convert::Summary, way: Way) -> String {
     use indicatif::HumanBytes as B;
     match c.method {
         dirseal_migrate::Method::Copy => format!(
-            "Its data is copied into an encrypted directory that replaces it (copy mode{}).",
+            "Its data is copied into {} that replaces it (copy mode{}).",
+            way.into,
             if c.auto { ": there is room for a second copy" } else { "" }
         ),
         dirseal_migrate::Method::Move => format!(
-            "Its data moves into an encrypted directory, large files chunk by chunk (move mode: {}). \
+            "Its data moves into {}, large files chunk by chunk (move mode: {}). \
              There is no backup window: until the move finishes the directory is unusable (logins are \
-             refused) and `dirseal convert --abort` moves everything back; once it finishes, the \
-             plaintext is gone.",
+             refused) and `dirseal {} --abort` moves everything back; once it finishes, {} is gone.",
+            way.into,
             if c.auto {
                 format!(
                     "a copy needs {}, only {} is free; a move needs {}",
@@ -377,7 +430,9 @@ fn method_text(c: &dirseal::convert::Summary) -> String {
                 )
             } else {
                 "as asked".to_string()
-            }
+            },
+            way.cmd,
+            way.old
         ),
     }
 }

@@ -46,6 +46,7 @@ fn main() {
             Some("auto") => Mode::Auto,
             _ => Mode::Copy,
         },
+        direction: dirseal_migrate::Direction::Encrypt,
     };
     let kill = std::env::var("TEST_KILL").ok();
     let hold = std::env::var("TEST_HOLD").ok();

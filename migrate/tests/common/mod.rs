@@ -24,6 +24,7 @@ pub fn req<'a>(src: &'a Path, wd: &'a Path) -> Request<'a> {
         force: false,
         threads: 2,
         mode: dirseal_migrate::Mode::Copy,
+        direction: dirseal_migrate::Direction::Encrypt,
     }
 }
 

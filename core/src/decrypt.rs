@@ -1,0 +1,399 @@
+//! The way back: an encrypted directory (the unlocked root of its policy) becomes plaintext in
+//! place, through the same engine as [`crate::convert`] run the other way
+//! ([`Direction::Decrypt`]): the tree is copied (or moved) into a plain staging directory inside
+//! the root-only work dir, verified, swapped in, and the encrypted tree disposed of. Then nothing
+//! is left half-managed: the policy record and the protectors only it used are removed, the
+//! directory's recovery attribute goes (any recovery key made for it opens nothing now) and the
+//! key leaves the kernel, so the PAM module finds no policy and leaves the user alone.
+//!
+//! The shape is convert's: [`plan`] (an unfinished decrypt is resumed) → [`NewPlan::run`] or
+//! [`ResumePlan::run`]; [`finish`] aborts, rolls back or commits; [`crate::convert::cancel`]'s
+//! rules apply to a stopped run.
+use std::path::{Path, PathBuf};
+
+use dirseal_migrate::{self as migrate, Census, Direction, MigrateError, Outcome, State};
+
+use crate::convert::{
+    absolute, estimate, finish_going, load_staging_key, other_direction, owner_idle, request, staging_key_needed,
+    summary, unfinished, workdir_for, ConvertError, Finish, Hooks, KeyHost, Options, Owner, Summary,
+};
+use crate::fscrypt::{self, KeyStatus};
+use crate::ids::KeyIdentifier;
+use crate::ops::{Dirseal, OpsError, Pick};
+use crate::ui::{Question, Ui, UiError};
+
+/// A checked decrypt: a new one, or one that stopped part-way (or whose clean-up did).
+#[derive(Debug)]
+pub enum Plan {
+    /// A decrypt not yet started.
+    New(NewPlan),
+    /// A decrypt that stopped part-way; [`ResumePlan::run`] finishes it.
+    Resume(ResumePlan),
+}
+
+/// A new decrypt that passed every check; the directory is unlocked.
+#[derive(Debug)]
+pub struct NewPlan {
+    /// The directory, absolute (its final component not followed).
+    pub source: PathBuf,
+    /// Its root-only work dir (journal, staging copy).
+    pub workdir: PathBuf,
+    /// The options it was planned with.
+    pub options: Options,
+    /// What the engine counted.
+    pub census: Census,
+    /// The owner, whose processes the plan checked.
+    pub owner: Owner,
+    /// The directory's policy (its key is loaded).
+    pub policy: KeyIdentifier,
+    /// The measured time estimate, if asked for and the probe could run.
+    pub estimate: Option<crate::convert::Estimate>,
+    engine: Box<migrate::Plan>,
+}
+
+/// An unfinished decrypt (the journal's state; `Done` when only the clean-up is left).
+#[derive(Debug)]
+pub struct ResumePlan {
+    /// The directory, absolute.
+    pub source: PathBuf,
+    /// Its work dir.
+    pub workdir: PathBuf,
+    /// The options to run it with.
+    pub options: Options,
+    /// Where the journal says it stopped.
+    pub state: State,
+    /// The directory's policy.
+    pub policy: KeyIdentifier,
+    /// Whether the key must be loaded again first (after a reboot).
+    pub key_needed: bool,
+}
+
+/// What a decrypt achieved, and what it left of the directory's encryption.
+#[derive(Debug)]
+pub struct Decrypted {
+    /// The engine's account.
+    pub outcome: Outcome,
+    /// Set once the decrypt is done: what the clean-up removed.
+    pub forgotten: Option<Forgotten>,
+}
+
+/// The clean-up after a decrypt: the policy and everything that only served it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Forgotten {
+    /// The policy whose record was removed.
+    pub policy: String,
+    /// Protectors removed (they protected only this directory): `name (id)`.
+    pub protectors_removed: Vec<String>,
+    /// Protectors kept: used by other directories too, or `keep_protectors` asked.
+    pub protectors_kept: Vec<String>,
+    /// The directory carried a recovery blob, now removed: its recovery keys are void.
+    pub recovery_removed: bool,
+    /// The key was removed from the kernel (false: it was not loaded any more).
+    pub key_removed: bool,
+}
+
+/// Checks a decrypt of `dir`: an unfinished one is resumed (a done one whose clean-up was cut
+/// short finishes it); a new one needs the root of a policy dirseal manages, not inside another
+/// encrypted directory, whose owner is not logged in (unless forced) and can log in by password
+/// afterwards. A locked directory is unlocked first with the protector `pick` names (the Ui asks
+/// its secret), so that the census can read it.
+pub fn plan(
+    ds: &Dirseal,
+    dir: &Path,
+    options: Options,
+    pick: Pick,
+    ui: &mut dyn Ui,
+    hooks: &Hooks<'_>,
+) -> Result<Plan, ConvertError> {
+    let source = absolute(dir)?;
+    let workdir = workdir_for(&source)?;
+    let bad = |reason: String| ConvertError::Path { path: source.clone(), reason };
+    if let Some(v) = migrate::status(&workdir)? {
+        if unfinished(v.state) && v.direction != Direction::Decrypt {
+            return Err(other_direction(&v, Direction::Decrypt).into());
+        }
+        let cleanup_left = v.direction == Direction::Decrypt && v.state == State::Done;
+        if unfinished(v.state) || cleanup_left {
+            let policy: KeyIdentifier =
+                v.token.parse().map_err(|_| ConvertError::BadToken { path: source.clone(), token: v.token.clone() })?;
+            if cleanup_left && !forget_pending(ds, &source, &policy)? {
+                // Finished and cleaned up: a new decrypt of whatever is there now.
+            } else {
+                let key_needed = unfinished(v.state) && staging_key_needed(&source, &v)?.is_some();
+                return Ok(Plan::Resume(ResumePlan { source, workdir, options, state: v.state, policy, key_needed }));
+            }
+        }
+    }
+    let kernel = fscrypt::get_policy(&source)
+        .map_err(OpsError::from)?
+        .ok_or_else(|| bad("is not encrypted; there is nothing to decrypt".into()))?;
+    if let Some(parent) = source.parent() {
+        if fscrypt::get_policy(parent).map_err(OpsError::from)?.is_some() {
+            return Err(bad(format!(
+                "is inside the encrypted directory {}: only the root of an encrypted tree can be decrypted (decrypt the root, or copy this part out)",
+                parent.display()
+            )));
+        }
+    }
+    let id = kernel.identifier;
+    let record = ds.keystore().policy(&id).map_err(|_| {
+        bad(format!("is encrypted with policy {id}, which dirseal's keystore does not hold; dirseal can only decrypt directories it manages"))
+    })?;
+    let owner = owner_idle(&source, &options)?;
+    refuse_pin_only(ds, &source, &record, owner.uid)?;
+    if !key_loaded(&source, &id)? {
+        ds.unlock(&source, pick, ui)?;
+    }
+    let host = KeyHost::decrypting(ds, &source, id, hooks);
+    let engine = migrate::preflight(&request(&source, &workdir, &options, Direction::Decrypt), &host)?;
+    let census = *engine.census();
+    let estimate = if options.estimate { estimate(&source, &census) } else { None };
+    Ok(Plan::New(NewPlan { source, workdir, options, census, owner, policy: id, estimate, engine: Box::new(engine) }))
+}
+
+fn key_loaded(source: &Path, id: &KeyIdentifier) -> Result<bool, ConvertError> {
+    let mp = fscrypt::mount_point(source).map_err(OpsError::from)?;
+    Ok(fscrypt::key_status(&mp, id).map_err(OpsError::from)? == KeyStatus::Present)
+}
+
+/// After decrypting, the owner logs in as an ordinary account (the PAM module no longer knows
+/// them): one whose only login is a TPM PIN, with no password hash in /etc/shadow, would be
+/// locked out.
+fn refuse_pin_only(
+    ds: &Dirseal,
+    source: &Path,
+    policy: &crate::keystore::PolicyRecord,
+    uid: u32,
+) -> Result<(), ConvertError> {
+    if uid == 0 {
+        return Ok(());
+    }
+    let Some(user) = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)).ok().flatten() else {
+        return Ok(());
+    };
+    let pin = ds.is_pin_login(&user.name) || ds.pin_protector(policy, uid).is_some();
+    let no_password = crate::account::shadow(&user.name).ok().flatten().is_some_and(|s| !s.has_hash);
+    if pin && no_password {
+        return Err(ConvertError::PinLoginOnly { path: source.to_path_buf(), user: user.name });
+    }
+    Ok(())
+}
+
+impl Plan {
+    /// The directory, absolute.
+    pub fn source(&self) -> &Path {
+        match self {
+            Plan::New(p) => &p.source,
+            Plan::Resume(p) => &p.source,
+        }
+    }
+
+    /// The summary of a new decrypt; `None` when resuming one.
+    pub fn summary(&self) -> Option<Summary> {
+        match self {
+            Plan::New(p) => Some(p.summary()),
+            Plan::Resume(_) => None,
+        }
+    }
+}
+
+impl NewPlan {
+    /// What the decrypt involves, as a person should see it before saying yes (convert's
+    /// summary; no recovery key is made).
+    pub fn summary(&self) -> Summary {
+        let options = Options { recovery_key: Some(false), ..self.options.clone() };
+        summary(&self.source, &options, &self.census, &self.owner, self.estimate)
+    }
+
+    /// Runs a new decrypt: the Ui confirms ([`Question::Decrypt`]), the engine copies (or
+    /// moves), verifies and swaps; once done, the policy is forgotten (see [`Forgotten`];
+    /// `keep_protectors` keeps every protector).
+    pub fn run(
+        self,
+        ds: &mut Dirseal,
+        keep_protectors: bool,
+        ui: &mut dyn Ui,
+        hooks: &Hooks<'_>,
+    ) -> Result<Decrypted, ConvertError> {
+        let summary = self.summary();
+        let NewPlan { source, workdir, options, engine, policy, owner, .. } = self;
+        if !ui.confirm(&Question::Decrypt { dir: &source, summary: &summary })? {
+            return Err(UiError::Cancelled.into());
+        }
+        let req = request(&source, &workdir, &options, Direction::Decrypt);
+        let host = KeyHost::decrypting(ds, &source, policy, hooks);
+        let outcome = migrate::start(&req, &host, *engine)?;
+        let forgotten = after(ds, &source, &outcome, &policy, owner.uid, keep_protectors)?;
+        Ok(Decrypted { outcome, forgotten })
+    }
+}
+
+impl ResumePlan {
+    /// Resumes an unfinished decrypt (loading the directory's key again first if needed, with
+    /// the protector `pick` names), or finishes the clean-up of a done one.
+    pub fn run(
+        self,
+        ds: &mut Dirseal,
+        pick: Pick,
+        keep_protectors: bool,
+        ui: &mut dyn Ui,
+        hooks: &Hooks<'_>,
+    ) -> Result<Decrypted, ConvertError> {
+        let ResumePlan { source, workdir, options, state, policy, key_needed } = self;
+        if key_needed {
+            load_staging_key(ds, &source, &policy, pick, ui)?;
+        }
+        if state == State::Done {
+            // Only the clean-up is left (a run stopped in it): the engine has nothing to do.
+            let uid = crate::convert::owner_of(&source)?.uid;
+            let outcome = Outcome {
+                state,
+                method: migrate::status(&workdir)?.map_or(migrate::Method::Copy, |v| v.method),
+                token: policy.to_string(),
+                files: 0,
+                bytes: 0,
+                backup: None,
+                notes: Vec::new(),
+                timings: Default::default(),
+            };
+            let forgotten = Some(forget(ds, &source, &policy, uid, keep_protectors)?);
+            return Ok(Decrypted { outcome, forgotten });
+        }
+        ui.notice(&format!("resuming the decrypt of {} ({state})", source.display()));
+        let outcome = {
+            let req = request(&source, &workdir, &options, Direction::Decrypt);
+            let host = KeyHost::decrypting(ds, &source, policy, hooks);
+            migrate::convert(&req, &host)?
+        };
+        let uid = crate::convert::owner_of(&source)?.uid;
+        let forgotten = after(ds, &source, &outcome, &policy, uid, keep_protectors)?;
+        Ok(Decrypted { outcome, forgotten })
+    }
+}
+
+/// Ends a decrypt other than completing it: abort before the swap, rollback (the encrypted tree
+/// back) or commit (then the policy is forgotten, as after a run) after a swap that kept it.
+pub fn finish(
+    ds: &mut Dirseal,
+    dir: &Path,
+    how: Finish,
+    keep_protectors: bool,
+    ui: &mut dyn Ui,
+    hooks: &Hooks<'_>,
+) -> Result<Decrypted, ConvertError> {
+    let outcome = finish_going(ds, dir, Direction::Decrypt, how, ui, hooks)?;
+    let source = absolute(dir)?;
+    let forgotten = match outcome.token.parse::<KeyIdentifier>() {
+        Ok(id) if outcome.state == State::Done => {
+            let uid = crate::convert::owner_of(&source)?.uid;
+            after(ds, &source, &outcome, &id, uid, keep_protectors)?
+        }
+        _ => None,
+    };
+    Ok(Decrypted { outcome, forgotten })
+}
+
+/// Whether a done decrypt of `source` still has clean-up to do: its policy record is there, or
+/// its key is loaded.
+fn forget_pending(ds: &Dirseal, source: &Path, id: &KeyIdentifier) -> Result<bool, ConvertError> {
+    Ok(ds.keystore().policy(id).is_ok() || key_loaded(source, id)?)
+}
+
+fn after(
+    ds: &mut Dirseal,
+    source: &Path,
+    outcome: &Outcome,
+    id: &KeyIdentifier,
+    uid: u32,
+    keep_protectors: bool,
+) -> Result<Option<Forgotten>, ConvertError> {
+    if outcome.state != State::Done {
+        return Ok(None);
+    }
+    forget(ds, source, id, uid, keep_protectors).map(Some)
+}
+
+/// The clean-up of a done decrypt, each step repeatable (a run killed anywhere in it finishes it
+/// when run again): the recovery attribute goes from the now plain directory, then the policy
+/// record, then the protectors nothing else uses (unless `keep_protectors`), then the key.
+/// A PIN-login mark of the owner goes with their PIN protector.
+fn forget(
+    ds: &mut Dirseal,
+    source: &Path,
+    id: &KeyIdentifier,
+    uid: u32,
+    keep_protectors: bool,
+) -> Result<Forgotten, ConvertError> {
+    let mut f = Forgotten { policy: id.to_string(), ..Forgotten::default() };
+    // The swap made `source` the plain tree; it must not be encrypted (by this or any policy).
+    if fscrypt::get_policy(source).map_err(OpsError::from)?.is_some() {
+        return Err(ConvertError::Path {
+            path: source.to_path_buf(),
+            reason: "is still encrypted after the decrypt; run `dirseal decrypt --status` on it".into(),
+        });
+    }
+    f.recovery_removed = crate::recovery::remove_blob(source)
+        .map_err(|e| ConvertError::Path { path: source.into(), reason: e.to_string() })?;
+    if let Ok(mut record) = ds.keystore().policy(id) {
+        let _guard = ds.keystore().lock().map_err(OpsError::from)?;
+        let mut orphans = Vec::new();
+        for pid in record.wrapped.keys().copied().collect::<Vec<_>>() {
+            let Ok(prec) = ds.keystore().protector(&pid) else { continue };
+            let label = format!("{} ({})", prec.name, prec.id);
+            let others = ds.keystore().policies_using(&pid).map_err(OpsError::from)?.into_iter().any(|p| p != *id);
+            if keep_protectors || others {
+                f.protectors_kept.push(label);
+            } else {
+                orphans.push((prec, label));
+            }
+        }
+        // Each protector only this policy uses leaves the record before it is removed, so a run
+        // killed in between finds the rest still listed and finishes them. A record must list
+        // one protector: the last goes right after the record itself.
+        let last = orphans.pop();
+        for (prec, label) in orphans {
+            record.wrapped.remove(&prec.id);
+            ds.keystore().save_policy(&record).map_err(OpsError::from)?;
+            ds.keystore().remove_protector(&prec.id).map_err(OpsError::from)?;
+            forget_pin_login(ds, &prec, uid)?;
+            f.protectors_removed.push(label);
+        }
+        ds.keystore().remove_policy(id).map_err(OpsError::from)?;
+        if let Some((prec, label)) = last {
+            ds.keystore().remove_protector(&prec.id).map_err(OpsError::from)?;
+            forget_pin_login(ds, &prec, uid)?;
+            f.protectors_removed.push(label);
+        }
+        migrate::fault::point(migrate::fault::Point::AfterPolicyForgotten);
+    }
+    let mp = fscrypt::mount_point(source).map_err(OpsError::from)?;
+    f.key_removed = match fscrypt::remove_key(&mp, id, true) {
+        Ok(_) => true,
+        Err(fscrypt::FscryptError::KeyNotPresent { .. }) => false,
+        Err(e) => return Err(OpsError::from(e).into()),
+    };
+    Ok(f)
+}
+
+/// The recorded decrypt of `source`, if the journal there is one (a conversion's is `None`).
+pub fn status(source: &Path) -> Result<Option<migrate::StatusView>, ConvertError> {
+    Ok(crate::convert::status(source)?.filter(|v| v.direction == Direction::Decrypt))
+}
+
+/// Refuses a recorded conversion going the other way (for front ends that look first).
+pub fn check_direction(v: &migrate::StatusView) -> Result<(), MigrateError> {
+    if unfinished(v.state) && v.direction != Direction::Decrypt {
+        return Err(other_direction(v, Direction::Decrypt));
+    }
+    Ok(())
+}
+
+/// The owner's PIN login ends with their TPM PIN protector (they log in by password now).
+fn forget_pin_login(ds: &mut Dirseal, prec: &crate::protector::ProtectorRecord, uid: u32) -> Result<(), ConvertError> {
+    if crate::ops::is_tpm_pin(prec) && prec.uid == Some(uid) {
+        if let Some(user) = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)).ok().flatten() {
+            ds.disable_pin_login(&user.name)?;
+        }
+    }
+    Ok(())
+}
