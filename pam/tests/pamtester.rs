@@ -1284,3 +1284,31 @@ fn a_home_created_encrypted_is_unlocked_by_a_login() {
     assert!(unlocked(&u));
     s.ds().lock(&u.home, false).unwrap();
 }
+
+#[test]
+fn after_a_decrypt_the_user_logs_in_by_password_and_the_module_leaves_the_home_alone() {
+    dirseal_testfs::needs_root!();
+    let mut s = Setup::new();
+    let svc = s.service(&shipped_stack());
+    let u = in_step_user(&s, "pw-Password-1");
+    let mut ds = s.ds();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let progress = |_: &dirseal::ui::Progress| {};
+    let hooks = dirseal::convert::Hooks { progress: &progress, stop: &stop };
+    // The home is locked: the plan unlocks it with the password first.
+    let mut ui = Scripted::new(&["pw-Password-1"]).yes();
+    let plan = dirseal::decrypt::plan(&ds, &u.home, Default::default(), Default::default(), &mut ui, &hooks).unwrap();
+    let dirseal::decrypt::Plan::New(plan) = plan else { panic!("a new decrypt was expected") };
+    let done = plan.run(&mut ds, false, &mut ui, &hooks).unwrap();
+    assert_eq!(done.outcome.state, dirseal_migrate::State::Done);
+    assert!(dirseal::fscrypt::get_policy(&u.home).unwrap().is_none());
+    assert!(ds.keystore().policies().unwrap().is_empty() && ds.keystore().protectors().unwrap().is_empty());
+
+    let o = pamtester(&svc, &u.name, &["authenticate", "open_session", "close_session"], "pw-Password-1\n", &[]);
+    assert!(ok(&o), "{}", show(&o));
+    // Nothing was unlocked or locked: the module found no policy and said nothing.
+    assert!(!text(&o).contains("dirseal"), "{}", show(&o));
+    assert_eq!(fs::read(u.home.join("diary.txt")).unwrap(), b"dear diary");
+    assert!(!ok(&pamtester(&svc, &u.name, &["authenticate"], "not-it\n", &[])));
+    assert!(ds.keystore().policies().unwrap().is_empty(), "no record was made at login");
+}
