@@ -506,7 +506,7 @@ fn help_describes_every_argument_and_kinds_share_one_flag() {
 }
 
 /// Commands that only read create no keystore; `convert` without a directory stops at the
-/// argument check.
+/// argument check, and `convert --status` reads no keystore.
 #[test]
 fn reading_commands_create_no_keystore() {
     dirseal_testfs::needs_root!();
@@ -532,6 +532,11 @@ fn reading_commands_create_no_keystore() {
     assert!(run(&["protector", "list"]).status.success());
     let out = run(&["convert"]);
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("<DIR>"), "{out:?}");
+    // A look at recorded conversions reads work dirs, never the keystore.
+    let out = run(&["convert", "--status"]);
+    assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains("no conversions"), "{out:?}");
+    let out = run(&["convert", "--status", p(&d)]);
+    assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains("no conversion recorded"), "{out:?}");
     assert!(!ks.exists(), "a reading command created {}", ks.display());
 }
 

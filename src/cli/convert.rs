@@ -128,17 +128,25 @@ fn status_out(v: &StatusView) -> StatusOut<'_> {
     }
 }
 
+/// `convert --status [DIR]`: reads the work dirs only, so it runs before (and without) the
+/// keystore, which a look at the state must never create.
+pub fn status_only(args: &ConvertArgs) -> Option<Result<i32>> {
+    if !args.status {
+        return None;
+    }
+    Some(match &args.dir {
+        None => status_all(args.json),
+        Some(dir) => convert::absolute(dir)
+            .map_err(anyhow::Error::from)
+            .and_then(|abs| show_status(&abs, convert::status(&abs)?.as_ref(), args.json)),
+    })
+}
+
 pub fn run(ds: &mut Dirseal, args: ConvertArgs, ui: &mut TermUi) -> Result<i32> {
     let Some(dir) = args.dir.clone() else {
-        if args.status {
-            return status_all(args.json);
-        }
         bail!("name the directory to convert: `dirseal convert DIR`");
     };
     let abs = convert::absolute(&dir)?;
-    if args.status {
-        return show_status(&abs, convert::status(&abs)?.as_ref(), args.json);
-    }
 
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {

@@ -442,6 +442,12 @@ fn run(cli: Cli) -> Result<i32> {
     if let Cmd::Fido2(cmd) = cli.cmd {
         return fido2::run(&dirseal::config::Config::load(&cli.config)?, cmd);
     }
+    if let Some(code) = match &cli.cmd {
+        Cmd::Convert(a) => convert::status_only(a),
+        _ => None,
+    } {
+        return code;
+    }
     // Commands that only read never create a keystore (a typo'd --keystore, or a status on a
     // machine that manages nothing, must leave no directory behind).
     let read_only = matches!(
