@@ -910,5 +910,18 @@ fn generate_docs(dir: &Path) -> Result<()> {
         clap_complete::generate_to(shell, &mut Cli::command(), "dirseal", &comp)?;
     }
     clap_mangen::generate_to(Cli::command(), &man)?;
+    // clap knows the options; what a reader needs besides them (examples, the files, what the
+    // encryption does and does not protect) is written by hand, as are the pages of the service
+    // and the PAM module, which have no clap definition here.
+    let top = man.join("dirseal.1");
+    let mut page = std::fs::read_to_string(&top).with_context(|| format!("reading {}", top.display()))?;
+    page.push_str(include_str!("man/dirseal-extra.roff"));
+    std::fs::write(&top, page).with_context(|| format!("writing {}", top.display()))?;
+    for (name, text) in
+        [("dirsealed.8", include_str!("man/dirsealed.8")), ("pam_dirseal.8", include_str!("man/pam_dirseal.8"))]
+    {
+        let path = man.join(name);
+        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+    }
     Ok(())
 }
