@@ -279,3 +279,39 @@ fn unlock_offers_a_menu_of_protectors() {
     assert!(ok, "{out}");
     assert_eq!(env.status_json(&d)["key"], "unlocked");
 }
+
+/// A protector that needs nothing typed (a TPM without PIN) is tried before any menu or prompt;
+/// when it cannot open (its PCR changed), the one password protector left is asked directly.
+#[test]
+fn unlock_tries_what_needs_no_typing_first() {
+    dirseal_testfs::needs_root!();
+    let tpm = dirseal_testfs::Swtpm::start();
+    let env = Env::new();
+    let mut f = fs::OpenOptions::new().append(true).open(env.config()).unwrap();
+    writeln!(f, "[tpm2]\ntcti = \"{}\"", tpm.tcti()).unwrap();
+    drop(f);
+    let d = env.mnt().join("quiet");
+    fs::create_dir(&d).unwrap();
+    env.ok(&["protector", "create", "--type", "tpm2", "--name", "boot", "--no-pin", "--pcr", "7"], "");
+    env.ok(&["encrypt", p(&d), "--protector", "boot", "--no-recovery-key"], "");
+    env.ok(&["policy", "add-protector", p(&d), "--protector-name", "pw"], "pw-secret\n");
+    env.ok(&["lock", p(&d)], "");
+    let mut t = Term::spawn(&env, &["unlock", p(&d)]);
+    // A menu or a prompt would wait for input: this times out then, naming what was shown.
+    t.wait_for("unlocked ", 1);
+    let (ok, out) = t.finish();
+    assert!(ok, "{out}");
+    assert!(!out.contains("Which one") && !out.contains("Password"), "something was asked:\n{out}");
+    assert_eq!(env.status_json(&d)["key"], "unlocked");
+
+    env.ok(&["lock", p(&d)], "");
+    tpm.pcr_extend(7);
+    let mut t = Term::spawn(&env, &["unlock", p(&d)]);
+    t.wait_for("Password for protector pw", 1);
+    assert!(t.text().contains("protector boot (") && t.text().contains("did not open it"), "{}", t.text());
+    assert!(!t.text().contains("Which one"), "{}", t.text());
+    t.type_unechoed("pw-secret");
+    let (ok, out) = t.finish();
+    assert!(ok, "{out}");
+    assert_eq!(env.status_json(&d)["key"], "unlocked");
+}
