@@ -315,3 +315,59 @@ fn unlock_tries_what_needs_no_typing_first() {
     assert!(ok, "{out}");
     assert_eq!(env.status_json(&d)["key"], "unlocked");
 }
+
+/// Root converting a user's home may check the new password against the account's: said plainly
+/// when it differs, and when it matches. A directory of no user asks "New password:", not "for
+/// protector password".
+#[test]
+fn a_new_home_password_is_checked_against_the_login_password() {
+    dirseal_testfs::needs_root!();
+    let env = Env::new();
+    let user = dirseal_testfs::User::new(env.mnt());
+    user.set_system_password("Login-pw-42");
+    fs::write(user.home.join("f"), b"data").unwrap();
+    let mut t = Term::spawn(&env, &["convert", user.home_str(), "--yes"]);
+    t.wait_for(&format!("New password for protector {}", user.name), 1);
+    t.type_unechoed("Other-pw-42");
+    t.wait_for("Repeat the new password", 1);
+    t.type_unechoed("Other-pw-42");
+    t.wait_for("login password now? [y/N]", 1);
+    t.type_line("y");
+    t.wait_for("this is not", 1);
+    let (ok, out) = t.finish();
+    assert!(ok, "{out}");
+    assert!(out.contains(&format!("warning: this is not {}'s login password", user.name)), "{out}");
+    assert!(!out.contains("Other-pw") && !out.contains("Login-pw"), "a secret was echoed:\n{out}");
+
+    let d = env.mnt().join("rootdir");
+    fs::create_dir(&d).unwrap();
+    let mut t = Term::spawn(&env, &["encrypt", p(&d), "--no-recovery-key"]);
+    t.wait_for("New password: ", 1);
+    assert!(t.text().contains("no login opens it"), "{}", t.text());
+    assert!(!t.text().contains("protector password"), "{}", t.text());
+    t.type_unechoed("Root-dir-pw-1");
+    t.wait_for("Repeat the new password", 1);
+    t.type_unechoed("Root-dir-pw-1");
+    let (ok, out) = t.finish();
+    assert!(ok, "{out}");
+    assert!(!out.contains("login password now?"), "{out}");
+}
+
+/// The matching password is confirmed as such.
+#[test]
+fn the_login_password_check_confirms_a_match() {
+    dirseal_testfs::needs_root!();
+    let env = Env::new();
+    let user = dirseal_testfs::User::new(env.mnt());
+    user.set_system_password("Login-pw-42");
+    let mut t = Term::spawn(&env, &["encrypt", user.home_str(), "--no-recovery-key"]);
+    t.wait_for(&format!("New password for protector {}", user.name), 1);
+    t.type_unechoed("Login-pw-42");
+    t.wait_for("Repeat the new password", 1);
+    t.type_unechoed("Login-pw-42");
+    t.wait_for("login password now? [y/N]", 1);
+    t.type_line("y");
+    let (ok, out) = t.finish();
+    assert!(ok, "{out}");
+    assert!(out.contains(&format!("It is {}'s login password", user.name)), "{out}");
+}
