@@ -22,7 +22,9 @@ struct Term {
 
 impl Term {
     fn spawn(env: &Env, args: &[&str]) -> Term {
-        let pty = nix::pty::openpty(None, None).unwrap();
+        // An 80-column terminal, as the bar must fit one.
+        let size = nix::pty::Winsize { ws_row: 24, ws_col: 80, ws_xpixel: 0, ws_ypixel: 0 };
+        let pty = nix::pty::openpty(Some(&size), None).unwrap();
         let slave: OwnedFd = pty.slave;
         let mut cmd = env.cmd(args);
         cmd.stdin(Stdio::from(slave.try_clone().unwrap()))
@@ -370,4 +372,54 @@ fn the_login_password_check_confirms_a_match() {
     let (ok, out) = t.finish();
     assert!(ok, "{out}");
     assert!(out.contains(&format!("It is {}'s login password", user.name)), "{out}");
+}
+
+/// What a terminal shows of `out`: escape sequences removed, one entry per line or redraw.
+fn frames(out: &str) -> Vec<String> {
+    let mut plain = String::new();
+    let mut chars = out.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '\x1b' {
+            // CSI: ESC [ parameters, then one final letter.
+            if chars.peek() == Some(&'[') {
+                chars.next();
+                for c in chars.by_ref() {
+                    if c.is_ascii_alphabetic() {
+                        break;
+                    }
+                }
+            }
+            continue;
+        }
+        plain.push(c);
+    }
+    plain.split(['\r', '\n']).map(str::to_string).collect()
+}
+
+/// The conversion's bar on an 80-column terminal: never wider than the terminal, bytes and files
+/// with an estimate; each phase starts a bar of its own.
+#[test]
+fn the_progress_bar_fits_80_columns() {
+    dirseal_testfs::needs_root!();
+    let env = Env::new();
+    let d = home(&env);
+    for i in 0..3000 {
+        fs::write(d.join(format!("s{i}")), vec![b'x'; 3000]).unwrap();
+    }
+    fs::write(d.join("big"), vec![7u8; 40 << 20]).unwrap();
+    let args = ["convert", p(&d), "--yes", "--no-recovery-key", "--protector-name", "o", "--mode", "copy"];
+    let mut t = Term::spawn(&env, &args);
+    t.new_password("Zq9-secret-pw");
+    let (ok, out) = t.finish();
+    assert!(ok, "{out}");
+    let frames = frames(&out);
+    let bars: Vec<&String> = frames.iter().filter(|f| f.contains(" [") && f.contains("] ")).collect();
+    assert!(bars.iter().any(|f| f.starts_with("copying") && f.contains("/3002 files")), "{bars:#?}");
+    assert!(bars.iter().any(|f| f.contains("ETA ")), "no estimate shown: {bars:#?}");
+    assert!(bars.iter().any(|f| f.starts_with("verifying") && f.contains(" 0 B/")), "{bars:#?}");
+    for f in &bars {
+        // Trailing blanks are the redraw's padding, not text.
+        let width = f.trim_end().chars().count();
+        assert!(width <= 80, "{width} columns: {f:?}");
+    }
 }

@@ -188,6 +188,10 @@ pub fn run(ds: &mut Dirseal, args: ConvertArgs, ui: &mut TermUi) -> Result<i32> 
         let plan = convert::plan(ds, &abs, options, &hooks)?;
         reporter.finish();
         summary = plan.summary();
+        // The estimate weighs a file as the probe measured it against the data rate.
+        if let Some(e) = summary.as_ref().and_then(|s| s.estimate.as_ref()) {
+            reporter.set_file_cost(e.write_bytes_per_sec.saturating_mul(e.micros_per_entry) / 1_000_000);
+        }
         if let (Some(s), true) = (&summary, args.json) {
             println!("{}", serde_json::to_string(&serde_json::json!({ "plan": s }))?);
         }
