@@ -128,6 +128,7 @@ unit=$docs/dirsealed.service
 sed "s|/usr/libexec/dirsealed|$prefix/libexec/dirsealed|" data/systemd/dirsealed.service > "$unit"
 put 644 "$unit" "$prefix/lib/systemd/system/dirsealed.service"
 for m in "$docs"/man/*.1; do put 644 "$m" "$prefix/share/man/man1/$(basename "$m")"; done
+for m in "$docs"/man/*.8; do put 644 "$m" "$prefix/share/man/man8/$(basename "$m")"; done
 put 644 "$docs/completions/dirseal.bash" "$prefix/share/bash-completion/completions/dirseal"
 put 644 "$docs/completions/_dirseal" "$prefix/share/zsh/vendor-completions/_dirseal"
 put 644 "$docs/completions/dirseal.fish" "$prefix/share/fish/vendor_completions.d/dirseal.fish"

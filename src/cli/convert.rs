@@ -128,17 +128,25 @@ pub(super) fn status_out(v: &StatusView) -> StatusOut<'_> {
     }
 }
 
+/// `convert --status [DIR]`: reads the work dirs only, so it runs before (and without) the
+/// keystore, which a look at the state must never create.
+pub fn status_only(args: &ConvertArgs) -> Option<Result<i32>> {
+    if !args.status {
+        return None;
+    }
+    Some(match &args.dir {
+        None => status_all(args.json),
+        Some(dir) => convert::absolute(dir)
+            .map_err(anyhow::Error::from)
+            .and_then(|abs| show_status(&abs, convert::status(&abs)?.as_ref(), args.json)),
+    })
+}
+
 pub fn run(ds: &mut Dirseal, args: ConvertArgs, ui: &mut TermUi) -> Result<i32> {
     let Some(dir) = args.dir.clone() else {
-        if args.status {
-            return status_all(args.json);
-        }
         bail!("name the directory to convert: `dirseal convert DIR`");
     };
     let abs = convert::absolute(&dir)?;
-    if args.status {
-        return show_status(&abs, convert::status(&abs)?.as_ref(), args.json);
-    }
 
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
@@ -180,6 +188,10 @@ pub fn run(ds: &mut Dirseal, args: ConvertArgs, ui: &mut TermUi) -> Result<i32> 
         let plan = convert::plan(ds, &abs, options, &hooks)?;
         reporter.finish();
         summary = plan.summary();
+        // The estimate weighs a file as the probe measured it against the data rate.
+        if let Some(e) = summary.as_ref().and_then(|s| s.estimate.as_ref()) {
+            reporter.set_file_cost(e.write_bytes_per_sec.saturating_mul(e.micros_per_entry) / 1_000_000);
+        }
         if let (Some(s), true) = (&summary, args.json) {
             println!("{}", serde_json::to_string(&serde_json::json!({ "plan": s }))?);
         }

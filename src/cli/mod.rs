@@ -446,6 +446,12 @@ fn run(cli: Cli) -> Result<i32> {
     if let Cmd::Fido2(cmd) = cli.cmd {
         return fido2::run(&dirseal::config::Config::load(&cli.config)?, cmd);
     }
+    if let Some(code) = match &cli.cmd {
+        Cmd::Convert(a) => convert::status_only(a),
+        _ => None,
+    } {
+        return code;
+    }
     // Commands that only read never create a keystore (a typo'd --keystore, or a status on a
     // machine that manages nothing, must leave no directory behind).
     let read_only = matches!(
@@ -530,7 +536,10 @@ fn run(cli: Cli) -> Result<i32> {
 fn unlock(ds: &mut Dirseal, dir: &Path, mut pick: Pick, ui: &mut TermUi) -> Result<()> {
     let tty = std::io::stdin().is_terminal();
     if tty && pick.protector.is_none() {
-        pick.protector = choose(ds, dir)?;
+        match choose(ds, dir, ui)? {
+            Chosen::Unlocked => return Ok(()),
+            Chosen::Ask(id) => pick.protector = id,
+        }
     }
     let tries = if tty { 3 } else { 1 };
     for n in 1..=tries {
@@ -544,23 +553,57 @@ fn unlock(ds: &mut Dirseal, dir: &Path, mut pick: Pick, ui: &mut TermUi) -> Resu
     unreachable!("the last try returns")
 }
 
-/// On a terminal, a directory that several protectors open offers them as a numbered menu (as
-/// `fscrypt unlock` does) instead of asking for `--protector`. `None`: one protector, or none
-/// usable (the library then says which).
-fn choose(ds: &Dirseal, dir: &Path) -> Result<Option<ProtectorId>> {
+/// What the terminal's choice of protector came to.
+enum Chosen {
+    /// A protector that needs nothing typed opened the directory.
+    Unlocked,
+    /// The protector whose secret to ask (`None`: let the library pick, or say why it cannot).
+    Ask(Option<ProtectorId>),
+}
+
+/// On a terminal, a directory that several protectors open: those that need nothing typed (a TPM
+/// without PIN, then a security key's touch) are tried first; of the rest, one is asked for its
+/// secret and several are offered as a numbered menu (as `fscrypt unlock` does) instead of
+/// asking for `--protector`.
+fn choose(ds: &Dirseal, dir: &Path, ui: &mut TermUi) -> Result<Chosen> {
     let st = ds.dir_status(dir)?;
     if st.protectors.len() < 2 || st.key == Some("unlocked") {
-        return Ok(None);
+        return Ok(Chosen::Ask(None));
+    }
+    // A protector whose record cannot be read stays in the menu: choosing it names the problem.
+    let untyped = |p: &ProtectorSummary| ds.keystore().protector(&p.id).ok().map(|r| r.kind.ask());
+    let mut quiet: Vec<(&ProtectorSummary, bool)> =
+        st.protectors.iter().filter_map(|p| untyped(p).filter(|a| a.secret.is_none()).map(|a| (p, a.touch))).collect();
+    // No wait first: a TPM answers at once, a security key waits for a touch.
+    quiet.sort_by_key(|(_, touch)| *touch);
+    let mut last = None;
+    for (p, _) in &quiet {
+        match ds.unlock(dir, Pick { protector: Some(p.id) }, ui) {
+            Ok(()) => return Ok(Chosen::Unlocked),
+            Err(e @ OpsError::Ui(_)) => return Err(e.into()),
+            Err(e) => {
+                eprintln!("protector {} ({}) did not open it: {}", clean(&p.name), p.id, clean(&e.to_string()));
+                last = Some(e);
+            }
+        }
+    }
+    let typed: Vec<&ProtectorSummary> =
+        st.protectors.iter().filter(|p| !quiet.iter().any(|(q, _)| q.id == p.id)).collect();
+    match (typed.as_slice(), last) {
+        ([], Some(e)) => return Err(e.into()),
+        ([], None) => return Ok(Chosen::Ask(None)),
+        ([one], _) => return Ok(Chosen::Ask(Some(one.id))),
+        _ => {}
     }
     eprintln!("{} opens with any of:", clean(&dir.display().to_string()));
-    for (n, p) in st.protectors.iter().enumerate() {
+    for (n, p) in typed.iter().enumerate() {
         eprintln!("  {}) {}", n + 1, protector_line(p));
     }
     loop {
-        let answer = term::ask_visible(&format!("Which one (1-{})? ", st.protectors.len()))?;
+        let answer = term::ask_visible(&format!("Which one (1-{})? ", typed.len()))?;
         match answer.trim().parse::<usize>() {
-            Ok(n) if (1..=st.protectors.len()).contains(&n) => return Ok(Some(st.protectors[n - 1].id)),
-            _ => eprintln!("type a number from 1 to {}", st.protectors.len()),
+            Ok(n) if (1..=typed.len()).contains(&n) => return Ok(Chosen::Ask(Some(typed[n - 1].id))),
+            _ => eprintln!("type a number from 1 to {}", typed.len()),
         }
     }
 }
@@ -910,5 +953,18 @@ fn generate_docs(dir: &Path) -> Result<()> {
         clap_complete::generate_to(shell, &mut Cli::command(), "dirseal", &comp)?;
     }
     clap_mangen::generate_to(Cli::command(), &man)?;
+    // clap knows the options; what a reader needs besides them (examples, the files, what the
+    // encryption does and does not protect) is written by hand, as are the pages of the service
+    // and the PAM module, which have no clap definition here.
+    let top = man.join("dirseal.1");
+    let mut page = std::fs::read_to_string(&top).with_context(|| format!("reading {}", top.display()))?;
+    page.push_str(include_str!("man/dirseal-extra.roff"));
+    std::fs::write(&top, page).with_context(|| format!("writing {}", top.display()))?;
+    for (name, text) in
+        [("dirsealed.8", include_str!("man/dirsealed.8")), ("pam_dirseal.8", include_str!("man/pam_dirseal.8"))]
+    {
+        let path = man.join(name);
+        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+    }
     Ok(())
 }
