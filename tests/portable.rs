@@ -197,7 +197,14 @@ fn card_opens_on_another_machine_by_password_and_by_touch() {
     b.ok(&["lock", p(&games)], "");
     fs::remove_file(&local).unwrap();
 
-    // Removing protectors: never the last that travels.
+    // The password changes on the card: the other machine opens with the new one.
+    b.ok(&["change-password", p(&games), "--protector", &pw], "pw\npw-new\npw-new\n");
+    card.remount();
+    a.fails(&["unlock", p(&games), "--protector", &pw], "pw\n");
+    a.ok(&["unlock", p(&games), "--protector", &pw], "pw-new\n");
+    a.ok(&["lock", p(&games)], "");
+
+    // Removing protectors: never the last one.
     let yubi = protector_id(&b.status(&games), "fido2");
     b.ok(&["policy", "remove-protector", p(&games), "--protector", &yubi], "");
     b.ok(&["policy", "remove-protector", p(&games), "--protector", &pw2], "");
@@ -314,4 +321,54 @@ fn hostile_records_on_the_card_are_clear_errors() {
     b.ok(&["unlock", p(&d)], "pw\n");
     assert_eq!(fs::read(d.join("f")).unwrap(), b"x");
     b.ok(&["lock", p(&d)], "");
+}
+
+#[test]
+fn a_tpm_protector_is_an_extra_local_one_and_never_the_last_that_travels() {
+    dirseal_testfs::needs_root!();
+    let tpm = dirseal_testfs::Swtpm::start();
+    let card = TestFs::new();
+    let a = Machine::new(None);
+    let cfg = a.etc.path().join("config.toml");
+    let text = fs::read_to_string(&cfg).unwrap();
+    fs::write(&cfg, format!("{text}[tpm2]\ntcti = \"{}\"\n", tpm.tcti())).unwrap();
+    let (d, _) = portable_card(&a, &card);
+    a.ok(
+        &["policy", "add-protector", p(&d), "--protector-type", "tpm2", "--no-pin", "--protector-name", "tpm"],
+        "pw\n",
+    );
+    // The TPM's record stays with the machine; the policy on the card lists it.
+    assert_eq!(a.records("protectors"), 1);
+    assert_eq!(records_on(card.path(), "protectors").len(), 1);
+    let st = a.status(&d);
+    let (tpm_id, pw) = (protector_id(&st, "tpm2"), protector_id(&st, "password"));
+    let stored = |st: &serde_json::Value, id: &str| {
+        st["protectors"].as_array().unwrap().iter().find(|p| p["id"] == id).unwrap()["stored"].clone()
+    };
+    assert_eq!((stored(&st, &tpm_id), stored(&st, &pw)), ("keystore".into(), "medium".into()), "{st}");
+    let text = a.ok(&["status", p(&d)], "");
+    assert!(text.contains("[this machine's keystore: opens here only]"), "{text}");
+    a.ok(&["unlock", p(&d), "--protector", &tpm_id], "");
+    assert_eq!(fs::read(d.join("f")).unwrap(), b"x");
+    a.ok(&["lock", p(&d)], "");
+    let err = a.fails(&["policy", "remove-protector", p(&d), "--protector", &pw], "");
+    assert!(err.contains("last one that opens it on other machines"), "{err}");
+
+    // Elsewhere the TPM protector is named as kept on another machine, not as a problem.
+    let b = Machine::new(None);
+    let st = b.status(&d);
+    assert_eq!(st["elsewhere"], serde_json::json!([tpm_id]), "{st}");
+    assert_eq!(st["problems"], serde_json::json!([]), "{st}");
+    b.ok(&["unlock", p(&d)], "pw\n");
+    b.ok(&["lock", p(&d)], "");
+
+    // A TPM record planted on the card is refused, never tried against this machine's TPM.
+    let planted = card.path().join(".dirseal/portable/protectors").join(format!("{tpm_id}.json"));
+    fs::copy(a.keystore().join("protectors").join(format!("{tpm_id}.json")), &planted).unwrap();
+    let st = b.status(&d);
+    assert!(st["problems"].to_string().contains("bound to a machine and never kept on a medium"), "{st}");
+    let err = b.fails(&["unlock", p(&d), "--protector", &tpm_id], "");
+    assert!(err.contains("bound to a machine and never kept on a medium"), "{err}");
+    b.ok(&["unlock", p(&d)], "pw\n");
+    fs::remove_file(&planted).unwrap();
 }

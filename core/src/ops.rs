@@ -614,6 +614,17 @@ impl Dirseal {
         if let Some(medium) = self.medium_of(policy)? {
             match medium.protector(id) {
                 Err(KeystoreError::NotFound { .. }) => {}
+                // dirseal never writes one there: a medium's record of a kind bound to a machine
+                // was planted, and trying it could spend this machine's TPM tries.
+                Ok(r) if !r.kind.travels() => {
+                    return Err(KeystoreError::Corrupt {
+                        path: medium.protector_path(id),
+                        reason: format!(
+                            "it is a {} protector, which is bound to a machine and never kept on a medium",
+                            r.kind.name()
+                        ),
+                    })
+                }
                 r => return r.map(|r| (r, true)),
             }
         }
@@ -1223,6 +1234,32 @@ impl Dirseal {
         let pkey = self.unlock_protector(&rec, ui)?;
         let new = protector::ask_new(rec.kind.ask(), &rec.name, ui)?;
         self.change_secret_with(pid, &pkey, new.as_ref())
+    }
+
+    /// [`Dirseal::change_secret`] for the protector of `dir` that `pick` names (or its only one),
+    /// changed where the directory keeps it: a portable directory's medium, or this keystore.
+    pub fn change_dir_secret(&self, dir: &Path, pick: Pick, ui: &mut dyn Ui) -> Result<ProtectorRecord, OpsError> {
+        let policy = self.policy_of(dir)?;
+        let rec = self.protector_of_dir(dir, pick)?;
+        let store = match self.protector_of_policy(&policy, &rec.id)? {
+            (_, true) => {
+                self.medium_of(&policy)?.ok_or(KeystoreError::NotFound { kind: "protector", id: rec.id.to_string() })?
+            }
+            (_, false) => return self.change_secret(&rec.id, ui),
+        };
+        if rec.kind.ask().secret.is_none() {
+            return Err(ProtectorError::NoSecret { name: rec.name, id: rec.id, kind: rec.kind.name() }.into());
+        }
+        let pkey = self.unlock_protector(&rec, ui)?;
+        let new = protector::ask_new(rec.kind.ask(), &rec.name, ui)?;
+        if new.as_ref().is_some_and(Passphrase::is_empty) {
+            return Err(UiError::Empty.into());
+        }
+        let _guard = store.lock()?;
+        let rec = store.protector(&rec.id)?;
+        let updated = protector::change_secret(&rec, &pkey, &self.config, new.as_ref())?;
+        store.save_protector(&updated)?;
+        Ok(updated)
     }
 
     /// The PAM path: the old secret was already verified into `pkey`. The kind keeps its cost

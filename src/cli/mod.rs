@@ -499,8 +499,7 @@ fn run(cli: Cli) -> Result<i32> {
         }
         Cmd::Lock { dir, all_users, json } => return lock(&ds, &dir, all_users, json),
         Cmd::ChangePassword { dir, protector } => {
-            let rec = ds.protector_of_dir(&dir, ProtectorRef::pick(&protector, &ds)?)?;
-            let rec = ds.change_secret(&rec.id, &mut ui)?;
+            let rec = ds.change_dir_secret(&dir, ProtectorRef::pick(&protector, &ds)?, &mut ui)?;
             println!("changed the password of protector {} ({})", clean(&rec.name), rec.id);
         }
         Cmd::Protector(cmd) => protector(&mut ds, cmd, &mut ui)?,
