@@ -10,6 +10,7 @@
 //! - [`convert`]: planning and running the in-place conversion of a directory that holds data.
 //! - [`protector`]: protector kinds (password, TPM2, FIDO2) and what unlocking each asks for.
 //! - [`keystore`]: the root-only directory of protector and policy records.
+//! - [`portable`]: directories on removable media whose records travel with them.
 //! - [`recovery`]: recovery keys kept with the data, for when the keystore is gone.
 //! - [`remedy`]: the way out of each error, as data each front end renders in its own terms.
 //! - [`fscrypt`]: the kernel's fscrypt v2 API, typed, with errors that say what they mean.
@@ -36,6 +37,7 @@ pub mod ids;
 mod kdf;
 pub mod keystore;
 pub mod ops;
+pub mod portable;
 pub mod protector;
 pub mod recovery;
 pub mod remedy;

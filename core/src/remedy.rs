@@ -162,6 +162,7 @@ impl Remedy {
             name: "pw".into(),
             kind: "password",
             uid: Some(1000),
+            stored: "keystore",
         };
         vec![
             Remedy::EncryptOrConvert { dir: dir() },
@@ -222,7 +223,7 @@ impl OpsError {
             OpsError::KeyMismatch { .. } => Some(Remedy::RestorePolicy { dir: None }),
             OpsError::NotEmpty { path } => Some(Remedy::Convert { dir: path.clone() }),
             OpsError::AlreadyEncrypted { path, .. } => Some(Remedy::ShowStatus { dir: path.clone() }),
-            OpsError::NoProtector { .. } => Some(Remedy::AddProtector),
+            OpsError::NoProtector { .. } | OpsError::LastTravelling { .. } => Some(Remedy::AddProtector),
             OpsError::UseAnother { dir, others, recovery, .. } => (!others.is_empty() || *recovery)
                 .then(|| Remedy::UseAnotherProtector { dir: dir.clone(), others: others.clone(), recovery: *recovery }),
             OpsError::PinIsLoginPassword { user } => Some(Remedy::PinLoginAccount { user: user.clone() }),
@@ -242,7 +243,8 @@ impl OpsError {
             | OpsError::SeveralOfYours { .. }
             | OpsError::NameAmbiguous { .. }
             | OpsError::NoSuchName { .. }
-            | OpsError::OpensNone { .. } => None,
+            | OpsError::OpensNone { .. }
+            | OpsError::StaysOnMachine { .. } => None,
         }
     }
 }

@@ -172,8 +172,12 @@ pub struct Status {
     /// "locked", "unlocked", "partially-locked"; empty when not encrypted.
     key: String,
     managed: bool,
+    /// For a portable directory, where its records are on its medium; empty otherwise.
+    portable: String,
     protectors: Vec<ProtectorInfo>,
     problems: Vec<String>,
+    /// Works, but should be known (a local record shadowed by the medium's, a weak TPM PIN).
+    warnings: Vec<String>,
     recovery_key: bool,
     /// State of a recorded conversion ("copying", "done", ...); empty when none.
     conversion: String,
@@ -463,8 +467,10 @@ impl Service {
                 policy: st.policy.map(|p| p.to_string()).unwrap_or_default(),
                 key: st.key.unwrap_or_default().to_string(),
                 managed: st.managed,
+                portable: st.portable.map(|p| p.display().to_string()).unwrap_or_default(),
                 protectors: st.protectors.iter().map(|p| ProtectorInfo::of(p, None)).collect(),
                 problems: st.problems,
+                warnings: st.warnings,
                 recovery_key,
                 conversion,
             })

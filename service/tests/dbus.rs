@@ -697,3 +697,50 @@ fn a_conversion_survives_its_client_and_resumes_after_the_service_is_killed_mid_
     h.ok(Some(&alice), "Lock", &[s(alice.home_str()), "false".into()], &[]);
     h.ok(Some(&alice), "Unlock", &[s(alice.home_str()), s(""), fd(3)], &[(3, "pw-a")]);
 }
+
+#[test]
+fn a_portable_directory_opens_over_dbus_with_the_service_keystore_empty() {
+    if !root_only() {
+        return;
+    }
+    use dirseal::ops::{NewProtector, ProtectorChoice};
+    use dirseal::protector::{KindOptions, NewKind};
+    let h = Harness::new();
+    let alice = h.user();
+    // The user's directory at the top of the card (the service acts for users only below
+    // root-owned directories).
+    let games = alice.home.clone();
+
+    // Made on another machine (its own config and keystore), the card then brought here.
+    let other = tempfile::tempdir().unwrap();
+    std::fs::write(other.path().join("config.toml"), support::FAST_CONFIG).unwrap();
+    let mut ds = dirseal::Dirseal::open(&other.path().join("config.toml"), Some(&other.path().join("ks"))).unwrap();
+    let kind = NewKind::named("password", KindOptions::new(Vec::new())).unwrap();
+    let choice = ProtectorChoice::New(NewProtector { name: &alice.name, uid: Some(alice.uid), kind });
+    let mut ui = dirseal_testfs::ui::Scripted::new(&["pw-card", "pw-card"]);
+    ds.encrypt_portable(&games, choice, &mut ui).unwrap();
+    write_as_root(&games.join("save.dat"), b"level 9");
+    assert!(ds.lock(&games, false).unwrap().locked);
+    assert_eq!(
+        h.fs.path().join(".dirseal/portable/policies").read_dir().unwrap().count(),
+        1,
+        "the record is on the card"
+    );
+
+    let r = h.ok(Some(&alice), "GetStatus", &[s(games.to_str().unwrap())], &[]);
+    assert!(r.contains("'managed': <true>") && r.contains(".dirseal/portable'>") && r.contains("'locked'"), "{r}");
+    h.fails(
+        Some(&alice),
+        "Unlock",
+        &[s(games.to_str().unwrap()), s(""), fd(3)],
+        &[(3, "nope")],
+        "org.dirseal.Dirseal1.Error.IncorrectSecret",
+    );
+    h.ok(Some(&alice), "Unlock", &[s(games.to_str().unwrap()), s(""), fd(3)], &[(3, "pw-card")]);
+    assert_eq!(std::fs::read(games.join("save.dat")).unwrap(), b"level 9");
+    let r = h.ok(Some(&alice), "Lock", &[s(games.to_str().unwrap()), "false".into()], &[]);
+    assert!(r.contains("'locked': <true>"), "{r}");
+    assert!(!games.join("save.dat").exists());
+    let policies = std::fs::read_dir(h.keystore().join("policies")).map(|d| d.count()).unwrap_or(0);
+    assert_eq!(policies, 0, "the service's keystore holds nothing of the card");
+}

@@ -62,6 +62,10 @@ enum Cmd {
         protector: ProtectorArgs,
         #[command(flatten)]
         recovery: recovery::RecoveryOffer,
+        /// Keep the directory's records on its own filesystem (removable media) so that it opens on
+        /// any machine with its password or security key; a TPM protector cannot be its only one
+        #[arg(long)]
+        portable: bool,
     },
     /// Encrypt a directory that already holds data, in place (resumable)
     Convert(convert::ConvertArgs),
@@ -353,7 +357,12 @@ impl std::str::FromStr for ProtectorRef {
 }
 
 impl ProtectorRef {
+    /// An id is taken as it is: the operation looks its record up where the directory keeps it
+    /// (a portable directory's medium, which this machine's keystore does not know).
     fn id(&self, ds: &Dirseal) -> Result<ProtectorId> {
+        if let Ok(id) = self.0.parse::<ProtectorId>() {
+            return Ok(id);
+        }
         Ok(ds.protector_named(&self.0, None)?.id)
     }
 
@@ -480,13 +489,14 @@ fn run(cli: Cli) -> Result<i32> {
     match cli.cmd {
         Cmd::Status { dir: Some(dir), json } => status_dir(Some(&ds), &dir, json)?,
         Cmd::Status { dir: None, json } => overview(&ds, json)?,
-        Cmd::Encrypt { dir, protector, recovery: offer } => {
+        Cmd::Encrypt { dir, protector, recovery: offer, portable } => {
             let user = protector.user_or_owner(&dir)?;
             ui.login_user = user.as_ref().map(|u| u.name.clone());
             // Ask before anything is encrypted; the key is shown once the master key exists.
             let want_recovery = offer.wanted(&dir, &mut ui)?;
             let choice = protector.choice(&ds, &user)?;
-            let (policy, master) = ds.encrypt(&dir, choice, &mut ui)?;
+            let (policy, master) =
+                if portable { ds.encrypt_portable(&dir, choice, &mut ui)? } else { ds.encrypt(&dir, choice, &mut ui)? };
             if want_recovery {
                 recovery::create(&dir, &policy.id, &master, &mut ui)?;
             }
@@ -501,8 +511,7 @@ fn run(cli: Cli) -> Result<i32> {
         }
         Cmd::Lock { dir, all_users, json } => return lock(&ds, &dir, all_users, json),
         Cmd::ChangePassword { dir, protector } => {
-            let rec = ds.protector_of_dir(&dir, ProtectorRef::pick(&protector, &ds)?)?;
-            let rec = ds.change_secret(&rec.id, &mut ui)?;
+            let rec = ds.change_dir_secret(&dir, ProtectorRef::pick(&protector, &ds)?, &mut ui)?;
             println!("changed the password of protector {} ({})", clean(&rec.name), rec.id);
         }
         Cmd::Protector(cmd) => protector(&mut ds, cmd, &mut ui)?,
@@ -695,17 +704,32 @@ fn status_dir(ds: Option<&Dirseal>, dir: &Path, json: bool) -> Result<()> {
                 "  managed:    {}",
                 match (hidden, s.managed) {
                     (true, _) => "hidden (the keystore is root's: `sudo dirseal status` shows protectors)",
+                    (false, true) if s.portable.is_some() => "yes, portable",
                     (false, true) => "yes",
                     (false, false) => "no (no policy record in the keystore)",
                 }
             );
         }
     }
+    if let Some(records) = &s.portable {
+        println!(
+            "  records:    on the medium, {} (it opens on any machine with dirseal)",
+            clean(&records.display().to_string())
+        );
+    }
     if !s.protectors.is_empty() {
         println!("  protectors:");
         for p in &s.protectors {
-            println!("    {}", protector_line(p));
+            let place = match (s.portable.is_some(), p.stored) {
+                (false, _) => "",
+                (true, "medium") => "  [on the medium: opens on any machine]",
+                (true, _) => "  [this machine's keystore: opens here only]",
+            };
+            println!("    {}{place}", protector_line(p));
         }
+    }
+    for id in &s.elsewhere {
+        println!("    {id}  kept on another machine (its keystore): does not open it here");
     }
     if s.encrypted {
         println!(
@@ -902,10 +926,12 @@ fn protector(ds: &mut Dirseal, cmd: ProtectorCmd, ui: &mut TermUi) -> Result<()>
     Ok(())
 }
 
-fn policy_id(ds: &Dirseal, t: &PolicyTarget) -> Result<KeyIdentifier> {
+/// The policy record a target names: a directory's (on its medium when it is portable), or the
+/// keystore's record of that id.
+fn policy_record(ds: &Dirseal, t: &PolicyTarget) -> Result<PolicyRecord> {
     match (&t.dir, t.policy) {
-        (_, Some(id)) => Ok(id),
-        (Some(dir), None) => Ok(ds.policy_of(dir)?.id),
+        (_, Some(id)) => Ok(ds.policy(&id)?),
+        (Some(dir), None) => Ok(ds.policy_of(dir)?),
         (None, None) => bail!("name the policy: give a DIR or --policy ID"),
     }
 }
@@ -926,17 +952,19 @@ fn policy(ds: &mut Dirseal, cmd: PolicyCmd, ui: &mut TermUi) -> Result<()> {
             print_problems(&o);
         }
         PolicyCmd::AddProtector { target, with, new } => {
-            let id = policy_id(ds, &target)?;
+            let policy = policy_record(ds, &target)?;
+            let id = policy.id;
             let user = new.user()?;
             let with = ProtectorRef::pick(&with, ds)?;
             let choice = new.choice(ds, &user)?;
-            let rec = ds.add_protector_to_policy(&id, with, choice, ui)?;
+            let rec = ds.add_protector_to(&policy, with, choice, ui)?;
             println!("protector {} ({}) now opens policy {id}", rec.id, clean(&rec.name));
         }
         PolicyCmd::RemoveProtector { target, protector } => {
-            let id = policy_id(ds, &target)?;
+            let policy = policy_record(ds, &target)?;
+            let id = policy.id;
             let protector = protector.id(ds)?;
-            ds.remove_protector_from_policy(&id, &protector)?;
+            ds.remove_protector_from(&policy, &protector)?;
             println!("protector {protector} no longer opens policy {id}");
         }
     }

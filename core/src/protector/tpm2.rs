@@ -103,6 +103,8 @@ fn seal(config: &Config, pin: Option<&Passphrase>, pcrs: &PcrSet) -> Result<(Tpm
 }
 
 impl Kind for Tpm2 {
+    // The sealed key opens only in the TPM that sealed it.
+    const TRAVELS: bool = false;
     fn ask(&self) -> Ask {
         if self.sealed.pin.is_some() {
             WITH_PIN
