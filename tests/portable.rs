@@ -372,3 +372,35 @@ fn a_tpm_protector_is_an_extra_local_one_and_never_the_last_that_travels() {
     b.ok(&["unlock", p(&d)], "pw\n");
     fs::remove_file(&planted).unwrap();
 }
+
+#[test]
+fn convert_portable_opens_on_another_machine() {
+    dirseal_testfs::needs_root!();
+    let mut card = TestFs::new();
+    let a = Machine::new(None);
+    let d = card.path().join("music");
+    fs::create_dir_all(d.join("album")).unwrap();
+    for i in 0..20 {
+        fs::write(d.join("album").join(format!("t{i}.ogg")), vec![i as u8; 10_000 + i * 1000]).unwrap();
+    }
+    let err = a.fails(&["convert", p(&d), "--portable", "--yes", "--protector-type", "tpm2", "--no-recovery-key"], "");
+    assert!(err.contains("bound to this machine"), "{err}");
+    assert_eq!(a.status(&d)["encrypted"], false);
+    a.ok(&["convert", p(&d), "--portable", "--yes", "--protector-name", "pw", "--no-recovery-key"], "pw\n");
+    assert_eq!((a.records("policies"), a.records("protectors")), (0, 0), "nothing of it in A's keystore");
+    assert_eq!(records_on(card.path(), "policies").len(), 1);
+    a.ok(&["lock", p(&d)], "");
+
+    card.reattach();
+    let b = Machine::new(None);
+    assert_eq!(b.status(&d)["managed"], true);
+    b.ok(&["unlock", p(&d)], "pw\n");
+    for i in 0..20 {
+        assert_eq!(fs::read(d.join("album").join(format!("t{i}.ogg"))).unwrap(), vec![i as u8; 10_000 + i * 1000]);
+    }
+    b.ok(&["lock", p(&d)], "");
+    let image = card.image().to_path_buf();
+    let out = Command::new("umount").arg(card.path()).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    fsck_clean(&image);
+}
