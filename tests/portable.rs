@@ -37,8 +37,13 @@ impl Machine {
     }
 
     fn run(&self, args: &[&str], stdin: &str) -> Output {
+        self.run_env(args, stdin, &[])
+    }
+
+    fn run_env(&self, args: &[&str], stdin: &str, env: &[(&str, &str)]) -> Output {
         let mut child = Command::new(env!("CARGO_BIN_EXE_dirseal"))
             .args(args)
+            .envs(env.iter().copied())
             .env("DIRSEAL_CONFIG", self.etc.path().join("config.toml"))
             .env("DIRSEAL_KEYSTORE", self.keystore())
             .stdin(Stdio::piped())
@@ -403,4 +408,37 @@ fn convert_portable_opens_on_another_machine() {
     let out = Command::new("umount").arg(card.path()).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     fsck_clean(&image);
+}
+
+/// A crash among the first writes of a portable conversion (protector saved on the card, policy
+/// saved there, journal written), then the same command: the card holds what an uninterrupted run
+/// leaves (one policy per directory, one protector each, none wrapping nothing), and another
+/// machine opens every directory.
+#[cfg(feature = "fault-injection")]
+#[test]
+fn a_crash_early_in_a_portable_conversion_leaves_no_orphan_on_the_card() {
+    dirseal_testfs::needs_root!();
+    let card = TestFs::new();
+    let a = Machine::new(None);
+    let points = ["after-protector-saved", "after-staging-created", "after-policy-saved", "after-prepare"];
+    for (i, point) in points.iter().enumerate() {
+        let d = card.path().join(format!("d{i}"));
+        fs::create_dir_all(d.join("sub")).unwrap();
+        fs::write(d.join("sub/f"), format!("file {i}")).unwrap();
+        let args = ["convert", p(&d), "--portable", "--yes", "--protector-name", "pw", "--no-recovery-key"];
+        let out = a.run_env(&args, "pw\n", &[("DIRSEAL_FAULT", point)]);
+        assert_eq!(out.status.code(), Some(99), "{point}: {}", String::from_utf8_lossy(&out.stderr));
+        a.ok(&args, "pw\n");
+        assert_eq!(fs::read_to_string(d.join("sub/f")).unwrap(), format!("file {i}"), "{point}");
+        assert_eq!(records_on(card.path(), "policies").len(), i + 1, "after a crash at {point}");
+        assert_eq!(records_on(card.path(), "protectors").len(), i + 1, "after a crash at {point}");
+        assert_eq!((a.records("policies"), a.records("protectors")), (0, 0), "{point}");
+        a.ok(&["lock", p(&d)], "");
+    }
+    let b = Machine::new(None);
+    for (i, _) in points.iter().enumerate() {
+        let d = card.path().join(format!("d{i}"));
+        b.ok(&["unlock", p(&d)], "pw\n");
+        assert_eq!(fs::read_to_string(d.join("sub/f")).unwrap(), format!("file {i}"));
+    }
 }
