@@ -442,3 +442,29 @@ fn a_crash_early_in_a_portable_conversion_leaves_no_orphan_on_the_card() {
         assert_eq!(fs::read_to_string(d.join("sub/f")).unwrap(), format!("file {i}"));
     }
 }
+
+/// Anyone who can write the root of a shared filesystem can plant a `.dirseal` there: a directory
+/// whose record is in this machine's keystore still opens, and status names the planted one.
+#[test]
+fn a_planted_dirseal_does_not_lock_out_local_directories() {
+    dirseal_testfs::needs_root!();
+    let fs_ = TestFs::new();
+    let a = Machine::new(None);
+    let d = fs_.path().join("local");
+    fs::create_dir(&d).unwrap();
+    a.ok(&["encrypt", p(&d), "--protector-name", "pw", "--no-recovery-key"], "pw\n");
+    fs::write(d.join("f"), b"kept").unwrap();
+    a.ok(&["lock", p(&d)], "");
+    let planted = fs_.path().join(".dirseal");
+    fs::create_dir(&planted).unwrap();
+    std::os::unix::fs::chown(&planted, Some(4242), Some(4242)).unwrap();
+    a.ok(&["unlock", p(&d)], "pw\n");
+    assert_eq!(fs::read(d.join("f")).unwrap(), b"kept");
+    let st = a.status(&d);
+    let problems = st["problems"].to_string();
+    assert!(
+        problems.contains("cannot be read (the local one is used)") && problems.contains("owned by uid 4242"),
+        "{st}"
+    );
+    assert_eq!(st["portable"], serde_json::Value::Null, "{st}");
+}

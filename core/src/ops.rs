@@ -548,19 +548,32 @@ impl Dirseal {
     /// A portable directory's record, on its own medium, comes first: see [`Dirseal::shadowed`].
     pub fn policy_of(&self, dir: &Path) -> Result<PolicyRecord, OpsError> {
         let policy = fscrypt::get_policy(dir)?.ok_or_else(|| OpsError::NotEncrypted { path: dir.to_path_buf() })?;
-        let mp = fscrypt::mount_point(dir)?;
-        if let Some(medium) = portable::open_existing(&mp)? {
-            match medium.policy(&policy.identifier) {
-                Ok(r) => return Ok(r),
-                Err(KeystoreError::NotFound { .. }) => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
-        match self.keystore.policy(&policy.identifier) {
-            Ok(r) => Ok(r),
-            Err(KeystoreError::NotFound { .. }) => {
+        let medium = match self.medium_policy(dir, &policy.identifier) {
+            Ok(Some(r)) => return Ok(r),
+            Ok(None) => None,
+            Err(e) => Some(e),
+        };
+        match (self.keystore.policy(&policy.identifier), medium) {
+            (Ok(r), _) => Ok(r),
+            // The medium's records could not be read and there is no local one: that is why.
+            (Err(KeystoreError::NotFound { .. }), Some(e)) => Err(e),
+            (Err(KeystoreError::NotFound { .. }), None) => {
                 Err(OpsError::NotManaged { path: dir.to_path_buf(), id: policy.identifier })
             }
+            (Err(e), _) => Err(e.into()),
+        }
+    }
+
+    /// The record of policy `id` on the filesystem holding `dir`, if it keeps one (a portable
+    /// directory). A directory with a local record still opens when the medium's records are
+    /// unreadable (anyone who can write the root of a shared filesystem can plant a `.dirseal`
+    /// there): [`Dirseal::dir_status`] reports that as a problem.
+    fn medium_policy(&self, dir: &Path, id: &KeyIdentifier) -> Result<Option<PolicyRecord>, OpsError> {
+        let mp = fscrypt::mount_point(dir)?;
+        let Some(medium) = portable::open_existing(&mp)? else { return Ok(None) };
+        match medium.policy(id) {
+            Ok(r) => Ok(Some(r)),
+            Err(KeystoreError::NotFound { .. }) => Ok(None),
             Err(e) => Err(e.into()),
         }
     }
@@ -1336,6 +1349,10 @@ impl Dirseal {
                 st.problems = problems;
                 st.warnings = list.iter().filter_map(|r| self.pin_warning(r)).collect();
                 st.warnings.extend(self.shadowed(&rec));
+                if let (None, Err(e)) = (&rec.medium, self.medium_policy(dir, &rec.id)) {
+                    st.problems
+                        .push(format!("the records on this filesystem cannot be read (the local one is used): {e}"));
+                }
             }
             Err(OpsError::NotManaged { id, .. }) => {
                 st.problems.push(KeystoreError::NotFound { kind: "policy", id: id.to_string() }.to_string())
