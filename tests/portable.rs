@@ -37,8 +37,13 @@ impl Machine {
     }
 
     fn run(&self, args: &[&str], stdin: &str) -> Output {
+        self.run_env(args, stdin, &[])
+    }
+
+    fn run_env(&self, args: &[&str], stdin: &str, env: &[(&str, &str)]) -> Output {
         let mut child = Command::new(env!("CARGO_BIN_EXE_dirseal"))
             .args(args)
+            .envs(env.iter().copied())
             .env("DIRSEAL_CONFIG", self.etc.path().join("config.toml"))
             .env("DIRSEAL_KEYSTORE", self.keystore())
             .stdin(Stdio::piped())
@@ -371,4 +376,95 @@ fn a_tpm_protector_is_an_extra_local_one_and_never_the_last_that_travels() {
     assert!(err.contains("bound to a machine and never kept on a medium"), "{err}");
     b.ok(&["unlock", p(&d)], "pw\n");
     fs::remove_file(&planted).unwrap();
+}
+
+#[test]
+fn convert_portable_opens_on_another_machine() {
+    dirseal_testfs::needs_root!();
+    let mut card = TestFs::new();
+    let a = Machine::new(None);
+    let d = card.path().join("music");
+    fs::create_dir_all(d.join("album")).unwrap();
+    for i in 0..20 {
+        fs::write(d.join("album").join(format!("t{i}.ogg")), vec![i as u8; 10_000 + i * 1000]).unwrap();
+    }
+    let err = a.fails(&["convert", p(&d), "--portable", "--yes", "--protector-type", "tpm2", "--no-recovery-key"], "");
+    assert!(err.contains("bound to this machine"), "{err}");
+    assert_eq!(a.status(&d)["encrypted"], false);
+    a.ok(&["convert", p(&d), "--portable", "--yes", "--protector-name", "pw", "--no-recovery-key"], "pw\n");
+    assert_eq!((a.records("policies"), a.records("protectors")), (0, 0), "nothing of it in A's keystore");
+    assert_eq!(records_on(card.path(), "policies").len(), 1);
+    a.ok(&["lock", p(&d)], "");
+
+    card.reattach();
+    let b = Machine::new(None);
+    assert_eq!(b.status(&d)["managed"], true);
+    b.ok(&["unlock", p(&d)], "pw\n");
+    for i in 0..20 {
+        assert_eq!(fs::read(d.join("album").join(format!("t{i}.ogg"))).unwrap(), vec![i as u8; 10_000 + i * 1000]);
+    }
+    b.ok(&["lock", p(&d)], "");
+    let image = card.image().to_path_buf();
+    let out = Command::new("umount").arg(card.path()).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    fsck_clean(&image);
+}
+
+/// A crash among the first writes of a portable conversion (protector saved on the card, policy
+/// saved there, journal written), then the same command: the card holds what an uninterrupted run
+/// leaves (one policy per directory, one protector each, none wrapping nothing), and another
+/// machine opens every directory.
+#[cfg(feature = "fault-injection")]
+#[test]
+fn a_crash_early_in_a_portable_conversion_leaves_no_orphan_on_the_card() {
+    dirseal_testfs::needs_root!();
+    let card = TestFs::new();
+    let a = Machine::new(None);
+    let points = ["after-protector-saved", "after-staging-created", "after-policy-saved", "after-prepare"];
+    for (i, point) in points.iter().enumerate() {
+        let d = card.path().join(format!("d{i}"));
+        fs::create_dir_all(d.join("sub")).unwrap();
+        fs::write(d.join("sub/f"), format!("file {i}")).unwrap();
+        let args = ["convert", p(&d), "--portable", "--yes", "--protector-name", "pw", "--no-recovery-key"];
+        let out = a.run_env(&args, "pw\n", &[("DIRSEAL_FAULT", point)]);
+        assert_eq!(out.status.code(), Some(99), "{point}: {}", String::from_utf8_lossy(&out.stderr));
+        a.ok(&args, "pw\n");
+        assert_eq!(fs::read_to_string(d.join("sub/f")).unwrap(), format!("file {i}"), "{point}");
+        assert_eq!(records_on(card.path(), "policies").len(), i + 1, "after a crash at {point}");
+        assert_eq!(records_on(card.path(), "protectors").len(), i + 1, "after a crash at {point}");
+        assert_eq!((a.records("policies"), a.records("protectors")), (0, 0), "{point}");
+        a.ok(&["lock", p(&d)], "");
+    }
+    let b = Machine::new(None);
+    for (i, _) in points.iter().enumerate() {
+        let d = card.path().join(format!("d{i}"));
+        b.ok(&["unlock", p(&d)], "pw\n");
+        assert_eq!(fs::read_to_string(d.join("sub/f")).unwrap(), format!("file {i}"));
+    }
+}
+
+/// Anyone who can write the root of a shared filesystem can plant a `.dirseal` there: a directory
+/// whose record is in this machine's keystore still opens, and status names the planted one.
+#[test]
+fn a_planted_dirseal_does_not_lock_out_local_directories() {
+    dirseal_testfs::needs_root!();
+    let fs_ = TestFs::new();
+    let a = Machine::new(None);
+    let d = fs_.path().join("local");
+    fs::create_dir(&d).unwrap();
+    a.ok(&["encrypt", p(&d), "--protector-name", "pw", "--no-recovery-key"], "pw\n");
+    fs::write(d.join("f"), b"kept").unwrap();
+    a.ok(&["lock", p(&d)], "");
+    let planted = fs_.path().join(".dirseal");
+    fs::create_dir(&planted).unwrap();
+    std::os::unix::fs::chown(&planted, Some(4242), Some(4242)).unwrap();
+    a.ok(&["unlock", p(&d)], "pw\n");
+    assert_eq!(fs::read(d.join("f")).unwrap(), b"kept");
+    let st = a.status(&d);
+    let problems = st["problems"].to_string();
+    assert!(
+        problems.contains("cannot be read (the local one is used)") && problems.contains("owned by uid 4242"),
+        "{st}"
+    );
+    assert_eq!(st["portable"], serde_json::Value::Null, "{st}");
 }

@@ -23,6 +23,7 @@ use sha2::{Digest, Sha256};
 
 use crate::fscrypt::{self, KeyStatus};
 use crate::ids::KeyIdentifier;
+use crate::keystore::Keystore;
 use crate::ops::{Dirseal, OpsError, Pick, ProtectorChoice};
 use crate::protector::ProtectorRecord;
 use crate::secret::ProtectorKey;
@@ -151,6 +152,9 @@ pub struct Options {
     /// Measure the filesystem's encrypted write rate for the summary's time estimate: a short
     /// probe (a few MiB in a temporary encrypted directory with a throwaway key, removed again).
     pub estimate: bool,
+    /// Keep the policy record and the protector's on the directory's own filesystem (a portable
+    /// directory, crate::portable); the protector must travel.
+    pub portable: bool,
 }
 
 /// A checked conversion. What running it takes differs, and the types say so: a new one needs
@@ -501,9 +505,19 @@ impl NewPlan {
         let summary = self.summary();
         let NewPlan { source, workdir, options, engine, .. } = self;
         let req = request(&source, &workdir, &options, Direction::Encrypt);
+        if options.portable {
+            // Refused before anything is asked.
+            ds.check_travels(&choice)?;
+        }
         if !ui.confirm(&Question::Convert { dir: &source, summary: &summary })? {
             return Err(UiError::Cancelled.into());
         }
+        let store = if options.portable {
+            let mp = fscrypt::mount_point(&source).map_err(OpsError::from)?;
+            crate::portable::open_or_create(&mp).map_err(OpsError::from)?
+        } else {
+            ds.keystore().clone()
+        };
         let want_key = match options.recovery_key {
             Some(w) => w,
             None => ui.confirm(&Question::CreateRecoveryKey { dir: &source })?,
@@ -517,11 +531,17 @@ impl NewPlan {
         };
         drop_orphan_policy(ds, &source, &workdir)?;
         let chosen = match choice {
-            ProtectorChoice::New(n) => ds.adopt_or_create_protector(&n, ui)?,
+            ProtectorChoice::New(n) => ds.adopt_or_create_protector(&n, &store, ui)?,
+            existing if options.portable => ds.resolve_protector_into(existing, &store, ui)?,
             existing => ds.resolve_protector(existing, ui)?,
         };
         migrate::fault::point(migrate::fault::Point::AfterProtectorSaved);
-        let host = KeyHost { protector: Some(chosen), recovery: recovery.as_ref(), ..KeyHost::new(ds, &source, hooks) };
+        let host = KeyHost {
+            protector: Some(chosen),
+            recovery: recovery.as_ref(),
+            store: Some(store),
+            ..KeyHost::new(ds, &source, hooks)
+        };
         let outcome = migrate::start(&req, &host, *engine)?;
         let saved = recovery.map(|_| {
             !matches!(outcome.state, State::Done | State::Swapped)
@@ -564,13 +584,14 @@ fn drop_orphan_policy(ds: &Dirseal, source: &Path, workdir: &Path) -> Result<(),
     if migrate::status(workdir)?.is_some_and(|v| v.token == id.to_string()) {
         return Ok(());
     }
-    let Ok(record) = ds.keystore().policy(&id) else { return Ok(()) };
+    let Ok(store) = ds.store_of_policy(source, &id) else { return Ok(()) };
+    let Ok(record) = store.policy(&id) else { return Ok(()) };
     if record.path_hint.as_deref() != Some(source) {
         return Ok(());
     }
     {
-        let _guard = ds.keystore().lock().map_err(OpsError::from)?;
-        ds.keystore().remove_policy(&id).map_err(OpsError::from)?;
+        let _guard = store.lock().map_err(OpsError::from)?;
+        store.remove_policy(&id).map_err(OpsError::from)?;
     }
     if let Ok(mp) = fscrypt::mount_point(source) {
         // The staging dir is empty: nothing of it is in use, so the key goes too.
@@ -588,7 +609,7 @@ pub(crate) fn load_staging_key(
     pick: Pick,
     ui: &mut dyn Ui,
 ) -> Result<(), ConvertError> {
-    let policy = ds.keystore().policy(id).map_err(OpsError::from)?;
+    let policy = ds.store_of_policy(source, id)?.policy(id).map_err(OpsError::from)?;
     let what = format!("the conversion of {}", source.display());
     let (pid, pkey) = ds.unlock_policy_protector(&policy, pick, &what, ui)?;
     let master = ds.master_key(&policy, &pid, &pkey)?;
@@ -706,6 +727,9 @@ pub(crate) struct KeyHost<'a> {
     /// A recovery key to seal the new policy's master key under, on the staging root (it becomes
     /// the directory at the swap, so the key works from the first moment the data is encrypted).
     recovery: Option<&'a RecoveryKey>,
+    /// Where a new conversion's policy record goes (a portable directory's medium, or the
+    /// keystore); absent on resume and abort, which write no record.
+    store: Option<Keystore>,
     hooks: &'a Hooks<'a>,
     /// Decrypting: the staging dir stays plain and the token names the source's own key (the
     /// one a resume must find loaded), given by the plan as `source_key`.
@@ -715,7 +739,16 @@ pub(crate) struct KeyHost<'a> {
 
 impl<'a> KeyHost<'a> {
     pub(crate) fn new(ds: &'a Dirseal, source: &'a Path, hooks: &'a Hooks<'a>) -> KeyHost<'a> {
-        KeyHost { ds, source, protector: None, recovery: None, hooks, direction: Direction::Encrypt, source_key: None }
+        KeyHost {
+            ds,
+            source,
+            protector: None,
+            recovery: None,
+            store: None,
+            hooks,
+            direction: Direction::Encrypt,
+            source_key: None,
+        }
     }
 
     /// The host of a decrypt of `source`, whose policy is `key`.
@@ -766,7 +799,9 @@ impl Host for KeyHost<'_> {
         self.ds.add_key(self.source, &master).map_err(host_err)?;
         fscrypt::set_policy_fd(staging, path, &policy.id).map_err(host_err)?;
         rustix::fs::fsync(staging).map_err(|e| HostError(format!("{}: cannot sync it: {e}", path.display())))?;
-        self.ds.save_new_policy(&policy).map_err(host_err)?;
+        let store =
+            self.store.as_ref().ok_or_else(|| HostError("internal: no keystore chosen for a new conversion".into()))?;
+        self.ds.save_new_policy(&policy, store).map_err(host_err)?;
         migrate::fault::point(migrate::fault::Point::AfterPolicySaved);
         if let Some(key) = self.recovery {
             crate::recovery::install_at(staging, path, &policy.id, &master, key).map_err(host_err)?;

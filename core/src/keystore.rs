@@ -190,7 +190,7 @@ pub struct KeystoreLock {
 
 /// The keystore directory (`protectors/`, `policies/`, `.lock`); reads and writes its records.
 /// A portable directory's medium has one of its own (crate::portable), read the same way.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct Keystore {
     root: PathBuf,
     /// The medium's mount point when this is a medium's keystore; its policies say so.

@@ -493,24 +493,26 @@ impl Dirseal {
     /// before its policy left it (it wraps nothing); the same command run again must end with the
     /// keystore an uninterrupted run makes, not two protectors of one name. Kinds whose unlocking
     /// costs something (a TPM's lockout tries, a touch) are never tried: they get a new protector.
+    /// `store` is where the record goes (and where one to adopt is looked for): a portable
+    /// directory's medium, or this keystore.
     pub(crate) fn adopt_or_create_protector(
         &mut self,
         n: &NewProtector<'_>,
+        store: &Keystore,
         ui: &mut dyn Ui,
     ) -> Result<(ProtectorRecord, ProtectorKey), OpsError> {
         if n.kind.ask() != protector::Ask::PASSWORD {
-            return self.create_protector(n, ui);
+            return self.create_protector_in(n, ui, store);
         }
-        let candidates: Vec<ProtectorRecord> = self
-            .keystore
+        let candidates: Vec<ProtectorRecord> = store
             .protectors()?
             .into_iter()
             .filter_map(|(_, r)| r.ok())
             .filter(|r| r.name == n.name && r.uid == n.uid && r.kind.name() == n.kind.name())
-            .filter(|r| self.keystore.policies_using(&r.id).is_ok_and(|p| p.is_empty()))
+            .filter(|r| store.policies_using(&r.id).is_ok_and(|p| p.is_empty()))
             .collect();
         if candidates.is_empty() {
-            return self.create_protector(n, ui);
+            return self.create_protector_in(n, ui, store);
         }
         let secret = protector::ask_new(n.kind.ask(), n.name, ui)?;
         for rec in candidates {
@@ -518,8 +520,7 @@ impl Dirseal {
                 return Ok((rec, key));
             }
         }
-        let store = self.keystore.clone();
-        self.save_created_protector(n, secret.as_ref(), &store)
+        self.save_created_protector(n, secret.as_ref(), store)
     }
 
     /// Asks what `rec`'s kind needs and unwraps its key; a wrong secret changes nothing.
@@ -547,19 +548,32 @@ impl Dirseal {
     /// A portable directory's record, on its own medium, comes first: see [`Dirseal::shadowed`].
     pub fn policy_of(&self, dir: &Path) -> Result<PolicyRecord, OpsError> {
         let policy = fscrypt::get_policy(dir)?.ok_or_else(|| OpsError::NotEncrypted { path: dir.to_path_buf() })?;
-        let mp = fscrypt::mount_point(dir)?;
-        if let Some(medium) = portable::open_existing(&mp)? {
-            match medium.policy(&policy.identifier) {
-                Ok(r) => return Ok(r),
-                Err(KeystoreError::NotFound { .. }) => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
-        match self.keystore.policy(&policy.identifier) {
-            Ok(r) => Ok(r),
-            Err(KeystoreError::NotFound { .. }) => {
+        let medium = match self.medium_policy(dir, &policy.identifier) {
+            Ok(Some(r)) => return Ok(r),
+            Ok(None) => None,
+            Err(e) => Some(e),
+        };
+        match (self.keystore.policy(&policy.identifier), medium) {
+            (Ok(r), _) => Ok(r),
+            // The medium's records could not be read and there is no local one: that is why.
+            (Err(KeystoreError::NotFound { .. }), Some(e)) => Err(e),
+            (Err(KeystoreError::NotFound { .. }), None) => {
                 Err(OpsError::NotManaged { path: dir.to_path_buf(), id: policy.identifier })
             }
+            (Err(e), _) => Err(e.into()),
+        }
+    }
+
+    /// The record of policy `id` on the filesystem holding `dir`, if it keeps one (a portable
+    /// directory). A directory with a local record still opens when the medium's records are
+    /// unreadable (anyone who can write the root of a shared filesystem can plant a `.dirseal`
+    /// there): [`Dirseal::dir_status`] reports that as a problem.
+    fn medium_policy(&self, dir: &Path, id: &KeyIdentifier) -> Result<Option<PolicyRecord>, OpsError> {
+        let mp = fscrypt::mount_point(dir)?;
+        let Some(medium) = portable::open_existing(&mp)? else { return Ok(None) };
+        match medium.policy(id) {
+            Ok(r) => Ok(Some(r)),
+            Err(KeystoreError::NotFound { .. }) => Ok(None),
             Err(e) => Err(e.into()),
         }
     }
@@ -1077,10 +1091,25 @@ impl Dirseal {
         (policy, master)
     }
 
-    pub(crate) fn save_new_policy(&self, policy: &PolicyRecord) -> Result<(), OpsError> {
-        let _guard = self.keystore.lock()?;
-        self.keystore.save_policy(policy)?;
+    /// Saves a new policy record in `store` (a portable directory's medium, or this keystore).
+    pub(crate) fn save_new_policy(&self, policy: &PolicyRecord, store: &Keystore) -> Result<(), OpsError> {
+        let _guard = store.lock()?;
+        store.save_policy(policy)?;
         Ok(())
+    }
+
+    /// Where the record of policy `id`, of a directory on the filesystem holding `dir`, is kept:
+    /// on that filesystem when it has one there (a portable directory), else in this keystore.
+    pub(crate) fn store_of_policy(&self, dir: &Path, id: &KeyIdentifier) -> Result<Keystore, OpsError> {
+        let mp = fscrypt::mount_point(dir)?;
+        if let Some(medium) = portable::open_existing(&mp)? {
+            match medium.policy(id) {
+                Ok(_) => return Ok(medium),
+                Err(KeystoreError::NotFound { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(self.keystore.clone())
     }
 
     /// Adds protector `new` to the policy of `dir` (or of policy `id`), proving access with an
@@ -1129,7 +1158,7 @@ impl Dirseal {
     }
 
     /// Refuses, before anything is asked, a protector that cannot be a portable directory's own.
-    fn check_travels(&self, choice: &ProtectorChoice<'_>) -> Result<(), OpsError> {
+    pub(crate) fn check_travels(&self, choice: &ProtectorChoice<'_>) -> Result<(), OpsError> {
         let (travels, name, kind) = match choice {
             ProtectorChoice::New(n) => (n.kind.travels(), n.name.to_string(), n.kind.name()),
             ProtectorChoice::Existing(id) => {
@@ -1148,7 +1177,7 @@ impl Dirseal {
     /// travels is saved there, one that does not in this machine's keystore; an existing one is
     /// looked up on the medium, then here, and one that travels is copied to the medium (the same
     /// record, so it opens there as it does here).
-    fn resolve_protector_into(
+    pub(crate) fn resolve_protector_into(
         &mut self,
         choice: ProtectorChoice<'_>,
         medium: &Keystore,
@@ -1320,6 +1349,10 @@ impl Dirseal {
                 st.problems = problems;
                 st.warnings = list.iter().filter_map(|r| self.pin_warning(r)).collect();
                 st.warnings.extend(self.shadowed(&rec));
+                if let (None, Err(e)) = (&rec.medium, self.medium_policy(dir, &rec.id)) {
+                    st.problems
+                        .push(format!("the records on this filesystem cannot be read (the local one is used): {e}"));
+                }
             }
             Err(OpsError::NotManaged { id, .. }) => {
                 st.problems.push(KeystoreError::NotFound { kind: "policy", id: id.to_string() }.to_string())

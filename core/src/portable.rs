@@ -81,3 +81,45 @@ pub(crate) fn open_or_create(mp: &Path) -> Result<Keystore, KeystoreError> {
     }
     Ok(Keystore::open(&records_dir(mp))?.on_medium(mp))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::keystore::PolicyRecord;
+    use crate::protector::tests::new_password;
+    use crate::secret::MasterKey;
+
+    /// A card pulled between the write of a record's temp file and its rename leaves the old
+    /// record, read as it was; the temp file is never taken for a record.
+    #[test]
+    fn an_interrupted_write_leaves_the_old_record() {
+        let card = tempfile::tempdir().unwrap();
+        assert!(open_existing(card.path()).unwrap().is_none(), "a medium without records");
+        let ks = open_or_create(card.path()).unwrap();
+        let (prec, pkey) = new_password("pw", None, "pw");
+        let master = MasterKey::random();
+        let mut policy = PolicyRecord::new(crate::fscrypt::key_identifier(&master), None);
+        policy.add_protector(&prec.id, &pkey, &master);
+        ks.save_policy(&policy).unwrap();
+        let dir = records_dir(card.path()).join("policies");
+        std::fs::write(dir.join(format!(".{}.json.0123456789ab.tmp", policy.id)), b"{\"half\":").unwrap();
+        let ks = open_existing(card.path()).unwrap().expect("records");
+        let listed = ks.policies().unwrap();
+        assert_eq!(listed.len(), 1);
+        let read = listed.into_iter().next().unwrap().1.unwrap();
+        assert_eq!(read.wrapped, policy.wrapped);
+        assert_eq!(read.medium.as_deref(), Some(card.path()), "a medium's record says where it is");
+    }
+
+    #[test]
+    fn a_symlinked_records_directory_is_refused() {
+        let card = tempfile::tempdir().unwrap();
+        let elsewhere = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(elsewhere.path(), card.path().join(".dirseal")).unwrap();
+        let e = open_existing(card.path()).unwrap_err();
+        assert!(e.to_string().contains("symbolic link"), "{e}");
+        let e = open_or_create(card.path()).unwrap_err();
+        assert!(e.to_string().contains("symbolic link"), "{e}");
+        assert_eq!(std::fs::read_dir(elsewhere.path()).unwrap().count(), 0, "nothing written off the card");
+    }
+}

@@ -703,9 +703,14 @@ fn a_portable_directory_opens_over_dbus_with_the_service_keystore_empty() {
     if !root_only() {
         return;
     }
-    use dirseal::ops::{NewProtector, ProtectorChoice};
+    use dirseal::ops::{NewProtector, Pick, ProtectorChoice};
     use dirseal::protector::{KindOptions, NewKind};
-    let h = Harness::new();
+    // The user's security key, which travels with them: this machine's service is told where it is.
+    let keydir = tempfile::tempdir().unwrap();
+    let sock = keydir.path().join("key.sock");
+    let key = dirseal_softfido::SoftFido::start(&sock, dirseal_softfido::Options::default()).unwrap();
+    let fido2 = format!("[fido2]\ntouch_timeout_secs = 3\nsocket_devices = [{sock:?}]\n");
+    let h = Harness::with_config(&fido2);
     let alice = h.user();
     // The user's directory at the top of the card (the service acts for users only below
     // root-owned directories).
@@ -713,12 +718,16 @@ fn a_portable_directory_opens_over_dbus_with_the_service_keystore_empty() {
 
     // Made on another machine (its own config and keystore), the card then brought here.
     let other = tempfile::tempdir().unwrap();
-    std::fs::write(other.path().join("config.toml"), support::FAST_CONFIG).unwrap();
+    std::fs::write(other.path().join("config.toml"), format!("{}{fido2}", support::FAST_CONFIG)).unwrap();
     let mut ds = dirseal::Dirseal::open(&other.path().join("config.toml"), Some(&other.path().join("ks"))).unwrap();
     let kind = NewKind::named("password", KindOptions::new(Vec::new())).unwrap();
     let choice = ProtectorChoice::New(NewProtector { name: &alice.name, uid: Some(alice.uid), kind });
     let mut ui = dirseal_testfs::ui::Scripted::new(&["pw-card", "pw-card"]);
-    ds.encrypt_portable(&games, choice, &mut ui).unwrap();
+    let (policy, _) = ds.encrypt_portable(&games, choice, &mut ui).unwrap();
+    let kind = NewKind::named("fido2", KindOptions::new(Vec::new())).unwrap();
+    let choice = ProtectorChoice::New(NewProtector { name: "yubi", uid: Some(alice.uid), kind });
+    ds.add_protector_to(&policy, Pick::default(), choice, &mut dirseal_testfs::ui::Scripted::new(&["pw-card"]))
+        .unwrap();
     write_as_root(&games.join("save.dat"), b"level 9");
     assert!(ds.lock(&games, false).unwrap().locked);
     assert_eq!(
@@ -729,6 +738,14 @@ fn a_portable_directory_opens_over_dbus_with_the_service_keystore_empty() {
 
     let r = h.ok(Some(&alice), "GetStatus", &[s(games.to_str().unwrap())], &[]);
     assert!(r.contains("'managed': <true>") && r.contains(".dirseal/portable'>") && r.contains("'locked'"), "{r}");
+    // On insertion: a touch comes first, the secret passed is never used (docs/portable.md).
+    let touches = key.touches();
+    h.ok(Some(&alice), "Unlock", &[s(games.to_str().unwrap()), s(""), fd(3)], &[(3, "not-the-password")]);
+    assert_eq!(key.touches(), touches + 1);
+    assert_eq!(std::fs::read(games.join("save.dat")).unwrap(), b"level 9");
+    h.ok(Some(&alice), "Lock", &[s(games.to_str().unwrap()), "false".into()], &[]);
+    // Without the key, the password.
+    drop(key);
     h.fails(
         Some(&alice),
         "Unlock",

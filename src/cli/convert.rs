@@ -30,6 +30,10 @@ pub struct ConvertArgs {
     /// Do not ask for confirmation
     #[arg(long, short = 'y')]
     yes: bool,
+    /// Keep the directory's records on its own filesystem (removable media) so that it opens on
+    /// any machine with its password or security key; a TPM protector cannot be its only one
+    #[arg(long)]
+    portable: bool,
     /// Keep the old plaintext until `--commit` (or restore it with `--rollback`)
     #[arg(long)]
     keep_backup: bool,
@@ -179,6 +183,7 @@ pub fn run(ds: &mut Dirseal, args: ConvertArgs, ui: &mut TermUi) -> Result<i32> 
             // --yes asks nothing but secrets: no recovery key unless the flags say so.
             recovery_key: args.recovery.decided().or(args.yes.then_some(false)),
             estimate: true,
+            portable: args.portable,
             mode: match args.data_mode {
                 DataMode::Copy => convert::Mode::Copy,
                 DataMode::Move => convert::Mode::Move,
