@@ -389,26 +389,35 @@ pub(crate) fn summary(
     }
 }
 
-/// Most bytes the rate probe writes (less when space is short), and the small files it creates.
+/// Most bytes the rate probe writes (less when space is short or the tree small), and the most
+/// small files it creates.
 const PROBE_BYTES: u64 = 16 << 20;
 const PROBE_FILES: u64 = 200;
+/// The least it writes and creates: below that one sample is mostly noise.
+const PROBE_MIN_BYTES: u64 = 2 << 20;
+const PROBE_MIN_FILES: u64 = 40;
 
 /// Measures encrypted write speed and per-file cost on the filesystem of `source`, in a
 /// temporary directory under its root-only `.dirseal`, encrypted with a throwaway key; everything
 /// is removed again. `None` when the probe cannot run (too little space, any error): the summary
 /// then has no estimate rather than a made-up one.
+///
+/// The probe is sized to the tree (an eighth of its data and entries, within limits), so a small
+/// conversion does not spend more on measuring than on converting.
 pub(crate) fn estimate(source: &Path, census: &Census) -> Option<Estimate> {
     // A quarter of the headroom the copy leaves, whole MiB: the probe never costs the copy space.
-    let bytes = (census.space_available.saturating_sub(census.space_needed) / 4).min(PROBE_BYTES) >> 20 << 20;
-    if bytes < 2 << 20 {
+    let room = census.space_available.saturating_sub(census.space_needed) / 4;
+    let bytes = (census.data / 8).clamp(PROBE_MIN_BYTES, PROBE_BYTES).min(room) >> 20 << 20;
+    if bytes < PROBE_MIN_BYTES {
         return None;
     }
+    let files = (census.entries / 8).clamp(PROBE_MIN_FILES, PROBE_FILES);
     let mp = fscrypt::mount_point(source).ok()?;
     let base = probe_base(&mp).ok()?;
     let key = crate::secret::MasterKey::random();
     let id = fscrypt::add_key(&mp, &key).ok()?;
     let name = format!("probe.{:016x}", rand::random::<u64>());
-    let measured = probe(&base, &name, &mp.join(".dirseal").join(&name), &id, bytes);
+    let measured = probe(&base, &name, &mp.join(".dirseal").join(&name), &id, bytes, files);
     remove_probe(&base, &name);
     let _ = fscrypt::remove_key(&mp, &id, false);
     let (write_bytes_per_sec, micros_per_entry) = measured.ok()?;
@@ -460,9 +469,20 @@ fn remove_probe(base: &OwnedFd, name: &str) {
     let _ = rustix::fs::unlinkat(base, name, AtFlags::REMOVEDIR);
 }
 
-/// Writes `bytes` (synced) and [`PROBE_FILES`] small files into a new encrypted directory `name`
-/// under `base`: bytes per second and microseconds per file. `path` names it in errors.
-fn probe(base: &OwnedFd, name: &str, path: &Path, id: &KeyIdentifier, bytes: u64) -> std::io::Result<(u64, u64)> {
+/// Writes `bytes` (synced) and `files` small files into a new encrypted directory `name` under
+/// `base`: bytes per second and microseconds per file. `path` names it in errors.
+///
+/// What other writers left dirty is flushed first (a probe right after a large copy otherwise
+/// pays for that copy's writeback), and each figure is the better of two half-size samples: a
+/// burst of someone else's I/O slows one sample, rarely both.
+fn probe(
+    base: &OwnedFd,
+    name: &str,
+    path: &Path,
+    id: &KeyIdentifier,
+    bytes: u64,
+    files: u64,
+) -> std::io::Result<(u64, u64)> {
     use rand::RngCore;
     use rustix::fs::{Mode, OFlags};
     use std::io::Write;
@@ -473,21 +493,29 @@ fn probe(base: &OwnedFd, name: &str, path: &Path, id: &KeyIdentifier, bytes: u64
         let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
         Ok(rustix::fs::openat(&dir, n, flags, Mode::from_raw_mode(0o600))?.into())
     };
+    rustix::fs::syncfs(&dir)?;
     let mut buf = vec![0u8; 1 << 20];
     rand::thread_rng().fill_bytes(&mut buf);
-    let t = std::time::Instant::now();
-    let mut f = create("w")?;
-    for _ in 0..bytes / buf.len() as u64 {
-        f.write_all(&buf)?;
+    let (half, batch) = (bytes / 2, (files / 2).max(1));
+    let (mut rate, mut per_entry) = (0u64, u64::MAX);
+    for sample in 0..2 {
+        let t = std::time::Instant::now();
+        let mut f = create(&format!("w{sample}"))?;
+        let mut left = half;
+        while left > 0 {
+            let n = left.min(buf.len() as u64) as usize;
+            f.write_all(&buf[..n])?;
+            left -= n as u64;
+        }
+        f.sync_all()?;
+        rate = rate.max((half as f64 / t.elapsed().as_secs_f64().max(1e-6)) as u64);
+        let t = std::time::Instant::now();
+        for i in 0..batch {
+            create(&format!("s{sample}.{i}"))?.write_all(&buf[..4096])?;
+        }
+        rustix::fs::syncfs(&dir)?;
+        per_entry = per_entry.min((t.elapsed().as_micros() as u64 / batch).max(1));
     }
-    f.sync_all()?;
-    let rate = (bytes as f64 / t.elapsed().as_secs_f64().max(1e-6)) as u64;
-    let t = std::time::Instant::now();
-    for i in 0..PROBE_FILES {
-        create(&format!("s{i}"))?.write_all(&buf[..4096])?;
-    }
-    rustix::fs::syncfs(&dir)?;
-    let per_entry = (t.elapsed().as_micros() as u64 / PROBE_FILES).max(1);
     Ok((rate.max(1), per_entry))
 }
 

@@ -1,5 +1,6 @@
 //! `dirseal convert`: flags to [`dirseal::convert`]'s plan and run, a progress bar (or JSON
 //! lines), and clean stops on SIGINT/SIGTERM.
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -182,7 +183,9 @@ pub fn run(ds: &mut Dirseal, args: ConvertArgs, ui: &mut TermUi) -> Result<i32> 
             threads: args.threads.unwrap_or(0),
             // --yes asks nothing but secrets: no recovery key unless the flags say so.
             recovery_key: args.recovery.decided().or(args.yes.then_some(false)),
-            estimate: true,
+            // The probe costs a few syncs: measured only when someone sees the estimate (the
+            // question's summary, a bar, --json), not for a script's `--yes`.
+            estimate: !args.yes || args.json || std::io::stderr().is_terminal(),
             portable: args.portable,
             mode: match args.data_mode {
                 DataMode::Copy => convert::Mode::Copy,

@@ -88,14 +88,14 @@ pub fn print_report(r: &Report) {
     // Distinct space and bytes written are two figures: the sweep rewrites space it released,
     // so what was written can exceed the free space, while what was covered cannot.
     println!(
-        "  overwritten:     {} of {} free, held at once by random data, synced, then released ({} available again)",
+        "  overwritten:     {} of {} free, held at once with random data, synced, released ({} available again)",
         HumanBytes(r.covered),
         HumanBytes(r.free_before),
         HumanBytes(r.available_after)
     );
     if r.swept > 0 {
         println!(
-            "  sweep:           {} more, written past the fill's end while its start was released, to reach blocks the allocator had set aside",
+            "  sweep:           {} more past the fill's end as its start was released, into blocks the allocator set aside",
             HumanBytes(r.swept)
         );
     }
