@@ -386,7 +386,9 @@ impl Fido2Error {
             | Fido2Error::Unsupported(_)
             | Fido2Error::NotConnected
             | Fido2Error::Cancelled
-            | Fido2Error::Other { .. } => None,
+            | Fido2Error::Other { .. }
+            | Fido2Error::NotInstalled { .. }
+            | Fido2Error::Helper(_) => None,
         }
     }
 }
