@@ -365,7 +365,9 @@ impl Tpm2Error {
             | Tpm2Error::LockoutHierarchyBlocked { .. }
             | Tpm2Error::ResetCodeNeeded
             | Tpm2Error::Tpm { .. }
-            | Tpm2Error::Kdf(_) => None,
+            | Tpm2Error::Kdf(_)
+            | Tpm2Error::NotInstalled { .. }
+            | Tpm2Error::Helper(_) => None,
         }
     }
 }

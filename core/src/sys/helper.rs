@@ -184,13 +184,23 @@ impl Session {
     /// Starts the helper and waits for its greeting.
     pub fn start(kind: Helper) -> Result<Session, HelperError> {
         let path = locate(kind.program())?;
-        let mut child = Command::new(&path)
-            .env_clear()
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| HelperError::Failed(format!("cannot start {}: {e}", path.display())))?;
+        let mut cmd = Command::new(&path);
+        cmd.env_clear().stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        // The helper gets stdin, stdout and stderr only: a PAM module runs in sshd or sudo, whose
+        // other descriptors (the client's connection, a tty) are none of its business.
+        // SAFETY: the closure runs in the child between fork and exec and only makes one
+        // async-signal-safe system call (close_range with CLOSE_RANGE_CLOEXEC, Linux 5.11: the
+        // descriptors close at exec, so std's own exec-error pipe still works); on an older
+        // kernel it fails and changes nothing.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+                const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
+                libc::syscall(libc::SYS_close_range, 3 as libc::c_uint, libc::c_uint::MAX, CLOSE_RANGE_CLOEXEC);
+                Ok(())
+            });
+        }
+        let mut child =
+            cmd.spawn().map_err(|e| HelperError::Failed(format!("cannot start {}: {e}", path.display())))?;
         let (stdin, stdout) = match (child.stdin.take(), child.stdout.take()) {
             (Some(i), Some(o)) => (i, o),
             // Invariant: both were asked for as pipes above.
@@ -208,6 +218,11 @@ impl Session {
         Ok(s)
     }
 
+    /// The helper's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Sends `req` and reads the response, waiting at most `timeout` (then the helper is killed).
     pub fn call<Q: Serialize, R: DeserializeOwned>(&mut self, req: &Q, timeout: Duration) -> Result<R, HelperError> {
         let frame = to_frame(req).map_err(|e| HelperError::Failed(format!("encoding the request: {e}")))?;
@@ -220,37 +235,43 @@ impl Session {
         })
     }
 
-    /// Writes `req` (if any) and reads one frame, under a watchdog that kills the helper after
-    /// `timeout`.
+    /// Writes `req` (if any) and reads one frame, waiting at most `timeout` (then the helper is
+    /// killed, which ends the read).
     fn exchange(&mut self, req: Option<&[u8]>, timeout: Duration) -> Result<Zeroizing<Vec<u8>>, HelperError> {
-        let (tx, rx) = mpsc::channel::<()>();
         // The child is not reaped before this session drops, so its pid cannot be reused meanwhile.
         let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
-        let watchdog = std::thread::spawn(move || {
-            if rx.recv_timeout(timeout) == Err(mpsc::RecvTimeoutError::Timeout) {
-                let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
-                return true;
+        let (stdin, stdout) = (&mut self.stdin, &mut self.stdout);
+        let (r, timed_out) = std::thread::scope(|scope| {
+            let (tx, rx) = mpsc::channel();
+            scope.spawn(move || {
+                // Writing to a helper that died raises SIGPIPE in the writing thread. Blocked in
+                // this one, it stays pending here and the write fails with EPIPE: the process
+                // running the PAM module (sshd, sudo) keeps its own SIGPIPE disposition.
+                let _ = nix::sys::signal::SigSet::from(nix::sys::signal::Signal::SIGPIPE).thread_block();
+                let mut io = || -> std::io::Result<Option<Zeroizing<Vec<u8>>>> {
+                    if let Some(req) = req {
+                        write_frame(stdin.as_mut().ok_or(std::io::ErrorKind::BrokenPipe)?, req)?;
+                    }
+                    read_frame(stdout)
+                };
+                let _ = tx.send(io());
+            });
+            match rx.recv_timeout(timeout) {
+                Ok(r) => (r, false),
+                Err(_) => {
+                    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+                    (rx.recv().unwrap_or(Ok(None)), true)
+                }
             }
-            false
         });
-        let mut io = || -> std::io::Result<Option<Zeroizing<Vec<u8>>>> {
-            if let Some(req) = req {
-                let stdin = self.stdin.as_mut().ok_or(std::io::ErrorKind::BrokenPipe)?;
-                write_frame(stdin, req)?;
-            }
-            read_frame(&mut self.stdout)
-        };
-        let r = io();
-        drop(tx);
-        let timed_out = watchdog.join().unwrap_or(false);
         match r {
-            Ok(Some(f)) => Ok(f),
+            Ok(Some(f)) if !timed_out => Ok(f),
             _ if timed_out => Err(HelperError::Failed(format!(
                 "{} did not answer within {} s and was stopped",
                 self.path.display(),
                 timeout.as_secs()
             ))),
-            Ok(None) | Err(_) => Err(self.died()),
+            _ => Err(self.died()),
         }
     }
 
@@ -262,15 +283,8 @@ impl Session {
             let _ = e.take(STDERR_CAP).read_to_string(&mut err);
         }
         let status = self.child.wait();
-        // The dynamic loader's words for a library that is not there.
-        if let Some(lib) = err
-            .split("error while loading shared libraries: ")
-            .nth(1)
-            .and_then(|rest| rest.split(':').next())
-            .map(str::trim)
-            .filter(|l| !l.is_empty())
-        {
-            return HelperError::NotInstalled(lib.to_string());
+        if let Some(lib) = missing_library(&err) {
+            return HelperError::NotInstalled(lib);
         }
         let how = match status {
             Ok(s) => match std::os::unix::process::ExitStatusExt::signal(&s) {
@@ -283,6 +297,15 @@ impl Session {
         let said = if said.is_empty() { String::new() } else { format!(": {said}") };
         HelperError::Failed(format!("the {} helper {} {how}{said}", what(self.kind), self.path.display()))
     }
+}
+
+/// The library the dynamic loader could not load, from its message ("prog: error while loading
+/// shared libraries: libx.so.1: cannot open shared object file: …", or "…: file too short").
+fn missing_library(stderr: &str) -> Option<String> {
+    let rest = stderr.split("error while loading shared libraries: ").nth(1)?;
+    // A file that is there but unusable is named by its path: its name is what to install.
+    let lib = rest.split(':').next()?.trim().rsplit('/').next()?;
+    (!lib.is_empty()).then(|| lib.to_string())
 }
 
 fn what(kind: Helper) -> &'static str {
@@ -371,4 +394,45 @@ fn locate(program: &str) -> Result<PathBuf, HelperError> {
     Err(HelperError::Failed(format!(
         "the helper program {program} is not installed (looked in {looked}{refused}); reinstall dirseal"
     )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_round_trip_and_oversized_ones_are_refused() {
+        let mut buf = Vec::new();
+        write_frame(&mut buf, b"{\"a\":1}").unwrap();
+        write_frame(&mut buf, b"").unwrap();
+        let mut r = &buf[..];
+        assert_eq!(&read_frame(&mut r).unwrap().unwrap()[..], b"{\"a\":1}");
+        assert_eq!(&read_frame(&mut r).unwrap().unwrap()[..], b"");
+        assert!(read_frame(&mut r).unwrap().is_none(), "a clean end");
+        let mut big = ((MAX_FRAME + 1) as u32).to_le_bytes().to_vec();
+        big.extend_from_slice(b"x");
+        assert!(read_frame(&mut &big[..]).is_err());
+        assert!(read_frame(&mut &[1u8, 0][..]).is_err(), "a truncated length");
+        assert!(read_frame(&mut &[4u8, 0, 0, 0, b'x'][..]).is_err(), "a truncated body");
+    }
+
+    #[test]
+    fn secrets_travel_as_hex() {
+        let s = WireSecret::new(&[0, 1, 0xfe]);
+        let j = serde_json::to_string(&s).unwrap();
+        assert_eq!(j, "\"0001fe\"");
+        let back: WireSecret = serde_json::from_str(&j).unwrap();
+        assert_eq!(back.as_bytes(), &[0, 1, 0xfe]);
+        assert!(serde_json::from_str::<WireSecret>("\"0g\"").is_err());
+        assert!(serde_json::from_str::<WireSecret>("\"abc\"").is_err());
+    }
+
+    #[test]
+    fn the_loaders_message_names_the_missing_library() {
+        let gone = "/usr/libexec/dirseal-tpm2: error while loading shared libraries: libtss2-esys.so.0: cannot open shared object file: No such file or directory\n";
+        assert_eq!(missing_library(gone).as_deref(), Some("libtss2-esys.so.0"));
+        let empty = "dirseal-fido2: error while loading shared libraries: /lib/x86_64-linux-gnu/libfido2.so.1: file too short\n";
+        assert_eq!(missing_library(empty).as_deref(), Some("libfido2.so.1"));
+        assert_eq!(missing_library("dirseal-tpm2: reading a request: unexpected end of file"), None);
+    }
 }

@@ -17,7 +17,6 @@ use zeroize::Zeroize;
 
 pub mod helper;
 pub(crate) mod shadow;
-pub(crate) mod tpm2;
 
 pub(crate) const FSCRYPT_POLICY_V1: u8 = 0;
 pub(crate) const FSCRYPT_POLICY_V2: u8 = 2;
