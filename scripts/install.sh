@@ -77,7 +77,7 @@ if [ -z "$build" ]; then
   cargo build --release --workspace --quiet
   build=target/release
 fi
-for f in dirseal dirsealed libpam_dirseal.so; do
+for f in dirseal dirsealed dirseal-tpm2 dirseal-fido2 libpam_dirseal.so; do
   [ -f "$build/$f" ] || { echo "install.sh: $build/$f is missing; build the workspace first (cargo build --release --workspace)" >&2; exit 1; }
 done
 
@@ -116,6 +116,10 @@ put() {
 
 put 755 "$build/dirseal" "$prefix/sbin/dirseal"
 put 755 "$build/dirsealed" "$prefix/libexec/dirsealed"
+# The hardware helpers, the only binaries that link libtss2-* and libfido2 (docs/architecture.md):
+# dirseal finds them in PREFIX/libexec, never through PATH.
+put 755 "$build/dirseal-tpm2" "$prefix/libexec/dirseal-tpm2"
+put 755 "$build/dirseal-fido2" "$prefix/libexec/dirseal-fido2"
 put 644 "$build/libpam_dirseal.so" "/usr/lib/$multiarch/security/pam_dirseal.so"
 put 644 data/pam-configs/dirseal /usr/share/pam-configs/dirseal
 put 644 data/pam-configs/dirseal-pin /usr/share/pam-configs/dirseal-pin

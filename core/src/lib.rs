@@ -45,6 +45,9 @@ pub mod scrub;
 pub mod secret;
 pub mod securefile;
 mod sys;
+/// The hardware helpers' process and framing (for `dirseal-tpm2` and `dirseal-fido2`).
+#[doc(hidden)]
+pub use sys::helper;
 pub mod tpm2;
 pub mod ui;
 mod wrap;

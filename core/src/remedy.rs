@@ -368,7 +368,9 @@ impl Tpm2Error {
             | Tpm2Error::LockoutHierarchyBlocked { .. }
             | Tpm2Error::ResetCodeNeeded
             | Tpm2Error::Tpm { .. }
-            | Tpm2Error::Kdf(_) => None,
+            | Tpm2Error::Kdf(_)
+            | Tpm2Error::NotInstalled { .. }
+            | Tpm2Error::Helper(_) => None,
         }
     }
 }
@@ -389,7 +391,9 @@ impl Fido2Error {
             | Fido2Error::Unsupported(_)
             | Fido2Error::NotConnected
             | Fido2Error::Cancelled
-            | Fido2Error::Other { .. } => None,
+            | Fido2Error::Other { .. }
+            | Fido2Error::NotInstalled { .. }
+            | Fido2Error::Helper(_) => None,
         }
     }
 }
