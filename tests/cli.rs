@@ -306,6 +306,7 @@ fn generate_docs_writes_completions_and_man_pages() {
     assert!(out.path().join("completions/dirseal.bash").exists());
     assert!(out.path().join("man/dirseal.1").exists());
     assert!(out.path().join("man/dirseal-convert.1").exists());
+    assert!(out.path().join("man/dirseal-decrypt.1").exists());
 }
 
 #[test]
