@@ -5,11 +5,18 @@
 # encrypted copy after the same command finished it, or the plaintext after an abort or a
 # rollback. Prints `soak: N kills, M lost`; exits non-zero on any loss.
 #
-#   scripts/soak.sh [N]     N kills (default 40); SOAK_SEED=S repeats a run
+# `decrypt` mode: each tree is converted (not interrupted), then `dirseal decrypt` is killed at
+# random moments (copy and move, and aborts), each resumed by the same command; a finished tree
+# must be the original in plaintext (no E flag, its policy record gone), an aborted one the
+# original still encrypted. Prints `soak decrypt: N kills, M lost`.
+#
+#   scripts/soak.sh [N] [convert|decrypt]   N kills (default 40); SOAK_SEED=S repeats a run
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "$(id -u)" -ne 0 ]; then echo "scripts/soak.sh must run as root (loop mounts, fscrypt keys)" >&2; exit 1; fi
 kills=${1:-40}
+what=${2:-convert}
+case $what in convert|decrypt) ;; *) echo "usage: scripts/soak.sh [N] [convert|decrypt]" >&2; exit 2 ;; esac
 cargo build -q --workspace --features fault-injection
 bin=$(realpath "${CARGO_TARGET_DIR:-target}/debug/dirseal")
 work=$(mktemp -d /tmp/dirseal-soak.XXXXXX)
@@ -28,10 +35,10 @@ mount "$loop" "$work/mnt"
 printf '[argon2]\ntime_cost = 1\nmemory_kib = 1024\nparallelism = 1\n' >"$work/config.toml"
 chmod 600 "$work/config.toml"
 DIRSEAL_CONFIG=$work/config.toml DIRSEAL_KEYSTORE=$work/keystore \
-  python3 - "$bin" "$work/mnt" "$kills" "${SOAK_SEED:-$(date +%s)}" <<'EOF'
+  python3 - "$bin" "$work/mnt" "$kills" "${SOAK_SEED:-$(date +%s)}" "$what" <<'EOF'
 import hashlib, json, os, random, stat, subprocess, sys, time
 
-BIN, MNT, WANT, SEED = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+BIN, MNT, WANT, SEED, WHAT = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 PW = "soak pw\n"
 rnd = random.Random(SEED)
 print(f"soak: seed {SEED}", flush=True)
@@ -119,12 +126,89 @@ def killed(args, delay):
     return alive
 
 
-def state(home):
-    p = ds("convert", "--status", "--json", home, check=False)
+def state(home, cmd="convert"):
+    p = ds(cmd, "--status", "--json", home, check=False)
     if p.returncode != 0 or not p.stdout.strip():
         return None
     return json.loads(p.stdout).get("state")
 
+
+BEFORE_SWAP = ("prepared", "copying", "copied", "verified", "moving", "moved", "moving-back", "moving back")
+
+
+def encrypted(path):
+    out = subprocess.run(["lsattr", "-d", path], capture_output=True, text=True, check=True).stdout
+    return "E" in out.split()[0]
+
+
+def decrypt_soak():
+    kills = lost = homes = 0
+    typical = None
+    keystore = os.environ["DIRSEAL_KEYSTORE"]
+    while kills < WANT:
+        homes += 1
+        home = os.path.join(MNT, f"home{homes}")
+        tree(home, rnd.randrange(1 << 30))
+        want = manifest(home)
+        ds("convert", home, "--yes", "--protector-name", f"soak{homes}", "--mode", "copy")
+        policy = json.loads(ds("status", "--json", home).stdout)["policy"]
+        mode = rnd.choice(["copy", "move"])
+        end = rnd.choice(["finish", "finish", "finish", "abort"])
+        args = ["decrypt", home, "--yes", "--mode", mode]
+        try:
+            if typical is None:
+                t0 = time.time()
+                ds(*args)
+                typical = max(0.5, time.time() - t0)
+                end = "finish"  # the timing run is never interrupted
+                print(f"soak decrypt: one decrypt takes {typical:.1f} s here", flush=True)
+            else:
+                for _ in range(rnd.randint(1, 4)):
+                    if killed(args, rnd.uniform(0, typical * 1.2)):
+                        kills += 1
+                if end == "abort" and state(home, "decrypt") in BEFORE_SWAP:
+                    if killed(["decrypt", "--abort", home], rnd.uniform(0, typical / 2)):
+                        kills += 1
+                    p = ds("decrypt", "--abort", home, check=False)
+                    if p.returncode != 0:
+                        if "roll back instead" in p.stderr:
+                            ds("decrypt", "--rollback", home)
+                        elif "again to finish" in p.stderr or "already swapped" in p.stderr:
+                            end = "finish"
+                        else:
+                            raise RuntimeError(f"dirseal decrypt --abort {home}: {p.stderr.strip()}")
+                else:
+                    end = "finish"
+                if end == "finish":
+                    ds(*args, check=False)
+                    ds(*args)
+        except RuntimeError as e:
+            lost += 1
+            print(f"soak decrypt: LOST {home} ({mode}, {end}): {e}", flush=True)
+            continue
+        problem = None
+        if end == "finish" and encrypted(home):
+            problem = "still encrypted after the decrypt"
+        elif end == "finish" and os.path.exists(os.path.join(keystore, "policies", f"{policy}.json")):
+            problem = f"policy {policy} still in the keystore"
+        elif end == "abort" and not encrypted(home):
+            problem = "not encrypted after the abort"
+        got = manifest(home)
+        if problem is None and got != want:
+            problem = f"differs at {[k for k in set(want) | set(got) if want.get(k) != got.get(k)][:3]}"
+        if problem:
+            lost += 1
+            print(f"soak decrypt: LOST {home} ({mode}, {end}): {problem}", flush=True)
+            continue
+        subprocess.run(["rm", "-rf", home], check=True)
+        if homes % 10 == 0:
+            print(f"soak decrypt: {kills} kills so far ({homes} trees), {lost} lost", flush=True)
+    print(f"soak decrypt: {kills} kills, {lost} lost ({homes} trees, copy and move, aborts)", flush=True)
+    sys.exit(1 if lost else 0)
+
+
+if WHAT == "decrypt":
+    decrypt_soak()
 
 kills = lost = homes = 0
 typical = None

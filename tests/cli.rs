@@ -329,6 +329,7 @@ fn generate_docs_writes_completions_and_man_pages() {
             assert!(o.status.success() && err.trim().is_empty(), "{page}: {err}");
         }
     }
+    assert!(out.path().join("man/dirseal-decrypt.1").exists());
 }
 
 #[test]

@@ -311,3 +311,36 @@ fn a_nearly_full_filesystem_decrypts_by_moving() {
     assert_eq!(manifest(&home), before);
     assert_forgotten(&env, &home);
 }
+
+#[test]
+fn an_owner_whose_only_login_is_a_tpm_pin_is_refused_until_they_have_a_password() {
+    dirseal_testfs::needs_root!();
+    use std::io::Write;
+    let tpm = dirseal_testfs::Swtpm::start_owned();
+    let env = Env::new();
+    writeln!(fs::OpenOptions::new().append(true).open(env.config()).unwrap(), "[tpm2]\ntcti = \"{}\"", tpm.tcti())
+        .unwrap();
+    let u = dirseal_testfs::User::new(env.mnt());
+    u.set_system_password("24682468");
+    let create = ["protector", "create", "--name", "tpm", "--type", "tpm2", "--user", &u.name, "--allow-password-pin"];
+    let out = env.ok(&create, "24682468\n");
+    let id = out.split_whitespace().nth(2).unwrap_or_else(|| panic!("no protector id in {out}")).to_string();
+    env.ok(&["encrypt", u.home_str(), "--protector", &id], "24682468\n");
+    fs::write(u.home.join("note.txt"), b"kept").unwrap();
+    env.ok(&["pin-login", "enable", &u.name], "");
+    let before = manifest(&u.home);
+
+    let err = env.fails(&["decrypt", u.home_str(), "--yes"], "");
+    assert!(err.contains(&format!("`passwd {}`", u.name)), "the refusal names passwd: {err}");
+    assert!(is_encrypted(&u.home));
+    assert_eq!(records(&env, "policies").len(), 1);
+
+    u.set_system_password("new-Password-1");
+    let out = env.ok(&["decrypt", u.home_str(), "--yes"], "");
+    assert!(out.contains("protector tpm") && out.contains("removed"), "{out}");
+    assert_eq!(manifest(&u.home), before);
+    assert_forgotten(&env, &u.home);
+    // No longer a PIN-login account: its PIN protector is gone.
+    let config = fs::read_to_string(env.config()).unwrap();
+    assert!(!config.contains(&format!("\"{}\"", u.name)), "{config}");
+}

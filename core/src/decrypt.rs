@@ -397,3 +397,18 @@ fn forget_pin_login(ds: &mut Dirseal, prec: &crate::protector::ProtectorRecord, 
     }
     Ok(())
 }
+
+/// After a decrypt stopped by its stop flag at `state`: aborts it whenever the state allows
+/// (the encrypted directory is whole again), else leaves it to be resumed (convert's rules).
+pub fn cancel(
+    ds: &mut Dirseal,
+    dir: &Path,
+    state: State,
+    ui: &mut dyn Ui,
+    hooks: &Hooks<'_>,
+) -> Result<crate::convert::Cancelled, ConvertError> {
+    if !state.abortable() {
+        return Ok(crate::convert::Cancelled::PastSwap(state));
+    }
+    Ok(crate::convert::Cancelled::Aborted(finish(ds, dir, Finish::Abort, false, ui, hooks)?.outcome))
+}

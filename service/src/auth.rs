@@ -17,6 +17,10 @@ use crate::error::{Error, Result};
 /// The polkit action (data/polkit-1/actions/) for acting on what is not the caller's own.
 pub const MANAGE_ACTION: &str = "org.dirseal.Dirseal1.manage";
 
+/// The polkit action a user needs to decrypt a directory of their own (`Decrypt`): it removes
+/// the encryption an administrator may have required, so it is not theirs alone to decide.
+pub const DECRYPT_ACTION: &str = "org.dirseal.Dirseal1.decrypt-own";
+
 #[derive(Clone, Debug)]
 pub struct Caller {
     pub uid: u32,
@@ -59,15 +63,21 @@ impl Caller {
     /// [`MANAGE_ACTION`] (it may ask them to authenticate). Without polkitd on the bus: root only.
     /// Blocks on the bus: call it from a worker thread, never from the bus's executor.
     pub fn may_administer(&self) -> bool {
-        self.uid == 0 || *self.admin.get_or_init(|| self.polkit_allows())
+        self.uid == 0 || *self.admin.get_or_init(|| self.polkit_allows(MANAGE_ACTION))
     }
 
-    fn polkit_allows(&self) -> bool {
+    /// Whether the caller may decrypt a directory of their own: root, an administrator, or a
+    /// user polkit grants [`DECRYPT_ACTION`]. Blocks on the bus, like [`Caller::may_administer`].
+    pub fn may_decrypt_own(&self) -> bool {
+        self.may_administer() || self.polkit_allows(DECRYPT_ACTION)
+    }
+
+    fn polkit_allows(&self, action: &str) -> bool {
         let Some((sender, conn)) = &self.bus else { return false };
         let subject = ("system-bus-name", HashMap::from([("name", Value::from(sender.as_str()))]));
         let details: HashMap<&str, &str> = HashMap::new();
         // Flag 1: AllowUserInteraction (the caller's authentication agent may ask for a password).
-        let args = (subject, MANAGE_ACTION, details, 1u32, "");
+        let args = (subject, action, details, 1u32, "");
         let reply = zbus::block_on(conn.call_method(
             Some("org.freedesktop.PolicyKit1"),
             "/org/freedesktop/PolicyKit1/Authority",

@@ -19,6 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use dirseal::convert::{self, Cancelled, ConvertError, Converted, Hooks, NewPlan, Plan, ResumePlan};
+use dirseal::decrypt;
 use dirseal::ops::{Dirseal, Pick};
 use dirseal::ui::{Eta, Progress};
 use dirseal_migrate::MigrateError;
@@ -409,6 +410,9 @@ pub struct Start {
 pub enum Work {
     New(NewPlan, Enrol),
     Resume(ResumePlan, Pick),
+    /// A decrypt (new or resumed) with the protector that (re)loads its key and whether the
+    /// protectors only it used are kept.
+    Decrypt(decrypt::Plan, Pick, bool),
 }
 
 impl Work {
@@ -416,6 +420,7 @@ impl Work {
         match self {
             Work::New(p, _) => &p.source,
             Work::Resume(p, _) => &p.source,
+            Work::Decrypt(p, _, _) => p.source(),
         }
     }
 }
@@ -475,10 +480,19 @@ fn run(
     let reporter = Reporter { audience: &audience, last: Mutex::default() };
     let progress = |p: &Progress| reporter.report(p);
     let hooks = Hooks { progress: &progress, stop };
+    let decrypting = matches!(work, Work::Decrypt(..));
+    let decrypted = |d: decrypt::Decrypted| Converted { outcome: d.outcome, recovery_key_saved: None };
     let result = match work {
         Work::New(plan, enrol) => plan.run(&mut ds, enrol.choice(), &mut secrets, &hooks),
         Work::Resume(plan, pick) => plan.run(&ds, pick, &mut secrets, &hooks),
+        Work::Decrypt(decrypt::Plan::New(plan), _, keep) => {
+            plan.run(&mut ds, keep, &mut secrets, &hooks).map(decrypted)
+        }
+        Work::Decrypt(decrypt::Plan::Resume(plan), pick, keep) => {
+            plan.run(&mut ds, pick, keep, &mut secrets, &hooks).map(decrypted)
+        }
     };
+    let call = if decrypting { "Decrypt" } else { "Convert" };
     let set = |s: &str| *state.lock().unwrap_or_else(|e| e.into_inner()) = s.to_string();
     let log =
         |what: &str| crate::log::line(&format!("job {} ({}, uid {owner}): {what}", path.as_str(), source.display()));
@@ -498,7 +512,12 @@ fn run(
             // the conversion is left to resume.
             let idle = AtomicBool::new(false);
             let hooks = Hooks { progress: &progress, stop: &idle };
-            match convert::cancel(&ds, &source, at, &mut secrets, &hooks) {
+            let cancelled = if decrypting {
+                decrypt::cancel(&mut ds, &source, at, &mut secrets, &hooks)
+            } else {
+                convert::cancel(&ds, &source, at, &mut secrets, &hooks)
+            };
+            match cancelled {
                 Ok(Cancelled::Aborted(o)) => {
                     set("aborted");
                     log("cancelled; aborted, the directory is as it was");
@@ -507,14 +526,12 @@ fn run(
                 }
                 Ok(Cancelled::PastSwap(_)) => {
                     set("interrupted");
-                    log("cancelled after the swap; it resumes with the next Convert call");
-                    audience.send(|e| {
-                        zbus::block_on(Job::failed(
-                            e,
-                            "org.dirseal.Dirseal1.Error.Failed",
-                            "the conversion was past the swap (the directory is encrypted and whole) and cannot be cancelled; call Convert again to finish it",
-                        ))
-                    });
+                    log(&format!("cancelled after the swap; it resumes with the next {call} call"));
+                    let msg = format!(
+                        "the conversion was past the swap (the directory is {} and whole) and cannot be cancelled; call {call} again to finish it",
+                        if decrypting { "plaintext" } else { "encrypted" }
+                    );
+                    audience.send(|e| zbus::block_on(Job::failed(e, "org.dirseal.Dirseal1.Error.Failed", &msg)));
                 }
                 Err(err) => fail(ctx, &source, &audience, &set, &log, Error::from(err)),
             }

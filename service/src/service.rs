@@ -138,9 +138,10 @@ impl Ui for Secrets {
         found.ok_or_else(|| UiError::NoInput { hint: "the call carried no secret for this step".into() })
     }
 
-    /// The call itself is the consent to a conversion; recovery keys are made by `RecoveryAdd`.
+    /// The call itself is the consent to a conversion or decrypt; recovery keys are made by
+    /// `RecoveryAdd`.
     fn confirm(&mut self, q: &Question<'_>) -> std::result::Result<bool, UiError> {
-        Ok(matches!(q, Question::Convert { .. }))
+        Ok(matches!(q, Question::Convert { .. } | Question::Decrypt { .. }))
     }
 }
 
@@ -408,6 +409,21 @@ fn convert_options(options: &HashMap<String, OwnedValue>) -> Result<(dirseal::co
         }
     }
     Ok((o, protector))
+}
+
+/// `Decrypt`'s and `PlanDecrypt`'s options: convert's (less `wipe`), `protector`, and
+/// `keep_protectors`.
+fn decrypt_options(options: &HashMap<String, OwnedValue>) -> Result<(dirseal::convert::Options, String, bool)> {
+    let mut rest = options.clone();
+    let keep = match rest.remove("keep_protectors") {
+        Some(v) => bool::try_from(&v).map_err(|_| Error::invalid("option keep_protectors must be of type b"))?,
+        None => false,
+    };
+    if rest.contains_key("wipe") {
+        return Err(Error::invalid("option wipe is for Convert (a decrypt's old tree is ciphertext, its key removed)"));
+    }
+    let (o, protector) = convert_options(&rest)?;
+    Ok((o, protector, keep))
 }
 
 /// A JSON value (the library's serialized summary) as D-Bus values: objects become `a{sv}`,
@@ -849,6 +865,104 @@ impl Service {
                     serde_json::to_value(p.summary()).map_err(|e| Error::failed(e.to_string()))?
                 }
                 dirseal::convert::Plan::Resume(p) => {
+                    serde_json::json!({ "path": p.source, "state": p.state.to_string() })
+                }
+            };
+            match to_dbus(&json).map(HashMap::<String, OwnedValue>::try_from) {
+                Some(Ok(m)) => Ok(m),
+                _ => Err(Error::failed("the plan could not be expressed as a{sv}")),
+            }
+        })
+        .await
+    }
+
+    /// Turns an encrypted directory (the root of its policy) back into plaintext in place, as a
+    /// job like `Convert`'s (same Progress, Finished, Failed, Cancel; calling it again resumes an
+    /// interrupted one). Root, an administrator, or the directory's owner whom polkit grants
+    /// `org.dirseal.Dirseal1.decrypt-own`. `secret` unlocks a locked directory (or reloads its
+    /// key to resume after a reboot) with the `protector` option's protector, else the caller's
+    /// own; it is not used when the key is loaded. Once done, the policy record and the
+    /// protectors only it used are removed (option `keep_protectors` (b) keeps them) and the key
+    /// leaves the kernel. Options: `protector` (s), `keep_backup` (b), `keep_protectors` (b),
+    /// `mode` (s), `force` (b, root only).
+    #[zbus(out_args("job"))]
+    async fn decrypt(
+        &self,
+        #[zbus(header)] hdr: Header<'_>,
+        dir: String,
+        secret: zvariant::OwnedFd,
+        options: HashMap<String, OwnedValue>,
+    ) -> Result<zvariant::OwnedObjectPath> {
+        let bus = self.conn.clone();
+        let ctx = Arc::clone(&self.ctx);
+        self.on_dir("Decrypt", dir, &hdr, move |_, caller, path| {
+            let (mut o, protector, keep_protectors) = decrypt_options(&options)?;
+            if o.force && !caller.may_administer() {
+                return Err(Error::denied("only root may force a decrypt of a directory in use"));
+            }
+            if !caller.may_decrypt_own() {
+                return Err(Error::denied(format!(
+                    "decrypting needs root, or polkit action {}",
+                    crate::auth::DECRYPT_ACTION
+                )));
+            }
+            let secret = read_secret(secret.into(), "secret")?;
+            let _one = ctx.one_at_a_time();
+            let ds = ctx.open()?;
+            let source = dirseal::convert::absolute(&path)?;
+            if let Some(job) = ctx.jobs.running_for(&source) {
+                return Ok(job);
+            }
+            if !caller.is_root() {
+                ctx.jobs.admit(caller.uid)?;
+            }
+            o.owner_asks = !caller.is_root();
+            let pick = if protector.is_empty() {
+                Pick::default()
+            } else {
+                let id = parse_protector_id(&protector)?;
+                caller.check_protector(&ds.keystore().protector(&id)?)?;
+                pin_try(&ds, caller, Some(id))?;
+                Pick { protector: Some(id) }
+            };
+            let mut secrets = Secrets::default();
+            secrets.current.push((pick.protector, secret));
+            let idle = std::sync::atomic::AtomicBool::new(false);
+            let hooks = dirseal::convert::Hooks { progress: &|_| {}, stop: &idle };
+            let plan = dirseal::decrypt::plan(&ds, &path, o, pick, &mut secrets, &hooks)?;
+            let work = jobs::Work::Decrypt(plan, pick, keep_protectors);
+            let start = jobs::Start { ds, work, secrets, owner: owner_of(&path).unwrap_or(0) };
+            jobs::spawn(&ctx, &bus, start)
+        })
+        .await
+    }
+
+    /// What decrypting the directory involves, in `PlanConvert`'s shape (the CLI's `dirseal
+    /// decrypt --json` `plan`); for an unfinished decrypt: path and state. Options as for
+    /// Decrypt. The directory's key must be loaded (nothing is asked).
+    #[zbus(out_args("plan"))]
+    async fn plan_decrypt(
+        &self,
+        #[zbus(header)] hdr: Header<'_>,
+        dir: String,
+        options: HashMap<String, OwnedValue>,
+    ) -> Result<HashMap<String, OwnedValue>> {
+        self.on_dir("PlanDecrypt", dir, &hdr, move |ctx, caller, path| {
+            let (mut o, _, _) = decrypt_options(&options)?;
+            if o.force && !caller.may_administer() {
+                return Err(Error::denied("only root may force a decrypt of a directory in use"));
+            }
+            o.owner_asks = !caller.is_root();
+            o.estimate = true;
+            let ds = ctx.open_existing()?;
+            let idle = std::sync::atomic::AtomicBool::new(false);
+            let hooks = dirseal::convert::Hooks { progress: &|_| {}, stop: &idle };
+            let plan = dirseal::decrypt::plan(&ds, &path, o, Pick::default(), &mut Secrets::default(), &hooks)?;
+            let json = match &plan {
+                dirseal::decrypt::Plan::New(p) => {
+                    serde_json::to_value(p.summary()).map_err(|e| Error::failed(e.to_string()))?
+                }
+                dirseal::decrypt::Plan::Resume(p) => {
                     serde_json::json!({ "path": p.source, "state": p.state.to_string() })
                 }
             };

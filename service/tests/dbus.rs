@@ -761,3 +761,55 @@ fn a_portable_directory_opens_over_dbus_with_the_service_keystore_empty() {
     let policies = std::fs::read_dir(h.keystore().join("policies")).map(|d| d.count()).unwrap_or(0);
     assert_eq!(policies, 0, "the service's keystore holds nothing of the card");
 }
+
+/// Decrypt over D-Bus: a converted home comes back to plaintext as a job with Convert's
+/// signals; only root (or polkit's decrypt-own action, absent here) may ask for it, and
+/// PlanDecrypt answers in PlanConvert's shape first.
+#[test]
+fn root_decrypts_a_converted_home_as_a_job_and_its_owner_needs_the_polkit_action() {
+    if !root_only() {
+        return;
+    }
+    let h = Harness::new();
+    let alice = h.user();
+    let bob = h.user();
+    sample_home(&alice, 4, 300);
+    let original = contents(&alice.home);
+    let rx = watch_jobs(&h.bus);
+    let mut seen = Vec::new();
+    let finished = |job: &str, seen: &mut Vec<JobSignal>| {
+        wait_for(&rx, seen, "the end of the job", |sig| match sig {
+            JobSignal::Finished { path, state } if path == job => Some(state.clone()),
+            JobSignal::Failed { path, name, message } if path == job => {
+                panic!("{name}: {message}\n{}", h.daemon.log_text())
+            }
+            _ => None,
+        })
+    };
+    let job = job_path(&h.ok(Some(&alice), "Convert", &[s(alice.home_str()), fd(3), "{}".into()], &[(3, "pw-a")]));
+    assert_eq!(finished(&job, &mut seen), "done");
+    assert!(bool::try_from(h.status(&alice.home)["encrypted"].try_clone().unwrap()).unwrap());
+
+    let plan = h.ok(None, "PlanDecrypt", &[s(alice.home_str()), "{}".into()], &[]);
+    for k in ["'entries'", "'data_bytes'", "'method'", "'space_needed'"] {
+        assert!(plan.contains(k), "PlanDecrypt has {k}: {plan}");
+    }
+    h.fails(Some(&bob), "Decrypt", &[s(alice.home_str()), fd(3), "{}".into()], &[(3, "pw-a")], DENIED);
+    let msg = h.fails(Some(&alice), "Decrypt", &[s(alice.home_str()), fd(3), "{}".into()], &[(3, "pw-a")], DENIED);
+    assert!(msg.contains("org.dirseal.Dirseal1.decrypt-own"), "{msg}");
+    assert!(bool::try_from(h.status(&alice.home)["encrypted"].try_clone().unwrap()).unwrap());
+
+    seen.clear();
+    let job = job_path(&h.ok(None, "Decrypt", &[s(alice.home_str()), fd(3), "{}".into()], &[(3, "pw-a")]));
+    assert_eq!(finished(&job, &mut seen), "done");
+    let phases: Vec<&str> = seen
+        .iter()
+        .filter_map(|s| match s {
+            JobSignal::Progress { path, phase, .. } if *path == job => Some(phase.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert!(phases.contains(&"copying") && phases.contains(&"verifying"), "{phases:?}");
+    assert!(!bool::try_from(h.status(&alice.home)["encrypted"].try_clone().unwrap()).unwrap());
+    assert!(contents(&alice.home) == original, "the decrypted home holds the same files");
+}
