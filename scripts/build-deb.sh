@@ -73,6 +73,9 @@ if [ "$1" = configure ]; then
   # and stays on across upgrades once enabled.
   pam-auth-update --package
   if [ -d /run/systemd/system ]; then systemctl daemon-reload || true; fi
+  # The autologin check before the display manager (docs/pam.md); it changes nothing where no
+  # autologin is configured.
+  if command -v systemctl >/dev/null; then systemctl enable dirseal-autologin.service || true; fi
   if [ -d /run/systemd/system ] && systemctl is-active --quiet dbus; then systemctl reload dbus || true; fi
 fi
 EOF
@@ -83,6 +86,9 @@ if [ "$1" = remove ] || [ "$1" = deconfigure ]; then
   # PAM first: a stack that names a module that is gone breaks every login.
   pam-auth-update --package --remove dirseal
   if [ -d /run/systemd/system ]; then systemctl stop dirsealed.service 2>/dev/null || true; fi
+  # Its drop-ins and runtime copies go while the binary that knows them is still here.
+  if command -v systemctl >/dev/null; then systemctl disable dirseal-autologin.service || true; fi
+  dirseal autologin clear >/dev/null || true
 fi
 EOF
 cat >"$root/DEBIAN/postrm" <<'EOF'

@@ -22,10 +22,12 @@
 //! - [`securefile`]: root-owned private files (no-follow reads, atomic durable writes).
 //! - [`ui`]: the trait through which the library asks a person things and reports progress.
 //! - [`home`]: new homes encrypted from birth (`home create`, PAM `mkhome`, D-Bus CreateHome).
+//! - [`autologin`]: a display manager's automatic login onto an encrypted home (handhelds).
 #![deny(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod account;
+pub mod autologin;
 pub mod config;
 pub mod convert;
 pub mod decrypt;

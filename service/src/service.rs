@@ -182,6 +182,9 @@ pub struct Status {
     recovery_key: bool,
     /// State of a recorded conversion ("copying", "done", ...); empty when none.
     conversion: String,
+    /// When the directory is the home of a display manager's autologin user: `MANAGER:CASE`
+    /// ("sddm:1", "lightdm:2", "gdm:3"), what the next boot does (docs/pam.md); empty otherwise.
+    autologin: String,
 }
 
 #[derive(SerializeDict, Type)]
@@ -463,6 +466,18 @@ fn valid<T, E: Into<Error>>(r: std::result::Result<T, E>) -> Result<bool> {
     }
 }
 
+/// GetStatus's `autologin`: the display managers that log in the user whose home `path` is, each
+/// with the case of the next boot; a configuration that cannot be read says nothing.
+fn autologin_of(ds: &dirseal::Dirseal, path: &std::path::Path) -> String {
+    let Ok(list) = ds.autologin_status(std::path::Path::new("/")) else { return String::new() };
+    let here = std::fs::canonicalize(path).ok();
+    list.iter()
+        .filter(|s| s.home.as_deref().and_then(|h| std::fs::canonicalize(h).ok()) == here && here.is_some())
+        .map(|s| format!("{}:{}", s.configured.manager.name(), s.next_boot))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 #[interface(name = "org.dirseal.Dirseal1")]
 impl Service {
     /// Encryption state of a directory, its key status, protectors, recovery key and conversion.
@@ -489,6 +504,7 @@ impl Service {
                 warnings: st.warnings,
                 recovery_key,
                 conversion,
+                autologin: autologin_of(&ds, &path),
             })
         })
         .await

@@ -1,4 +1,5 @@
 //! The `dirseal` command line: thin glue from clap to [`dirseal::ops`].
+mod autologin;
 mod convert;
 mod decrypt;
 mod fido2;
@@ -123,6 +124,9 @@ enum Cmd {
     /// PIN-login accounts: log in with the TPM PIN alone, no password hash in /etc/shadow
     #[command(subcommand)]
     PinLogin(PinLoginCmd),
+    /// Display managers' automatic login onto an encrypted home (handhelds): check, status
+    #[command(subcommand)]
+    Autologin(autologin::AutologinCmd),
     /// Overwrite a filesystem's free space (old plaintext of deleted or converted files), then TRIM
     Scrub(scrub::ScrubArgs),
     /// Write shell completions and man pages into DIR
@@ -461,6 +465,9 @@ fn run(cli: Cli) -> Result<i32> {
     } {
         return code;
     }
+    if let Cmd::Autologin(autologin::AutologinCmd::Clear { root }) = &cli.cmd {
+        return autologin::clear(root);
+    }
     // Commands that only read never create a keystore (a typo'd --keystore, or a status on a
     // machine that manages nothing, must leave no directory behind).
     let read_only = matches!(
@@ -471,6 +478,7 @@ fn run(cli: Cli) -> Result<i32> {
             | Cmd::Protector(ProtectorCmd::List { .. } | ProtectorCmd::Verify { .. })
             | Cmd::Policy(PolicyCmd::List { .. })
             | Cmd::Recovery(recovery::RecoveryCmd::Verify { .. })
+            | Cmd::Autologin(_)
     );
     let mut ds = if read_only {
         Dirseal::open_existing(&cli.config, cli.keystore.as_deref())?
@@ -504,6 +512,7 @@ fn run(cli: Cli) -> Result<i32> {
         Cmd::Convert(args) => return convert::run(&mut ds, args, &mut ui),
         Cmd::Decrypt(args) => return decrypt::run(&mut ds, args, &mut ui),
         Cmd::Home(cmd) => return home::run(&mut ds, cmd, &mut ui),
+        Cmd::Autologin(cmd) => return autologin::run(&ds, cmd),
         Cmd::Unlock { dir, recovery: true, .. } => ds.unlock_with_recovery(&dir, &mut ui)?,
         Cmd::Unlock { dir, protector, recovery: false } => {
             let pick = ProtectorRef::pick(&protector, &ds)?;
@@ -664,6 +673,9 @@ struct DirStatusOut {
     recovery_key: Option<bool>,
     /// Run by a user other than root: keystore facts and the recovery key are not shown.
     hidden: bool,
+    /// The display managers that log in the user whose home this is, and what the next boot does.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    autologin: Vec<dirseal::autologin::Status>,
 }
 
 /// `ds` is `None` for a user other than root: the keystore's facts (protectors, whether dirseal
@@ -681,7 +693,17 @@ fn status_dir(ds: Option<&Dirseal>, dir: &Path, json: bool) -> Result<()> {
         .encrypted_root
         .as_deref()
         .is_some_and(|top| dirseal::recovery::read_blob(top).is_ok_and(|b| b.is_some()));
-    let out = DirStatusOut { status, conversion, recovery_key: (!hidden).then_some(recovery_key), hidden };
+    let here = std::fs::canonicalize(dir).ok();
+    let autologin = match ds {
+        Some(ds) if here.is_some() => ds
+            .autologin_status(Path::new("/"))
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|s| s.home.as_deref().and_then(|h| std::fs::canonicalize(h).ok()) == here)
+            .collect(),
+        _ => Vec::new(),
+    };
+    let out = DirStatusOut { status, conversion, recovery_key: (!hidden).then_some(recovery_key), hidden, autologin };
     if json {
         return print_json(&out);
     }
@@ -744,6 +766,13 @@ fn status_dir(ds: Option<&Dirseal>, dir: &Path, json: bool) -> Result<()> {
     if let Some(v) = &view {
         println!("  conversion: {}", convert::status_text(v));
     }
+    for a in &out.autologin {
+        println!(
+            "  autologin:  {} logs this user in; next boot {}",
+            a.configured.manager.name(),
+            clean(&a.next_boot_text)
+        );
+    }
     for p in &s.problems {
         println!("  problem:    {}", clean(p));
     }
@@ -800,6 +829,8 @@ struct Overview {
     policies: Vec<PolicyOut>,
     protectors: Vec<ProtectorOut>,
     problems: Vec<String>,
+    /// Display managers' autologins and what the next boot does with each (docs/pam.md).
+    autologin: Vec<dirseal::autologin::Status>,
 }
 
 fn overview_data(ds: &Dirseal) -> Result<Overview> {
@@ -832,7 +863,11 @@ fn overview_data(ds: &Dirseal) -> Result<Overview> {
             Err(e) => problems.push(e.to_string()),
         }
     }
-    Ok(Overview { keystore: ks.root().to_path_buf(), policies, protectors, problems })
+    let autologin = ds.autologin_status(Path::new("/")).unwrap_or_else(|e| {
+        problems.push(format!("autologin: {e}"));
+        Vec::new()
+    });
+    Ok(Overview { keystore: ks.root().to_path_buf(), policies, protectors, problems, autologin })
 }
 
 fn print_policies(o: &Overview) {
@@ -882,6 +917,10 @@ fn overview(ds: &Dirseal, json: bool) -> Result<()> {
     print_policies(&o);
     println!();
     print_protectors(&o);
+    if !o.autologin.is_empty() {
+        println!();
+        autologin::print_status(&o.autologin);
+    }
     print_problems(&o);
     Ok(())
 }
