@@ -5,7 +5,11 @@ powercut: records a conversion with dm-log-writes (the tree, the keystore and th
           the recorded ext4), then replays the log onto a fresh image at flush points and between
           them; each image is checked with e2fsck, mounted, the same convert command is run again,
           and the tree must be the untouched plaintext before and the complete encrypted tree after,
-          opened through the keystore.
+          opened through the keystore. Move recordings add small files in several batches and
+          a large hard-link group; one more recording uses a TPM2 protector with a PIN.
+faults:   a failing disk under a conversion (device-mapper: a bad block, failing writes, the
+          device vanishing) and the filesystem full at each phase (ENOSPC): the run stops with a
+          clear message, nothing is lost, and the same command finishes once the fault is gone.
 f2fs:     encrypt, convert (with a crash and a resume), lock/unlock and recovery keys on f2fs.
 tpm2:     TPM2 protectors through /dev/tpmrm0 (swtpm on the host), on f2fs.
 
@@ -462,9 +466,13 @@ class TpmRecording(Recording):
     """A recorded conversion whose protector is a TPM2 protector with a PIN (through the guest's
     /dev/tpmrm0): after each replay the same command must finish and the PIN must unlock."""
 
+    # Of the sampled points, half an ext4 recording's share (the TPM's steps are the password's).
+    SHARE = 0.5
+
     def __init__(self, work, fstype, mode):
         super().__init__(work, fstype, mode)
         self.secret = TPM_PIN
+        self.share = self.SHARE
 
     def convert_args(self):
         return [*super().convert_args(), "--protector-type", "tpm2"]
@@ -575,7 +583,7 @@ def powercut(summary):
             # This recording's share of what is left (f2fs weighs half), keeping time to record
             # the ones after it.
             later = runs[idx + 1 :]
-            weight = rec.share / (rec.share + sum(FILESYSTEMS[f][2] for f, _, _ in later))
+            weight = rec.share / (rec.share + sum(getattr(k, "SHARE", FILESYSTEMS[f][2]) for f, _, k in later))
             mine = max(0.0, deadline - time.time() - record_secs * len(later)) * weight
             per_point = max(sum(took) / max(1, len(took)), 0.1)
             k = int(mine / per_point)
