@@ -927,7 +927,7 @@ def fault_enospc(d, phase):
     mode, point, abort = ENOSPC_PHASES[phase]
     hold = os.path.join(d.work, "hold")  # outside the filesystem that fills up
     if abort:
-        # A move part way (killed after its second batch), then its abort, which fills up.
+        # A move part way (stopped once two originals are gone), then its abort, which fills up.
         env = dict(d.ds.env, DIRSEAL_FAULT="move-entry-removed:2")
         p = run([d.ds.bin, *d.convert_args()], check=False, stdin=PASSWORD, env=env)
         if p.returncode != 99:
