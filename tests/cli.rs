@@ -557,8 +557,9 @@ fn reading_commands_create_no_keystore() {
     let out = run(&["convert"]);
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("<DIR>"), "{out:?}");
     // A look at recorded conversions reads work dirs, never the keystore.
+    // (Every mounted filesystem's: other tests' conversions may be listed.)
     let out = run(&["convert", "--status"]);
-    assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains("no conversions"), "{out:?}");
+    assert!(out.status.success(), "{out:?}");
     let out = run(&["convert", "--status", p(&d)]);
     assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains("no conversion recorded"), "{out:?}");
     assert!(!ks.exists(), "a reading command created {}", ks.display());
