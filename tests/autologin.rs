@@ -271,6 +271,8 @@ fn install_and_uninstall_leave_the_display_managers_files_as_they_were() {
     let build = tempfile::tempdir().unwrap();
     std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_dirseal"), build.path().join("dirseal")).unwrap();
     fs::write(build.path().join("dirsealed"), "").unwrap();
+    fs::write(build.path().join("dirseal-tpm2"), "").unwrap();
+    fs::write(build.path().join("dirseal-fido2"), "").unwrap();
     fs::write(build.path().join("libpam_dirseal.so"), "").unwrap();
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/install.sh");
     let sh = |args: &[&str]| {
