@@ -3,7 +3,8 @@
 #   cp -a + sync and rsync -aHAXS + sync into an fscrypt directory, and dd of one large file.
 # Prints wall time and peak RSS of each, and the ratios; convert's own time per phase (from its
 # --json result); then convert's move mode (for nearly full disks) against its copy mode: time
-# and peak extra space used on the filesystem.
+# and peak extra space used on the filesystem; then `dirseal decrypt` of the two converted trees
+# (copy and move mode) beside convert: time, per phase, and its ratio to convert's.
 # Record results in docs/performance.md.
 # Usage: sudo scripts/bench-convert.sh [SMALL_FILES=20000] [MEDIUM_FILES=200] [LARGE_MIB=64] [SMALL_MAX_BYTES=8192]
 # (200000 0 0 512 measures peak RSS on a 200,000-file tree)
@@ -83,17 +84,28 @@ mib=$(( $(stat -c %s "$big") / 1048576 ))
 mkdir "$mnt/one"; cp -a "$big" "$mnt/one/"; chown -R 65000:65000 "$mnt/one"
 drop; read -r t_one _ < <(measure sh -c "echo bench | '$bin' convert '$mnt/one' --yes --protector-name one")
 
+# Decrypt beside convert: the trees just converted, back to plaintext (copy, then move).
+drop; read -r t_dconv m_dconv s_dconv < <(measure_space sh -c "'$bin' decrypt '$mnt/conv' --yes --json --mode copy")
+tail -1 "$work/out" > "$work/dconv.json"
+drop; read -r t_dmv m_dmv s_dmv < <(measure_space sh -c "'$bin' decrypt '$mnt/mv' --yes --json --mode move")
+tail -1 "$work/out" > "$work/dmv.json"
+
 r() { awk -v a="$1" -v b="$2" 'BEGIN { if (b == 0) b = 0.001; printf "%.2f", a / b }'; }
 echo
 printf '%-28s %8s %12s %10s\n' tool seconds "peak RSS" "vs cp -a"
 printf '%-28s %8s %9s KiB %9sx\n' "dirseal convert" "$t_conv" "$m_conv" "$(r "$t_conv" "$t_cp")"
 printf '%-28s %8s %9s KiB %9sx\n' "dirseal convert --mode move" "$t_mv" "$m_mv" "$(r "$t_mv" "$t_cp")"
+printf '%-28s %8s %9s KiB %9sx\n' "dirseal decrypt" "$t_dconv" "$m_dconv" "$(r "$t_dconv" "$t_cp")"
+printf '%-28s %8s %9s KiB %9sx\n' "dirseal decrypt --mode move" "$t_dmv" "$m_dmv" "$(r "$t_dmv" "$t_cp")"
 printf '%-28s %8s %9s KiB %9sx\n' "cp -a + sync" "$t_cp" "$m_cp" 1.00
 printf '%-28s %8s %9s KiB %9sx\n' "rsync -aHAXS + sync" "$t_rs" "$m_rs" "$(r "$t_rs" "$t_cp")"
 phases() { python3 -c 'import json,sys; t=json.load(open(sys.argv[1]))["result"]["timings"]; print("  ".join(f"{k} {v:.2f}" for k, v in t.items()))' "$1"; }
 echo
 echo "dirseal convert, seconds per phase:               $(phases "$work/conv.json")"
 echo "dirseal convert --mode move, seconds per phase:   $(phases "$work/mv.json")"
+echo "dirseal decrypt, seconds per phase:               $(phases "$work/dconv.json")"
+echo "dirseal decrypt --mode move, seconds per phase:   $(phases "$work/dmv.json")"
 echo
 echo "large file (${mib} MiB): dd into fscrypt $(r "$mib" "$t_dd") MiB/s; dirseal convert of it alone $(r "$mib" "$t_one") MiB/s (includes verify and setup) = $(r "$t_dd" "$t_one")x of dd"
 echo "move mode: $(r "$t_conv" "$t_mv")x the throughput of copy mode (target >= 0.80); peak extra space ${s_mv} MiB (copy mode ${s_conv} MiB, tree $(du -sm "$tpl" | cut -f1) MiB)"
+echo "decrypt: $(r "$t_dconv" "$t_conv")x the time of convert in copy mode, $(r "$t_dmv" "$t_mv")x in move mode (aim <= 1.00); peak extra space ${s_dconv} MiB copying, ${s_dmv} MiB moving"

@@ -180,8 +180,14 @@ def decrypt_soak():
                 else:
                     end = "finish"
                 if end == "finish":
-                    ds(*args, check=False)
-                    ds(*args)
+                    # Resumed by the same command; one that finds the tree plaintext already
+                    # (a killed run had finished) says there is nothing to decrypt.
+                    for attempt in range(2):
+                        p = ds(*args, check=False)
+                        if p.returncode == 0 or "is not encrypted" in p.stderr:
+                            break
+                        if attempt == 1:
+                            raise RuntimeError(f"dirseal {' '.join(args)}: {p.stderr.strip()}")
         except RuntimeError as e:
             lost += 1
             print(f"soak decrypt: LOST {home} ({mode}, {end}): {e}", flush=True)

@@ -5,8 +5,10 @@ powercut: records a conversion with dm-log-writes (the tree, the keystore and th
           the recorded ext4), then replays the log onto a fresh image at flush points and between
           them; each image is checked with e2fsck, mounted, the same convert command is run again,
           and the tree must be the untouched plaintext before and the complete encrypted tree after,
-          opened through the keystore. Move recordings add small files in several batches and
-          a large hard-link group; one more recording uses a TPM2 protector with a PIN.
+          opened through the keystore. `dirseal decrypt` (copy and move) is recorded the same
+          way, the tree converted before the marks: encrypted before, the plaintext after. Move
+          recordings add small files in several batches and a large hard-link group; one more
+          recording uses a TPM2 protector with a PIN.
 faults:   a failing disk under a conversion (device-mapper: a bad block, failing writes, the
           device vanishing) and the filesystem full at each phase (ENOSPC): the run stops with a
           clear message, nothing is lost, and the same command finishes once the fault is gone.
@@ -40,6 +42,12 @@ PASSWORD = "power-cut pw\n"
 CONVERT_MODES = {
     "copy": ([], True),
     "move": (["--mode", "move"], False),
+}
+# `dirseal decrypt` recorded the same way (the tree converted first, outside the recording):
+# name -> (its arguments, whether the encrypted source stays untouched until the swap).
+DECRYPT_MODES = {
+    "decrypt-copy": (["--mode", "copy"], True),
+    "decrypt-move": (["--mode", "move"], False),
 }
 # The filesystems the power-cut test records on: name -> mkfs (no discards: the log must hold
 # every block), fsck that changes nothing, and the share of the sampled points.
@@ -291,8 +299,11 @@ class Recording:
         self.secret = PASSWORD  # what the protector takes (a password, or a TPM PIN)
         if mode == "move":
             self.ds.env["DIRSEAL_MOVE_BATCH"] = str(MOVE_BATCH)
+        self.decrypt = mode in DECRYPT_MODES
 
     def convert_args(self):
+        if self.decrypt:
+            return ["decrypt", self.src, "--yes", *DECRYPT_MODES[self.mode][0]]
         return ["convert", self.src, "--yes", "--protector-name", "owner", *CONVERT_MODES[self.mode][0]]
 
     def before_recording(self):
@@ -314,6 +325,9 @@ class Recording:
             add_move_batches(self.src, seed=25)
         self.before_recording()
         self.manifest = manifest(self.src)
+        if self.decrypt:
+            # Only the decrypt is recorded: the conversion before it is not cut.
+            self.ds("convert", self.src, "--yes", "--protector-name", "owner", "--mode", "copy", stdin=PASSWORD)
         run(["sync"])
         run(["dmsetup", "message", "lw", "0", "mark", "convert-start"])
         t0 = time.time()
@@ -360,8 +374,16 @@ class Recording:
         return sorted(even | {self.end + 1})
 
     def check_done(self, mnt, what):
-        """The directory is encrypted, opens through the keystore and holds the original tree."""
-        if not is_encrypted(self.src):
+        """The directory is encrypted, opens through the keystore and holds the original tree
+        (decrypt: it is plaintext, holds the original tree, and its policy record is gone)."""
+        if self.decrypt:
+            if is_encrypted(self.src):
+                raise Failure(f"{what}: {self.src} is still encrypted after the decrypt")
+            policies = os.path.join(self.keystore, "policies")
+            left = os.listdir(policies) if os.path.isdir(policies) else []
+            if left:
+                raise Failure(f"{what}: policy records left after the decrypt: {left}")
+        elif not is_encrypted(self.src):
             raise Failure(f"{what}: {self.src} is not encrypted after the conversion")
         self.ds("lock", self.src)
         self.ds("unlock", self.src, stdin=self.secret)
@@ -397,6 +419,8 @@ class Recording:
             state = "plaintext"
             if not os.path.isdir(self.src):
                 raise Failure(f"{what}: {self.src} is gone")
+            if self.decrypt:
+                return self.check_decrypt_point(dev, what)
             if is_encrypted(self.src):
                 state = "encrypted"
             elif not CONVERT_MODES[self.mode][1]:
@@ -419,6 +443,27 @@ class Recording:
             if os.path.ismount(self.mnt):
                 run(["umount", "-l", self.mnt], check=False)
             run(["losetup", "-d", dev], check=False)
+
+
+    def check_decrypt_point(self, dev, what):
+        """A decrypt cut by the power: the directory is the encrypted tree (before the swap; the
+        key is gone, so it is checked once the same decrypt has finished) or the whole plaintext
+        (after it); the same `dirseal decrypt` (asking the password to load the key) finishes."""
+        state = "encrypted"
+        if not is_encrypted(self.src):
+            state = "plaintext"
+            got = manifest(self.src)
+            if got != self.manifest:
+                raise Failure(f"{what}: the plaintext after the swap differs: {diff(self.manifest, got)}")
+        again = self.ds(*self.convert_args(), stdin=self.secret, check=False)
+        if again.returncode != 0:
+            # Only a finished decrypt may refuse a second run.
+            if state != "plaintext" or "not encrypted" not in again.stderr:
+                raise Failure(f"{what}: running decrypt again failed: {again.stderr.strip()}")
+        self.check_done(self.mnt, what)
+        umount(self.mnt)
+        self.fsck(what + " after the resume")
+        return state
 
 
 # Move recordings: files per batch (DIRSEAL_MOVE_BATCH), so add_move_batches' directory moves in
@@ -550,7 +595,7 @@ def powercut(summary):
     points: a slow machine replays fewer, never fails for being slow. Full: every point."""
     tally = {"replayed": 0, "lost": 0, "states": {}}
     fixed_total = 0
-    runs = [(f, m, Recording) for f in FILESYSTEMS for m in CONVERT_MODES]
+    runs = [(f, m, Recording) for f in FILESYSTEMS for m in [*CONVERT_MODES, *DECRYPT_MODES]]
     runs.append(("ext4", "copy", TpmRecording))
     if ARGS.cases:
         runs = [r for r in runs if ARGS.cases in f"{r[0]}/{r[1]}" + ("/tpm2" if r[2] is TpmRecording else "")]

@@ -570,6 +570,32 @@ pub fn resume_recorded(ctx: &Arc<Ctx>, conn: &Connection) {
             let ds = ctx.open()?;
             let idle = AtomicBool::new(false);
             let hooks = Hooks { progress: &|_| {}, stop: &idle };
+            let decrypting = convert::status(&m.source)?
+                .is_some_and(|v| v.direction == dirseal_migrate::Direction::Decrypt && convert::unfinished(v.state));
+            if decrypting {
+                // `keep_protectors` is not in the record: a decrypt resumed here removes them.
+                let plan = match decrypt::plan(
+                    &ds,
+                    &m.source,
+                    Default::default(),
+                    Pick::default(),
+                    &mut Secrets::default(),
+                    &hooks,
+                )? {
+                    decrypt::Plan::Resume(p) if !p.key_needed => p,
+                    decrypt::Plan::Resume(_) => {
+                        return Err(Error::new(
+                            Kind::NotFound,
+                            "its staging key is not loaded: Decrypt with a secret resumes it",
+                        ))
+                    }
+                    decrypt::Plan::New(_) => {
+                        return Err(Error::new(Kind::NotFound, "no unfinished decrypt is recorded"))
+                    }
+                };
+                let work = Work::Decrypt(decrypt::Plan::Resume(plan), Pick::default(), false);
+                return spawn(ctx, conn, Start { ds, work, secrets: Secrets::default(), owner: m.uid });
+            }
             let plan = match convert::plan(&ds, &m.source, Default::default(), &hooks)? {
                 Plan::Resume(p) if p.staging_key.is_none() => p,
                 Plan::Resume(_) => {
