@@ -32,13 +32,20 @@ bash scripts/install.sh --destdir "$root" --build-dir "$build" >/dev/null
 rm -rf "$root/usr/share/dirseal" "$root/etc"
 # Debian 12 still reads units from /lib/systemd/system first; /usr/lib is the same directory there.
 
-# Depends: the packages that ship the libraries the binaries link.
-deps=$(for f in "$root/usr/sbin/dirseal" "$root/usr/libexec/dirsealed" "$root"/usr/lib/*/security/pam_dirseal.so; do
-         objdump -p "$f" | awk '$1 == "NEEDED" {print $2}'
-       done | sort -u | while read -r lib; do
-         path=$(ldconfig -p | awk -v l="$lib" '$1 == l {print $NF; exit}')
-         [ -n "$path" ] && { dpkg -S "$path" 2>/dev/null || dpkg -S "$(realpath "$path")" 2>/dev/null; } | head -1 | cut -d: -f1 || true
-       done | sort -u | paste -sd, | sed 's/,/, /g')
+# The packages that ship the libraries FILES link, one a line.
+packages_of() {
+  for f in "$@"; do objdump -p "$f" | awk '$1 == "NEEDED" {print $2}'; done | sort -u | while read -r lib; do
+    path=$(ldconfig -p | awk -v l="$lib" '$1 == l {print $NF; exit}')
+    [ -n "$path" ] && { dpkg -S "$path" 2>/dev/null || dpkg -S "$(realpath "$path")" 2>/dev/null; } | head -1 | cut -d: -f1 || true
+  done | sort -u
+}
+# Depends: what the CLI, the service and the PAM module link. Recommends: what only the TPM and
+# FIDO2 helpers link (libtss2-*, libfido2 and theirs): without them everything but those two kinds
+# works, and the helpers say what to install (docs/architecture.md, "Hardware helpers").
+depends=$(packages_of "$root/usr/sbin/dirseal" "$root/usr/libexec/dirsealed" "$root"/usr/lib/*/security/pam_dirseal.so)
+recommends=$(packages_of "$root/usr/libexec/dirseal-tpm2" "$root/usr/libexec/dirseal-fido2" | grep -vxF -f <(printf '%s\n' "$depends") || true)
+deps=$(paste -sd, <<<"$depends" | sed 's/,/, /g')
+recs=$(printf '%s\n' $recommends polkitd | paste -sd, | sed 's/,/, /g')
 mkdir -p "$root/DEBIAN"
 size=$(du -sk --exclude=DEBIAN "$root" | cut -f1)
 cat >"$root/DEBIAN/control" <<EOF
@@ -48,7 +55,7 @@ Architecture: $arch
 Maintainer: dirseal developers <dirseal@localhost>
 Installed-Size: $size
 Depends: $deps, libpam-runtime, dbus
-Recommends: polkitd
+Recommends: $recs
 Section: admin
 Priority: optional
 Description: encrypt existing directories in place with fscrypt, unlock at login
@@ -66,6 +73,9 @@ if [ "$1" = configure ]; then
   # and stays on across upgrades once enabled.
   pam-auth-update --package
   if [ -d /run/systemd/system ]; then systemctl daemon-reload || true; fi
+  # The autologin check before the display manager (docs/pam.md); it changes nothing where no
+  # autologin is configured.
+  if command -v systemctl >/dev/null; then systemctl enable dirseal-autologin.service || true; fi
   if [ -d /run/systemd/system ] && systemctl is-active --quiet dbus; then systemctl reload dbus || true; fi
 fi
 EOF
@@ -76,6 +86,9 @@ if [ "$1" = remove ] || [ "$1" = deconfigure ]; then
   # PAM first: a stack that names a module that is gone breaks every login.
   pam-auth-update --package --remove dirseal
   if [ -d /run/systemd/system ]; then systemctl stop dirsealed.service 2>/dev/null || true; fi
+  # Its drop-ins and runtime copies go while the binary that knows them is still here.
+  if command -v systemctl >/dev/null; then systemctl disable dirseal-autologin.service || true; fi
+  dirseal autologin clear >/dev/null || true
 fi
 EOF
 cat >"$root/DEBIAN/postrm" <<'EOF'

@@ -1,14 +1,20 @@
 #!/usr/bin/env bash
 # Installs every system package the build, the tests and the demo need. Idempotent.
+# --demo: only what building and the demos (try.sh, try-dbus.sh) need; no VM or system-test
+# packages and no qemu.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+demo=
+[ "${1:-}" = --demo ] && demo=1
 pkgs=(libtss2-dev libfido2-dev libpam0g-dev libudev-dev libclang-dev pkg-config swtpm swtpm-tools
       tpm2-tools pamtester dbus libglib2.0-bin polkitd e2fsprogs acl attr util-linux passwd python3 rsync fscrypt time
-      libssl-dev zlib1g-dev python3-pip
-      # The VM tests (scripts/vm-test.sh): guest userland comes from the host root over 9p.
-      busybox-static dmsetup f2fs-tools kmod cpio zstd
-      # The system test (scripts/system-test.sh): its guest's root filesystem.
-      mmdebstrap)
+      libssl-dev zlib1g-dev python3-pip)
+if [ -z "$demo" ]; then
+  pkgs+=(# The VM tests (scripts/vm-test.sh): guest userland comes from the host root over 9p.
+         busybox-static dmsetup f2fs-tools kmod cpio zstd
+         # The system test (scripts/system-test.sh): its guest's root filesystem.
+         mmdebstrap)
+fi
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -23,7 +29,7 @@ fi
 # qemu-system-x86 must match the image's qemu-utils from bookworm-backports (bookworm's 7.2 is refused).
 # The suite is added through a private source list and list dir; the machine's own sources stay as
 # they are.
-if ! command -v qemu-system-x86_64 >/dev/null; then
+if [ -z "$demo" ] && ! command -v qemu-system-x86_64 >/dev/null; then
   apt_dir=$(realpath -m "${CARGO_TARGET_DIR:-target}/vm/apt")
   mkdir -p "$apt_dir/lists/partial"
   mirror=$(grep -rhoE '^(URIs: *|deb +)https?://[^ ]+/debian/?( |$)' /etc/apt/sources.list /etc/apt/sources.list.d/ \

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs (or with --uninstall removes) the whole product: the dirseal CLI, the D-Bus service
 # dirsealed with its unit, bus policy and activation file, the PAM module and its pam-config
-# profile, man pages and shell completions.
+# profile, the autologin check run before display managers (dirseal-autologin.service, enabled),
+# man pages and shell completions.
 #
 #   sudo scripts/install.sh [--prefix /usr] [--destdir DIR] [--build-dir target/release]
 #   sudo scripts/install.sh --uninstall [--prefix /usr] [--destdir DIR]
@@ -53,6 +54,11 @@ if [ "$uninstall" = 1 ]; then
   if live && command -v systemctl >/dev/null && [ -d /run/systemd/system ]; then
     systemctl stop dirsealed.service 2>/dev/null || true
   fi
+  # The autologin check's drop-ins and runtime copies go before the binary that knows them.
+  if [ "$(id -u)" -eq 0 ] && [ -x "$destdir$prefix/sbin/dirseal" ]; then
+    "$destdir$prefix/sbin/dirseal" autologin clear --root "${destdir:-/}" >/dev/null ||
+      echo "install.sh: could not remove dirseal's autologin drop-ins (dirseal autologin clear)" >&2
+  fi
   # Files first, then directories deepest first (only if empty: something else may live there).
   created=$(grep '^d ' "$manifest.dirs" 2>/dev/null | cut -c3- | sort -r || true)
   restore=$(grep '^b ' "$manifest" | cut -c3- || true)
@@ -77,7 +83,7 @@ if [ -z "$build" ]; then
   cargo build --release --workspace --quiet
   build=target/release
 fi
-for f in dirseal dirsealed libpam_dirseal.so; do
+for f in dirseal dirsealed dirseal-tpm2 dirseal-fido2 libpam_dirseal.so; do
   [ -f "$build/$f" ] || { echo "install.sh: $build/$f is missing; build the workspace first (cargo build --release --workspace)" >&2; exit 1; }
 done
 
@@ -116,6 +122,10 @@ put() {
 
 put 755 "$build/dirseal" "$prefix/sbin/dirseal"
 put 755 "$build/dirsealed" "$prefix/libexec/dirsealed"
+# The hardware helpers, the only binaries that link libtss2-* and libfido2 (docs/architecture.md):
+# dirseal finds them in PREFIX/libexec, never through PATH.
+put 755 "$build/dirseal-tpm2" "$prefix/libexec/dirseal-tpm2"
+put 755 "$build/dirseal-fido2" "$prefix/libexec/dirseal-fido2"
 put 644 "$build/libpam_dirseal.so" "/usr/lib/$multiarch/security/pam_dirseal.so"
 put 644 data/pam-configs/dirseal /usr/share/pam-configs/dirseal
 put 644 data/pam-configs/dirseal-pin /usr/share/pam-configs/dirseal-pin
@@ -127,7 +137,17 @@ put 644 data/polkit-1/actions/org.dirseal.Dirseal1.policy /usr/share/polkit-1/ac
 unit=$docs/dirsealed.service
 sed "s|/usr/libexec/dirsealed|$prefix/libexec/dirsealed|" data/systemd/dirsealed.service > "$unit"
 put 644 "$unit" "$prefix/lib/systemd/system/dirsealed.service"
+unit=$docs/dirseal-autologin.service
+sed "s|/usr/sbin/dirseal|$prefix/sbin/dirseal|" data/systemd/dirseal-autologin.service > "$unit"
+put 644 "$unit" "$prefix/lib/systemd/system/dirseal-autologin.service"
+# Enabled (its [Install] line by hand, so the link is in the manifest and --uninstall removes it):
+# it runs at every boot before the display manager, and does nothing where no autologin is set.
+wants=/etc/systemd/system/graphical.target.wants
+mkdirs "$wants"
+ln -sfn "$prefix/lib/systemd/system/dirseal-autologin.service" "$destdir$wants/dirseal-autologin.service"
+files+=("$wants/dirseal-autologin.service")
 for m in "$docs"/man/*.1; do put 644 "$m" "$prefix/share/man/man1/$(basename "$m")"; done
+for m in "$docs"/man/*.8; do put 644 "$m" "$prefix/share/man/man8/$(basename "$m")"; done
 put 644 "$docs/completions/dirseal.bash" "$prefix/share/bash-completion/completions/dirseal"
 put 644 "$docs/completions/_dirseal" "$prefix/share/zsh/vendor-completions/_dirseal"
 put 644 "$docs/completions/dirseal.fish" "$prefix/share/fish/vendor_completions.d/dirseal.fish"

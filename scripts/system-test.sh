@@ -56,8 +56,16 @@ guest_kernel "$target/vm/kernel"
 pkgs=systemd,systemd-sysv,libpam-systemd,dbus,polkitd,pkexec,openssh-server,openssh-client,sshpass
 pkgs+=,libpam-modules,libpam-runtime,libfido2-1,libtss2-esys-3.0.2-0,libtss2-tctildr0,libtss2-tcti-device0
 pkgs+=,libtss2-mu0,libtss2-rc0,udev,e2fsprogs,login,passwd,expect,kmod,procps,libglib2.0-bin
-image_version="2 $pkgs $kver $(cat scripts/system/image-setup.sh scripts/system/init | sha256sum | cut -c1-16)"
 img=$sys/image
+# The `autologin` scenario needs a display manager: LightDM (the lightest in Debian) with its GTK
+# greeter, a minimal Xorg (the modesetting driver of xserver-xorg-core on qemu's VGA) and pamtester
+# (the greeter's PAM service). A second image, so runs without the scenario (--quick) stay as small.
+desktop=""
+if [ -z "$only" ] || [[ ,$only, == *,autologin,* ]]; then
+  desktop=1 img=$sys/image-desktop
+  pkgs+=,lightdm,lightdm-gtk-greeter,xserver-xorg-core,xserver-xorg-input-libinput,pamtester
+fi
+image_version="2 $pkgs $kver $(cat scripts/system/image-setup.sh scripts/system/init | sha256sum | cut -c1-16)"
 if [ -n "$rebuild" ] || [ "$(cat "$img/version" 2>/dev/null)" != "$image_version" ]; then
   echo "system: building the guest image (mmdebstrap; cached in $img)"
   t0=$(date +%s)
@@ -89,7 +97,7 @@ out=${SYSTEM_OUT:-$sys/out}
 rm -rf "$out"; mkdir -p "$out/results" "$out/bin"
 # The binaries under test, frozen for this run, without their debug info (a tenth of the size: the
 # package is built and the guest reads them in seconds, not minutes).
-for f in dirseal dirsealed libpam_dirseal.so softfido-uhid; do objcopy --strip-debug "$target/debug/$f" "$out/bin/$f"; done
+for f in dirseal dirsealed dirseal-tpm2 dirseal-fido2 libpam_dirseal.so softfido-uhid; do objcopy --strip-debug "$target/debug/$f" "$out/bin/$f"; done
 bash scripts/build-deb.sh --build-dir "$out/bin" --out "$out/bin" --fast >/dev/null
 qemu-img create -q -f qcow2 -b "$img/root.img" -F raw "$out/root.qcow2"
 printf '%s\n' "$only" >"$out/results/only"
@@ -112,6 +120,8 @@ start=$(date +%s)
 # ttyS0: the console (kernel, systemd, the test's lines). ttyS1 and ttyS2 are wired to each other
 # through a unix socket: agetty serves ttyS1, the test types a login on ttyS2.
 guest_qemu_args "$out/tpm"
+# A virtual VGA for Xorg (bochs-drm in the guest).
+[ -z "$desktop" ] || qemu_args+=(-vga std)
 qemu-system-x86_64 "${qemu_args[@]}" -m 2048 \
   -chardev file,id=con,path="$console" -serial chardev:con \
   -chardev socket,id=s1,path="$tmp/serial",server=on,wait=off -serial chardev:s1 \

@@ -15,7 +15,9 @@ modprobe loop 2>/dev/null || true
 img_log=$(mktemp) img_pid=""
 case ${SYSTEM_TEST:-quick} in
   0) ;;
-  *) bash scripts/system-test.sh --no-deps --image-only >"$img_log" 2>&1 & img_pid=$! ;;
+  # The image of the run below: full runs include `autologin` (the image with a display manager).
+  full) bash scripts/system-test.sh --no-deps --image-only >"$img_log" 2>&1 & img_pid=$! ;;
+  *) bash scripts/system-test.sh --no-deps --quick --image-only >"$img_log" 2>&1 & img_pid=$! ;;
 esac
 trap '[ -z "$img_pid" ] || wait "$img_pid" 2>/dev/null' EXIT # no mmdebstrap left behind
 set -e

@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 # Bold headings on a terminal only: a pipe or a log gets plain text.
 if [ -t 1 ]; then step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }; else step() { printf '\n== %s\n' "$*"; }; fi
 sample_mib=${SAMPLE_MIB:-40} sample_files=${SAMPLE_FILES:-3000}
-bash scripts/deps.sh
+bash scripts/deps.sh --demo
 if [ -n "${DIRSEALED:-}" ]; then
   bin=$DIRSEALED
 else

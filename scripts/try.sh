@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "$(id -u)" -eq 0 ] || { echo "run as root: sudo scripts/try.sh (loop mounts and kernel keys need it)" >&2; exit 1; }
-bash scripts/deps.sh
+bash scripts/deps.sh --demo
 cargo build --quiet --release
 bin=$(realpath "${CARGO_TARGET_DIR:-target}/release/dirseal")
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Privileged filesystem tests in a qemu guest (TCG): power cuts replayed from a dm-log-writes
-# recording of a conversion, disk faults under a conversion (device-mapper: a bad block in the
-# original, failing writes, the device vanishing and coming back; ext4 and f2fs, copy and move),
+# recording of a conversion (copy, move, and one with a TPM2 protector), disk faults under a
+# conversion (device-mapper: a bad block in the original, failing writes, the device vanishing
+# and coming back, the filesystem full at each phase; ext4 and f2fs, copy and move),
 # the main flows on f2fs, and TPM2 protectors through the guest
 # kernel's resource manager (a host swtpm). The guest runs a Debian 6.1 kernel from
 # the package archive (cached under the target dir) and the host's own userland, shared read-only
@@ -10,7 +11,8 @@
 #   scripts/vm-test.sh            sampled crash points (what scripts/test.sh runs)
 #   scripts/vm-test.sh --full     every flush point and every write between them
 #   scripts/vm-test.sh --cmd CMD  boot and run CMD in the guest (debugging), cwd = results dir
-#   VM_GUEST_ARGS="--budget 600"  passed to scripts/vm/guest.py; VM_OUT=DIR  results dir
+#   VM_GUEST_ARGS="--budget 600"  passed to scripts/vm/guest.py (--cases tpm2: only the matching
+#                 recordings and fault scenarios); VM_OUT=DIR  results dir
 #   VM_STALL=SECONDS  a guest silent on its console this long is taken for hung (default 600)
 #
 # The sampled run takes about as long on a slow or busy machine as on a fast one: the guest

@@ -306,6 +306,29 @@ fn generate_docs_writes_completions_and_man_pages() {
     assert!(out.path().join("completions/dirseal.bash").exists());
     assert!(out.path().join("man/dirseal.1").exists());
     assert!(out.path().join("man/dirseal-convert.1").exists());
+    let top = fs::read_to_string(out.path().join("man/dirseal.1")).unwrap();
+    for section in [".SH EXAMPLES", ".SH FILES", ".SH SECURITY", ".SH SEE ALSO"] {
+        assert!(top.contains(section), "dirseal.1 lacks {section}");
+    }
+    for page in ["dirsealed.8", "pam_dirseal.8"] {
+        let text = fs::read_to_string(out.path().join("man").join(page)).unwrap();
+        for section in [".SH NAME", ".SH OPTIONS", ".SH EXAMPLES", ".SH FILES", ".SH SECURITY"] {
+            assert!(text.contains(section), "{page} lacks {section}");
+        }
+    }
+    // Rendered as a reader sees it, where man is installed: no roff warnings.
+    if std::process::Command::new("man").arg("--version").output().is_ok_and(|o| o.status.success()) {
+        for page in ["dirseal.1", "dirsealed.8", "pam_dirseal.8"] {
+            let o = std::process::Command::new("man")
+                .args(["--warnings", "-l"])
+                .arg(out.path().join("man").join(page))
+                .env("MANWIDTH", "80")
+                .output()
+                .unwrap();
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert!(o.status.success() && err.trim().is_empty(), "{page}: {err}");
+        }
+    }
     assert!(out.path().join("man/dirseal-decrypt.1").exists());
 }
 
@@ -507,7 +530,7 @@ fn help_describes_every_argument_and_kinds_share_one_flag() {
 }
 
 /// Commands that only read create no keystore; `convert` without a directory stops at the
-/// argument check.
+/// argument check, and `convert --status` reads no keystore.
 #[test]
 fn reading_commands_create_no_keystore() {
     dirseal_testfs::needs_root!();
@@ -533,6 +556,12 @@ fn reading_commands_create_no_keystore() {
     assert!(run(&["protector", "list"]).status.success());
     let out = run(&["convert"]);
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("<DIR>"), "{out:?}");
+    // A look at recorded conversions reads work dirs, never the keystore.
+    // (Every mounted filesystem's: other tests' conversions may be listed.)
+    let out = run(&["convert", "--status"]);
+    assert!(out.status.success(), "{out:?}");
+    let out = run(&["convert", "--status", p(&d)]);
+    assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains("no conversion recorded"), "{out:?}");
     assert!(!ks.exists(), "a reading command created {}", ks.display());
 }
 

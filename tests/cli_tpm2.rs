@@ -79,6 +79,12 @@ fn tpm_pin_unlocks_wrong_pins_cost_one_try_lockout_leaves_other_protectors() {
     );
     assert!(err.contains(&hint), "{err}");
     assert_eq!(tries_left(&env, "tpm"), Some(0));
+    // The status names the way out of the lockout, not only the wait.
+    let st = env.ok(&["tpm2", "status"], "");
+    assert!(
+        st.contains("in lockout:        yes") && st.contains("`dirseal tpm2 reset-lockout` with the TPM reset code"),
+        "{st}"
+    );
     env.ok(&["unlock", p(&d), "--protector", &pw_id], "pw1\n");
     assert_eq!(fs::read(d.join("f")).unwrap(), b"secret");
     env.ok(&["lock", p(&d)], "");
@@ -136,6 +142,9 @@ fn a_missing_tpm_is_a_clear_error_at_create_and_nothing_is_saved() {
     let err = env.fails(&["protector", "create", "--type", "tpm2", "--name", "t"], "1234\n");
     assert!(err.contains("no usable TPM at swtpm:host=127.0.0.1"), "{err}");
     assert!(err.contains("tpm2.tcti"), "{err}");
+    // The status says where it looked.
+    let st = env.ok(&["tpm2", "status"], "");
+    assert!(st.contains(&format!("TPM at {gone}")) && st.contains("present:           no"), "{st}");
     assert!(protectors(&env).is_empty());
     let d = env.mnt().join("d");
     fs::create_dir(&d).unwrap();

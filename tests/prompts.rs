@@ -22,7 +22,9 @@ struct Term {
 
 impl Term {
     fn spawn(env: &Env, args: &[&str]) -> Term {
-        let pty = nix::pty::openpty(None, None).unwrap();
+        // An 80-column terminal, as the bar must fit one.
+        let size = nix::pty::Winsize { ws_row: 24, ws_col: 80, ws_xpixel: 0, ws_ypixel: 0 };
+        let pty = nix::pty::openpty(Some(&size), None).unwrap();
         let slave: OwnedFd = pty.slave;
         let mut cmd = env.cmd(args);
         cmd.stdin(Stdio::from(slave.try_clone().unwrap()))
@@ -278,4 +280,146 @@ fn unlock_offers_a_menu_of_protectors() {
     let (ok, out) = t.finish();
     assert!(ok, "{out}");
     assert_eq!(env.status_json(&d)["key"], "unlocked");
+}
+
+/// A protector that needs nothing typed (a TPM without PIN) is tried before any menu or prompt;
+/// when it cannot open (its PCR changed), the one password protector left is asked directly.
+#[test]
+fn unlock_tries_what_needs_no_typing_first() {
+    dirseal_testfs::needs_root!();
+    let tpm = dirseal_testfs::Swtpm::start();
+    let env = Env::new();
+    let mut f = fs::OpenOptions::new().append(true).open(env.config()).unwrap();
+    writeln!(f, "[tpm2]\ntcti = \"{}\"", tpm.tcti()).unwrap();
+    drop(f);
+    let d = env.mnt().join("quiet");
+    fs::create_dir(&d).unwrap();
+    env.ok(&["protector", "create", "--type", "tpm2", "--name", "boot", "--no-pin", "--pcr", "7"], "");
+    env.ok(&["encrypt", p(&d), "--protector", "boot", "--no-recovery-key"], "");
+    env.ok(&["policy", "add-protector", p(&d), "--protector-name", "pw"], "pw-secret\n");
+    env.ok(&["lock", p(&d)], "");
+    let mut t = Term::spawn(&env, &["unlock", p(&d)]);
+    // A menu or a prompt would wait for input: this times out then, naming what was shown.
+    t.wait_for("unlocked ", 1);
+    let (ok, out) = t.finish();
+    assert!(ok, "{out}");
+    assert!(!out.contains("Which one") && !out.contains("Password"), "something was asked:\n{out}");
+    assert_eq!(env.status_json(&d)["key"], "unlocked");
+
+    env.ok(&["lock", p(&d)], "");
+    tpm.pcr_extend(7);
+    let mut t = Term::spawn(&env, &["unlock", p(&d)]);
+    t.wait_for("Password for protector pw", 1);
+    assert!(t.text().contains("protector boot (") && t.text().contains("did not open it"), "{}", t.text());
+    assert!(!t.text().contains("Which one"), "{}", t.text());
+    t.type_unechoed("pw-secret");
+    let (ok, out) = t.finish();
+    assert!(ok, "{out}");
+    assert_eq!(env.status_json(&d)["key"], "unlocked");
+}
+
+/// Root converting a user's home may check the new password against the account's: said plainly
+/// when it differs, and when it matches. A directory of no user asks "New password:", not "for
+/// protector password".
+#[test]
+fn a_new_home_password_is_checked_against_the_login_password() {
+    dirseal_testfs::needs_root!();
+    let env = Env::new();
+    let user = dirseal_testfs::User::new(env.mnt());
+    user.set_system_password("Login-pw-42");
+    fs::write(user.home.join("f"), b"data").unwrap();
+    let mut t = Term::spawn(&env, &["convert", user.home_str(), "--yes"]);
+    t.wait_for(&format!("New password for protector {}", user.name), 1);
+    t.type_unechoed("Other-pw-42");
+    t.wait_for("Repeat the new password", 1);
+    t.type_unechoed("Other-pw-42");
+    t.wait_for("login password now? [y/N]", 1);
+    t.type_line("y");
+    t.wait_for("this is not", 1);
+    let (ok, out) = t.finish();
+    assert!(ok, "{out}");
+    assert!(out.contains(&format!("warning: this is not {}'s login password", user.name)), "{out}");
+    assert!(!out.contains("Other-pw") && !out.contains("Login-pw"), "a secret was echoed:\n{out}");
+
+    let d = env.mnt().join("rootdir");
+    fs::create_dir(&d).unwrap();
+    let mut t = Term::spawn(&env, &["encrypt", p(&d), "--no-recovery-key"]);
+    t.wait_for("New password: ", 1);
+    assert!(t.text().contains("no login opens it"), "{}", t.text());
+    assert!(!t.text().contains("protector password"), "{}", t.text());
+    t.type_unechoed("Root-dir-pw-1");
+    t.wait_for("Repeat the new password", 1);
+    t.type_unechoed("Root-dir-pw-1");
+    let (ok, out) = t.finish();
+    assert!(ok, "{out}");
+    assert!(!out.contains("login password now?"), "{out}");
+}
+
+/// The matching password is confirmed as such.
+#[test]
+fn the_login_password_check_confirms_a_match() {
+    dirseal_testfs::needs_root!();
+    let env = Env::new();
+    let user = dirseal_testfs::User::new(env.mnt());
+    user.set_system_password("Login-pw-42");
+    let mut t = Term::spawn(&env, &["encrypt", user.home_str(), "--no-recovery-key"]);
+    t.wait_for(&format!("New password for protector {}", user.name), 1);
+    t.type_unechoed("Login-pw-42");
+    t.wait_for("Repeat the new password", 1);
+    t.type_unechoed("Login-pw-42");
+    t.wait_for("login password now? [y/N]", 1);
+    t.type_line("y");
+    let (ok, out) = t.finish();
+    assert!(ok, "{out}");
+    assert!(out.contains(&format!("It is {}'s login password", user.name)), "{out}");
+}
+
+/// What a terminal shows of `out`: escape sequences removed, one entry per line or redraw.
+fn frames(out: &str) -> Vec<String> {
+    let mut plain = String::new();
+    let mut chars = out.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '\x1b' {
+            // CSI: ESC [ parameters, then one final letter.
+            if chars.peek() == Some(&'[') {
+                chars.next();
+                for c in chars.by_ref() {
+                    if c.is_ascii_alphabetic() {
+                        break;
+                    }
+                }
+            }
+            continue;
+        }
+        plain.push(c);
+    }
+    plain.split(['\r', '\n']).map(str::to_string).collect()
+}
+
+/// The conversion's bar on an 80-column terminal: never wider than the terminal, bytes and files
+/// with an estimate; each phase starts a bar of its own.
+#[test]
+fn the_progress_bar_fits_80_columns() {
+    dirseal_testfs::needs_root!();
+    let env = Env::new();
+    let d = home(&env);
+    for i in 0..3000 {
+        fs::write(d.join(format!("s{i}")), vec![b'x'; 3000]).unwrap();
+    }
+    fs::write(d.join("big"), vec![7u8; 40 << 20]).unwrap();
+    let args = ["convert", p(&d), "--yes", "--no-recovery-key", "--protector-name", "o", "--mode", "copy"];
+    let mut t = Term::spawn(&env, &args);
+    t.new_password("Zq9-secret-pw");
+    let (ok, out) = t.finish();
+    assert!(ok, "{out}");
+    let frames = frames(&out);
+    let bars: Vec<&String> = frames.iter().filter(|f| f.contains(" [") && f.contains("] ")).collect();
+    assert!(bars.iter().any(|f| f.starts_with("copying") && f.contains("/3002 files")), "{bars:#?}");
+    assert!(bars.iter().any(|f| f.contains("ETA ")), "no estimate shown: {bars:#?}");
+    assert!(bars.iter().any(|f| f.starts_with("verifying") && f.contains(" 0 B/")), "{bars:#?}");
+    for f in &bars {
+        // Trailing blanks are the redraw's padding, not text.
+        let width = f.trim_end().chars().count();
+        assert!(width <= 80, "{width} columns: {f:?}");
+    }
 }

@@ -68,6 +68,15 @@ fn scrub_after_convert_leaves_no_plaintext_on_the_raw_image() {
     assert_eq!(r["interrupted"], false, "{r}");
     assert_eq!(r["trim"]["result"], "skipped", "{r}");
     assert!(r["written"].as_u64().unwrap() > 100 << 20, "{r}");
+    // Distinct space covered never exceeds the free space; bytes written (with the sweep) may.
+    let (covered, free, written, swept) = (
+        r["covered"].as_u64().unwrap(),
+        r["free_before"].as_u64().unwrap(),
+        r["written"].as_u64().unwrap(),
+        r["swept"].as_u64().unwrap(),
+    );
+    assert!(covered <= free && covered > 100 << 20, "{r}");
+    assert!(written >= covered && swept <= written - covered + (8 << 20), "{r}");
     // The allocator hands out isolated single blocks last, so a few can stay out of reach of a
     // fill that keeps a reserve (the report counts them as not overwritten); nearly all must go.
     let (gone_after, kept_after) = (count_in_image(image, "DIRSEAL-GONE-"), count_in_image(image, "DIRSEAL-KEPT-"));
@@ -87,7 +96,16 @@ fn scrub_after_convert_leaves_no_plaintext_on_the_raw_image() {
     assert_eq!(count_in_image(image, "DIRSEAL-KEPT-"), 0, "{r}");
     assert!(available(env.mnt()).abs_diff(before) <= 1 << 20);
     let text = env.ok(&["scrub", p(env.mnt()), "--no-trim"], "");
-    for needle in ["overwritten:", "not overwritten:", "hard disk (HDD)", "SSD", "journal", "full-disk encryption"] {
+    for needle in [
+        "overwritten:",
+        " free, held at once",
+        "written in all:",
+        "not overwritten:",
+        "hard disk (HDD)",
+        "SSD",
+        "journal",
+        "full-disk encryption",
+    ] {
         assert!(text.contains(needle), "{needle:?} missing from the report:\n{text}");
     }
 }

@@ -49,6 +49,11 @@ pub fn shadow(user: &str) -> Result<Option<Shadow>, std::io::Error> {
     }))
 }
 
+/// Whether `user` has a login password /etc/shadow can test (a hash, locked or not). Needs root.
+pub fn has_password(user: &str) -> Result<bool, std::io::Error> {
+    Ok(shadow(user)?.is_some_and(|s| s.has_hash))
+}
+
 /// Whether `secret` is `user`'s login password as /etc/shadow holds it (also behind a lock
 /// mark: the hash is as testable locked as unlocked). Needs root.
 pub fn password_is(user: &str, secret: &Passphrase) -> Result<bool, std::io::Error> {

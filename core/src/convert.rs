@@ -23,6 +23,7 @@ use sha2::{Digest, Sha256};
 
 use crate::fscrypt::{self, KeyStatus};
 use crate::ids::KeyIdentifier;
+use crate::keystore::Keystore;
 use crate::ops::{Dirseal, OpsError, Pick, ProtectorChoice};
 use crate::protector::ProtectorRecord;
 use crate::secret::ProtectorKey;
@@ -151,6 +152,9 @@ pub struct Options {
     /// Measure the filesystem's encrypted write rate for the summary's time estimate: a short
     /// probe (a few MiB in a temporary encrypted directory with a throwaway key, removed again).
     pub estimate: bool,
+    /// Keep the policy record and the protector's on the directory's own filesystem (a portable
+    /// directory, crate::portable); the protector must travel.
+    pub portable: bool,
 }
 
 /// A checked conversion. What running it takes differs, and the types say so: a new one needs
@@ -385,26 +389,35 @@ pub(crate) fn summary(
     }
 }
 
-/// Most bytes the rate probe writes (less when space is short), and the small files it creates.
+/// Most bytes the rate probe writes (less when space is short or the tree small), and the most
+/// small files it creates.
 const PROBE_BYTES: u64 = 16 << 20;
 const PROBE_FILES: u64 = 200;
+/// The least it writes and creates: below that one sample is mostly noise.
+const PROBE_MIN_BYTES: u64 = 2 << 20;
+const PROBE_MIN_FILES: u64 = 40;
 
 /// Measures encrypted write speed and per-file cost on the filesystem of `source`, in a
 /// temporary directory under its root-only `.dirseal`, encrypted with a throwaway key; everything
 /// is removed again. `None` when the probe cannot run (too little space, any error): the summary
 /// then has no estimate rather than a made-up one.
+///
+/// The probe is sized to the tree (an eighth of its data and entries, within limits), so a small
+/// conversion does not spend more on measuring than on converting.
 pub(crate) fn estimate(source: &Path, census: &Census) -> Option<Estimate> {
     // A quarter of the headroom the copy leaves, whole MiB: the probe never costs the copy space.
-    let bytes = (census.space_available.saturating_sub(census.space_needed) / 4).min(PROBE_BYTES) >> 20 << 20;
-    if bytes < 2 << 20 {
+    let room = census.space_available.saturating_sub(census.space_needed) / 4;
+    let bytes = (census.data / 8).clamp(PROBE_MIN_BYTES, PROBE_BYTES).min(room) >> 20 << 20;
+    if bytes < PROBE_MIN_BYTES {
         return None;
     }
+    let files = (census.entries / 8).clamp(PROBE_MIN_FILES, PROBE_FILES);
     let mp = fscrypt::mount_point(source).ok()?;
     let base = probe_base(&mp).ok()?;
     let key = crate::secret::MasterKey::random();
     let id = fscrypt::add_key(&mp, &key).ok()?;
     let name = format!("probe.{:016x}", rand::random::<u64>());
-    let measured = probe(&base, &name, &mp.join(".dirseal").join(&name), &id, bytes);
+    let measured = probe(&base, &name, &mp.join(".dirseal").join(&name), &id, bytes, files);
     remove_probe(&base, &name);
     let _ = fscrypt::remove_key(&mp, &id, false);
     let (write_bytes_per_sec, micros_per_entry) = measured.ok()?;
@@ -456,9 +469,20 @@ fn remove_probe(base: &OwnedFd, name: &str) {
     let _ = rustix::fs::unlinkat(base, name, AtFlags::REMOVEDIR);
 }
 
-/// Writes `bytes` (synced) and [`PROBE_FILES`] small files into a new encrypted directory `name`
-/// under `base`: bytes per second and microseconds per file. `path` names it in errors.
-fn probe(base: &OwnedFd, name: &str, path: &Path, id: &KeyIdentifier, bytes: u64) -> std::io::Result<(u64, u64)> {
+/// Writes `bytes` (synced) and `files` small files into a new encrypted directory `name` under
+/// `base`: bytes per second and microseconds per file. `path` names it in errors.
+///
+/// What other writers left dirty is flushed first (a probe right after a large copy otherwise
+/// pays for that copy's writeback), and each figure is the better of two half-size samples: a
+/// burst of someone else's I/O slows one sample, rarely both.
+fn probe(
+    base: &OwnedFd,
+    name: &str,
+    path: &Path,
+    id: &KeyIdentifier,
+    bytes: u64,
+    files: u64,
+) -> std::io::Result<(u64, u64)> {
     use rand::RngCore;
     use rustix::fs::{Mode, OFlags};
     use std::io::Write;
@@ -469,21 +493,29 @@ fn probe(base: &OwnedFd, name: &str, path: &Path, id: &KeyIdentifier, bytes: u64
         let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
         Ok(rustix::fs::openat(&dir, n, flags, Mode::from_raw_mode(0o600))?.into())
     };
+    rustix::fs::syncfs(&dir)?;
     let mut buf = vec![0u8; 1 << 20];
     rand::thread_rng().fill_bytes(&mut buf);
-    let t = std::time::Instant::now();
-    let mut f = create("w")?;
-    for _ in 0..bytes / buf.len() as u64 {
-        f.write_all(&buf)?;
+    let (half, batch) = (bytes / 2, (files / 2).max(1));
+    let (mut rate, mut per_entry) = (0u64, u64::MAX);
+    for sample in 0..2 {
+        let t = std::time::Instant::now();
+        let mut f = create(&format!("w{sample}"))?;
+        let mut left = half;
+        while left > 0 {
+            let n = left.min(buf.len() as u64) as usize;
+            f.write_all(&buf[..n])?;
+            left -= n as u64;
+        }
+        f.sync_all()?;
+        rate = rate.max((half as f64 / t.elapsed().as_secs_f64().max(1e-6)) as u64);
+        let t = std::time::Instant::now();
+        for i in 0..batch {
+            create(&format!("s{sample}.{i}"))?.write_all(&buf[..4096])?;
+        }
+        rustix::fs::syncfs(&dir)?;
+        per_entry = per_entry.min((t.elapsed().as_micros() as u64 / batch).max(1));
     }
-    f.sync_all()?;
-    let rate = (bytes as f64 / t.elapsed().as_secs_f64().max(1e-6)) as u64;
-    let t = std::time::Instant::now();
-    for i in 0..PROBE_FILES {
-        create(&format!("s{i}"))?.write_all(&buf[..4096])?;
-    }
-    rustix::fs::syncfs(&dir)?;
-    let per_entry = (t.elapsed().as_micros() as u64 / PROBE_FILES).max(1);
     Ok((rate.max(1), per_entry))
 }
 
@@ -501,9 +533,19 @@ impl NewPlan {
         let summary = self.summary();
         let NewPlan { source, workdir, options, engine, .. } = self;
         let req = request(&source, &workdir, &options, Direction::Encrypt);
+        if options.portable {
+            // Refused before anything is asked.
+            ds.check_travels(&choice)?;
+        }
         if !ui.confirm(&Question::Convert { dir: &source, summary: &summary })? {
             return Err(UiError::Cancelled.into());
         }
+        let store = if options.portable {
+            let mp = fscrypt::mount_point(&source).map_err(OpsError::from)?;
+            crate::portable::open_or_create(&mp).map_err(OpsError::from)?
+        } else {
+            ds.keystore().clone()
+        };
         let want_key = match options.recovery_key {
             Some(w) => w,
             None => ui.confirm(&Question::CreateRecoveryKey { dir: &source })?,
@@ -517,11 +559,17 @@ impl NewPlan {
         };
         drop_orphan_policy(ds, &source, &workdir)?;
         let chosen = match choice {
-            ProtectorChoice::New(n) => ds.adopt_or_create_protector(&n, ui)?,
+            ProtectorChoice::New(n) => ds.adopt_or_create_protector(&n, &store, ui)?,
+            existing if options.portable => ds.resolve_protector_into(existing, &store, ui)?,
             existing => ds.resolve_protector(existing, ui)?,
         };
         migrate::fault::point(migrate::fault::Point::AfterProtectorSaved);
-        let host = KeyHost { protector: Some(chosen), recovery: recovery.as_ref(), ..KeyHost::new(ds, &source, hooks) };
+        let host = KeyHost {
+            protector: Some(chosen),
+            recovery: recovery.as_ref(),
+            store: Some(store),
+            ..KeyHost::new(ds, &source, hooks)
+        };
         let outcome = migrate::start(&req, &host, *engine)?;
         let saved = recovery.map(|_| {
             !matches!(outcome.state, State::Done | State::Swapped)
@@ -564,13 +612,14 @@ fn drop_orphan_policy(ds: &Dirseal, source: &Path, workdir: &Path) -> Result<(),
     if migrate::status(workdir)?.is_some_and(|v| v.token == id.to_string()) {
         return Ok(());
     }
-    let Ok(record) = ds.keystore().policy(&id) else { return Ok(()) };
+    let Ok(store) = ds.store_of_policy(source, &id) else { return Ok(()) };
+    let Ok(record) = store.policy(&id) else { return Ok(()) };
     if record.path_hint.as_deref() != Some(source) {
         return Ok(());
     }
     {
-        let _guard = ds.keystore().lock().map_err(OpsError::from)?;
-        ds.keystore().remove_policy(&id).map_err(OpsError::from)?;
+        let _guard = store.lock().map_err(OpsError::from)?;
+        store.remove_policy(&id).map_err(OpsError::from)?;
     }
     if let Ok(mp) = fscrypt::mount_point(source) {
         // The staging dir is empty: nothing of it is in use, so the key goes too.
@@ -588,7 +637,7 @@ pub(crate) fn load_staging_key(
     pick: Pick,
     ui: &mut dyn Ui,
 ) -> Result<(), ConvertError> {
-    let policy = ds.keystore().policy(id).map_err(OpsError::from)?;
+    let policy = ds.store_of_policy(source, id)?.policy(id).map_err(OpsError::from)?;
     let what = format!("the conversion of {}", source.display());
     let (pid, pkey) = ds.unlock_policy_protector(&policy, pick, &what, ui)?;
     let master = ds.master_key(&policy, &pid, &pkey)?;
@@ -706,6 +755,9 @@ pub(crate) struct KeyHost<'a> {
     /// A recovery key to seal the new policy's master key under, on the staging root (it becomes
     /// the directory at the swap, so the key works from the first moment the data is encrypted).
     recovery: Option<&'a RecoveryKey>,
+    /// Where a new conversion's policy record goes (a portable directory's medium, or the
+    /// keystore); absent on resume and abort, which write no record.
+    store: Option<Keystore>,
     hooks: &'a Hooks<'a>,
     /// Decrypting: the staging dir stays plain and the token names the source's own key (the
     /// one a resume must find loaded), given by the plan as `source_key`.
@@ -715,7 +767,16 @@ pub(crate) struct KeyHost<'a> {
 
 impl<'a> KeyHost<'a> {
     pub(crate) fn new(ds: &'a Dirseal, source: &'a Path, hooks: &'a Hooks<'a>) -> KeyHost<'a> {
-        KeyHost { ds, source, protector: None, recovery: None, hooks, direction: Direction::Encrypt, source_key: None }
+        KeyHost {
+            ds,
+            source,
+            protector: None,
+            recovery: None,
+            store: None,
+            hooks,
+            direction: Direction::Encrypt,
+            source_key: None,
+        }
     }
 
     /// The host of a decrypt of `source`, whose policy is `key`.
@@ -766,7 +827,9 @@ impl Host for KeyHost<'_> {
         self.ds.add_key(self.source, &master).map_err(host_err)?;
         fscrypt::set_policy_fd(staging, path, &policy.id).map_err(host_err)?;
         rustix::fs::fsync(staging).map_err(|e| HostError(format!("{}: cannot sync it: {e}", path.display())))?;
-        self.ds.save_new_policy(&policy).map_err(host_err)?;
+        let store =
+            self.store.as_ref().ok_or_else(|| HostError("internal: no keystore chosen for a new conversion".into()))?;
+        self.ds.save_new_policy(&policy, store).map_err(host_err)?;
         migrate::fault::point(migrate::fault::Point::AfterPolicySaved);
         if let Some(key) = self.recovery {
             crate::recovery::install_at(staging, path, &policy.id, &master, key).map_err(host_err)?;

@@ -92,6 +92,9 @@ pub struct PolicyRecord {
     pub path_hint: Option<PathBuf>,
     /// The master key wrapped by each protector's key.
     pub wrapped: BTreeMap<ProtectorId, Wrapped>,
+    /// Where the record was read from: the mount point of the medium whose `.dirseal/portable`
+    /// holds it (a portable directory), or `None` for the machine's keystore. Not stored.
+    pub medium: Option<PathBuf>,
 }
 
 fn policy_aad(policy: &KeyIdentifier, protector: &ProtectorId) -> Vec<u8> {
@@ -105,7 +108,7 @@ fn protector_kek(pkey: &ProtectorKey) -> Kek {
 impl PolicyRecord {
     /// A policy with no protectors yet; [`PolicyRecord::add_protector`] gives it its first.
     pub fn new(id: KeyIdentifier, path_hint: Option<PathBuf>) -> PolicyRecord {
-        PolicyRecord { id, path_hint, wrapped: BTreeMap::new() }
+        PolicyRecord { id, path_hint, wrapped: BTreeMap::new(), medium: None }
     }
 
     /// Wraps `master` for protector `pid` (replacing an existing entry for it).
@@ -162,7 +165,7 @@ fn parse_policy(bytes: &[u8], file_id: &KeyIdentifier) -> Result<PolicyRecord, S
     if f.protectors.values().any(|w| w.ciphertext.len() != MASTER_KEY_LEN + wrap::TAG_LEN) {
         return Err("a wrapped master key has the wrong length".into());
     }
-    Ok(PolicyRecord { id: f.id, path_hint: f.path_hint, wrapped: f.protectors })
+    Ok(PolicyRecord { id: f.id, path_hint: f.path_hint, wrapped: f.protectors, medium: None })
 }
 
 fn policy_json(r: &PolicyRecord) -> Vec<u8> {
@@ -186,8 +189,12 @@ pub struct KeystoreLock {
 }
 
 /// The keystore directory (`protectors/`, `policies/`, `.lock`); reads and writes its records.
+/// A portable directory's medium has one of its own (crate::portable), read the same way.
+#[derive(Clone, Debug)]
 pub struct Keystore {
     root: PathBuf,
+    /// The medium's mount point when this is a medium's keystore; its policies say so.
+    medium: Option<PathBuf>,
 }
 
 impl Keystore {
@@ -196,14 +203,14 @@ impl Keystore {
         securefile::ensure_private_dir(root)?;
         securefile::ensure_private_dir(&root.join("protectors"))?;
         securefile::ensure_private_dir(&root.join("policies"))?;
-        Ok(Keystore { root: root.to_path_buf() })
+        Ok(Keystore { root: root.to_path_buf(), medium: None })
     }
 
     /// Opens without creating anything (for the PAM module and read-only status): a missing
     /// keystore is an empty one.
     pub(crate) fn open_existing(root: &Path) -> Result<Keystore, KeystoreError> {
         match securefile::check_private_dir(root) {
-            Ok(()) | Err(SecureFileError::NotFound { .. }) => Ok(Keystore { root: root.to_path_buf() }),
+            Ok(()) | Err(SecureFileError::NotFound { .. }) => Ok(Keystore { root: root.to_path_buf(), medium: None }),
             Err(e) => Err(e.into()),
         }
     }
@@ -213,16 +220,27 @@ impl Keystore {
         &self.root
     }
 
+    /// This keystore as the one on the medium mounted at `mp`.
+    pub(crate) fn on_medium(mut self, mp: &Path) -> Keystore {
+        self.medium = Some(mp.to_path_buf());
+        self
+    }
+
+    /// The mount point of the medium this keystore is on; `None` for the machine's.
+    pub fn medium(&self) -> Option<&Path> {
+        self.medium.as_deref()
+    }
+
     /// Takes the keystore lock (blocking), for a read-modify-write of its files.
     pub fn lock(&self) -> Result<KeystoreLock, KeystoreError> {
         Ok(KeystoreLock { _lock: securefile::lock_file(&self.root.join(".lock"))? })
     }
 
-    fn protector_path(&self, id: &ProtectorId) -> PathBuf {
+    pub(crate) fn protector_path(&self, id: &ProtectorId) -> PathBuf {
         self.root.join("protectors").join(format!("{id}.json"))
     }
 
-    fn policy_path(&self, id: &KeyIdentifier) -> PathBuf {
+    pub(crate) fn policy_path(&self, id: &KeyIdentifier) -> PathBuf {
         self.root.join("policies").join(format!("{id}.json"))
     }
 
@@ -244,7 +262,9 @@ impl Keystore {
     pub(crate) fn policy(&self, id: &KeyIdentifier) -> Result<PolicyRecord, KeystoreError> {
         let path = self.policy_path(id);
         let bytes = self.read(&path, "policy", id.to_string())?;
-        parse_policy(&bytes, id).map_err(|reason| KeystoreError::Corrupt { path, reason })
+        let mut rec = parse_policy(&bytes, id).map_err(|reason| KeystoreError::Corrupt { path, reason })?;
+        rec.medium.clone_from(&self.medium);
+        Ok(rec)
     }
 
     /// The ids named by the `*.json` files of a subdirectory, sorted. Other files are ignored.

@@ -10,6 +10,7 @@
 //! - [`convert`]: planning and running the in-place conversion of a directory that holds data.
 //! - [`protector`]: protector kinds (password, TPM2, FIDO2) and what unlocking each asks for.
 //! - [`keystore`]: the root-only directory of protector and policy records.
+//! - [`portable`]: directories on removable media whose records travel with them.
 //! - [`recovery`]: recovery keys kept with the data, for when the keystore is gone.
 //! - [`remedy`]: the way out of each error, as data each front end renders in its own terms.
 //! - [`fscrypt`]: the kernel's fscrypt v2 API, typed, with errors that say what they mean.
@@ -21,10 +22,12 @@
 //! - [`securefile`]: root-owned private files (no-follow reads, atomic durable writes).
 //! - [`ui`]: the trait through which the library asks a person things and reports progress.
 //! - [`home`]: new homes encrypted from birth (`home create`, PAM `mkhome`, D-Bus CreateHome).
+//! - [`autologin`]: a display manager's automatic login onto an encrypted home (handhelds).
 #![deny(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod account;
+pub mod autologin;
 pub mod config;
 pub mod convert;
 pub mod decrypt;
@@ -36,6 +39,7 @@ pub mod ids;
 mod kdf;
 pub mod keystore;
 pub mod ops;
+pub mod portable;
 pub mod protector;
 pub mod recovery;
 pub mod remedy;
@@ -43,6 +47,9 @@ pub mod scrub;
 pub mod secret;
 pub mod securefile;
 mod sys;
+/// The hardware helpers' process and framing (for `dirseal-tpm2` and `dirseal-fido2`).
+#[doc(hidden)]
+pub use sys::helper;
 pub mod tpm2;
 pub mod ui;
 mod wrap;

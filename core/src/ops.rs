@@ -11,6 +11,7 @@ use crate::config::{Config, ConfigError};
 use crate::fscrypt::{self, FscryptError, KeyStatus};
 use crate::ids::{KeyIdentifier, ProtectorId};
 use crate::keystore::{Keystore, KeystoreError, PolicyRecord};
+use crate::portable;
 use crate::protector::{self, NewKind, ProtectorError, ProtectorRecord, UnlockError};
 use crate::recovery::{self, RecoveryError};
 use crate::secret::{MasterKey, Passphrase, ProtectorKey};
@@ -200,6 +201,29 @@ pub enum OpsError {
         /// Whether it has a recovery key too.
         recovery: bool,
     },
+    /// A portable directory's protector must open on any machine; this one is bound to this one.
+    #[error(
+        "protector {name} is a {kind} protector, bound to this machine, and a portable directory must open on any \
+         machine: protect it with a password or a security key (fido2), then add the {kind} protector as an extra, \
+         local one"
+    )]
+    StaysOnMachine {
+        /// The protector's name.
+        name: String,
+        /// Its kind.
+        kind: &'static str,
+    },
+    /// Removing the protector would leave a portable directory no protector that opens it elsewhere.
+    #[error(
+        "policy {policy} is portable and protector {protector} is the last one that opens it on other machines; \
+         add another password or security key protector first"
+    )]
+    LastTravelling {
+        /// The policy.
+        policy: KeyIdentifier,
+        /// The protector asked to be removed.
+        protector: ProtectorId,
+    },
 }
 
 /// What else opens a directory, for [`OpsError::UseAnother`]: each front end says how to use them.
@@ -239,12 +263,15 @@ pub struct ProtectorSummary {
     pub kind: &'static str,
     /// The user it belongs to, if any.
     pub uid: Option<u32>,
+    /// Where its record is: "keystore" (this machine's; opens here only when the kind is bound to
+    /// the machine) or "medium" (a portable directory's, opens on any machine).
+    pub stored: &'static str,
 }
 
 impl ProtectorSummary {
-    /// The summary of a keystore record.
+    /// The summary of a record in this machine's keystore.
     pub fn of(r: &ProtectorRecord) -> Self {
-        ProtectorSummary { id: r.id, name: r.name.clone(), kind: r.kind.name(), uid: r.uid }
+        ProtectorSummary { id: r.id, name: r.name.clone(), kind: r.kind.name(), uid: r.uid, stored: "keystore" }
     }
 }
 
@@ -264,6 +291,11 @@ pub struct DirStatus {
     pub key: Option<&'static str>,
     /// Whether the keystore has a policy record for that key.
     pub managed: bool,
+    /// For a portable directory, the directory on its medium that holds its records.
+    pub portable: Option<PathBuf>,
+    /// Protectors of a portable directory kept on another machine (a TPM protector added there):
+    /// they do not open it here.
+    pub elsewhere: Vec<ProtectorId>,
     /// The protectors the policy lists that the keystore has.
     pub protectors: Vec<ProtectorSummary>,
     /// Something a user should fix (unreadable protector file, missing policy, ...).
@@ -414,6 +446,17 @@ impl Dirseal {
         n: &NewProtector<'_>,
         ui: &mut dyn Ui,
     ) -> Result<(ProtectorRecord, ProtectorKey), OpsError> {
+        let store = self.keystore.clone();
+        self.create_protector_in(n, ui, &store)
+    }
+
+    /// [`Dirseal::create_protector`] saving the record in `store` (a portable directory's medium).
+    fn create_protector_in(
+        &mut self,
+        n: &NewProtector<'_>,
+        ui: &mut dyn Ui,
+        store: &Keystore,
+    ) -> Result<(ProtectorRecord, ProtectorKey), OpsError> {
         let ask = n.kind.ask();
         n.kind.check_ready(&self.config)?;
         let secret = protector::ask_new(ask, n.name, ui)?;
@@ -423,14 +466,15 @@ impl Dirseal {
         if ask.touch {
             ui.touch(n.name, None);
         }
-        self.save_created_protector(n, secret.as_ref())
+        self.save_created_protector(n, secret.as_ref(), store)
     }
 
-    /// Creates protector `n` with the secret asked for it and saves it.
+    /// Creates protector `n` with the secret asked for it and saves it in `store`.
     fn save_created_protector(
         &mut self,
         n: &NewProtector<'_>,
         secret: Option<&Passphrase>,
+        store: &Keystore,
     ) -> Result<(ProtectorRecord, ProtectorKey), OpsError> {
         let mut config = self.config.clone();
         let (rec, key) = protector::create(n.name, n.uid, &n.kind, &mut config, secret)?;
@@ -438,8 +482,8 @@ impl Dirseal {
             config.save(&self.config_path)?;
             self.config = config;
         }
-        let _guard = self.keystore.lock()?;
-        self.keystore.save_protector(&rec)?;
+        let _guard = store.lock()?;
+        store.save_protector(&rec)?;
         Ok((rec, key))
     }
 
@@ -449,24 +493,26 @@ impl Dirseal {
     /// before its policy left it (it wraps nothing); the same command run again must end with the
     /// keystore an uninterrupted run makes, not two protectors of one name. Kinds whose unlocking
     /// costs something (a TPM's lockout tries, a touch) are never tried: they get a new protector.
+    /// `store` is where the record goes (and where one to adopt is looked for): a portable
+    /// directory's medium, or this keystore.
     pub(crate) fn adopt_or_create_protector(
         &mut self,
         n: &NewProtector<'_>,
+        store: &Keystore,
         ui: &mut dyn Ui,
     ) -> Result<(ProtectorRecord, ProtectorKey), OpsError> {
         if n.kind.ask() != protector::Ask::PASSWORD {
-            return self.create_protector(n, ui);
+            return self.create_protector_in(n, ui, store);
         }
-        let candidates: Vec<ProtectorRecord> = self
-            .keystore
+        let candidates: Vec<ProtectorRecord> = store
             .protectors()?
             .into_iter()
             .filter_map(|(_, r)| r.ok())
             .filter(|r| r.name == n.name && r.uid == n.uid && r.kind.name() == n.kind.name())
-            .filter(|r| self.keystore.policies_using(&r.id).is_ok_and(|p| p.is_empty()))
+            .filter(|r| store.policies_using(&r.id).is_ok_and(|p| p.is_empty()))
             .collect();
         if candidates.is_empty() {
-            return self.create_protector(n, ui);
+            return self.create_protector_in(n, ui, store);
         }
         let secret = protector::ask_new(n.kind.ask(), n.name, ui)?;
         for rec in candidates {
@@ -474,7 +520,7 @@ impl Dirseal {
                 return Ok((rec, key));
             }
         }
-        self.save_created_protector(n, secret.as_ref())
+        self.save_created_protector(n, secret.as_ref(), store)
     }
 
     /// Asks what `rec`'s kind needs and unwraps its key; a wrong secret changes nothing.
@@ -499,15 +545,42 @@ impl Dirseal {
     }
 
     /// The kernel's policy for `dir` and the keystore's record for it.
+    /// A portable directory's record, on its own medium, comes first: see [`Dirseal::shadowed`].
     pub fn policy_of(&self, dir: &Path) -> Result<PolicyRecord, OpsError> {
         let policy = fscrypt::get_policy(dir)?.ok_or_else(|| OpsError::NotEncrypted { path: dir.to_path_buf() })?;
-        match self.keystore.policy(&policy.identifier) {
-            Ok(r) => Ok(r),
-            Err(KeystoreError::NotFound { .. }) => {
+        let medium = match self.medium_policy(dir, &policy.identifier) {
+            Ok(Some(r)) => return Ok(r),
+            Ok(None) => None,
+            Err(e) => Some(e),
+        };
+        match (self.keystore.policy(&policy.identifier), medium) {
+            (Ok(r), _) => Ok(r),
+            // The medium's records could not be read and there is no local one: that is why.
+            (Err(KeystoreError::NotFound { .. }), Some(e)) => Err(e),
+            (Err(KeystoreError::NotFound { .. }), None) => {
                 Err(OpsError::NotManaged { path: dir.to_path_buf(), id: policy.identifier })
             }
+            (Err(e), _) => Err(e.into()),
+        }
+    }
+
+    /// The record of policy `id` on the filesystem holding `dir`, if it keeps one (a portable
+    /// directory). A directory with a local record still opens when the medium's records are
+    /// unreadable (anyone who can write the root of a shared filesystem can plant a `.dirseal`
+    /// there): [`Dirseal::dir_status`] reports that as a problem.
+    fn medium_policy(&self, dir: &Path, id: &KeyIdentifier) -> Result<Option<PolicyRecord>, OpsError> {
+        let mp = fscrypt::mount_point(dir)?;
+        let Some(medium) = portable::open_existing(&mp)? else { return Ok(None) };
+        match medium.policy(id) {
+            Ok(r) => Ok(Some(r)),
+            Err(KeystoreError::NotFound { .. }) => Ok(None),
             Err(e) => Err(e.into()),
         }
+    }
+
+    /// The keystore's policy record `id`.
+    pub fn policy(&self, id: &KeyIdentifier) -> Result<PolicyRecord, OpsError> {
+        Ok(self.keystore.policy(id)?)
     }
 
     /// `None` when dirseal does not manage `dir` (not encrypted, or no policy record): the case in
@@ -521,16 +594,86 @@ impl Dirseal {
     }
 
     /// Readable protectors of a policy; unreadable ones are reported, not fatal.
+    /// A portable policy's protectors are looked up on its medium, then in this machine's
+    /// keystore (an extra, local TPM protector); one found in neither was added on another machine
+    /// and is left out here without being a problem ([`DirStatus::elsewhere`]).
     pub fn protectors_of(&self, policy: &PolicyRecord) -> (Vec<ProtectorRecord>, Vec<String>) {
         let mut ok = Vec::new();
         let mut problems = Vec::new();
         for id in policy.wrapped.keys() {
-            match self.keystore.protector(id) {
-                Ok(r) => ok.push(r),
+            match self.protector_of_policy(policy, id) {
+                Ok((r, _)) => ok.push(r),
+                Err(KeystoreError::NotFound { .. }) if policy.medium.is_some() => {}
                 Err(e) => problems.push(e.to_string()),
             }
         }
         (ok, problems)
+    }
+
+    /// The medium's keystore of a portable policy; `None` for a local one.
+    fn medium_of(&self, policy: &PolicyRecord) -> Result<Option<Keystore>, KeystoreError> {
+        match &policy.medium {
+            Some(mp) => portable::open_existing(mp),
+            None => Ok(None),
+        }
+    }
+
+    /// Protector `id` of `policy`: the medium's record first for a portable policy (the `bool`
+    /// says it came from there), else this machine's.
+    fn protector_of_policy(
+        &self,
+        policy: &PolicyRecord,
+        id: &ProtectorId,
+    ) -> Result<(ProtectorRecord, bool), KeystoreError> {
+        if let Some(medium) = self.medium_of(policy)? {
+            match medium.protector(id) {
+                Err(KeystoreError::NotFound { .. }) => {}
+                // dirseal never writes one there: a medium's record of a kind bound to a machine
+                // was planted, and trying it could spend this machine's TPM tries.
+                Ok(r) if !r.kind.travels() => {
+                    return Err(KeystoreError::Corrupt {
+                        path: medium.protector_path(id),
+                        reason: format!(
+                            "it is a {} protector, which is bound to a machine and never kept on a medium",
+                            r.kind.name()
+                        ),
+                    })
+                }
+                r => return r.map(|r| (r, true)),
+            }
+        }
+        self.keystore.protector(id).map(|r| (r, false))
+    }
+
+    /// Where a portable policy's records and this machine's keystore disagree: a record of the
+    /// same policy, or of one of its protectors, kept in both. The medium's is used; each of these
+    /// is said (in `status`, and by `unlock`), never silently ignored.
+    pub fn shadowed(&self, policy: &PolicyRecord) -> Vec<String> {
+        let Some(mp) = &policy.medium else { return Vec::new() };
+        let mut out = Vec::new();
+        if !matches!(self.keystore.policy(&policy.id), Err(KeystoreError::NotFound { .. })) {
+            out.push(format!(
+                "this machine's keystore also has a record of policy {} ({}); the one on the medium ({}) is used and the \
+                 local one ignored: remove the local one",
+                policy.id,
+                self.keystore.policy_path(&policy.id).display(),
+                mp.display()
+            ));
+        }
+        let Ok(Some(medium)) = self.medium_of(policy) else { return out };
+        for id in policy.wrapped.keys() {
+            let (Ok(on_medium), local) = (medium.protector(id), self.keystore.protector(id)) else { continue };
+            if matches!(local, Err(KeystoreError::NotFound { .. })) || local.as_ref().is_ok_and(|l| *l == on_medium) {
+                continue;
+            }
+            out.push(format!(
+                "protector {id} ({}): this machine's keystore has another record with the same id ({}), ignored for \
+                 this directory: the medium's is used",
+                on_medium.name,
+                self.keystore.protector_path(id).display()
+            ));
+        }
+        out
     }
 
     /// The protectors a login of `uid` may try, in the one login order
@@ -694,7 +837,7 @@ impl Dirseal {
         if let Some(id) = pick.protector {
             return list.iter().find(|r| r.id == id).ok_or_else(|| {
                 if policy.wrapped.contains_key(&id) {
-                    match self.keystore.protector(&id) {
+                    match self.protector_of_policy(policy, &id) {
                         Err(e) => OpsError::Keystore(e),
                         Ok(_) => unusable(),
                     }
@@ -817,7 +960,10 @@ impl Dirseal {
             ui.notice(&format!("{} is already unlocked", dir.display()));
             return Ok(());
         }
-        let (_, master) = self.master_key_of_dir(dir, pick, ui)?;
+        let (policy, master) = self.master_key_of_dir(dir, pick, ui)?;
+        for note in self.shadowed(&policy) {
+            ui.notice(&note);
+        }
         self.add_key(dir, &master)?;
         ui.notice(&format!("unlocked {}", dir.display()));
         Ok(())
@@ -869,6 +1015,29 @@ impl Dirseal {
         choice: ProtectorChoice<'_>,
         ui: &mut dyn Ui,
     ) -> Result<(PolicyRecord, MasterKey), OpsError> {
+        self.encrypt_where(dir, choice, false, ui)
+    }
+
+    /// [`Dirseal::encrypt`] for a portable directory: its policy record and its protector's are
+    /// kept on its own filesystem (crate::portable), so it opens on any machine. The protector must
+    /// travel ([`ProtectorKind::travels`](crate::protector::ProtectorKind::travels)): a TPM's is
+    /// refused before anything is asked or written.
+    pub fn encrypt_portable(
+        &mut self,
+        dir: &Path,
+        choice: ProtectorChoice<'_>,
+        ui: &mut dyn Ui,
+    ) -> Result<(PolicyRecord, MasterKey), OpsError> {
+        self.encrypt_where(dir, choice, true, ui)
+    }
+
+    fn encrypt_where(
+        &mut self,
+        dir: &Path,
+        choice: ProtectorChoice<'_>,
+        portable: bool,
+        ui: &mut dyn Ui,
+    ) -> Result<(PolicyRecord, MasterKey), OpsError> {
         let meta = std::fs::symlink_metadata(dir).map_err(|e| OpsError::BadDirectory {
             path: dir.to_path_buf(),
             reason: format!("cannot inspect it: {e}"),
@@ -891,24 +1060,23 @@ impl Dirseal {
         if non_empty {
             return Err(OpsError::NotEmpty { path: dir.to_path_buf() });
         }
-        let (prec, pkey) = self.resolve_protector(choice, ui)?;
-        let (policy, master) = self.new_policy(dir, &prec, &pkey)?;
-        fscrypt::set_policy(dir, &policy.id)?;
-        ui.notice(&format!("encrypted {} (policy {}, protector {} {})", dir.display(), policy.id, prec.id, prec.name));
-        Ok((policy, master))
-    }
-
-    /// Creates a fresh master key, saves its policy record protected by `prec`, and adds the key to
-    /// the kernel of the filesystem holding `dir`. Shared by `encrypt` and `convert`.
-    pub(crate) fn new_policy(
-        &self,
-        dir: &Path,
-        prec: &ProtectorRecord,
-        pkey: &ProtectorKey,
-    ) -> Result<(PolicyRecord, MasterKey), OpsError> {
-        let (policy, master) = Self::draft_policy(dir, prec, pkey);
-        self.save_new_policy(&policy)?;
+        let (store, (prec, pkey)) = if portable {
+            self.check_travels(&choice)?;
+            let store = portable::open_or_create(&mp)?;
+            let resolved = self.resolve_protector_into(choice, &store, ui)?;
+            (store, resolved)
+        } else {
+            (self.keystore.clone(), self.resolve_protector(choice, ui)?)
+        };
+        let (policy, master) = Self::draft_policy(dir, &prec, &pkey);
+        {
+            let _guard = store.lock()?;
+            store.save_policy(&policy)?;
+        }
         self.add_key(dir, &master)?;
+        fscrypt::set_policy(dir, &policy.id)?;
+        let policy = PolicyRecord { medium: store.medium().map(Path::to_path_buf), ..policy };
+        ui.notice(&format!("encrypted {} (policy {}, protector {} {})", dir.display(), policy.id, prec.id, prec.name));
         Ok((policy, master))
     }
 
@@ -923,10 +1091,25 @@ impl Dirseal {
         (policy, master)
     }
 
-    pub(crate) fn save_new_policy(&self, policy: &PolicyRecord) -> Result<(), OpsError> {
-        let _guard = self.keystore.lock()?;
-        self.keystore.save_policy(policy)?;
+    /// Saves a new policy record in `store` (a portable directory's medium, or this keystore).
+    pub(crate) fn save_new_policy(&self, policy: &PolicyRecord, store: &Keystore) -> Result<(), OpsError> {
+        let _guard = store.lock()?;
+        store.save_policy(policy)?;
         Ok(())
+    }
+
+    /// Where the record of policy `id`, of a directory on the filesystem holding `dir`, is kept:
+    /// on that filesystem when it has one there (a portable directory), else in this keystore.
+    pub(crate) fn store_of_policy(&self, dir: &Path, id: &KeyIdentifier) -> Result<Keystore, OpsError> {
+        let mp = fscrypt::mount_point(dir)?;
+        if let Some(medium) = portable::open_existing(&mp)? {
+            match medium.policy(id) {
+                Ok(_) => return Ok(medium),
+                Err(KeystoreError::NotFound { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(self.keystore.clone())
     }
 
     /// Adds protector `new` to the policy of `dir` (or of policy `id`), proving access with an
@@ -939,35 +1122,120 @@ impl Dirseal {
         ui: &mut dyn Ui,
     ) -> Result<ProtectorRecord, OpsError> {
         let policy = self.keystore.policy(policy_id)?;
-        let (pid, pkey) = self.unlock_policy_protector(&policy, with, &format!("policy {policy_id}"), ui)?;
-        let master = self.master_key(&policy, &pid, &pkey)?;
-        let (nrec, nkey) = self.resolve_protector(new, ui)?;
-        let _guard = self.keystore.lock()?;
+        self.add_protector_to(&policy, with, new, ui)
+    }
+
+    /// [`Dirseal::add_protector_to_policy`] given the policy record ([`Dirseal::policy_of`]). For
+    /// a portable policy the records go to its medium, a protector that travels with it, while one
+    /// bound to this machine (a TPM) stays in this machine's keystore as an extra, local one.
+    pub fn add_protector_to(
+        &mut self,
+        policy: &PolicyRecord,
+        with: Pick,
+        new: ProtectorChoice<'_>,
+        ui: &mut dyn Ui,
+    ) -> Result<ProtectorRecord, OpsError> {
+        let policy_id = policy.id;
+        let (pid, pkey) = self.unlock_policy_protector(policy, with, &format!("policy {policy_id}"), ui)?;
+        let master = self.master_key(policy, &pid, &pkey)?;
+        let store = match &policy.medium {
+            Some(mp) => portable::open_or_create(mp)?,
+            None => self.keystore.clone(),
+        };
+        let (nrec, nkey) = match policy.medium {
+            Some(_) => self.resolve_protector_into(new, &store, ui)?,
+            None => self.resolve_protector(new, ui)?,
+        };
+        let _guard = store.lock()?;
         // Re-read under the lock: another command may have changed the policy meanwhile.
-        let mut policy = self.keystore.policy(policy_id)?;
+        let mut policy = store.policy(&policy_id)?;
         if policy.wrapped.contains_key(&nrec.id) {
             return Err(OpsError::AlreadyProtects(nrec.id));
         }
         policy.add_protector(&nrec.id, &nkey, &master);
-        self.keystore.save_policy(&policy)?;
+        store.save_policy(&policy)?;
         Ok(nrec)
+    }
+
+    /// Refuses, before anything is asked, a protector that cannot be a portable directory's own.
+    pub(crate) fn check_travels(&self, choice: &ProtectorChoice<'_>) -> Result<(), OpsError> {
+        let (travels, name, kind) = match choice {
+            ProtectorChoice::New(n) => (n.kind.travels(), n.name.to_string(), n.kind.name()),
+            ProtectorChoice::Existing(id) => {
+                let rec = self.keystore.protector(id)?;
+                (rec.kind.travels(), rec.name, rec.kind.name())
+            }
+        };
+        if travels {
+            Ok(())
+        } else {
+            Err(OpsError::StaysOnMachine { name, kind })
+        }
+    }
+
+    /// A protector for a portable policy whose medium's keystore is `medium`: a new one that
+    /// travels is saved there, one that does not in this machine's keystore; an existing one is
+    /// looked up on the medium, then here, and one that travels is copied to the medium (the same
+    /// record, so it opens there as it does here).
+    pub(crate) fn resolve_protector_into(
+        &mut self,
+        choice: ProtectorChoice<'_>,
+        medium: &Keystore,
+        ui: &mut dyn Ui,
+    ) -> Result<(ProtectorRecord, ProtectorKey), OpsError> {
+        match choice {
+            ProtectorChoice::New(n) if n.kind.travels() => self.create_protector_in(&n, ui, medium),
+            ProtectorChoice::New(n) => self.create_protector(&n, ui),
+            ProtectorChoice::Existing(id) => {
+                let (rec, on_medium) = match medium.protector(&id) {
+                    Ok(r) => (r, true),
+                    Err(KeystoreError::NotFound { .. }) => (self.keystore.protector(&id)?, false),
+                    Err(e) => return Err(e.into()),
+                };
+                let key = self.unlock_protector(&rec, ui)?;
+                if !on_medium && rec.kind.travels() {
+                    let _guard = medium.lock()?;
+                    medium.save_protector(&rec)?;
+                }
+                Ok((rec, key))
+            }
+        }
     }
 
     /// Removes a protector from one policy; refused if no other readable protector would be left.
     pub fn remove_protector_from_policy(&self, policy_id: &KeyIdentifier, pid: &ProtectorId) -> Result<(), OpsError> {
-        let _guard = self.keystore.lock()?;
-        let mut policy = self.keystore.policy(policy_id)?;
+        self.remove_protector_from(&self.keystore.policy(policy_id)?, pid)
+    }
+
+    /// [`Dirseal::remove_protector_from_policy`] given the policy record ([`Dirseal::policy_of`]):
+    /// a portable policy keeps at least one readable protector that travels.
+    pub fn remove_protector_from(&self, policy: &PolicyRecord, pid: &ProtectorId) -> Result<(), OpsError> {
+        let policy_id = &policy.id;
+        let store = match &policy.medium {
+            Some(mp) => portable::open_or_create(mp)?,
+            None => self.keystore.clone(),
+        };
+        let _guard = store.lock()?;
+        let mut policy = store.policy(policy_id)?;
         if !policy.wrapped.contains_key(pid) {
             let list = policy.wrapped.keys().map(ToString::to_string).collect::<Vec<_>>().join(", ");
             return Err(OpsError::NotAProtectorOf { id: *pid, what: format!("policy {policy_id}"), list });
         }
         // The last *readable* protector counts as the last one: removing it would strand the key.
-        let others_usable = policy.wrapped.keys().filter(|k| *k != pid).any(|k| self.keystore.protector(k).is_ok());
-        if !others_usable {
+        let others: Vec<ProtectorRecord> = policy
+            .wrapped
+            .keys()
+            .filter(|k| *k != pid)
+            .filter_map(|k| self.protector_of_policy(&policy, k).ok().map(|(r, _)| r))
+            .collect();
+        if others.is_empty() {
             return Err(KeystoreError::LastProtector { policy: *policy_id }.into());
         }
+        if policy.medium.is_some() && !others.iter().any(|r| r.kind.travels()) {
+            return Err(OpsError::LastTravelling { policy: *policy_id, protector: *pid });
+        }
         policy.remove_protector(pid)?;
-        self.keystore.save_policy(&policy)?;
+        store.save_policy(&policy)?;
         Ok(())
     }
 
@@ -995,6 +1263,32 @@ impl Dirseal {
         let pkey = self.unlock_protector(&rec, ui)?;
         let new = protector::ask_new(rec.kind.ask(), &rec.name, ui)?;
         self.change_secret_with(pid, &pkey, new.as_ref())
+    }
+
+    /// [`Dirseal::change_secret`] for the protector of `dir` that `pick` names (or its only one),
+    /// changed where the directory keeps it: a portable directory's medium, or this keystore.
+    pub fn change_dir_secret(&self, dir: &Path, pick: Pick, ui: &mut dyn Ui) -> Result<ProtectorRecord, OpsError> {
+        let policy = self.policy_of(dir)?;
+        let rec = self.protector_of_dir(dir, pick)?;
+        let store = match self.protector_of_policy(&policy, &rec.id)? {
+            (_, true) => {
+                self.medium_of(&policy)?.ok_or(KeystoreError::NotFound { kind: "protector", id: rec.id.to_string() })?
+            }
+            (_, false) => return self.change_secret(&rec.id, ui),
+        };
+        if rec.kind.ask().secret.is_none() {
+            return Err(ProtectorError::NoSecret { name: rec.name, id: rec.id, kind: rec.kind.name() }.into());
+        }
+        let pkey = self.unlock_protector(&rec, ui)?;
+        let new = protector::ask_new(rec.kind.ask(), &rec.name, ui)?;
+        if new.as_ref().is_some_and(Passphrase::is_empty) {
+            return Err(UiError::Empty.into());
+        }
+        let _guard = store.lock()?;
+        let rec = store.protector(&rec.id)?;
+        let updated = protector::change_secret(&rec, &pkey, &self.config, new.as_ref())?;
+        store.save_protector(&updated)?;
+        Ok(updated)
     }
 
     /// The PAM path: the old secret was already verified into `pkey`. The kind keeps its cost
@@ -1028,14 +1322,40 @@ impl Dirseal {
     /// without fscrypt is an answer here, not an error.
     pub fn dir_status(&self, dir: &Path) -> Result<DirStatus, OpsError> {
         let mut st = public_dir_status(dir)?;
-        let Some(id) = st.policy else { return Ok(st) };
-        match self.keystore.policy(&id) {
+        if st.policy.is_none() {
+            return Ok(st);
+        }
+        match self.policy_of(dir) {
             Ok(rec) => {
                 st.managed = true;
+                st.portable = rec.medium.as_deref().map(portable::records_dir);
                 let (list, problems) = self.protectors_of(&rec);
-                st.protectors = list.iter().map(ProtectorSummary::of).collect();
+                st.protectors = list
+                    .iter()
+                    .map(|r| {
+                        let on_medium = self.protector_of_policy(&rec, &r.id).is_ok_and(|(_, m)| m);
+                        ProtectorSummary {
+                            stored: if on_medium { "medium" } else { "keystore" },
+                            ..ProtectorSummary::of(r)
+                        }
+                    })
+                    .collect();
+                if rec.medium.is_some() {
+                    let missing = |id: &&ProtectorId| {
+                        matches!(self.protector_of_policy(&rec, id), Err(KeystoreError::NotFound { .. }))
+                    };
+                    st.elsewhere = rec.wrapped.keys().filter(missing).copied().collect();
+                }
                 st.problems = problems;
                 st.warnings = list.iter().filter_map(|r| self.pin_warning(r)).collect();
+                st.warnings.extend(self.shadowed(&rec));
+                if let (None, Err(e)) = (&rec.medium, self.medium_policy(dir, &rec.id)) {
+                    st.problems
+                        .push(format!("the records on this filesystem cannot be read (the local one is used): {e}"));
+                }
+            }
+            Err(OpsError::NotManaged { id, .. }) => {
+                st.problems.push(KeystoreError::NotFound { kind: "policy", id: id.to_string() }.to_string())
             }
             Err(e) => st.problems.push(e.to_string()),
         }
@@ -1076,6 +1396,8 @@ pub fn public_dir_status(dir: &Path) -> Result<DirStatus, OpsError> {
         policy: policy.map(|p| p.identifier),
         key: None,
         managed: false,
+        portable: None,
+        elsewhere: Vec::new(),
         protectors: Vec::new(),
         problems: Vec::new(),
         warnings: Vec::new(),

@@ -162,6 +162,7 @@ impl Remedy {
             name: "pw".into(),
             kind: "password",
             uid: Some(1000),
+            stored: "keystore",
         };
         vec![
             Remedy::EncryptOrConvert { dir: dir() },
@@ -222,7 +223,7 @@ impl OpsError {
             OpsError::KeyMismatch { .. } => Some(Remedy::RestorePolicy { dir: None }),
             OpsError::NotEmpty { path } => Some(Remedy::Convert { dir: path.clone() }),
             OpsError::AlreadyEncrypted { path, .. } => Some(Remedy::ShowStatus { dir: path.clone() }),
-            OpsError::NoProtector { .. } => Some(Remedy::AddProtector),
+            OpsError::NoProtector { .. } | OpsError::LastTravelling { .. } => Some(Remedy::AddProtector),
             OpsError::UseAnother { dir, others, recovery, .. } => (!others.is_empty() || *recovery)
                 .then(|| Remedy::UseAnotherProtector { dir: dir.clone(), others: others.clone(), recovery: *recovery }),
             OpsError::PinIsLoginPassword { user } => Some(Remedy::PinLoginAccount { user: user.clone() }),
@@ -242,7 +243,8 @@ impl OpsError {
             | OpsError::SeveralOfYours { .. }
             | OpsError::NameAmbiguous { .. }
             | OpsError::NoSuchName { .. }
-            | OpsError::OpensNone { .. } => None,
+            | OpsError::OpensNone { .. }
+            | OpsError::StaysOnMachine { .. } => None,
         }
     }
 }
@@ -366,7 +368,9 @@ impl Tpm2Error {
             | Tpm2Error::LockoutHierarchyBlocked { .. }
             | Tpm2Error::ResetCodeNeeded
             | Tpm2Error::Tpm { .. }
-            | Tpm2Error::Kdf(_) => None,
+            | Tpm2Error::Kdf(_)
+            | Tpm2Error::NotInstalled { .. }
+            | Tpm2Error::Helper(_) => None,
         }
     }
 }
@@ -387,7 +391,9 @@ impl Fido2Error {
             | Fido2Error::Unsupported(_)
             | Fido2Error::NotConnected
             | Fido2Error::Cancelled
-            | Fido2Error::Other { .. } => None,
+            | Fido2Error::Other { .. }
+            | Fido2Error::NotInstalled { .. }
+            | Fido2Error::Helper(_) => None,
         }
     }
 }

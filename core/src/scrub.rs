@@ -144,13 +144,19 @@ pub struct Report {
     /// Free blocks only root may use (ext4's reserved blocks): left unwritten too, since filling
     /// them first takes all space from ordinary programs.
     pub root_reserved: u64,
-    /// Random data written and synced to the device.
+    /// All free space before the scrub, root's reserved blocks included.
+    pub free_before: u64,
+    /// Distinct free space overwritten for certain: what the fill held at once, at its peak.
+    pub covered: u64,
+    /// Random data written and synced to the device, the sweep's included: more than `covered`
+    /// (and possibly more than the free space), since the sweep writes into space it released.
     pub written: u64,
     /// Free space the fill never held: what stayed free at its peak. The sweep then wrote
     /// `swept` more bytes into free space beyond the fill's end, which usually covers much of it
     /// (the kernel, not dirseal, picks the blocks).
     pub unwritten: u64,
-    pub(crate) swept: u64,
+    /// Bytes the sweep wrote (part of `written`).
+    pub swept: u64,
     /// What `FITRIM` did after the overwrite.
     pub trim: Trim,
     /// Stopped by a signal: the fill file was released, nothing was trimmed.
@@ -273,6 +279,8 @@ pub fn scrub(
     }
     fill.sync()?;
     peak_free = peak_free.min(space(&fill.file, &mp)?.free);
+    // One file holding these bytes at once: each is a distinct block of the free space.
+    let covered = fill.end;
     // Sweeping: the allocator left some free blocks aside (small holes, the reserve, root's
     // blocks), often exactly where small deleted files were. Release the oldest part of the fill
     // and write as much at its end, repeatedly: an append is placed after the file's last block,
@@ -323,6 +331,8 @@ pub fn scrub(
         available_after: end.available,
         reserve,
         root_reserved: start.free.saturating_sub(start.available),
+        free_before: start.free,
+        covered,
         written,
         unwritten: if interrupted { start.free.saturating_sub(written) } else { peak_free },
         swept,

@@ -15,8 +15,12 @@
 //! A [`Tpm`] is a short-lived connection: dropping it flushes every transient object and session
 //! it created (the tss-esapi `Context` tracks them), which matters on TPMs without a resource
 //! manager such as swtpm.
+//!
+//! tss-esapi itself is linked only by the helper program `dirseal-tpm2` (crate::sys::helper):
+//! a [`Tpm`] here is a running helper holding the connection, so nothing that links this library
+//! maps libtss2-* until a TPM is used. The PIN is stretched here, in the caller; the helper gets
+//! only the authValue.
 use std::collections::BTreeSet;
-use std::ffi::CString;
 use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
@@ -24,25 +28,10 @@ use std::time::Duration;
 use dirseal_recovery::{ParseError, RecoveryKey};
 
 use serde::{Deserialize, Serialize};
-use tss_esapi::attributes::{ObjectAttributesBuilder, SessionAttributesBuilder};
-use tss_esapi::constants::response_code::Tss2ResponseCode;
-use tss_esapi::constants::{CapabilityType, PropertyTag, SessionType};
-use tss_esapi::handles::{AuthHandle, KeyHandle, ObjectHandle};
-use tss_esapi::interface_types::algorithm::{HashingAlgorithm, PublicAlgorithm};
-use tss_esapi::interface_types::ecc::EccCurve;
-use tss_esapi::interface_types::resource_handles::Hierarchy;
-use tss_esapi::interface_types::session_handles::{AuthSession, PolicySession};
-use tss_esapi::structures::{
-    Auth, CapabilityData, Digest, EccPoint, KeyedHashScheme, PcrSelectionList, PcrSelectionListBuilder, PcrSlot,
-    Private, Public, PublicBuilder, PublicEccParametersBuilder, PublicKeyedHashParameters, SensitiveData,
-    SymmetricDefinition, SymmetricDefinitionObject,
-};
-use tss_esapi::traits::{Marshall, UnMarshall};
-use tss_esapi::{Context, TctiNameConf};
 
 use crate::kdf::{self, Argon2Params, KdfError};
 use crate::secret::{Passphrase, ProtectorKey, PROTECTOR_KEY_LEN};
-use crate::sys::tpm2::{dictionary_attack, DaCommand};
+use crate::sys::helper::{Helper, HelperError, Session, WireSecret};
 
 /// The kernel's resource manager: several programs may use the TPM at once.
 pub(crate) const DEFAULT_TCTI: &str = "device:/dev/tpmrm0";
@@ -62,10 +51,42 @@ pub(crate) const DEFAULT_PIN_KDF: Argon2Params = Argon2Params { time_cost: 2, me
 pub struct Tcti(String);
 
 impl Tcti {
-    fn conf(&self) -> TctiNameConf {
-        // Invariant: constructed only by `from_str`, which checked this parse.
-        TctiNameConf::from_str(&self.0).unwrap_or(TctiNameConf::Device(Default::default()))
+    /// The loader string as given.
+    pub fn as_str(&self) -> &str {
+        &self.0
     }
+}
+
+/// The TCTI grammar tss-esapi's `TctiNameConf` accepts (`name[:conf]`, name one of `device`,
+/// `mssim`, `swtpm`, `tabrmd`; for the network TPMs an optional `host=` (an IP address or host
+/// name) and `port=` (0..=65535)), checked here without linking it; the helper parses it again.
+fn tcti_ok(s: &str) -> bool {
+    if s.contains('\0') {
+        return false;
+    }
+    let (name, conf) = s.split_once(':').unwrap_or((s, ""));
+    match name {
+        "device" | "tabrmd" => true,
+        "mssim" | "swtpm" => {
+            let field = |key: &str| conf.split(',').find_map(|kv| kv.strip_prefix(key));
+            let host_ok = field("host=").is_none_or(|h| h.parse::<std::net::IpAddr>().is_ok() || hostname_ok(h));
+            let port_ok = field("port=").is_none_or(|p| p.parse::<u16>().is_ok());
+            host_ok && port_ok
+        }
+        _ => false,
+    }
+}
+
+fn hostname_ok(h: &str) -> bool {
+    !h.is_empty()
+        && h.len() <= 253
+        && h.split('.').all(|l| {
+            !l.is_empty()
+                && l.len() <= 63
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+                && l.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+        })
 }
 
 impl Default for Tcti {
@@ -77,10 +98,9 @@ impl Default for Tcti {
 impl FromStr for Tcti {
     type Err = Tpm2Error;
     fn from_str(s: &str) -> Result<Tcti, Tpm2Error> {
-        let bad = || Tpm2Error::BadTcti(s.to_string());
-        let conf = TctiNameConf::from_str(s).map_err(|_| bad())?;
-        // The loader needs the canonical "name:conf" form; also rejects interior NULs.
-        CString::try_from(conf).map_err(|_| bad())?;
+        if !tcti_ok(s) {
+            return Err(Tpm2Error::BadTcti(s.to_string()));
+        }
         Ok(Tcti(s.to_string()))
     }
 }
@@ -114,19 +134,9 @@ impl PcrSet {
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
-    pub(crate) fn iter(&self) -> impl Iterator<Item = u8> + '_ {
+    /// The PCR indices, ascending.
+    pub fn iter(&self) -> impl Iterator<Item = u8> + '_ {
         self.0.iter().copied()
-    }
-    fn selection(&self) -> Result<PcrSelectionList, Tpm2Error> {
-        let slots: Vec<PcrSlot> = self
-            .iter()
-            .map(|i| PcrSlot::try_from(1u32 << i))
-            .collect::<Result<_, _>>()
-            .map_err(|e| Tpm2Error::Corrupt(format!("PCR selection: {e}")))?;
-        PcrSelectionListBuilder::new()
-            .with_selection(HashingAlgorithm::Sha256, &slots)
-            .build()
-            .map_err(|e| Tpm2Error::Corrupt(format!("PCR selection: {e}")))
     }
 }
 
@@ -195,7 +205,7 @@ pub struct SealedKey {
 }
 
 /// The TPM's dictionary-attack state (`TPM2_GetCapability`, `TPM_PT_LOCKOUT_*`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DaStatus {
     /// Failures counted now.
     pub lockout_counter: u32,
@@ -224,7 +234,7 @@ impl DaStatus {
 }
 
 /// New dictionary-attack parameters (`dirseal tpm2 setup`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DaParameters {
     /// Failures allowed before lockout.
     pub max_tries: u32,
@@ -274,8 +284,8 @@ impl ResetCode {
         self.0.to_display()
     }
 
-    fn auth(&self) -> &[u8] {
-        self.0.expose_bytes()
+    fn wire(&self) -> WireSecret {
+        WireSecret::new(self.0.expose_bytes())
     }
 }
 
@@ -332,7 +342,7 @@ impl PinTries {
 }
 
 /// Why a TPM operation failed or was refused, worded for the person who has to act.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, thiserror::Error, Serialize, Deserialize)]
 pub enum Tpm2Error {
     /// No TPM answered at the configured location.
     #[error("no usable TPM at {tcti}: {reason}; check that this machine has a TPM 2.0 (/dev/tpmrm0), or set tpm2.tcti in the config")]
@@ -417,13 +427,33 @@ pub enum Tpm2Error {
     #[error("the TPM refused {action}: {rc}")]
     Tpm {
         /// What was asked of the TPM, for the message.
-        action: &'static str,
+        action: String,
         /// The TPM's response code, decoded.
         rc: String,
     },
-    /// The PIN's Argon2id parameters in the sealed key are out of bounds.
+    /// The PIN's Argon2id parameters in the sealed key are out of bounds. Found by the caller,
+    /// which stretches the PIN: never sent by the helper.
     #[error(transparent)]
+    #[serde(skip)]
     Kdf(#[from] KdfError),
+    /// tss-esapi's libraries are not installed on this machine.
+    #[error("TPM support needs {library}, which is not installed; install the tpm2-tss libraries (Debian and Ubuntu: apt install libtss2-esys-3.0.2-0t64 libtss2-tctildr0t64, without t64 on older releases)")]
+    NotInstalled {
+        /// The missing library's file name.
+        library: String,
+    },
+    /// The TPM helper program failed (why).
+    #[error("{0}")]
+    Helper(String),
+}
+
+impl From<HelperError> for Tpm2Error {
+    fn from(e: HelperError) -> Tpm2Error {
+        match e {
+            HelperError::NotInstalled(library) => Tpm2Error::NotInstalled { library },
+            HelperError::Failed(why) => Tpm2Error::Helper(why),
+        }
+    }
 }
 
 fn wrong_pin(tries_left: Option<u32>) -> String {
@@ -470,157 +500,99 @@ pub fn human_secs(s: u32) -> String {
     }
 }
 
-/// The TPM-layer response code inside a tss-esapi error, if it came from the TPM.
-fn tpm_rc(e: &tss_esapi::Error) -> Option<u32> {
-    let tss_esapi::Error::Tss2Error(code) = e else { return None };
-    let raw = match *code {
-        Tss2ResponseCode::Success => return None,
-        Tss2ResponseCode::FormatZero(rc) => rc.0,
-        Tss2ResponseCode::FormatOne(rc) => rc.0,
-    };
-    // Layer 0 is the TPM itself; other layers are the TSS's own errors.
-    (raw >> 16 == 0).then_some(raw)
+/// The messages between this library and `dirseal-tpm2` (crate::sys::helper's framing).
+#[doc(hidden)]
+pub mod wire {
+    use serde::{Deserialize, Serialize};
+
+    use super::{DaParameters, DaStatus, PcrSet, SealedKey, Tcti, Tpm2Error};
+    use crate::sys::helper::WireSecret;
+
+    /// One request.
+    #[derive(Serialize, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub enum Request {
+        /// Connect to the TPM (kept for the requests that follow).
+        Open { tcti: Tcti },
+        /// The dictionary-attack state.
+        DaStatus,
+        /// Seal `key` under `auth` (the stretched PIN; none: empty), bound to `pcrs`.
+        Seal { key: WireSecret, auth: Option<WireSecret>, pcrs: PcrSet },
+        /// Unseal with `auth`.
+        Unseal { sealed: SealedKey, auth: Option<WireSecret> },
+        /// Take the lockout hierarchy (`dirseal tpm2 setup`).
+        Setup { tcti: Tcti, params: DaParameters, code: WireSecret },
+        /// New dictionary-attack parameters, with the reset code.
+        SetDaParameters { tcti: Tcti, code: WireSecret, params: DaParameters },
+        /// Forget counted failures (with the reset code when the lockout is owned).
+        ResetLockout { tcti: Tcti, code: Option<WireSecret> },
+    }
+
+    /// One answer.
+    #[derive(Serialize, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub enum Reply {
+        /// To `Open`, `Setup`, `SetDaParameters`, `ResetLockout`.
+        Done,
+        /// To `DaStatus`.
+        DaStatus(DaStatus),
+        /// To `Seal`: the sealed object's public and private parts.
+        Sealed {
+            #[serde(with = "hex::serde")]
+            public: Vec<u8>,
+            #[serde(with = "hex::serde")]
+            private: Vec<u8>,
+        },
+        /// To `Unseal`.
+        Key(WireSecret),
+    }
+
+    /// A request's outcome.
+    pub type Response = Result<Reply, Tpm2Error>;
 }
 
-const RC_FMT1: u32 = 0x080;
-const RC_WARN: u32 = 0x900;
-const TPM_RC_LOCKOUT: u32 = RC_WARN + 0x021;
-const TPM_RC_AUTH_FAIL: u32 = RC_FMT1 + 0x00E;
-const TPM_RC_BAD_AUTH: u32 = RC_FMT1 + 0x022;
-const TPM_RC_POLICY_FAIL: u32 = RC_FMT1 + 0x01D;
-const TPM_RC_INTEGRITY: u32 = RC_FMT1 + 0x01F;
+use wire::{Reply, Request};
 
-/// The error number of a TPM response code with its handle/session/parameter number stripped.
-fn rc_base(rc: u32) -> u32 {
-    if rc & RC_FMT1 != 0 {
-        rc & (RC_FMT1 | 0x3F)
-    } else {
-        rc & 0xFFF
+/// How long the helper may take for one request (a TPM is slow, not this slow).
+const HELPER_TIMEOUT: Duration = Duration::from_secs(120);
+
+fn unexpected() -> Tpm2Error {
+    Tpm2Error::Helper("the TPM helper answered out of turn".into())
+}
+
+fn call(s: &mut Session, req: &Request) -> Result<Reply, Tpm2Error> {
+    s.call::<_, wire::Response>(req, HELPER_TIMEOUT)?
+}
+
+/// One request on a helper of its own.
+fn once(req: &Request) -> Result<(), Tpm2Error> {
+    match call(&mut Session::start(Helper::Tpm2)?, req)? {
+        Reply::Done => Ok(()),
+        _ => Err(unexpected()),
     }
 }
 
-fn tpm_err(action: &'static str) -> impl Fn(tss_esapi::Error) -> Tpm2Error {
-    move |e| match tpm_rc(&e).map(rc_base) {
-        Some(TPM_RC_LOCKOUT) => Tpm2Error::Lockout { recovery_time_s: None },
-        _ => Tpm2Error::Tpm { action, rc: e.to_string() },
-    }
-}
-
-/// The TCG storage root key template (ECC NIST P-256, AES-128-CFB), `noDA`.
-fn primary_template() -> Result<Public, tss_esapi::Error> {
-    let attrs = ObjectAttributesBuilder::new()
-        .with_fixed_tpm(true)
-        .with_fixed_parent(true)
-        .with_sensitive_data_origin(true)
-        .with_user_with_auth(true)
-        .with_no_da(true)
-        .with_restricted(true)
-        .with_decrypt(true)
-        .build()?;
-    PublicBuilder::new()
-        .with_public_algorithm(PublicAlgorithm::Ecc)
-        .with_name_hashing_algorithm(HashingAlgorithm::Sha256)
-        .with_object_attributes(attrs)
-        .with_ecc_parameters(
-            PublicEccParametersBuilder::new_restricted_decryption_key(
-                SymmetricDefinitionObject::AES_128_CFB,
-                EccCurve::NistP256,
-            )
-            .build()?,
-        )
-        .with_ecc_unique_identifier(EccPoint::default())
-        .build()
-}
-
-/// An open connection to a TPM.
+/// An open connection to a TPM, held by a `dirseal-tpm2` helper of its own.
 pub struct Tpm {
-    ctx: Context,
+    s: Session,
 }
 
 impl Tpm {
     /// Connects to the TPM at `tcti`.
     pub fn open(tcti: &Tcti) -> Result<Tpm, Tpm2Error> {
-        let ctx = Context::new(tcti.conf())
-            .map_err(|e| Tpm2Error::Unavailable { tcti: tcti.clone(), reason: e.to_string() })?;
-        Ok(Tpm { ctx })
+        let mut s = Session::start(Helper::Tpm2)?;
+        match call(&mut s, &Request::Open { tcti: tcti.clone() })? {
+            Reply::Done => Ok(Tpm { s }),
+            _ => Err(unexpected()),
+        }
     }
 
     /// Reads the dictionary-attack state (tries left, lockout, whether the lockout is owned).
     pub fn da_status(&mut self) -> Result<DaStatus, Tpm2Error> {
-        let first: u32 = PropertyTag::Permanent.into();
-        let last: u32 = PropertyTag::LockoutRecovery.into();
-        let (data, _) = self
-            .ctx
-            .get_capability(CapabilityType::TpmProperties, first, last - first + 1)
-            .map_err(tpm_err("to report its dictionary-attack state"))?;
-        let CapabilityData::TpmProperties(props) = data else {
-            return Err(Tpm2Error::Tpm { action: "to report its properties", rc: "unexpected answer".into() });
-        };
-        let get = |tag: PropertyTag| {
-            props.find(tag).map(|p| p.value()).ok_or(Tpm2Error::Tpm {
-                action: "to report its dictionary-attack state",
-                rc: format!("{tag:?} missing from the answer"),
-            })
-        };
-        let permanent = get(PropertyTag::Permanent)?;
-        Ok(DaStatus {
-            lockout_counter: get(PropertyTag::LockoutCounter)?,
-            max_tries: get(PropertyTag::MaxAuthFail)?,
-            recovery_time_s: get(PropertyTag::LockoutInterval)?,
-            lockout_recovery_s: get(PropertyTag::LockoutRecovery)?,
-            // TPMA_PERMANENT: lockoutAuthSet is bit 2, inLockout bit 9.
-            lockout_owned: permanent & (1 << 2) != 0,
-            in_lockout: permanent & (1 << 9) != 0,
-        })
-    }
-
-    /// The storage primary, recreated (same seed + same template = same key).
-    fn primary(&mut self) -> Result<KeyHandle, Tpm2Error> {
-        let template = primary_template().map_err(tpm_err("the storage key template"))?;
-        let r = self
-            .ctx
-            .execute_with_nullauth_session(|ctx| ctx.create_primary(Hierarchy::Owner, template, None, None, None, None))
-            .map_err(|e| match tpm_rc(&e).map(rc_base) {
-                Some(TPM_RC_BAD_AUTH | TPM_RC_AUTH_FAIL) => Tpm2Error::Tpm {
-                    action: "to create its storage key",
-                    rc: "the owner hierarchy has a password; dirseal needs it empty".into(),
-                },
-                _ => tpm_err("to create its storage key")(e),
-            })?;
-        Ok(r.key_handle)
-    }
-
-    /// A session salted with `primary` that encrypts command and response parameters.
-    fn session(&mut self, primary: KeyHandle, kind: SessionType) -> Result<AuthSession, Tpm2Error> {
-        let err = tpm_err("to start a session");
-        let s = self
-            .ctx
-            .start_auth_session(
-                Some(primary),
-                None,
-                None,
-                kind,
-                SymmetricDefinition::AES_128_CFB,
-                HashingAlgorithm::Sha256,
-            )
-            .map_err(&err)?
-            .ok_or(Tpm2Error::Tpm { action: "to start a session", rc: "no session returned".into() })?;
-        let (attrs, mask) = SessionAttributesBuilder::new().with_decrypt(true).with_encrypt(true).build();
-        self.ctx.tr_sess_set_attributes(s, attrs, mask).map_err(&err)?;
-        Ok(s)
-    }
-
-    /// PolicyPCR(current values) [+ PolicyAuthValue] into `session`.
-    fn run_policy(&mut self, session: AuthSession, pcrs: &PcrSet, pin: bool) -> Result<(), Tpm2Error> {
-        let policy = PolicySession::try_from(session)
-            .map_err(|e| Tpm2Error::Tpm { action: "to start a policy session", rc: e.to_string() })?;
-        let err = tpm_err("to evaluate the PCR policy");
-        let selection = pcrs.selection()?;
-        self.ctx.execute_without_session(|ctx| ctx.policy_pcr(policy, Digest::default(), selection)).map_err(&err)?;
-        if pin {
-            self.ctx.execute_without_session(|ctx| ctx.policy_auth_value(policy)).map_err(&err)?;
+        match call(&mut self.s, &Request::DaStatus)? {
+            Reply::DaStatus(st) => Ok(st),
+            _ => Err(unexpected()),
         }
-        Ok(())
     }
 
     /// Seals `key` so that only this TPM, with `pin` (if any) and the current values of `pcrs`
@@ -642,45 +614,11 @@ impl Tpm {
             None => None,
         };
         let auth = auth_value(pin, pin_kdf.as_ref())?;
-        let primary = self.primary()?;
-        let policy_digest = if pcrs.is_empty() {
-            Digest::default()
-        } else {
-            let trial = self.session(primary, SessionType::Trial)?;
-            self.run_policy(trial, pcrs, pin.is_some())?;
-            let policy = PolicySession::try_from(trial)
-                .map_err(|e| Tpm2Error::Tpm { action: "to start a policy session", rc: e.to_string() })?;
-            self.ctx.policy_get_digest(policy).map_err(tpm_err("to compute the PCR policy"))?
-        };
-        let attrs = ObjectAttributesBuilder::new()
-            .with_fixed_tpm(true)
-            .with_fixed_parent(true)
-            // With no PIN there is nothing to guess: DA protection would only let someone else's
-            // wrong PINs lock this protector out too.
-            .with_no_da(pin.is_none())
-            .with_user_with_auth(pcrs.is_empty())
-            .with_admin_with_policy(!pcrs.is_empty())
-            .build()
-            .map_err(tpm_err("the sealed object's attributes"))?;
-        let public = PublicBuilder::new()
-            .with_public_algorithm(PublicAlgorithm::KeyedHash)
-            .with_name_hashing_algorithm(HashingAlgorithm::Sha256)
-            .with_object_attributes(attrs)
-            .with_auth_policy(policy_digest)
-            .with_keyed_hash_parameters(PublicKeyedHashParameters::new(KeyedHashScheme::Null))
-            .with_keyed_hash_unique_identifier(Digest::default())
-            .build()
-            .map_err(tpm_err("the sealed object's template"))?;
-        let data = SensitiveData::try_from(key.as_bytes().to_vec()).map_err(tpm_err("the key to seal"))?;
-        let session = self.session(primary, SessionType::Hmac)?;
-        // The parent's authValue is empty; the session encrypts the sensitive part (PIN-derived
-        // authValue and the key) on its way in.
-        let created = self
-            .ctx
-            .execute_with_session(Some(session), |ctx| ctx.create(primary, public, Some(auth), Some(data), None, None))
-            .map_err(tpm_err("to seal the key"))?;
-        let public = created.out_public.marshall().map_err(tpm_err("to encode the sealed object"))?;
-        Ok(SealedKey { public, private: created.out_private.value().to_vec(), pcrs: pcrs.clone(), pin: pin_kdf })
+        let req = Request::Seal { key: WireSecret::new(key.as_bytes()), auth, pcrs: pcrs.clone() };
+        match call(&mut self.s, &req)? {
+            Reply::Sealed { public, private } => Ok(SealedKey { public, private, pcrs: pcrs.clone(), pin: pin_kdf }),
+            _ => Err(unexpected()),
+        }
     }
 
     /// Gives back the sealed key. A wrong PIN costs exactly one try of the TPM's lockout; this
@@ -692,58 +630,19 @@ impl Tpm {
             (None, _) => None,
         };
         let auth = auth_value(pin, sealed.pin.as_ref())?;
-        let public = Public::unmarshall(&sealed.public).map_err(|e| Tpm2Error::Corrupt(format!("public part: {e}")))?;
-        let private =
-            Private::try_from(sealed.private.clone()).map_err(|e| Tpm2Error::Corrupt(format!("private part: {e}")))?;
-        let primary = self.primary()?;
-        let object =
-            self.ctx.execute_with_nullauth_session(|ctx| ctx.load(primary, private, public)).map_err(
-                |e| match tpm_rc(&e).map(rc_base) {
-                    Some(TPM_RC_INTEGRITY) => Tpm2Error::ForeignBlob,
-                    Some(TPM_RC_LOCKOUT) => Tpm2Error::Lockout { recovery_time_s: None },
-                    Some(_) => Tpm2Error::Corrupt(format!("the TPM rejected it: {e}")),
-                    None => tpm_err("to load the sealed key")(e),
-                },
-            )?;
-        let object: ObjectHandle = object.into();
-        self.ctx.tr_set_auth(object, auth).map_err(tpm_err("to set the PIN"))?;
-        let session = if sealed.pcrs.is_empty() {
-            self.session(primary, SessionType::Hmac)?
-        } else {
-            let s = self.session(primary, SessionType::Policy)?;
-            self.run_policy(s, &sealed.pcrs, sealed.pin.is_some())?;
-            s
-        };
-        let out = self.ctx.execute_with_session(Some(session), |ctx| ctx.unseal(object));
-        let data = match out {
-            Ok(d) => d,
-            Err(e) => {
-                return Err(match tpm_rc(&e).map(rc_base) {
-                    Some(TPM_RC_AUTH_FAIL | TPM_RC_BAD_AUTH) => {
-                        Tpm2Error::WrongPin { tries_left: self.da_status().ok().map(|s| s.tries_left()) }
-                    }
-                    Some(TPM_RC_LOCKOUT) => {
-                        Tpm2Error::Lockout { recovery_time_s: self.da_status().ok().map(|s| s.recovery_time_s) }
-                    }
-                    Some(TPM_RC_POLICY_FAIL) => Tpm2Error::PcrMismatch { pcrs: sealed.pcrs.clone() },
-                    _ => tpm_err("to unseal the key")(e),
-                })
-            }
-        };
-        if data.value().len() != PROTECTOR_KEY_LEN {
-            return Err(Tpm2Error::Corrupt(format!("unsealed {} bytes, expected {PROTECTOR_KEY_LEN}", data.len())));
+        match call(&mut self.s, &Request::Unseal { sealed: sealed.clone(), auth })? {
+            Reply::Key(k) => ProtectorKey::from_slice(k.as_bytes())
+                .ok_or(Tpm2Error::Corrupt(format!("unsealed key is not {PROTECTOR_KEY_LEN} bytes"))),
+            _ => Err(unexpected()),
         }
-        ProtectorKey::from_slice(data.value())
-            .ok_or(Tpm2Error::Corrupt(format!("unsealed key is not {PROTECTOR_KEY_LEN} bytes")))
     }
 }
 
-/// The sealed object's authValue: Argon2id(PIN, salt), or empty without a PIN.
-fn auth_value(pin: Option<&Passphrase>, kdf: Option<&PinKdf>) -> Result<Auth, Tpm2Error> {
-    let (Some(pin), Some(kdf)) = (pin, kdf) else { return Ok(Auth::default()) };
+/// The sealed object's authValue: Argon2id(PIN, salt), or none (empty) without a PIN.
+fn auth_value(pin: Option<&Passphrase>, kdf: Option<&PinKdf>) -> Result<Option<WireSecret>, Tpm2Error> {
+    let (Some(pin), Some(kdf)) = (pin, kdf) else { return Ok(None) };
     let bytes = kdf::derive_bytes(pin, &kdf.salt, kdf.argon2)?;
-    // 32 bytes = the SHA-256 name algorithm's digest size, the most an authValue may hold.
-    Auth::try_from(bytes.to_vec()).map_err(|e| Tpm2Error::Tpm { action: "the PIN's authValue", rc: e.to_string() })
+    Ok(Some(WireSecret::new(&bytes[..])))
 }
 
 /// Owns the TPM's lockout hierarchy: sets the dictionary-attack parameters `p`, then gives the
@@ -751,58 +650,18 @@ fn auth_value(pin: Option<&Passphrase>, kdf: Option<&PinKdf>) -> Result<Auth, Tp
 /// TPM's recovery time) undoes wrong PINs. Refuses ([`Tpm2Error::LockoutOwned`]) when the
 /// hierarchy already has a password: its owner keeps it, and the protection already holds.
 pub fn setup(tcti: &Tcti, p: DaParameters, code: &ResetCode) -> Result<(), Tpm2Error> {
-    if Tpm::open(tcti)?.da_status()?.lockout_owned {
-        return Err(Tpm2Error::LockoutOwned);
-    }
-    da_command(
-        tcti,
-        &[],
-        DaCommand::Parameters {
-            max_tries: p.max_tries,
-            recovery_time: p.recovery_time_s,
-            lockout_recovery: p.lockout_recovery_s,
-        },
-    )?;
-    let mut tpm = Tpm::open(tcti)?;
-    let auth = Auth::try_from(code.auth().to_vec()).map_err(tpm_err("the reset code"))?;
-    // A salted session that encrypts parameters: the new password does not cross the bus in clear.
-    let primary = tpm.primary()?;
-    let session = tpm.session(primary, SessionType::Hmac)?;
-    tpm.ctx
-        .execute_with_session(Some(session), |ctx| ctx.hierarchy_change_auth(AuthHandle::Lockout, auth))
-        .map_err(tpm_err("to set the lockout hierarchy's password"))
+    once(&Request::Setup { tcti: tcti.clone(), params: p, code: code.wire() })
 }
 
 /// Changes the dictionary-attack parameters of a TPM whose lockout is owned, with its reset code.
 pub fn set_da_parameters(tcti: &Tcti, code: &ResetCode, p: DaParameters) -> Result<(), Tpm2Error> {
-    let cmd = DaCommand::Parameters {
-        max_tries: p.max_tries,
-        recovery_time: p.recovery_time_s,
-        lockout_recovery: p.lockout_recovery_s,
-    };
-    da_command(tcti, code.auth(), cmd)
+    once(&Request::SetDaParameters { tcti: tcti.clone(), code: code.wire(), params: p })
 }
 
 /// Forgets every counted failure (`TPM2_DictionaryAttackLockReset`). Needs the reset code when
 /// the lockout is owned (`None`: a lockout with no password, which anyone can reset).
 pub fn reset_lockout(tcti: &Tcti, code: Option<&ResetCode>) -> Result<(), Tpm2Error> {
-    // An empty password tried on an owned hierarchy would block it for its recovery time.
-    if code.is_none() && Tpm::open(tcti)?.da_status()?.lockout_owned {
-        return Err(Tpm2Error::ResetCodeNeeded);
-    }
-    da_command(tcti, code.map_or(&[][..], ResetCode::auth), DaCommand::LockReset)
-}
-
-fn da_command(tcti: &Tcti, auth: &[u8], cmd: DaCommand) -> Result<(), Tpm2Error> {
-    let name = CString::try_from(tcti.conf()).map_err(|_| Tpm2Error::BadTcti(tcti.0.clone()))?;
-    let recovery = || Tpm::open(tcti).and_then(|mut t| t.da_status()).ok().map(|s| s.lockout_recovery_s);
-    // One connection at a time: a TPM without a resource manager (swtpm) serves one client.
-    dictionary_attack(&name, auth, cmd).map_err(|rc| match (rc >> 16 == 0).then(|| rc_base(rc)) {
-        Some(TPM_RC_LOCKOUT) => Tpm2Error::LockoutHierarchyBlocked { lockout_recovery_s: recovery() },
-        Some(TPM_RC_AUTH_FAIL | TPM_RC_BAD_AUTH) if auth.is_empty() => Tpm2Error::ResetCodeNeeded,
-        Some(TPM_RC_AUTH_FAIL | TPM_RC_BAD_AUTH) => Tpm2Error::WrongResetCode { lockout_recovery_s: recovery() },
-        _ => Tpm2Error::Tpm { action: "the dictionary-attack command", rc: format!("TSS2 response code {rc:#x}") },
-    })
+    once(&Request::ResetLockout { tcti: tcti.clone(), code: code.map(ResetCode::wire) })
 }
 
 /// Whether the TPM's lockout is owned; the check before a PIN is trusted to guard a key.
@@ -836,16 +695,6 @@ mod tests {
         for bad in ["", "bogus:x", "swtpm:port=notanumber"] {
             assert!(bad.parse::<Tcti>().is_err(), "{bad}");
         }
-    }
-
-    #[test]
-    fn response_codes_lose_their_handle_numbers() {
-        // AUTH_FAIL on session 1 (0x98e) and LOCKOUT.
-        assert_eq!(rc_base(0x98e), TPM_RC_AUTH_FAIL);
-        assert_eq!(rc_base(0x9a2), TPM_RC_BAD_AUTH);
-        assert_eq!(rc_base(0x921), TPM_RC_LOCKOUT);
-        assert_eq!(rc_base(0x99d), TPM_RC_POLICY_FAIL);
-        assert_eq!(rc_base(0x1df), TPM_RC_INTEGRITY);
     }
 
     #[test]

@@ -20,6 +20,19 @@ fn list_users(users: &[ProcessUse]) -> String {
     s.join("; ")
 }
 
+/// What to do after an I/O error. A full filesystem (or a used-up quota) is said so: "fix the
+/// cause" does not tell the user that the remedy is freeing space there (the path before it names
+/// the filesystem; the journal or work dir there is as after a crash).
+fn io_next_step(e: &io::Error) -> &'static str {
+    use rustix::io::Errno;
+    match e.raw_os_error() {
+        Some(n) if n == Errno::NOSPC.raw_os_error() || n == Errno::DQUOT.raw_os_error() => {
+            "the filesystem it is on is full: free some space on it and run the same command again"
+        }
+        _ => "fix the cause and run the same command again",
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum MigrateError {
     #[error("cannot use {}: {source}; check that the directory exists", path.display())]
@@ -92,7 +105,7 @@ pub enum MigrateError {
     Interrupted { state: State },
     #[error("cannot {op} a conversion that is {state}: {hint}")]
     WrongState { op: &'static str, state: State, hint: &'static str },
-    #[error("{what} {} failed: {source}; fix the cause and run the same command again", path.display())]
+    #[error("{what} {} failed: {source}; {}", path.display(), io_next_step(source))]
     Io { what: &'static str, path: PathBuf, source: io::Error },
     #[error("internal error: {0}; please report this bug")]
     Internal(&'static str),
@@ -131,4 +144,30 @@ pub(crate) fn other_direction(j: &Journal) -> MigrateError {
         crate::Direction::Decrypt => crate::Direction::Encrypt,
     };
     MigrateError::OtherDirection { path: j.source.0.clone(), running: j.direction.command(), asked: asked.command() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::MigrateError;
+    use std::io;
+    use std::path::PathBuf;
+
+    /// ENOSPC while writing the journal (the VM harness fills the filesystem at each phase): the
+    /// message says to free space on that filesystem, not just "fix the cause".
+    #[test]
+    fn a_full_filesystem_says_to_free_space() {
+        let io_error = |errno| MigrateError::Io {
+            what: "writing the journal",
+            path: PathBuf::from("/home/.dirseal/convert/1/journal.json"),
+            source: io::Error::from_raw_os_error(errno),
+        };
+        for errno in [rustix::io::Errno::NOSPC, rustix::io::Errno::DQUOT] {
+            let msg = io_error(errno.raw_os_error()).to_string();
+            assert!(msg.contains("/home/.dirseal/convert/1/journal.json"), "{msg}");
+            assert!(msg.contains("full: free some space on it and run the same command again"), "{msg}");
+        }
+        let msg = io_error(rustix::io::Errno::IO.raw_os_error()).to_string();
+        assert!(msg.ends_with("fix the cause and run the same command again"), "{msg}");
+        assert!(!msg.contains("free some space"), "{msg}");
+    }
 }

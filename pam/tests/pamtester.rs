@@ -1312,3 +1312,61 @@ fn after_a_decrypt_the_user_logs_in_by_password_and_the_module_leaves_the_home_a
     assert!(!ok(&pamtester(&svc, &u.name, &["authenticate"], "not-it\n", &[])));
     assert!(ds.keystore().policies().unwrap().is_empty(), "no record was made at login");
 }
+
+/// The TPM and FIDO2 libraries (sonames): only the helpers `dirseal-tpm2` and `dirseal-fido2`
+/// link them, never the module (issue 29, docs/architecture.md "Hardware helpers").
+const HARDWARE: &[&str] = &["libtss2-", "libfido2.so", "libcbor.so", "libudev.so"];
+
+/// Every library the dynamic loader loaded for a run (`LD_DEBUG=files`: at start and by dlopen).
+fn loaded_libraries(stderr: &[u8]) -> Vec<String> {
+    String::from_utf8_lossy(stderr)
+        .lines()
+        .filter_map(|l| l.split("file=").nth(1))
+        .filter_map(|rest| rest.split_whitespace().next())
+        .map(str::to_string)
+        .collect()
+}
+
+/// The file behind `soname` as the system's loader cache resolves it, symlinks followed.
+fn system_library(soname: &str) -> PathBuf {
+    let cache = Command::new("ldconfig").arg("-p").output().expect("ldconfig -p");
+    let text = String::from_utf8_lossy(&cache.stdout);
+    let path = text
+        .lines()
+        .find_map(|l| {
+            let (name, rest) = l.trim().split_once(' ')?;
+            (name == soname).then(|| rest.rsplit(" => ").next().map(str::to_string)).flatten()
+        })
+        .unwrap_or_else(|| panic!("{soname} is not installed here"));
+    fs::canonicalize(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+#[test]
+fn a_password_login_loads_no_tpm_or_fido2_library_and_works_without_them() {
+    dirseal_testfs::needs_root!();
+    let mut s = Setup::new();
+    let u = in_step_user(&s, "maps-Password-1");
+    let svc = s.service(&shipped_stack());
+    let ops = ["authenticate", "open_session", "close_session"];
+    let o = pamtester(&svc, &u.name, &ops, "maps-Password-1\n", &[("LD_DEBUG", "files")]);
+    assert!(ok(&o), "{}", show(&o));
+    let libs = loaded_libraries(&o.stderr);
+    assert!(libs.iter().any(|l| l.ends_with("libpam_dirseal.so")), "the module must be among the loads: {libs:?}");
+    let hw: Vec<_> = libs.iter().filter(|l| HARDWARE.iter().any(|h| l.contains(h))).collect();
+    assert!(hw.is_empty(), "a password login loaded {hw:?}");
+
+    // On a machine without the libraries (a mount namespace where they are empty files), the
+    // same login unlocks the home.
+    let empty = s.etc.path().join("empty");
+    fs::write(&empty, b"").unwrap();
+    let mut script = String::from("set -e\n");
+    for lib in ["libtss2-esys.so.0", "libfido2.so.1"] {
+        script.push_str(&format!("mount --bind {} {}\n", empty.display(), system_library(lib).display()));
+    }
+    script.push_str("exec \"$@\"\n");
+    let mut c = Command::new("unshare");
+    c.args(["-m", "--propagation", "private", "sh", "-c", &script, "sh", "pamtester"]);
+    let o = run_pamtester(c, &svc, &u.name, &["authenticate", "open_session"], "maps-Password-1\n", &[]);
+    assert!(ok(&o), "{}", show(&o));
+    assert!(unlocked(&u), "the login must unlock the home without the TPM and FIDO2 libraries");
+}

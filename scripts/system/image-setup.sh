@@ -47,3 +47,5 @@ for u in apt-daily.timer apt-daily-upgrade.timer man-db.timer e2scrub_all.timer 
 done
 # Root logs in on the console of a debugging run (scripts/system-test.sh --cmd) without a password.
 chroot "$root" passwd -d root >/dev/null
+# The display manager (autologin scenario's image) starts when the scenario says, not at boot.
+rm -f "$root/etc/systemd/system/display-manager.service"

@@ -1,7 +1,7 @@
 # The scenarios of the system test (sourced by scripts/system/guest.sh, which provides step, fail,
 # check, $R, $B, $S, $W). They build on each other in this order: `install` first.
 # shellcheck shell=bash
-SCENARIOS="install activation login logout polkit demo uninstall deb"
+SCENARIOS="install activation login logout polkit demo autologin uninstall deb"
 
 PW_ALICE=alice-pw-1 PW_ALICE2=alice-pw-2 PW_BOB=bob-pw-1
 SSH_OPTS=(-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR -o ConnectTimeout=30)
@@ -149,7 +149,8 @@ after_scenario() { # STATUS
 snapshot() { # FILE: what the uninstall must restore (paths, types, modes; contents of config files)
   find / -xdev \( -path /proc -o -path /sys -o -path /run -o -path /tmp -o -path /var/tmp -o -path /var/log \
       -o -path /var/cache -o -path /var/lib/apt -o -path /var/lib/dpkg -o -path /var/lib/systemd -o -path /home \
-      -o -path /var/lib/dirseal -o -path /etc/dirseal -o -path /.dirseal -o -path /root -o -path /var/lib/polkit-1 \) -prune \
+      -o -path /var/lib/dirseal -o -path /etc/dirseal -o -path /.dirseal -o -path /root -o -path /var/lib/polkit-1 \
+      -o -path /var/lib/lightdm \) -prune \
       -o -printf '%y %m %u %p\n' | sort >"$1"
   find /etc -xdev -type f \( -path '/etc/pam.d/*' -o -path '/etc/ssh/*' -o -name '*.conf' \) -print0 |
     sort -z | xargs -0 sha256sum >>"$1"
@@ -316,6 +317,89 @@ gdbus call --system --dest org.dirseal.Dirseal1 --object-path /org/dirseal/Dirse
   grep -q "org.dirseal.Dirseal1.manage" "$W/out" || fail "the refusal does not name the polkit action: $(cat "$W/out")"
   grep -q "Access denied\|AccessDenied\|may act only" "$W/out" || fail "not an access refusal: $(cat "$W/out")"
   true
+}
+
+# A handheld that logs in automatically (docs/pam.md, "Handhelds: automatic login"): LightDM with
+# Xorg on the virtual VGA, configured in its main file (as Debian's comments show) to log kim in.
+# Each "boot" is the order systemd gives them: dirseal-autologin.service, then the display manager.
+AUTOLOGIN_PW=kim-pw-1
+sessions_of() { loginctl list-sessions --no-legend | awk -v u="$1" '$3 == u {print $1}'; }
+greeter_up() {
+  local s
+  for s in $(sessions_of lightdm); do
+    [ "$(loginctl show-session "$s" -p Class --value)" = greeter ] && return 0
+  done
+  return 1
+}
+kim_up() { [ -n "$(sessions_of kim)" ]; }
+wait_for() { # SECONDS CMD...: until CMD succeeds
+  local n=$1 i; shift
+  for ((i = 0; i < n; i++)); do "$@" && return 0; sleep 1; done
+  return 1
+}
+dm_boot() {
+  systemctl stop lightdm 2>/dev/null || true
+  loginctl terminate-user kim 2>/dev/null || true
+  wait_for 60 eval '! kim_up && [ -z "$(sessions_of lightdm)" ]' || fail "sessions left from the last start: $(loginctl list-sessions --no-legend)"
+  check "dirseal-autologin.service" systemctl restart dirseal-autologin.service
+  journalctl -u dirseal-autologin -b --no-pager -o cat | tail -3 >>"$R/autologin.log"
+  check "start lightdm" systemctl start lightdm
+}
+autologin_undo() {
+  systemctl stop lightdm 2>/dev/null || true
+  loginctl terminate-user kim 2>/dev/null || true
+  command -v dirseal >/dev/null && dirseal autologin clear || true
+  [ ! -f "$W/lightdm.conf.orig" ] || cp "$W/lightdm.conf.orig" /etc/lightdm/lightdm.conf
+  rm -f /usr/share/xsessions/dirseal-test.desktop
+  rmdir /usr/share/xsessions 2>/dev/null || true
+  wait_for 30 eval '! kim_up' || true
+  [ "$(home_key kim 2>/dev/null)" != unlocked ] || dirseal lock /home/kim || true
+}
+scenario_autologin() {
+  local t0; t0=$(date +%s)
+  trap autologin_undo EXIT
+  step "kim: a home encrypted from birth, a password protector"
+  id kim >/dev/null 2>&1 || useradd -M -s /bin/bash kim
+  echo "kim:$AUTOLOGIN_PW" | chpasswd
+  [ -d /home/kim ] || check "home create" sh -c "echo '$AUTOLOGIN_PW' | dirseal home create kim --no-recovery-key"
+  [ -f "$W/lightdm.conf.orig" ] || cp /etc/lightdm/lightdm.conf "$W/lightdm.conf.orig"
+  sed -i 's/^#autologin-user=$/autologin-user=kim/; s/^#autologin-user-timeout=0$/autologin-user-timeout=0/; s/^#autologin-session=$/autologin-session=dirseal-test/' /etc/lightdm/lightdm.conf
+  grep -qx 'autologin-user=kim' /etc/lightdm/lightdm.conf || fail "no autologin-user line to set in lightdm.conf: $(grep -n autologin /etc/lightdm/lightdm.conf | head -5)"
+  # The session: nothing to draw, it only has to run (as the game client would).
+  mkdir -p /usr/share/xsessions
+  printf '[Desktop Entry]\nName=dirseal test\nExec=/usr/bin/sleep infinity\n' >/usr/share/xsessions/dirseal-test.desktop
+  dirseal lock /home/kim >/dev/null 2>&1 || true
+
+  step "(b) only a password: the greeter, no session on the locked home"
+  dirseal autologin status >"$W/out" 2>&1; grep -q "next boot: 2" "$W/out" || fail "status does not say 2: $(cat "$W/out")"
+  dm_boot
+  wait_for 240 greeter_up || fail "no greeter session within 240 s: $(loginctl list-sessions --no-legend | tr '\n' ';')"
+  step "greeter up after $(( $(date +%s) - t0 )) s"
+  # The autologin would have come at once (timeout 0); give it time to show up if it were going to.
+  sleep 10
+  ! kim_up || fail "kim's session started on a locked home"
+  [ "$(home_key kim)" = locked ] || fail "kim's home is $(home_key kim)"
+  grep -qx 'autologin-user=' /etc/lightdm/lightdm.conf || fail "lightdm does not read autologin off: $(grep -n autologin /etc/lightdm/lightdm.conf | head -3)"
+  cmp -s "$W/lightdm.conf.orig" /etc/lightdm/lightdm.conf && fail "the copy is not mounted"
+  step "a login through the greeter's PAM service (pamtester lightdm) unlocks it"
+  check "pamtester lightdm" sh -c "echo '$AUTOLOGIN_PW' | pamtester lightdm kim authenticate open_session"
+  [ "$(home_key kim)" = unlocked ] || fail "the greeter's login left kim's home $(home_key kim)"
+  dirseal lock /home/kim >/dev/null
+
+  step "(a) a TPM protector without PIN bound to PCR 7: the autologin session runs on the open home"
+  check "add-protector tpm2" sh -c "echo '$AUTOLOGIN_PW' | dirseal policy add-protector /home/kim --protector-type tpm2 --no-pin --pcr 7 --protector-name kim-boot --user kim"
+  [ "$(home_key kim)" = locked ] || fail "kim's home is $(home_key kim) before the boot"
+  dirseal autologin status >"$W/out" 2>&1; grep -q "next boot: 1" "$W/out" || fail "status does not say 1: $(cat "$W/out")"
+  dm_boot
+  wait_for 240 kim_up || fail "no session of kim within 240 s: $(loginctl list-sessions --no-legend | tr '\n' ';')"
+  [ "$(home_key kim)" = unlocked ] || fail "kim's session runs on a home that is $(home_key kim)"
+  local s; s=$(sessions_of kim | head -1)
+  loginctl show-session "$s" -p Class -p State -p Service >"$W/out"
+  grep -qx 'Class=user' "$W/out" && grep -qx 'Service=lightdm-autologin' "$W/out" || fail "kim's session: $(tr '\n' ' ' <"$W/out")"
+  grep -qx 'autologin-user=kim' /etc/lightdm/lightdm.conf || fail "autologin is still off"
+  journalctl -u dirseal-autologin -b --no-pager -o cat | grep -q "opened with protector kim-boot" ||
+    fail "the unit's log does not say the TPM opened it: $(journalctl -u dirseal-autologin -b --no-pager -o cat | tail -3)"
+  step "autologin: $(( $(date +%s) - t0 )) s"
 }
 
 scenario_uninstall() {

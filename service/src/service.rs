@@ -173,11 +173,18 @@ pub struct Status {
     /// "locked", "unlocked", "partially-locked"; empty when not encrypted.
     key: String,
     managed: bool,
+    /// For a portable directory, where its records are on its medium; empty otherwise.
+    portable: String,
     protectors: Vec<ProtectorInfo>,
     problems: Vec<String>,
+    /// Works, but should be known (a local record shadowed by the medium's, a weak TPM PIN).
+    warnings: Vec<String>,
     recovery_key: bool,
     /// State of a recorded conversion ("copying", "done", ...); empty when none.
     conversion: String,
+    /// When the directory is the home of a display manager's autologin user: `MANAGER:CASE`
+    /// ("sddm:1", "lightdm:2", "gdm:3"), what the next boot does (docs/pam.md); empty otherwise.
+    autologin: String,
 }
 
 #[derive(SerializeDict, Type)]
@@ -459,6 +466,18 @@ fn valid<T, E: Into<Error>>(r: std::result::Result<T, E>) -> Result<bool> {
     }
 }
 
+/// GetStatus's `autologin`: the display managers that log in the user whose home `path` is, each
+/// with the case of the next boot; a configuration that cannot be read says nothing.
+fn autologin_of(ds: &dirseal::Dirseal, path: &std::path::Path) -> String {
+    let Ok(list) = ds.autologin_status(std::path::Path::new("/")) else { return String::new() };
+    let here = std::fs::canonicalize(path).ok();
+    list.iter()
+        .filter(|s| s.home.as_deref().and_then(|h| std::fs::canonicalize(h).ok()) == here && here.is_some())
+        .map(|s| format!("{}:{}", s.configured.manager.name(), s.next_boot))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 #[interface(name = "org.dirseal.Dirseal1")]
 impl Service {
     /// Encryption state of a directory, its key status, protectors, recovery key and conversion.
@@ -479,10 +498,13 @@ impl Service {
                 policy: st.policy.map(|p| p.to_string()).unwrap_or_default(),
                 key: st.key.unwrap_or_default().to_string(),
                 managed: st.managed,
+                portable: st.portable.map(|p| p.display().to_string()).unwrap_or_default(),
                 protectors: st.protectors.iter().map(|p| ProtectorInfo::of(p, None)).collect(),
                 problems: st.problems,
+                warnings: st.warnings,
                 recovery_key,
                 conversion,
+                autologin: autologin_of(&ds, &path),
             })
         })
         .await

@@ -698,6 +698,70 @@ fn a_conversion_survives_its_client_and_resumes_after_the_service_is_killed_mid_
     h.ok(Some(&alice), "Unlock", &[s(alice.home_str()), s(""), fd(3)], &[(3, "pw-a")]);
 }
 
+#[test]
+fn a_portable_directory_opens_over_dbus_with_the_service_keystore_empty() {
+    if !root_only() {
+        return;
+    }
+    use dirseal::ops::{NewProtector, Pick, ProtectorChoice};
+    use dirseal::protector::{KindOptions, NewKind};
+    // The user's security key, which travels with them: this machine's service is told where it is.
+    let keydir = tempfile::tempdir().unwrap();
+    let sock = keydir.path().join("key.sock");
+    let key = dirseal_softfido::SoftFido::start(&sock, dirseal_softfido::Options::default()).unwrap();
+    let fido2 = format!("[fido2]\ntouch_timeout_secs = 3\nsocket_devices = [{sock:?}]\n");
+    let h = Harness::with_config(&fido2);
+    let alice = h.user();
+    // The user's directory at the top of the card (the service acts for users only below
+    // root-owned directories).
+    let games = alice.home.clone();
+
+    // Made on another machine (its own config and keystore), the card then brought here.
+    let other = tempfile::tempdir().unwrap();
+    std::fs::write(other.path().join("config.toml"), format!("{}{fido2}", support::FAST_CONFIG)).unwrap();
+    let mut ds = dirseal::Dirseal::open(&other.path().join("config.toml"), Some(&other.path().join("ks"))).unwrap();
+    let kind = NewKind::named("password", KindOptions::new(Vec::new())).unwrap();
+    let choice = ProtectorChoice::New(NewProtector { name: &alice.name, uid: Some(alice.uid), kind });
+    let mut ui = dirseal_testfs::ui::Scripted::new(&["pw-card", "pw-card"]);
+    let (policy, _) = ds.encrypt_portable(&games, choice, &mut ui).unwrap();
+    let kind = NewKind::named("fido2", KindOptions::new(Vec::new())).unwrap();
+    let choice = ProtectorChoice::New(NewProtector { name: "yubi", uid: Some(alice.uid), kind });
+    ds.add_protector_to(&policy, Pick::default(), choice, &mut dirseal_testfs::ui::Scripted::new(&["pw-card"]))
+        .unwrap();
+    write_as_root(&games.join("save.dat"), b"level 9");
+    assert!(ds.lock(&games, false).unwrap().locked);
+    assert_eq!(
+        h.fs.path().join(".dirseal/portable/policies").read_dir().unwrap().count(),
+        1,
+        "the record is on the card"
+    );
+
+    let r = h.ok(Some(&alice), "GetStatus", &[s(games.to_str().unwrap())], &[]);
+    assert!(r.contains("'managed': <true>") && r.contains(".dirseal/portable'>") && r.contains("'locked'"), "{r}");
+    // On insertion: a touch comes first, the secret passed is never used (docs/portable.md).
+    let touches = key.touches();
+    h.ok(Some(&alice), "Unlock", &[s(games.to_str().unwrap()), s(""), fd(3)], &[(3, "not-the-password")]);
+    assert_eq!(key.touches(), touches + 1);
+    assert_eq!(std::fs::read(games.join("save.dat")).unwrap(), b"level 9");
+    h.ok(Some(&alice), "Lock", &[s(games.to_str().unwrap()), "false".into()], &[]);
+    // Without the key, the password.
+    drop(key);
+    h.fails(
+        Some(&alice),
+        "Unlock",
+        &[s(games.to_str().unwrap()), s(""), fd(3)],
+        &[(3, "nope")],
+        "org.dirseal.Dirseal1.Error.IncorrectSecret",
+    );
+    h.ok(Some(&alice), "Unlock", &[s(games.to_str().unwrap()), s(""), fd(3)], &[(3, "pw-card")]);
+    assert_eq!(std::fs::read(games.join("save.dat")).unwrap(), b"level 9");
+    let r = h.ok(Some(&alice), "Lock", &[s(games.to_str().unwrap()), "false".into()], &[]);
+    assert!(r.contains("'locked': <true>"), "{r}");
+    assert!(!games.join("save.dat").exists());
+    let policies = std::fs::read_dir(h.keystore().join("policies")).map(|d| d.count()).unwrap_or(0);
+    assert_eq!(policies, 0, "the service's keystore holds nothing of the card");
+}
+
 /// Decrypt over D-Bus: a converted home comes back to plaintext as a job with Convert's
 /// signals; only root (or polkit's decrypt-own action, absent here) may ask for it, and
 /// PlanDecrypt answers in PlanConvert's shape first.

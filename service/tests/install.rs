@@ -88,6 +88,8 @@ fn install_lays_out_every_file_and_uninstall_restores_the_tree() {
     let mut expected: Vec<(String, u32)> = vec![
         ("usr/sbin/dirseal".into(), 0o755),
         ("usr/libexec/dirsealed".into(), 0o755),
+        ("usr/libexec/dirseal-tpm2".into(), 0o755),
+        ("usr/libexec/dirseal-fido2".into(), 0o755),
         (format!("usr/lib/{ma}/security/pam_dirseal.so"), 0o644),
         ("usr/share/pam-configs/dirseal".into(), 0o644),
         ("usr/share/pam-configs/dirseal-pin".into(), 0o644),
@@ -97,6 +99,9 @@ fn install_lays_out_every_file_and_uninstall_restores_the_tree() {
         ("usr/share/dbus-1/interfaces/org.dirseal.Dirseal1.xml".into(), 0o644),
         ("usr/share/polkit-1/actions/org.dirseal.Dirseal1.policy".into(), 0o644),
         ("usr/lib/systemd/system/dirsealed.service".into(), 0o644),
+        ("usr/lib/systemd/system/dirseal-autologin.service".into(), 0o644),
+        // The unit's enable link (a symlink: its mode is 0777).
+        ("etc/systemd/system/graphical.target.wants/dirseal-autologin.service".into(), 0o777),
         ("usr/share/bash-completion/completions/dirseal".into(), 0o644),
         ("usr/share/zsh/vendor-completions/_dirseal".into(), 0o644),
         ("usr/share/fish/vendor_completions.d/dirseal.fish".into(), 0o644),
@@ -106,7 +111,9 @@ fn install_lays_out_every_file_and_uninstall_restores_the_tree() {
         ("etc/dirseal/".into(), 0o700),
     ];
     for m in man_pages() {
-        expected.push((format!("usr/share/man/man1/{m}"), 0o644));
+        // A page's section is its file's extension: dirsealed.8 goes to man8.
+        let section = m.rsplit('.').next().unwrap_or("1");
+        expected.push((format!("usr/share/man/man{section}/{m}"), 0o644));
     }
     expected.sort();
     let files: Vec<(String, u32)> =

@@ -1,5 +1,6 @@
 //! `dirseal convert`: flags to [`dirseal::convert`]'s plan and run, a progress bar (or JSON
 //! lines), and clean stops on SIGINT/SIGTERM.
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -30,6 +31,10 @@ pub struct ConvertArgs {
     /// Do not ask for confirmation
     #[arg(long, short = 'y')]
     yes: bool,
+    /// Keep the directory's records on its own filesystem (removable media) so that it opens on
+    /// any machine with its password or security key; a TPM protector cannot be its only one
+    #[arg(long)]
+    portable: bool,
     /// Keep the old plaintext until `--commit` (or restore it with `--rollback`)
     #[arg(long)]
     keep_backup: bool,
@@ -128,17 +133,25 @@ pub(super) fn status_out(v: &StatusView) -> StatusOut<'_> {
     }
 }
 
+/// `convert --status [DIR]`: reads the work dirs only, so it runs before (and without) the
+/// keystore, which a look at the state must never create.
+pub fn status_only(args: &ConvertArgs) -> Option<Result<i32>> {
+    if !args.status {
+        return None;
+    }
+    Some(match &args.dir {
+        None => status_all(args.json),
+        Some(dir) => convert::absolute(dir)
+            .map_err(anyhow::Error::from)
+            .and_then(|abs| show_status(&abs, convert::status(&abs)?.as_ref(), args.json)),
+    })
+}
+
 pub fn run(ds: &mut Dirseal, args: ConvertArgs, ui: &mut TermUi) -> Result<i32> {
     let Some(dir) = args.dir.clone() else {
-        if args.status {
-            return status_all(args.json);
-        }
         bail!("name the directory to convert: `dirseal convert DIR`");
     };
     let abs = convert::absolute(&dir)?;
-    if args.status {
-        return show_status(&abs, convert::status(&abs)?.as_ref(), args.json);
-    }
 
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
@@ -170,7 +183,10 @@ pub fn run(ds: &mut Dirseal, args: ConvertArgs, ui: &mut TermUi) -> Result<i32> 
             threads: args.threads.unwrap_or(0),
             // --yes asks nothing but secrets: no recovery key unless the flags say so.
             recovery_key: args.recovery.decided().or(args.yes.then_some(false)),
-            estimate: true,
+            // The probe costs a few syncs: measured only when someone sees the estimate (the
+            // question's summary, a bar, --json), not for a script's `--yes`.
+            estimate: !args.yes || args.json || std::io::stderr().is_terminal(),
+            portable: args.portable,
             mode: match args.data_mode {
                 DataMode::Copy => convert::Mode::Copy,
                 DataMode::Move => convert::Mode::Move,
@@ -180,6 +196,10 @@ pub fn run(ds: &mut Dirseal, args: ConvertArgs, ui: &mut TermUi) -> Result<i32> 
         let plan = convert::plan(ds, &abs, options, &hooks)?;
         reporter.finish();
         summary = plan.summary();
+        // The estimate weighs a file as the probe measured it against the data rate.
+        if let Some(e) = summary.as_ref().and_then(|s| s.estimate.as_ref()) {
+            reporter.set_file_cost(e.write_bytes_per_sec.saturating_mul(e.micros_per_entry) / 1_000_000);
+        }
         if let (Some(s), true) = (&summary, args.json) {
             println!("{}", serde_json::to_string(&serde_json::json!({ "plan": s }))?);
         }

@@ -1,4 +1,5 @@
 //! The `dirseal` command line: thin glue from clap to [`dirseal::ops`].
+mod autologin;
 mod convert;
 mod decrypt;
 mod fido2;
@@ -62,6 +63,10 @@ enum Cmd {
         protector: ProtectorArgs,
         #[command(flatten)]
         recovery: recovery::RecoveryOffer,
+        /// Keep the directory's records on its own filesystem (removable media) so that it opens on
+        /// any machine with its password or security key; a TPM protector cannot be its only one
+        #[arg(long)]
+        portable: bool,
     },
     /// Encrypt a directory that already holds data, in place (resumable)
     Convert(convert::ConvertArgs),
@@ -119,6 +124,9 @@ enum Cmd {
     /// PIN-login accounts: log in with the TPM PIN alone, no password hash in /etc/shadow
     #[command(subcommand)]
     PinLogin(PinLoginCmd),
+    /// Display managers' automatic login onto an encrypted home (handhelds): check, status
+    #[command(subcommand)]
+    Autologin(autologin::AutologinCmd),
     /// Overwrite a filesystem's free space (old plaintext of deleted or converted files), then TRIM
     Scrub(scrub::ScrubArgs),
     /// Write shell completions and man pages into DIR
@@ -353,7 +361,12 @@ impl std::str::FromStr for ProtectorRef {
 }
 
 impl ProtectorRef {
+    /// An id is taken as it is: the operation looks its record up where the directory keeps it
+    /// (a portable directory's medium, which this machine's keystore does not know).
     fn id(&self, ds: &Dirseal) -> Result<ProtectorId> {
+        if let Ok(id) = self.0.parse::<ProtectorId>() {
+            return Ok(id);
+        }
         Ok(ds.protector_named(&self.0, None)?.id)
     }
 
@@ -446,6 +459,15 @@ fn run(cli: Cli) -> Result<i32> {
     if let Cmd::Fido2(cmd) = cli.cmd {
         return fido2::run(&dirseal::config::Config::load(&cli.config)?, cmd);
     }
+    if let Some(code) = match &cli.cmd {
+        Cmd::Convert(a) => convert::status_only(a),
+        _ => None,
+    } {
+        return code;
+    }
+    if let Cmd::Autologin(autologin::AutologinCmd::Clear { root }) = &cli.cmd {
+        return autologin::clear(root);
+    }
     // Commands that only read never create a keystore (a typo'd --keystore, or a status on a
     // machine that manages nothing, must leave no directory behind).
     let read_only = matches!(
@@ -456,6 +478,7 @@ fn run(cli: Cli) -> Result<i32> {
             | Cmd::Protector(ProtectorCmd::List { .. } | ProtectorCmd::Verify { .. })
             | Cmd::Policy(PolicyCmd::List { .. })
             | Cmd::Recovery(recovery::RecoveryCmd::Verify { .. })
+            | Cmd::Autologin(_)
     );
     let mut ds = if read_only {
         Dirseal::open_existing(&cli.config, cli.keystore.as_deref())?
@@ -474,13 +497,14 @@ fn run(cli: Cli) -> Result<i32> {
     match cli.cmd {
         Cmd::Status { dir: Some(dir), json } => status_dir(Some(&ds), &dir, json)?,
         Cmd::Status { dir: None, json } => overview(&ds, json)?,
-        Cmd::Encrypt { dir, protector, recovery: offer } => {
+        Cmd::Encrypt { dir, protector, recovery: offer, portable } => {
             let user = protector.user_or_owner(&dir)?;
             ui.login_user = user.as_ref().map(|u| u.name.clone());
             // Ask before anything is encrypted; the key is shown once the master key exists.
             let want_recovery = offer.wanted(&dir, &mut ui)?;
             let choice = protector.choice(&ds, &user)?;
-            let (policy, master) = ds.encrypt(&dir, choice, &mut ui)?;
+            let (policy, master) =
+                if portable { ds.encrypt_portable(&dir, choice, &mut ui)? } else { ds.encrypt(&dir, choice, &mut ui)? };
             if want_recovery {
                 recovery::create(&dir, &policy.id, &master, &mut ui)?;
             }
@@ -488,6 +512,7 @@ fn run(cli: Cli) -> Result<i32> {
         Cmd::Convert(args) => return convert::run(&mut ds, args, &mut ui),
         Cmd::Decrypt(args) => return decrypt::run(&mut ds, args, &mut ui),
         Cmd::Home(cmd) => return home::run(&mut ds, cmd, &mut ui),
+        Cmd::Autologin(cmd) => return autologin::run(&ds, cmd),
         Cmd::Unlock { dir, recovery: true, .. } => ds.unlock_with_recovery(&dir, &mut ui)?,
         Cmd::Unlock { dir, protector, recovery: false } => {
             let pick = ProtectorRef::pick(&protector, &ds)?;
@@ -495,8 +520,7 @@ fn run(cli: Cli) -> Result<i32> {
         }
         Cmd::Lock { dir, all_users, json } => return lock(&ds, &dir, all_users, json),
         Cmd::ChangePassword { dir, protector } => {
-            let rec = ds.protector_of_dir(&dir, ProtectorRef::pick(&protector, &ds)?)?;
-            let rec = ds.change_secret(&rec.id, &mut ui)?;
+            let rec = ds.change_dir_secret(&dir, ProtectorRef::pick(&protector, &ds)?, &mut ui)?;
             println!("changed the password of protector {} ({})", clean(&rec.name), rec.id);
         }
         Cmd::Protector(cmd) => protector(&mut ds, cmd, &mut ui)?,
@@ -530,7 +554,10 @@ fn run(cli: Cli) -> Result<i32> {
 fn unlock(ds: &mut Dirseal, dir: &Path, mut pick: Pick, ui: &mut TermUi) -> Result<()> {
     let tty = std::io::stdin().is_terminal();
     if tty && pick.protector.is_none() {
-        pick.protector = choose(ds, dir)?;
+        match choose(ds, dir, ui)? {
+            Chosen::Unlocked => return Ok(()),
+            Chosen::Ask(id) => pick.protector = id,
+        }
     }
     let tries = if tty { 3 } else { 1 };
     for n in 1..=tries {
@@ -544,23 +571,57 @@ fn unlock(ds: &mut Dirseal, dir: &Path, mut pick: Pick, ui: &mut TermUi) -> Resu
     unreachable!("the last try returns")
 }
 
-/// On a terminal, a directory that several protectors open offers them as a numbered menu (as
-/// `fscrypt unlock` does) instead of asking for `--protector`. `None`: one protector, or none
-/// usable (the library then says which).
-fn choose(ds: &Dirseal, dir: &Path) -> Result<Option<ProtectorId>> {
+/// What the terminal's choice of protector came to.
+enum Chosen {
+    /// A protector that needs nothing typed opened the directory.
+    Unlocked,
+    /// The protector whose secret to ask (`None`: let the library pick, or say why it cannot).
+    Ask(Option<ProtectorId>),
+}
+
+/// On a terminal, a directory that several protectors open: those that need nothing typed (a TPM
+/// without PIN, then a security key's touch) are tried first; of the rest, one is asked for its
+/// secret and several are offered as a numbered menu (as `fscrypt unlock` does) instead of
+/// asking for `--protector`.
+fn choose(ds: &Dirseal, dir: &Path, ui: &mut TermUi) -> Result<Chosen> {
     let st = ds.dir_status(dir)?;
     if st.protectors.len() < 2 || st.key == Some("unlocked") {
-        return Ok(None);
+        return Ok(Chosen::Ask(None));
+    }
+    // A protector whose record cannot be read stays in the menu: choosing it names the problem.
+    let untyped = |p: &ProtectorSummary| ds.keystore().protector(&p.id).ok().map(|r| r.kind.ask());
+    let mut quiet: Vec<(&ProtectorSummary, bool)> =
+        st.protectors.iter().filter_map(|p| untyped(p).filter(|a| a.secret.is_none()).map(|a| (p, a.touch))).collect();
+    // No wait first: a TPM answers at once, a security key waits for a touch.
+    quiet.sort_by_key(|(_, touch)| *touch);
+    let mut last = None;
+    for (p, _) in &quiet {
+        match ds.unlock(dir, Pick { protector: Some(p.id) }, ui) {
+            Ok(()) => return Ok(Chosen::Unlocked),
+            Err(e @ OpsError::Ui(_)) => return Err(e.into()),
+            Err(e) => {
+                eprintln!("protector {} ({}) did not open it: {}", clean(&p.name), p.id, clean(&e.to_string()));
+                last = Some(e);
+            }
+        }
+    }
+    let typed: Vec<&ProtectorSummary> =
+        st.protectors.iter().filter(|p| !quiet.iter().any(|(q, _)| q.id == p.id)).collect();
+    match (typed.as_slice(), last) {
+        ([], Some(e)) => return Err(e.into()),
+        ([], None) => return Ok(Chosen::Ask(None)),
+        ([one], _) => return Ok(Chosen::Ask(Some(one.id))),
+        _ => {}
     }
     eprintln!("{} opens with any of:", clean(&dir.display().to_string()));
-    for (n, p) in st.protectors.iter().enumerate() {
+    for (n, p) in typed.iter().enumerate() {
         eprintln!("  {}) {}", n + 1, protector_line(p));
     }
     loop {
-        let answer = term::ask_visible(&format!("Which one (1-{})? ", st.protectors.len()))?;
+        let answer = term::ask_visible(&format!("Which one (1-{})? ", typed.len()))?;
         match answer.trim().parse::<usize>() {
-            Ok(n) if (1..=st.protectors.len()).contains(&n) => return Ok(Some(st.protectors[n - 1].id)),
-            _ => eprintln!("type a number from 1 to {}", st.protectors.len()),
+            Ok(n) if (1..=typed.len()).contains(&n) => return Ok(Chosen::Ask(Some(typed[n - 1].id))),
+            _ => eprintln!("type a number from 1 to {}", typed.len()),
         }
     }
 }
@@ -612,6 +673,9 @@ struct DirStatusOut {
     recovery_key: Option<bool>,
     /// Run by a user other than root: keystore facts and the recovery key are not shown.
     hidden: bool,
+    /// The display managers that log in the user whose home this is, and what the next boot does.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    autologin: Vec<dirseal::autologin::Status>,
 }
 
 /// `ds` is `None` for a user other than root: the keystore's facts (protectors, whether dirseal
@@ -629,7 +693,17 @@ fn status_dir(ds: Option<&Dirseal>, dir: &Path, json: bool) -> Result<()> {
         .encrypted_root
         .as_deref()
         .is_some_and(|top| dirseal::recovery::read_blob(top).is_ok_and(|b| b.is_some()));
-    let out = DirStatusOut { status, conversion, recovery_key: (!hidden).then_some(recovery_key), hidden };
+    let here = std::fs::canonicalize(dir).ok();
+    let autologin = match ds {
+        Some(ds) if here.is_some() => ds
+            .autologin_status(Path::new("/"))
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|s| s.home.as_deref().and_then(|h| std::fs::canonicalize(h).ok()) == here)
+            .collect(),
+        _ => Vec::new(),
+    };
+    let out = DirStatusOut { status, conversion, recovery_key: (!hidden).then_some(recovery_key), hidden, autologin };
     if json {
         return print_json(&out);
     }
@@ -652,17 +726,32 @@ fn status_dir(ds: Option<&Dirseal>, dir: &Path, json: bool) -> Result<()> {
                 "  managed:    {}",
                 match (hidden, s.managed) {
                     (true, _) => "hidden (the keystore is root's: `sudo dirseal status` shows protectors)",
+                    (false, true) if s.portable.is_some() => "yes, portable",
                     (false, true) => "yes",
                     (false, false) => "no (no policy record in the keystore)",
                 }
             );
         }
     }
+    if let Some(records) = &s.portable {
+        println!(
+            "  records:    on the medium, {} (it opens on any machine with dirseal)",
+            clean(&records.display().to_string())
+        );
+    }
     if !s.protectors.is_empty() {
         println!("  protectors:");
         for p in &s.protectors {
-            println!("    {}", protector_line(p));
+            let place = match (s.portable.is_some(), p.stored) {
+                (false, _) => "",
+                (true, "medium") => "  [on the medium: opens on any machine]",
+                (true, _) => "  [this machine's keystore: opens here only]",
+            };
+            println!("    {}{place}", protector_line(p));
         }
+    }
+    for id in &s.elsewhere {
+        println!("    {id}  kept on another machine (its keystore): does not open it here");
     }
     if s.encrypted {
         println!(
@@ -676,6 +765,13 @@ fn status_dir(ds: Option<&Dirseal>, dir: &Path, json: bool) -> Result<()> {
     }
     if let Some(v) = &view {
         println!("  conversion: {}", convert::status_text(v));
+    }
+    for a in &out.autologin {
+        println!(
+            "  autologin:  {} logs this user in; next boot {}",
+            a.configured.manager.name(),
+            clean(&a.next_boot_text)
+        );
     }
     for p in &s.problems {
         println!("  problem:    {}", clean(p));
@@ -733,6 +829,8 @@ struct Overview {
     policies: Vec<PolicyOut>,
     protectors: Vec<ProtectorOut>,
     problems: Vec<String>,
+    /// Display managers' autologins and what the next boot does with each (docs/pam.md).
+    autologin: Vec<dirseal::autologin::Status>,
 }
 
 fn overview_data(ds: &Dirseal) -> Result<Overview> {
@@ -765,7 +863,11 @@ fn overview_data(ds: &Dirseal) -> Result<Overview> {
             Err(e) => problems.push(e.to_string()),
         }
     }
-    Ok(Overview { keystore: ks.root().to_path_buf(), policies, protectors, problems })
+    let autologin = ds.autologin_status(Path::new("/")).unwrap_or_else(|e| {
+        problems.push(format!("autologin: {e}"));
+        Vec::new()
+    });
+    Ok(Overview { keystore: ks.root().to_path_buf(), policies, protectors, problems, autologin })
 }
 
 fn print_policies(o: &Overview) {
@@ -815,6 +917,10 @@ fn overview(ds: &Dirseal, json: bool) -> Result<()> {
     print_policies(&o);
     println!();
     print_protectors(&o);
+    if !o.autologin.is_empty() {
+        println!();
+        autologin::print_status(&o.autologin);
+    }
     print_problems(&o);
     Ok(())
 }
@@ -859,10 +965,12 @@ fn protector(ds: &mut Dirseal, cmd: ProtectorCmd, ui: &mut TermUi) -> Result<()>
     Ok(())
 }
 
-fn policy_id(ds: &Dirseal, t: &PolicyTarget) -> Result<KeyIdentifier> {
+/// The policy record a target names: a directory's (on its medium when it is portable), or the
+/// keystore's record of that id.
+fn policy_record(ds: &Dirseal, t: &PolicyTarget) -> Result<PolicyRecord> {
     match (&t.dir, t.policy) {
-        (_, Some(id)) => Ok(id),
-        (Some(dir), None) => Ok(ds.policy_of(dir)?.id),
+        (_, Some(id)) => Ok(ds.policy(&id)?),
+        (Some(dir), None) => Ok(ds.policy_of(dir)?),
         (None, None) => bail!("name the policy: give a DIR or --policy ID"),
     }
 }
@@ -883,17 +991,19 @@ fn policy(ds: &mut Dirseal, cmd: PolicyCmd, ui: &mut TermUi) -> Result<()> {
             print_problems(&o);
         }
         PolicyCmd::AddProtector { target, with, new } => {
-            let id = policy_id(ds, &target)?;
+            let policy = policy_record(ds, &target)?;
+            let id = policy.id;
             let user = new.user()?;
             let with = ProtectorRef::pick(&with, ds)?;
             let choice = new.choice(ds, &user)?;
-            let rec = ds.add_protector_to_policy(&id, with, choice, ui)?;
+            let rec = ds.add_protector_to(&policy, with, choice, ui)?;
             println!("protector {} ({}) now opens policy {id}", rec.id, clean(&rec.name));
         }
         PolicyCmd::RemoveProtector { target, protector } => {
-            let id = policy_id(ds, &target)?;
+            let policy = policy_record(ds, &target)?;
+            let id = policy.id;
             let protector = protector.id(ds)?;
-            ds.remove_protector_from_policy(&id, &protector)?;
+            ds.remove_protector_from(&policy, &protector)?;
             println!("protector {protector} no longer opens policy {id}");
         }
     }
@@ -910,5 +1020,18 @@ fn generate_docs(dir: &Path) -> Result<()> {
         clap_complete::generate_to(shell, &mut Cli::command(), "dirseal", &comp)?;
     }
     clap_mangen::generate_to(Cli::command(), &man)?;
+    // clap knows the options; what a reader needs besides them (examples, the files, what the
+    // encryption does and does not protect) is written by hand, as are the pages of the service
+    // and the PAM module, which have no clap definition here.
+    let top = man.join("dirseal.1");
+    let mut page = std::fs::read_to_string(&top).with_context(|| format!("reading {}", top.display()))?;
+    page.push_str(include_str!("man/dirseal-extra.roff"));
+    std::fs::write(&top, page).with_context(|| format!("writing {}", top.display()))?;
+    for (name, text) in
+        [("dirsealed.8", include_str!("man/dirsealed.8")), ("pam_dirseal.8", include_str!("man/pam_dirseal.8"))]
+    {
+        let path = man.join(name);
+        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+    }
     Ok(())
 }

@@ -3,15 +3,29 @@ use std::io::IsTerminal;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use indicatif::HumanBytes;
 use serde::Serialize;
 
 use dirseal::ui::{Eta, Progress};
 
+/// Resolution of the bar's position: it shows the estimate's fraction of the work (files and
+/// bytes), not bytes alone, so bar and ETA agree on a tail of small files.
+const STEPS: u64 = 10_000;
+
 /// Progress for humans (a bar on a terminal) or front ends (JSON lines, at most one per second).
 pub struct Reporter {
-    /// On a terminal: the bar while one is shown, and whether it is the counting-only style.
-    bar: Option<Mutex<Option<(indicatif::ProgressBar, bool)>>>,
+    bar: Option<Mutex<BarState>>,
     json: Option<Mutex<JsonState>>,
+}
+
+/// On a terminal: the bar while one is shown, whether it is the counting-only style, the phase
+/// it shows, and the estimate (one per phase).
+#[derive(Default)]
+struct BarState {
+    bar: Option<(indicatif::ProgressBar, bool)>,
+    phase: String,
+    eta: Eta,
+    file_cost: Option<u64>,
 }
 
 /// JSON lines: when the last went out, for which phase, and the estimate.
@@ -19,15 +33,32 @@ type JsonState = (Option<(Instant, String)>, Eta);
 
 fn style(counting: bool) -> indicatif::ProgressStyle {
     // Before the totals are known (the census walk) there is nothing to measure against: a
-    // spinner and a count, not a bar at 0 B/0 B.
-    let template = if counting {
-        "{spinner} {msg:10} {prefix}"
-    } else {
-        "{msg:10} [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta} {prefix}"
-    };
+    // spinner and a count, not a bar at 0 B/0 B. The bar takes what the terminal's width leaves
+    // (the text after it is at most 64 columns), so a line never wraps at 80 columns.
+    let template = if counting { "{spinner} {msg:10} {prefix}" } else { "{msg:10} [{wide_bar}] {prefix}" };
     indicatif::ProgressStyle::with_template(template)
         .map(|s| s.progress_chars("=> "))
         .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+}
+
+/// "ETA 42 s", "ETA 3 min", "ETA 1 h 5 min"; empty while unknown.
+fn eta_text(secs: i64) -> String {
+    match secs {
+        s if s < 0 => String::new(),
+        s @ 0..=59 => format!("  ETA {s} s"),
+        s @ 60..=3599 => format!("  ETA {} min", (s + 59) / 60),
+        s => format!("  ETA {} h {} min", s / 3600, (s % 3600) / 60),
+    }
+}
+
+/// The text after the bar: bytes, files and the estimate.
+fn counts(p: &Progress, eta: i64) -> String {
+    let mut out = format!("{}/{}", HumanBytes(p.bytes_done), HumanBytes(p.bytes_total));
+    if p.files_total > 0 {
+        out.push_str(&format!("  {}/{} files", p.files_done, p.files_total));
+    }
+    out.push_str(&eta_text(eta));
+    out
 }
 
 impl Reporter {
@@ -35,16 +66,39 @@ impl Reporter {
         if json {
             return Reporter { bar: None, json: Some(Mutex::default()) };
         }
-        let bar = std::io::stderr().is_terminal().then(|| Mutex::new(None));
+        let bar = std::io::stderr().is_terminal().then(|| Mutex::new(BarState::default()));
         Reporter { bar, json: None }
+    }
+
+    /// One file costs as much time as writing `bytes` (from the conversion's measured rates):
+    /// the estimates from here on weigh files so.
+    pub fn set_file_cost(&self, bytes: u64) {
+        if let Some(bar) = &self.bar {
+            let mut st = bar.lock().unwrap_or_else(|e| e.into_inner());
+            st.file_cost = Some(bytes);
+            st.eta = Eta::with_file_cost(bytes);
+        }
+        if let Some(json) = &self.json {
+            json.lock().unwrap_or_else(|e| e.into_inner()).1 = Eta::with_file_cost(bytes);
+        }
     }
 
     pub fn report(&self, p: &Progress) {
         if let Some(bar) = &self.bar {
-            let mut bar = bar.lock().unwrap_or_else(|e| e.into_inner());
+            let mut st = bar.lock().unwrap_or_else(|e| e.into_inner());
+            let st = &mut *st;
             let counting = p.bytes_total == 0 && p.files_total == 0;
-            let (b, was_counting) = bar.get_or_insert_with(|| {
-                let b = indicatif::ProgressBar::new(0);
+            // A new phase starts from zero with its own rate: a bar (and indicatif's clock)
+            // carried over from the copy would show the verification at the copy's end.
+            if st.phase != p.phase {
+                if let Some((b, _)) = st.bar.take() {
+                    b.finish_and_clear();
+                }
+                st.phase = p.phase.clone();
+                st.eta = st.file_cost.map(Eta::with_file_cost).unwrap_or_default();
+            }
+            let (b, was_counting) = st.bar.get_or_insert_with(|| {
+                let b = indicatif::ProgressBar::new(STEPS);
                 b.set_style(style(counting));
                 (b, counting)
             });
@@ -57,13 +111,9 @@ impl Reporter {
                 b.set_prefix(format!("{} entries", p.files_done));
                 b.tick();
             } else {
-                b.set_length(p.bytes_total);
-                b.set_position(p.bytes_done);
-                b.set_prefix(if p.files_total > 0 {
-                    format!("{}/{} files", p.files_done, p.files_total)
-                } else {
-                    String::new()
-                });
+                let eta = st.eta.seconds(p);
+                b.set_position((st.eta.fraction(p) * STEPS as f64) as u64);
+                b.set_prefix(counts(p, eta));
             }
         }
         if let Some(last) = &self.json {
@@ -97,9 +147,31 @@ impl Reporter {
     /// Removes the bar (before a question, or at the end); the next report starts a new one.
     pub fn finish(&self) {
         if let Some(bar) = &self.bar {
-            if let Some((b, _)) = bar.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let mut st = bar.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some((b, _)) = st.bar.take() {
                 b.finish_and_clear();
             }
+            st.phase.clear();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The widest text after the bar (a terabyte, millions of files, hours) still fits 80
+    /// columns: msg (10) + " [" + bar + "] " + this.
+    #[test]
+    fn the_text_after_the_bar_fits_80_columns() {
+        let p = Progress {
+            phase: "verifying".into(),
+            bytes_done: 1023 << 30,
+            bytes_total: 1023 << 30,
+            files_done: 9_999_999,
+            files_total: 9_999_999,
+        };
+        let text = counts(&p, 3 * 3600 + 59 * 60);
+        assert!(10 + 4 + text.chars().count() <= 78, "{} columns: {text}", text.len());
     }
 }

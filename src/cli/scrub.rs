@@ -85,11 +85,21 @@ pub fn scrub_and_report(path: &Path, opts: &scrub::Options, stop: &AtomicBool, j
 pub fn print_report(r: &Report) {
     let mp = clean(&r.mount_point.display().to_string());
     println!("free space of {mp} ({} on {}):", clean(&r.fstype), clean(&r.device));
+    // Distinct space and bytes written are two figures: the sweep rewrites space it released,
+    // so what was written can exceed the free space, while what was covered cannot.
     println!(
-        "  overwritten:     {} with random data, synced, then released ({} available again)",
-        HumanBytes(r.written),
+        "  overwritten:     {} of {} free, held at once with random data, synced, released ({} available again)",
+        HumanBytes(r.covered),
+        HumanBytes(r.free_before),
         HumanBytes(r.available_after)
     );
+    if r.swept > 0 {
+        println!(
+            "  sweep:           {} more past the fill's end as its start was released, into blocks the allocator set aside",
+            HumanBytes(r.swept)
+        );
+    }
+    println!("  written in all:  {}", HumanBytes(r.written));
     let mut left = format!("  not overwritten: {}", HumanBytes(r.unwritten));
     if !r.interrupted {
         left.push_str(&format!(" (the {} safety reserve", HumanBytes(r.reserve)));

@@ -158,11 +158,24 @@ impl Ui for TermUi {
             SecretPrompt::Pin { name, id, device, tries_left } => ask(&pin_prompt(name, id, device, *tries_left)),
             SecretPrompt::NewPassword { name } => {
                 let tty = io::stdin().is_terminal();
-                if let (true, Some(user)) = (tty, &self.login_user) {
-                    let u = clean(user);
-                    eprintln!("Logging in unlocks this directory only while this password is {u}'s login password.");
+                if tty {
+                    match &self.login_user {
+                        Some(user) => eprintln!(
+                            "Logging in unlocks this directory only while this password is {}'s login password.",
+                            clean(user)
+                        ),
+                        None => eprintln!(
+                            "This password opens the directory with `dirseal unlock`; no login opens it (it belongs to no user)."
+                        ),
+                    }
                 }
-                let first = ask(&format!("New password for protector {}: ", clean(name)))?;
+                // A protector of no user is named after its kind: "for protector password" would
+                // read as a stutter.
+                let prompt = match (&self.login_user, *name) {
+                    (None, "password") => "New password: ".to_string(),
+                    _ => format!("New password for protector {}: ", clean(name)),
+                };
+                let first = ask(&prompt)?;
                 if tty {
                     let len = String::from_utf8_lossy(first.as_bytes()).chars().count();
                     if len < SHORT_PASSWORD {
@@ -172,6 +185,9 @@ impl Ui for TermUi {
                     }
                     if ask("Repeat the new password: ")? != first {
                         return Err(UiError::Mismatch);
+                    }
+                    if let Some(user) = &self.login_user {
+                        check_login_password(user, &first);
                     }
                 }
                 Ok(first)
@@ -252,6 +268,28 @@ impl Ui for TermUi {
         } else {
             println!("{}", clean(msg));
         }
+    }
+}
+
+/// A new password for a user's directory: whether it is their login password decides whether
+/// logging in opens it, and root (the CLI always is) can check that against /etc/shadow, the hash
+/// `pam_unix` tests, instead of leaving it to the first login. Offered, not done unasked: the
+/// answer tells whoever types whether a word is the user's password.
+fn check_login_password(user: &str, typed: &Passphrase) {
+    let u = clean(user);
+    if !dirseal::account::has_password(user).unwrap_or(false) {
+        return;
+    }
+    if !confirm(&format!("Check it against {u}'s login password now?")) {
+        return;
+    }
+    match dirseal::account::password_is(user, typed) {
+        Ok(true) => eprintln!("It is {u}'s login password: logging in as {u} will unlock the directory."),
+        Ok(false) => eprintln!(
+            "warning: this is not {u}'s login password: logging in as {u} will leave the directory locked until \
+             the two are the same (`passwd {u}`, or `dirseal change-password DIR` afterwards)"
+        ),
+        Err(e) => eprintln!("could not read {u}'s password entry ({e}); not checked"),
     }
 }
 

@@ -88,7 +88,13 @@ fn print_status(s: &StatusOut) {
     println!("  forgives:          {forgive}");
     println!("  lockout recovery:  {}", human_secs(d.lockout_recovery_s));
     if d.in_lockout {
-        println!("  in lockout:        yes: no PIN is tried until a failure is forgiven");
+        // The way out now, not only the wait: with the reset code, reset-lockout ends it at once.
+        println!("  in lockout:        yes: no PIN is tried until a failure is forgiven,");
+        if d.lockout_owned {
+            println!("                     or `dirseal tpm2 reset-lockout` with the TPM reset code ends it now");
+        } else {
+            println!("                     or `dirseal tpm2 reset-lockout` ends it now");
+        }
     } else {
         println!("  in lockout:        no");
     }

@@ -15,9 +15,8 @@ use zeroize::Zeroizing;
 
 use super::{Ask, Kind, KindError, KindOptions, NewKindOf, PromptDevice, ProtectorError, Secret};
 use crate::config::Config;
-use crate::fido2::{self as keys, Device, Fido2Error};
+use crate::fido2::{self as keys, AssertRequest, Device, Fido2Error, Pin};
 use crate::secret::Passphrase;
-use crate::sys::fido2::{AssertRequest, Pin};
 use crate::wrap::Kek;
 
 const SALT_LEN: usize = 32;
@@ -84,7 +83,9 @@ pub struct NewFido2 {
 impl From<Fido2Error> for ProtectorError {
     fn from(e: Fido2Error) -> ProtectorError {
         match e {
-            Fido2Error::NotConnected => ProtectorError::Unavailable(KindError::new(e)),
+            Fido2Error::NotConnected | Fido2Error::NotInstalled { .. } => {
+                ProtectorError::Unavailable(KindError::new(e))
+            }
             e => ProtectorError::Kind(KindError::new(e)),
         }
     }
@@ -173,7 +174,7 @@ impl Fido2 {
             pin,
             uv: self.uv,
         })?;
-        let s = a.secret.ok_or(Fido2Error::Unsupported("the hmac-secret extension"))?;
+        let s = a.secret.ok_or(Fido2Error::Unsupported("the hmac-secret extension".into()))?;
         Ok(kek_from(s.as_bytes(), &self.credential_id))
     }
 }
@@ -204,13 +205,13 @@ impl NewKindOf for NewFido2 {
         let mut dev = Device::open(&path, cfg.touch_timeout())?;
         let info = dev.info()?;
         if !info.hmac_secret() {
-            return Err(Fido2Error::Unsupported("the hmac-secret extension").into());
+            return Err(Fido2Error::Unsupported("the hmac-secret extension".into()).into());
         }
         if self.pin && info.option("clientPin") != Some(true) {
             return Err(Fido2Error::PinNotSet.into());
         }
         if self.uv && info.option("uv") != Some(true) {
-            return Err(Fido2Error::Unsupported("built-in user verification (uv)").into());
+            return Err(Fido2Error::Unsupported("built-in user verification (uv)".into()).into());
         }
         let pin = pin_of(secret, self.pin)?;
         let user_id: [u8; 16] = rand::random();

@@ -36,6 +36,10 @@ const MAX_NAME_CHARS: usize = 128;
 
 /// One kind as stored in a record: the kind's module implements it on its serde struct.
 pub(crate) trait Kind: Sized {
+    /// Whether the protector opens on any machine (a password, a security key that travels with
+    /// its owner), so its record may be kept on a portable directory's medium; a kind bound to one
+    /// machine (a TPM) says `false`.
+    const TRAVELS: bool = true;
     /// What unlocking asks for.
     fn ask(&self) -> Ask;
     /// The kind's part of the record's associated data: every field, so none can be edited.
@@ -193,6 +197,7 @@ kinds! {
 
 /// The object-safe part of [`Kind`], for dispatch without a `match` per method.
 trait KindDyn {
+    fn travels(&self) -> bool;
     fn ask(&self) -> Ask;
     fn aad(&self) -> String;
     fn kek(&self, config: &Config, secret: Option<&Passphrase>) -> Result<Kek, ProtectorError>;
@@ -202,6 +207,9 @@ trait KindDyn {
 }
 
 impl<K: Kind> KindDyn for K {
+    fn travels(&self) -> bool {
+        K::TRAVELS
+    }
     fn ask(&self) -> Ask {
         Kind::ask(self)
     }
@@ -224,12 +232,16 @@ impl<K: Kind> KindDyn for K {
 
 /// The object-safe part of [`NewKindOf`].
 trait NewKindDyn {
+    fn travels(&self) -> bool;
     fn ask(&self) -> Ask;
     fn check_ready(&self, config: &Config) -> Result<(), ProtectorError>;
     fn refuses_login_password(&self) -> bool;
 }
 
 impl<N: NewKindOf> NewKindDyn for N {
+    fn travels(&self) -> bool {
+        <N::Made as Kind>::TRAVELS
+    }
     fn ask(&self) -> Ask {
         NewKindOf::ask(self)
     }
@@ -538,6 +550,12 @@ pub struct ProtectorRecord {
 }
 
 impl ProtectorKind {
+    /// Whether it opens on any machine, so a portable directory's medium may keep its record
+    /// (docs/formats.md: portable directories).
+    pub fn travels(&self) -> bool {
+        self.kind().travels()
+    }
+
     /// What unlocking asks for.
     pub fn ask(&self) -> Ask {
         self.kind().ask()
@@ -590,6 +608,11 @@ impl NewKind {
     /// PIN on a TPM whose lockout anyone can reset). [`create`] checks again.
     pub(crate) fn check_ready(&self, config: &Config) -> Result<(), ProtectorError> {
         self.new_kind().check_ready(config)
+    }
+
+    /// Whether the protector made opens on any machine (see [`ProtectorKind::travels`]).
+    pub fn travels(&self) -> bool {
+        self.new_kind().travels()
     }
 
     /// What creating one asks for (a new password or PIN is asked twice; a key's PIN once).

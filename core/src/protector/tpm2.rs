@@ -70,7 +70,9 @@ const NO_PIN: Ask = Ask { secret: None, touch: false };
 impl From<Tpm2Error> for ProtectorError {
     fn from(e: Tpm2Error) -> ProtectorError {
         match e {
-            Tpm2Error::Unavailable { .. } => ProtectorError::Unavailable(KindError::new(e)),
+            Tpm2Error::Unavailable { .. } | Tpm2Error::NotInstalled { .. } => {
+                ProtectorError::Unavailable(KindError::new(e))
+            }
             Tpm2Error::WrongPin { .. } => ProtectorError::WrongSecret(KindError::new(e)),
             Tpm2Error::Lockout { .. } | Tpm2Error::PcrMismatch { .. } => ProtectorError::NotNow(KindError::new(e)),
             e => ProtectorError::Kind(KindError::new(e)),
@@ -103,6 +105,8 @@ fn seal(config: &Config, pin: Option<&Passphrase>, pcrs: &PcrSet) -> Result<(Tpm
 }
 
 impl Kind for Tpm2 {
+    // The sealed key opens only in the TPM that sealed it.
+    const TRAVELS: bool = false;
     fn ask(&self) -> Ask {
         if self.sealed.pin.is_some() {
             WITH_PIN

@@ -3,7 +3,8 @@
 //! Kernel interfaces that neither libc nor nix wrap: the fscrypt ioctls (UAPI `<linux/fscrypt.h>`),
 //! `statx` for the encrypted attribute, and `FITRIM` (UAPI `<linux/fs.h>`). Each is exposed as one safe function taking a borrowed
 //! fd, returning the raw [`Errno`] so that `crate::fscrypt` can map it to a meaningful error.
-//! [`shadow`] reads /etc/shadow and calls libcrypt. [`tpm2`] holds the two TPM commands tss-esapi does not wrap; [`fido2`] is the libfido2 wrapper.
+//! [`shadow`] reads /etc/shadow and calls libcrypt. [`helper`] runs the TPM and FIDO2 helper programs
+//! (hw/), the only binaries that link libtss2-* and libfido2.
 #![allow(unsafe_code)]
 // The structs keep their kernel names so they can be checked against the UAPI header by eye.
 #![allow(non_camel_case_types)]
@@ -14,9 +15,8 @@ use std::os::fd::{AsRawFd, BorrowedFd};
 use nix::errno::Errno;
 use zeroize::Zeroize;
 
-pub(crate) mod fido2;
+pub mod helper;
 pub(crate) mod shadow;
-pub(crate) mod tpm2;
 
 pub(crate) const FSCRYPT_POLICY_V1: u8 = 0;
 pub(crate) const FSCRYPT_POLICY_V2: u8 = 2;
@@ -271,4 +271,39 @@ pub(crate) fn fitrim(fd: BorrowedFd<'_>) -> Result<u64, Errno> {
     // `len` (the bytes trimmed), all within the struct.
     unsafe { ioctls::fitrim(fd.as_raw_fd(), &mut range) }?;
     Ok(range.len)
+}
+
+/// The shared object this library was loaded as (the PAM module's file), or `None` when it is
+/// part of the running program: the place the hardware helpers are looked for next to.
+pub(crate) fn loaded_from() -> Option<std::path::PathBuf> {
+    use std::ffi::{c_void, CStr, OsStr};
+    use std::os::unix::ffi::OsStrExt;
+    let mut here = std::mem::MaybeUninit::<libc::Dl_info>::zeroed();
+    let mut main = std::mem::MaybeUninit::<libc::Dl_info>::zeroed();
+    // SAFETY: dladdr only looks the address up and fills the struct it is given; on success
+    // (non-zero) every field is set.
+    let here = unsafe {
+        if libc::dladdr(loaded_from as *const c_void, here.as_mut_ptr()) == 0 {
+            return None;
+        }
+        here.assume_init()
+    };
+    // The main program's program headers (AT_PHDR) lie in the main program: its base is the
+    // one to compare with (dladdr names the main program by argv[0], which the caller chose).
+    // SAFETY: getauxval reads the auxiliary vector; dladdr as above.
+    let main_base = unsafe {
+        let phdr = libc::getauxval(libc::AT_PHDR);
+        if phdr != 0 && libc::dladdr(phdr as *const c_void, main.as_mut_ptr()) != 0 {
+            Some(main.assume_init().dli_fbase)
+        } else {
+            None
+        }
+    };
+    if main_base.is_none_or(|b| b == here.dli_fbase) || here.dli_fname.is_null() {
+        return None;
+    }
+    // SAFETY: non-NULL, NUL-terminated, owned by the dynamic loader while the object is loaded.
+    let name = unsafe { CStr::from_ptr(here.dli_fname) };
+    let p = std::path::PathBuf::from(OsStr::from_bytes(name.to_bytes()));
+    p.is_absolute().then_some(p)
 }

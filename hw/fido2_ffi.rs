@@ -14,67 +14,18 @@ use std::io::{Read, Write};
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::os::unix::net::UnixStream;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Once;
 use std::time::{Duration, Instant};
 
+use dirseal::fido2::{AuthenticatorInfo, DevicePath, Fido2Error, HidInfo};
 use libfido2_sys as ffi;
 use zeroize::{Zeroize, Zeroizing};
 
 /// Length of an hmac-secret output for one 32-byte salt.
-pub(crate) const HMAC_SECRET_LEN: usize = 32;
+pub const HMAC_SECRET_LEN: usize = 32;
 /// Longest a socket device may stay silent when libfido2 itself waits without limit (open).
 const SOCKET_SILENCE_CAP: Duration = Duration::from_secs(60);
-
-/// Where an authenticator is.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum DevicePath {
-    /// A hidraw node as listed by libfido2 (`/dev/hidrawN`).
-    Hid(String),
-    /// A unix socket speaking CTAPHID reports (software authenticators; root-configured only).
-    Socket(PathBuf),
-}
-
-impl std::fmt::Display for DevicePath {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            DevicePath::Hid(p) => f.write_str(p),
-            DevicePath::Socket(p) => write!(f, "{}", p.display()),
-        }
-    }
-}
-
-/// A connected authenticator as listed, before opening it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct HidInfo {
-    pub(crate) path: String,
-    pub(crate) manufacturer: String,
-    pub(crate) product: String,
-    pub(crate) vendor_id: u16,
-    pub(crate) product_id: u16,
-}
-
-/// What an opened authenticator says of itself (CTAP getInfo).
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
-pub struct AuthenticatorInfo {
-    /// CTAP versions the key speaks (`FIDO_2_0`, `U2F_V2`, …).
-    pub versions: Vec<String>,
-    pub(crate) extensions: Vec<String>,
-    /// Option name → value (`clientPin`, `uv`, `up`, `rk`, …).
-    pub(crate) options: Vec<(String, bool)>,
-    pub(crate) pin_protocols: Vec<u8>,
-}
-
-impl AuthenticatorInfo {
-    /// The value of option `name`; `None` when the key does not report it.
-    pub fn option(&self, name: &str) -> Option<bool> {
-        self.options.iter().find(|(n, _)| n == name).map(|(_, v)| *v)
-    }
-    /// The key offers the hmac-secret extension, which every dirseal credential needs.
-    pub fn hmac_secret(&self) -> bool {
-        self.extensions.iter().any(|e| e == "hmac-secret")
-    }
-}
 
 /// The 32-byte hmac-secret output: key material, zeroized on drop, no `Debug`.
 pub struct HmacSecret(Box<[u8; HMAC_SECRET_LEN]>);
@@ -114,73 +65,6 @@ fn opt_ptr(p: Option<&Pin>) -> *const c_char {
     p.map_or(std::ptr::null(), Pin::as_ptr)
 }
 
-/// Why a security key operation failed, worded for the person holding the key.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum Fido2Error {
-    /// The device could not be opened or is not usable as a FIDO2 key.
-    #[error("cannot open security key {path}: {reason}")]
-    Open {
-        /// The device path.
-        path: String,
-        /// Why not.
-        reason: String,
-    },
-    /// No touch came within the timeout (seconds).
-    #[error("no touch on the security key within {0} s")]
-    Timeout(u64),
-    /// The key judged the PIN wrong.
-    #[error("wrong PIN for the security key{}", retries_left(*.retries))]
-    PinInvalid {
-        /// PIN tries the key has left, when it says.
-        retries: Option<u32>,
-    },
-    /// The PIN is blocked for good; only a reset of the key helps.
-    #[error("the security key's PIN is blocked after too many wrong PINs; only a reset of the key (which erases its credentials) unblocks it")]
-    PinBlocked,
-    /// Three wrong PINs in a row: the key wants to be replugged.
-    #[error(
-        "the security key refuses PINs after three wrong ones in a row; unplug it and plug it back in, then try again"
-    )]
-    PinAuthBlocked,
-    /// The operation needs the key's PIN and none was given.
-    #[error("the security key requires its PIN")]
-    PinRequired,
-    /// The key has no PIN, and the operation needs one.
-    #[error("the security key has no PIN set")]
-    PinNotSet,
-    /// The key refused a new PIN's length.
-    #[error("the security key rejected the new PIN (too short or too long: 4 to 63 characters)")]
-    PinPolicy,
-    /// The key does not hold the credential asked for.
-    #[error("this security key does not hold the credential")]
-    NoCredential,
-    /// The key lacks a needed feature (named).
-    #[error("the security key does not support {0}")]
-    Unsupported(&'static str),
-    /// No connected key holds the credential.
-    #[error("no connected security key holds this protector's credential; plug the key in and try again")]
-    NotConnected,
-    /// The operation was cancelled on the key.
-    #[error("the operation was cancelled on the security key")]
-    Cancelled,
-    /// Any other libfido2 error.
-    #[error("security key error: {msg} (libfido2 code {code})")]
-    Other {
-        /// libfido2's error code.
-        code: i32,
-        /// libfido2's description of it.
-        msg: String,
-    },
-}
-
-fn retries_left(r: Option<u32>) -> String {
-    match r {
-        Some(1) => "; 1 try left before the key blocks its PIN".into(),
-        Some(n) => format!("; {n} tries left before the key blocks its PIN"),
-        None => String::new(),
-    }
-}
-
 fn strerr(code: c_int) -> String {
     // SAFETY: fido_strerr returns a pointer to a static NUL-terminated string for any code.
     unsafe { CStr::from_ptr(ffi::fido_strerr(code)) }.to_string_lossy().into_owned()
@@ -197,9 +81,9 @@ fn check(code: c_int) -> Result<(), Fido2Error> {
         ffi::FIDO_ERR_PIN_POLICY_VIOLATION => Err(Fido2Error::PinPolicy),
         ffi::FIDO_ERR_NO_CREDENTIALS => Err(Fido2Error::NoCredential),
         ffi::FIDO_ERR_KEEPALIVE_CANCEL => Err(Fido2Error::Cancelled),
-        ffi::FIDO_ERR_UNSUPPORTED_EXTENSION => Err(Fido2Error::Unsupported("the hmac-secret extension")),
+        ffi::FIDO_ERR_UNSUPPORTED_EXTENSION => Err(Fido2Error::Unsupported("the hmac-secret extension".into())),
         ffi::FIDO_ERR_UNSUPPORTED_OPTION | ffi::FIDO_ERR_INVALID_OPTION => {
-            Err(Fido2Error::Unsupported("the requested option (user verification?)"))
+            Err(Fido2Error::Unsupported("the requested option (user verification?)".into()))
         }
         c => Err(Fido2Error::Other { code: c, msg: strerr(c) }),
     }
@@ -220,7 +104,7 @@ fn init() {
 }
 
 /// Authenticators libfido2 finds on the HID bus.
-pub(crate) fn list_hid() -> Result<Vec<HidInfo>, Fido2Error> {
+pub fn list_hid() -> Result<Vec<HidInfo>, Fido2Error> {
     init();
     const MAX: usize = 64;
     // SAFETY: allocates MAX entries; freed below with the same count.
@@ -409,7 +293,7 @@ impl Device {
     }
 
     /// Bounds every later operation, the wait for a touch included.
-    pub(crate) fn set_timeout(&mut self, timeout: Duration) -> Result<(), Fido2Error> {
+    pub fn set_timeout(&mut self, timeout: Duration) -> Result<(), Fido2Error> {
         let ms = c_int::try_from(timeout.as_millis()).unwrap_or(c_int::MAX);
         // SAFETY: open device; any timeout value is accepted.
         check(unsafe { ffi::fido_dev_set_timeout(self.dev, ms) })?;
@@ -507,7 +391,7 @@ impl Device {
         let flags = unsafe { ffi::fido_cred_flags(cred.0) };
         const ED: u8 = 0x80;
         if id.is_empty() || flags & ED == 0 {
-            return Err(Fido2Error::Unsupported("the hmac-secret extension"));
+            return Err(Fido2Error::Unsupported("the hmac-secret extension".into()));
         }
         Ok(id)
     }
@@ -557,7 +441,7 @@ impl Device {
                 let p = ffi::fido_assert_hmac_secret_ptr(a.0, 0);
                 let n = ffi::fido_assert_hmac_secret_len(a.0, 0);
                 if p.is_null() || n != HMAC_SECRET_LEN {
-                    return Err(Fido2Error::Unsupported("the hmac-secret extension"));
+                    return Err(Fido2Error::Unsupported("the hmac-secret extension".into()));
                 }
                 let mut s = Box::new([0u8; HMAC_SECRET_LEN]);
                 s.copy_from_slice(std::slice::from_raw_parts(p, n));

@@ -5,6 +5,8 @@
 //! Both commands authorize with the lockout hierarchy's authValue (the TPM reset code once
 //! `dirseal tpm2 setup` has run). They use an HMAC session, so that value never crosses the bus:
 //! only an HMAC keyed with it does, and guessing a 128-bit key from that is hopeless.
+#![allow(unsafe_code)]
+
 use std::ffi::CStr;
 use std::ptr::null_mut;
 
