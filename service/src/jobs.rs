@@ -41,6 +41,10 @@ const PROGRESS_EVERY: Duration = Duration::from_millis(250);
 struct Marker {
     source: PathBuf,
     uid: u32,
+    /// A decrypt's `keep_protectors`: a resumed decrypt must keep what the caller asked to keep
+    /// (absent in records of conversions and of older services: false).
+    #[serde(default)]
+    keep_protectors: bool,
 }
 
 /// The jobs of this service process and what they share.
@@ -108,12 +112,12 @@ fn marker_path(ctx: &Ctx, source: &Path) -> Result<PathBuf> {
     Ok(ctx.run_dir.join("jobs").join(name))
 }
 
-fn write_marker(ctx: &Ctx, source: &Path, uid: u32) -> Result<()> {
+fn write_marker(ctx: &Ctx, source: &Path, uid: u32, keep_protectors: bool) -> Result<()> {
     let path = marker_path(ctx, source)?;
     let io = |e: dirseal::securefile::SecureFileError| Error::failed(format!("recording the job: {e}"));
     dirseal::securefile::ensure_private_dir(&ctx.run_dir).map_err(io)?;
     dirseal::securefile::ensure_private_dir(&ctx.run_dir.join("jobs")).map_err(io)?;
-    let body = serde_json::to_vec(&Marker { source: source.to_path_buf(), uid })
+    let body = serde_json::to_vec(&Marker { source: source.to_path_buf(), uid, keep_protectors })
         .map_err(|e| Error::failed(format!("recording the job: {e}")))?;
     dirseal::securefile::write_atomic(&path, &body).map_err(io)
 }
@@ -443,7 +447,8 @@ pub fn spawn(ctx: &Arc<Ctx>, conn: &Connection, start: Start) -> Result<OwnedObj
         state: Arc::clone(&state),
     };
     // Recorded before the job exists, so a job on the bus always has its record.
-    write_marker(ctx, &source, start.owner)?;
+    let keep_protectors = matches!(start.work, Work::Decrypt(_, _, true));
+    write_marker(ctx, &source, start.owner, keep_protectors)?;
     if let Err(e) = zbus::block_on(conn.object_server().at(path.as_ref(), PrivateJob(job))) {
         remove_marker(ctx, &source);
         return Err(e.into());
@@ -573,7 +578,6 @@ pub fn resume_recorded(ctx: &Arc<Ctx>, conn: &Connection) {
             let decrypting = convert::status(&m.source)?
                 .is_some_and(|v| v.direction == dirseal_migrate::Direction::Decrypt && convert::unfinished(v.state));
             if decrypting {
-                // `keep_protectors` is not in the record: a decrypt resumed here removes them.
                 let plan = match decrypt::plan(
                     &ds,
                     &m.source,
@@ -593,7 +597,7 @@ pub fn resume_recorded(ctx: &Arc<Ctx>, conn: &Connection) {
                         return Err(Error::new(Kind::NotFound, "no unfinished decrypt is recorded"))
                     }
                 };
-                let work = Work::Decrypt(decrypt::Plan::Resume(plan), Pick::default(), false);
+                let work = Work::Decrypt(decrypt::Plan::Resume(plan), Pick::default(), m.keep_protectors);
                 return spawn(ctx, conn, Start { ds, work, secrets: Secrets::default(), owner: m.uid });
             }
             let plan = match convert::plan(&ds, &m.source, Default::default(), &hooks)? {

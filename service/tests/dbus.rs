@@ -762,6 +762,60 @@ fn a_portable_directory_opens_over_dbus_with_the_service_keystore_empty() {
     assert_eq!(policies, 0, "the service's keystore holds nothing of the card");
 }
 
+/// A decrypt asked to keep its protectors, the service killed while it copies: the restarted
+/// service resumes it by itself and still keeps them (the option lives in the job's record).
+#[test]
+fn a_decrypt_resumed_after_the_service_is_killed_keeps_the_protectors_it_was_asked_to_keep() {
+    if !root_only() {
+        return;
+    }
+    let mut h = Harness::new();
+    let alice = h.user();
+    sample_home(&alice, 48, 1000);
+    let original = contents(&alice.home);
+    let rx = watch_jobs(&h.bus);
+    let mut seen = Vec::new();
+    let job = job_path(&h.ok(None, "Convert", &[s(alice.home_str()), fd(3), "{}".into()], &[(3, "pw-a")]));
+    let done = |seen: &mut Vec<JobSignal>, job: &str| {
+        wait_for(&rx, seen, "the end of the job", |sig| match sig {
+            JobSignal::Finished { path, state } if path == job => Some(state.clone()),
+            JobSignal::Failed { path, name, message } if path == job => panic!("{name}: {message}"),
+            _ => None,
+        })
+    };
+    assert_eq!(done(&mut seen, &job), "done");
+    let records = h.keystore().join("protectors");
+    let protectors = || std::fs::read_dir(&records).map(|d| d.count()).unwrap_or(0);
+    assert_eq!(protectors(), 1);
+    seen.clear();
+    let opts = "{'mode': <'copy'>, 'keep_protectors': <true>}".to_string();
+    let job = job_path(&h.ok(None, "Decrypt", &[s(alice.home_str()), fd(3), opts], &[(3, "pw-a")]));
+    wait_for(&rx, &mut seen, "a Progress of the copying phase", |sig| match sig {
+        JobSignal::Progress { path, phase, .. } if *path == job && phase == "copying" => Some(()),
+        JobSignal::Finished { path, .. } if *path == job => panic!("{job} finished before it could be killed"),
+        _ => None,
+    });
+    let staging = dirseal::convert::workdir_for(&alice.home).unwrap().join("staging");
+    let t = Instant::now();
+    while entries(&staging) < 100 && t.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    h.daemon.kill();
+    let st = dirseal::convert::status(&alice.home).unwrap().expect("journal");
+    assert_eq!(st.state, dirseal_migrate::State::Copying, "the kill must land while the decrypt copies");
+    h.restart();
+    let state = wait_for(&rx, &mut seen, "the resumed job's end", |sig| match sig {
+        JobSignal::Finished { state, .. } => Some(state.clone()),
+        JobSignal::Failed { name, message, .. } => panic!("{name}: {message}"),
+        _ => None,
+    });
+    assert_eq!(state, "done");
+    assert!(h.daemon.log_text().contains("resumed the conversion of"), "{}", h.daemon.log_text());
+    assert!(!bool::try_from(h.status(&alice.home)["encrypted"].try_clone().unwrap()).unwrap());
+    assert!(contents(&alice.home) == original, "nothing lost across the kill");
+    assert_eq!(protectors(), 1, "keep_protectors survives the restart");
+}
+
 /// Decrypt over D-Bus: a converted home comes back to plaintext as a job with Convert's
 /// signals; only root (or polkit's decrypt-own action, absent here) may ask for it, and
 /// PlanDecrypt answers in PlanConvert's shape first.
