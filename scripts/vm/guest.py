@@ -598,6 +598,10 @@ def powercut(summary):
     tally = {"replayed": 0, "lost": 0, "states": {}}
     fixed_total = 0
     runs = [(f, m, Recording) for f in FILESYSTEMS for m in [*CONVERT_MODES, *DECRYPT_MODES]]
+    if ARGS.mode != "full":
+        # The sample keeps CI's time: decrypt runs the engine's code paths of convert (which
+        # both filesystems record), so its f2fs recordings are replayed with --full only.
+        runs = [r for r in runs if not (r[0] == "f2fs" and r[1] in DECRYPT_MODES)]
     runs.append(("ext4", "copy", TpmRecording))
     if ARGS.cases:
         runs = [r for r in runs if ARGS.cases in f"{r[0]}/{r[1]}" + ("/tpm2" if r[2] is TpmRecording else "")]
