@@ -19,15 +19,13 @@ scratch_fs bench "$size_mib" $(( small * 8 + 100000 ))
 
 echo "building the tree: $small small files, $medium medium, 3 x ${large_mib} MiB, one sparse"
 tpl=$mnt/template
-python3 - "$tpl" "$small" "$medium" "$large_mib" "$small_max" <<'PY'
+python3 -B - "$tpl" "$small" "$medium" "$large_mib" "$small_max" <<'PY'
 import os, random, sys
+sys.path.insert(0, "scripts/lib")
+from trees import small_files
 root, small, medium, large, small_max = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 rnd = random.Random(42)
-for i in range(small):
-    d = os.path.join(root, ".cache" if i % 3 else "Documents", f"d{i // 200}", f"e{i % 7}")
-    os.makedirs(d, exist_ok=True)
-    with open(os.path.join(d, f"f{i}.txt"), "wb") as f:
-        f.write(rnd.randbytes(rnd.randint(min(100, small_max), small_max)))
+small_files(rnd, root, small, small_max)
 os.makedirs(os.path.join(root, "Pictures"), exist_ok=True)
 for i in range(medium):
     with open(os.path.join(root, "Pictures", f"p{i}.jpg"), "wb") as f:

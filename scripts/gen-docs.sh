@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# Generates shell completions and the man page from the clap definitions into target/docs/.
+# Shell completions and man pages, as build.rs writes them from the clap definition
+# (src/cli/args.rs) when it builds dirseal: copied from TARGET/debug/dirseal-docs into OUT
+# (default target/docs/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --quiet
+cargo build --quiet -p dirseal-cli --bin dirseal
 out=${1:-target/docs}
-./target/debug/dirseal generate-docs "$out"
+mkdir -p "$out"
+cp -r "${CARGO_TARGET_DIR:-target}/debug/dirseal-docs/." "$out"
 ls "$out"

@@ -87,9 +87,11 @@ for f in dirseal dirsealed dirseal-tpm2 dirseal-fido2 libpam_dirseal.so; do
   [ -f "$build/$f" ] || { echo "install.sh: $build/$f is missing; build the workspace first (cargo build --release --workspace)" >&2; exit 1; }
 done
 
+# The man pages and completions build.rs wrote beside the binaries when it built dirseal.
+gen=$build/dirseal-docs
+[ -f "$gen/man/dirseal.1" ] || { echo "install.sh: $gen is missing; build.rs writes it when it builds dirseal (cargo build --release -p dirseal-cli)" >&2; exit 1; }
 docs=$(mktemp -d)
 trap 'rm -rf "$docs"' EXIT
-"$build/dirseal" generate-docs "$docs" >/dev/null
 
 if [ -n "$destdir" ]; then mkdir -p "$destdir"; fi
 files=()
@@ -146,11 +148,11 @@ wants=/etc/systemd/system/graphical.target.wants
 mkdirs "$wants"
 ln -sfn "$prefix/lib/systemd/system/dirseal-autologin.service" "$destdir$wants/dirseal-autologin.service"
 files+=("$wants/dirseal-autologin.service")
-for m in "$docs"/man/*.1; do put 644 "$m" "$prefix/share/man/man1/$(basename "$m")"; done
-for m in "$docs"/man/*.8; do put 644 "$m" "$prefix/share/man/man8/$(basename "$m")"; done
-put 644 "$docs/completions/dirseal.bash" "$prefix/share/bash-completion/completions/dirseal"
-put 644 "$docs/completions/_dirseal" "$prefix/share/zsh/vendor-completions/_dirseal"
-put 644 "$docs/completions/dirseal.fish" "$prefix/share/fish/vendor_completions.d/dirseal.fish"
+for m in "$gen"/man/*.1; do put 644 "$m" "$prefix/share/man/man1/$(basename "$m")"; done
+for m in "$gen"/man/*.8; do put 644 "$m" "$prefix/share/man/man8/$(basename "$m")"; done
+put 644 "$gen/completions/dirseal.bash" "$prefix/share/bash-completion/completions/dirseal"
+put 644 "$gen/completions/_dirseal" "$prefix/share/zsh/vendor-completions/_dirseal"
+put 644 "$gen/completions/dirseal.fish" "$prefix/share/fish/vendor_completions.d/dirseal.fish"
 # The config dir: root-only, kept on uninstall (it may hold the calibrated cost and settings).
 if [ ! -d "$destdir/etc/dirseal" ]; then mkdirs /etc; install -d -m 700 "$destdir/etc/dirseal"; fi
 

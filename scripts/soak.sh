@@ -126,6 +126,46 @@ def killed(args, delay):
     return alive
 
 
+def differs(want, home):
+    """Where the tree at `home` is not what `want` recorded (three paths at most), or None."""
+    got = manifest(home)
+    bad = [k for k in set(want) | set(got) if want.get(k) != got.get(k)][:3]
+    return f"differs at {bad}" if bad else None
+
+
+def judge(what, home, how, problem, homes, kills, lost):
+    """A tree's verdict: with a problem it is lost (and stays for a look); else it goes, and every
+    tenth says how the soak is doing. The count of lost trees after it."""
+    if problem:
+        print(f"{what}: LOST {home} ({how}): {problem}", flush=True)
+        return lost + 1
+    subprocess.run(["rm", "-rf", home], check=True)
+    if homes % 10 == 0:
+        print(f"{what}: {kills} kills so far ({homes} trees), {lost} lost", flush=True)
+    return lost
+
+
+def summary(what, kills, lost, homes, ends):
+    print(f"{what}: {kills} kills, {lost} lost ({homes} trees, copy and move, {ends})", flush=True)
+    sys.exit(1 if lost else 0)
+
+
+def timed_or_killed(args, typical, what):
+    """The first run (`typical` None) is timed and left to finish: (its time, None). Every later
+    one is killed 1 to 4 times, each at a random point within 1.2 times that: (typical, kills)."""
+    if typical is None:
+        t0 = time.time()
+        ds(*args)
+        typical = max(0.5, time.time() - t0)
+        print(f"{what} takes {typical:.1f} s here", flush=True)
+        return typical, None
+    kills = 0
+    for _ in range(rnd.randint(1, 4)):
+        if killed(args, rnd.uniform(0, typical * 1.2)):
+            kills += 1
+    return typical, kills
+
+
 def state(home, cmd="convert"):
     p = ds(cmd, "--status", "--json", home, check=False)
     if p.returncode != 0 or not p.stdout.strip():
@@ -156,16 +196,11 @@ def decrypt_soak():
         end = rnd.choice(["finish", "finish", "finish", "abort"])
         args = ["decrypt", home, "--yes", "--mode", mode]
         try:
-            if typical is None:
-                t0 = time.time()
-                ds(*args)
-                typical = max(0.5, time.time() - t0)
+            typical, n = timed_or_killed(args, typical, "soak decrypt: one decrypt")
+            if n is None:
                 end = "finish"  # the timing run is never interrupted
-                print(f"soak decrypt: one decrypt takes {typical:.1f} s here", flush=True)
             else:
-                for _ in range(rnd.randint(1, 4)):
-                    if killed(args, rnd.uniform(0, typical * 1.2)):
-                        kills += 1
+                kills += n
                 if end == "abort" and state(home, "decrypt") in BEFORE_SWAP:
                     if killed(["decrypt", "--abort", home], rnd.uniform(0, typical / 2)):
                         kills += 1
@@ -199,18 +234,8 @@ def decrypt_soak():
             problem = f"policy {policy} still in the keystore"
         elif end == "abort" and not encrypted(home):
             problem = "not encrypted after the abort"
-        got = manifest(home)
-        if problem is None and got != want:
-            problem = f"differs at {[k for k in set(want) | set(got) if want.get(k) != got.get(k)][:3]}"
-        if problem:
-            lost += 1
-            print(f"soak decrypt: LOST {home} ({mode}, {end}): {problem}", flush=True)
-            continue
-        subprocess.run(["rm", "-rf", home], check=True)
-        if homes % 10 == 0:
-            print(f"soak decrypt: {kills} kills so far ({homes} trees), {lost} lost", flush=True)
-    print(f"soak decrypt: {kills} kills, {lost} lost ({homes} trees, copy and move, aborts)", flush=True)
-    sys.exit(1 if lost else 0)
+        lost = judge("soak decrypt", home, f"{mode}, {end}", problem or differs(want, home), homes, kills, lost)
+    summary("soak decrypt", kills, lost, homes, "aborts")
 
 
 if WHAT == "decrypt":
@@ -230,17 +255,11 @@ while kills < WANT:
     args = ["convert", home, "--yes", "--protector-name", "soak", "--mode", mode]
     if end == "rollback":
         args.append("--keep-backup")
-    if typical is None:
-        t0 = time.time()
-        ds(*args)
-        typical = max(0.5, time.time() - t0)
+    typical, n = timed_or_killed(args, typical, "soak: one conversion")
+    if n is None:
         end = "finish"  # the timing run is never interrupted
-        print(f"soak: one conversion takes {typical:.1f} s here", flush=True)
     else:
-        budget = rnd.randint(1, 4)
-        for _ in range(budget):
-            if killed(args, rnd.uniform(0, typical * 1.2)):
-                kills += 1
+        kills += n
         try:
             if end == "abort":
                 st = state(home)
@@ -278,15 +297,6 @@ while kills < WANT:
             lost += 1
             print(f"soak: LOST {home} ({mode}): {e}", flush=True)
             continue
-    got = manifest(home)
-    if got != want:
-        lost += 1
-        bad = [k for k in set(want) | set(got) if want.get(k) != got.get(k)][:3]
-        print(f"soak: LOST {home} ({mode}, {end}): differs at {bad}", flush=True)
-        continue
-    subprocess.run(["rm", "-rf", home], check=True)
-    if homes % 10 == 0:
-        print(f"soak: {kills} kills so far ({homes} trees), {lost} lost", flush=True)
-print(f"soak: {kills} kills, {lost} lost ({homes} trees, copy and move, aborts and rollbacks)", flush=True)
-sys.exit(1 if lost else 0)
+    lost = judge("soak", home, f"{mode}, {end}", differs(want, home), homes, kills, lost)
+summary("soak", kills, lost, homes, "aborts and rollbacks")
 EOF

@@ -12,15 +12,11 @@ source scripts/lib/scratch.sh
 command -v strace >/dev/null || apt-get install -y -qq strace >/dev/null
 scratch_fs syscalls $(( files * 4 * 6 / 1024 + 300 )) $(( files * 6 + 10000 ))
 
-python3 - "$mnt/conv" "$files" "$max" <<'PY'
-import os, random, sys
-root, n, mx = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-rnd = random.Random(42)
-for i in range(n):
-    d = os.path.join(root, ".cache" if i % 3 else "Documents", f"d{i // 200}", f"e{i % 7}")
-    os.makedirs(d, exist_ok=True)
-    with open(os.path.join(d, f"f{i}.txt"), "wb") as f:
-        f.write(rnd.randbytes(rnd.randint(min(100, mx), mx)))
+python3 -B - "$mnt/conv" "$files" "$max" <<'PY'
+import random, sys
+sys.path.insert(0, "scripts/lib")
+from trees import small_files
+small_files(random.Random(42), sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))
 PY
 chown -R 65000:65000 "$mnt/conv"
 entries=$(find "$mnt/conv" -mindepth 1 | wc -l)

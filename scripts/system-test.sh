@@ -27,31 +27,26 @@ cd "$(dirname "$0")/.."
 repo=$PWD
 if [ "$(id -u)" -ne 0 ]; then echo "scripts/system-test.sh must run as root (mmdebstrap, qemu shares)" >&2; exit 1; fi
 
+. scripts/lib/guest.sh
 only="" cmd="" rebuild="" skip_deps="" image_only=""
-while [ $# -gt 0 ]; do
+own_arg() {
   case $1 in
-    --only) only=$2; shift ;;
     --quick) only=install,activation,logout,demo ;;
-    --cmd) cmd=$2; shift ;;
     --rebuild-image) rebuild=1 ;;
     --image-only) image_only=1 ;;
-    --no-deps) skip_deps=1 ;;
-    *) echo "usage: scripts/system-test.sh [--quick] [--only NAME,...] [--cmd CMD] [--rebuild-image] [--image-only] [--no-deps]" >&2; exit 2 ;;
+    *) return 1 ;;
   esac
-  shift
-done
+}
+guest_args "usage: scripts/system-test.sh [--quick] [--only NAME,...] [--cmd CMD] [--rebuild-image] [--image-only] [--no-deps]" own_arg "$@"
 
-target=$(realpath -m "${CARGO_TARGET_DIR:-target}")
+guest_workdir system
 sys=$target/system
-mkdir -p "$sys"
-[ -n "$skip_deps" ] || bash scripts/deps.sh
 
 # --- The guest image -------------------------------------------------------------------------
 # What the guest needs: systemd and logind (sessions, systemd --user), dbus, polkitd, sshd and the
 # console login, the libraries dirseal links (libfido2, tss2), gdbus (busctl cannot pass file
 # descriptors), expect and sshpass to type passwords, kmod to load the kernel's modules. Nothing
 # more: every package is time to build on a clean machine (CI). No manuals, docs or translations.
-. scripts/lib/guest.sh
 guest_kernel "$target/vm/kernel"
 pkgs=systemd,systemd-sysv,libpam-systemd,dbus,polkitd,pkexec,openssh-server,openssh-client,sshpass
 pkgs+=,libpam-modules,libpam-runtime,libfido2-1,libtss2-esys-3.0.2-0,libtss2-tctildr0,libtss2-tcti-device0

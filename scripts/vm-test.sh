@@ -24,25 +24,20 @@ cd "$(dirname "$0")/.."
 repo=$PWD
 if [ "$(id -u)" -ne 0 ]; then echo "scripts/vm-test.sh must run as root (apt, the guest's 9p share of /)" >&2; exit 1; fi
 
+. scripts/lib/guest.sh
 mode=sampled cmd="" only="" skip_deps=""
-while [ $# -gt 0 ]; do
+own_arg() {
   case $1 in
     --full) mode=full ;;
-    --cmd) cmd=$2; shift ;;
-    --only) only=$2; shift ;;
-    --no-deps) skip_deps=1 ;;
-    *) echo "usage: scripts/vm-test.sh [--full] [--only powercut|faults|f2fs|tpm2] [--cmd CMD] [--no-deps]" >&2; exit 2 ;;
+    *) return 1 ;;
   esac
-  shift
-done
+}
+guest_args "usage: scripts/vm-test.sh [--full] [--only powercut|faults|f2fs|tpm2] [--cmd CMD] [--no-deps]" own_arg "$@"
 
-target=$(realpath -m "${CARGO_TARGET_DIR:-target}")
+guest_workdir vm
 vm=$target/vm
-mkdir -p "$vm"
-[ -n "$skip_deps" ] || bash scripts/deps.sh
 cargo build -q --workspace --features fault-injection
 
-. scripts/lib/guest.sh
 guest_kernel "$vm/kernel"
 
 # Initramfs: static busybox, an init script and the modules the tests need.

@@ -3,6 +3,7 @@ mod common;
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
 
 use common::{names, p, Env};
 
@@ -296,22 +297,23 @@ fn filesystem_without_encrypt_feature_is_explained() {
 }
 
 #[test]
-fn generate_docs_writes_completions_and_man_pages() {
-    let out = tempfile::tempdir().unwrap();
-    let st = std::process::Command::new(env!("CARGO_BIN_EXE_dirseal"))
-        .args(["generate-docs", p(out.path())])
-        .status()
-        .unwrap();
-    assert!(st.success());
-    assert!(out.path().join("completions/dirseal.bash").exists());
-    assert!(out.path().join("man/dirseal.1").exists());
-    assert!(out.path().join("man/dirseal-convert.1").exists());
-    let top = fs::read_to_string(out.path().join("man/dirseal.1")).unwrap();
+fn the_build_writes_completions_and_man_pages() {
+    // build.rs, beside the binary.
+    let out = Path::new(env!("DIRSEAL_DOCS_DIR"));
+    assert_eq!(Some(out), Path::new(env!("CARGO_BIN_EXE_dirseal")).parent().map(|d| d.join("dirseal-docs")).as_deref());
+    // What build.rs read from the library's sources is the library's.
+    assert_eq!(env!("DIRSEAL_DOCS_CONFIG_PATH"), dirseal::config::DEFAULT_CONFIG_PATH);
+    assert_eq!(env!("DIRSEAL_DOCS_SKEL"), dirseal::home::DEFAULT_SKEL);
+    assert_eq!(env!("DIRSEAL_DOCS_KIND_NAMES"), dirseal::protector::KIND_NAMES.join(","));
+    assert!(out.join("completions/dirseal.bash").exists());
+    assert!(out.join("man/dirseal.1").exists());
+    assert!(out.join("man/dirseal-convert.1").exists());
+    let top = fs::read_to_string(out.join("man/dirseal.1")).unwrap();
     for section in [".SH EXAMPLES", ".SH FILES", ".SH SECURITY", ".SH SEE ALSO"] {
         assert!(top.contains(section), "dirseal.1 lacks {section}");
     }
     for page in ["dirsealed.8", "pam_dirseal.8"] {
-        let text = fs::read_to_string(out.path().join("man").join(page)).unwrap();
+        let text = fs::read_to_string(out.join("man").join(page)).unwrap();
         for section in [".SH NAME", ".SH OPTIONS", ".SH EXAMPLES", ".SH FILES", ".SH SECURITY"] {
             assert!(text.contains(section), "{page} lacks {section}");
         }
@@ -321,7 +323,7 @@ fn generate_docs_writes_completions_and_man_pages() {
         for page in ["dirseal.1", "dirsealed.8", "pam_dirseal.8"] {
             let o = std::process::Command::new("man")
                 .args(["--warnings", "-l"])
-                .arg(out.path().join("man").join(page))
+                .arg(out.join("man").join(page))
                 .env("MANWIDTH", "80")
                 .output()
                 .unwrap();
@@ -329,7 +331,7 @@ fn generate_docs_writes_completions_and_man_pages() {
             assert!(o.status.success() && err.trim().is_empty(), "{page}: {err}");
         }
     }
-    assert!(out.path().join("man/dirseal-decrypt.1").exists());
+    assert!(out.join("man/dirseal-decrypt.1").exists());
 }
 
 #[test]

@@ -157,21 +157,26 @@ pub struct Options {
     pub portable: bool,
 }
 
-/// A checked conversion. What running it takes differs, and the types say so: a new one needs
-/// the protector to create or use ([`NewPlan::run`]); an unfinished one at most the protector
-/// that reloads its staging key ([`ResumePlan::run`]).
+/// A checked run of the engine, either way: a new one, or one that stopped part-way (interrupted,
+/// crashed, rebooted). Each direction names its own ([`Plan`], [`crate::decrypt::Plan`]): what
+/// running them takes differs, and the types say so.
 #[derive(Debug)]
-pub enum Plan {
-    /// A conversion not yet started.
-    New(NewPlan),
-    /// A conversion that stopped part-way (interrupted, crashed, rebooted).
-    Resume(ResumePlan),
+pub enum Planned<N, R> {
+    /// A run not yet started.
+    New(N),
+    /// A run that stopped part-way.
+    Resume(R),
 }
 
-/// A new conversion that passed every check: what it will copy and needs, the owner, and the
+/// A checked conversion: a new one needs the protector to create or use ([`NewPlan::run`]); an
+/// unfinished one at most the protector that reloads its staging key ([`ResumePlan::run`]).
+pub type Plan = Planned<NewPlan, ResumePlan>;
+
+/// A new run that passed every check, either way: what it will copy and needs, the owner, and the
 /// measured time estimate when [`Options::estimate`] asked for one (and the probe could run).
+/// `key` is what the direction adds (a decrypt: the directory's policy, whose key is loaded).
 #[derive(Debug)]
-pub struct NewPlan {
+pub struct NewRun<K> {
     /// The directory, absolute (its final component not followed).
     pub source: PathBuf,
     /// Its root-only work dir (journal, staging copy).
@@ -184,13 +189,17 @@ pub struct NewPlan {
     pub owner: Owner,
     /// The measured time estimate, if asked for and the probe could run.
     pub estimate: Option<Estimate>,
+    /// What the direction adds.
+    pub key: K,
     engine: Box<migrate::Plan>,
 }
 
-/// An unfinished conversion. `staging_key` names the policy whose key must be loaded again
-/// first (after a reboot): [`ResumePlan::run`] asks for a protector's secret then.
+/// A new conversion that passed every check.
+pub type NewPlan = NewRun<()>;
+
+/// An unfinished run, either way; `key` is what the direction needs to know of its key.
 #[derive(Debug)]
-pub struct ResumePlan {
+pub struct ResumeRun<K> {
     /// The directory, absolute.
     pub source: PathBuf,
     /// Its root-only work dir, holding the journal.
@@ -199,9 +208,14 @@ pub struct ResumePlan {
     pub options: Options,
     /// Where the journal says it stopped.
     pub state: State,
-    /// The staging policy whose key must be loaded again first; `None` if none is needed.
-    pub staging_key: Option<KeyIdentifier>,
+    /// What the direction needs to know of its key.
+    pub key: K,
 }
+
+/// An unfinished conversion. `key` names the staging policy whose key must be loaded again
+/// first (after a reboot; `None` if none is needed): [`ResumePlan::run`] asks for a protector's
+/// secret then.
+pub type ResumePlan = ResumeRun<Option<KeyIdentifier>>;
 
 /// Progress reports and the stop flag of a long run (SIGINT/SIGTERM, a cancelled D-Bus call).
 pub struct Hooks<'a> {
@@ -255,16 +269,12 @@ pub fn plan(ds: &Dirseal, dir: &Path, options: Options, hooks: &Hooks<'_>) -> Re
             return Err(other_direction(&v, Direction::Encrypt).into());
         }
         let staging_key = staging_key_needed(&source, &v)?;
-        return Ok(Plan::Resume(ResumePlan { source, workdir, options, state: v.state, staging_key }));
+        return Ok(Plan::Resume(ResumePlan { source, workdir, options, state: v.state, key: staging_key }));
     }
     // Nothing may be created (protector, policy, work dir) on a filesystem that cannot encrypt.
     fscrypt::check_supported(&fscrypt::mount_point(&source).map_err(OpsError::from)?).map_err(OpsError::from)?;
     let owner = owner_idle(&source, &options)?;
-    let host = KeyHost::new(ds, &source, hooks);
-    let engine = migrate::preflight(&request(&source, &workdir, &options, Direction::Encrypt), &host)?;
-    let census = *engine.census();
-    let estimate = if options.estimate { estimate(&source, &census) } else { None };
-    Ok(Plan::New(NewPlan { source, workdir, options, census, owner, estimate, engine: Box::new(engine) }))
+    Ok(Plan::New(NewPlan::check(&KeyHost::new(ds, &source, hooks), workdir, options, owner, ())?))
 }
 
 /// The owner of `source`, refused while they run processes (unless forced, or asking themselves).
@@ -328,22 +338,112 @@ pub struct Estimate {
     pub seconds: u64,
 }
 
-impl Plan {
+impl<N: AsRef<Path>, R: AsRef<Path>> Planned<N, R> {
     /// The directory, absolute.
     pub fn source(&self) -> &Path {
         match self {
-            Plan::New(p) => &p.source,
-            Plan::Resume(p) => &p.source,
+            Planned::New(p) => p.as_ref(),
+            Planned::Resume(p) => p.as_ref(),
+        }
+    }
+}
+
+impl<K, R> Planned<NewRun<K>, R> {
+    /// The summary of a new run; `None` when resuming one.
+    pub fn summary(&self) -> Option<Summary> {
+        match self {
+            Planned::New(p) => Some(p.summary()),
+            Planned::Resume(_) => None,
+        }
+    }
+}
+
+impl<K> AsRef<Path> for NewRun<K> {
+    fn as_ref(&self) -> &Path {
+        &self.source
+    }
+}
+
+impl<K> AsRef<Path> for ResumeRun<K> {
+    fn as_ref(&self) -> &Path {
+        &self.source
+    }
+}
+
+impl<K> NewRun<K> {
+    /// The engine's preflight of a new run going `host.direction` (the one walk of the tree,
+    /// which counts what the copy needs) and, when the options ask, the measured estimate.
+    pub(crate) fn check(
+        host: &KeyHost<'_>,
+        workdir: PathBuf,
+        options: Options,
+        owner: Owner,
+        key: K,
+    ) -> Result<NewRun<K>, ConvertError> {
+        let source = host.source.to_path_buf();
+        let engine = migrate::preflight(&request(&source, &workdir, &options, host.direction), host)?;
+        let census = *engine.census();
+        let estimate = if options.estimate { estimate(&source, &census) } else { None };
+        Ok(NewRun { source, workdir, options, census, owner, estimate, key, engine: Box::new(engine) })
+    }
+
+    /// What the run involves, as a person should see it before saying yes.
+    pub fn summary(&self) -> Summary {
+        let (census, owner, options) = (&self.census, &self.owner, &self.options);
+        let owner_name =
+            nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(owner.uid)).ok().flatten().map(|u| u.name);
+        Summary {
+            path: self.source.clone(),
+            entries: census.entries,
+            data_bytes: census.data,
+            apparent_bytes: census.bytes,
+            space_needed: census.space_needed,
+            space_available: census.space_available,
+            owner_uid: owner.uid,
+            owner_name,
+            recovery_key: options.recovery_key,
+            keep_backup: options.keep_backup,
+            wipe: options.wipe,
+            method: census.method,
+            auto: census.auto,
+            copy_needed: census.copy_needed,
+            move_needed: census.move_needed,
+            estimate: self.estimate,
         }
     }
 
-    /// The summary of a new conversion; `None` when resuming one.
-    pub fn summary(&self) -> Option<Summary> {
-        match self {
-            Plan::New(p) => Some(p.summary()),
-            Plan::Resume(_) => None,
+    /// Asks the Ui the question `ask` makes of the directory and this summary: a person
+    /// confirms, or cancels.
+    pub(crate) fn confirm(
+        &self,
+        ask: impl for<'q> FnOnce(&'q Path, &'q Summary) -> Question<'q>,
+        ui: &mut dyn Ui,
+    ) -> Result<(), ConvertError> {
+        let summary = self.summary();
+        match ui.confirm(&ask(&self.source, &summary))? {
+            true => Ok(()),
+            false => Err(UiError::Cancelled.into()),
         }
     }
+
+    /// Hands the engine the plan its preflight made: copy (or move), verify, swap.
+    pub(crate) fn start(self, host: &KeyHost<'_>) -> Result<Outcome, ConvertError> {
+        let req = request(&self.source, &self.workdir, &self.options, host.direction);
+        Ok(migrate::start(&req, host, *self.engine)?)
+    }
+}
+
+/// Resumes the run recorded in `workdir` from where it stopped (its key is loaded), saying so.
+pub(crate) fn resume(
+    host: &KeyHost<'_>,
+    workdir: &Path,
+    options: &Options,
+    state: State,
+    ui: &mut dyn Ui,
+) -> Result<Outcome, ConvertError> {
+    let what = if host.direction == Direction::Decrypt { "decrypt" } else { "conversion" };
+    ui.notice(&format!("resuming the {what} of {} ({state})", host.source.display()));
+    Ok(migrate::convert(&request(host.source, workdir, options, host.direction), host)?)
 }
 
 impl NewPlan {
@@ -353,39 +453,6 @@ impl NewPlan {
         let uid = self.owner.uid;
         let named = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)).ok().flatten();
         named.filter(|_| uid != 0).map_or_else(|| "password".into(), |u| u.name)
-    }
-
-    /// What the conversion involves, as a person should see it before saying yes.
-    pub fn summary(&self) -> Summary {
-        summary(&self.source, &self.options, &self.census, &self.owner, self.estimate)
-    }
-}
-
-pub(crate) fn summary(
-    source: &Path,
-    options: &Options,
-    census: &Census,
-    owner: &Owner,
-    estimate: Option<Estimate>,
-) -> Summary {
-    let owner_name = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(owner.uid)).ok().flatten().map(|u| u.name);
-    Summary {
-        path: source.to_path_buf(),
-        entries: census.entries,
-        data_bytes: census.data,
-        apparent_bytes: census.bytes,
-        space_needed: census.space_needed,
-        space_available: census.space_available,
-        owner_uid: owner.uid,
-        owner_name,
-        recovery_key: options.recovery_key,
-        keep_backup: options.keep_backup,
-        wipe: options.wipe,
-        method: census.method,
-        auto: census.auto,
-        copy_needed: census.copy_needed,
-        move_needed: census.move_needed,
-        estimate,
     }
 }
 
@@ -530,23 +597,20 @@ impl NewPlan {
         ui: &mut dyn Ui,
         hooks: &Hooks<'_>,
     ) -> Result<Converted, ConvertError> {
-        let summary = self.summary();
-        let NewPlan { source, workdir, options, engine, .. } = self;
-        let req = request(&source, &workdir, &options, Direction::Encrypt);
-        if options.portable {
+        // The host borrows the path for as long as the engine runs, which takes the plan.
+        let source = self.source.clone();
+        if self.options.portable {
             // Refused before anything is asked.
             ds.check_travels(&choice)?;
         }
-        if !ui.confirm(&Question::Convert { dir: &source, summary: &summary })? {
-            return Err(UiError::Cancelled.into());
-        }
-        let store = if options.portable {
+        self.confirm(|dir, summary| Question::Convert { dir, summary }, ui)?;
+        let store = if self.options.portable {
             let mp = fscrypt::mount_point(&source).map_err(OpsError::from)?;
             crate::portable::open_or_create(&mp).map_err(OpsError::from)?
         } else {
             ds.keystore().clone()
         };
-        let want_key = match options.recovery_key {
+        let want_key = match self.options.recovery_key {
             Some(w) => w,
             None => ui.confirm(&Question::CreateRecoveryKey { dir: &source })?,
         };
@@ -557,10 +621,10 @@ impl NewPlan {
         } else {
             None
         };
-        drop_orphan_policy(ds, &source, &workdir)?;
+        drop_orphan_policy(ds, &source, &self.workdir)?;
         let chosen = match choice {
             ProtectorChoice::New(n) => ds.adopt_or_create_protector(&n, &store, ui)?,
-            existing if options.portable => ds.resolve_protector_into(existing, &store, ui)?,
+            existing if self.options.portable => ds.resolve_protector_into(existing, &store, ui)?,
             existing => ds.resolve_protector(existing, ui)?,
         };
         migrate::fault::point(migrate::fault::Point::AfterProtectorSaved);
@@ -570,7 +634,7 @@ impl NewPlan {
             store: Some(store),
             ..KeyHost::new(ds, &source, hooks)
         };
-        let outcome = migrate::start(&req, &host, *engine)?;
+        let outcome = self.start(&host)?;
         let saved = recovery.map(|_| {
             !matches!(outcome.state, State::Done | State::Swapped)
                 || crate::recovery::read_blob(&source).is_ok_and(|b| b.is_some())
@@ -583,13 +647,11 @@ impl ResumePlan {
     /// Resumes an unfinished conversion from where it stopped: the staging key is loaded again
     /// first if needed, with the protector `pick` names (none: the policy's only one).
     pub fn run(self, ds: &Dirseal, pick: Pick, ui: &mut dyn Ui, hooks: &Hooks<'_>) -> Result<Converted, ConvertError> {
-        let ResumePlan { source, workdir, options, state, staging_key } = self;
-        if let Some(id) = staging_key {
+        let ResumePlan { source, workdir, options, state, key } = self;
+        if let Some(id) = key {
             load_staging_key(ds, &source, &id, pick, ui)?;
         }
-        ui.notice(&format!("resuming the conversion of {} ({state})", source.display()));
-        let req = request(&source, &workdir, &options, Direction::Encrypt);
-        let outcome = migrate::convert(&req, &KeyHost::new(ds, &source, hooks))?;
+        let outcome = resume(&KeyHost::new(ds, &source, hooks), &workdir, &options, state, ui)?;
         Ok(Converted { outcome, recovery_key_saved: None })
     }
 }

@@ -9,63 +9,36 @@
 //! The shape is convert's: [`plan`] (an unfinished decrypt is resumed) → [`NewPlan::run`] or
 //! [`ResumePlan::run`]; [`finish`] aborts, rolls back or commits; [`crate::convert::cancel`]'s
 //! rules apply to a stopped run.
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use dirseal_migrate::{self as migrate, Census, Direction, MigrateError, Outcome, State};
+use dirseal_migrate::{self as migrate, Direction, MigrateError, Outcome, State};
 
 use crate::convert::{
-    absolute, estimate, finish_going, load_staging_key, other_direction, owner_idle, request, staging_key_needed,
-    summary, unfinished, workdir_for, ConvertError, Finish, Hooks, KeyHost, Options, Owner, Summary,
+    absolute, finish_going, load_staging_key, other_direction, owner_idle, resume, staging_key_needed, unfinished,
+    workdir_for, ConvertError, Finish, Hooks, KeyHost, NewRun, Options, Planned, ResumeRun,
 };
 use crate::fscrypt::{self, KeyStatus};
 use crate::ids::KeyIdentifier;
 use crate::ops::{Dirseal, OpsError, Pick};
-use crate::ui::{Question, Ui, UiError};
+use crate::ui::{Question, Ui};
 
-/// A checked decrypt: a new one, or one that stopped part-way (or whose clean-up did).
-#[derive(Debug)]
-pub enum Plan {
-    /// A decrypt not yet started.
-    New(NewPlan),
-    /// A decrypt that stopped part-way; [`ResumePlan::run`] finishes it.
-    Resume(ResumePlan),
-}
+/// A checked decrypt: a new one ([`NewPlan::run`]), or one that stopped part-way, or whose
+/// clean-up did ([`ResumePlan::run`] finishes it).
+pub type Plan = Planned<NewPlan, ResumePlan>;
 
-/// A new decrypt that passed every check; the directory is unlocked.
-#[derive(Debug)]
-pub struct NewPlan {
-    /// The directory, absolute (its final component not followed).
-    pub source: PathBuf,
-    /// Its root-only work dir (journal, staging copy).
-    pub workdir: PathBuf,
-    /// The options it was planned with.
-    pub options: Options,
-    /// What the engine counted.
-    pub census: Census,
-    /// The owner, whose processes the plan checked.
-    pub owner: Owner,
-    /// The directory's policy (its key is loaded).
-    pub policy: KeyIdentifier,
-    /// The measured time estimate, if asked for and the probe could run.
-    pub estimate: Option<crate::convert::Estimate>,
-    engine: Box<migrate::Plan>,
-}
+/// A new decrypt that passed every check; the directory is unlocked, and `key` is its policy.
+pub type NewPlan = NewRun<KeyIdentifier>;
 
 /// An unfinished decrypt (the journal's state; `Done` when only the clean-up is left).
-#[derive(Debug)]
-pub struct ResumePlan {
-    /// The directory, absolute.
-    pub source: PathBuf,
-    /// Its work dir.
-    pub workdir: PathBuf,
-    /// The options to run it with.
-    pub options: Options,
-    /// Where the journal says it stopped.
-    pub state: State,
+pub type ResumePlan = ResumeRun<SourceKey>;
+
+/// The key of an unfinished decrypt: the directory's own.
+#[derive(Clone, Copy, Debug)]
+pub struct SourceKey {
     /// The directory's policy.
     pub policy: KeyIdentifier,
-    /// Whether the key must be loaded again first (after a reboot).
-    pub key_needed: bool,
+    /// Whether its key must be loaded again first (after a reboot).
+    pub needed: bool,
 }
 
 /// What a decrypt achieved, and what it left of the directory's encryption.
@@ -120,7 +93,8 @@ pub fn plan(
                 // Finished and cleaned up: a new decrypt of whatever is there now.
             } else {
                 let key_needed = unfinished(v.state) && staging_key_needed(&source, &v)?.is_some();
-                return Ok(Plan::Resume(ResumePlan { source, workdir, options, state: v.state, policy, key_needed }));
+                let key = SourceKey { policy, needed: key_needed };
+                return Ok(Plan::Resume(ResumePlan { source, workdir, options, state: v.state, key }));
             }
         }
     }
@@ -144,11 +118,9 @@ pub fn plan(
     if !key_loaded(&source, &id)? {
         ds.unlock(&source, pick, ui)?;
     }
-    let host = KeyHost::decrypting(ds, &source, id, hooks);
-    let engine = migrate::preflight(&request(&source, &workdir, &options, Direction::Decrypt), &host)?;
-    let census = *engine.census();
-    let estimate = if options.estimate { estimate(&source, &census) } else { None };
-    Ok(Plan::New(NewPlan { source, workdir, options, census, owner, policy: id, estimate, engine: Box::new(engine) }))
+    // No recovery key is made: the summary says so.
+    let options = Options { recovery_key: Some(false), ..options };
+    Ok(Plan::New(NewPlan::check(&KeyHost::decrypting(ds, &source, id, hooks), workdir, options, owner, id)?))
 }
 
 fn key_loaded(source: &Path, id: &KeyIdentifier) -> Result<bool, ConvertError> {
@@ -179,32 +151,7 @@ fn refuse_pin_only(
     Ok(())
 }
 
-impl Plan {
-    /// The directory, absolute.
-    pub fn source(&self) -> &Path {
-        match self {
-            Plan::New(p) => &p.source,
-            Plan::Resume(p) => &p.source,
-        }
-    }
-
-    /// The summary of a new decrypt; `None` when resuming one.
-    pub fn summary(&self) -> Option<Summary> {
-        match self {
-            Plan::New(p) => Some(p.summary()),
-            Plan::Resume(_) => None,
-        }
-    }
-}
-
 impl NewPlan {
-    /// What the decrypt involves, as a person should see it before saying yes (convert's
-    /// summary; no recovery key is made).
-    pub fn summary(&self) -> Summary {
-        let options = Options { recovery_key: Some(false), ..self.options.clone() };
-        summary(&self.source, &options, &self.census, &self.owner, self.estimate)
-    }
-
     /// Runs a new decrypt: the Ui confirms ([`Question::Decrypt`]), the engine copies (or
     /// moves), verifies and swaps; once done, the policy is forgotten (see [`Forgotten`];
     /// `keep_protectors` keeps every protector).
@@ -215,15 +162,10 @@ impl NewPlan {
         ui: &mut dyn Ui,
         hooks: &Hooks<'_>,
     ) -> Result<Decrypted, ConvertError> {
-        let summary = self.summary();
-        let NewPlan { source, workdir, options, engine, policy, owner, .. } = self;
-        if !ui.confirm(&Question::Decrypt { dir: &source, summary: &summary })? {
-            return Err(UiError::Cancelled.into());
-        }
-        let req = request(&source, &workdir, &options, Direction::Decrypt);
-        let host = KeyHost::decrypting(ds, &source, policy, hooks);
-        let outcome = migrate::start(&req, &host, *engine)?;
-        let forgotten = after(ds, &source, &outcome, &policy, owner.uid, keep_protectors)?;
+        self.confirm(|dir, summary| Question::Decrypt { dir, summary }, ui)?;
+        let (source, policy, uid) = (self.source.clone(), self.key, self.owner.uid);
+        let outcome = self.start(&KeyHost::decrypting(ds, &source, policy, hooks))?;
+        let forgotten = after(ds, &source, &outcome, &policy, uid, keep_protectors)?;
         Ok(Decrypted { outcome, forgotten })
     }
 }
@@ -239,8 +181,8 @@ impl ResumePlan {
         ui: &mut dyn Ui,
         hooks: &Hooks<'_>,
     ) -> Result<Decrypted, ConvertError> {
-        let ResumePlan { source, workdir, options, state, policy, key_needed } = self;
-        if key_needed {
+        let ResumePlan { source, workdir, options, state, key: SourceKey { policy, needed } } = self;
+        if needed {
             load_staging_key(ds, &source, &policy, pick, ui)?;
         }
         if state == State::Done {
@@ -259,12 +201,7 @@ impl ResumePlan {
             let forgotten = Some(forget(ds, &source, &policy, uid, keep_protectors)?);
             return Ok(Decrypted { outcome, forgotten });
         }
-        ui.notice(&format!("resuming the decrypt of {} ({state})", source.display()));
-        let outcome = {
-            let req = request(&source, &workdir, &options, Direction::Decrypt);
-            let host = KeyHost::decrypting(ds, &source, policy, hooks);
-            migrate::convert(&req, &host)?
-        };
+        let outcome = resume(&KeyHost::decrypting(ds, &source, policy, hooks), &workdir, &options, state, ui)?;
         let uid = crate::convert::owner_of(&source)?.uid;
         let forgotten = after(ds, &source, &outcome, &policy, uid, keep_protectors)?;
         Ok(Decrypted { outcome, forgotten })

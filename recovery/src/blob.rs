@@ -437,6 +437,15 @@ mod tests {
         assert_eq!((s.len(), m.len()), (MAX_SECRET, MAX_METADATA));
     }
 
+    /// A damaged length field: the parse misreads what follows it, and says so.
+    fn assert_misread(parsed: Result<Sealed, BlobError>, i: usize) {
+        let e = parsed.err().unwrap_or_else(|| panic!("{i}: a damaged length parsed"));
+        assert!(
+            matches!(e, BlobError::Truncated { .. } | BlobError::TrailingBytes { .. } | BlobError::BadLength { .. }),
+            "{i}: {e:?}"
+        );
+    }
+
     /// Every bit of every byte, region by region, with the outcome each region must give.
     #[test]
     fn tampering_each_region_is_detected_and_named() {
@@ -476,16 +485,7 @@ mod tests {
                     }
                     49..=50 => {
                         // A wrong metadata length misreads everything after it.
-                        let e = parsed.unwrap_err();
-                        assert!(
-                            matches!(
-                                e,
-                                BlobError::Truncated { .. }
-                                    | BlobError::TrailingBytes { .. }
-                                    | BlobError::BadLength { .. }
-                            ),
-                            "{i}: {e:?}"
-                        );
+                        assert_misread(parsed, i);
                         5
                     }
                     _ if i < meta_end => {
@@ -493,16 +493,7 @@ mod tests {
                         6
                     }
                     _ if i < meta_end + 2 => {
-                        let e = parsed.unwrap_err();
-                        assert!(
-                            matches!(
-                                e,
-                                BlobError::Truncated { .. }
-                                    | BlobError::TrailingBytes { .. }
-                                    | BlobError::BadLength { .. }
-                            ),
-                            "{i}: {e:?}"
-                        );
+                        assert_misread(parsed, i);
                         7
                     }
                     _ => {

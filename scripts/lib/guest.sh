@@ -1,7 +1,34 @@
 # shellcheck shell=bash
-# Sourced by scripts/vm-test.sh and scripts/system-test.sh: what both qemu guests (TCG) are made of
-# and run with: Debian's kernel, a busybox initramfs, a software TPM, the qemu options they share,
+# Sourced by scripts/vm-test.sh and scripts/system-test.sh: the options both take, and what both qemu
+# guests (TCG) are made of and run with: Debian's kernel, a busybox initramfs, a software TPM, the qemu options they share,
 # and the watch that stops a guest which makes no progress (a slow one is left alone).
+
+# guest_args USAGE OWN ARG...: the options both guest tests take, --only NAME,... and --cmd CMD
+# (into only and cmd) and --no-deps (skip_deps); every other argument goes, in order, to the
+# script's function OWN, which returns non-zero for one it does not know: USAGE is printed then.
+guest_args() {
+  local usage=$1 own=$2
+  shift 2
+  while [ $# -gt 0 ]; do
+    case $1 in
+      --only | --cmd)
+        [ $# -ge 2 ] || { echo "$usage" >&2; exit 2; }
+        if [ "$1" = --only ]; then only=$2; else cmd=$2; fi
+        shift ;;
+      --no-deps) skip_deps=1 ;;
+      *) "$own" "$1" || { echo "$usage" >&2; exit 2; } ;;
+    esac
+    shift
+  done
+}
+
+# guest_workdir NAME: TARGET/NAME made if missing (TARGET: CARGO_TARGET_DIR, else target/), where a
+# guest test keeps what outlives a run; then the host's packages unless --no-deps. Sets target.
+guest_workdir() {
+  target=$(realpath -m "${CARGO_TARGET_DIR:-target}")
+  mkdir -p "$target/$1"
+  [ -n "$skip_deps" ] || bash scripts/deps.sh
+}
 
 # guest_kernel DIR: Debian's kernel (the archive's linux-image-amd64), its package unpacked once into
 # DIR/root and kept there (installing it would run a slow postinst for nothing). Both tests pass the

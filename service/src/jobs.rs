@@ -586,7 +586,7 @@ pub fn resume_recorded(ctx: &Arc<Ctx>, conn: &Connection) {
                     &mut Secrets::default(),
                     &hooks,
                 )? {
-                    decrypt::Plan::Resume(p) if !p.key_needed => p,
+                    decrypt::Plan::Resume(p) if !p.key.needed => p,
                     decrypt::Plan::Resume(_) => {
                         return Err(Error::new(
                             Kind::NotFound,
@@ -601,7 +601,7 @@ pub fn resume_recorded(ctx: &Arc<Ctx>, conn: &Connection) {
                 return spawn(ctx, conn, Start { ds, work, secrets: Secrets::default(), owner: m.uid });
             }
             let plan = match convert::plan(&ds, &m.source, Default::default(), &hooks)? {
-                Plan::Resume(p) if p.staging_key.is_none() => p,
+                Plan::Resume(p) if p.key.is_none() => p,
                 Plan::Resume(_) => {
                     return Err(Error::new(
                         Kind::NotFound,

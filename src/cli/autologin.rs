@@ -1,10 +1,9 @@
 //! `dirseal autologin`: a display manager's automatic login onto an encrypted home
 //! ([`dirseal::autologin`]). `check` is what `dirseal-autologin.service` runs before the display
 //! managers start; `status` says what the next boot does; `clear` is for uninstalling.
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::Result;
-use clap::Subcommand;
 
 use dirseal::autologin::{self, Status};
 use dirseal::ids::ProtectorId;
@@ -12,32 +11,8 @@ use dirseal::ops::Dirseal;
 use dirseal::secret::Passphrase;
 use dirseal::ui::{SecretPrompt, Ui, UiError};
 
+use super::args::AutologinCmd;
 use super::term::clean;
-
-#[derive(Subcommand)]
-pub enum AutologinCmd {
-    /// Before the display manager starts: unlock the autologin user's encrypted home with a protector that needs no typing, else turn autologin off for this boot
-    Check {
-        /// The root of the system whose display managers are configured (for images and tests)
-        #[arg(long, value_name = "DIR", default_value = "/")]
-        root: PathBuf,
-        /// Print the outcome as JSON
-        #[arg(long)]
-        json: bool,
-    },
-    /// Which display manager logs in whom, and what the next boot does with an encrypted home
-    Status {
-        #[arg(long, value_name = "DIR", default_value = "/")]
-        root: PathBuf,
-        #[arg(long)]
-        json: bool,
-    },
-    /// Remove every drop-in and runtime copy dirseal wrote for autologins (uninstalling does it)
-    Clear {
-        #[arg(long, value_name = "DIR", default_value = "/")]
-        root: PathBuf,
-    },
-}
 
 /// The check runs unattended: nothing is typed, a security key's touch is waited for (and said).
 struct Unattended;

@@ -1,86 +1,29 @@
 //! `dirseal convert`: flags to [`dirseal::convert`]'s plan and run, a progress bar (or JSON
 //! lines), and clean stops on SIGINT/SIGTERM.
 use std::io::IsTerminal;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
-use clap::Args;
 use indicatif::HumanBytes;
 use serde::Serialize;
 
-use dirseal::convert::{self, ConvertError, Converted, Finish, Hooks, Options, Plan};
+use dirseal::convert::{self, ConvertError, Converted, Hooks, Mode, Options, Plan};
 use dirseal::ops::{Dirseal, Pick, ProtectorChoice};
-use dirseal::ui::Progress;
 use dirseal_migrate::{Method, Outcome, State, StatusView};
 
-use super::progress::Reporter;
+use super::args::{ConvertArgs, DataMode};
+use super::drive::{drive, Steps};
 use super::term::{clean, TermUi};
-use super::ProtectorArgs;
 
-#[derive(Args)]
-pub struct ConvertArgs {
-    /// The directory to encrypt in place
-    #[arg(required_unless_present = "status")]
-    dir: Option<PathBuf>,
-    #[command(flatten)]
-    protector: ProtectorArgs,
-    #[command(flatten)]
-    recovery: super::recovery::RecoveryOffer,
-    /// Do not ask for confirmation
-    #[arg(long, short = 'y')]
-    yes: bool,
-    /// Keep the directory's records on its own filesystem (removable media) so that it opens on
-    /// any machine with its password or security key; a TPM protector cannot be its only one
-    #[arg(long)]
-    portable: bool,
-    /// Keep the old plaintext until `--commit` (or restore it with `--rollback`)
-    #[arg(long)]
-    keep_backup: bool,
-    /// Overwrite the old plaintext before deleting it, then TRIM the filesystem
-    #[arg(long)]
-    wipe: bool,
-    /// When done, overwrite the filesystem's free space (`dirseal scrub`): the old plaintext and
-    /// what files deleted earlier left behind
-    #[arg(long)]
-    scrub: bool,
-    /// Convert even if programs use the directory (their changes during the copy are recopied)
-    #[arg(long)]
-    force: bool,
-    /// copy: a second copy next to the original (needs room for it); move: the data moves into the
-    /// encrypted directory chunk by chunk (for a nearly full disk; no backup window); auto: copy
-    /// when it fits, else move
-    #[arg(long = "mode", value_enum, default_value = "auto", value_name = "MODE")]
-    data_mode: DataMode,
-    /// Worker threads [default: two per CPU, at least 4]
-    #[arg(long, value_name = "N")]
-    threads: Option<usize>,
-    /// One JSON progress object per second on stdout, and a JSON result
-    #[arg(long)]
-    pub json: bool,
-    /// Resume an interrupted conversion (what a plain re-run does too)
-    #[arg(long, group = "mode")]
-    resume: bool,
-    /// Before the swap: remove the copy, leave the original untouched
-    #[arg(long, group = "mode")]
-    abort: bool,
-    /// After a swap kept with --keep-backup: put the plaintext back
-    #[arg(long, group = "mode")]
-    rollback: bool,
-    /// After a swap kept with --keep-backup: delete the old plaintext
-    #[arg(long, group = "mode")]
-    commit: bool,
-    /// Show the recorded state of a conversion
-    #[arg(long, group = "mode")]
-    status: bool,
-}
-
-#[derive(Clone, Copy, clap::ValueEnum)]
-pub(super) enum DataMode {
-    Copy,
-    Move,
-    Auto,
+impl From<DataMode> for Mode {
+    fn from(m: DataMode) -> Mode {
+        match m {
+            DataMode::Copy => Mode::Copy,
+            DataMode::Move => Mode::Move,
+            DataMode::Auto => Mode::Auto,
+        }
+    }
 }
 
 #[derive(Serialize)]
@@ -136,14 +79,14 @@ pub(super) fn status_out(v: &StatusView) -> StatusOut<'_> {
 /// `convert --status [DIR]`: reads the work dirs only, so it runs before (and without) the
 /// keystore, which a look at the state must never create.
 pub fn status_only(args: &ConvertArgs) -> Option<Result<i32>> {
-    if !args.status {
+    if !args.end.status {
         return None;
     }
     Some(match &args.dir {
-        None => status_all(args.json),
+        None => status_all(args.run.json),
         Some(dir) => convert::absolute(dir)
             .map_err(anyhow::Error::from)
-            .and_then(|abs| show_status(&abs, convert::status(&abs)?.as_ref(), args.json)),
+            .and_then(|abs| show_status(&abs, convert::status(&abs)?.as_ref(), args.run.json)),
     })
 }
 
@@ -152,87 +95,64 @@ pub fn run(ds: &mut Dirseal, args: ConvertArgs, ui: &mut TermUi) -> Result<i32> 
         bail!("name the directory to convert: `dirseal convert DIR`");
     };
     let abs = convert::absolute(&dir)?;
-
-    let stop = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register(sig, Arc::clone(&stop))?;
+    let how = args.end.finish();
+    if how.is_none() && args.resume && !convert::status(&abs)?.is_some_and(|v| convert::unfinished(v.state)) {
+        return Err(ConvertError::NotInProgress { path: abs.clone() })
+            .context(format!("start one with `dirseal convert {}`", abs.display()));
     }
-    let reporter = Reporter::new(args.json);
-    let progress = |p: &Progress| reporter.report(p);
-    let hooks = Hooks { progress: &progress, stop: &stop };
-    let finish = match (args.abort, args.rollback, args.commit) {
-        (true, _, _) => Some(Finish::Abort),
-        (_, true, _) => Some(Finish::Rollback),
-        (_, _, true) => Some(Finish::Commit),
-        _ => None,
+    let options = Options {
+        keep_backup: args.keep_backup,
+        wipe: args.wipe,
+        force: args.run.force,
+        owner_asks: false,
+        threads: args.run.threads.unwrap_or(0),
+        // --yes asks nothing but secrets: no recovery key unless the flags say so.
+        recovery_key: args.recovery.decided().or(args.yes.then_some(false)),
+        // The probe costs a few syncs: measured only when someone sees the estimate (the
+        // question's summary, a bar, --json), not for a script's `--yes`.
+        estimate: !args.yes || args.run.json || std::io::stderr().is_terminal(),
+        portable: args.portable,
+        mode: args.run.data_mode.into(),
     };
-    // Sizes as the plan counted them, for the result (a resumed run has none).
-    let mut summary = None;
-    let result = if let Some(how) = finish {
-        convert::finish(ds, &abs, how, ui, &hooks).map(|outcome| Converted { outcome, recovery_key_saved: None })
-    } else {
-        if args.resume && !convert::status(&abs)?.is_some_and(|v| convert::unfinished(v.state)) {
-            return Err(ConvertError::NotInProgress { path: abs.clone() })
-                .context(format!("start one with `dirseal convert {}`", abs.display()));
-        }
-        let options = Options {
-            keep_backup: args.keep_backup,
-            wipe: args.wipe,
-            force: args.force,
-            owner_asks: false,
-            threads: args.threads.unwrap_or(0),
-            // --yes asks nothing but secrets: no recovery key unless the flags say so.
-            recovery_key: args.recovery.decided().or(args.yes.then_some(false)),
-            // The probe costs a few syncs: measured only when someone sees the estimate (the
-            // question's summary, a bar, --json), not for a script's `--yes`.
-            estimate: !args.yes || args.json || std::io::stderr().is_terminal(),
-            portable: args.portable,
-            mode: match args.data_mode {
-                DataMode::Copy => convert::Mode::Copy,
-                DataMode::Move => convert::Mode::Move,
-                DataMode::Auto => convert::Mode::Auto,
-            },
-        };
-        let plan = convert::plan(ds, &abs, options, &hooks)?;
-        reporter.finish();
-        summary = plan.summary();
-        // The estimate weighs a file as the probe measured it against the data rate.
-        if let Some(e) = summary.as_ref().and_then(|s| s.estimate.as_ref()) {
-            reporter.set_file_cost(e.write_bytes_per_sec.saturating_mul(e.micros_per_entry) / 1_000_000);
-        }
-        if let (Some(s), true) = (&summary, args.json) {
-            println!("{}", serde_json::to_string(&serde_json::json!({ "plan": s }))?);
-        }
-        let user = args.protector.user_or_owner(&abs)?;
-        ui.login_user = user.as_ref().map(|u| u.name.clone());
-        ui.assume_yes = args.yes;
-        let choice = args.protector.choice(ds, &user)?;
-        match plan {
-            Plan::New(plan) => plan.run(ds, choice, ui, &hooks),
-            // Resuming makes no protector: `--protector` at most names the one that reloads the
-            // staging key.
-            Plan::Resume(plan) => {
-                let pick = match choice {
-                    ProtectorChoice::Existing(id) => Pick { protector: Some(id) },
-                    ProtectorChoice::New(_) => Pick::default(),
-                };
-                plan.run(ds, pick, ui, &hooks)
-            }
-        }
+    let steps = Steps {
+        finish: |ds: &mut Dirseal, ui: &mut TermUi, how, hooks: &Hooks<'_>| {
+            let outcome = convert::finish(ds, &abs, how, ui, hooks)?;
+            Ok(Converted { outcome, recovery_key_saved: None })
+        },
+        plan: |ds: &mut Dirseal, _: &mut TermUi, hooks: &Hooks<'_>| Ok(convert::plan(ds, &abs, options, hooks)?),
+        run: |ds: &mut Dirseal, ui: &mut TermUi, plan, hooks: &Hooks<'_>| {
+            let user = args.protector.user_or_owner(&abs)?;
+            ui.login_user = user.as_ref().map(|u| u.name.clone());
+            ui.assume_yes = args.yes;
+            let choice = args.protector.choice(ds, &user)?;
+            Ok(match plan {
+                Plan::New(plan) => plan.run(ds, choice, ui, hooks)?,
+                // Resuming makes no protector: `--protector` at most names the one that reloads the
+                // staging key.
+                Plan::Resume(plan) => {
+                    let pick = match choice {
+                        ProtectorChoice::Existing(id) => Pick { protector: Some(id) },
+                        ProtectorChoice::New(_) => Pick::default(),
+                    };
+                    plan.run(ds, pick, ui, hooks)?
+                }
+            })
+        },
     };
-    reporter.finish();
-    let done = result?;
+    // The estimate weighs a file as the probe measured it against the data rate.
+    let driven = drive(ds, ui, (args.run.json, true), how, steps)?;
+    let (done, summary, stop) = (driven.result, driven.summary, driven.stop);
     if done.recovery_key_saved == Some(false) {
         eprintln!(
             "dirseal: the recovery key shown above was not saved on {d}; create a new one with `dirseal recovery add {d}`",
             d = clean(&abs.display().to_string())
         );
     }
-    report(&abs, &done.outcome, summary.as_ref().map(|s| s.apparent_bytes), args.json)?;
+    report(&abs, &done.outcome, summary.as_ref().map(|s| s.apparent_bytes), args.run.json)?;
     if args.scrub {
-        return scrub_after(&abs, &done.outcome, &stop, args.json);
+        return scrub_after(&abs, &done.outcome, &stop, args.run.json);
     }
-    if !args.json && done.outcome.state == State::Done {
+    if !args.run.json && done.outcome.state == State::Done {
         let d = clean(&abs.display().to_string());
         if args.recovery.decided().is_none() && args.yes {
             println!("note: no recovery key was made (--yes makes one only with --recovery-key); `dirseal recovery add {d}` makes one");

@@ -1,20 +1,11 @@
 //! `dirseal fido2 list`: the connected security keys, as `--device` names them.
 use anyhow::Result;
-use clap::Subcommand;
 
 use dirseal::config::Config;
 use dirseal::fido2;
 
+use super::args::Fido2Cmd;
 use super::{clean, print_json};
-
-#[derive(Subcommand)]
-pub enum Fido2Cmd {
-    /// Connected security keys: path, product, and whether each can hold a FIDO2 protector
-    List {
-        #[arg(long)]
-        json: bool,
-    },
-}
 
 pub fn run(config: &Config, cmd: Fido2Cmd) -> Result<i32> {
     match cmd {

@@ -1,41 +1,13 @@
 //! `dirseal home create USER`: a new account's home, encrypted before anything is written to it
 //! ([`dirseal::home`]). For scripts: `useradd -M USER` then `dirseal home create USER`.
-use std::path::PathBuf;
 
 use anyhow::Result;
-use clap::{Args, Subcommand};
 
 use dirseal::home::{self, Account, HomeError};
 use dirseal::ops::Dirseal;
-use dirseal::protector;
 
+use super::args::HomeCmd;
 use super::term::{clean, TermUi};
-
-#[derive(Subcommand)]
-pub enum HomeCmd {
-    /// Create USER's home (from the passwd entry) encrypted from the start, then copy the skeleton
-    /// into it; the home must not exist or be empty (for one that holds data, use `convert`)
-    Create(CreateArgs),
-}
-
-#[derive(Args)]
-pub struct CreateArgs {
-    /// The account (it must exist: `useradd -M USER` first)
-    user: String,
-    /// The skeleton copied into the new home
-    #[arg(long, value_name = "DIR", default_value = home::DEFAULT_SKEL)]
-    skel: PathBuf,
-    /// Kind of the user's new protector (named after them, theirs)
-    #[arg(long, alias = "type", default_value = "password", value_parser = clap::builder::PossibleValuesParser::new(protector::KIND_NAMES))]
-    protector_type: String,
-    #[command(flatten)]
-    kdf: super::KdfArgs,
-    #[command(flatten)]
-    recovery: super::recovery::RecoveryOffer,
-    /// Print the result as one JSON object
-    #[arg(long)]
-    json: bool,
-}
 
 pub fn run(ds: &mut Dirseal, cmd: HomeCmd, ui: &mut TermUi) -> Result<i32> {
     let HomeCmd::Create(args) = cmd;

@@ -1,7 +1,9 @@
 //! The `dirseal` command line: thin glue from clap to [`dirseal::ops`].
+mod args;
 mod autologin;
 mod convert;
 mod decrypt;
+mod drive;
 mod fido2;
 mod hint;
 mod home;
@@ -14,255 +16,36 @@ mod tpm2;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context, Result};
-use clap::{Args, CommandFactory, Parser, Subcommand};
+use anyhow::{bail, Result};
+use clap::Parser;
 use serde::Serialize;
 
-use dirseal::config::DEFAULT_CONFIG_PATH;
 use dirseal::ids::{KeyIdentifier, ProtectorId};
 use dirseal::keystore::{PolicyRecord, ProtectorRecord};
 use dirseal::ops::{self, Dirseal, LockReport, NewProtector, OpsError, Pick, ProtectorChoice, ProtectorSummary};
-use dirseal::protector::{self, KindOptions, NewKind, ProtectorError};
+use dirseal::protector::{KindOptions, NewKind, ProtectorError};
 
+use args::{Cli, Cmd, KdfArgs, PinLoginCmd, PolicyCmd, PolicyTarget, ProtectorArgs, ProtectorCmd};
 pub use term::clean;
 use term::TermUi;
 
-#[derive(Parser)]
-#[command(
-    name = "dirseal",
-    version,
-    about = "Encrypt existing directories in place with Linux native filesystem encryption (fscrypt v2)",
-    after_help = "Start with `dirseal convert DIR` to encrypt a directory that holds data, then `dirseal status DIR`."
-)]
-pub struct Cli {
-    /// Config file
-    #[arg(long, global = true, env = "DIRSEAL_CONFIG", default_value = DEFAULT_CONFIG_PATH, value_name = "FILE", help_heading = "Global options")]
-    config: PathBuf,
-    /// Keystore directory [default: from the config, else /var/lib/dirseal]
-    #[arg(long, global = true, env = "DIRSEAL_KEYSTORE", value_name = "DIR", help_heading = "Global options")]
-    keystore: Option<PathBuf>,
-    #[command(subcommand)]
-    cmd: Cmd,
-}
+/// What the command line's definition (args.rs) takes from the library; build.rs gives it the
+/// same, read from the library's sources (checked by tests/cli.rs).
+mod lib_values {
+    pub use super::ProtectorRef;
+    pub use dirseal::ids::KeyIdentifier;
 
-#[derive(Subcommand)]
-enum Cmd {
-    /// Show the system overview, or one directory: encrypted?, locked?, policy, protectors
-    Status {
-        /// A directory (any path) to report on; without it, every policy and protector
-        dir: Option<PathBuf>,
-        /// Print one JSON object instead of text
-        #[arg(long)]
-        json: bool,
-    },
-    /// Encrypt an empty directory (for one that holds data, use `convert`)
-    Encrypt {
-        /// The empty directory to encrypt
-        dir: PathBuf,
-        #[command(flatten)]
-        protector: ProtectorArgs,
-        #[command(flatten)]
-        recovery: recovery::RecoveryOffer,
-        /// Keep the directory's records on its own filesystem (removable media) so that it opens on
-        /// any machine with its password or security key; a TPM protector cannot be its only one
-        #[arg(long)]
-        portable: bool,
-    },
-    /// Encrypt a directory that already holds data, in place (resumable)
-    Convert(convert::ConvertArgs),
-    /// Turn an encrypted directory back into plaintext in place (the way back from `convert`):
-    /// resumable, verified, atomic; its policy and the protectors only it used are removed
-    Decrypt(decrypt::DecryptArgs),
-    /// Unlock an encrypted directory (load its key into the kernel)
-    Unlock {
-        /// The encrypted directory (any directory of its tree)
-        dir: PathBuf,
-        /// Protector to use when the directory has several (its id or name)
-        #[arg(long, value_name = "ID|NAME", conflicts_with = "recovery")]
-        protector: Option<ProtectorRef>,
-        /// Unlock with the directory's recovery key (works without the keystore)
-        #[arg(long)]
-        recovery: bool,
-    },
-    /// Lock an encrypted directory (remove its key from the kernel)
-    Lock {
-        /// The encrypted directory (any directory of its tree: the whole tree is locked)
-        dir: PathBuf,
-        /// Also remove the key other users added
-        #[arg(long)]
-        all_users: bool,
-        /// Print the outcome as JSON
-        #[arg(long)]
-        json: bool,
-    },
-    /// Change the password (or PIN) of a directory's protector
-    ChangePassword {
-        /// The encrypted directory whose protector's secret changes
-        dir: PathBuf,
-        /// Protector to change when the directory has several (its id or name)
-        #[arg(long, value_name = "ID|NAME")]
-        protector: Option<ProtectorRef>,
-    },
-    /// Manage protectors (what unwraps a directory's key)
-    #[command(subcommand)]
-    Protector(ProtectorCmd),
-    /// Manage policies (one per encrypted directory) and their protectors
-    #[command(subcommand)]
-    Policy(PolicyCmd),
-    /// Recovery keys: create, verify, remove, and restore access with one
-    #[command(subcommand)]
-    Recovery(recovery::RecoveryCmd),
-    /// New accounts' homes, encrypted before anything is written to them
-    #[command(subcommand)]
-    Home(home::HomeCmd),
-    /// The TPM: status and dictionary-attack (wrong PIN) protection
-    #[command(subcommand)]
-    Tpm2(tpm2::Tpm2Cmd),
-    /// Security keys (FIDO2): which are connected and what they support
-    #[command(subcommand)]
-    Fido2(fido2::Fido2Cmd),
-    /// PIN-login accounts: log in with the TPM PIN alone, no password hash in /etc/shadow
-    #[command(subcommand)]
-    PinLogin(PinLoginCmd),
-    /// Display managers' automatic login onto an encrypted home (handhelds): check, status
-    #[command(subcommand)]
-    Autologin(autologin::AutologinCmd),
-    /// Overwrite a filesystem's free space (old plaintext of deleted or converted files), then TRIM
-    Scrub(scrub::ScrubArgs),
-    /// Write shell completions and man pages into DIR
-    #[command(hide = true)]
-    GenerateDocs { dir: PathBuf },
-}
+    pub fn config_path() -> &'static str {
+        dirseal::config::DEFAULT_CONFIG_PATH
+    }
 
-#[derive(Subcommand)]
-enum ProtectorCmd {
-    /// List every protector and the policies it protects
-    List {
-        #[arg(long)]
-        json: bool,
-    },
-    /// Create a protector (not yet attached to any policy)
-    Create {
-        #[arg(long)]
-        name: String,
-        /// Kind of protector
-        #[arg(long = "type", alias = "protector-type", default_value = "password", value_parser = clap::builder::PossibleValuesParser::new(protector::KIND_NAMES))]
-        protector_type: String,
-        /// The user whose password this is
-        #[arg(long)]
-        user: Option<String>,
-        #[command(flatten)]
-        kdf: KdfArgs,
-    },
-    /// Delete a protector that no policy uses any more
-    Remove {
-        /// The protector's id or name (`dirseal protector list`)
-        id: ProtectorRef,
-    },
-    /// Check a protector's secret without changing anything
-    Verify {
-        /// The protector's id or name (`dirseal protector list`)
-        id: ProtectorRef,
-    },
-    /// Change a protector's password or PIN (no data is re-encrypted)
-    ChangePassword {
-        /// The protector's id or name (`dirseal protector list`)
-        id: ProtectorRef,
-    },
-}
+    pub fn kind_names() -> &'static [&'static str] {
+        dirseal::protector::KIND_NAMES
+    }
 
-#[derive(Subcommand)]
-enum PinLoginCmd {
-    /// Make USER log in with their TPM PIN only: their password hash is removed, `passwd` changes the PIN
-    Enable { user: String },
-    /// End USER's PIN login (the account keeps no password until `passwd USER` sets one)
-    Disable { user: String },
-}
-
-#[derive(Subcommand)]
-enum PolicyCmd {
-    /// List every policy, its key status and protectors
-    List {
-        #[arg(long)]
-        json: bool,
-    },
-    /// Let another protector (existing, or a new password) open a directory
-    AddProtector {
-        #[command(flatten)]
-        target: PolicyTarget,
-        /// Existing protector of the policy that proves access (asked for its secret), by id or name
-        #[arg(long, value_name = "ID|NAME")]
-        with: Option<ProtectorRef>,
-        #[command(flatten)]
-        new: ProtectorArgs,
-    },
-    /// Stop a protector from opening a directory (never the last usable one)
-    RemoveProtector {
-        #[command(flatten)]
-        target: PolicyTarget,
-        /// The protector that stops opening it, by id or name
-        #[arg(long, value_name = "ID|NAME")]
-        protector: ProtectorRef,
-    },
-}
-
-#[derive(Args)]
-#[group(required = true, multiple = false)]
-struct PolicyTarget {
-    /// The encrypted directory
-    dir: Option<PathBuf>,
-    /// The policy id (the key identifier), instead of a directory
-    #[arg(long, value_name = "ID")]
-    policy: Option<KeyIdentifier>,
-}
-
-#[derive(Args, Default)]
-pub struct KdfArgs {
-    /// Argon2id time for this protector, in ms of CPU (default: the calibrated machine cost)
-    #[arg(long, value_name = "MS")]
-    kdf_time_ms: Option<u64>,
-    /// Argon2id memory for this protector, in MiB (default: min(RAM/8, 256))
-    #[arg(long, value_name = "MIB")]
-    kdf_memory_mib: Option<u32>,
-    /// tpm2: no PIN; the TPM unseals for anyone who runs code as root here (see docs/tpm2.md)
-    #[arg(long)]
-    no_pin: bool,
-    /// tpm2: refuse to unseal once these PCRs (SHA-256 bank) differ from their values now, e.g. 7
-    #[arg(long, value_name = "N[,N...]")]
-    pcr: Option<String>,
-    /// FIDO2: the security key to use, as `dirseal fido2 list` shows it (needed if several)
-    #[arg(long, value_name = "PATH")]
-    device: Option<String>,
-    /// FIDO2: require the security key's PIN at every unlock
-    #[arg(long)]
-    pin: bool,
-    /// FIDO2: require the security key's built-in user verification (fingerprint)
-    #[arg(long)]
-    uv: bool,
-    /// tpm2: accept a PIN equal to the user's login password (its hash in /etc/shadow then lets anyone with the disk test the PIN offline)
-    #[arg(long)]
-    allow_password_pin: bool,
-    /// An option of the protector's kind, by the name the kind gives it (KEY alone: KEY=true); the flags above are the same as --protector-opt no_pin, pcr=7, ...
-    #[arg(long, value_name = "KEY[=VALUE]")]
-    protector_opt: Vec<String>,
-}
-
-#[derive(Args, Default)]
-pub struct ProtectorArgs {
-    /// Protect with this existing protector (asks its secret), by id or name
-    #[arg(long, value_name = "ID|NAME", conflicts_with_all = ["protector_name"])]
-    protector: Option<ProtectorRef>,
-    /// Kind of new protector to create
-    #[arg(long, alias = "type", default_value = "password", value_parser = clap::builder::PossibleValuesParser::new(protector::KIND_NAMES))]
-    protector_type: String,
-    /// Name of the new protector [default: the owner's user name ("uid N" without a passwd entry), else the kind]
-    #[arg(long, value_name = "NAME")]
-    protector_name: Option<String>,
-    /// The user the directory and its new password protector belong to
-    #[arg(long)]
-    user: Option<String>,
-    #[command(flatten)]
-    kdf: KdfArgs,
+    pub fn skel_dir() -> &'static str {
+        dirseal::home::DEFAULT_SKEL
+    }
 }
 
 impl KdfArgs {
@@ -438,10 +221,6 @@ fn print_json<T: Serialize>(v: &T) -> Result<()> {
 }
 
 fn run(cli: Cli) -> Result<i32> {
-    if let Cmd::GenerateDocs { dir } = &cli.cmd {
-        generate_docs(dir)?;
-        return Ok(0);
-    }
     // A user may read the status of what they can see (policy and key status need no privilege);
     // the root-only keystore's facts are then reported as hidden.
     if let (Cmd::Status { dir: Some(dir), json }, false) = (&cli.cmd, nix::unistd::geteuid().is_root()) {
@@ -465,7 +244,7 @@ fn run(cli: Cli) -> Result<i32> {
     } {
         return code;
     }
-    if let Cmd::Autologin(autologin::AutologinCmd::Clear { root }) = &cli.cmd {
+    if let Cmd::Autologin(args::AutologinCmd::Clear { root }) = &cli.cmd {
         return autologin::clear(root);
     }
     // Commands that only read never create a keystore (a typo'd --keystore, or a status on a
@@ -477,7 +256,7 @@ fn run(cli: Cli) -> Result<i32> {
             | Cmd::Unlock { .. }
             | Cmd::Protector(ProtectorCmd::List { .. } | ProtectorCmd::Verify { .. })
             | Cmd::Policy(PolicyCmd::List { .. })
-            | Cmd::Recovery(recovery::RecoveryCmd::Verify { .. })
+            | Cmd::Recovery(args::RecoveryCmd::Verify { .. })
             | Cmd::Autologin(_)
     );
     let mut ds = if read_only {
@@ -491,8 +270,8 @@ fn run(cli: Cli) -> Result<i32> {
             | Cmd::Lock { json: true, .. }
             | Cmd::Protector(ProtectorCmd::List { json: true })
             | Cmd::Policy(PolicyCmd::List { json: true })
-    ) || matches!(&cli.cmd, Cmd::Convert(a) if a.json)
-        || matches!(&cli.cmd, Cmd::Decrypt(a) if a.json);
+    ) || matches!(&cli.cmd, Cmd::Convert(a) if a.run.json)
+        || matches!(&cli.cmd, Cmd::Decrypt(a) if a.run.json);
     let mut ui = TermUi { json, assume_yes: false, login_user: None };
     match cli.cmd {
         Cmd::Status { dir: Some(dir), json } => status_dir(Some(&ds), &dir, json)?,
@@ -544,7 +323,7 @@ fn run(cli: Cli) -> Result<i32> {
                 clean(&user)
             );
         }
-        Cmd::GenerateDocs { .. } | Cmd::Tpm2(_) | Cmd::Fido2(_) | Cmd::Scrub(_) => unreachable!("handled above"),
+        Cmd::Tpm2(_) | Cmd::Fido2(_) | Cmd::Scrub(_) => unreachable!("handled above"),
     }
     Ok(0)
 }
@@ -1006,32 +785,6 @@ fn policy(ds: &mut Dirseal, cmd: PolicyCmd, ui: &mut TermUi) -> Result<()> {
             ds.remove_protector_from(&policy, &protector)?;
             println!("protector {protector} no longer opens policy {id}");
         }
-    }
-    Ok(())
-}
-
-fn generate_docs(dir: &Path) -> Result<()> {
-    use clap_complete::Shell;
-    let comp = dir.join("completions");
-    let man = dir.join("man");
-    std::fs::create_dir_all(&comp).with_context(|| format!("creating {}", comp.display()))?;
-    std::fs::create_dir_all(&man).with_context(|| format!("creating {}", man.display()))?;
-    for shell in [Shell::Bash, Shell::Zsh, Shell::Fish] {
-        clap_complete::generate_to(shell, &mut Cli::command(), "dirseal", &comp)?;
-    }
-    clap_mangen::generate_to(Cli::command(), &man)?;
-    // clap knows the options; what a reader needs besides them (examples, the files, what the
-    // encryption does and does not protect) is written by hand, as are the pages of the service
-    // and the PAM module, which have no clap definition here.
-    let top = man.join("dirseal.1");
-    let mut page = std::fs::read_to_string(&top).with_context(|| format!("reading {}", top.display()))?;
-    page.push_str(include_str!("man/dirseal-extra.roff"));
-    std::fs::write(&top, page).with_context(|| format!("writing {}", top.display()))?;
-    for (name, text) in
-        [("dirsealed.8", include_str!("man/dirsealed.8")), ("pam_dirseal.8", include_str!("man/pam_dirseal.8"))]
-    {
-        let path = man.join(name);
-        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())
 }

@@ -1,8 +1,7 @@
 //! `dirseal recovery ...` and the recovery-key offer of `encrypt` and `convert`.
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::{bail, Result};
-use clap::{Args, Subcommand};
 
 use dirseal::ids::KeyIdentifier;
 use dirseal::ops::Dirseal;
@@ -12,48 +11,8 @@ use dirseal_recovery::RecoveryKey;
 
 use dirseal::ui::{Question, Ui};
 
+use super::args::{RecoveryCmd, RecoveryOffer};
 use super::term::{clean, TermUi};
-use super::ProtectorArgs;
-
-#[derive(Subcommand)]
-pub enum RecoveryCmd {
-    /// Create a recovery key for DIR: shown once, to write down (asks for a protector's secret)
-    Add {
-        /// The encrypted directory (the top of its tree)
-        dir: PathBuf,
-        /// Protector that proves access when the directory has several (its id or name)
-        #[arg(long, value_name = "ID|NAME")]
-        protector: Option<super::ProtectorRef>,
-    },
-    /// Check a typed recovery key against DIR without unlocking anything
-    Verify {
-        /// The encrypted directory the key belongs to
-        dir: PathBuf,
-    },
-    /// Delete DIR's recovery key (it stops working)
-    Remove {
-        /// The encrypted directory whose key is deleted
-        dir: PathBuf,
-    },
-    /// Unlock DIR with its recovery key and enrol a new protector; works with a lost keystore
-    Restore {
-        /// The encrypted directory to open and give a new protector
-        dir: PathBuf,
-        #[command(flatten)]
-        protector: ProtectorArgs,
-    },
-}
-
-/// `--recovery-key` / `--no-recovery-key` on `encrypt` and `convert`.
-#[derive(Args, Default)]
-pub struct RecoveryOffer {
-    /// Create a recovery key and show it before anything is encrypted
-    #[arg(long, conflicts_with = "no_recovery_key")]
-    recovery_key: bool,
-    /// Do not create a recovery key (and do not ask)
-    #[arg(long)]
-    no_recovery_key: bool,
-}
 
 impl RecoveryOffer {
     /// What the flags decided; `None` leaves it to a question ([`TermUi::confirm`]).

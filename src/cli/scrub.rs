@@ -1,53 +1,17 @@
 //! `dirseal scrub`: overwrite a filesystem's free space, then say plainly what that did and did not
 //! reach.
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use anyhow::Result;
-use clap::Args;
 use indicatif::HumanBytes;
 
 use dirseal::scrub::{self, Medium, Report, Trim};
 
+use super::args::ScrubArgs;
 use super::progress::Reporter;
 use super::term::clean;
-
-#[derive(Args)]
-pub struct ScrubArgs {
-    /// The filesystem's mount point (any path on it names the same filesystem)
-    mountpoint: PathBuf,
-    /// Free space to leave for other programs meanwhile, e.g. 64M or 2G [default: 1% of the filesystem, 16M to 1G]
-    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
-    reserve: Option<u64>,
-    /// Do not TRIM the free space afterwards
-    #[arg(long)]
-    no_trim: bool,
-    /// One JSON progress object per second on stdout, and a JSON result
-    #[arg(long)]
-    pub json: bool,
-}
-
-/// `123`, `64K`, `64M`, `2G`, `1T` (binary units; an optional trailing `B` or `iB`).
-fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let t = t.strip_suffix("iB").or_else(|| t.strip_suffix('B')).unwrap_or(t);
-    let (num, shift) = match t.char_indices().last() {
-        Some((i, c)) if c.is_ascii_alphabetic() => {
-            let shift = match c.to_ascii_uppercase() {
-                'K' => 10,
-                'M' => 20,
-                'G' => 30,
-                'T' => 40,
-                _ => return Err(format!("unknown unit in {s:?}; use K, M, G or T")),
-            };
-            (&t[..i], shift)
-        }
-        _ => (t, 0),
-    };
-    let n: u64 = num.trim().parse().map_err(|_| format!("{s:?} is not a size; write e.g. 64M or 2G"))?;
-    n.checked_mul(1 << shift).ok_or_else(|| format!("{s:?} is too large"))
-}
 
 pub fn run(args: ScrubArgs) -> Result<i32> {
     let stop = Arc::new(AtomicBool::new(false));
@@ -146,7 +110,7 @@ pub fn print_report(r: &Report) {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_size;
+    use crate::cli::args::parse_size;
 
     #[test]
     fn sizes() {

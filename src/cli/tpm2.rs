@@ -1,44 +1,15 @@
 //! `dirseal tpm2 status|setup|reset-lockout`: the TPM's dictionary-attack protection, which is
 //! what makes a short TPM PIN safe.
 use anyhow::{bail, Result};
-use clap::Subcommand;
 use serde::Serialize;
 
 use dirseal::config::Config;
 use dirseal::secret::Passphrase;
 use dirseal::tpm2::{self, human_secs, DaParameters, DaStatus, ResetCode, Tcti, Tpm, Tpm2Error, SETUP_DEFAULTS};
 
+use super::args::Tpm2Cmd;
 use super::print_json;
 use super::term;
-
-#[derive(Subcommand)]
-pub enum Tpm2Cmd {
-    /// Is there a TPM, and how many wrong PINs may still be tried before it locks out?
-    Status {
-        #[arg(long)]
-        json: bool,
-    },
-    /// Own the TPM's lockout: set the dictionary-attack parameters and give the lockout hierarchy
-    /// a random password, shown once as the TPM reset code (write it down). Once owned, giving
-    /// parameters changes them (the reset code is asked).
-    Setup {
-        /// Wrong PINs (across all TPM protectors) before the TPM locks out [default: 6]
-        #[arg(long, value_name = "N")]
-        max_tries: Option<u32>,
-        /// Seconds after which the TPM forgives one wrong PIN (0: never, only a reset) [default: 7200]
-        #[arg(long, value_name = "S")]
-        recovery_time: Option<u32>,
-        /// Seconds the lockout hierarchy stays blocked after a wrong reset code [default: 600]
-        #[arg(long, value_name = "S")]
-        lockout_recovery: Option<u32>,
-        /// Print the reset code without asking for it back (scripts)
-        #[arg(long)]
-        yes: bool,
-    },
-    /// Forget every counted wrong PIN now; asks for the TPM reset code (on a terminal, else one
-    /// line on stdin)
-    ResetLockout,
-}
 
 #[derive(Serialize)]
 struct StatusOut {
