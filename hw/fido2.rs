@@ -12,7 +12,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use dirseal::fido2::wire::{Reply, Request, Response};
-use dirseal::fido2::Fido2Error;
+use dirseal::fido2::{Fido2Error, Pin};
 use dirseal::helper::{serve, WireSecret};
 
 const PROGRAM: &str = "dirseal-fido2";
@@ -26,9 +26,8 @@ fn main() -> ExitCode {
     serve(PROGRAM, |req: Request| -> Response { handle(&mut dev, req) })
 }
 
-/// A PIN from the wire; one with a NUL byte is one no key would take.
-fn pin(s: Option<WireSecret>) -> Result<Option<ffi::Pin>, Fido2Error> {
-    s.map(|s| ffi::Pin::new(s.as_bytes()).ok_or(Fido2Error::PinPolicy)).transpose()
+fn pin(s: Option<WireSecret>) -> Result<Option<Pin>, Fido2Error> {
+    s.as_ref().map(Pin::from_wire).transpose()
 }
 
 fn opened(dev: &mut Option<ffi::Device>) -> Result<&mut ffi::Device, Fido2Error> {
@@ -50,26 +49,12 @@ fn handle(dev: &mut Option<ffi::Device>, req: Request) -> Response {
         Request::Info => Ok(Reply::Info(opened(dev)?.info()?)),
         Request::PinRetries => Ok(Reply::Retries(opened(dev)?.pin_retries()?)),
         Request::SetPin { new, old } => {
-            let new = ffi::Pin::new(new.as_bytes()).ok_or(Fido2Error::PinPolicy)?;
+            let new = Pin::from_wire(&new)?;
             let old = pin(old)?;
             opened(dev)?.set_pin(&new, old.as_ref())?;
             Ok(Reply::Done)
         }
-        Request::MakeCredential { rp_id, user_id, user_name, pin: p, uv } => {
-            let p = pin(p)?;
-            Ok(Reply::Credential(opened(dev)?.make_credential(&rp_id, &user_id, &user_name, p.as_ref(), uv)?))
-        }
-        Request::Assert { rp_id, credential_ids, salt, pin: p, uv } => {
-            let p = pin(p)?;
-            let ids: Vec<&[u8]> = credential_ids.iter().map(Vec::as_slice).collect();
-            let req =
-                ffi::AssertRequest { rp_id: &rp_id, credential_ids: &ids, salt: salt.as_ref(), pin: p.as_ref(), uv };
-            let a = opened(dev)?.assert(&req)?;
-            Ok(Reply::Assertion {
-                credential_id: a.credential_id,
-                secret: a.secret.map(|s| WireSecret::new(s.as_bytes())),
-                user_verified: a.user_verified,
-            })
-        }
+        Request::MakeCredential(m) => Ok(Reply::Credential(m.answer(|req| opened(dev)?.make_credential(req))?)),
+        Request::Assert(a) => Ok(Reply::Assertion(a.answer(|req| opened(dev)?.assert(req))?.into())),
     }
 }

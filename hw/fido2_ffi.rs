@@ -18,51 +18,21 @@ use std::path::Path;
 use std::sync::Once;
 use std::time::{Duration, Instant};
 
-use dirseal::fido2::{AuthenticatorInfo, DevicePath, Fido2Error, HidInfo};
+// The request and answer types are the library's, one definition for both ends of the pipe.
+use dirseal::fido2::{
+    AssertRequest, Assertion, AuthenticatorInfo, CredentialRequest, DevicePath, Fido2Error, HidInfo, HmacSecret, Pin,
+    HMAC_SECRET_LEN, SOCKET_SILENCE_CAP,
+};
 use libfido2_sys as ffi;
-use zeroize::{Zeroize, Zeroizing};
+use zeroize::Zeroizing;
 
-/// Length of an hmac-secret output for one 32-byte salt.
-pub const HMAC_SECRET_LEN: usize = 32;
-/// Longest a socket device may stay silent when libfido2 itself waits without limit (open).
-const SOCKET_SILENCE_CAP: Duration = Duration::from_secs(60);
-
-/// The 32-byte hmac-secret output: key material, zeroized on drop, no `Debug`.
-pub struct HmacSecret(Box<[u8; HMAC_SECRET_LEN]>);
-
-impl HmacSecret {
-    pub fn as_bytes(&self) -> &[u8; HMAC_SECRET_LEN] {
-        &self.0
-    }
+/// A PIN as libfido2 takes it: NUL-terminated, wiped on drop; kept for as long as the call.
+fn c_pin(p: Option<&Pin>) -> Option<Zeroizing<Vec<u8>>> {
+    p.map(Pin::nul_terminated)
 }
 
-impl Drop for HmacSecret {
-    fn drop(&mut self) {
-        self.0.zeroize();
-    }
-}
-
-/// A PIN on its way to the authenticator: NUL-terminated, zeroized on drop.
-pub struct Pin(Zeroizing<Vec<u8>>);
-
-impl Pin {
-    /// `None` if the PIN holds a NUL byte (no authenticator could take it).
-    pub fn new(pin: &[u8]) -> Option<Pin> {
-        if pin.contains(&0) {
-            return None;
-        }
-        let mut v = Zeroizing::new(Vec::with_capacity(pin.len() + 1));
-        v.extend_from_slice(pin);
-        v.push(0);
-        Some(Pin(v))
-    }
-    fn as_ptr(&self) -> *const c_char {
-        self.0.as_ptr().cast()
-    }
-}
-
-fn opt_ptr(p: Option<&Pin>) -> *const c_char {
-    p.map_or(std::ptr::null(), Pin::as_ptr)
+fn opt_ptr(p: &Option<Zeroizing<Vec<u8>>>) -> *const c_char {
+    p.as_ref().map_or(std::ptr::null(), |v| v.as_ptr().cast())
 }
 
 fn strerr(code: c_int) -> String {
@@ -225,27 +195,6 @@ pub struct Device {
     timeout: Duration,
 }
 
-/// What to ask for in an assertion.
-pub struct AssertRequest<'a> {
-    /// The relying party the credential was made for (dirseal's is `fido2::RP_ID`).
-    pub rp_id: &'a str,
-    /// Credentials to accept; the key answers with the one it holds.
-    pub credential_ids: &'a [&'a [u8]],
-    /// None = a probe: which credential does this key hold (no touch, no secret).
-    pub salt: Option<&'a [u8; 32]>,
-    /// The key's PIN, when the credential needs user verification.
-    pub pin: Option<&'a Pin>,
-    /// Ask for user verification (PIN or biometrics) besides presence.
-    pub uv: bool,
-}
-
-/// One hmac-secret from an assertion, with the credential that produced it.
-pub struct Assertion {
-    pub credential_id: Vec<u8>,
-    pub secret: Option<HmacSecret>,
-    pub user_verified: bool,
-}
-
 impl Device {
     /// Opens `path` (CTAPHID INIT and getInfo); `timeout` bounds every later operation,
     /// including the wait for a touch.
@@ -338,22 +287,17 @@ impl Device {
 
     /// Sets the PIN (`old` = None) or changes it.
     pub fn set_pin(&mut self, new: &Pin, old: Option<&Pin>) -> Result<(), Fido2Error> {
-        // SAFETY: open device; NUL-terminated PINs (or NULL for no old PIN).
-        let r = unsafe { ffi::fido_dev_set_pin(self.dev, new.as_ptr(), opt_ptr(old)) };
+        let (new, old) = (c_pin(Some(new)), c_pin(old));
+        // SAFETY: open device; NUL-terminated PINs (or NULL for no old PIN), alive for the call.
+        let r = unsafe { ffi::fido_dev_set_pin(self.dev, opt_ptr(&new), opt_ptr(&old)) };
         let t = self.timed(r, Instant::now());
         self.with_retries(t)
     }
 
-    /// A non-resident ES256 credential with hmac-secret for `rp_id`; waits for a touch.
-    /// Returns the credential id.
-    pub fn make_credential(
-        &mut self,
-        rp_id: &str,
-        user_id: &[u8],
-        user_name: &str,
-        pin: Option<&Pin>,
-        uv: bool,
-    ) -> Result<Vec<u8>, Fido2Error> {
+    /// A non-resident ES256 credential with hmac-secret for the request's relying party; waits
+    /// for a touch. Returns the credential id.
+    pub fn make_credential(&mut self, req: &CredentialRequest<'_>) -> Result<Vec<u8>, Fido2Error> {
+        let CredentialRequest { rp_id, user_id, user_name, pin, uv } = *req;
         let bad = |_| Fido2Error::Other { code: ffi::FIDO_ERR_INVALID_ARGUMENT, msg: "NUL byte in a name".into() };
         let rp = CString::new(rp_id).map_err(bad)?;
         let name = CString::new(user_name).map_err(bad)?;
@@ -381,8 +325,9 @@ impl Device {
             }
         }
         let start = Instant::now();
-        // SAFETY: open device, prepared cred, NUL-terminated PIN or NULL.
-        let r = unsafe { ffi::fido_dev_make_cred(self.dev, cred.0, opt_ptr(pin)) };
+        let pin = c_pin(pin);
+        // SAFETY: open device, prepared cred, NUL-terminated PIN or NULL, alive for the call.
+        let r = unsafe { ffi::fido_dev_make_cred(self.dev, cred.0, opt_ptr(&pin)) };
         let t = self.timed(r, start);
         self.with_retries(t)?;
         // SAFETY: id_ptr/id_len describe a buffer owned by `cred`, copied before it drops.
@@ -423,10 +368,10 @@ impl Device {
             check(ffi::fido_assert_set_up(a.0, up))?;
             check(ffi::fido_assert_set_uv(a.0, uv))?;
         }
-        let pin = if req.salt.is_some() { req.pin } else { None };
+        let pin = c_pin(if req.salt.is_some() { req.pin } else { None });
         let start = Instant::now();
-        // SAFETY: open device, prepared assert, NUL-terminated PIN or NULL.
-        let r = unsafe { ffi::fido_dev_get_assert(self.dev, a.0, opt_ptr(pin)) };
+        // SAFETY: open device, prepared assert, NUL-terminated PIN or NULL, alive for the call.
+        let r = unsafe { ffi::fido_dev_get_assert(self.dev, a.0, opt_ptr(&pin)) };
         let t = self.timed(r, start);
         self.with_retries(t)?;
         // SAFETY: index 0 exists when count ≥ 1 (checked); the buffers belong to `a` and are
@@ -443,9 +388,7 @@ impl Device {
                 if p.is_null() || n != HMAC_SECRET_LEN {
                     return Err(Fido2Error::Unsupported("the hmac-secret extension".into()));
                 }
-                let mut s = Box::new([0u8; HMAC_SECRET_LEN]);
-                s.copy_from_slice(std::slice::from_raw_parts(p, n));
-                Some(HmacSecret(s))
+                Some(HmacSecret::from_slice(std::slice::from_raw_parts(p, n))?)
             } else {
                 None
             };

@@ -266,10 +266,11 @@ fn install_and_uninstall_leave_the_display_managers_files_as_they_were() {
     let d = dest.path();
     configure(d, &u.name);
     let before = tree(d);
-    // install.sh takes the binaries from a build directory: the real CLI (it makes the man pages
-    // and clears the drop-ins at uninstall), stand-ins for the others.
+    // install.sh takes the binaries from a build directory: the real CLI (it clears the drop-ins
+    // at uninstall) and the man pages its build wrote, stand-ins for the others.
     let build = tempfile::tempdir().unwrap();
     std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_dirseal"), build.path().join("dirseal")).unwrap();
+    std::os::unix::fs::symlink(env!("DIRSEAL_DOCS_DIR"), build.path().join("dirseal-docs")).unwrap();
     fs::write(build.path().join("dirsealed"), "").unwrap();
     fs::write(build.path().join("dirseal-tpm2"), "").unwrap();
     fs::write(build.path().join("dirseal-fido2"), "").unwrap();

@@ -99,9 +99,11 @@ pub(crate) fn find_holder(cfg: &Fido2Config, rp_id: &str, credential_id: &[u8]) 
 }
 
 /// Length of an hmac-secret output for one 32-byte salt.
-pub(crate) const HMAC_SECRET_LEN: usize = 32;
-/// Longest a socket device may stay silent when libfido2 itself waits without limit (open).
-const SOCKET_SILENCE_CAP: Duration = Duration::from_secs(60);
+pub const HMAC_SECRET_LEN: usize = 32;
+/// Longest a socket device may stay silent when libfido2 itself waits without limit (open): the
+/// helper's bound on its reads, and so part of the library's wait for the helper.
+#[doc(hidden)]
+pub const SOCKET_SILENCE_CAP: Duration = Duration::from_secs(60);
 /// Beyond the device's own timeout, how long the helper may take before it is stopped.
 const HELPER_GRACE: Duration = Duration::from_secs(30);
 
@@ -167,6 +169,18 @@ impl HmacSecret {
     pub fn as_bytes(&self) -> &[u8; HMAC_SECRET_LEN] {
         &self.0
     }
+
+    /// A copy of `b`, which a key's answer gives (to the helper from libfido2, to the library
+    /// from the helper); one of another length is not an hmac-secret.
+    #[doc(hidden)]
+    pub fn from_slice(b: &[u8]) -> Result<HmacSecret, Fido2Error> {
+        let mut s = Zeroizing::new([0u8; HMAC_SECRET_LEN]);
+        if b.len() != HMAC_SECRET_LEN {
+            return Err(Fido2Error::Unsupported("the hmac-secret extension".into()));
+        }
+        s.copy_from_slice(b);
+        Ok(HmacSecret(s))
+    }
 }
 
 /// A PIN on its way to the authenticator, zeroized on drop.
@@ -180,6 +194,22 @@ impl Pin {
         }
         Some(Pin(Zeroizing::new(pin.to_vec())))
     }
+
+    /// A PIN from the wire (in the helper); one with a NUL byte is one no key would take.
+    #[doc(hidden)]
+    pub fn from_wire(s: &WireSecret) -> Result<Pin, Fido2Error> {
+        Pin::new(s.as_bytes()).ok_or(Fido2Error::PinPolicy)
+    }
+
+    /// The PIN with a NUL after it, as libfido2 takes it (in the helper); wiped on drop.
+    #[doc(hidden)]
+    pub fn nul_terminated(&self) -> Zeroizing<Vec<u8>> {
+        let mut v = Zeroizing::new(Vec::with_capacity(self.0.len() + 1));
+        v.extend_from_slice(&self.0);
+        v.push(0);
+        v
+    }
+
     fn wire(&self) -> WireSecret {
         WireSecret::new(&self.0)
     }
@@ -270,6 +300,20 @@ impl From<HelperError> for Fido2Error {
     }
 }
 
+/// What a new credential is made for (see [`Device::make_credential`]).
+pub struct CredentialRequest<'a> {
+    /// The relying party (dirseal's is `fido2::RP_ID`).
+    pub rp_id: &'a str,
+    /// The user handle stored with the credential.
+    pub user_id: &'a [u8],
+    /// The user name stored with it.
+    pub user_name: &'a str,
+    /// The key's PIN, when it has one.
+    pub pin: Option<&'a Pin>,
+    /// Ask for user verification (PIN or biometrics) besides presence.
+    pub uv: bool,
+}
+
 /// What to ask for in an assertion.
 pub struct AssertRequest<'a> {
     /// The relying party the credential was made for (dirseal's is `fido2::RP_ID`).
@@ -299,7 +343,10 @@ pub struct Assertion {
 pub mod wire {
     use serde::{Deserialize, Serialize};
 
-    use super::{AuthenticatorInfo, DevicePath, Fido2Error, HidInfo};
+    use super::{
+        AssertRequest, Assertion, AuthenticatorInfo, CredentialRequest, DevicePath, Fido2Error, HidInfo, HmacSecret,
+        Pin,
+    };
     use crate::sys::helper::WireSecret;
 
     /// One request.
@@ -319,15 +366,9 @@ pub mod wire {
         /// Set (no `old`) or change the PIN.
         SetPin { new: WireSecret, old: Option<WireSecret> },
         /// A new credential.
-        MakeCredential { rp_id: String, user_id: Vec<u8>, user_name: String, pin: Option<WireSecret>, uv: bool },
+        MakeCredential(MakeCredential),
         /// An assertion (with a salt: the hmac-secret).
-        Assert {
-            rp_id: String,
-            credential_ids: Vec<Vec<u8>>,
-            salt: Option<[u8; 32]>,
-            pin: Option<WireSecret>,
-            uv: bool,
-        },
+        Assert(Assert),
     }
 
     /// One answer.
@@ -345,11 +386,105 @@ pub mod wire {
         /// To `MakeCredential`: the credential id.
         Credential(Vec<u8>),
         /// To `Assert`.
-        Assertion { credential_id: Vec<u8>, secret: Option<WireSecret>, user_verified: bool },
+        Assertion(AssertionReply),
     }
 
     /// A request's outcome.
     pub type Response = Result<Reply, Fido2Error>;
+
+    /// A [`CredentialRequest`] as it travels.
+    #[derive(Serialize, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct MakeCredential {
+        rp_id: String,
+        user_id: Vec<u8>,
+        user_name: String,
+        pin: Option<WireSecret>,
+        uv: bool,
+    }
+
+    impl MakeCredential {
+        /// The library's side: the request, to send.
+        pub fn new(req: &CredentialRequest<'_>) -> MakeCredential {
+            MakeCredential {
+                rp_id: req.rp_id.into(),
+                user_id: req.user_id.to_vec(),
+                user_name: req.user_name.into(),
+                pin: req.pin.map(Pin::wire),
+                uv: req.uv,
+            }
+        }
+
+        /// The helper's side: the request as the library made it, given to `make` (the key).
+        pub fn answer<T>(
+            &self,
+            make: impl FnOnce(&CredentialRequest<'_>) -> Result<T, Fido2Error>,
+        ) -> Result<T, Fido2Error> {
+            let pin = self.pin.as_ref().map(Pin::from_wire).transpose()?;
+            let (rp_id, user_id, user_name) = (&self.rp_id, &self.user_id, &self.user_name);
+            make(&CredentialRequest { rp_id, user_id, user_name, pin: pin.as_ref(), uv: self.uv })
+        }
+    }
+
+    /// An [`AssertRequest`] as it travels.
+    #[derive(Serialize, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct Assert {
+        rp_id: String,
+        credential_ids: Vec<Vec<u8>>,
+        salt: Option<[u8; 32]>,
+        pin: Option<WireSecret>,
+        uv: bool,
+    }
+
+    impl Assert {
+        /// The library's side: the request, to send.
+        pub fn new(req: &AssertRequest<'_>) -> Assert {
+            Assert {
+                rp_id: req.rp_id.into(),
+                credential_ids: req.credential_ids.iter().map(|c| c.to_vec()).collect(),
+                salt: req.salt.copied(),
+                pin: req.pin.map(Pin::wire),
+                uv: req.uv,
+            }
+        }
+
+        /// The helper's side: the request as the library made it, given to `assert` (the key).
+        pub fn answer(
+            &self,
+            assert: impl FnOnce(&AssertRequest<'_>) -> Result<Assertion, Fido2Error>,
+        ) -> Result<Assertion, Fido2Error> {
+            let pin = self.pin.as_ref().map(Pin::from_wire).transpose()?;
+            let ids: Vec<&[u8]> = self.credential_ids.iter().map(Vec::as_slice).collect();
+            let (salt, uv) = (self.salt.as_ref(), self.uv);
+            assert(&AssertRequest { rp_id: &self.rp_id, credential_ids: &ids, salt, pin: pin.as_ref(), uv })
+        }
+    }
+
+    /// An [`Assertion`] as it travels back.
+    #[derive(Serialize, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct AssertionReply {
+        credential_id: Vec<u8>,
+        secret: Option<WireSecret>,
+        user_verified: bool,
+    }
+
+    impl From<Assertion> for AssertionReply {
+        fn from(a: Assertion) -> AssertionReply {
+            let secret = a.secret.map(|s| WireSecret::new(s.as_bytes()));
+            AssertionReply { credential_id: a.credential_id, secret, user_verified: a.user_verified }
+        }
+    }
+
+    impl AssertionReply {
+        /// The assertion as the helper had it.
+        pub fn assertion(self) -> Result<Assertion, Fido2Error> {
+            let AssertionReply { credential_id, secret, user_verified } = self;
+            let secret = secret.map(|s| HmacSecret::from_slice(s.as_bytes())).transpose()?;
+            Ok(Assertion { credential_id, secret, user_verified })
+        }
+    }
 }
 
 use wire::{Reply, Request};
@@ -442,14 +577,8 @@ impl Device {
         pin: Option<&Pin>,
         uv: bool,
     ) -> Result<Vec<u8>, Fido2Error> {
-        let req = Request::MakeCredential {
-            rp_id: rp_id.into(),
-            user_id: user_id.to_vec(),
-            user_name: user_name.into(),
-            pin: pin.map(Pin::wire),
-            uv,
-        };
-        match self.call(&req)? {
+        let req = CredentialRequest { rp_id, user_id, user_name, pin, uv };
+        match self.call(&Request::MakeCredential(wire::MakeCredential::new(&req)))? {
             Reply::Credential(id) => Ok(id),
             _ => Err(unexpected()),
         }
@@ -458,28 +587,8 @@ impl Device {
     /// An assertion over the credentials listed; with a salt, waits for a touch and returns the
     /// hmac-secret; without, asks for no touch and only says which credential the key holds.
     pub fn assert(&mut self, req: &AssertRequest<'_>) -> Result<Assertion, Fido2Error> {
-        let wire = Request::Assert {
-            rp_id: req.rp_id.into(),
-            credential_ids: req.credential_ids.iter().map(|c| c.to_vec()).collect(),
-            salt: req.salt.copied(),
-            pin: req.pin.map(Pin::wire),
-            uv: req.uv,
-        };
-        match self.call(&wire)? {
-            Reply::Assertion { credential_id, secret, user_verified } => {
-                let secret = match secret {
-                    None => None,
-                    Some(s) => {
-                        let mut b = Zeroizing::new([0u8; HMAC_SECRET_LEN]);
-                        if s.as_bytes().len() != HMAC_SECRET_LEN {
-                            return Err(Fido2Error::Unsupported("the hmac-secret extension".into()));
-                        }
-                        b.copy_from_slice(s.as_bytes());
-                        Some(HmacSecret(b))
-                    }
-                };
-                Ok(Assertion { credential_id, secret, user_verified })
-            }
+        match self.call(&Request::Assert(wire::Assert::new(req)))? {
+            Reply::Assertion(a) => a.assertion(),
             _ => Err(unexpected()),
         }
     }
