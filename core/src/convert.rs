@@ -727,38 +727,30 @@ pub fn finish(
     ui: &mut dyn Ui,
     hooks: &Hooks<'_>,
 ) -> Result<Outcome, ConvertError> {
-    finish_going(ds, dir, Direction::Encrypt, how, ui, hooks)
+    finish_going(&KeyHost::new(ds, &absolute(dir)?, hooks), how, ui)
 }
 
-/// [`finish`] for a conversion going `direction`: one going the other way is refused (it is
+/// [`finish`] for a conversion going `host.direction`: one going the other way is refused (it is
 /// finished with its own command). A decrypt's token is the source's key, which moving back
 /// into the encrypted tree needs.
-pub(crate) fn finish_going(
-    ds: &Dirseal,
-    dir: &Path,
-    direction: Direction,
-    how: Finish,
-    ui: &mut dyn Ui,
-    hooks: &Hooks<'_>,
-) -> Result<Outcome, ConvertError> {
-    let source = absolute(dir)?;
-    let workdir = workdir_for(&source)?;
+pub(crate) fn finish_going(host: &KeyHost<'_>, how: Finish, ui: &mut dyn Ui) -> Result<Outcome, ConvertError> {
+    let (ds, source, direction) = (host.ds, host.source, host.direction);
+    let workdir = workdir_for(source)?;
     let recorded = migrate::status(&workdir)?;
     if let Some(v) = recorded.as_ref().filter(|v| unfinished(v.state) && v.direction != direction) {
         return Err(other_direction(v, direction).into());
     }
     if how == Finish::Abort {
         if let Some(v) = recorded.as_ref().filter(|v| v.method == Method::Move) {
-            if let Some(id) = staging_key_needed(&source, v)? {
-                load_staging_key(ds, &source, &id, Pick::default(), ui)?;
+            if let Some(id) = staging_key_needed(source, v)? {
+                load_staging_key(ds, source, &id, Pick::default(), ui)?;
             }
         }
     }
-    let host = KeyHost { direction, ..KeyHost::new(ds, &source, hooks) };
     Ok(match how {
-        Finish::Abort => migrate::abort(&workdir, &host)?,
-        Finish::Rollback => migrate::rollback(&workdir, &host)?,
-        Finish::Commit => migrate::commit(&workdir, &host)?,
+        Finish::Abort => migrate::abort(&workdir, host)?,
+        Finish::Rollback => migrate::rollback(&workdir, host)?,
+        Finish::Commit => migrate::commit(&workdir, host)?,
     })
 }
 
@@ -848,7 +840,13 @@ impl<'a> KeyHost<'a> {
         key: KeyIdentifier,
         hooks: &'a Hooks<'a>,
     ) -> KeyHost<'a> {
-        KeyHost { direction: Direction::Decrypt, source_key: Some(key), ..KeyHost::new(ds, source, hooks) }
+        KeyHost { source_key: Some(key), ..KeyHost::new(ds, source, hooks).going(Direction::Decrypt) }
+    }
+
+    /// The host of a run going `direction` whose key is not needed (ending it: abort, rollback,
+    /// commit).
+    pub(crate) fn going(self, direction: Direction) -> KeyHost<'a> {
+        KeyHost { direction, ..self }
     }
 }
 

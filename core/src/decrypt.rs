@@ -218,8 +218,8 @@ pub fn finish(
     ui: &mut dyn Ui,
     hooks: &Hooks<'_>,
 ) -> Result<Decrypted, ConvertError> {
-    let outcome = finish_going(ds, dir, Direction::Decrypt, how, ui, hooks)?;
     let source = absolute(dir)?;
+    let outcome = finish_going(&KeyHost::new(ds, &source, hooks).going(Direction::Decrypt), how, ui)?;
     let forgotten = match outcome.token.parse::<KeyIdentifier>() {
         Ok(id) if outcome.state == State::Done => {
             let uid = crate::convert::owner_of(&source)?.uid;
