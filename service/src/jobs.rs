@@ -14,7 +14,7 @@
 //! with a protector's secret, resumes it.
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -31,10 +31,20 @@ use zbus::zvariant::{OwnedObjectPath, OwnedValue, Value};
 use zbus::{interface, Connection, ObjectServer};
 
 use crate::auth::Caller;
+use crate::ctx::Ctx;
 use crate::error::{Error, Kind, Result};
-use crate::service::{Ctx, Enrol, Secrets};
+use crate::pick::Enrol;
+use crate::registry::Running;
+use crate::secrets::Secrets;
 
 const PROGRESS_EVERY: Duration = Duration::from_millis(250);
+
+/// Hooks for a step that reports nothing and is never stopped (a plan, a cancel's abort).
+pub fn quiet() -> Hooks<'static> {
+    static NEVER: AtomicBool = AtomicBool::new(false);
+    fn unheard(_: &Progress) {}
+    Hooks { progress: &unheard, stop: &NEVER }
+}
 
 /// What the service remembers of a running job across its own restarts.
 #[derive(Serialize, Deserialize)]
@@ -45,65 +55,6 @@ struct Marker {
     /// (absent in records of conversions and of older services: false).
     #[serde(default)]
     keep_protectors: bool,
-}
-
-/// The jobs of this service process and what they share.
-#[derive(Default)]
-pub struct Jobs {
-    next: AtomicU64,
-    running: Mutex<Vec<Running>>,
-    /// Set when the service stops: jobs stop at their next checkpoint and keep their markers.
-    shutdown: AtomicBool,
-}
-
-/// Conversions one user may have running at once (root: any number).
-pub const JOBS_PER_UID: usize = 2;
-
-struct Running {
-    source: PathBuf,
-    owner: u32,
-    path: OwnedObjectPath,
-    stop: Arc<AtomicBool>,
-    thread: std::thread::JoinHandle<()>,
-}
-
-impl Jobs {
-    /// The job already running for `source`, if any.
-    pub fn running_for(&self, source: &Path) -> Option<OwnedObjectPath> {
-        let list = self.running.lock().unwrap_or_else(|e| e.into_inner());
-        list.iter().find(|r| r.source == source && !r.thread.is_finished()).map(|r| r.path.clone())
-    }
-
-    /// Refuses a new job for a user who already has [`JOBS_PER_UID`] running.
-    pub fn admit(&self, uid: u32) -> Result<()> {
-        let list = self.running.lock().unwrap_or_else(|e| e.into_inner());
-        let n = list.iter().filter(|r| r.owner == uid && !r.thread.is_finished()).count();
-        if uid != 0 && n >= JOBS_PER_UID {
-            return Err(Error::new(
-                Kind::LimitsExceeded,
-                format!("uid {uid} already has {n} conversions running; wait for one to finish"),
-            ));
-        }
-        Ok(())
-    }
-
-    /// Stops every job at its next checkpoint and waits (up to `limit`) for them to return.
-    pub fn stop_all(&self, limit: Duration) {
-        self.shutdown.store(true, Ordering::SeqCst);
-        let list = std::mem::take(&mut *self.running.lock().unwrap_or_else(|e| e.into_inner()));
-        for r in &list {
-            r.stop.store(true, Ordering::SeqCst);
-        }
-        let t = Instant::now();
-        for r in list {
-            while !r.thread.is_finished() && t.elapsed() < limit {
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            if r.thread.is_finished() {
-                let _ = r.thread.join();
-            }
-        }
-    }
 }
 
 fn marker_path(ctx: &Ctx, source: &Path) -> Result<PathBuf> {
@@ -139,10 +90,10 @@ pub struct Job {
 
 impl Job {
     /// The job's owner or root; anyone else is refused, as for Cancel.
-    async fn check_reader(&self, conn: &Connection, hdr: Option<Header<'_>>) -> zbus::fdo::Result<()> {
+    async fn check_reader(&self, conn: &Connection, hdr: Option<&Header<'_>>) -> zbus::fdo::Result<()> {
         let denied = |m: String| zbus::fdo::Error::AccessDenied(m);
         let hdr = hdr.ok_or_else(|| denied("no caller to authorize".into()))?;
-        let caller = Caller::of(conn, &hdr).await.map_err(|e| denied(e.message))?;
+        let caller = Caller::of(conn, hdr).await.map_err(|e| denied(e.message))?;
         if caller.uid == 0 || caller.uid == self.owner {
             return Ok(());
         }
@@ -152,38 +103,26 @@ impl Job {
 
 #[interface(name = "org.dirseal.Dirseal1.Job")]
 impl Job {
+    // The properties answer only the job's owner and root: [`PrivateJob`] checks the caller
+    // before it asks these.
+
     /// The directory being converted.
     #[zbus(property)]
-    async fn dir(
-        &self,
-        #[zbus(header)] hdr: Option<Header<'_>>,
-        #[zbus(connection)] conn: &Connection,
-    ) -> zbus::fdo::Result<String> {
-        self.check_reader(conn, hdr).await?;
-        Ok(self.source.clone())
+    fn dir(&self) -> String {
+        self.source.clone()
     }
 
     /// The uid of the user the conversion runs for.
     #[zbus(property)]
-    async fn owner(
-        &self,
-        #[zbus(header)] hdr: Option<Header<'_>>,
-        #[zbus(connection)] conn: &Connection,
-    ) -> zbus::fdo::Result<u32> {
-        self.check_reader(conn, hdr).await?;
-        Ok(self.owner)
+    fn owner(&self) -> u32 {
+        self.owner
     }
 
     /// "running", then the final state: "done", "swapped" (backup kept), "aborted" (cancelled:
     /// the directory is as it was), "interrupted" (the service stopped; it resumes), "failed".
     #[zbus(property)]
-    async fn state(
-        &self,
-        #[zbus(header)] hdr: Option<Header<'_>>,
-        #[zbus(connection)] conn: &Connection,
-    ) -> zbus::fdo::Result<String> {
-        self.check_reader(conn, hdr).await?;
-        Ok(self.state.lock().unwrap_or_else(|e| e.into_inner()).clone())
+    fn state(&self) -> String {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// Stops the conversion at its next checkpoint and, before the swap, aborts it (a copy is
@@ -238,10 +177,11 @@ impl Job {
     async fn failed(emitter: &SignalEmitter<'_>, error: &str, message: &str) -> zbus::Result<()>;
 }
 
-/// [`Job`] as served: zbus's generated `GetAll` leaves out each property whose getter refuses
-/// (zbus 5), so another user would get an empty dictionary where `Get` says AccessDenied. This
-/// wrapper refuses `GetAll` as a whole first and hands everything else to the generated code.
-/// (zbus calls its `Interface` trait unstable: it is re-checked when zbus is upgraded.)
+/// [`Job`] as served: the one place its properties are guarded. `Get` and `GetAll` are refused
+/// to anyone but the job's owner and root before the generated code answers (a guard in each
+/// getter would leave zbus 5's generated `GetAll` answering another user an empty dictionary
+/// where `Get` says AccessDenied); everything else goes to the generated code. (zbus calls its
+/// `Interface` trait unstable: it is re-checked when zbus is upgraded.)
 pub struct PrivateJob(Job);
 
 #[async_trait::async_trait]
@@ -262,7 +202,9 @@ impl Interface for PrivateJob {
         header: Option<&Header<'_>>,
         emitter: &SignalEmitter<'_>,
     ) -> Option<zbus::fdo::Result<OwnedValue>> {
-        self.0.get(property_name, server, connection, header, emitter).await
+        // None: no such property, whoever asks (zbus answers UnknownProperty).
+        let value = self.0.get(property_name, server, connection, header, emitter).await?;
+        Some(self.0.check_reader(connection, header).await.and(value))
     }
 
     async fn get_all(
@@ -272,7 +214,7 @@ impl Interface for PrivateJob {
         header: Option<&Header<'_>>,
         emitter: &SignalEmitter<'_>,
     ) -> zbus::fdo::Result<HashMap<String, OwnedValue>> {
-        self.0.check_reader(connection, header.cloned()).await?;
+        self.0.check_reader(connection, header).await?;
         self.0.get_all(server, connection, header, emitter).await
     }
 
@@ -310,14 +252,15 @@ impl Interface for PrivateJob {
         self.0.call(server, connection, msg, name)
     }
 
+    /// [`Job`] has no `&mut self` method, so its generated `call` never asks for this one.
     fn call_mut<'call>(
         &'call mut self,
-        server: &'call ObjectServer,
-        connection: &'call Connection,
-        msg: &'call Message,
-        name: MemberName<'call>,
+        _: &'call ObjectServer,
+        _: &'call Connection,
+        _: &'call Message,
+        _: MemberName<'call>,
     ) -> DispatchResult2<'call> {
-        self.0.call_mut(server, connection, msg, name)
+        DispatchResult2::NotFound
     }
 
     fn introspect_to_writer(&self, writer: &mut dyn std::fmt::Write, level: usize) {
@@ -431,7 +374,7 @@ impl Work {
 
 /// Puts the job object on the bus and starts its thread; returns the object path.
 pub fn spawn(ctx: &Arc<Ctx>, conn: &Connection, start: Start) -> Result<OwnedObjectPath> {
-    let n = ctx.jobs.next.fetch_add(1, Ordering::SeqCst) + 1;
+    let n = ctx.jobs.number();
     let path = OwnedObjectPath::try_from(format!("/org/dirseal/Dirseal1/jobs/{n}"))
         .map_err(|e| Error::failed(format!("job path: {e}")))?;
     let source = start.work.source().to_path_buf();
@@ -464,9 +407,7 @@ pub fn spawn(ctx: &Arc<Ctx>, conn: &Connection, start: Start) -> Result<OwnedObj
             }
         })
         .map_err(|e| Error::failed(format!("starting the job thread: {e}")))?;
-    let mut list = ctx.jobs.running.lock().unwrap_or_else(|e| e.into_inner());
-    list.retain(|r| !r.thread.is_finished());
-    list.push(Running { source, owner: start_owner, path: path.clone(), stop, thread });
+    ctx.jobs.add(Running { source, owner: start_owner, path: path.clone(), stop, thread });
     Ok(path)
 }
 
@@ -541,7 +482,7 @@ fn run(
                 Err(err) => fail(ctx, &source, &audience, &set, &log, Error::from(err)),
             }
         }
-        Err(ConvertError::Migrate(MigrateError::Interrupted { .. })) if ctx.jobs.shutdown.load(Ordering::SeqCst) => {
+        Err(ConvertError::Migrate(MigrateError::Interrupted { .. })) if ctx.jobs.shutting_down() => {
             // The marker stays: the next start of the service resumes it.
             set("interrupted");
             log("interrupted by the service stopping; it resumes when the service starts");
@@ -555,6 +496,32 @@ fn fail(ctx: &Ctx, source: &Path, audience: &Audience, set: &dyn Fn(&str), log: 
     log(&err.to_string());
     remove_marker(ctx, source);
     audience.send(|e| zbus::block_on(Job::failed(e, err.kind.name(), &err.message)));
+}
+
+/// The unfinished conversion or decrypt `m` records, planned again to run without a secret: its
+/// staging key must still be loaded.
+fn resumable(ds: &Dirseal, m: &Marker) -> Result<Work> {
+    let decrypting = convert::status(&m.source)?
+        .is_some_and(|v| v.direction == dirseal_migrate::Direction::Decrypt && convert::unfinished(v.state));
+    let (ready, call) = if decrypting {
+        let plan =
+            decrypt::plan(ds, &m.source, Default::default(), Pick::default(), &mut Secrets::default(), &quiet())?;
+        let ready = match plan {
+            decrypt::Plan::Resume(p) => {
+                (!p.key.needed).then(|| Work::Decrypt(decrypt::Plan::Resume(p), Pick::default(), m.keep_protectors))
+            }
+            decrypt::Plan::New(_) => return Err(Error::new(Kind::NotFound, "no unfinished decrypt is recorded")),
+        };
+        (ready, "Decrypt")
+    } else {
+        let ready = match convert::plan(ds, &m.source, Default::default(), &quiet())? {
+            Plan::Resume(p) => p.key.is_none().then(|| Work::Resume(p, Pick::default())),
+            Plan::New(_) => return Err(Error::new(Kind::NotFound, "no unfinished conversion is recorded")),
+        };
+        (ready, "Convert")
+    };
+    let locked = format!("its staging key is not loaded: {call} with a secret resumes it");
+    ready.ok_or_else(|| Error::new(Kind::NotFound, locked))
 }
 
 /// At start: resumes the conversions this service was running when it last stopped, where the
@@ -573,46 +540,8 @@ pub fn resume_recorded(ctx: &Arc<Ctx>, conn: &Connection) {
         };
         let r = (|| -> Result<OwnedObjectPath> {
             let ds = ctx.open()?;
-            let idle = AtomicBool::new(false);
-            let hooks = Hooks { progress: &|_| {}, stop: &idle };
-            let decrypting = convert::status(&m.source)?
-                .is_some_and(|v| v.direction == dirseal_migrate::Direction::Decrypt && convert::unfinished(v.state));
-            if decrypting {
-                let plan = match decrypt::plan(
-                    &ds,
-                    &m.source,
-                    Default::default(),
-                    Pick::default(),
-                    &mut Secrets::default(),
-                    &hooks,
-                )? {
-                    decrypt::Plan::Resume(p) if !p.key.needed => p,
-                    decrypt::Plan::Resume(_) => {
-                        return Err(Error::new(
-                            Kind::NotFound,
-                            "its staging key is not loaded: Decrypt with a secret resumes it",
-                        ))
-                    }
-                    decrypt::Plan::New(_) => {
-                        return Err(Error::new(Kind::NotFound, "no unfinished decrypt is recorded"))
-                    }
-                };
-                let work = Work::Decrypt(decrypt::Plan::Resume(plan), Pick::default(), m.keep_protectors);
-                return spawn(ctx, conn, Start { ds, work, secrets: Secrets::default(), owner: m.uid });
-            }
-            let plan = match convert::plan(&ds, &m.source, Default::default(), &hooks)? {
-                Plan::Resume(p) if p.key.is_none() => p,
-                Plan::Resume(_) => {
-                    return Err(Error::new(
-                        Kind::NotFound,
-                        "its staging key is not loaded: Convert with a secret resumes it",
-                    ))
-                }
-                Plan::New(_) => return Err(Error::new(Kind::NotFound, "no unfinished conversion is recorded")),
-            };
-            let work = Work::Resume(plan, Pick::default());
-            let start = Start { ds, work, secrets: Secrets::default(), owner: m.uid };
-            spawn(ctx, conn, start)
+            let work = resumable(&ds, &m)?;
+            spawn(ctx, conn, Start { ds, work, secrets: Secrets::default(), owner: m.uid })
         })();
         match r {
             Ok(job) => {

@@ -3,11 +3,15 @@
 #![deny(unsafe_code)]
 
 mod auth;
+mod ctx;
 mod error;
 mod fdio;
 mod jobs;
 mod log;
+mod pick;
 mod pin;
+mod registry;
+mod secrets;
 mod service;
 
 use std::path::PathBuf;
@@ -16,7 +20,8 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 
-use service::{Ctx, Service, BUS_NAME, OBJECT_PATH};
+use ctx::Ctx;
+use service::{Service, BUS_NAME, OBJECT_PATH};
 
 /// Where the service finds its files. Paths come from these options only, never from the
 /// environment. Parsed by hand: three options do not justify an argument-parser crate in a root

@@ -12,138 +12,34 @@
 //! (GetStatus, ListProtectors, GetTpmTriesLeft, PlanConvert, job properties) never take it.
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
-use std::os::unix::fs::MetadataExt;
 use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
-use dirseal::ids::ProtectorId;
+use dirseal::convert::Summary;
 use dirseal::keystore::{KeystoreError, PolicyRecord};
-use dirseal::ops::{self, Dirseal, NewProtector, Pick, ProtectorChoice};
+use dirseal::ops::{self, Dirseal, NewProtector, Pick};
 use dirseal::protector::{KindOptions, NewKind};
 use dirseal::secret::Passphrase;
-use dirseal::ui::{Question, SecretPrompt, Ui, UiError};
+use dirseal_migrate::State;
 use futures_lite::FutureExt;
 use zbus::message::Header;
 use zbus::zvariant::{self, OwnedValue, SerializeDict, Type};
 use zbus::{interface, Connection};
 
-use crate::auth::{user_name, Caller};
+use crate::auth::Caller;
+use crate::ctx::Ctx;
 use crate::error::{Error, Kind, Result};
 use crate::fdio::{read_secret, write_secret};
-use crate::jobs::{self, Jobs};
+use crate::jobs;
+use crate::pick::{self, choose, owner_of, parse_protector_id, pin_try, Enrol};
+use crate::secrets::Secrets;
+
+/// An a{sv} dictionary: a call's options, a plan.
+type Dict = HashMap<String, OwnedValue>;
 
 pub const BUS_NAME: &str = "org.dirseal.Dirseal1";
 pub const OBJECT_PATH: &str = "/org/dirseal/Dirseal1";
-
-/// Where the service finds its files: from its command line, never the environment.
-pub struct Ctx {
-    pub config: PathBuf,
-    pub keystore: Option<PathBuf>,
-    /// Root-only; records of running conversions (see [`crate::jobs`]).
-    pub run_dir: PathBuf,
-    pub jobs: Jobs,
-    /// One KDF or keystore change at a time ([`Ctx::one_at_a_time`]).
-    work: Mutex<()>,
-    /// Calls in flight per caller uid ([`CALLS_PER_UID`]).
-    calls: Mutex<HashMap<u32, usize>>,
-}
-
-/// Calls one user may have in flight (the rest are refused with LimitsExceeded); root more.
-pub const CALLS_PER_UID: usize = 4;
-pub const CALLS_ROOT: usize = 64;
-
-/// A call counted against its caller's cap until it is dropped.
-struct Slot {
-    ctx: Arc<Ctx>,
-    uid: u32,
-}
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        let mut calls = self.ctx.calls.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(n) = calls.get_mut(&self.uid) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                calls.remove(&self.uid);
-            }
-        }
-    }
-}
-
-impl Ctx {
-    pub fn new(config: PathBuf, keystore: Option<PathBuf>, run_dir: PathBuf) -> Ctx {
-        Ctx { config, keystore, run_dir, jobs: Jobs::default(), work: Mutex::new(()), calls: Mutex::default() }
-    }
-
-    /// The lock for work that must not run twice at once. Taken only after the call's secrets
-    /// were read: a caller that never closes its secret's pipe holds up no one else.
-    pub fn one_at_a_time(&self) -> MutexGuard<'_, ()> {
-        self.work.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Counts a call of `uid` in flight, or refuses it when the caller has too many.
-    fn admit(self: &Arc<Self>, uid: u32) -> Result<Slot> {
-        let cap = if uid == 0 { CALLS_ROOT } else { CALLS_PER_UID };
-        let mut calls = self.calls.lock().unwrap_or_else(|e| e.into_inner());
-        let n = calls.entry(uid).or_default();
-        if *n >= cap {
-            return Err(Error::new(
-                Kind::LimitsExceeded,
-                format!("uid {uid} already has {cap} calls in flight; wait for one to return and try again"),
-            ));
-        }
-        *n += 1;
-        Ok(Slot { ctx: Arc::clone(self), uid })
-    }
-
-    /// Opened per call, so changes made meanwhile by the CLI (config, records) are always seen.
-    pub fn open(&self) -> Result<Dirseal> {
-        Ok(Dirseal::open(&self.config, self.keystore.as_deref())?)
-    }
-
-    /// As [`Ctx::open`], for calls that only read: creates no keystore.
-    fn open_existing(&self) -> Result<Dirseal> {
-        Ok(Dirseal::open_existing(&self.config, self.keystore.as_deref())?)
-    }
-}
-
-/// The secrets a call brought, handed to the library as its [`Ui`] asks for them.
-#[derive(Default)]
-pub struct Secrets {
-    /// Current secrets of existing protectors; `None` answers for whichever the library picks.
-    current: Vec<(Option<ProtectorId>, Passphrase)>,
-    new: Option<Passphrase>,
-    recovery: Option<Passphrase>,
-}
-
-impl Ui for Secrets {
-    fn secret(&mut self, prompt: &SecretPrompt<'_>) -> std::result::Result<Passphrase, UiError> {
-        let found = match prompt {
-            SecretPrompt::Password { id, .. } | SecretPrompt::Pin { id, .. } => {
-                // A secret for a named protector answers once; one for "whichever" answers each
-                // protector the library tries (the login order tries several with it).
-                match self.current.iter().position(|(k, _)| *k == Some(**id)) {
-                    Some(i) => Some(self.current.remove(i).1),
-                    None => self.current.iter().find(|(k, _)| k.is_none()).map(|(_, s)| s.duplicate()),
-                }
-            }
-            // A security key's own PIN, asked while a protector is created on it, is the new
-            // protector's secret as far as the caller is concerned.
-            SecretPrompt::NewPassword { .. } | SecretPrompt::NewPin { .. } | SecretPrompt::KeyPin { .. } => {
-                self.new.take()
-            }
-            SecretPrompt::RecoveryKey { .. } => self.recovery.take(),
-        };
-        found.ok_or_else(|| UiError::NoInput { hint: "the call carried no secret for this step".into() })
-    }
-
-    /// The call itself is the consent to a conversion or decrypt; recovery keys are made by
-    /// `RecoveryAdd`.
-    fn confirm(&mut self, q: &Question<'_>) -> std::result::Result<bool, UiError> {
-        Ok(matches!(q, Question::Convert { .. } | Question::Decrypt { .. }))
-    }
-}
 
 /// One protector as `ListProtectors` and `GetStatus` show it.
 #[derive(SerializeDict, Type)]
@@ -205,10 +101,6 @@ pub struct LockInfo {
     busy: Vec<BusyInfo>,
 }
 
-fn parse_protector_id(s: &str) -> Result<ProtectorId> {
-    s.parse().map_err(|e| Error::invalid(format!("protector: {e}")))
-}
-
 fn panic_error(p: Box<dyn std::any::Any + Send>) -> Error {
     let what = p
         .downcast_ref::<&str>()
@@ -234,13 +126,6 @@ fn log_outcome<T>(method: &str, caller: &Caller, target: &str, r: &Result<T>) {
     crate::log::outcome(method, caller.uid, &who, target, &outcome);
 }
 
-/// The owner of `dir` when it is a real (non-root) account: a new password protector for a
-/// directory belongs to its owner, so PAM later matches it by uid.
-fn owner_of(dir: &Path) -> Option<u32> {
-    let uid = std::fs::symlink_metadata(dir).ok()?.uid();
-    (uid != 0).then_some(uid)
-}
-
 pub struct Service {
     ctx: Arc<Ctx>,
     /// The connection this object is served on: it asks the bus who calls, and jobs emit on it.
@@ -257,7 +142,7 @@ impl Service {
     async fn call<T, F>(&self, method: &'static str, target: String, hdr: &Header<'_>, work: F) -> Result<T>
     where
         T: Send + 'static,
-        F: FnOnce(&Ctx, &Caller) -> Result<T> + Send + 'static,
+        F: FnOnce(&Arc<Ctx>, &Caller) -> Result<T> + Send + 'static,
     {
         self.checked(method, target, hdr, |_| Ok(()), move |ctx, caller, ()| work(ctx, caller)).await
     }
@@ -267,7 +152,7 @@ impl Service {
     async fn on_dir<T, F>(&self, method: &'static str, dir: String, hdr: &Header<'_>, work: F) -> Result<T>
     where
         T: Send + 'static,
-        F: FnOnce(&Ctx, &Caller, PathBuf) -> Result<T> + Send + 'static,
+        F: FnOnce(&Arc<Ctx>, &Caller, PathBuf) -> Result<T> + Send + 'static,
     {
         let target = dir.clone();
         self.checked(method, target, hdr, move |caller| caller.directory(&dir), work).await
@@ -287,7 +172,7 @@ impl Service {
     where
         T: Send + 'static,
         C: FnOnce(&Caller) -> Result<P> + Send + 'static,
-        F: FnOnce(&Ctx, &Caller, P) -> Result<T> + Send + 'static,
+        F: FnOnce(&Arc<Ctx>, &Caller, P) -> Result<T> + Send + 'static,
     {
         let ctx = Arc::clone(&self.ctx);
         let fut = async move {
@@ -316,74 +201,9 @@ impl Service {
     }
 }
 
-/// The protector a call names for `policy` (by id, or by the name of one of the caller's), or —
-/// when it names none — the one to use: the caller's own when they are not root (the library's
-/// "exactly one of yours"), else the library's pick.
-fn choose(ds: &Dirseal, caller: &Caller, policy: &PolicyRecord, named: &str, dir: &Path) -> Result<Pick> {
-    if !named.is_empty() {
-        let rec = ds.protector_named(named, (!caller.is_root()).then_some(caller.uid))?;
-        caller.check_protector(&rec)?;
-        return Ok(Pick { protector: Some(rec.id) });
-    }
-    if caller.is_root() {
-        return Ok(Pick::default());
-    }
-    Ok(Pick { protector: Some(ds.own_protector(policy, caller.uid, &dir.display().to_string())?) })
-}
-
-/// The protector a call enrols: an existing one (proved by the call's secret) or a new password
-/// protector. A user's new protector always belongs to them; root's to the directory's owner (or
-/// to nobody when root owns it). Owned, so a job thread can carry it.
-pub struct Enrol {
-    existing: Option<ProtectorId>,
-    name: String,
-    uid: Option<u32>,
-}
-
-impl Enrol {
-    /// `named` empty: a new password protector named `given` (else its user's login name, else
-    /// "password") whose password is `secret`; otherwise that existing protector, which must be
-    /// the caller's, proved by `secret`.
-    fn new(
-        ds: &Dirseal,
-        caller: &Caller,
-        dir: &Path,
-        named: &str,
-        given: &str,
-        secret: Passphrase,
-        secrets: &mut Secrets,
-    ) -> Result<Enrol> {
-        let uid = if caller.is_root() { owner_of(dir) } else { Some(caller.uid) };
-        let name = match (given.is_empty(), uid) {
-            (false, _) => given.to_string(),
-            (true, Some(u)) => user_name(u),
-            (true, None) => "password".into(),
-        };
-        if named.is_empty() {
-            secrets.new = Some(secret);
-            return Ok(Enrol { existing: None, name, uid });
-        }
-        let id = parse_protector_id(named)?;
-        caller.check_protector(&ds.keystore().protector(&id)?)?;
-        pin_try(ds, caller, Some(id))?;
-        secrets.current.push((Some(id), secret));
-        Ok(Enrol { existing: Some(id), name, uid })
-    }
-
-    pub fn choice(&self) -> ProtectorChoice<'_> {
-        match self.existing {
-            Some(id) => ProtectorChoice::Existing(id),
-            None => ProtectorChoice::New(NewProtector {
-                name: &self.name,
-                uid: self.uid,
-                kind: NewKind::Password(Default::default()),
-            }),
-        }
-    }
-}
-
-/// `Convert`'s and `PlanConvert`'s options, and the `protector` option (empty when absent).
-fn convert_options(options: &HashMap<String, OwnedValue>) -> Result<(dirseal::convert::Options, String)> {
+/// `Convert`'s and `PlanConvert`'s options, and the `protector` option (empty when absent),
+/// checked for `caller`: only root may force a `what` ("conversion", "decrypt").
+fn convert_options(options: &Dict, caller: &Caller, what: &str) -> Result<(dirseal::convert::Options, String)> {
     let mut o = dirseal::convert::Options { recovery_key: Some(false), ..Default::default() };
     let mut protector = String::new();
     let bad = |k: &str, t: &str| Error::invalid(format!("option {k} must be of type {t}"));
@@ -411,12 +231,18 @@ fn convert_options(options: &HashMap<String, OwnedValue>) -> Result<(dirseal::co
             }
         }
     }
+    if o.force && !caller.may_administer() {
+        return Err(Error::denied(format!("only root may force a {what} of a directory in use")));
+    }
+    // A user is logged in by definition: the library's busy check then asks only that nothing
+    // has the directory open.
+    o.owner_asks = !caller.is_root();
     Ok((o, protector))
 }
 
 /// `Decrypt`'s and `PlanDecrypt`'s options: convert's (less `wipe`), `protector`, and
 /// `keep_protectors`.
-fn decrypt_options(options: &HashMap<String, OwnedValue>) -> Result<(dirseal::convert::Options, String, bool)> {
+fn decrypt_options(options: &Dict, caller: &Caller) -> Result<(dirseal::convert::Options, String, bool)> {
     let mut rest = options.clone();
     let keep = match rest.remove("keep_protectors") {
         Some(v) => bool::try_from(&v).map_err(|_| Error::invalid("option keep_protectors must be of type b"))?,
@@ -425,8 +251,45 @@ fn decrypt_options(options: &HashMap<String, OwnedValue>) -> Result<(dirseal::co
     if rest.contains_key("wipe") {
         return Err(Error::invalid("option wipe is for Convert (a decrypt's old tree is ciphertext, its key removed)"));
     }
-    let (o, protector) = convert_options(&rest)?;
+    let (o, protector) = convert_options(&rest, caller, "decrypt")?;
     Ok((o, protector, keep))
+}
+
+/// Convert's and Decrypt's course once their options are checked: read the secret, then, under
+/// the one-at-a-time lock, answer the job already running for the directory, or admit the
+/// caller's new one and start what `plan` makes of the secret.
+fn start_job(
+    ctx: &Arc<Ctx>,
+    bus: &Connection,
+    caller: &Caller,
+    dir: &Path,
+    secret: zvariant::OwnedFd,
+    plan: impl FnOnce(&Dirseal, Passphrase) -> Result<(jobs::Work, Secrets)>,
+) -> Result<zvariant::OwnedObjectPath> {
+    let secret = read_secret(secret.into(), "secret")?;
+    let (_one, ds) = ctx.open_alone()?;
+    let source = dirseal::convert::absolute(dir)?;
+    if let Some(job) = ctx.jobs.running_for(&source) {
+        return Ok(job);
+    }
+    if !caller.is_root() {
+        ctx.jobs.admit(caller.uid)?;
+    }
+    let (work, secrets) = plan(&ds, secret)?;
+    jobs::spawn(ctx, bus, jobs::Start { ds, work, secrets, owner: owner_of(dir).unwrap_or(0) })
+}
+
+/// PlanConvert's and PlanDecrypt's answer: a new plan's summary, or for an unfinished one (no
+/// summary) its path and the `state` its journal records.
+fn plan_reply(summary: Option<Summary>, source: &Path, state: Option<State>) -> Result<Dict> {
+    let json = match summary {
+        Some(s) => serde_json::to_value(s).map_err(|e| Error::failed(e.to_string()))?,
+        None => serde_json::json!({ "path": source, "state": state.map(|s| s.to_string()) }),
+    };
+    match to_dbus(&json).map(Dict::try_from) {
+        Some(Ok(m)) => Ok(m),
+        _ => Err(Error::failed("the plan could not be expressed as a{sv}")),
+    }
 }
 
 /// A JSON value (the library's serialized summary) as D-Bus values: objects become `a{sv}`,
@@ -444,17 +307,11 @@ fn to_dbus(v: &serde_json::Value) -> Option<OwnedValue> {
         },
         J::String(s) => V::from(s.clone()),
         J::Object(m) => {
-            let d: HashMap<String, OwnedValue> = m.iter().filter_map(|(k, v)| Some((k.clone(), to_dbus(v)?))).collect();
+            let d: Dict = m.iter().filter_map(|(k, v)| Some((k.clone(), to_dbus(v)?))).collect();
             return OwnedValue::try_from(V::from(d)).ok();
         }
     };
     OwnedValue::try_from(v).ok()
-}
-
-/// Before the TPM checks a PIN for the caller: the service's part of the rule on PIN tries
-/// ([`crate::pin`]). Root's calls that name no protector pass.
-fn pin_try(ds: &Dirseal, caller: &Caller, protector: Option<ProtectorId>) -> Result<()> {
-    protector.map_or(Ok(()), |id| crate::pin::may_try(ds, caller, &id))
 }
 
 /// A check's answer: whether the secret was right; other errors stay errors.
@@ -521,8 +378,7 @@ impl Service {
     ) -> Result<()> {
         self.on_dir("Unlock", dir, &hdr, move |ctx, caller, path| {
             let secret = read_secret(secret.into(), "secret")?;
-            let _one = ctx.one_at_a_time();
-            let ds = ctx.open()?;
+            let (_one, ds) = ctx.open_alone()?;
             if protector.is_empty() && !caller.is_root() {
                 // The caller's own protectors, in the login order for their uid. A TPM PIN the
                 // rule refuses a try now is skipped (the next one is tried); when none could be
@@ -586,8 +442,7 @@ impl Service {
     ) -> Result<(String, String)> {
         self.on_dir("Encrypt", dir, &hdr, move |ctx, caller, path| {
             let secret = read_secret(secret.into(), "secret")?;
-            let _one = ctx.one_at_a_time();
-            let mut ds = ctx.open()?;
+            let (_one, mut ds) = ctx.open_alone()?;
             let mut secrets = Secrets::default();
             let enrol = Enrol::new(&ds, caller, &path, &protector, "", secret, &mut secrets)?;
             let (policy, _master) = ds.encrypt(&path, enrol.choice(), &mut secrets)?;
@@ -629,7 +484,7 @@ impl Service {
         #[zbus(header)] hdr: Header<'_>,
         name: String,
         secret: zvariant::OwnedFd,
-        options: HashMap<String, OwnedValue>,
+        options: Dict,
     ) -> Result<String> {
         self.call("CreateProtector", name.clone(), &hdr, move |ctx, caller| {
             let mut uid = None;
@@ -653,8 +508,7 @@ impl Service {
             let opts = if caller.may_administer() { KindOptions::new(pairs) } else { KindOptions::untrusted(pairs) };
             let kind = NewKind::named(&kind, opts)?;
             let secret = read_secret(secret.into(), "secret")?;
-            let _one = ctx.one_at_a_time();
-            let mut ds = ctx.open()?;
+            let (_one, mut ds) = ctx.open_alone()?;
             let uid = if caller.is_root() { uid } else { Some(caller.uid) };
             let n = NewProtector { name: &name, uid, kind };
             let (rec, _) = ds.create_protector(&n, &mut Secrets { new: Some(secret), ..Default::default() })?;
@@ -667,8 +521,7 @@ impl Service {
     async fn remove_protector(&self, #[zbus(header)] hdr: Header<'_>, protector: String) -> Result<()> {
         self.call("RemoveProtector", protector.clone(), &hdr, move |ctx, caller| {
             let id = parse_protector_id(&protector)?;
-            let _one = ctx.one_at_a_time();
-            let ds = ctx.open()?;
+            let (_one, ds) = ctx.open_alone()?;
             match ds.keystore().protector(&id) {
                 Ok(rec) => caller.check_protector(&rec)?,
                 // An unreadable file names no owner: only root may remove it.
@@ -699,8 +552,7 @@ impl Service {
         self.on_dir("AddProtectorToPolicy", dir, &hdr, move |ctx, caller, path| {
             let with_secret = read_secret(with_secret.into(), "with_secret")?;
             let new_secret = read_secret(new_secret.into(), "new_secret")?;
-            let _one = ctx.one_at_a_time();
-            let mut ds = ctx.open()?;
+            let (_one, mut ds) = ctx.open_alone()?;
             let policy = ds.policy_of(&path)?;
             let pick = choose(&ds, caller, &policy, &with, &path)?;
             pin_try(&ds, caller, pick.protector)?;
@@ -721,8 +573,7 @@ impl Service {
     ) -> Result<()> {
         self.on_dir("RemoveProtectorFromPolicy", dir, &hdr, move |ctx, caller, path| {
             let id = parse_protector_id(&protector)?;
-            let _one = ctx.one_at_a_time();
-            let ds = ctx.open()?;
+            let (_one, ds) = ctx.open_alone()?;
             let policy = ds.policy_of(&path)?;
             match ds.keystore().protector(&id) {
                 Ok(rec) => caller.check_protector(&rec)?,
@@ -747,10 +598,8 @@ impl Service {
             let id = parse_protector_id(&protector)?;
             let old = read_secret(old.into(), "old")?;
             let new = read_secret(new.into(), "new")?;
-            let _one = ctx.one_at_a_time();
-            let ds = ctx.open()?;
-            caller.check_protector(&ds.keystore().protector(&id)?)?;
-            pin_try(&ds, caller, Some(id))?;
+            let (_one, ds) = ctx.open_alone()?;
+            pick::check(&ds, caller, id)?;
             ds.change_secret(
                 &id,
                 &mut Secrets { current: vec![(Some(id), old)], new: Some(new), ..Default::default() },
@@ -773,8 +622,7 @@ impl Service {
             let secret = read_secret(secret.into(), "secret")?;
             let _one = ctx.one_at_a_time();
             let ds = ctx.open_existing()?;
-            caller.check_protector(&ds.keystore().protector(&id)?)?;
-            pin_try(&ds, caller, Some(id))?;
+            pick::check(&ds, caller, id)?;
             valid(ds.verify_protector(&id, &mut Secrets { current: vec![(Some(id), secret)], ..Default::default() }))
         })
         .await
@@ -795,58 +643,35 @@ impl Service {
         #[zbus(header)] hdr: Header<'_>,
         dir: String,
         secret: zvariant::OwnedFd,
-        options: HashMap<String, OwnedValue>,
+        options: Dict,
     ) -> Result<zvariant::OwnedObjectPath> {
         let bus = self.conn.clone();
-        let ctx = Arc::clone(&self.ctx);
-        self.on_dir("Convert", dir, &hdr, move |_, caller, path| {
-            let (mut o, protector) = convert_options(&options)?;
-            if o.force && !caller.may_administer() {
-                return Err(Error::denied("only root may force a conversion of a directory in use"));
-            }
-            let secret = read_secret(secret.into(), "secret")?;
-            let _one = ctx.one_at_a_time();
-            let ds = ctx.open()?;
-            let source = dirseal::convert::absolute(&path)?;
-            if let Some(job) = ctx.jobs.running_for(&source) {
-                return Ok(job);
-            }
-            if !caller.is_root() {
-                ctx.jobs.admit(caller.uid)?;
-            }
-            // A user is logged in by definition: the library's busy check then asks only that
-            // nothing has the directory open.
-            o.owner_asks = !caller.is_root();
-            let idle = std::sync::atomic::AtomicBool::new(false);
-            let hooks = dirseal::convert::Hooks { progress: &|_| {}, stop: &idle };
-            let plan = dirseal::convert::plan(&ds, &path, o, &hooks)?;
-            let mut secrets = Secrets::default();
-            // A copy for a later step that needs the staging key again (aborting a cancelled
-            // move, with whichever protector it has).
-            secrets.current.push((None, secret.duplicate()));
-            let work = match plan {
-                dirseal::convert::Plan::New(plan) => {
-                    let name = plan.default_protector_name();
-                    let enrol = Enrol::new(&ds, caller, &path, &protector, &name, secret, &mut secrets)?;
-                    jobs::Work::New(plan, enrol)
-                }
-                dirseal::convert::Plan::Resume(plan) => {
-                    // No protector is made: the secret reloads the staging key (after a reboot),
-                    // with the named protector, else the one the staging policy has.
-                    let pick = if protector.is_empty() {
-                        Pick::default()
-                    } else {
-                        let id = parse_protector_id(&protector)?;
-                        caller.check_protector(&ds.keystore().protector(&id)?)?;
-                        pin_try(&ds, caller, Some(id))?;
+        self.on_dir("Convert", dir, &hdr, move |ctx, caller, path| {
+            let (o, protector) = convert_options(&options, caller, "conversion")?;
+            start_job(ctx, &bus, caller, &path, secret, |ds, secret| {
+                // A copy for a later step that needs the staging key again (aborting a cancelled
+                // move, with whichever protector it has).
+                let mut secrets = Secrets::current(None, secret.duplicate());
+                let work = match dirseal::convert::plan(ds, &path, o, &jobs::quiet())? {
+                    dirseal::convert::Plan::New(plan) => {
+                        let name = plan.default_protector_name();
+                        let enrol = Enrol::new(ds, caller, &path, &protector, &name, secret, &mut secrets)?;
+                        jobs::Work::New(plan, enrol)
+                    }
+                    dirseal::convert::Plan::Resume(plan) if protector.is_empty() => {
+                        // No protector is made: the secret reloads the staging key (after a
+                        // reboot) with the one the staging policy has.
+                        jobs::Work::Resume(plan, Pick::default())
+                    }
+                    dirseal::convert::Plan::Resume(plan) => {
+                        // Or with the one named.
+                        let id = pick::named(ds, caller, &protector)?;
                         secrets.current.push((Some(id), secret));
-                        Pick { protector: Some(id) }
-                    };
-                    jobs::Work::Resume(plan, pick)
-                }
-            };
-            let start = jobs::Start { ds, work, secrets, owner: owner_of(&path).unwrap_or(0) };
-            jobs::spawn(&ctx, &bus, start)
+                        jobs::Work::Resume(plan, Pick { protector: Some(id) })
+                    }
+                };
+                Ok((work, secrets))
+            })
         })
         .await
     }
@@ -859,35 +684,16 @@ impl Service {
     /// an unfinished conversion: path and state (Convert resumes it). Writes nothing but the
     /// short, removed rate probe.
     #[zbus(out_args("plan"))]
-    async fn plan_convert(
-        &self,
-        #[zbus(header)] hdr: Header<'_>,
-        dir: String,
-        options: HashMap<String, OwnedValue>,
-    ) -> Result<HashMap<String, OwnedValue>> {
+    async fn plan_convert(&self, #[zbus(header)] hdr: Header<'_>, dir: String, options: Dict) -> Result<Dict> {
         self.on_dir("PlanConvert", dir, &hdr, move |ctx, caller, path| {
-            let (mut o, _) = convert_options(&options)?;
-            if o.force && !caller.may_administer() {
-                return Err(Error::denied("only root may force a conversion of a directory in use"));
-            }
-            o.owner_asks = !caller.is_root();
+            let (mut o, _) = convert_options(&options, caller, "conversion")?;
             o.estimate = true;
-            let ds = ctx.open_existing()?;
-            let idle = std::sync::atomic::AtomicBool::new(false);
-            let hooks = dirseal::convert::Hooks { progress: &|_| {}, stop: &idle };
-            let plan = dirseal::convert::plan(&ds, &path, o, &hooks)?;
-            let json = match &plan {
-                dirseal::convert::Plan::New(p) => {
-                    serde_json::to_value(p.summary()).map_err(|e| Error::failed(e.to_string()))?
-                }
-                dirseal::convert::Plan::Resume(p) => {
-                    serde_json::json!({ "path": p.source, "state": p.state.to_string() })
-                }
+            let plan = dirseal::convert::plan(&ctx.open_existing()?, &path, o, &jobs::quiet())?;
+            let state = match &plan {
+                dirseal::convert::Plan::Resume(p) => Some(p.state),
+                dirseal::convert::Plan::New(_) => None,
             };
-            match to_dbus(&json).map(HashMap::<String, OwnedValue>::try_from) {
-                Some(Ok(m)) => Ok(m),
-                _ => Err(Error::failed("the plan could not be expressed as a{sv}")),
-            }
+            plan_reply(plan.summary(), plan.source(), state)
         })
         .await
     }
@@ -907,48 +713,31 @@ impl Service {
         #[zbus(header)] hdr: Header<'_>,
         dir: String,
         secret: zvariant::OwnedFd,
-        options: HashMap<String, OwnedValue>,
+        options: Dict,
     ) -> Result<zvariant::OwnedObjectPath> {
-        let bus = self.conn.clone();
-        let ctx = Arc::clone(&self.ctx);
-        self.on_dir("Decrypt", dir, &hdr, move |_, caller, path| {
-            let (mut o, protector, keep_protectors) = decrypt_options(&options)?;
-            if o.force && !caller.may_administer() {
-                return Err(Error::denied("only root may force a decrypt of a directory in use"));
-            }
+        let (bus, target) = (self.conn.clone(), dir.clone());
+        // Who may decrypt is settled with the options, before the secret is read.
+        let check = move |caller: &Caller| {
+            let path = caller.directory(&dir)?;
+            let options = decrypt_options(&options, caller)?;
             if !caller.may_decrypt_own() {
                 return Err(Error::denied(format!(
                     "decrypting needs root, or polkit action {}",
                     crate::auth::DECRYPT_ACTION
                 )));
             }
-            let secret = read_secret(secret.into(), "secret")?;
-            let _one = ctx.one_at_a_time();
-            let ds = ctx.open()?;
-            let source = dirseal::convert::absolute(&path)?;
-            if let Some(job) = ctx.jobs.running_for(&source) {
-                return Ok(job);
-            }
-            if !caller.is_root() {
-                ctx.jobs.admit(caller.uid)?;
-            }
-            o.owner_asks = !caller.is_root();
-            let pick = if protector.is_empty() {
-                Pick::default()
-            } else {
-                let id = parse_protector_id(&protector)?;
-                caller.check_protector(&ds.keystore().protector(&id)?)?;
-                pin_try(&ds, caller, Some(id))?;
-                Pick { protector: Some(id) }
-            };
-            let mut secrets = Secrets::default();
-            secrets.current.push((pick.protector, secret));
-            let idle = std::sync::atomic::AtomicBool::new(false);
-            let hooks = dirseal::convert::Hooks { progress: &|_| {}, stop: &idle };
-            let plan = dirseal::decrypt::plan(&ds, &path, o, pick, &mut secrets, &hooks)?;
-            let work = jobs::Work::Decrypt(plan, pick, keep_protectors);
-            let start = jobs::Start { ds, work, secrets, owner: owner_of(&path).unwrap_or(0) };
-            jobs::spawn(&ctx, &bus, start)
+            Ok((path, options))
+        };
+        self.checked("Decrypt", target, &hdr, check, move |ctx, caller, (path, (o, protector, keep))| {
+            start_job(ctx, &bus, caller, &path, secret, |ds, secret| {
+                let pick = match protector.as_str() {
+                    "" => Pick::default(),
+                    named => Pick { protector: Some(pick::named(ds, caller, named)?) },
+                };
+                let mut secrets = Secrets::current(pick.protector, secret);
+                let plan = dirseal::decrypt::plan(ds, &path, o, pick, &mut secrets, &jobs::quiet())?;
+                Ok((jobs::Work::Decrypt(plan, pick, keep), secrets))
+            })
         })
         .await
     }
@@ -957,35 +746,17 @@ impl Service {
     /// decrypt --json` `plan`); for an unfinished decrypt: path and state. Options as for
     /// Decrypt. The directory's key must be loaded (nothing is asked).
     #[zbus(out_args("plan"))]
-    async fn plan_decrypt(
-        &self,
-        #[zbus(header)] hdr: Header<'_>,
-        dir: String,
-        options: HashMap<String, OwnedValue>,
-    ) -> Result<HashMap<String, OwnedValue>> {
+    async fn plan_decrypt(&self, #[zbus(header)] hdr: Header<'_>, dir: String, options: Dict) -> Result<Dict> {
         self.on_dir("PlanDecrypt", dir, &hdr, move |ctx, caller, path| {
-            let (mut o, _, _) = decrypt_options(&options)?;
-            if o.force && !caller.may_administer() {
-                return Err(Error::denied("only root may force a decrypt of a directory in use"));
-            }
-            o.owner_asks = !caller.is_root();
+            let (mut o, _, _) = decrypt_options(&options, caller)?;
             o.estimate = true;
             let ds = ctx.open_existing()?;
-            let idle = std::sync::atomic::AtomicBool::new(false);
-            let hooks = dirseal::convert::Hooks { progress: &|_| {}, stop: &idle };
-            let plan = dirseal::decrypt::plan(&ds, &path, o, Pick::default(), &mut Secrets::default(), &hooks)?;
-            let json = match &plan {
-                dirseal::decrypt::Plan::New(p) => {
-                    serde_json::to_value(p.summary()).map_err(|e| Error::failed(e.to_string()))?
-                }
-                dirseal::decrypt::Plan::Resume(p) => {
-                    serde_json::json!({ "path": p.source, "state": p.state.to_string() })
-                }
+            let plan = dirseal::decrypt::plan(&ds, &path, o, Pick::default(), &mut Secrets::default(), &jobs::quiet())?;
+            let state = match &plan {
+                dirseal::decrypt::Plan::Resume(p) => Some(p.state),
+                dirseal::decrypt::Plan::New(_) => None,
             };
-            match to_dbus(&json).map(HashMap::<String, OwnedValue>::try_from) {
-                Some(Ok(m)) => Ok(m),
-                _ => Err(Error::failed("the plan could not be expressed as a{sv}")),
-            }
+            plan_reply(plan.summary(), plan.source(), state)
         })
         .await
     }
@@ -1002,9 +773,8 @@ impl Service {
     ) -> Result<()> {
         self.on_dir("RecoveryAdd", dir, &hdr, move |ctx, caller, path| {
             let secret = read_secret(secret.into(), "secret")?;
-            let one = ctx.one_at_a_time();
+            let (one, ds) = ctx.open_alone()?;
             let out: OwnedFd = out.into();
-            let ds = ctx.open()?;
             if dirseal::recovery::read_blob(&path)?.is_some() {
                 return Err(dirseal::recovery::RecoveryError::Exists { path }.into());
             }
@@ -1062,11 +832,9 @@ impl Service {
         name: String,
     ) -> Result<String> {
         self.on_dir("RecoveryRestore", dir, &hdr, move |ctx, caller, path| {
-            let key = read_secret(key.into(), "key")?;
+            let mut secrets = Secrets { recovery: Some(read_secret(key.into(), "key")?), ..Default::default() };
             let secret = read_secret(secret.into(), "secret")?;
-            let _one = ctx.one_at_a_time();
-            let mut ds = ctx.open()?;
-            let mut secrets = Secrets { recovery: Some(key), ..Default::default() };
+            let (_one, mut ds) = ctx.open_alone()?;
             let enrol = Enrol::new(&ds, caller, &path, &protector, &name, secret, &mut secrets)?;
             let (_, prec) = ds.restore_with_recovery(&path, enrol.choice(), &mut secrets)?;
             Ok(prec.id.to_string())
@@ -1100,7 +868,7 @@ impl Service {
         #[zbus(header)] hdr: Header<'_>,
         user: String,
         secret: zvariant::OwnedFd,
-        options: HashMap<String, OwnedValue>,
+        options: Dict,
     ) -> Result<(String, String, String)> {
         self.call("CreateHome", user.clone(), &hdr, move |ctx, caller| {
             use dirseal::home::{self, HomeError};
@@ -1127,8 +895,7 @@ impl Service {
                 }
             }
             let secret = read_secret(secret.into(), "secret")?;
-            let _one = ctx.one_at_a_time();
-            let mut ds = ctx.open()?;
+            let (_one, mut ds) = ctx.open_alone()?;
             let mut secrets = Secrets { new: Some(secret), ..Default::default() };
             let made = home::Account::named(&user)
                 .and_then(|acct| home::create(&mut ds, &acct, NewKind::Password(Default::default()), &o, &mut secrets));

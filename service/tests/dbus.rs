@@ -10,18 +10,11 @@ use std::time::{Duration, Instant};
 use dirseal_testfs::tree::contents;
 
 use support::{
-    fd, fill, root_only, s, strings, watch_jobs, write_as_root, Daemon, Harness, JobSignal, Polkit, User, DENIED,
+    encrypt_home, fd, fill, job_path, s, strings, watch_jobs, write_as_root, Daemon, Harness, JobSignal, Polkit, User,
+    DENIED,
 };
 
 const BUSY: &str = "org.dirseal.Dirseal1.Error.Busy";
-
-/// A user encrypts their own empty home through the service: returns (policy, protector).
-fn encrypt_home(h: &Harness, u: &User, pw: &str) -> (String, String) {
-    let r = h.ok(Some(u), "Encrypt", &[s(u.home_str()), s(""), fd(3)], &[(3, pw)]);
-    let v = strings(&r);
-    assert_eq!(v.len(), 2, "{r}");
-    (v[0].clone(), v[1].clone())
-}
 
 /// One interface's element of an introspection document, whitespace-normalized.
 fn iface(xml: &str, name: &str) -> String {
@@ -43,9 +36,7 @@ fn check_against_shipped(live: &str, name: &str) {
 
 #[test]
 fn introspection_matches_the_shipped_xml() {
-    if !root_only() {
-        return;
-    }
+    dirseal_testfs::needs_root!();
     let h = Harness::new();
     check_against_shipped(&h.introspect(support::PATH), "org.dirseal.Dirseal1");
     // (The job interface is checked on a live job in the conversion test.)
@@ -53,9 +44,7 @@ fn introspection_matches_the_shipped_xml() {
 
 #[test]
 fn a_user_manages_their_own_home_through_every_method() {
-    if !root_only() {
-        return;
-    }
+    dirseal_testfs::needs_root!();
     let h = Harness::new();
     let alice = h.user();
     let home = alice.home.as_path();
@@ -199,9 +188,7 @@ fn a_user_manages_their_own_home_through_every_method() {
 
 #[test]
 fn another_users_home_and_protectors_are_denied_and_nothing_changes() {
-    if !root_only() {
-        return;
-    }
+    dirseal_testfs::needs_root!();
     let h = Harness::new();
     let alice = h.user();
     let bob = h.user();
@@ -273,9 +260,7 @@ fn another_users_home_and_protectors_are_denied_and_nothing_changes() {
 /// refused with a message naming the action; without polkitd the granted user is refused again.
 #[test]
 fn polkit_lets_an_administrator_act_on_another_users_home() {
-    if !root_only() {
-        return;
-    }
+    dirseal_testfs::needs_root!();
     let h = Harness::new();
     let alice = h.user();
     let admin = h.user();
@@ -323,9 +308,7 @@ fn polkit_lets_an_administrator_act_on_another_users_home() {
 
 #[test]
 fn the_service_takes_its_paths_from_options_never_the_environment() {
-    if !root_only() {
-        return;
-    }
+    dirseal_testfs::needs_root!();
     let mut h = Harness::new();
     let elsewhere = h.etc.path().join("env-keystore");
     h.daemon.kill();
@@ -346,9 +329,7 @@ fn the_service_takes_its_paths_from_options_never_the_environment() {
 
 #[test]
 fn a_second_service_on_the_bus_says_one_runs_and_exits() {
-    if !root_only() {
-        return;
-    }
+    dirseal_testfs::needs_root!();
     let h = Harness::new();
     let mut second = std::process::Command::new(env!("CARGO_BIN_EXE_dirsealed"))
         .arg("--config")
@@ -392,9 +373,7 @@ const PIN_INTERVAL: Duration = Duration::from_millis(3100);
 
 #[test]
 fn tpm_tries_left_counts_down_with_wrong_pins() {
-    if !root_only() {
-        return;
-    }
+    dirseal_testfs::needs_root!();
     let tpm = owned_tpm(4);
     let h = Harness::with_config(&format!("[tpm2]\ntcti = \"{}\"\n", tpm.tcti()));
     let alice = h.user();
@@ -419,9 +398,7 @@ fn tpm_tries_left_counts_down_with_wrong_pins() {
 /// are kept for the person at the device, and root still verifies.
 #[test]
 fn an_unprivileged_caller_cannot_lock_the_tpm_out_over_dbus() {
-    if !root_only() {
-        return;
-    }
+    dirseal_testfs::needs_root!();
     let tpm = owned_tpm(5);
     let h = Harness::with_config(&format!("[tpm2]\ntcti = \"{}\"\nmin_local_tries = 2\n", tpm.tcti()));
     let mallory = h.user();
@@ -460,9 +437,7 @@ fn an_unprivileged_caller_cannot_lock_the_tpm_out_over_dbus() {
 /// wrong PINs, so a PIN protector is refused there (and allowed without PIN).
 #[test]
 fn a_tpm_pin_protector_needs_an_owned_lockout() {
-    if !root_only() {
-        return;
-    }
+    dirseal_testfs::needs_root!();
     let tpm = dirseal_testfs::Swtpm::start();
     let h = Harness::with_config(&format!("[tpm2]\ntcti = \"{}\"\n", tpm.tcti()));
     let alice = h.user();
@@ -499,9 +474,7 @@ impl Drop for Running {
 /// before: converting a home whose owner has processes running names the option that overrides it.
 #[test]
 fn converting_a_home_whose_owner_is_active_names_the_force_option() {
-    if !root_only() {
-        return;
-    }
+    dirseal_testfs::needs_root!();
     let h = Harness::new();
     let alice = h.user();
     fill(&alice.home, 2, 4096, alice.uid);
@@ -537,12 +510,6 @@ fn wait_for<T>(
     panic!("no {what} within 120 s; signals seen: {seen:?}");
 }
 
-fn job_path(reply: &str) -> String {
-    let p = strings(reply);
-    assert!(p.len() == 1 && p[0].starts_with("/org/dirseal/Dirseal1/jobs/"), "{reply}");
-    p[0].clone()
-}
-
 /// Fills `u`'s home with `mib` files of 1 MiB and a directory `small` of `small` files of 512 bytes.
 fn sample_home(u: &User, mib: usize, small: usize) {
     fill(&u.home, mib, 1 << 20, u.uid);
@@ -560,9 +527,7 @@ fn entries(dir: &Path) -> usize {
 
 #[test]
 fn a_user_converts_their_home_with_progress_signals_and_can_cancel() {
-    if !root_only() {
-        return;
-    }
+    dirseal_testfs::needs_root!();
     let h = Harness::new();
     let alice = h.user();
     let bob = h.user();
@@ -645,9 +610,7 @@ fn a_user_converts_their_home_with_progress_signals_and_can_cancel() {
 /// (its job record and the staging key survive) and the home ends up encrypted, every file intact.
 #[test]
 fn a_conversion_survives_its_client_and_resumes_after_the_service_is_killed_mid_copy() {
-    if !root_only() {
-        return;
-    }
+    dirseal_testfs::needs_root!();
     let mut h = Harness::new();
     let alice = h.user();
     // The copy goes to the page cache at memory speed, but the journal says Copied only after a
@@ -700,9 +663,7 @@ fn a_conversion_survives_its_client_and_resumes_after_the_service_is_killed_mid_
 
 #[test]
 fn a_portable_directory_opens_over_dbus_with_the_service_keystore_empty() {
-    if !root_only() {
-        return;
-    }
+    dirseal_testfs::needs_root!();
     use dirseal::ops::{NewProtector, Pick, ProtectorChoice};
     use dirseal::protector::{KindOptions, NewKind};
     // The user's security key, which travels with them: this machine's service is told where it is.
@@ -766,9 +727,7 @@ fn a_portable_directory_opens_over_dbus_with_the_service_keystore_empty() {
 /// service resumes it by itself and still keeps them (the option lives in the job's record).
 #[test]
 fn a_decrypt_resumed_after_the_service_is_killed_keeps_the_protectors_it_was_asked_to_keep() {
-    if !root_only() {
-        return;
-    }
+    dirseal_testfs::needs_root!();
     let mut h = Harness::new();
     let alice = h.user();
     sample_home(&alice, 48, 1000);
@@ -821,9 +780,7 @@ fn a_decrypt_resumed_after_the_service_is_killed_keeps_the_protectors_it_was_ask
 /// PlanDecrypt answers in PlanConvert's shape first.
 #[test]
 fn root_decrypts_a_converted_home_as_a_job_and_its_owner_needs_the_polkit_action() {
-    if !root_only() {
-        return;
-    }
+    dirseal_testfs::needs_root!();
     let h = Harness::new();
     let alice = h.user();
     let bob = h.user();

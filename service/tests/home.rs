@@ -3,13 +3,11 @@
 //! suite lock (scripts/test.sh).
 mod support;
 
-use support::{fd, root_only, s, strings, Harness, DENIED};
+use support::{fd, s, strings, Harness, DENIED};
 
 #[test]
 fn root_creates_a_users_home_encrypted_and_others_are_refused() {
-    if !root_only() {
-        return;
-    }
+    dirseal_testfs::needs_root!();
     let h = Harness::new();
     let alice = h.user();
     let bob = h.user();

@@ -10,16 +10,13 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
+#[cfg(feature = "fault-injection")]
+use dirseal_testfs::tree::{assert_same, entries_manifest};
 use zbus::zvariant::OwnedValue;
 
-use support::{fd, fill, root_only, s, strings, watch_jobs, Harness, JobSignal, User, DENIED, NAME, PATH};
+use support::{encrypt_home, fd, fill, job_path, s, strings, watch_jobs, Harness, JobSignal, User, DENIED, NAME, PATH};
 
 const INVALID: &str = "org.freedesktop.DBus.Error.InvalidArgs";
-
-fn encrypt_home(h: &Harness, u: &User, pw: &str) -> String {
-    let r = h.ok(Some(u), "Encrypt", &[s(u.home_str()), s(""), fd(3)], &[(3, pw)]);
-    strings(&r)[1].clone()
-}
 
 /// `gdbus` run as `u` in the background (stdout and stderr piped); `fd3` is shell redirection
 /// text for descriptor 3, if any.
@@ -54,9 +51,7 @@ fn output(mut c: Child) -> String {
 /// refused at once): another user's and root's GetStatus answer within 2 s meanwhile.
 #[test]
 fn a_caller_that_never_sends_its_secret_stalls_no_one_else() {
-    if !root_only() {
-        return;
-    }
+    dirseal_testfs::needs_root!();
     let h = Harness::new();
     let alice = h.user();
     let bob = h.user();
@@ -103,9 +98,7 @@ fn a_caller_that_never_sends_its_secret_stalls_no_one_else() {
 /// A directory argument with a newline cannot plant a line in the log.
 #[test]
 fn a_newline_in_an_argument_is_escaped_in_the_log() {
-    if !root_only() {
-        return;
-    }
+    dirseal_testfs::needs_root!();
     let h = Harness::new();
     let bob = h.user();
     let forged = "dirsealed: Lock(/home/victim) by uid 0: ok";
@@ -139,38 +132,6 @@ fn wait_end(rx: &Receiver<JobSignal>, job: &str, h: &Harness) -> String {
     panic!("{job} did not end within 120 s\n{}", h.daemon.log_text());
 }
 
-fn job_path(reply: &str) -> String {
-    let p = strings(reply);
-    assert!(p.len() == 1 && p[0].starts_with("/org/dirseal/Dirseal1/jobs/"), "{reply}");
-    p[0].clone()
-}
-
-/// Every entry below `dir` (directories too) with its type, mode, owner, modification time and,
-/// for files, bytes: "as it was" means all of these.
-#[cfg(feature = "fault-injection")]
-type Entry = (std::path::PathBuf, u32, u32, u32, i64, i64, Vec<u8>);
-
-#[cfg(feature = "fault-injection")]
-fn tree(dir: &std::path::Path) -> Vec<Entry> {
-    use std::os::unix::fs::MetadataExt;
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).unwrap().flatten() {
-            let p = e.path();
-            let m = std::fs::symlink_metadata(&p).unwrap();
-            let bytes = if m.is_file() { std::fs::read(&p).unwrap() } else { Vec::new() };
-            if m.is_dir() {
-                stack.push(p.clone());
-            }
-            let rel = p.strip_prefix(dir).unwrap().to_path_buf();
-            out.push((rel, m.mode(), m.uid(), m.gid(), m.mtime(), m.mtime_nsec(), bytes));
-        }
-    }
-    out.sort();
-    out
-}
-
 fn encrypted(h: &Harness, dir: &std::path::Path) -> bool {
     bool::try_from(h.status(dir)["encrypted"].try_clone().unwrap()).unwrap()
 }
@@ -179,9 +140,7 @@ fn encrypted(h: &Harness, dir: &std::path::Path) -> bool {
 /// Finished reaches their connection; the owner (and root) get both.
 #[test]
 fn another_users_job_is_private() {
-    if !root_only() {
-        return;
-    }
+    dirseal_testfs::needs_root!();
     let h = Harness::new();
     let alice = h.user();
     let bob = h.user();
@@ -218,9 +177,7 @@ fn another_users_job_is_private() {
 /// two of them share is refused, naming both.
 #[test]
 fn unlock_follows_the_callers_login_order() {
-    if !root_only() {
-        return;
-    }
+    dirseal_testfs::needs_root!();
     let h = Harness::new();
     let alice = h.user();
     let home = s(alice.home_str());
@@ -257,9 +214,7 @@ fn unlock_follows_the_callers_login_order() {
 /// password, which opens). Only when none could be tried is the refusal the answer.
 #[test]
 fn unlock_skips_a_protector_the_pin_rule_refuses() {
-    if !root_only() {
-        return;
-    }
+    dirseal_testfs::needs_root!();
     // Four tries left, ten reserved for someone at the device: no try for a caller over the bus.
     let tpm = dirseal_testfs::Swtpm::start_owned();
     let auth = dirseal_testfs::Swtpm::OWNER_AUTH;
@@ -267,7 +222,7 @@ fn unlock_skips_a_protector_the_pin_rule_refuses() {
     let h = Harness::with_config(&format!("[tpm2]\ntcti = \"{}\"\nmin_local_tries = 10\n", tpm.tcti()));
     let alice = h.user();
     let home = s(alice.home_str());
-    let pw = encrypt_home(&h, &alice, "pw-a");
+    let (_, pw) = encrypt_home(&h, &alice, "pw-a");
     let pin = h.ok(Some(&alice), "CreateProtector", &[s("a-pin"), fd(3), "{'kind': <'tpm2'>}".into()], &[(3, "1234")]);
     let pin = strings(&pin)[0].clone();
     // Root (whom the rule lets through) adds her TPM protector to her home.
@@ -293,9 +248,7 @@ fn unlock_skips_a_protector_the_pin_rule_refuses() {
 #[cfg(feature = "fault-injection")]
 #[test]
 fn cancelling_a_move_moves_the_data_back() {
-    if !root_only() {
-        return;
-    }
+    dirseal_testfs::needs_root!();
     let mut h = Harness::new();
     let hold = h.etc.path().join("hold");
     h.restart_with(&[("DIRSEAL_FAULT", "move-entry-copied:50"), ("DIRSEAL_FAULT_HOLD", hold.to_str().unwrap())]);
@@ -305,7 +258,7 @@ fn cancelling_a_move_moves_the_data_back() {
     std::fs::create_dir(&small).unwrap();
     std::os::unix::fs::chown(&small, Some(alice.uid), Some(alice.uid)).unwrap();
     fill(&small, 300, 512, alice.uid);
-    let original = tree(&alice.home);
+    let original = entries_manifest(&alice.home);
     let rx = watch_jobs(&h.bus);
     let opts = "{'mode': <'move'>}".to_string();
     let job = job_path(&h.ok(Some(&alice), "Convert", &[s(alice.home_str()), fd(3), opts], &[(3, "pw-a")]));
@@ -320,18 +273,14 @@ fn cancelling_a_move_moves_the_data_back() {
     std::fs::remove_file(&hold).unwrap();
     assert_eq!(wait_end(&rx, &job, &h), "aborted");
     assert!(!encrypted(&h, &alice.home));
-    let after = tree(&alice.home);
-    let differ: Vec<_> = original.iter().zip(&after).filter(|(a, b)| a != b).map(|(a, _)| &a.0).take(5).collect();
-    assert!(after.len() == original.len() && differ.is_empty(), "not as before the move: {differ:?}");
+    assert_same(&entries_manifest(&alice.home), &original, "not as before the move");
 }
 
 /// PlanConvert answers what the CLI's `convert --json` shows as its `plan` before asking, field
 /// for field (the measured estimate aside: two probes never measure alike).
 #[test]
 fn plan_convert_is_the_clis_plan() {
-    if !root_only() {
-        return;
-    }
+    dirseal_testfs::needs_root!();
     let h = Harness::new();
     let alice = h.user();
     fill(&alice.home, 4, 1 << 20, alice.uid);

@@ -34,21 +34,14 @@ fn install(destdir: &Path, extra: &[&str]) -> String {
 
 /// Every entry under `root`, relative, sorted, with its permission bits; directories end in `/`.
 fn listing(root: &Path) -> Vec<(String, u32)> {
-    let mut out = Vec::new();
-    let mut stack = vec![root.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).expect("read_dir").flatten() {
-            let p = e.path();
-            let meta = std::fs::symlink_metadata(&p).expect("stat");
-            let rel = p.strip_prefix(root).expect("prefix").display().to_string();
-            if meta.is_dir() {
-                out.push((format!("{rel}/"), meta.permissions().mode() & 0o7777));
-                stack.push(p);
-            } else {
-                out.push((rel, meta.permissions().mode() & 0o7777));
-            }
-        }
-    }
+    let mut out: Vec<(String, u32)> = dirseal_testfs::tree::walk(root)
+        .into_iter()
+        .map(|rel| {
+            let meta = std::fs::symlink_metadata(root.join(&rel)).expect("stat");
+            let slash = if meta.is_dir() { "/" } else { "" };
+            (format!("{}{slash}", rel.display()), meta.permissions().mode() & 0o7777)
+        })
+        .collect();
     out.sort();
     out
 }

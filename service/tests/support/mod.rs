@@ -10,12 +10,11 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use dirseal_testfs::TestFs;
-pub use dirseal_testfs::User;
+pub use dirseal_testfs::{User, FAST_CONFIG};
 use zbus::zvariant::OwnedValue;
 
 pub const NAME: &str = "org.dirseal.Dirseal1";
 pub const PATH: &str = "/org/dirseal/Dirseal1";
-pub const FAST_CONFIG: &str = "[argon2]\ntime_cost = 1\nmemory_kib = 1024\nparallelism = 1\n";
 
 pub fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace").to_path_buf()
@@ -159,15 +158,6 @@ pub struct CallError {
 
 pub const DENIED: &str = "org.freedesktop.DBus.Error.AccessDenied";
 
-/// Whether the test may run: it needs root (loop mounts, users, a system bus); says so when not.
-pub fn root_only() -> bool {
-    if nix::unistd::geteuid().is_root() {
-        return true;
-    }
-    eprintln!("skipped: needs root (loop mounts, users, a system bus)");
-    false
-}
-
 /// A gdbus argument that passes the caller's descriptor `n` (a secret's pipe).
 pub fn fd(n: u32) -> String {
     format!("@h {n}")
@@ -182,6 +172,21 @@ pub fn s(v: &str) -> String {
 /// The quoted strings of a gdbus reply, in order: `('a', 'b')` → [a, b].
 pub fn strings(reply: &str) -> Vec<String> {
     reply.split('\'').skip(1).step_by(2).map(str::to_string).collect()
+}
+
+/// A user encrypts their own empty home through the service: returns (policy, protector).
+pub fn encrypt_home(h: &Harness, u: &User, pw: &str) -> (String, String) {
+    let r = h.ok(Some(u), "Encrypt", &[s(u.home_str()), s(""), fd(3)], &[(3, pw)]);
+    let v = strings(&r);
+    assert_eq!(v.len(), 2, "{r}");
+    (v[0].clone(), v[1].clone())
+}
+
+/// The job object path a Convert or Decrypt reply names.
+pub fn job_path(reply: &str) -> String {
+    let p = strings(reply);
+    assert!(p.len() == 1 && p[0].starts_with("/org/dirseal/Dirseal1/jobs/"), "{reply}");
+    p[0].clone()
 }
 
 /// Everything a test needs: a filesystem, a private config and keystore, a bus, the service.

@@ -1,0 +1,50 @@
+//! The secrets a call brought, handed to the library as its [`Ui`] asks for them: the service
+//! never prompts, so a secret the call did not carry is an error that says so.
+use dirseal::ids::ProtectorId;
+use dirseal::secret::Passphrase;
+use dirseal::ui::{Question, SecretPrompt, Ui, UiError};
+
+/// A call's secrets, each given to the library at most where it belongs.
+#[derive(Default)]
+pub struct Secrets {
+    /// Current secrets of existing protectors; `None` answers for whichever the library picks.
+    pub current: Vec<(Option<ProtectorId>, Passphrase)>,
+    /// The new protector's password or PIN (or a security key's own PIN while one is made).
+    pub new: Option<Passphrase>,
+    pub recovery: Option<Passphrase>,
+}
+
+impl Secrets {
+    /// The secret of the protector `id` (`None`: whichever the library picks).
+    pub fn current(id: Option<ProtectorId>, secret: Passphrase) -> Secrets {
+        Secrets { current: vec![(id, secret)], ..Default::default() }
+    }
+}
+
+impl Ui for Secrets {
+    fn secret(&mut self, prompt: &SecretPrompt<'_>) -> std::result::Result<Passphrase, UiError> {
+        let found = match prompt {
+            SecretPrompt::Password { id, .. } | SecretPrompt::Pin { id, .. } => {
+                // A secret for a named protector answers once; one for "whichever" answers each
+                // protector the library tries (the login order tries several with it).
+                match self.current.iter().position(|(k, _)| *k == Some(**id)) {
+                    Some(i) => Some(self.current.remove(i).1),
+                    None => self.current.iter().find(|(k, _)| k.is_none()).map(|(_, s)| s.duplicate()),
+                }
+            }
+            // A security key's own PIN, asked while a protector is created on it, is the new
+            // protector's secret as far as the caller is concerned.
+            SecretPrompt::NewPassword { .. } | SecretPrompt::NewPin { .. } | SecretPrompt::KeyPin { .. } => {
+                self.new.take()
+            }
+            SecretPrompt::RecoveryKey { .. } => self.recovery.take(),
+        };
+        found.ok_or_else(|| UiError::NoInput { hint: "the call carried no secret for this step".into() })
+    }
+
+    /// The call itself is the consent to a conversion or decrypt; recovery keys are made by
+    /// `RecoveryAdd`.
+    fn confirm(&mut self, q: &Question<'_>) -> std::result::Result<bool, UiError> {
+        Ok(matches!(q, Question::Convert { .. } | Question::Decrypt { .. }))
+    }
+}
