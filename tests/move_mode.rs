@@ -129,7 +129,7 @@ fn a_crashed_move_is_aborted_after_a_reboot_with_the_secret() {
     let crash = |env: &Env| {
         let mut c = env
             .cmd(&["convert", p(&home), "--yes", "--protector-name", "owner", "--mode", "move"])
-            .env("DIRSEAL_FAULT", format!("{}:7", Point::MoveChunkRecorded))
+            .env("DIRSEAL_FAULT", format!("{}:4", Point::MoveChunkRecorded))
             .env("DIRSEAL_MOVE_CHUNK", "1048576")
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())

@@ -417,6 +417,14 @@ fn the_progress_bar_fits_80_columns() {
     assert!(bars.iter().any(|f| f.starts_with("copying") && f.contains("/3002 files")), "{bars:#?}");
     assert!(bars.iter().any(|f| f.contains("ETA ")), "no estimate shown: {bars:#?}");
     assert!(bars.iter().any(|f| f.starts_with("verifying") && f.contains(" 0 B/")), "{bars:#?}");
+    // Issue 24: the swap and the disposal count no bytes; their bars read "0 B/120 MiB" to the
+    // end. The swap shows a spinner, the disposal the files removed.
+    for phase in ["swapping", "disposing"] {
+        let shown: Vec<&String> = frames.iter().filter(|f| f.contains(phase)).collect();
+        assert!(!shown.is_empty(), "no {phase} line: {frames:#?}");
+        assert!(shown.iter().all(|f| !f.contains(" B/")), "{shown:#?}");
+    }
+    assert!(bars.iter().any(|f| f.starts_with("disposing") && f.contains("/300")), "{bars:#?}");
     for f in &bars {
         // Trailing blanks are the redraw's padding, not text.
         let width = f.trim_end().chars().count();

@@ -105,8 +105,8 @@ impl Visitor for Copier<'_, '_> {
         self.enter_dir(parent, name)
     }
 
-    fn visit(&self, d: &Dir) -> Result<Vec<OsString>, MigrateError> {
-        self.sync_entries(&d.src, &d.stg, &d.rel)
+    fn visit(&self, d: &Dir, subdirs: &mut dyn FnMut(Vec<OsString>)) -> Result<(), MigrateError> {
+        self.sync_entries(&d.src, &d.stg, &d.rel, subdirs)
     }
 
     fn leave(&self, _parent: Option<&Dir>, d: &Dir) -> Result<(), MigrateError> {
@@ -171,9 +171,15 @@ impl Copier<'_, '_> {
         Ok(())
     }
 
-    /// Makes the non-directory entries of one staging directory equal to the source's and returns
-    /// the source's subdirectories, to be entered next.
-    fn sync_entries(&self, src: &OwnedFd, stg: &OwnedFd, rel: &Path) -> Result<Vec<OsString>, MigrateError> {
+    /// Makes the non-directory entries of one staging directory equal to the source's; hands the
+    /// source's subdirectories to `subdirs` first, so they are copied meanwhile.
+    fn sync_entries(
+        &self,
+        src: &OwnedFd,
+        stg: &OwnedFd,
+        rel: &Path,
+        subdirs: &mut dyn FnMut(Vec<OsString>),
+    ) -> Result<(), MigrateError> {
         let ctx = self.ctx;
         let entries = fsx::list(src).map_err(|e| ctx.src_err(rel, e))?;
         let wanted: HashSet<&OsStr> = entries.iter().map(|(n, _)| n.as_os_str()).collect();
@@ -186,14 +192,15 @@ impl Copier<'_, '_> {
             }
         }
         // The listing's types only sort the work: each entry is checked on the inode it opens.
-        let (mut subdirs, mut files) = (Vec::new(), Vec::new());
+        let (mut dirs, mut files) = (Vec::new(), Vec::new());
         for (n, kind) in entries {
             if kind == Some(Kind::Dir) {
-                subdirs.push(n);
+                dirs.push(n);
             } else {
                 files.push(n);
             }
         }
+        subdirs(dirs);
         // Each batch: open every file and request its data, then copy them one by one.
         let batch = |names: &[OsString]| -> Result<Vec<OsString>, MigrateError> {
             let mut opened = Vec::with_capacity(names.len());
@@ -214,8 +221,9 @@ impl Copier<'_, '_> {
         } else {
             files.chunks(AHEAD).map(batch).collect::<Result<_, _>>()?
         };
-        subdirs.extend(turned.into_iter().flatten());
-        Ok(subdirs)
+        // Entries that are directories after all (of an unknown type in the listing, or replaced).
+        subdirs(turned.into_iter().flatten().collect());
+        Ok(())
     }
 
     /// Opens a source entry for [`Copier::entry`] (`None`: it vanished), and if it is a regular

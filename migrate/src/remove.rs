@@ -62,17 +62,28 @@ impl Visitor for Remover<'_> {
         }
     }
 
-    /// Removes the non-directories, returning the subdirectories.
-    fn visit(&self, d: &Dir) -> io::Result<Vec<OsString>> {
-        let mut subdirs = Vec::new();
-        for n in fsx::list_names(&d.fd)? {
+    /// Hands over the subdirectories the listing names, then removes the non-directories (and
+    /// hands over any that turn out to be directories).
+    fn visit(&self, d: &Dir, subdirs: &mut dyn FnMut(Vec<OsString>)) -> io::Result<()> {
+        let (mut dirs, mut rest) = (Vec::new(), Vec::new());
+        for (n, kind) in fsx::list(&d.fd)? {
+            if kind == Some(Kind::Dir) {
+                dirs.push(n);
+            } else {
+                rest.push(n);
+            }
+        }
+        subdirs(dirs);
+        let mut late = Vec::new();
+        for n in rest {
             match fsx::stat_at(&d.fd, &n)? {
                 None => {}
-                Some(m) if m.kind == Kind::Dir => subdirs.push(n),
+                Some(m) if m.kind == Kind::Dir => late.push(n),
                 Some(m) => remove_file(d.fd.as_fd(), &n, &m, self.wipe, self.on_removed)?,
             }
         }
-        Ok(subdirs)
+        subdirs(late);
+        Ok(())
     }
 
     fn leave(&self, parent: Option<&Dir>, d: &Dir) -> io::Result<()> {

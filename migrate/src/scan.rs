@@ -89,7 +89,7 @@ impl Visitor for Scanner<'_, '_> {
     }
 
     /// Counts the directory's entries into a local census, then adds it to the total once.
-    fn visit(&self, d: &Dir) -> Result<Vec<OsString>, MigrateError> {
+    fn visit(&self, d: &Dir, found: &mut dyn FnMut(Vec<OsString>)) -> Result<(), MigrateError> {
         let ctx = self.ctx;
         ctx.check_stop()?;
         DIRS_LISTED.fetch_add(1, Ordering::Relaxed);
@@ -132,6 +132,7 @@ impl Visitor for Scanner<'_, '_> {
         ctx.files_done.store(t.entries, Ordering::Relaxed);
         drop(t);
         ctx.tick(false);
-        Ok(subdirs)
+        found(subdirs);
+        Ok(())
     }
 }

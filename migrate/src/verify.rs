@@ -103,8 +103,9 @@ impl Visitor for Verifier<'_, '_> {
         Ok(Some(Dir { src, stg, rel }))
     }
 
-    fn visit(&self, d: &Dir) -> Result<Vec<OsString>, MigrateError> {
-        self.compare_entries(&d.src, &d.stg, &d.rel)
+    fn visit(&self, d: &Dir, subdirs: &mut dyn FnMut(Vec<OsString>)) -> Result<(), MigrateError> {
+        subdirs(self.compare_entries(&d.src, &d.stg, &d.rel)?);
+        Ok(())
     }
 }
 

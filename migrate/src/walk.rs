@@ -21,8 +21,11 @@ pub(crate) trait Visitor: Sync {
     /// directory, which the visitor has dealt with).
     fn enter(&self, parent: &Self::Dir, name: &OsStr) -> Result<Option<Self::Dir>, Self::Error>;
 
-    /// Handles the entries of `dir` that are not directories; returns the subdirectories to walk.
-    fn visit(&self, dir: &Self::Dir) -> Result<Vec<OsString>, Self::Error>;
+    /// Handles the entries of `dir` that are not directories, and hands the subdirectories to walk
+    /// to `subdirs` (in one call or several). Hand them over as soon as they are known, before
+    /// the files: other threads walk them meanwhile. (Handed over last, a large file at the top
+    /// of a home held back the whole tree, the file counter with it.)
+    fn visit(&self, dir: &Self::Dir, subdirs: &mut dyn FnMut(Vec<OsString>)) -> Result<(), Self::Error>;
 
     /// Runs once everything below `dir` is done (never once the walk has failed).
     fn leave(&self, _parent: Option<&Self::Dir>, _dir: &Self::Dir) -> Result<(), Self::Error> {
@@ -69,15 +72,17 @@ impl<'v, V: Visitor> Walk<'v, V> {
 
     fn run<'s>(&'s self, s: &rayon::Scope<'s>, node: Arc<Node<V::Dir>>) {
         if !self.failed() {
-            match self.v.visit(&node.dir) {
-                Ok(subdirs) => {
-                    node.pending.fetch_add(subdirs.len(), Ordering::AcqRel);
-                    for name in subdirs {
-                        let parent = Arc::clone(&node);
-                        s.spawn(move |s| self.child(s, parent, name));
-                    }
+            // The directory's own visit holds one count of `pending` until it returns, so it is
+            // not left while its files are still handled, whatever its subdirectories do.
+            let mut spawn = |subdirs: Vec<OsString>| {
+                node.pending.fetch_add(subdirs.len(), Ordering::AcqRel);
+                for name in subdirs {
+                    let parent = Arc::clone(&node);
+                    s.spawn(move |s| self.child(s, parent, name));
                 }
-                Err(e) => self.fail(e),
+            };
+            if let Err(e) = self.v.visit(&node.dir, &mut spawn) {
+                self.fail(e);
             }
         }
         self.done(node);
@@ -130,6 +135,8 @@ mod tests {
     struct Recorder {
         log: Mutex<Vec<(bool, PathBuf)>>,
         fail_at: Option<&'static str>,
+        /// The root's visit goes on handling "files" until another directory was visited.
+        slow_root: bool,
     }
 
     impl Visitor for Recorder {
@@ -138,19 +145,28 @@ mod tests {
         fn enter(&self, parent: &PathBuf, name: &OsStr) -> Result<Option<PathBuf>, MigrateError> {
             Ok(Some(parent.join(name)))
         }
-        fn visit(&self, dir: &PathBuf) -> Result<Vec<OsString>, MigrateError> {
+        fn visit(&self, dir: &PathBuf, subdirs: &mut dyn FnMut(Vec<OsString>)) -> Result<(), MigrateError> {
             if self.fail_at.is_some_and(|f| dir.ends_with(f)) {
                 return Err(MigrateError::Internal("planned failure"));
             }
             self.log.lock().unwrap().push((true, dir.clone()));
-            let mut subdirs = Vec::new();
+            let mut found = Vec::new();
             for e in std::fs::read_dir(dir).unwrap() {
                 let e = e.unwrap();
                 if e.file_type().unwrap().is_dir() {
-                    subdirs.push(e.file_name());
+                    found.push(e.file_name());
                 }
             }
-            Ok(subdirs)
+            subdirs(found);
+            if self.slow_root && dir.ends_with("root") {
+                // A large file at the top: its copy must not hold back the tree below.
+                let t0 = std::time::Instant::now();
+                while self.log.lock().unwrap().len() < 2 && t0.elapsed() < std::time::Duration::from_secs(10) {
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+                self.log.lock().unwrap().push((true, dir.join("root's files done")));
+            }
+            Ok(())
         }
         fn leave(&self, parent: Option<&PathBuf>, dir: &PathBuf) -> Result<(), MigrateError> {
             assert_eq!(parent.map(PathBuf::as_path), if dir.ends_with("root") { None } else { dir.parent() });
@@ -177,7 +193,7 @@ mod tests {
     #[test]
     fn every_directory_is_visited_once_and_left_after_everything_below_it() {
         let (_t, root) = tree();
-        let r = Recorder { log: Mutex::new(Vec::new()), fail_at: None };
+        let r = Recorder { log: Mutex::new(Vec::new()), fail_at: None, slow_root: false };
         pool().install(|| walk(&r, root.clone())).unwrap();
         let log = r.log.into_inner().unwrap();
         // root + 6 + 30 + 30 directories, each visited and left once.
@@ -195,10 +211,25 @@ mod tests {
         }
     }
 
+    /// Issue 24: the file counter stood at 3/3905 while a big file copied. The subdirectories of
+    /// a directory are walked by other threads while its own files are handled.
+    #[test]
+    fn subdirectories_are_walked_while_a_directory_handles_its_files() {
+        let (_t, root) = tree();
+        let r = Recorder { log: Mutex::new(Vec::new()), fail_at: None, slow_root: true };
+        pool().install(|| walk(&r, root.clone())).unwrap();
+        let log = r.log.into_inner().unwrap();
+        let done = log.iter().position(|(_, d)| d.ends_with("root's files done")).unwrap();
+        assert!(
+            log[..done].iter().any(|(visit, d)| *visit && *d != root),
+            "nothing below the root was walked meanwhile"
+        );
+    }
+
     #[test]
     fn a_failure_is_returned_and_nothing_above_it_is_left() {
         let (_t, root) = tree();
-        let r = Recorder { log: Mutex::new(Vec::new()), fail_at: Some("a3/b2") };
+        let r = Recorder { log: Mutex::new(Vec::new()), fail_at: Some("a3/b2"), slow_root: false };
         let e = pool().install(|| walk(&r, root.clone())).unwrap_err();
         assert!(matches!(e, MigrateError::Internal("planned failure")), "{e}");
         let log = r.log.into_inner().unwrap();

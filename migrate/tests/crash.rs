@@ -291,10 +291,11 @@ fn a_crash_at_every_fault_point_of_a_move_loses_nothing_and_resumes() {
 fn a_crash_at_every_fault_point_of_an_aborted_move_loses_nothing_and_the_abort_finishes() {
     dirseal_testfs::needs_root!();
     let c = Case::new();
-    // The root's entries move first, its large files in 15 chunks (all-hole 3, sparse.img 12);
-    // then large/ (5 and 3 chunks) is the only directory with more. The 21st chunk leaves every
-    // file of the root moved, one file of large/ moved and the other in flight.
-    let midway = format!("{}:21", Point::MoveChunkRecorded);
+    // The root's entries move first, its large files in one chunk each (a chunk counts data, and
+    // all-hole and sparse.img hold less than one); then large/ (sparse-5m in 1 chunk, dense-3m
+    // in 3) is the only directory with more. The 4th chunk leaves every file of the root moved
+    // and dense-3m in flight, sparse-5m moved or not yet by the listing's order.
+    let midway = format!("{}:4", Point::MoveChunkRecorded);
     for (i, (point, _)) in points_of(Op::MoveAbort).iter().enumerate() {
         let (src, wd) = c.other(&format!("b{i}"));
         move_tree(&src);
@@ -583,4 +584,46 @@ fn memory_does_not_grow_with_the_size_of_the_tree() {
     }
     // Ten times the files (same directory sizes): the peak may not follow them.
     assert!(peaks[1] < peaks[0] + 1024, "peak RSS grew from {} KiB to {} KiB", peaks[0], peaks[1]);
+}
+
+/// Issue 24: the file counter stood still while a big file copied (3/3905), because a directory
+/// handed its subdirectories to the other threads only once its own files were copied. Held in
+/// the copy of the first file (`DIRSEAL_FAULT_HOLD`), the run must have entered the subdirectory
+/// meanwhile, whichever file that is.
+#[test]
+fn a_subdirectory_is_copied_while_a_file_above_it_is() {
+    dirseal_testfs::needs_root!();
+    let c = Case::new();
+    fs::create_dir_all(c.src.join("sub")).unwrap();
+    fs::write(c.src.join("big"), vec![7u8; 1 << 20]).unwrap();
+    fs::write(c.src.join("sub/f"), b"x").unwrap();
+    let before = manifest(&c.src);
+    let hold = c.fs.path().join("hold");
+    let child = Command::new(CHILD)
+        .arg("convert")
+        .arg(&c.src)
+        .arg(&c.wd)
+        .env("DIRSEAL_FAULT", "copy-file:1")
+        .env("DIRSEAL_FAULT_HOLD", &hold)
+        .env_remove("TEST_KILL")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let within = |secs: u64, what: &dyn Fn() -> bool| {
+        let t = std::time::Instant::now();
+        while !what() && t.elapsed() < std::time::Duration::from_secs(secs) {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        what()
+    };
+    let held = within(60, &|| hold.exists());
+    let entered = held && within(10, &|| c.wd.join("staging/sub").exists());
+    let _ = fs::remove_file(&hold);
+    let out = child.wait_with_output().unwrap();
+    assert!(held, "never held at copy-file: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains("state=done"), "{out:?}");
+    assert!(entered, "the subdirectory waited for the copy of the file above it");
+    assert_same(&manifest(&c.src), &before, "after the conversion");
 }

@@ -51,14 +51,30 @@ fn eta_text(secs: i64) -> String {
     }
 }
 
-/// The text after the bar: bytes, files and the estimate.
+/// The text after the bar: bytes (if the phase counts any), files and the estimate.
 fn counts(p: &Progress, eta: i64) -> String {
-    let mut out = format!("{}/{}", HumanBytes(p.bytes_done), HumanBytes(p.bytes_total));
-    if p.files_total > 0 {
-        out.push_str(&format!("  {}/{} files", p.files_done, p.files_total));
+    let mut parts = Vec::new();
+    if p.bytes_total > 0 {
+        parts.push(format!("{}/{}", HumanBytes(p.bytes_done), HumanBytes(p.bytes_total)));
     }
+    if p.files_total > 0 {
+        parts.push(format!("{}/{} files", p.files_done, p.files_total));
+    }
+    let mut out = parts.join("  ");
     out.push_str(&eta_text(eta));
     out
+}
+
+/// What a phase's bar shows of the engine's report. Every phase reports the conversion's totals,
+/// but the swap handles nothing one by one, and the disposal removes files without counting
+/// bytes: their bars read "0 B/426 MiB" until the end (issue 24). The swap shows a spinner, the
+/// disposal a count of files.
+fn shown(p: &Progress) -> Progress {
+    match p.phase.as_str() {
+        "swapping" => Progress { bytes_done: 0, bytes_total: 0, files_done: 0, files_total: 0, ..p.clone() },
+        "disposing" => Progress { bytes_done: 0, bytes_total: 0, ..p.clone() },
+        _ => p.clone(),
+    }
 }
 
 impl Reporter {
@@ -85,6 +101,7 @@ impl Reporter {
 
     pub fn report(&self, p: &Progress) {
         if let Some(bar) = &self.bar {
+            let p = &shown(p);
             let mut st = bar.lock().unwrap_or_else(|e| e.into_inner());
             let st = &mut *st;
             let counting = p.bytes_total == 0 && p.files_total == 0;
@@ -108,7 +125,9 @@ impl Reporter {
             }
             b.set_message(p.phase.clone());
             if counting {
-                b.set_prefix(format!("{} entries", p.files_done));
+                // The census counts entries as it finds them; a phase with nothing to count
+                // (the swap) shows its name and the spinner alone.
+                b.set_prefix(if p.files_done > 0 { format!("{} entries", p.files_done) } else { String::new() });
                 b.tick();
             } else {
                 let eta = st.eta.seconds(p);
@@ -173,5 +192,22 @@ mod tests {
         };
         let text = counts(&p, 3 * 3600 + 59 * 60);
         assert!(10 + 4 + text.chars().count() <= 78, "{} columns: {text}", text.len());
+    }
+
+    /// Issue 24: the swap and the disposal showed a byte bar that never moved ("0 B/426 MiB").
+    #[test]
+    fn the_swap_and_the_disposal_show_no_bytes() {
+        let at = |phase: &str| Progress {
+            phase: phase.into(),
+            bytes_done: 0,
+            bytes_total: 426 << 20,
+            files_done: 1200,
+            files_total: 3905,
+        };
+        let swap = shown(&at("swapping"));
+        assert_eq!((swap.bytes_total, swap.files_total, swap.files_done), (0, 0, 0));
+        let dispose = counts(&shown(&at("disposing")), -1);
+        assert_eq!(dispose, "1200/3905 files");
+        assert_eq!(counts(&shown(&at("copying")), -1), "0 B/426.00 MiB  1200/3905 files");
     }
 }
