@@ -127,12 +127,13 @@ def make_tree(root, seed):
         fh.write(rnd.randbytes(600 * 1024))
     files.append(big)
     sparse = os.path.join(root, "dir 1", "sparse.img")
-    # Larger than a move's 16 MiB chunk, so a move takes it chunk by chunk.
+    # A chunk holds MOVE_CHUNK bytes of data, not of size: 2 MiB of data in four runs, so a
+    # move recording takes it in two chunks.
     with open(sparse, "wb") as fh:
         fh.truncate(40 << 20)
-        for off in (0, 3 << 20, 17 << 20, (40 << 20) - 4096):
+        for off in (0, 3 << 20, 17 << 20, (40 << 20) - DATA_RUN):
             fh.seek(off)
-            fh.write(rnd.randbytes(4096))
+            fh.write(rnd.randbytes(DATA_RUN))
     files.append(sparse)
     os.link(files[3], os.path.join(root, "hardlink-a"))
     os.link(files[3], os.path.join(dirs[2], "hardlink-b"))
@@ -299,6 +300,8 @@ class Recording:
         self.secret = PASSWORD  # what the protector takes (a password, or a TPM PIN)
         if mode == "move":
             self.ds.env["DIRSEAL_MOVE_BATCH"] = str(MOVE_BATCH)
+        if mode in ("move", "decrypt-move"):
+            self.ds.env["DIRSEAL_MOVE_CHUNK"] = str(MOVE_CHUNK)
         self.decrypt = mode in DECRYPT_MODES
 
     def convert_args(self):
@@ -469,8 +472,11 @@ class Recording:
 
 
 # Move recordings: files per batch (DIRSEAL_MOVE_BATCH), so add_move_batches' directory moves in
-# several batches, each copied in parallel.
+# several batches, each copied in parallel; bytes of data per chunk (DIRSEAL_MOVE_CHUNK), so the
+# sparse file and the hard-link group (DATA_RUN-byte runs of data) move chunk by chunk.
 MOVE_BATCH = 64
+MOVE_CHUNK = 1 << 20
+DATA_RUN = 512 << 10
 TPM_PIN = "2580\n"
 
 
@@ -489,9 +495,9 @@ def add_move_batches(root, seed):
     large = os.path.join(grp, "linked-large.img")
     with open(large, "wb") as fh:
         fh.truncate(20 << 20)
-        for off in (0, 5 << 20, 16 << 20, (20 << 20) - 4096):
+        for off in (0, 5 << 20, 16 << 20, (20 << 20) - DATA_RUN):
             fh.seek(off)
-            fh.write(rnd.randbytes(4096))
+            fh.write(rnd.randbytes(DATA_RUN))
     os.link(large, os.path.join(root, "linked-large-2"))
     os.link(large, os.path.join(many, "linked-large-3"))
     os.chown(large, 1000, 1000)
