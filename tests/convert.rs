@@ -780,7 +780,9 @@ fn measured_micros_per_entry(env: &Env, dir: &Path) -> u64 {
 /// The estimate's probe does not pay for other writers' dirty data (issue: the same home got
 /// 11 s and 43 s, the second right after 390 MB of writes). Its small files' sync used to flush a
 /// burst written just before: 4.7-29 times the quiet per-file cost on a loaded 2-CPU machine,
-/// against 1.2-1.5 times once the probe flushes first.
+/// against 1.2-1.5 times once the probe flushes first. On a machine busy with other work (two
+/// busy loops on 2 CPUs) one round's timing can be off for reasons of its own, so up to three
+/// rounds are tried: without the flush every round pays for the burst.
 #[test]
 fn the_estimate_probe_is_steady_after_a_burst_of_writes() {
     dirseal_testfs::needs_root!();
@@ -791,15 +793,22 @@ fn the_estimate_probe_is_steady_after_a_burst_of_writes() {
     for i in 0..400 {
         fs::write(d.join(format!("f{i}")), b"x").unwrap();
     }
-    std::process::Command::new("sync").status().unwrap();
-    let quiet = measured_micros_per_entry(&env, &d);
-    let mut burst = fs::File::create(env.mnt().join("burst")).unwrap();
     let chunk: Vec<u8> = (0..1u32 << 20).map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8).collect();
-    for _ in 0..200 {
-        std::io::Write::write_all(&mut burst, &chunk).unwrap();
+    let mut rounds = Vec::new();
+    for _ in 0..3 {
+        std::process::Command::new("sync").status().unwrap();
+        let quiet = measured_micros_per_entry(&env, &d);
+        let mut burst = fs::File::create(env.mnt().join("burst")).unwrap();
+        for _ in 0..200 {
+            std::io::Write::write_all(&mut burst, &chunk).unwrap();
+        }
+        drop(burst);
+        let busy = measured_micros_per_entry(&env, &d);
+        eprintln!("probe: {quiet} µs per file quiet, {busy} µs right after 200 MiB of unsynced writes");
+        rounds.push((quiet, busy));
+        if busy <= 3 * quiet.max(100) {
+            return;
+        }
     }
-    drop(burst);
-    let busy = measured_micros_per_entry(&env, &d);
-    eprintln!("probe: {quiet} µs per file quiet, {busy} µs right after 200 MiB of unsynced writes");
-    assert!(busy <= 3 * quiet.max(100), "the burst's writeback was measured: {busy} µs against {quiet} µs");
+    panic!("the burst's writeback was measured in every round (quiet µs, busy µs): {rounds:?}");
 }

@@ -7,6 +7,7 @@ use std::fs;
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
 use std::process::{Child, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -17,6 +18,8 @@ use nix::sys::termios::{tcgetattr, LocalFlags};
 struct Term {
     master: std::fs::File,
     seen: Arc<Mutex<Vec<u8>>>,
+    /// Set when the reader thread has read all the program wrote (EOF or EIO on the master).
+    eof: Arc<AtomicBool>,
     child: Child,
 }
 
@@ -36,6 +39,8 @@ impl Term {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let mut reader = master.try_clone().unwrap();
         let sink = seen.clone();
+        let eof = Arc::new(AtomicBool::new(false));
+        let at_eof = eof.clone();
         std::thread::spawn(move || {
             let mut buf = [0u8; 4096];
             while let Ok(n) = reader.read(&mut buf) {
@@ -44,8 +49,9 @@ impl Term {
                 }
                 sink.lock().unwrap().extend_from_slice(&buf[..n]);
             }
+            at_eof.store(true, Ordering::Release);
         });
-        Term { master, seen, child }
+        Term { master, seen, eof, child }
     }
 
     fn text(&self) -> String {
@@ -57,6 +63,15 @@ impl Term {
         let deadline = Instant::now() + Duration::from_secs(60);
         while self.text().matches(needle).count() < n {
             if let Ok(Some(st)) = self.child.try_wait() {
+                // The reader thread may not have drained the pty yet (a busy machine schedules it
+                // late): give it until EOF, then judge.
+                let drained = Instant::now() + Duration::from_secs(10);
+                while !self.eof.load(Ordering::Acquire) && Instant::now() < drained {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                if self.text().matches(needle).count() >= n {
+                    return;
+                }
                 panic!("dirseal exited ({st}) before {needle:?} x{n}:\n{}", self.text());
             }
             assert!(Instant::now() < deadline, "timed out waiting for {needle:?} x{n}:\n{}", self.text());
@@ -95,8 +110,11 @@ impl Term {
 
     fn finish(mut self) -> (bool, String) {
         let st = self.child.wait().unwrap();
-        // Let the reader drain what is left.
-        std::thread::sleep(Duration::from_millis(100));
+        // Let the reader drain what is left (until EOF; a busy machine schedules it late).
+        let drained = Instant::now() + Duration::from_secs(10);
+        while !self.eof.load(Ordering::Acquire) && Instant::now() < drained {
+            std::thread::sleep(Duration::from_millis(10));
+        }
         (st.success(), self.text())
     }
 }
