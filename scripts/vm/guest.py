@@ -699,9 +699,11 @@ class FaultDisk:
         return f"{start} {end - start} linear {self.loop} {start}"
 
     def table(self, lines):
-        """Swaps the live table (resume suspends the device, lets queued I/O finish, swaps)."""
+        """Swaps the live table (resume suspends the device, lets queued I/O finish, swaps).
+        `--nolockfs`: a disk that fails does not freeze its filesystem first, and f2fs refuses a
+        freeze (EINVAL) while a conversion keeps it dirty, which failed the swap now and then."""
         run(["dmsetup", "load", self.name], stdin="".join(line + "\n" for line in lines))
-        run(["dmsetup", "resume", "--noudevsync", self.name])
+        run(["dmsetup", "resume", "--noudevsync", "--nolockfs", self.name])
 
     def heal(self):
         self.table([self.linear()])
