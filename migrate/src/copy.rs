@@ -366,7 +366,7 @@ static WRITEBACKS: AtomicUsize = AtomicUsize::new(0);
 /// Starts the writeback of a file on a rayon thread (the current pool, or the global one), so its
 /// encryption runs beside the caller's work; in the caller's thread when many are waiting (each
 /// holds a file descriptor).
-fn writeback_elsewhere(fd: &Arc<OwnedFd>, range: Option<(u64, u64)>) {
+pub(crate) fn writeback_elsewhere(fd: &Arc<OwnedFd>, range: Option<(u64, u64)>) {
     if WRITEBACKS.fetch_add(1, Ordering::AcqRel) >= 64 {
         WRITEBACKS.fetch_sub(1, Ordering::AcqRel);
         return fsx::start_writeback(&**fd, range);

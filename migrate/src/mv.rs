@@ -10,9 +10,11 @@
 //!   `[0, size - moved)` under the source name, `[size - moved, size)` under the staging name (a
 //!   group's other names, recorded with it, are wherever they exist).
 //!
-//! Small files move in batches (each copied whole, a directory's worth in parallel on the current
-//! rayon pool, then one `syncfs`, then the sources removed),
-//! large ones chunk by chunk (copy a chunk, `fdatasync`, record `moved`, then truncate the
+//! Small files move in batches of up to 1,024 files, 16 MiB or 64 directories: each copied
+//! whole on the current rayon pool, in tasks of 32 that span directories, while this thread walks
+//! on; then (all copies of the batch finished) one `syncfs`, then the sources removed, in a pool
+//! task beside the next batch's copies ([`Mover::flush`]). Large ones move chunk by chunk (copy a
+//! chunk, its encryption on two threads, `fdatasync`, record `moved`, then truncate the
 //! source, or punch the staging file when moving back). A hard-link group moves after the walk
 //! like a large file, in flight with all its names: the data once, then every other name linked
 //! at the destination, then the original names removed (see [`Mover::move_groups`]); a group
@@ -21,13 +23,15 @@
 //! moving entries out of them changes) are kept in a root-only xattr on the staging directory
 //! until [`settle`] applies the final metadata.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::{OsStr, OsString};
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
 
 use rustix::fs::OFlags;
 use rustix::io::Errno;
@@ -148,8 +152,13 @@ pub(crate) struct Mover<'c, 'a> {
     pub src_root: &'c OwnedFd,
     pub stg_root: &'c OwnedFd,
     pub back: bool,
-    batch: Vec<(Rc<OwnedFd>, OsString, PathBuf)>,
+    /// Small entries copied (or being copied) whose originals go after the next `syncfs`.
+    batch: Vec<(Arc<OwnedFd>, OsString, PathBuf)>,
     batch_bytes: u64,
+    /// Origin directories the batch spans: each holds a descriptor until the flush.
+    batch_dirs: usize,
+    /// Small entries of the batch not yet handed to a worker.
+    pending: Vec<Small>,
     /// Directory times recorded on staging and not yet synced: the next flush syncs even
     /// without a batch.
     times_unsynced: bool,
@@ -158,12 +167,154 @@ pub(crate) struct Mover<'c, 'a> {
     groups: HashMap<u64, (Meta, Vec<PathBuf>)>,
 }
 
+/// A small entry to copy: its directories (shared by every entry of the directory: one
+/// descriptor each, not one per file), name, path and kind.
+struct Small {
+    from: Arc<OwnedFd>,
+    to: Arc<OwnedFd>,
+    name: OsString,
+    rel: PathBuf,
+    kind: Kind,
+}
+
+/// Small entries handed to a worker together (a task per few directories, so the copies of
+/// many directories run on every thread while the walk goes on).
+const TASK_FILES: usize = 32;
+
+/// A batch also ends once it spans this many origin directories, so the descriptors it holds
+/// stay well below the usual limit of 1,024 (a batch of 1,024 one-file directories would not).
+const BATCH_DIRS: usize = 64;
+
+/// The copies running on the pool while the walk goes on: how many tasks are unfinished, and
+/// the first failure.
+struct Copying {
+    running: Mutex<usize>,
+    idle: Condvar,
+    failed: AtomicBool,
+    error: Mutex<Option<MigrateError>>,
+}
+
+impl Copying {
+    fn new() -> Self {
+        Copying {
+            running: Mutex::new(0),
+            idle: Condvar::new(),
+            failed: AtomicBool::new(false),
+            error: Mutex::new(None),
+        }
+    }
+
+    fn lock_running(&self) -> std::sync::MutexGuard<'_, usize> {
+        // A poisoned count only means a copy panicked, which the scope re-raises.
+        self.running.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Runs a task on the pool (it is skipped after anyone's failure; its own is kept).
+    fn spawn<'s>(&'s self, s: &rayon::Scope<'s>, task: impl FnOnce() -> Result<(), MigrateError> + Send + 's) {
+        *self.lock_running() += 1;
+        s.spawn(move |_| self.run(task));
+    }
+
+    fn run(&self, task: impl FnOnce() -> Result<(), MigrateError>) {
+        if !self.failed.load(Ordering::Relaxed) {
+            if let Err(e) = task() {
+                self.error.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(e);
+                self.failed.store(true, Ordering::Relaxed);
+            }
+        }
+        let mut n = self.lock_running();
+        *n -= 1;
+        if *n == 0 {
+            self.idle.notify_all();
+        }
+    }
+
+    /// The first failure of a copy, not reported yet.
+    fn take(&self) -> Option<MigrateError> {
+        self.error.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+
+    /// Fails with the first failure of a copy, if any.
+    fn check(&self) -> Result<(), MigrateError> {
+        if !self.failed.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        Err(self.take().unwrap_or(MigrateError::Internal("a copy of a small file failed")))
+    }
+
+    /// Waits until every copy handed out has finished (running pool tasks meanwhile, so a pool
+    /// of one thread cannot wait on itself), then reports the first failure.
+    fn wait(&self) -> Result<(), MigrateError> {
+        loop {
+            if *self.lock_running() == 0 {
+                break;
+            }
+            if let Some(rayon::Yield::Executed) = rayon::yield_now() {
+                continue;
+            }
+            // Nothing left to run here: the remaining tasks run on other threads.
+            let n = self.lock_running();
+            if *n > 0 {
+                let _ = self.idle.wait_timeout(n, Duration::from_millis(10));
+            }
+        }
+        self.check()
+    }
+}
+
+/// Copies one small entry into its destination twin. Nothing leaves the origin before the
+/// batch's `syncfs` ([`Mover::flush`]), so the rule holds whatever order the workers finish in:
+/// a copy whose origin name still exists is a leftover.
+fn copy_one(ctx: &Ctx, back: bool, it: &Small) -> Result<(), MigrateError> {
+    ctx.check_stop()?;
+    let rel = &it.rel;
+    let fd =
+        fsx::open_path(&*it.from, &it.name)
+            .map_err(|e| if back { ctx.dst_err(rel, e) } else { ctx.src_err(rel, e) })?;
+    copy::create(ctx, &fd, None, it.kind, &it.to, &it.name, rel, false)?;
+    fault::point(Point::MoveEntryCopied);
+    // Counted when copied, so the counter moves with the work, not batch by batch.
+    ctx.file_done();
+    Ok(())
+}
+
+/// Removes the originals of a batch whose copies are durable (wiped first if asked).
+fn remove_originals(
+    ctx: &Ctx,
+    back: bool,
+    wipe: bool,
+    batch: Vec<(Arc<OwnedFd>, OsString, PathBuf)>,
+) -> Result<(), MigrateError> {
+    let err = |rel: &Path, e| if back { ctx.dst_err(rel, e) } else { ctx.src_err(rel, e) };
+    for (dir, name, rel) in batch {
+        if wipe {
+            let m = fsx::stat_at(&*dir, &name).map_err(|e| err(&rel, e))?;
+            if let Some(m) = m.filter(|m| m.kind == Kind::File) {
+                let p = fsx::open_path(&*dir, &name).map_err(|e| err(&rel, e))?;
+                if m.size > 0 {
+                    let w = fsx::reopen(p.as_fd(), OFlags::WRONLY | OFlags::NOATIME).map_err(|e| err(&rel, e))?;
+                    fsx::zero_data(w.as_fd()).map_err(|e| err(&rel, e))?;
+                }
+            }
+        }
+        match fsx::unlink(&*dir, &name) {
+            Ok(()) => {}
+            Err(e) if fsx::is_errno(&e, Errno::NOENT) => {}
+            Err(e) => return Err(err(&rel, e)),
+        }
+        fault::point(Point::MoveEntryRemoved);
+    }
+    Ok(())
+}
+
 struct Frame {
     /// Shared with the batch entries of this directory (one descriptor, not one per file).
-    from: Rc<OwnedFd>,
-    to: OwnedFd,
+    from: Arc<OwnedFd>,
+    to: Arc<OwnedFd>,
     rel: PathBuf,
     subdirs: Vec<OsString>,
+    /// Its destination twin was made by this run: it holds nothing but what this run put there.
+    fresh: bool,
 }
 
 impl<'c, 'a> Mover<'c, 'a> {
@@ -184,6 +335,8 @@ impl<'c, 'a> Mover<'c, 'a> {
             back,
             batch: Vec::new(),
             batch_bytes: 0,
+            batch_dirs: 0,
+            pending: Vec::new(),
             times_unsynced: false,
             groups: HashMap::new(),
         }
@@ -218,48 +371,74 @@ impl<'c, 'a> Mover<'c, 'a> {
         self.ctx.dst_err(rel, e)
     }
 
-    /// Moves everything: first the file in flight, then the tree, one directory at a time.
+    /// Moves everything: first the file in flight, then the tree, one directory at a time, the
+    /// small files copied on the pool meanwhile; then the hard-link groups.
     pub(crate) fn run(&mut self) -> Result<(), MigrateError> {
         if let Some(f) = self.j.inflight.clone() {
             self.large(f)?;
         }
+        let copying = Copying::new();
+        let walked = rayon::in_place_scope(|s| self.walk(s, &copying));
+        // Whatever stopped the walk, the scope has waited for every copy handed out; a copy's
+        // failure says more than the interruption it may have caused.
+        if let Err(MigrateError::Interrupted { .. }) = walked {
+            if let Some(e) = copying.take() {
+                return Err(e);
+            }
+        }
+        walked?;
+        self.move_groups()
+    }
+
+    /// The walk proper: directories on this thread, small files handed to the pool in tasks.
+    fn walk<'s>(&mut self, s: &rayon::Scope<'s>, copying: &'s Copying) -> Result<(), MigrateError>
+    where
+        'c: 's,
+    {
         let root = Path::new("");
-        let from = Rc::new(self.origin_root().try_clone().map_err(|e| self.origin_err(root, e))?);
-        let to = self.dest_root().try_clone().map_err(|e| self.dest_err(root, e))?;
-        self.prepare_dir(&from, &to, root)?;
-        let subdirs = self.entries(&from, &to, root)?;
-        let mut stack = vec![Frame { from, to, rel: PathBuf::new(), subdirs }];
+        let from = Arc::new(self.origin_root().try_clone().map_err(|e| self.origin_err(root, e))?);
+        let to = Arc::new(self.dest_root().try_clone().map_err(|e| self.dest_err(root, e))?);
+        self.prepare_dir(&from, &to, root, false)?;
+        let subdirs = self.entries(s, copying, &from, &to, root, false)?;
+        let mut stack = vec![Frame { from, to, rel: PathBuf::new(), subdirs, fresh: false }];
         while let Some(top) = stack.last_mut() {
             let Some(name) = top.subdirs.pop() else {
                 stack.pop();
                 continue;
             };
             self.ctx.check_stop()?;
+            copying.check()?;
             let rel = top.rel.join(&name);
             let from = match fsx::open_dir(&*top.from, &name) {
-                Ok(fd) => Rc::new(fd),
+                Ok(fd) => Arc::new(fd),
                 Err(e) if fsx::is_errno(&e, Errno::NOENT) => continue,
                 Err(e) => return Err(self.origin_err(&rel, e)),
             };
-            match fsx::stat_at(&top.to, &name).map_err(|e| self.dest_err(&rel, e))? {
-                Some(m) if m.kind == Kind::Dir => {}
+            // In a directory this run made, nothing can be there yet.
+            let existing = match top.fresh {
+                true => None,
+                false => fsx::stat_at(&*top.to, &name).map_err(|e| self.dest_err(&rel, e))?,
+            };
+            let fresh = match existing {
+                Some(m) if m.kind == Kind::Dir => false,
                 other => {
                     if other.is_some() {
                         // A leftover of the other kind under this name (see the rule above).
                         remove::remove_tree(top.to.as_fd(), &name, false, &|_| Ok(()))
                             .map_err(|e| self.dest_err(&rel, e))?;
                     }
-                    fsx::mkdir(&top.to, &name).map_err(|e| self.dest_err(&rel, e))?;
+                    fsx::mkdir(&*top.to, &name).map_err(|e| self.dest_err(&rel, e))?;
+                    true
                 }
-            }
-            let to = fsx::open_dir(&top.to, &name).map_err(|e| self.dest_err(&rel, e))?;
-            self.prepare_dir(&from, &to, &rel)?;
+            };
+            let to = Arc::new(fsx::open_dir(&*top.to, &name).map_err(|e| self.dest_err(&rel, e))?);
+            self.prepare_dir(&from, &to, &rel, fresh)?;
             self.ctx.file_done();
-            let subdirs = self.entries(&from, &to, &rel)?;
-            stack.push(Frame { from, to, rel, subdirs });
+            let subdirs = self.entries(s, copying, &from, &to, &rel, fresh)?;
+            stack.push(Frame { from, to, rel, subdirs, fresh });
         }
-        self.flush()?;
-        self.move_groups()
+        self.submit(s, copying);
+        self.flush(s, copying, true)
     }
 
     /// After the walk: each hard-linked regular file whose every name is in the tree moves like
@@ -333,13 +512,13 @@ impl<'c, 'a> Mover<'c, 'a> {
     /// Moving in: before anything leaves a source directory, its staging copy records the
     /// directory's times, since moving entries out changes them. Made durable by the `syncfs`
     /// that precedes every removal from the source ([`Mover::flush`]), not by an fsync each: a
-    /// home has thousands of directories.
-    fn prepare_dir(&mut self, from: &OwnedFd, to: &OwnedFd, rel: &Path) -> Result<(), MigrateError> {
+    /// home has thousands of directories. `fresh`: the staging copy was just made (no record).
+    fn prepare_dir(&mut self, from: &OwnedFd, to: &OwnedFd, rel: &Path, fresh: bool) -> Result<(), MigrateError> {
         if self.back {
             return Ok(());
         }
-        let x = fsx::xattrs(to.as_fd()).map_err(|e| self.dest_err(rel, e))?;
-        if recorded_times(&x).is_none() {
+        let recorded = !fresh && recorded_times(&fsx::xattrs(to.as_fd()).map_err(|e| self.dest_err(rel, e))?).is_some();
+        if !recorded {
             let m = fsx::stat_fd(from).map_err(|e| self.origin_err(rel, e))?;
             self.ctx.check_entry(&m, rel)?;
             set_times_xattr(to.as_fd(), &m).map_err(|e| self.dest_err(rel, e))?;
@@ -348,14 +527,32 @@ impl<'c, 'a> Mover<'c, 'a> {
         Ok(())
     }
 
-    /// Moves the non-directory entries of one directory; returns its subdirectories.
-    fn entries(&mut self, from: &Rc<OwnedFd>, to: &OwnedFd, rel: &Path) -> Result<Vec<OsString>, MigrateError> {
+    /// Moves the non-directory entries of one directory; returns its subdirectories. Small
+    /// entries join the batch and are copied on the pool in tasks of a few directories' worth
+    /// while the walk goes on; a large file waits for the batch ([`Mover::flush`]) and moves
+    /// here; hard-link groups are noted for [`Mover::move_groups`].
+    fn entries<'s>(
+        &mut self,
+        s: &rayon::Scope<'s>,
+        copying: &'s Copying,
+        from: &Arc<OwnedFd>,
+        to: &Arc<OwnedFd>,
+        rel: &Path,
+        fresh: bool,
+    ) -> Result<Vec<OsString>, MigrateError>
+    where
+        'c: 's,
+    {
         let mut subdirs = Vec::new();
-        // Small entries of this directory, copied together (in parallel) once they fill a batch.
-        let (mut small, mut small_bytes) = (Vec::new(), 0);
-        for name in fsx::list_names(from).map_err(|e| self.origin_err(rel, e))? {
+        // The destination's names, listed once (a `statx` per entry before): a name there is a
+        // leftover to clear before its entry moves (see the rule above).
+        let leftovers: HashSet<OsString> = match fresh {
+            true => HashSet::new(),
+            false => fsx::list_names(&**to).map_err(|e| self.dest_err(rel, e))?.into_iter().collect(),
+        };
+        for name in fsx::list_names(&**from).map_err(|e| self.origin_err(rel, e))? {
             let r = rel.join(&name);
-            let Some(m) = fsx::stat_at(from, &name).map_err(|e| self.origin_err(&r, e))? else { continue };
+            let Some(m) = fsx::stat_at(&**from, &name).map_err(|e| self.origin_err(&r, e))? else { continue };
             if !self.back {
                 self.ctx.check_entry(&m, &r)?;
             }
@@ -364,104 +561,87 @@ impl<'c, 'a> Mover<'c, 'a> {
                 continue;
             }
             self.ctx.check_stop()?;
-            if self.entry(from, to, &name, &r, &m)? {
-                small_bytes += if m.kind == Kind::File { m.size } else { 0 };
-                small.push((name, r, m.kind));
-                if self.batch.len() + small.len() >= batch_files() || self.batch_bytes + small_bytes >= BATCH_BYTES {
-                    self.copy_small(from, to, std::mem::take(&mut small), std::mem::take(&mut small_bytes))?;
-                    self.flush()?;
-                }
+            copying.check()?;
+            if leftovers.contains(&name) {
+                remove::remove_tree(to.as_fd(), &name, false, &|_| Ok(())).map_err(|e| self.dest_err(&r, e))?;
+            }
+            if m.nlink > 1 {
+                // Moved as a group once the walk has seen all its names (see move_groups).
+                self.groups.entry(m.ino).or_insert_with(|| (m, Vec::new())).1.push(r);
+                continue;
+            }
+            if m.kind == Kind::File && m.size > chunk() {
+                self.submit(s, copying);
+                self.flush(s, copying, true)?;
+                self.start_large(from, &name, &r, &m, Vec::new())?;
+                continue;
+            }
+            if self.batch.last().is_none_or(|(d, _, _)| !Arc::ptr_eq(d, from)) {
+                self.batch_dirs += 1;
+            }
+            self.batch.push((Arc::clone(from), name.clone(), r.clone()));
+            self.batch_bytes += if m.kind == Kind::File { m.size } else { 0 };
+            self.pending.push(Small { from: Arc::clone(from), to: Arc::clone(to), name, rel: r, kind: m.kind });
+            if self.pending.len() >= TASK_FILES {
+                self.submit(s, copying);
+            }
+            if self.batch.len() >= batch_files() || self.batch_bytes >= BATCH_BYTES || self.batch_dirs >= BATCH_DIRS {
+                self.submit(s, copying);
+                self.flush(s, copying, false)?;
             }
         }
-        self.copy_small(from, to, small, small_bytes)?;
         Ok(subdirs)
     }
 
-    /// Copies small entries of one directory into its destination twin on the current rayon
-    /// pool, then adds them to the batch. Nothing leaves the origin before the batch's `syncfs`
-    /// ([`Mover::flush`]), so the rule holds whatever order the workers finish in: a copy whose
-    /// origin name still exists is a leftover.
-    fn copy_small(
-        &mut self,
-        from: &Rc<OwnedFd>,
-        to: &OwnedFd,
-        small: Vec<(OsString, PathBuf, Kind)>,
-        bytes: u64,
-    ) -> Result<(), MigrateError> {
-        use rayon::prelude::*;
-        let (ctx, back, dir): (&Ctx, bool, &OwnedFd) = (self.ctx, self.back, from);
-        small.par_iter().try_for_each(|(name, rel, kind)| {
-            ctx.check_stop()?;
-            let fd =
-                fsx::open_path(dir, name).map_err(|e| if back { ctx.dst_err(rel, e) } else { ctx.src_err(rel, e) })?;
-            copy::create(ctx, &fd, None, *kind, to, name, rel, false)?;
-            fault::point(Point::MoveEntryCopied);
-            // Counted when copied, so the counter moves with the work, not batch by batch.
-            ctx.file_done();
-            Ok::<(), MigrateError>(())
-        })?;
-        self.batch.extend(small.into_iter().map(|(name, rel, _)| (Rc::clone(from), name, rel)));
-        self.batch_bytes += bytes;
-        Ok(())
-    }
-
-    /// Clears the destination name, then moves a large file or notes a hard-link group; returns
-    /// whether the entry is a small one, for [`Mover::copy_small`].
-    fn entry(
-        &mut self,
-        from: &Rc<OwnedFd>,
-        to: &OwnedFd,
-        name: &OsStr,
-        rel: &Path,
-        m: &Meta,
-    ) -> Result<bool, MigrateError> {
-        if fsx::stat_at(to, name).map_err(|e| self.dest_err(rel, e))?.is_some() {
-            remove::remove_tree(to.as_fd(), name, false, &|_| Ok(())).map_err(|e| self.dest_err(rel, e))?;
+    /// Hands the pending small entries to a pool task.
+    fn submit<'s>(&mut self, s: &rayon::Scope<'s>, copying: &'s Copying)
+    where
+        'c: 's,
+    {
+        if self.pending.is_empty() {
+            return;
         }
-        if m.nlink > 1 {
-            // Moved as a group once the walk has seen all its names (see move_groups).
-            self.groups.entry(m.ino).or_insert_with(|| (*m, Vec::new())).1.push(rel.to_path_buf());
-            return Ok(false);
-        }
-        if m.kind == Kind::File && m.size > chunk() {
-            self.flush()?;
-            self.start_large(from, name, rel, m, Vec::new())?;
-            return Ok(false);
-        }
-        Ok(true)
-    }
-
-    /// Makes the batch's copies (and recorded directory times) durable, then removes their
-    /// originals.
-    fn flush(&mut self) -> Result<(), MigrateError> {
-        if self.batch.is_empty() && !self.times_unsynced {
-            return Ok(());
-        }
-        let root = Path::new("");
-        rustix::fs::syncfs(self.dest_root()).map_err(|e| self.dest_err(root, e.into()))?;
-        self.times_unsynced = false;
-        fault::point(Point::MoveBatchSynced);
-        let wipe = self.j.wipe && !self.back;
-        for (dir, name, rel) in std::mem::take(&mut self.batch) {
-            if wipe {
-                let m = fsx::stat_at(&dir, &name).map_err(|e| self.origin_err(&rel, e))?;
-                if let Some(m) = m.filter(|m| m.kind == Kind::File) {
-                    let p = fsx::open_path(&dir, &name).map_err(|e| self.origin_err(&rel, e))?;
-                    if m.size > 0 {
-                        let w = fsx::reopen(p.as_fd(), OFlags::WRONLY | OFlags::NOATIME)
-                            .map_err(|e| self.origin_err(&rel, e))?;
-                        fsx::zero_data(w.as_fd()).map_err(|e| self.origin_err(&rel, e))?;
-                    }
+        let items = std::mem::take(&mut self.pending);
+        let (ctx, back) = (self.ctx, self.back);
+        copying.spawn(s, move || {
+            for it in &items {
+                if copying.failed.load(Ordering::Relaxed) {
+                    break;
                 }
+                copy_one(ctx, back, it)?;
             }
-            match fsx::unlink(&dir, &name) {
-                Ok(()) => {}
-                Err(e) if fsx::is_errno(&e, Errno::NOENT) => {}
-                Err(e) => return Err(self.origin_err(&rel, e)),
-            }
-            fault::point(Point::MoveEntryRemoved);
+            Ok(())
+        });
+    }
+
+    /// Ends the batch: waits for its copies (and the previous batch's sync and removals), then,
+    /// on the pool while the walk and the next batch's copies go on, makes them (and the
+    /// directory times recorded so far) durable with one `syncfs` and only then removes their
+    /// originals. The next batch's originals stay until its own `syncfs`, so whatever that
+    /// `syncfs` catches of them early changes nothing. Every pending entry must have been
+    /// submitted. `last`: all of it has finished when this returns.
+    fn flush<'s>(&mut self, s: &rayon::Scope<'s>, copying: &'s Copying, last: bool) -> Result<(), MigrateError>
+    where
+        'c: 's,
+    {
+        debug_assert!(self.pending.is_empty(), "a flush with small entries not handed out");
+        copying.wait()?;
+        if !self.batch.is_empty() || self.times_unsynced {
+            // Times recorded from here on are not covered by this sync: the next one covers them.
+            self.times_unsynced = false;
+            let (ctx, back, wipe, dest) = (self.ctx, self.back, self.j.wipe && !self.back, self.dest_root());
+            let batch = std::mem::take(&mut self.batch);
+            copying.spawn(s, move || {
+                rustix::fs::syncfs(dest).map_err(|e| ctx.dst_err(Path::new(""), e.into()))?;
+                fault::point(Point::MoveBatchSynced);
+                remove_originals(ctx, back, wipe, batch)
+            });
+            self.batch_bytes = 0;
+            self.batch_dirs = 0;
         }
-        self.batch_bytes = 0;
+        if last {
+            copying.wait()?;
+        }
         Ok(())
     }
 
@@ -545,8 +725,9 @@ impl<'c, 'a> Mover<'c, 'a> {
             drop(fd);
         }
         let dst_path = fsx::open_path(&to_dir, &name).map_err(|e| self.dest_err(&rel, e))?;
-        let dst =
-            fsx::reopen(dst_path.as_fd(), OFlags::WRONLY | OFlags::NOATIME).map_err(|e| self.dest_err(&rel, e))?;
+        let dst = Arc::new(
+            fsx::reopen(dst_path.as_fd(), OFlags::WRONLY | OFlags::NOATIME).map_err(|e| self.dest_err(&rel, e))?,
+        );
         let src_path = fsx::open_path(&from_dir, &name).map_err(|e| self.origin_err(&rel, e))?;
         let src =
             fsx::reopen(src_path.as_fd(), OFlags::RDWR | OFlags::NOATIME).map_err(|e| self.origin_err(&rel, e))?;
@@ -591,6 +772,12 @@ impl<'c, 'a> Mover<'c, 'a> {
                 ctx.check_stop()?;
                 return Err(self.dest_err(&rel, e));
             }
+            // The chunk is encrypted on its way to the disk, by whichever thread writes it
+            // back: half on another thread, half here, then the sync waits for both (one
+            // thread alone encrypted at half the speed of copy mode's parallel writeback).
+            let mid = start + (end - start) / 2;
+            copy::writeback_elsewhere(&dst, Some((start, mid - start)));
+            fsx::start_writeback(&*dst, Some((mid, end - mid)));
             self.sync_dest(&dst, &to_dir, &mut created, &rel)?;
             fault::point(Point::MoveChunkCopied);
             f.moved = if f.back { n - end } else { n - start };
@@ -690,34 +877,54 @@ impl<'c, 'a> Mover<'c, 'a> {
 type DirVisit<'f> = &'f mut dyn FnMut(Option<&OwnedFd>, &OwnedFd, &Path, bool) -> Result<(), MigrateError>;
 
 /// Walks the staging directories (with their source twins), depth first; `f` gets both handles,
-/// the relative path, the staging directory's xattrs and whether it is the root.
+/// the relative path, the staging directory's xattrs and whether it is the root. Only the
+/// directories on the current path hold descriptors (a directory's subdirectories are opened as
+/// they are reached: opened all at once, a root of a few hundred hit the descriptor limit).
 fn each_dir(src_root: &OwnedFd, stg_root: &OwnedFd, ctx: &Ctx, f: DirVisit<'_>) -> Result<(), MigrateError> {
+    struct Level {
+        s: Option<OwnedFd>,
+        t: OwnedFd,
+        rel: PathBuf,
+        subdirs: Vec<OsString>,
+    }
+    let mut visit = |s: Option<OwnedFd>, t: OwnedFd, rel: PathBuf| -> Result<Level, MigrateError> {
+        ctx.check_stop()?;
+        f(s.as_ref(), &t, &rel, rel.as_os_str().is_empty())?;
+        let mut subdirs = Vec::new();
+        for name in fsx::list_names(&t).map_err(|e| ctx.dst_err(&rel, e))? {
+            let r = rel.join(&name);
+            if let Some(m) = fsx::stat_at(&t, &name).map_err(|e| ctx.dst_err(&r, e))? {
+                if m.kind == Kind::Dir {
+                    subdirs.push(name);
+                }
+            }
+        }
+        Ok(Level { s, t, rel, subdirs })
+    };
     let root = Path::new("");
-    let mut stack = vec![(
+    let top = visit(
         Some(src_root.try_clone().map_err(|e| ctx.src_err(root, e))?),
         stg_root.try_clone().map_err(|e| ctx.dst_err(root, e))?,
         PathBuf::new(),
-    )];
-    while let Some((s, t, rel)) = stack.pop() {
-        ctx.check_stop()?;
-        f(s.as_ref(), &t, &rel, rel.as_os_str().is_empty())?;
-        for name in fsx::list_names(&t).map_err(|e| ctx.dst_err(&rel, e))? {
-            let r = rel.join(&name);
-            match fsx::stat_at(&t, &name).map_err(|e| ctx.dst_err(&r, e))? {
-                Some(m) if m.kind == Kind::Dir => {}
-                _ => continue,
-            }
-            let tfd = fsx::open_dir(&t, &name).map_err(|e| ctx.dst_err(&r, e))?;
-            let sfd = match &s {
-                Some(s) => match fsx::open_dir(s, &name) {
-                    Ok(fd) => Some(fd),
-                    Err(e) if fsx::is_errno(&e, Errno::NOENT) => None,
-                    Err(e) => return Err(ctx.src_err(&r, e)),
-                },
-                None => None,
-            };
-            stack.push((sfd, tfd, r));
-        }
+    )?;
+    let mut stack = vec![top];
+    while let Some(top) = stack.last_mut() {
+        let Some(name) = top.subdirs.pop() else {
+            stack.pop();
+            continue;
+        };
+        let r = top.rel.join(&name);
+        let tfd = fsx::open_dir(&top.t, &name).map_err(|e| ctx.dst_err(&r, e))?;
+        let sfd = match &top.s {
+            Some(s) => match fsx::open_dir(s, &name) {
+                Ok(fd) => Some(fd),
+                Err(e) if fsx::is_errno(&e, Errno::NOENT) => None,
+                Err(e) => return Err(ctx.src_err(&r, e)),
+            },
+            None => None,
+        };
+        let next = visit(sfd, tfd, r)?;
+        stack.push(next);
     }
     Ok(())
 }

@@ -364,6 +364,29 @@ fn a_move_batch_of_many_files_fits_a_low_descriptor_limit() {
     assert_same(&manifest(&c.src), &before, "after the move");
 }
 
+/// A batch that spans directories holds a descriptor per directory (the copies in flight one
+/// more): many directories of one file each must fit a low limit too.
+#[test]
+fn a_move_batch_over_many_directories_fits_a_low_descriptor_limit() {
+    dirseal_testfs::needs_root!();
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let c = Case::new();
+    fs::create_dir(&c.src).unwrap();
+    for i in 0..400 {
+        let d = c.src.join(format!("d{i:03}"));
+        fs::create_dir(&d).unwrap();
+        fs::write(d.join("f"), format!("file {i}")).unwrap();
+    }
+    let before = manifest(&c.src);
+    let old = getrlimit(Resource::Nofile);
+    setrlimit(Resource::Nofile, Rlimit { current: Some(256), maximum: old.maximum }).unwrap();
+    let out = migrate::convert(&move_req(&c.src, &c.wd, Mode::Move), &PlainHost::new());
+    setrlimit(Resource::Nofile, old).unwrap();
+    let out = out.unwrap();
+    assert_eq!((out.state, out.method), (State::Done, Method::Move));
+    assert_same(&manifest(&c.src), &before, "after the move");
+}
+
 #[test]
 fn out_of_space_mid_move_pauses_and_resumes() {
     dirseal_testfs::needs_root!();
