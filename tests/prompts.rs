@@ -275,6 +275,41 @@ fn the_new_password_says_what_it_is_for() {
     assert_eq!(env.status_json(&d)["encrypted"], true);
 }
 
+/// The protector's own owner decides what a new password prompt says, whatever the command: a
+/// changed password of a user's protector is still that user's login password (before, every
+/// command but convert, encrypt, restore and home create said "no login opens it").
+#[test]
+fn a_changed_password_of_a_users_protector_still_names_the_user() {
+    dirseal_testfs::needs_root!();
+    let env = Env::new();
+    let d = home(&env);
+    let uid = fresh_uid();
+    std::os::unix::fs::chown(&d, Some(uid), Some(uid)).unwrap();
+    env.ok(&["convert", p(&d), "--yes", "--no-recovery-key"], "old-password\n");
+    let mut t = Term::spawn(&env, &["change-password", p(&d)]);
+    t.wait_for("Password for protector", 1);
+    t.type_unechoed("old-password");
+    t.wait_for("New password for protector", 1);
+    let text = t.text();
+    assert!(text.contains(&format!("only while this password is uid {uid}'s login password")), "{text}");
+    assert!(!text.contains("no login opens it"), "{text}");
+    t.type_unechoed("new-password");
+    t.wait_for("Repeat the new password", 1);
+    t.type_unechoed("new-password");
+    let (ok, out) = t.finish();
+    assert!(ok, "{out}");
+
+    // A protector of no user says so.
+    let mut t = Term::spawn(&env, &["protector", "create", "--name", "spare"]);
+    t.wait_for("New password", 1);
+    assert!(t.text().contains("no login opens it"), "{}", t.text());
+    t.type_unechoed("spare-password");
+    t.wait_for("Repeat the new password", 1);
+    t.type_unechoed("spare-password");
+    let (ok, out) = t.finish();
+    assert!(ok, "{out}");
+}
+
 /// Two protectors open the directory: a terminal offers them as a numbered menu, re-asks on a
 /// non-number, and the chosen one's password unlocks.
 #[test]

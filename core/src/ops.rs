@@ -459,7 +459,7 @@ impl Dirseal {
     ) -> Result<(ProtectorRecord, ProtectorKey), OpsError> {
         let ask = n.kind.ask();
         n.kind.check_ready(&self.config)?;
-        let secret = protector::ask_new(ask, n.name, ui)?;
+        let secret = protector::ask_new(ask, n.name, n.uid, ui)?;
         if let (true, Some(uid), Some(secret)) = (n.kind.refuses_login_password(), n.uid, secret.as_ref()) {
             refuse_login_password_pin(uid, secret)?;
         }
@@ -514,7 +514,7 @@ impl Dirseal {
         if candidates.is_empty() {
             return self.create_protector_in(n, ui, store);
         }
-        let secret = protector::ask_new(n.kind.ask(), n.name, ui)?;
+        let secret = protector::ask_new(n.kind.ask(), n.name, n.uid, ui)?;
         for rec in candidates {
             if let Ok(key) = protector::unlock(&rec, &self.config, secret.as_ref()) {
                 return Ok((rec, key));
@@ -1261,7 +1261,7 @@ impl Dirseal {
             return Err(ProtectorError::NoSecret { name: rec.name, id: rec.id, kind: rec.kind.name() }.into());
         }
         let pkey = self.unlock_protector(&rec, ui)?;
-        let new = protector::ask_new(rec.kind.ask(), &rec.name, ui)?;
+        let new = protector::ask_new(rec.kind.ask(), &rec.name, rec.uid, ui)?;
         self.change_secret_with(pid, &pkey, new.as_ref())
     }
 
@@ -1280,7 +1280,7 @@ impl Dirseal {
             return Err(ProtectorError::NoSecret { name: rec.name, id: rec.id, kind: rec.kind.name() }.into());
         }
         let pkey = self.unlock_protector(&rec, ui)?;
-        let new = protector::ask_new(rec.kind.ask(), &rec.name, ui)?;
+        let new = protector::ask_new(rec.kind.ask(), &rec.name, rec.uid, ui)?;
         if new.as_ref().is_some_and(Passphrase::is_empty) {
             return Err(UiError::Empty.into());
         }

@@ -21,6 +21,9 @@ pub enum SecretPrompt<'a> {
     NewPassword {
         /// The protector's name, to show.
         name: &'a str,
+        /// The user it belongs to: logging in as them unlocks only while this password is their
+        /// login password, which the front end should say. `None`: no login opens it.
+        uid: Option<u32>,
     },
     /// The PIN of an existing protector (a TPM or a security key checks it). `device` names what
     /// checks it ("TPM"; empty when unspecified); `tries_left` is how many wrong PINs it still

@@ -122,7 +122,6 @@ pub fn run(ds: &mut Dirseal, args: ConvertArgs, ui: &mut TermUi) -> Result<i32> 
         plan: |ds: &mut Dirseal, _: &mut TermUi, hooks: &Hooks<'_>| Ok(convert::plan(ds, &abs, options, hooks)?),
         run: |ds: &mut Dirseal, ui: &mut TermUi, plan, hooks: &Hooks<'_>| {
             let user = args.protector.user_or_owner(&abs)?;
-            ui.login_user = user.as_ref().map(|u| u.name.clone());
             ui.assume_yes = args.yes;
             let choice = args.protector.choice(ds, &user)?;
             Ok(match plan {

@@ -13,7 +13,6 @@ pub fn run(ds: &mut Dirseal, cmd: HomeCmd, ui: &mut TermUi) -> Result<i32> {
     let HomeCmd::Create(args) = cmd;
     let acct = Account::named(&args.user)?;
     ui.json = args.json;
-    ui.login_user = Some(acct.name.clone());
     let options = home::Options { skel: args.skel, recovery_key: args.recovery.decided(), ..Default::default() };
     let kind = args.kdf.kind(&args.protector_type)?;
     // The library error itself, not its wrapper, so the CLI's hints find it.

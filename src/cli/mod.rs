@@ -79,6 +79,15 @@ impl KdfArgs {
     }
 }
 
+/// The name of `uid`'s account. A uid without a passwd entry (from another system, a container)
+/// is still someone: "uid N", not a misleading "password".
+pub fn user_name(uid: u32) -> String {
+    nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
+        .ok()
+        .flatten()
+        .map_or_else(|| format!("uid {uid}"), |u| u.name)
+}
+
 /// A resolved `--user`.
 pub struct User {
     pub uid: u32,
@@ -109,13 +118,7 @@ impl ProtectorArgs {
             return Ok(None);
         }
         let uid = meta.uid();
-        // An owner without a passwd entry (a uid from another system, a container) is still the
-        // owner: the protector is theirs and is named by the uid, not a misleading "password".
-        let name = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
-            .ok()
-            .flatten()
-            .map_or_else(|| format!("uid {uid}"), |u| u.name);
-        Ok(Some(User { uid, name }))
+        Ok(Some(User { uid, name: user_name(uid) }))
     }
 
     fn choice<'a>(&'a self, ds: &Dirseal, user: &'a Option<User>) -> Result<ProtectorChoice<'a>> {
@@ -272,13 +275,12 @@ fn run(cli: Cli) -> Result<i32> {
             | Cmd::Policy(PolicyCmd::List { json: true })
     ) || matches!(&cli.cmd, Cmd::Convert(a) if a.run.json)
         || matches!(&cli.cmd, Cmd::Decrypt(a) if a.run.json);
-    let mut ui = TermUi { json, assume_yes: false, login_user: None };
+    let mut ui = TermUi { json, assume_yes: false };
     match cli.cmd {
         Cmd::Status { dir: Some(dir), json } => status_dir(Some(&ds), &dir, json)?,
         Cmd::Status { dir: None, json } => overview(&ds, json)?,
         Cmd::Encrypt { dir, protector, recovery: offer, portable } => {
             let user = protector.user_or_owner(&dir)?;
-            ui.login_user = user.as_ref().map(|u| u.name.clone());
             // Ask before anything is encrypted; the key is shown once the master key exists.
             let want_recovery = offer.wanted(&dir, &mut ui)?;
             let choice = protector.choice(&ds, &user)?;

@@ -66,7 +66,6 @@ pub fn run(ds: &mut Dirseal, cmd: RecoveryCmd, ui: &mut TermUi) -> Result<()> {
             // As `convert` does: a home's new protector belongs to its owner, else PAM (which
             // tries only the user's own protectors) would leave the restored home locked.
             let user = protector.user_or_owner(&dir)?;
-            ui.login_user = user.as_ref().map(|u| u.name.clone());
             let choice = protector.choice(ds, &user)?;
             let (_, prec) = ds.restore_with_recovery(&dir, choice, ui)?;
             if let (Some(u), None) = (&user, protector.protector) {

@@ -17,9 +17,6 @@ pub struct TermUi {
     pub json: bool,
     /// `--yes`: the conversion question is answered yes without asking.
     pub assume_yes: bool,
-    /// The user a new password protector belongs to: PAM opens their home with their login
-    /// password, so the prompt says the two must be the same.
-    pub login_user: Option<String>,
 }
 
 /// Shorter passwords are accepted, with a warning: whoever copies the keystore can try them
@@ -156,10 +153,13 @@ impl Ui for TermUi {
         match prompt {
             SecretPrompt::Password { name, id } => ask(&format!("Password for protector {} ({id}): ", clean(name))),
             SecretPrompt::Pin { name, id, device, tries_left } => ask(&pin_prompt(name, id, device, *tries_left)),
-            SecretPrompt::NewPassword { name } => {
+            SecretPrompt::NewPassword { name, uid } => {
+                // PAM opens a user's directories with their login password, so the prompt says
+                // the two must be the same; the protector's own owner decides, whatever the command.
+                let login_user = uid.map(super::user_name);
                 let tty = io::stdin().is_terminal();
                 if tty {
-                    match &self.login_user {
+                    match &login_user {
                         Some(user) => eprintln!(
                             "Logging in unlocks this directory only while this password is {}'s login password.",
                             clean(user)
@@ -171,7 +171,7 @@ impl Ui for TermUi {
                 }
                 // A protector of no user is named after its kind: "for protector password" would
                 // read as a stutter.
-                let prompt = match (&self.login_user, *name) {
+                let prompt = match (&login_user, *name) {
                     (None, "password") => "New password: ".to_string(),
                     _ => format!("New password for protector {}: ", clean(name)),
                 };
@@ -186,7 +186,7 @@ impl Ui for TermUi {
                     if ask("Repeat the new password: ")? != first {
                         return Err(UiError::Mismatch);
                     }
-                    if let Some(user) = &self.login_user {
+                    if let Some(user) = &login_user {
                         check_login_password(user, &first);
                     }
                 }

@@ -707,10 +707,11 @@ pub fn unlock_with(rec: &ProtectorRecord, config: &Config, ui: &mut dyn Ui) -> R
     Ok(unlock(rec, config, secret.as_ref())?)
 }
 
-/// Asks `ui` for the new secret `ask` names (none for kinds without one). Empty secrets are refused.
-pub fn ask_new(ask: Ask, name: &str, ui: &mut dyn Ui) -> Result<Option<Passphrase>, UiError> {
+/// Asks `ui` for the new secret `ask` names (none for kinds without one) for a protector named
+/// `name` of user `uid`. Empty secrets are refused.
+pub fn ask_new(ask: Ask, name: &str, uid: Option<u32>, ui: &mut dyn Ui) -> Result<Option<Passphrase>, UiError> {
     let secret = match ask.secret {
-        Some(Secret::Password) => ui.secret(&SecretPrompt::NewPassword { name })?,
+        Some(Secret::Password) => ui.secret(&SecretPrompt::NewPassword { name, uid })?,
         Some(Secret::Pin) => ui.secret(&SecretPrompt::NewPin { name })?,
         Some(Secret::KeyPin) => ui.secret(&SecretPrompt::KeyPin { name })?,
         None => return Ok(None),
