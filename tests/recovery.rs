@@ -103,23 +103,40 @@ fn every_class_of_typo_is_named_and_unlocks_nothing() {
     let g5s = String::from_utf8(g5).unwrap();
     typo[4] = &g5s;
     let err = env.fails(&["unlock", "--recovery", p(&d)], &format!("{}\n", typo.join("-")));
+    said_once(&err);
     assert!(err.contains("group 5 is wrong"), "{err}");
     // A group left out.
     let err = env.fails(&["unlock", "--recovery", p(&d)], &format!("{}\n", groups[..7].join("-")));
+    said_once(&err);
     assert!(err.contains("8 groups of 6 digits"), "{err}");
     assert_eq!(err.matches("8 groups of 6 digits").count(), 1, "said once: {err}");
     // A short group.
     let mut short = groups.clone();
     short[2] = &groups[2][..5];
     let err = env.fails(&["unlock", "--recovery", p(&d)], &format!("{}\n", short.join("-")));
+    said_once(&err);
     assert!(err.contains("group 3 has 5 digits"), "{err}");
     // A letter.
     let err = env.fails(&["unlock", "--recovery", p(&d)], &format!("{}x\n", &key[..54]));
+    said_once(&err);
     assert!(err.contains("not a digit"), "{err}");
     // A well-formed key that is not this one.
     let err = env.fails(&["unlock", "--recovery", p(&d)], "000000-000000-000000-000000-000000-000000-000000-000000\n");
+    said_once(&err);
     assert!(err.contains("does not open this directory"), "{err}");
     assert_eq!(key_status(&env, &d), "locked");
+}
+
+/// An error is one line of what happened, then at most one hint line, and no part of it is said
+/// twice (each cause once, however the library wraps it).
+fn said_once(err: &str) {
+    let lines: Vec<&str> = err.trim_end().lines().collect();
+    assert!((1..=2).contains(&lines.len()), "one line and a hint at most: {err}");
+    let text = lines[0].strip_prefix("dirseal: error: ").unwrap_or_else(|| panic!("{err}"));
+    let parts: Vec<&str> = text.split(": ").map(str::trim).filter(|p| p.len() > 3).collect();
+    for (n, part) in parts.iter().enumerate() {
+        assert!(!parts[n + 1..].iter().any(|q| q.contains(part) || part.contains(q)), "said twice: {err}");
+    }
 }
 
 #[test]

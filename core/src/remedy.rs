@@ -109,6 +109,23 @@ pub enum Remedy {
     ListSecurityKeys,
 }
 
+/// `e` and its causes on one line, each said once: many errors already name their cause in their
+/// own message (`cannot open X: No such file or directory`), and printing the whole chain (as
+/// anyhow's `{:#}` does) would repeat it. What every front end prints for an error.
+pub fn said_once(e: &(dyn Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut link = e.source();
+    while let Some(cause) = link {
+        let text = cause.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        link = cause.source();
+    }
+    out
+}
+
 impl Remedy {
     /// The remedy of `e` itself, if it is one of the library's error types and has one. Its
     /// transparent wrappers forward `source()` past what they wrap, so a walk down a chain

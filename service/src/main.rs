@@ -103,7 +103,7 @@ fn main() -> ExitCode {
     match run(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("dirsealed: error: {e:#}");
+            eprintln!("dirsealed: error: {}", dirseal::remedy::said_once(e.as_ref()));
             ExitCode::FAILURE
         }
     }

@@ -327,6 +327,28 @@ fn the_service_takes_its_paths_from_options_never_the_environment() {
     assert!(st.success(), "{st:?}");
 }
 
+/// No bus to connect to: one line that names the address, its cause said once (before, anyhow's
+/// chain printed "No such file or directory (os error 2)" twice).
+#[test]
+fn without_a_bus_the_service_says_why_once() {
+    dirseal_testfs::needs_root!();
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dirsealed"))
+        .arg("--keystore")
+        .arg(dir.path().join("ks"))
+        .arg("--run-dir")
+        .arg(dir.path().join("run"))
+        .env_clear()
+        .env("DBUS_SYSTEM_BUS_ADDRESS", "unix:path=/nonexistent/bus")
+        .output()
+        .expect("run dirsealed");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("connecting to the system bus") && err.contains("/nonexistent/bus"), "{err}");
+    assert_eq!(err.matches("os error 2").count(), 1, "{err}");
+}
+
 #[test]
 fn a_second_service_on_the_bus_says_one_runs_and_exits() {
     dirseal_testfs::needs_root!();

@@ -175,7 +175,7 @@ pub fn main() -> i32 {
             130
         }
         Err(e) => {
-            eprintln!("dirseal: error: {}", clean(&one_line(&e)));
+            eprintln!("dirseal: error: {}", clean(&dirseal::remedy::said_once(e.as_ref())));
             if let Some(h) = hint::hint(&e) {
                 eprintln!("dirseal: {}", clean(&h));
             }
@@ -190,23 +190,6 @@ pub fn main() -> i32 {
 fn cancelled(e: &anyhow::Error) -> bool {
     let text = dirseal::ui::UiError::Cancelled.to_string();
     e.chain().any(|c| c.to_string() == text)
-}
-
-/// The error and its causes on one line, each said once: many errors already name their cause
-/// in their own message (`cannot open X: No such file or directory`), and anyhow's `{:#}` would
-/// repeat it.
-fn one_line(e: &anyhow::Error) -> String {
-    let mut out = String::new();
-    for cause in e.chain() {
-        let text = cause.to_string();
-        if out.is_empty() {
-            out = text;
-        } else if !out.contains(&text) {
-            out.push_str(": ");
-            out.push_str(&text);
-        }
-    }
-    out
 }
 
 fn require_root() -> Result<()> {
