@@ -233,6 +233,30 @@ fn busy_lock_names_the_process_and_finishes_later() {
     assert_eq!(env.status_json(&d)["key"], "locked");
 }
 
+/// A name is looked up among the protectors that open the directory: another directory's
+/// protector of the same name is no ambiguity there. Where the whole keystore is searched
+/// (`protector verify NAME`) the ambiguity lists both by id.
+#[test]
+fn a_name_is_looked_up_among_the_directorys_protectors() {
+    dirseal_testfs::needs_root!();
+    let env = Env::new();
+    let (a, b) = (env.mnt().join("a"), env.mnt().join("b"));
+    fs::create_dir(&a).unwrap();
+    fs::create_dir(&b).unwrap();
+    env.ok(&["encrypt", p(&a), "--protector-name", "pin", "--no-recovery-key"], "a-pw\n");
+    env.ok(&["encrypt", p(&b), "--protector-name", "pin", "--no-recovery-key"], "b-pw\n");
+    env.ok(&["lock", p(&a)], "");
+    env.ok(&["lock", p(&b)], "");
+    env.ok(&["unlock", p(&b), "--protector", "pin"], "b-pw\n");
+    env.ok(&["change-password", p(&a), "--protector", "pin"], "a-pw\na-new\n");
+    env.ok(&["unlock", p(&a), "--protector", "pin"], "a-new\n");
+    let err = env.fails(&["protector", "verify", "pin"], "");
+    assert!(err.contains("names several protectors in the keystore") && err.matches("(pin)").count() == 2, "{err}");
+    assert!(err.contains("--protector NAME or ID") || err.contains("by its id"), "{err}");
+    let err = env.fails(&["unlock", p(&a), "--protector", "nobody"], "");
+    assert!(err.contains("no protector named \"nobody\" in the keystore"), "{err}");
+}
+
 #[test]
 fn errors_are_one_line_and_the_clis_hint_another() {
     dirseal_testfs::needs_root!();

@@ -140,23 +140,23 @@ pub enum OpsError {
         /// Those protectors, for the message.
         list: String,
     },
-    /// A protector name matches several of the user's protectors.
-    #[error("{name:?} names several protectors of uid {uid} ({list}); name one by its id")]
+    /// A protector name matches several protectors where it was looked up.
+    #[error("{name:?} names several protectors {scope} ({list}); name one by its id")]
     NameAmbiguous {
         /// The name given.
         name: String,
-        /// The user.
-        uid: u32,
+        /// Where it was looked up: "of uid 1000", "that open /home/alice", "in the keystore".
+        scope: String,
         /// The protectors it matches, for the message.
         list: String,
     },
-    /// No protector of the user has that name.
-    #[error("no protector named {name:?} belongs to uid {uid}")]
+    /// No protector has that name where it was looked up.
+    #[error("no protector named {name:?} {scope}")]
     NoSuchName {
         /// The name given.
         name: String,
-        /// The user.
-        uid: u32,
+        /// Where it was looked up: "of uid 1000", "that open /home/alice", "in the keystore".
+        scope: String,
     },
     /// The user's secret opened none of their protectors.
     #[error("the secret opens none of the protectors of uid {uid} for {what} ({list})")]
@@ -226,12 +226,23 @@ pub enum OpsError {
     },
 }
 
-/// What else opens a directory, for [`OpsError::UseAnother`]: each front end says how to use them.
+/// The one record of `found` (those named `named`, looked up `scope`), or the error that says
+/// there are none or several.
+fn one_named(named: &str, found: Vec<ProtectorRecord>, scope: String) -> Result<ProtectorRecord, OpsError> {
+    let name = named.to_string();
+    match <[ProtectorRecord; 1]>::try_from(found) {
+        Ok([one]) => Ok(one),
+        Err(found) if found.is_empty() => Err(OpsError::NoSuchName { name, scope }),
+        Err(found) => Err(OpsError::NameAmbiguous { name, scope, list: listed(&found) }),
+    }
+}
+
 /// Protectors as errors list them: id (name), comma-separated.
 fn listed(list: &[ProtectorRecord]) -> String {
     list.iter().map(|r| format!("{} ({})", r.id, r.name)).collect::<Vec<_>>().join(", ")
 }
 
+/// What else opens a directory, for [`OpsError::UseAnother`]: each front end says how to use them.
 fn alternatives(others: &[ProtectorSummary], recovery: bool) -> String {
     let mut out: Vec<String> = others.iter().map(|r| format!("protector {} ({}, {})", r.name, r.kind, r.id)).collect();
     if recovery {
@@ -699,11 +710,24 @@ impl Dirseal {
             .filter_map(|(_, r)| r.ok())
             .filter(|r| r.name == named && (uid.is_none() || r.uid == uid))
             .collect();
-        match found.len() {
-            1 => Ok(found.into_iter().next().expect("invariant: one element")),
-            0 => Err(OpsError::NoSuchName { name: named.to_string(), uid: uid.unwrap_or(0) }),
-            _ => Err(OpsError::NameAmbiguous { name: named.to_string(), uid: uid.unwrap_or(0), list: listed(&found) }),
+        let scope = uid.map_or_else(|| "in the keystore".to_string(), |uid| format!("of uid {uid}"));
+        one_named(named, found, scope)
+    }
+
+    /// The protector of `policy` (`what` names it in errors, a directory) that `named` names: an
+    /// id as it is, else the one of its protectors (on its medium too) of that name. A name other
+    /// directories' protectors share is no ambiguity here; a name none of its protectors has is
+    /// looked up in the whole keystore, so the error says it does not open `what`.
+    pub fn protector_named_for(&self, policy: &PolicyRecord, named: &str, what: &str) -> Result<ProtectorId, OpsError> {
+        if let Ok(id) = named.parse::<ProtectorId>() {
+            return Ok(id);
         }
+        let (list, _) = self.protectors_of(policy);
+        let found: Vec<ProtectorRecord> = list.into_iter().filter(|r| r.name == named).collect();
+        if found.is_empty() {
+            return Ok(self.protector_named(named, None)?.id);
+        }
+        Ok(one_named(named, found, format!("that open {what}"))?.id)
     }
 
     /// The one protector of `uid` that opens `policy` (`what` names it in errors): none or

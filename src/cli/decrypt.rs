@@ -20,7 +20,7 @@ pub fn run(ds: &mut Dirseal, args: DecryptArgs, ui: &mut TermUi) -> Result<i32> 
     if args.end.status {
         return show_status(&abs, convert::status(&abs)?.as_ref(), args.run.json);
     }
-    let pick: Pick = ProtectorRef::pick(&args.protector, ds)?;
+    let pick: Pick = ProtectorRef::pick_in(&args.protector, ds, &abs)?;
     ui.assume_yes = args.yes;
     let keep = args.keep_protectors;
     let options = Options {

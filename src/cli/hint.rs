@@ -18,7 +18,7 @@ pub fn render(r: &Remedy) -> String {
         Remedy::Convert { dir } => format!("encrypt it in place with `dirseal convert {}`", dir.display()),
         Remedy::Force => "if you are sure nothing writes there, pass --force to convert anyway".into(),
         Remedy::AbortConversion { dir } => format!("run `dirseal convert --abort {}`", dir.display()),
-        Remedy::PickProtector => "pick one with --protector ID".into(),
+        Remedy::PickProtector => "pick one with --protector NAME or ID".into(),
         Remedy::UseAnotherProtector { dir, others, recovery } => {
             let d = dir.display();
             let mut ways: Vec<String> =
@@ -96,7 +96,7 @@ mod tests {
         let e =
             anyhow::Error::new(dirseal::ops::OpsError::AmbiguousProtector { what: "d".into(), list: "a, b".into() })
                 .context("unlocking");
-        assert_eq!(hint(&e).as_deref(), Some("pick one with --protector ID"));
+        assert_eq!(hint(&e).as_deref(), Some("pick one with --protector NAME or ID"));
         assert_eq!(hint(&anyhow::anyhow!("plain")), None);
     }
 }

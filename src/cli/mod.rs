@@ -156,8 +156,22 @@ impl ProtectorRef {
         Ok(ds.protector_named(&self.0, None)?.id)
     }
 
-    fn pick(this: &Option<ProtectorRef>, ds: &Dirseal) -> Result<Pick> {
-        Ok(Pick { protector: this.as_ref().map(|p| p.id(ds)).transpose()? })
+    /// For `policy` (`what` names it, a directory): a name is looked up among the protectors
+    /// that open it, so a name other directories' protectors share is no ambiguity.
+    fn pick_for(this: &Option<ProtectorRef>, ds: &Dirseal, policy: &PolicyRecord, what: &str) -> Result<Pick> {
+        let Some(named) = this else { return Ok(Pick::default()) };
+        Ok(Pick { protector: Some(ds.protector_named_for(policy, &named.0, what)?) })
+    }
+
+    /// [`ProtectorRef::pick_for`] the policy of `dir`. Where `dir` has no policy record (yet, or
+    /// any more: a conversion's resume) a name is looked up in the whole keystore, and the
+    /// operation itself says what is wrong with `dir`.
+    pub fn pick_in(this: &Option<ProtectorRef>, ds: &Dirseal, dir: &Path) -> Result<Pick> {
+        let Some(named) = this else { return Ok(Pick::default()) };
+        match ds.policy_of(dir) {
+            Ok(policy) => ProtectorRef::pick_for(this, ds, &policy, &dir.display().to_string()),
+            Err(_) => Ok(Pick { protector: Some(named.id(ds)?) }),
+        }
     }
 }
 
@@ -279,12 +293,12 @@ fn run(cli: Cli) -> Result<i32> {
         Cmd::Autologin(cmd) => return autologin::run(&ds, cmd),
         Cmd::Unlock { dir, recovery: true, .. } => ds.unlock_with_recovery(&dir, &mut ui)?,
         Cmd::Unlock { dir, protector, recovery: false } => {
-            let pick = ProtectorRef::pick(&protector, &ds)?;
+            let pick = ProtectorRef::pick_in(&protector, &ds, &dir)?;
             unlock(&mut ds, &dir, pick, &mut ui)?
         }
         Cmd::Lock { dir, all_users, json } => return lock(&ds, &dir, all_users, json),
         Cmd::ChangePassword { dir, protector } => {
-            let rec = ds.change_dir_secret(&dir, ProtectorRef::pick(&protector, &ds)?, &mut ui)?;
+            let rec = ds.change_dir_secret(&dir, ProtectorRef::pick_in(&protector, &ds, &dir)?, &mut ui)?;
             println!("changed the password of protector {} ({})", clean(&rec.name), rec.id);
         }
         Cmd::Protector(cmd) => protector(&mut ds, cmd, &mut ui)?,
@@ -758,7 +772,8 @@ fn policy(ds: &mut Dirseal, cmd: PolicyCmd, ui: &mut TermUi) -> Result<()> {
             let policy = policy_record(ds, &target)?;
             let id = policy.id;
             let user = new.user()?;
-            let with = ProtectorRef::pick(&with, ds)?;
+            let what = target.dir.as_ref().map_or_else(|| format!("policy {id}"), |d| d.display().to_string());
+            let with = ProtectorRef::pick_for(&with, ds, &policy, &what)?;
             let choice = new.choice(ds, &user)?;
             let rec = ds.add_protector_to(&policy, with, choice, ui)?;
             println!("protector {} ({}) now opens policy {id}", rec.id, clean(&rec.name));

@@ -46,7 +46,7 @@ pub fn run(ds: &mut Dirseal, cmd: RecoveryCmd, ui: &mut TermUi) -> Result<()> {
             if recovery::read_blob(&dir)?.is_some() {
                 return Err(RecoveryError::Exists { path: dir }.into());
             }
-            let pick = super::ProtectorRef::pick(&protector, ds)?;
+            let pick = super::ProtectorRef::pick_in(&protector, ds, &dir)?;
             let (policy, master) = ds.master_key_of_dir(&dir, pick, ui)?;
             create(&dir, &policy.id, &master, ui)?;
             println!("recovery key saved on {}", clean(&dir.display().to_string()));
