@@ -193,6 +193,49 @@ fn unlock_forgives_a_typo_and_an_empty_line() {
     assert_eq!(env.status_json(&d)["key"], "unlocked");
 }
 
+/// Every command that asks for a protector's current password forgives a typo on a terminal, as
+/// unlock does (before, change-password, protector verify and recovery add ended at once).
+#[test]
+fn commands_that_ask_a_current_password_forgive_a_typo() {
+    dirseal_testfs::needs_root!();
+    let env = Env::new();
+    let d = locked(&env);
+    let id = env.status_json(&d)["protectors"][0]["id"].as_str().expect("protector id").to_string();
+    for args in
+        [vec!["protector", "verify", id.as_str()], vec!["recovery", "add", p(&d)], vec!["change-password", p(&d)]]
+    {
+        let mut t = Term::spawn(&env, &args);
+        t.wait_for("Password for protector o", 1);
+        t.type_unechoed("Zq9-wrong");
+        t.wait_for("incorrect password; try again", 1);
+        t.wait_for("Password for protector o", 2);
+        t.type_unechoed("right-pw");
+        match args[0] {
+            "recovery" => {
+                t.wait_for("Type the recovery key back", 1);
+                let text = t.text();
+                let key = text
+                    .lines()
+                    .map(str::trim)
+                    .find(|l| l.len() == 55 && l.split('-').count() == 8)
+                    .unwrap_or_else(|| panic!("no key shown: {text}"))
+                    .to_string();
+                t.type_unechoed(&key);
+            }
+            "change-password" => {
+                t.wait_for("New password for protector o", 1);
+                t.type_unechoed("right-pw");
+                t.wait_for("Repeat the new password", 1);
+                t.type_unechoed("right-pw");
+            }
+            _ => {}
+        }
+        let (ok, out) = t.finish();
+        assert!(ok, "{args:?}: {out}");
+        assert!(!out.contains("Zq9"), "a secret was echoed:\n{out}");
+    }
+}
+
 #[test]
 fn three_wrong_passwords_end_with_the_way_out() {
     dirseal_testfs::needs_root!();

@@ -298,7 +298,10 @@ fn run(cli: Cli) -> Result<i32> {
         }
         Cmd::Lock { dir, all_users, json } => return lock(&ds, &dir, all_users, json),
         Cmd::ChangePassword { dir, protector } => {
-            let rec = ds.change_dir_secret(&dir, ProtectorRef::pick_in(&protector, &ds, &dir)?, &mut ui)?;
+            let rec = {
+                let pick = ProtectorRef::pick_in(&protector, &ds, &dir)?;
+                forgiving(|| ds.change_dir_secret(&dir, pick, &mut ui))?
+            };
             println!("changed the password of protector {} ({})", clean(&rec.name), rec.id);
         }
         Cmd::Protector(cmd) => protector(&mut ds, cmd, &mut ui)?,
@@ -337,16 +340,28 @@ fn unlock(ds: &mut Dirseal, dir: &Path, mut pick: Pick, ui: &mut TermUi) -> Resu
             Chosen::Ask(id) => pick.protector = id,
         }
     }
-    let tries = if tty { 3 } else { 1 };
-    for n in 1..=tries {
-        match ds.unlock(dir, pick, ui) {
-            Err(OpsError::Protector(ProtectorError::IncorrectSecret { what, .. })) if n < tries => {
+    Ok(forgiving(|| ds.unlock(dir, pick, ui))?)
+}
+
+/// On a terminal a mistyped password is forgiven twice, as `fscrypt` re-asks: `op` runs again and
+/// asks again. Only a secret the protector itself judged wrong: a device's PIN check (a TPM
+/// counts every wrong PIN towards its lockout) ends at once, with its tries left.
+fn forgiving<T>(mut op: impl FnMut() -> Result<T, OpsError>) -> Result<T, OpsError> {
+    let tries = if std::io::stdin().is_terminal() { 3 } else { 1 };
+    let mut n = 1;
+    loop {
+        match op() {
+            Err(e) if n < tries => {
+                let what = match &e {
+                    OpsError::Protector(ProtectorError::IncorrectSecret { what, .. }) => *what,
+                    _ => return Err(e),
+                };
                 eprintln!("incorrect {what}; try again");
+                n += 1;
             }
-            r => return Ok(r?),
+            r => return r,
         }
     }
-    unreachable!("the last try returns")
 }
 
 /// What the terminal's choice of protector came to.
@@ -731,12 +746,12 @@ fn protector(ds: &mut Dirseal, cmd: ProtectorCmd, ui: &mut TermUi) -> Result<()>
         }
         ProtectorCmd::Verify { id } => {
             let id = id.id(ds)?;
-            let rec: ProtectorRecord = ds.verify_protector(&id, ui)?;
+            let rec: ProtectorRecord = forgiving(|| ds.verify_protector(&id, ui))?;
             println!("the secret of protector {} ({}) is correct", rec.id, clean(&rec.name));
         }
         ProtectorCmd::ChangePassword { id } => {
             let id = id.id(ds)?;
-            let rec = ds.change_secret(&id, ui)?;
+            let rec = forgiving(|| ds.change_secret(&id, ui))?;
             println!("changed the password of protector {} ({})", rec.id, clean(&rec.name));
         }
     }

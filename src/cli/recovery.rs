@@ -47,7 +47,7 @@ pub fn run(ds: &mut Dirseal, cmd: RecoveryCmd, ui: &mut TermUi) -> Result<()> {
                 return Err(RecoveryError::Exists { path: dir }.into());
             }
             let pick = super::ProtectorRef::pick_in(&protector, ds, &dir)?;
-            let (policy, master) = ds.master_key_of_dir(&dir, pick, ui)?;
+            let (policy, master) = super::forgiving(|| ds.master_key_of_dir(&dir, pick, ui))?;
             create(&dir, &policy.id, &master, ui)?;
             println!("recovery key saved on {}", clean(&dir.display().to_string()));
         }
