@@ -525,29 +525,44 @@ fn owner_without_passwd_entry_gets_a_protector_named_by_uid() {
 #[test]
 fn help_describes_every_argument_and_kinds_share_one_flag() {
     dirseal_testfs::needs_root!();
-    let commands: [&[&str]; 13] = [
-        &["unlock"],
-        &["lock"],
-        &["status"],
-        &["encrypt"],
-        &["convert"],
-        &["change-password"],
-        &["protector", "remove"],
-        &["protector", "verify"],
-        &["protector", "change-password"],
-        &["recovery", "add"],
-        &["recovery", "verify"],
-        &["recovery", "remove"],
-        &["recovery", "restore"],
-    ];
-    for cmd in commands {
+    // Every command and subcommand, as `--help` lists them: none may gain an undescribed
+    // argument or option unnoticed.
+    fn help(cmd: &[String]) -> String {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_dirseal")).args(cmd).arg("--help").output().unwrap();
-        let help = String::from_utf8_lossy(&out.stdout);
-        assert!(help.contains("Global options:"), "{cmd:?}: {help}");
-        let bare: Vec<&str> =
-            help.lines().filter(|l| l.trim_start().starts_with('<') && !l.trim().contains("  ")).collect();
-        assert!(bare.is_empty(), "{cmd:?}: undescribed arguments {bare:?}");
+        assert!(out.status.success(), "{cmd:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
     }
+    let mut todo: Vec<Vec<String>> = vec![vec![]];
+    let mut seen = 0;
+    while let Some(cmd) = todo.pop() {
+        let text = help(&cmd);
+        seen += 1;
+        let mut section = "";
+        // (argument or option, its description); a long one's description is on the next lines.
+        let mut items: Vec<(&str, String)> = Vec::new();
+        for line in text.lines().filter(|l| !l.trim().is_empty()) {
+            if !line.starts_with(' ') {
+                section = line;
+                continue;
+            }
+            let (head, rest) = line.trim().split_once("  ").unwrap_or((line.trim(), ""));
+            match section {
+                "Commands:" if head != "help" => todo.push(cmd.iter().cloned().chain([head.to_string()]).collect()),
+                "Arguments:" | "Options:" if head.starts_with(['-', '<', '[']) => {
+                    items.push((head, rest.trim().into()))
+                }
+                "Arguments:" | "Options:" => items.last_mut().expect("an item before its description").1 += line.trim(),
+                _ => {}
+            }
+        }
+        for (head, desc) in items {
+            assert!(!desc.is_empty() && !desc.starts_with('['), "{cmd:?}: {head} is not described:\n{text}");
+        }
+        if !cmd.is_empty() && !text.contains("Commands:") {
+            assert!(text.contains("Global options:"), "{cmd:?}: {text}");
+        }
+    }
+    assert!(seen > 30, "only {seen} commands walked");
     let env = Env::new();
     let d = env.mnt().join("typed");
     fs::create_dir(&d).unwrap();

@@ -118,11 +118,13 @@ pub enum Cmd {
 pub enum ProtectorCmd {
     /// List every protector and the policies it protects
     List {
+        /// Print JSON (stable field names, docs/formats.md)
         #[arg(long)]
         json: bool,
     },
     /// Create a protector (not yet attached to any policy)
     Create {
+        /// The protector's name, shown in listings and prompts and accepted by --protector
         #[arg(long)]
         name: String,
         /// Kind of protector
@@ -154,15 +156,22 @@ pub enum ProtectorCmd {
 #[derive(Subcommand)]
 pub enum PinLoginCmd {
     /// Make USER log in with their TPM PIN only: their password hash is removed, `passwd` changes the PIN
-    Enable { user: String },
+    Enable {
+        /// The user (their TPM+PIN protector must open their home)
+        user: String,
+    },
     /// End USER's PIN login (the account keeps no password until `passwd USER` sets one)
-    Disable { user: String },
+    Disable {
+        /// The user
+        user: String,
+    },
 }
 
 #[derive(Subcommand)]
 pub enum PolicyCmd {
     /// List every policy, its key status and protectors
     List {
+        /// Print JSON (stable field names, docs/formats.md)
         #[arg(long)]
         json: bool,
     },
@@ -424,6 +433,7 @@ pub struct CreateArgs {
 pub enum Tpm2Cmd {
     /// Is there a TPM, and how many wrong PINs may still be tried before it locks out?
     Status {
+        /// Print JSON (stable field names, docs/formats.md)
         #[arg(long)]
         json: bool,
     },
@@ -453,6 +463,7 @@ pub enum Tpm2Cmd {
 pub enum Fido2Cmd {
     /// Connected security keys: path, product, and whether each can hold a FIDO2 protector
     List {
+        /// Print JSON (stable field names, docs/formats.md)
         #[arg(long)]
         json: bool,
     },
@@ -471,13 +482,16 @@ pub enum AutologinCmd {
     },
     /// Which display manager logs in whom, and what the next boot does with an encrypted home
     Status {
+        /// The root of the system whose display managers are configured (for images and tests)
         #[arg(long, value_name = "DIR", default_value = "/")]
         root: PathBuf,
+        /// Print JSON (stable field names, docs/formats.md)
         #[arg(long)]
         json: bool,
     },
     /// Remove every drop-in and runtime copy dirseal wrote for autologins (uninstalling does it)
     Clear {
+        /// The root of the system whose display managers are configured (for images and tests)
         #[arg(long, value_name = "DIR", default_value = "/")]
         root: PathBuf,
     },
