@@ -47,6 +47,15 @@ fn encrypt_lock_unlock_round_trip() {
     assert!(err.contains("incorrect password for protector main"), "{err}");
     assert_eq!(env.status_json(&d)["key"], "locked");
 
+    // Unlocking answers in JSON too, naming the encrypted tree from a subdirectory; again, it
+    // asks nothing and says it was unlocked already.
+    let sub = names(&d).into_iter().find(|n| fs::metadata(d.join(n)).unwrap().is_dir()).unwrap();
+    let j: serde_json::Value = serde_json::from_str(&env.ok(&["unlock", "--json", p(&d.join(&sub))], "pw1\n")).unwrap();
+    assert_eq!(j["path"], p(&d), "{j}");
+    assert_eq!((j["unlocked"].as_bool(), j["already_unlocked"].as_bool()), (Some(true), Some(false)), "{j}");
+    let j: serde_json::Value = serde_json::from_str(&env.ok(&["unlock", "--json", p(&d)], "")).unwrap();
+    assert_eq!((j["unlocked"].as_bool(), j["already_unlocked"].as_bool()), (Some(true), Some(true)), "{j}");
+    env.ok(&["lock", p(&d)], "");
     env.ok(&["unlock", p(&d)], "pw1\n");
     assert_eq!(fs::read(d.join("hello.txt")).unwrap(), b"hello world");
     assert_eq!(fs::read(d.join("sub/deep.bin")).unwrap(), vec![7u8; 100_000]);

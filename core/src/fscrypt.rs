@@ -389,7 +389,7 @@ pub fn check_supported(mountpoint: &Path) -> Result<(), FscryptError> {
 pub enum Support {
     /// fscrypt works here.
     Enabled,
-    /// ext4 or f2fs without the encrypt feature: it can be turned on (unmounted).
+    /// ext4 or f2fs without the encrypt feature: it can be turned on (ext4: mounted, with `tune2fs -O encrypt`; f2fs: unmounted, with `fsck.f2fs -O encrypt`).
     NotEnabled,
     /// This kind of filesystem has no fscrypt (tmpfs, btrfs, xfs, ...), or the kernel lacks it.
     Unsupported,

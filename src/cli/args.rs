@@ -66,6 +66,9 @@ pub enum Cmd {
         /// Unlock with the directory's recovery key (works without the keystore)
         #[arg(long)]
         recovery: bool,
+        /// Print the result as one JSON object (path, unlocked, already_unlocked)
+        #[arg(long)]
+        json: bool,
     },
     /// Lock an encrypted directory (remove its key from the kernel)
     Lock {

@@ -268,6 +268,7 @@ fn run(cli: Cli) -> Result<i32> {
         cli.cmd,
         Cmd::Status { json: true, .. }
             | Cmd::Lock { json: true, .. }
+            | Cmd::Unlock { json: true, .. }
             | Cmd::Protector(ProtectorCmd::List { json: true })
             | Cmd::Policy(PolicyCmd::List { json: true })
     ) || matches!(&cli.cmd, Cmd::Convert(a) if a.run.json)
@@ -291,10 +292,26 @@ fn run(cli: Cli) -> Result<i32> {
         Cmd::Decrypt(args) => return decrypt::run(&mut ds, args, &mut ui),
         Cmd::Home(cmd) => return home::run(&mut ds, cmd, &mut ui),
         Cmd::Autologin(cmd) => return autologin::run(&ds, cmd),
-        Cmd::Unlock { dir, recovery: true, .. } => ds.unlock_with_recovery(&dir, &mut ui)?,
-        Cmd::Unlock { dir, protector, recovery: false } => {
-            let pick = ProtectorRef::pick_in(&protector, &ds, &dir)?;
-            unlock(&mut ds, &dir, pick, &mut ui)?
+        Cmd::Unlock { dir, protector, recovery, json } => {
+            // Read before: an unlocked directory is an answer (rc 0), as a locked one is to `lock`.
+            let before = ops::public_dir_status(&dir)?;
+            if recovery {
+                ds.unlock_with_recovery(&dir, &mut ui)?
+            } else {
+                let pick = ProtectorRef::pick_in(&protector, &ds, &dir)?;
+                unlock(&mut ds, &dir, pick, &mut ui)?
+            }
+            if json {
+                #[derive(Serialize)]
+                struct Out {
+                    path: PathBuf,
+                    unlocked: bool,
+                    already_unlocked: bool,
+                }
+                let path = before.encrypted_root.unwrap_or(dir);
+                return print_json(&Out { path, unlocked: true, already_unlocked: before.key == Some("unlocked") })
+                    .map(|()| 0);
+            }
         }
         Cmd::Lock { dir, all_users, json } => return lock(&ds, &dir, all_users, json),
         Cmd::ChangePassword { dir, protector } => {
