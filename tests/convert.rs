@@ -385,6 +385,29 @@ fn resume_after_reboot_asks_for_the_secret() {
     assert_eq!(manifest(&home), before);
 }
 
+/// An interrupted move says where the files already moved are now: a path that exists, in the
+/// text and the JSON; the same command then finishes with nothing lost.
+#[cfg(feature = "fault-injection")]
+#[test]
+fn an_interrupted_move_says_where_the_moved_files_are() {
+    dirseal_testfs::needs_root!();
+    let env = Env::new();
+    let home = env.mnt().join("h");
+    build_home(&home, fresh_uid());
+    let before = manifest(&home);
+    crash_convert_with(&env, &home, &format!("{}:3", Point::MoveEntryRemoved), &["--mode", "move"]);
+    let st: serde_json::Value =
+        serde_json::from_str(&env.ok(&["convert", "--status", "--json", p(&home)], "")).unwrap();
+    assert_eq!((st["state"].as_str(), st["running"].as_bool()), (Some("moving"), Some(false)), "{st}");
+    let moved_to = st["moved_to"].as_str().unwrap_or_else(|| panic!("{st}")).to_string();
+    assert!(Path::new(&moved_to).is_dir(), "{moved_to}");
+    let text = env.ok(&["status", p(&home)], "");
+    assert!(text.contains(&format!("the files already moved are in {moved_to}")), "{text}");
+    env.ok(&["convert", p(&home), "--yes"], "pw\n");
+    assert_eq!(manifest(&home), before);
+    assert!(!Path::new(&moved_to).exists(), "the staging directory outlived the move: {moved_to}");
+}
+
 /// Found by the power-cut replays in the VM (scripts/vm-test.sh): after a reboot the filesystem
 /// may have another device number (device-mapper and loop minors follow activation order), and
 /// resume refused the directory as "replaced or moved". Identity is the inode on the work dir's

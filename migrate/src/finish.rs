@@ -134,6 +134,8 @@ pub fn status(workdir: &Path) -> Result<Option<StatusView>, MigrateError> {
         keep_backup: j.keep_backup,
         wipe: j.wipe,
         backup,
+        moved_to: matches!(j.step.public(), State::Moving | State::Moved | State::MovingBack)
+            .then(|| wd.staging_path()),
         running: matches!(wd.probe_lock(), Err(MigrateError::Busy { .. })),
         direction: j.direction,
     }))

@@ -130,6 +130,9 @@ pub struct StatusView {
     pub wipe: bool,
     /// The old tree, when it is kept in the work dir.
     pub backup: Option<PathBuf>,
+    /// Where the files a move has moved so far are, while it is under way or interrupted: the
+    /// staging directory in the work dir (encrypted when converting).
+    pub moved_to: Option<PathBuf>,
     /// A live process holds the conversion's lock: it is running now, not interrupted.
     pub running: bool,
     /// Encrypting (`convert`) or decrypting.

@@ -58,6 +58,8 @@ pub(super) struct StatusOut<'a> {
     started_unix: u64,
     /// A live process is running it now; otherwise it was interrupted and resumes when run again.
     running: bool,
+    /// A move's files moved so far are here (the work dir's staging directory), else null.
+    moved_to: Option<&'a Path>,
 }
 
 pub(super) fn status_out(v: &StatusView) -> StatusOut<'_> {
@@ -73,6 +75,7 @@ pub(super) fn status_out(v: &StatusView) -> StatusOut<'_> {
         keep_backup: v.keep_backup,
         started_unix: v.started_unix,
         running: v.running,
+        moved_to: v.moved_to.as_deref(),
     }
 }
 
@@ -278,14 +281,28 @@ pub fn status_text(v: &StatusView) -> String {
             "encrypted; the old plaintext is kept until `dirseal {cmd} --commit {d}` (or `--rollback` restores it)"
         ),
         State::RollingBack => format!("interrupted while rolling back; run `dirseal {cmd} --rollback {d}` to finish"),
-        State::MovingBack => {
-            format!("interrupted while moving files back; run `dirseal {cmd} --abort {d}` to finish")
-        }
+        State::MovingBack => format!(
+            "interrupted while moving files back; the files not yet back are in {}; run `dirseal {cmd} --abort {d}` to \
+             finish",
+            moved_to(v)
+        ),
         s @ (State::Moving | State::Moved) => format!(
-            "interrupted while {s} ({counts}); the files already moved are in the work dir's staging directory until \
-             `dirseal {cmd} {d}` resumes (or `--abort` moves them back)"
+            "interrupted while {s} ({counts}); the files already moved are in {} until `dirseal {cmd} {d}` resumes \
+             (or `--abort` moves them back)",
+            moved_to(v)
         ),
         s => format!("interrupted while {s} ({counts}); run `dirseal {cmd} {d}` to resume (or `--abort`)"),
+    }
+}
+
+/// Where an interrupted move's files are, as a person can find them.
+fn moved_to(v: &StatusView) -> String {
+    match (&v.moved_to, v.direction) {
+        (Some(p), dirseal_migrate::Direction::Decrypt) => clean(&p.display().to_string()),
+        (Some(p), _) => {
+            format!("{} (encrypted: its names read as ciphertext while it is locked)", clean(&p.display().to_string()))
+        }
+        (None, _) => "the work dir's staging directory".into(),
     }
 }
 
