@@ -178,6 +178,10 @@ fn keep_backup_then_rollback_or_commit() {
     convert_ok(&env, &b, &["--keep-backup"]);
     let st: serde_json::Value = serde_json::from_str(&env.ok(&["convert", "--status", "--json", p(&b)], "")).unwrap();
     assert_eq!(st["state"], "swapped");
+    // A subdirectory's status reports its tree's conversion (recorded for the top).
+    let sub = fs::read_dir(&b).unwrap().map(|e| e.unwrap().path()).find(|p| p.is_dir()).expect("a subdirectory");
+    let st = env.status_json(&sub);
+    assert_eq!((st["encrypted_root"].as_str(), st["conversion"].as_str()), (Some(p(&b)), Some("swapped")), "{st}");
     env.ok(&["convert", "--commit", p(&b)], "");
     assert_eq!(env.status_json(&b)["encrypted"], true);
     assert_eq!(manifest(&b), before_b);

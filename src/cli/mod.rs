@@ -496,7 +496,9 @@ fn status_dir(ds: Option<&Dirseal>, dir: &Path, json: bool) -> Result<()> {
         None => ops::public_dir_status(dir)?,
     };
     let hidden = ds.is_none();
-    let view = dirseal::convert::absolute(dir).ok().and_then(|abs| dirseal::convert::status(&abs).ok().flatten());
+    // A conversion is recorded for the top of the tree: a subdirectory reports its tree's.
+    let top = status.encrypted_root.as_deref().unwrap_or(dir);
+    let view = dirseal::convert::absolute(top).ok().and_then(|abs| dirseal::convert::status(&abs).ok().flatten());
     let conversion = view.as_ref().map(|v| v.state.to_string());
     // The recovery key is stored on the top of the encrypted tree, whichever directory was asked.
     let recovery_key = status
