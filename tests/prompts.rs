@@ -513,6 +513,13 @@ fn the_progress_bar_fits_80_columns() {
     assert!(bars.iter().any(|f| f.starts_with("copying") && f.contains("/3002 files")), "{bars:#?}");
     assert!(bars.iter().any(|f| f.contains("ETA ")), "no estimate shown: {bars:#?}");
     assert!(bars.iter().any(|f| f.starts_with("verifying") && f.contains(" 0 B/")), "{bars:#?}");
+    // ... and ends with what it compared, kept on screen as each counting phase's last line is
+    // (a verify shorter than one progress interval showed only "0 B").
+    assert!(
+        bars.iter().any(|f| f.starts_with("verifying") && f.contains("48.58 MiB/48.58 MiB  3002/3002")),
+        "{bars:#?}"
+    );
+    assert!(!out.contains("ETA 0 sverifying"), "the next phase's bar was drawn on the kept line: {out:?}");
     // Issue 24: the swap and the disposal count no bytes; their bars read "0 B/120 MiB" to the
     // end. The swap shows a spinner, the disposal the files removed.
     for phase in ["swapping", "disposing"] {

@@ -374,6 +374,9 @@ impl<'r> Run<'r> {
         let pool = &self.pool;
         let verified = self.t.time("verify", || verify::verify_tree(&ctx, pool, &trees.src.fd, &trees.stg, started));
         let diff = verified.map_err(|e| self.failed(&ctx, e))?;
+        // The phase's last count, as copying ends with its own: a short verify (under one
+        // progress interval) would otherwise only ever show "0 B".
+        ctx.tick(true);
         fault::point(Point::AfterVerify);
         if diff.count > 0 {
             // The stale entries were removed from staging; make that durable first.

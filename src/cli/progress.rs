@@ -108,8 +108,18 @@ impl Reporter {
             // A new phase starts from zero with its own rate: a bar (and indicatif's clock)
             // carried over from the copy would show the verification at the copy's end.
             if st.phase != p.phase {
-                if let Some((b, _)) = st.bar.take() {
-                    b.finish_and_clear();
+                // A phase that counted stays on screen as its last count (a short one, under
+                // indicatif's redraw interval, would otherwise never show it); a spinner goes.
+                match st.bar.take() {
+                    Some((b, false)) => {
+                        b.abandon();
+                        // indicatif leaves the cursor at the end of the kept line.
+                        if !b.is_hidden() {
+                            eprintln!();
+                        }
+                    }
+                    Some((b, true)) => b.finish_and_clear(),
+                    None => {}
                 }
                 st.phase = p.phase.clone();
                 st.eta = st.file_cost.map(Eta::with_file_cost).unwrap_or_default();
