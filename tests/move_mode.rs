@@ -45,6 +45,11 @@ fn a_nearly_full_filesystem_is_converted_by_moving_and_every_entry_stays_the_sam
     }
     f.sync_all().unwrap();
     drop(f);
+    // A sparse disk image: 2 GiB in size, 1 MiB of data. The result counts data, not sizes.
+    let img = fs::File::create(home.join("games/disk.img")).unwrap();
+    img.set_len(2 << 30).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&img, &block, 1 << 30).unwrap();
+    drop(img);
     // The rest of the disk is taken by something else: room for a move, not for a copy.
     fill_until_available(env.mnt(), &env.mnt().join("other-data"), 110 << 20);
     let used = {
@@ -58,6 +63,8 @@ fn a_nearly_full_filesystem_is_converted_by_moving_and_every_entry_stays_the_sam
     assert!(out.status.success(), "{stdout}{stderr}");
     assert!(stderr.contains("move mode: a copy needs") && stderr.contains("no backup window"), "{stderr}");
     assert!(stdout.contains("is now encrypted") && stdout.contains("of data moved"), "{stdout}");
+    // About 600 MiB of data moved (not the 2.6 GiB the sizes add up to).
+    assert!(stdout.contains(" MiB of data moved (files' apparent size 2.6"), "{stdout}");
     assert_eq!(env.status_json(&home)["encrypted"], true);
     engine::assert_same(&engine::manifest(&home), &before, "after the move");
     assert!(available(env.mnt()) > 100 << 20, "the old copy's space is free again");
