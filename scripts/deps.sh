@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # Installs every system package the build, the tests and the demo need. Idempotent.
-# --demo: only what building and the demos (try.sh, try-dbus.sh) need; no VM or system-test
-# packages and no qemu.
+# --demo: only what building and the demos (try.sh, try-dbus.sh) need: no test tools (swtpm,
+# pamtester, fscrypt, ...), no VM or system-test packages and no qemu.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 demo=
 [ "${1:-}" = --demo ] && demo=1
-pkgs=(libtss2-dev libfido2-dev libpam0g-dev libudev-dev libclang-dev pkg-config swtpm swtpm-tools
-      tpm2-tools pamtester dbus libglib2.0-bin polkitd e2fsprogs acl attr util-linux passwd python3 rsync fscrypt time
-      libssl-dev zlib1g-dev python3-pip)
+# Building, and the demos: scratch ext4 images, users, a private bus with gdbus and polkit.
+pkgs=(libtss2-dev libfido2-dev libpam0g-dev libudev-dev libclang-dev pkg-config libssl-dev zlib1g-dev
+      dbus libglib2.0-bin polkitd e2fsprogs util-linux passwd python3)
 if [ -z "$demo" ]; then
-  pkgs+=(# The VM tests (scripts/vm-test.sh): guest userland comes from the host root over 9p.
+  pkgs+=(# The tests: a software TPM and an independent TPM client, PAM through pamtester, google's
+         # fscrypt beside dirseal, xattrs and ACLs in test trees, python's fido2 (pip), benchmarks.
+         swtpm swtpm-tools tpm2-tools pamtester fscrypt acl attr rsync time python3-pip
+         # The VM tests (scripts/vm-test.sh): guest userland comes from the host root over 9p.
          busybox-static dmsetup f2fs-tools kmod cpio zstd
          # The system test (scripts/system-test.sh): its guest's root filesystem.
          mmdebstrap)
