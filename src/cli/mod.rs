@@ -293,15 +293,16 @@ fn run(cli: Cli) -> Result<i32> {
         Cmd::Home(cmd) => return home::run(&mut ds, cmd, &mut ui),
         Cmd::Autologin(cmd) => return autologin::run(&ds, cmd),
         Cmd::Unlock { dir, protector, recovery, json } => {
-            // Read before: an unlocked directory is an answer (rc 0), as a locked one is to `lock`.
-            let before = ops::public_dir_status(&dir)?;
+            // Read before, for the JSON answer: an unlocked directory is an answer (rc 0), as a
+            // locked one is to `lock`.
+            let before = json.then(|| ops::public_dir_status(&dir)).transpose()?;
             if recovery {
                 ds.unlock_with_recovery(&dir, &mut ui)?
             } else {
                 let pick = ProtectorRef::pick_in(&protector, &ds, &dir)?;
                 unlock(&mut ds, &dir, pick, &mut ui)?
             }
-            if json {
+            if let Some(before) = before {
                 #[derive(Serialize)]
                 struct Out {
                     path: PathBuf,
