@@ -406,8 +406,13 @@ fn lock_all_users_removes_other_users_claims() {
     let policy = ds.policy_of(&d).unwrap();
     let pid = *policy.wrapped.keys().next().unwrap();
     let rec = ds.keystore().protector(&pid).unwrap();
-    let pkey =
-        dirseal::protector::unlock(&rec, ds.config(), Some(&dirseal::secret::Passphrase::from_str_copy("pw"))).unwrap();
+    let pkey = dirseal::protector::unlock(
+        &rec,
+        ds.config(),
+        Some(&dirseal::secret::Passphrase::from_str_copy("pw")),
+        dirseal::presence::Presence::AtDevice,
+    )
+    .unwrap();
     let Ok(master) = ds.master_key(&policy, &pid, &pkey) else { panic!("master key") };
     // An unprivileged user adds the same key (FS_IOC_ADD_ENCRYPTION_KEY, allowed for v2 keys)
     // through an fd on the filesystem that it inherits.

@@ -6,6 +6,7 @@ use dirseal::config::Config;
 use dirseal::config::{Argon2Params, MIN_MEMORY_KIB};
 use dirseal::ids::ProtectorId;
 use dirseal::keystore::Keystore;
+use dirseal::presence::Presence;
 use dirseal::protector::tpm2::NewTpm2;
 use dirseal::protector::{self, NewKind, ProtectorError};
 use dirseal::secret::{Passphrase, ProtectorKey};
@@ -37,7 +38,7 @@ fn seal(t: &Swtpm, key: &ProtectorKey, p: Option<&str>, pcrs: &str) -> SealedKey
 }
 
 fn unseal(t: &Swtpm, s: &SealedKey, p: Option<&str>) -> Result<ProtectorKey, Tpm2Error> {
-    open(t).unseal(s, p.map(pin).as_ref())
+    open(t).unseal(s, p.map(pin).as_ref(), Presence::AtDevice, 0)
 }
 
 #[test]
@@ -234,9 +235,11 @@ fn golden_sealed_key_still_unseals() {
     let rec = store.protector(&g.protector_id).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(rec.kind.name(), "tpm2");
     let config = config_for(&t.tcti());
-    let pkey = protector::unlock(&rec, &config, Some(&pin(&g.pin))).unwrap_or_else(|e| panic!("{e}"));
+    let pkey =
+        protector::unlock(&rec, &config, Some(&pin(&g.pin)), Presence::AtDevice).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(pkey.as_bytes().as_slice(), g.protector_key.as_slice());
-    let e = protector::unlock(&rec, &config, Some(&pin("0000"))).err().expect("a wrong PIN is refused");
+    let e =
+        protector::unlock(&rec, &config, Some(&pin("0000")), Presence::AtDevice).err().expect("a wrong PIN is refused");
     assert!(e.is_wrong_secret(), "{e}");
     assert!(matches!(tpm_error(&e), Some(Tpm2Error::WrongPin { tries_left: Some(2) })), "{e}");
 }
@@ -475,8 +478,12 @@ impl dirseal::ui::Ui for LoginUi {
             _ => Err(dirseal::ui::UiError::Cancelled),
         }
     }
-    fn network_login(&self) -> bool {
-        self.network
+    fn presence(&self) -> Presence {
+        if self.network {
+            Presence::Elsewhere
+        } else {
+            Presence::AtDevice
+        }
     }
 }
 
@@ -536,4 +543,51 @@ fn login_skips_a_missing_tpm_silently() {
 /// The TPM's own error inside a protector's.
 fn tpm_error(e: &ProtectorError) -> Option<&Tpm2Error> {
     e.kind_error()?.downcast_ref()
+}
+
+/// A login from elsewhere whose PIN prompt waits until every other one has been shown its prompt
+/// (the check of tries left done), so all then ask the TPM at once: the review's race.
+struct RacingUi<'a> {
+    typed: &'static str,
+    shown: &'a std::sync::Barrier,
+}
+
+impl dirseal::ui::Ui for RacingUi<'_> {
+    fn secret(&mut self, _: &dirseal::ui::SecretPrompt<'_>) -> Result<Passphrase, dirseal::ui::UiError> {
+        self.shown.wait();
+        Ok(pin(self.typed))
+    }
+    fn presence(&self) -> Presence {
+        Presence::Elsewhere
+    }
+}
+
+/// Issue 41 (1): logins from elsewhere at the same moment all saw "3 tries left" and all spent a
+/// try, locking the TPM. The tries kept for the device (min_local_tries 2 of 3) are decided under
+/// one machine-wide lock, from the check to the TPM's answer: exactly one try is spent.
+#[test]
+fn simultaneous_logins_from_elsewhere_spend_no_try_kept_for_the_device() {
+    dirseal_testfs::needs_root!();
+    let t = Swtpm::start_owned();
+    let (_etc, ds, policy) = login_setup(&t.tcti());
+    const LOGINS: usize = 4;
+    let shown = std::sync::Barrier::new(LOGINS);
+    let problems: Vec<String> = std::thread::scope(|s| {
+        let runs: Vec<_> = (0..LOGINS)
+            .map(|_| {
+                s.spawn(|| {
+                    let l = ds.login(&policy, 1000, &mut RacingUi { typed: "0000", shown: &shown }).unwrap();
+                    assert!(l.opened.is_none());
+                    l.problems.iter().map(|(_, e)| e.to_string()).collect::<Vec<_>>().join("; ")
+                })
+            })
+            .collect();
+        runs.into_iter().map(|r| r.join().unwrap()).collect()
+    });
+    assert_eq!(counter(&t), 1, "one try spent, the rest kept for the device: {problems:#?}");
+    assert_eq!(problems.iter().filter(|p| p.contains("wrong TPM PIN")).count(), 1, "{problems:#?}");
+    let kept = problems.iter().filter(|p| p.contains("kept for the person at the device")).count();
+    assert_eq!(kept, LOGINS - 1, "{problems:#?}");
+    // At the device, the kept tries are still there.
+    assert!(ds.login(&policy, 1000, &mut LoginUi { typed: "1234", network: false }).unwrap().opened.is_some());
 }

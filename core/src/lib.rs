@@ -40,6 +40,7 @@ mod kdf;
 pub mod keystore;
 pub mod ops;
 pub mod portable;
+pub mod presence;
 pub mod protector;
 pub mod recovery;
 pub mod remedy;

@@ -527,7 +527,7 @@ impl Dirseal {
         }
         let secret = protector::ask_new(n.kind.ask(), n.name, n.uid, ui)?;
         for rec in candidates {
-            if let Ok(key) = protector::unlock(&rec, &self.config, secret.as_ref()) {
+            if let Ok(key) = protector::unlock(&rec, &self.config, secret.as_ref(), ui.presence()) {
                 return Ok((rec, key));
             }
         }
@@ -807,6 +807,12 @@ impl Dirseal {
         let mut problems = Vec::new();
         let mut list = self.login_protectors(policy, uid);
         list.retain(|r| r.kind.ask().secret != Some(protector::Secret::KeyPin));
+        // A touch is asked of whoever is at the machine: a login from elsewhere must not raise
+        // one there, or anyone who knows the user's name logs in when a person at the device
+        // touches their key.
+        if !ui.presence().at_device() {
+            list.retain(|r| r.kind.ask() != protector::Ask::TOUCH);
+        }
         for rec in list {
             if !keep(&rec) {
                 continue;

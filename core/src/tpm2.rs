@@ -22,6 +22,7 @@
 //! only the authValue.
 use std::collections::BTreeSet;
 use std::fmt;
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -30,6 +31,7 @@ use dirseal_recovery::{ParseError, RecoveryKey};
 use serde::{Deserialize, Serialize};
 
 use crate::kdf::{self, Argon2Params, KdfError};
+use crate::presence::Presence;
 use crate::secret::{Passphrase, ProtectorKey, PROTECTOR_KEY_LEN};
 use crate::sys::helper::{Helper, HelperError, Session, WireSecret};
 
@@ -423,6 +425,14 @@ pub enum Tpm2Error {
     /// Resetting the lockout needs the reset code, and none was given.
     #[error("the TPM's lockout hierarchy has a password: only its TPM reset code (shown once at setup, or the secret of whoever else set it) resets the count of wrong PINs; without it, wait for the TPM to forgive them")]
     ResetCodeNeeded,
+    /// The machine's TPM PIN lock could not be taken (where, why); no try was spent.
+    #[error("no TPM PIN try was made: the machine's PIN lock {} could not be taken ({why}); PIN tries are made one at a time on this machine, so try again in a moment", path.display())]
+    PinLock {
+        /// The lock file.
+        path: PathBuf,
+        /// Why.
+        why: String,
+    },
     /// Any other TPM refusal.
     #[error("the TPM refused {action}: {rc}")]
     Tpm {
@@ -622,18 +632,76 @@ impl Tpm {
     }
 
     /// Gives back the sealed key. A wrong PIN costs exactly one try of the TPM's lockout; this
-    /// never retries.
-    pub fn unseal(&mut self, sealed: &SealedKey, pin: Option<&Passphrase>) -> Result<ProtectorKey, Tpm2Error> {
+    /// never retries. A PIN try is decided and spent under the machine's one PIN lock
+    /// ([`PinGate`]): the TPM's tries left are read, [`PinTries::may_try`] is asked for
+    /// `presence` with `min_local_tries` kept for the device, and the TPM answers, all before any
+    /// other process on the machine may start a try of its own. So no number of logins or calls at
+    /// once spends a try that the rule, asked alone, would have refused.
+    pub fn unseal(
+        &mut self,
+        sealed: &SealedKey,
+        pin: Option<&Passphrase>,
+        presence: Presence,
+        min_local_tries: u32,
+    ) -> Result<ProtectorKey, Tpm2Error> {
         let pin = match (&sealed.pin, pin) {
             (Some(_), None) => return Err(Tpm2Error::PinRequired),
             (Some(_), Some(p)) => Some(p),
             (None, _) => None,
         };
+        // Stretched before the lock is taken: the lock is held only for the TPM's own work.
         let auth = auth_value(pin, sealed.pin.as_ref())?;
+        let _gate = match pin {
+            Some(_) => {
+                let gate = PinGate::enter(Path::new(PIN_GATE_DIR))?;
+                let st = self.da_status()?;
+                if st.in_lockout {
+                    return Err(Tpm2Error::Lockout { recovery_time_s: Some(st.recovery_time_s) });
+                }
+                PinTries { tries_left: st.tries_left(), min_local_tries }.may_try(presence.at_device(), None)?;
+                Some(gate)
+            }
+            // A sealed key without a PIN is `noDA`: opening it spends nothing.
+            None => None,
+        };
         match call(&mut self.s, &Request::Unseal { sealed: sealed.clone(), auth })? {
             Reply::Key(k) => ProtectorKey::from_slice(k.as_bytes())
                 .ok_or(Tpm2Error::Corrupt(format!("unsealed key is not {PROTECTOR_KEY_LEN} bytes"))),
             _ => Err(unexpected()),
+        }
+    }
+}
+
+/// Where the machine-wide PIN lock lives: root's, like the PAM module's session records.
+const PIN_GATE_DIR: &str = "/run/dirseal";
+/// How long a PIN try waits for the one before it. A try holds the lock for one TPM command
+/// (a second or two; [`HELPER_TIMEOUT`] at worst), so this is several tries' worth.
+const PIN_GATE_WAIT: Duration = Duration::from_secs(60);
+
+/// The machine's one PIN lock: an exclusive `flock` on `tpm2-pin.lock` in a root-owned 0700
+/// directory, held by every process that spends a TPM PIN try (PAM, the CLI, the service) from
+/// its check of the tries left to the TPM's answer. Only root can reach it, so no user can hold
+/// it to keep others from logging in; a holder that hangs is waited for at most
+/// [`PIN_GATE_WAIT`].
+struct PinGate {
+    _lock: nix::fcntl::Flock<std::fs::File>,
+}
+
+impl PinGate {
+    fn enter(dir: &Path) -> Result<PinGate, Tpm2Error> {
+        let busy = |why: String| Tpm2Error::PinLock { path: dir.join("tpm2-pin.lock"), why };
+        crate::securefile::ensure_private_dir(dir).map_err(|e| busy(e.to_string()))?;
+        let path = dir.join("tpm2-pin.lock");
+        let deadline = std::time::Instant::now() + PIN_GATE_WAIT;
+        loop {
+            match crate::securefile::try_lock_file(&path) {
+                Ok(Some(lock)) => return Ok(PinGate { _lock: lock }),
+                Ok(None) if std::time::Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
+                Ok(None) => {
+                    return Err(busy(format!("another TPM PIN try has held it for over {} s", PIN_GATE_WAIT.as_secs())))
+                }
+                Err(e) => return Err(busy(e.to_string())),
+            }
         }
     }
 }

@@ -5,6 +5,7 @@ use std::path::Path;
 use dirseal_recovery::RecoveryKey;
 
 use crate::ids::ProtectorId;
+use crate::presence::Presence;
 use crate::secret::Passphrase;
 
 /// What a secret is being asked for, so each front end can word (or refuse) the prompt.
@@ -216,11 +217,12 @@ pub trait Ui {
     }
     /// A human-readable status line (e.g. "unlocked /home/alice"). Front ends may drop it.
     fn notice(&mut self, _msg: &str) {}
-    /// The person is connected over the network (a PAM login with a remote host or by a network
-    /// service). TPM PINs are then refused unless the TPM has more than `tpm2.min_local_tries` tries
-    /// left ([`crate::tpm2::PinTries`]), so a remote guesser cannot lock the owner out.
-    fn network_login(&self) -> bool {
-        false
+    /// Where the person answering is ([`crate::presence`]). The last `tpm2.min_local_tries` TPM
+    /// PIN tries are spent only [`Presence::AtDevice`] ([`crate::tpm2::PinTries`]), so nobody
+    /// elsewhere can lock the owner out, and a key touch never logs in from elsewhere. A front end
+    /// that does not know says elsewhere.
+    fn presence(&self) -> Presence {
+        Presence::Elsewhere
     }
 }
 

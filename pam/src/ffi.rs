@@ -28,6 +28,7 @@ const PAM_CONV: c_int = 5;
 pub const PAM_AUTHTOK: c_int = 6;
 pub const PAM_OLDAUTHTOK: c_int = 7;
 pub const PAM_SERVICE: c_int = 1;
+pub const PAM_TTY: c_int = 3;
 pub const PAM_RHOST: c_int = 4;
 
 const PAM_PROMPT_ECHO_OFF: c_int = 1;

@@ -29,6 +29,7 @@ use dirseal::fscrypt::{self, KeyStatus};
 use dirseal::keystore::PolicyRecord;
 use dirseal::ops::is_tpm_pin;
 use dirseal::ops::{Dirseal, OpsError};
+use dirseal::presence::Presence;
 use dirseal::protector::{self, ProtectorError, ProtectorRecord, Secret, UnlockError};
 use dirseal::secret::Passphrase;
 use dirseal::ui::{SecretPrompt, Ui, UiError};
@@ -319,7 +320,7 @@ pub(crate) fn authenticate(pam: &Pam, args: &Args, flags: c_int) -> c_int {
     // The library's login order: protectors that need no typing first, then every password
     // (and PIN) protector gets the one password the stack accepted. A key the stand-alone pass
     // already waited for is not waited for twice.
-    let mut ui = LoginUi { pam, network: network_login(pam), flags, password: pam.authtok(PAM_AUTHTOK) };
+    let mut ui = LoginUi { pam, presence: presence(pam), flags, password: pam.authtok(PAM_AUTHTOK) };
     let tried = pam.flag(TOUCH_TRIED);
     let login = match ds.login_where(&policy, acct.uid, &mut ui, |r| !(tried && touch_only(r))) {
         Ok(l) => l,
@@ -373,7 +374,7 @@ pub(crate) fn authenticate(pam: &Pam, args: &Args, flags: c_int) -> c_int {
 /// without PIN): the only kind that may log anyone in on its own. A TPM without PIN is not one —
 /// it would let anyone at the console in.
 fn touch_only(r: &ProtectorRecord) -> bool {
-    r.kind.ask() == protector::Ask { secret: None, touch: true }
+    r.kind.ask() == protector::Ask::TOUCH
 }
 
 /// The warning for a TPM PIN that is the account's login password (docs/pam.md).
@@ -410,7 +411,7 @@ fn standalone(pam: &Pam, flags: c_int, acct: &Account, ds: &Dirseal, policy: &Po
         };
     }
     if touch {
-        let mut ui = LoginUi { pam, network: network_login(pam), flags, password: None };
+        let mut ui = LoginUi { pam, presence: presence(pam), flags, password: None };
         let login = ds.login_where(policy, acct.uid, &mut ui, touch_only);
         pam.set_flag(TOUCH_TRIED);
         match login {
@@ -426,7 +427,7 @@ fn standalone(pam: &Pam, flags: c_int, acct: &Account, ds: &Dirseal, policy: &Po
         }
     }
     let Some(rec) = pin else { return PAM_IGNORE };
-    let mut ui = PinUi { pam, user: &acct.name, network: network_login(pam), current: false, answer: None };
+    let mut ui = PinUi { pam, user: &acct.name, presence: presence(pam), current: false, answer: None };
     match protector::unlock_with(&rec, ds.config(), &mut ui) {
         Ok(pkey) => match ds.master_key(policy, &rec.id, &pkey) {
             Ok(master) => {
@@ -481,7 +482,7 @@ fn logged_in(pam: &Pam, acct: &Account, rec: &ProtectorRecord, master: dirseal::
 struct PinUi<'a> {
     pam: &'a Pam,
     user: &'a str,
-    network: bool,
+    presence: Presence,
     /// Asking the current PIN before a change ("Current PIN for ...").
     current: bool,
     /// The PIN typed, for the check against the login password after it opened.
@@ -513,8 +514,8 @@ impl Ui for PinUi<'_> {
         Ok(answer)
     }
 
-    fn network_login(&self) -> bool {
-        self.network
+    fn presence(&self) -> Presence {
+        self.presence
     }
 }
 
@@ -522,8 +523,9 @@ impl Ui for PinUi<'_> {
 /// already accepted (PAM_AUTHTOK); nothing is ever asked. A touch is announced.
 struct LoginUi<'a> {
     pam: &'a Pam,
-    /// A network login (see [`network_login`]): TPM PINs are refused while tries are few.
-    network: bool,
+    /// Where the person is ([`presence`]): TPM PINs from elsewhere are refused while tries are
+    /// few, and no key touch logs anyone in from elsewhere.
+    presence: Presence,
     flags: c_int,
     password: Option<Passphrase>,
 }
@@ -543,8 +545,8 @@ impl Ui for LoginUi<'_> {
         }
     }
 
-    fn network_login(&self) -> bool {
-        self.network
+    fn presence(&self) -> Presence {
+        self.presence
     }
 
     fn touch(&mut self, name: &str, _id: Option<&dirseal::ids::ProtectorId>) {
@@ -554,16 +556,18 @@ impl Ui for LoginUi<'_> {
     }
 }
 
-/// Services through which people log in over the network, for stacks that do not set PAM_RHOST.
-const NETWORK_SERVICES: &[&str] = &["sshd", "xrdp-sesman", "vsftpd", "rlogin", "rsh", "telnet"];
-
-/// Whether this login comes over the network: a remote host is named (sshd sets it), or the
-/// service is a network one. A guess that errs towards "network": the cost is only that a TPM PIN
-/// with few tries left must be typed at the device.
-fn network_login(pam: &Pam) -> bool {
-    let rhost = pam.item(PAM_RHOST).is_some_and(|h| !h.is_empty());
-    let service = pam.item(PAM_SERVICE).unwrap_or_default();
-    rhost || NETWORK_SERVICES.contains(&service.as_str())
+/// Where the person logging in is, by the library's one rule ([`dirseal::presence`]): the items
+/// the privileged program set (remote host, service, terminal) and the logind session this process
+/// is in (`su` run from an SSH session is in that session). Never the environment.
+fn presence(pam: &Pam) -> Presence {
+    let (rhost, service, tty) = (pam.item(PAM_RHOST), pam.item(PAM_SERVICE).unwrap_or_default(), pam.item(PAM_TTY));
+    dirseal::presence::Login {
+        rhost: rhost.as_deref(),
+        service: &service,
+        tty: tty.as_deref(),
+        session: dirseal::presence::session_of(std::process::id()),
+    }
+    .presence()
 }
 
 /// A login while the home is being converted: `refused` unless the config allows it, then
@@ -931,11 +935,11 @@ pub(crate) fn chauthtok(pam: &Pam, args: &Args, flags: c_int) -> c_int {
         not_following("the password was reset without the previous one");
         return PAM_IGNORE;
     };
-    let pkey = match protector::unlock(&rec, ds.config(), Some(&old)) {
+    let pkey = match protector::unlock(&rec, ds.config(), Some(&old), presence(pam)) {
         Ok(k) => k,
         Err(ProtectorError::IncorrectSecret { .. }) => {
             // Already in step with the new password (set by hand before): nothing to do.
-            if protector::unlock(&rec, ds.config(), Some(&new)).is_err() {
+            if protector::unlock(&rec, ds.config(), Some(&new), presence(pam)).is_err() {
                 not_following("the home's password and the system's had drifted apart");
             }
             return PAM_IGNORE;
@@ -987,7 +991,7 @@ fn pin_chauthtok(pam: &Pam, args: &Args, flags: c_int) -> c_int {
         tell(pam, flags, LOG_NOTICE, &format!("{text}; the PIN of {} is unchanged.", acct.name));
         PAM_AUTHTOK_ERR
     };
-    let mut ui = PinUi { pam, user: &acct.name, network: network_login(pam), current: true, answer: None };
+    let mut ui = PinUi { pam, user: &acct.name, presence: presence(pam), current: true, answer: None };
     let pkey = match protector::unlock_with(&rec, ds.config(), &mut ui) {
         Ok(k) => k,
         Err(UnlockError::Protector(e)) if wrong_pin(&e) => return fail(&format!("Wrong PIN ({e})")),

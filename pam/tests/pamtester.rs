@@ -87,8 +87,15 @@ impl Setup {
     }
 }
 
+/// pamtester as a login at the device: on a virtual console, as `login` sets PAM_TTY (this test
+/// process is in no logind session, so the terminal decides; docs/pam.md).
 fn pamtester(service: &str, user: &str, ops: &[&str], stdin: &str, env: &[(&str, &str)]) -> Output {
-    run_pamtester(Command::new("pamtester"), service, user, ops, stdin, env)
+    run_pamtester(at_console(Command::new("pamtester")), service, user, ops, stdin, env)
+}
+
+fn at_console(mut c: Command) -> Command {
+    c.args(["-I", "tty=/dev/tty1"]);
+    c
 }
 
 /// pamtester with the real uid of `u` and effective uid root: how `passwd` runs when a user
@@ -96,7 +103,7 @@ fn pamtester(service: &str, user: &str, ops: &[&str], stdin: &str, env: &[(&str,
 fn pamtester_as(u: &User, service: &str, ops: &[&str], stdin: &str) -> Output {
     let mut c = Command::new("setpriv");
     c.arg(format!("--ruid={}", u.uid)).arg("pamtester");
-    run_pamtester(c, service, &u.name, ops, stdin, &[])
+    run_pamtester(at_console(c), service, &u.name, ops, stdin, &[])
 }
 
 fn run_pamtester(c: Command, service: &str, user: &str, ops: &[&str], stdin: &str, env: &[(&str, &str)]) -> Output {
@@ -215,7 +222,7 @@ fn in_step_user(s: &Setup, pw: &'static str) -> User {
 
 /// Runs pamtester in the background (for sessions held open by a `test_delay`).
 fn spawn(service: &str, user: &str, ops: &[&str], stdin: &str) -> std::process::Child {
-    start_pamtester(Command::new("pamtester"), service, user, ops, stdin, &[])
+    start_pamtester(at_console(Command::new("pamtester")), service, user, ops, stdin, &[])
 }
 
 /// Waits up to `secs` for `cond`.
@@ -464,9 +471,13 @@ fn a_password_change_is_never_blocked_by_a_home_out_of_step() {
     assert!(ok(&pamtester(&svc, &u.name, &["authenticate"], "new-Password-2\n", &[])));
     // The home kept its own password.
     let rec = s.ds().protector_of_dir(&u.home, Default::default()).unwrap();
-    assert!(
-        dirseal::protector::unlock(&rec, s.ds().config(), Some(&Passphrase::from_str_copy("home-Password-1"))).is_ok()
-    );
+    assert!(dirseal::protector::unlock(
+        &rec,
+        s.ds().config(),
+        Some(&Passphrase::from_str_copy("home-Password-1")),
+        dirseal::presence::Presence::AtDevice,
+    )
+    .is_ok());
 }
 
 #[test]
@@ -556,8 +567,13 @@ fn a_keystore_entry_for_another_key_opens_nothing() {
     let policy = ds.policy_of(&a.home).unwrap();
     let pid = *policy.wrapped.keys().next().unwrap();
     let prec = ds.keystore().protector(&pid).unwrap();
-    let pkey =
-        dirseal::protector::unlock(&prec, ds.config(), Some(&Passphrase::from_str_copy("pw-a-Password"))).unwrap();
+    let pkey = dirseal::protector::unlock(
+        &prec,
+        ds.config(),
+        Some(&Passphrase::from_str_copy("pw-a-Password")),
+        dirseal::presence::Presence::AtDevice,
+    )
+    .unwrap();
     // Forge: the same policy id and protector, but wrapping a different master key. Every
     // cryptographic check of the file passes; only the key-identifier check can catch it.
     let mut forged = dirseal::keystore::PolicyRecord::new(policy.id, None);
@@ -1369,4 +1385,78 @@ fn a_password_login_loads_no_tpm_or_fido2_library_and_works_without_them() {
     let o = run_pamtester(c, &svc, &u.name, &["authenticate", "open_session"], "maps-Password-1\n", &[]);
     assert!(ok(&o), "{}", show(&o));
     assert!(unlocked(&u), "the login must unlock the home without the TPM and FIDO2 libraries");
+}
+
+/// Issue 41 (1): six logins from the network at once, each answering a wrong PIN at once (as
+/// sshd sends a password). All were shown "3 tries left" and all were tried, locking the TPM.
+/// The check of the tries kept for the device and the TPM's answer now happen under one
+/// machine-wide lock: only the tries above `min_local_tries` (2 of 3) can be spent from there.
+#[test]
+fn simultaneous_network_logins_leave_the_tries_kept_for_the_device() {
+    dirseal_testfs::needs_root!();
+    let tpm = dirseal_testfs::Swtpm::start_owned();
+    let mut s = Setup::new();
+    let (u, _) = pin_account(&s, &tpm, "2468", false);
+    let svc = s.service(&handheld_stack());
+    // Six, not four: without the lock, swtpm (no resource manager) refuses some of them as busy,
+    // and the race must still show.
+    let logins: Vec<_> = (0..6)
+        .map(|_| {
+            let mut c = Command::new("pamtester");
+            c.args(["-I", "rhost=203.0.113.7"]);
+            start_pamtester(c, &svc, &u.name, &["authenticate"], "1111\n", &[])
+        })
+        .collect();
+    let outs: Vec<Output> = logins.into_iter().map(|c| c.wait_with_output().unwrap()).collect();
+    assert!(outs.iter().all(|o| !ok(o)), "{}", outs.iter().map(show).collect::<Vec<_>>().join("\n"));
+    assert_eq!(tpm_tries_left(&tpm), 2, "{}", outs.iter().map(show).collect::<Vec<_>>().join("\n"));
+    // The person at the device still has their tries, and the right PIN logs them in.
+    let o = pamtester(&svc, &u.name, &["authenticate", "open_session"], "2468\n", &[]);
+    assert!(ok(&o), "{}", show(&o));
+    assert!(unlocked(&u));
+}
+
+/// Issue 41 (2): `su` (or passwd, pkexec) run from an SSH session is no login at the device,
+/// whatever terminal it names: the process's logind session decides, and a remote one keeps the
+/// device's tries. Here the stack runs in no session at all and names a pseudo-terminal, as `su`
+/// does from SSH on a machine without logind: elsewhere too.
+#[test]
+fn a_pin_login_from_a_pseudo_terminal_outside_a_seat_session_keeps_the_devices_tries() {
+    dirseal_testfs::needs_root!();
+    let tpm = dirseal_testfs::Swtpm::start_owned();
+    let mut s = Setup::new();
+    let (u, _) = pin_account(&s, &tpm, "2468", false);
+    let svc = s.service(&handheld_stack());
+    let su = |stdin: &str| {
+        let mut c = Command::new("pamtester");
+        c.args(["-I", "tty=/dev/pts/3"]);
+        run_pamtester(c, &svc, &u.name, &["authenticate"], stdin, &[])
+    };
+    assert!(!ok(&su("1111\n")));
+    assert_eq!(tpm_tries_left(&tpm), 2);
+    let o = su("1111\n");
+    assert!(!ok(&o), "{}", show(&o));
+    assert!(text(&o).contains("kept for the person at the device"), "{}", show(&o));
+    assert_eq!(tpm_tries_left(&tpm), 2, "{}", show(&o));
+}
+
+/// Issue 41 (8): an SSH login raised a touch request on the key at the machine, and a touch there
+/// logged the remote user in. A touch-only key never logs anyone in from elsewhere: the login
+/// goes on to the PIN (none given here) and fails.
+#[test]
+fn a_network_login_never_asks_for_a_key_touch() {
+    dirseal_testfs::needs_root!();
+    let tpm = dirseal_testfs::Swtpm::start_owned();
+    let mut s = Setup::new();
+    let (u, key) = pin_account(&s, &tpm, "2468", true);
+    let svc = s.service(&handheld_stack());
+    let o = pamtester_from("203.0.113.7", &svc, &u.name, &["authenticate", "open_session"], "");
+    assert!(!ok(&o), "{}", show(&o));
+    assert!(!text(&o).contains("Touch"), "{}", show(&o));
+    assert!(!unlocked(&u));
+    // At the device the same key still logs in with one touch.
+    let o = pamtester(&svc, &u.name, &["authenticate", "open_session"], "", &[]);
+    assert!(ok(&o) && text(&o).contains("Touch your security key"), "{}", show(&o));
+    assert!(unlocked(&u));
+    drop(key);
 }

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use dirseal::keystore::ProtectorRecord;
+use dirseal::presence::Presence;
 use zbus::message::Header;
 use zbus::zvariant::Value;
 use zbus::Connection;
@@ -49,9 +50,11 @@ impl Caller {
         Caller { uid, pid: None, bus: None, admin: OnceLock::new() }
     }
 
-    /// The connection the call came on (the system bus), to ask other services about the caller.
-    pub fn bus(&self) -> Option<&Connection> {
-        self.bus.as_ref().map(|(_, c)| c)
+    /// Where the caller's process is: at the device only in a local, active seat session, as logind
+    /// records it; any doubt (no pid, no session) is elsewhere. The library's one rule
+    /// ([`dirseal::presence`]), so PAM, the CLI and the service agree.
+    pub fn presence(&self) -> Presence {
+        self.pid.and_then(dirseal::presence::session_of).map_or(Presence::Elsewhere, |s| s.presence())
     }
 
     /// Root, or a user polkit has already let act as an administrator in this call.

@@ -6,6 +6,10 @@
 //!   `tpm2.min_local_tries` tries remain, only someone at the device (the caller's process is in
 //!   a local, active seat session, as logind says) may spend them; and one try per uid per
 //!   [`PinTries::MIN_INTERVAL`].
+//!
+//! This check answers early, with the service's own error; the library decides again, under the
+//! machine's PIN lock, right before the TPM is asked (the call's [`crate::secrets::Secrets`]
+//! carry the caller's presence), so calls at once cannot race past it.
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Instant;
@@ -14,9 +18,7 @@ use dirseal::ids::ProtectorId;
 use dirseal::ops::Dirseal;
 use dirseal::protector::Ask;
 
-const LOGIN1: &str = "org.freedesktop.login1";
 use dirseal::tpm2::PinTries;
-use zbus::zvariant::{OwnedObjectPath, OwnedValue};
 
 use crate::auth::Caller;
 use crate::error::{Error, Result};
@@ -54,36 +56,7 @@ pub fn may_try(ds: &Dirseal, caller: &Caller, id: &ProtectorId) -> Result<()> {
     let mut last = LAST_TRY.lock().unwrap_or_else(|e| e.into_inner());
     let last = last.get_or_insert_with(HashMap::new);
     let since = last.get(&caller.uid).map(Instant::elapsed);
-    rule.may_try(at_device(caller), since).map_err(|e| Error::denied(e.to_string()))?;
+    rule.may_try(caller.presence().at_device(), since).map_err(|e| Error::denied(e.to_string()))?;
     last.insert(caller.uid, Instant::now());
     Ok(())
-}
-
-/// Whether the caller's process is in a local, active seat session (logind's `Active`, not
-/// `Remote`, with a seat). Any doubt — no pid, no logind, no session — means not at the device.
-fn at_device(caller: &Caller) -> bool {
-    let (Some(pid), Some(conn)) = (caller.pid, caller.bus()) else { return false };
-    let manager = zbus::block_on(conn.call_method(
-        Some(LOGIN1),
-        "/org/freedesktop/login1",
-        Some("org.freedesktop.login1.Manager"),
-        "GetSessionByPID",
-        &pid,
-    ));
-    let Ok(session) = manager.and_then(|m| m.body().deserialize::<OwnedObjectPath>()) else { return false };
-    let prop = |name: &str| -> Option<OwnedValue> {
-        let reply = zbus::block_on(conn.call_method(
-            Some(LOGIN1),
-            session.as_str(),
-            Some("org.freedesktop.DBus.Properties"),
-            "Get",
-            &("org.freedesktop.login1.Session", name),
-        ));
-        reply.and_then(|m| m.body().deserialize::<OwnedValue>()).ok()
-    };
-    let active = prop("Active").and_then(|v| bool::try_from(v).ok()) == Some(true);
-    let remote = prop("Remote").and_then(|v| bool::try_from(v).ok()) != Some(false);
-    let seat =
-        prop("Seat").and_then(|v| <(String, OwnedObjectPath)>::try_from(v).ok()).is_some_and(|(id, _)| !id.is_empty());
-    active && !remote && seat
 }

@@ -1,23 +1,35 @@
 //! The secrets a call brought, handed to the library as its [`Ui`] asks for them: the service
 //! never prompts, so a secret the call did not carry is an error that says so.
 use dirseal::ids::ProtectorId;
+use dirseal::presence::Presence;
 use dirseal::secret::Passphrase;
 use dirseal::ui::{Question, SecretPrompt, Ui, UiError};
 
+use crate::auth::Caller;
+
 /// A call's secrets, each given to the library at most where it belongs.
-#[derive(Default)]
 pub struct Secrets {
     /// Current secrets of existing protectors; `None` answers for whichever the library picks.
     pub current: Vec<(Option<ProtectorId>, Passphrase)>,
     /// The new protector's password or PIN (or a security key's own PIN while one is made).
     pub new: Option<Passphrase>,
     pub recovery: Option<Passphrase>,
+    /// Where the caller is ([`crate::auth::Caller::presence`]); TPM PIN tries kept for the device
+    /// are spent only there.
+    pub presence: Presence,
+}
+
+/// No secrets, from a caller not known to be at the device.
+impl Default for Secrets {
+    fn default() -> Secrets {
+        Secrets { current: Vec::new(), new: None, recovery: None, presence: Presence::Elsewhere }
+    }
 }
 
 impl Secrets {
-    /// The secret of the protector `id` (`None`: whichever the library picks).
-    pub fn current(id: Option<ProtectorId>, secret: Passphrase) -> Secrets {
-        Secrets { current: vec![(id, secret)], ..Default::default() }
+    /// None yet, from `caller` (with its presence).
+    pub fn of(caller: &Caller) -> Secrets {
+        Secrets { presence: caller.presence(), ..Default::default() }
     }
 }
 
@@ -40,6 +52,10 @@ impl Ui for Secrets {
             SecretPrompt::RecoveryKey { .. } => self.recovery.take(),
         };
         found.ok_or_else(|| UiError::NoInput { hint: "the call carried no secret for this step".into() })
+    }
+
+    fn presence(&self) -> Presence {
+        self.presence
     }
 
     /// The call itself is the consent to a conversion or decrypt; recovery keys are made by

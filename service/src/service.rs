@@ -394,7 +394,7 @@ impl Service {
                         false
                     }
                 };
-                let mut secrets = Secrets { current: vec![(None, secret)], ..Default::default() };
+                let mut secrets = Secrets { current: vec![(None, secret)], ..Secrets::of(caller) };
                 return match ds.unlock_as_where(&path, caller.uid, &mut secrets, keep) {
                     Ok(()) => Ok(()),
                     Err(e @ ops::OpsError::OpensNone { .. }) if tried == 0 => Err(refused.unwrap_or_else(|| e.into())),
@@ -404,7 +404,7 @@ impl Service {
             let policy = ds.policy_of(&path)?;
             let pick = choose(&ds, caller, &policy, &protector, &path)?;
             pin_try(&ds, caller, pick.protector)?;
-            ds.unlock(&path, pick, &mut Secrets { current: vec![(pick.protector, secret)], ..Default::default() })?;
+            ds.unlock(&path, pick, &mut Secrets { current: vec![(pick.protector, secret)], ..Secrets::of(caller) })?;
             Ok(())
         })
         .await
@@ -443,7 +443,7 @@ impl Service {
         self.on_dir("Encrypt", dir, &hdr, move |ctx, caller, path| {
             let secret = read_secret(secret.into(), "secret")?;
             let (_one, mut ds) = ctx.open_alone()?;
-            let mut secrets = Secrets::default();
+            let mut secrets = Secrets::of(caller);
             let enrol = Enrol::new(&ds, caller, &path, &protector, "", secret, &mut secrets)?;
             let (policy, _master) = ds.encrypt(&path, enrol.choice(), &mut secrets)?;
             // Invariant: a new policy has exactly the protector it was created with.
@@ -511,7 +511,7 @@ impl Service {
             let (_one, mut ds) = ctx.open_alone()?;
             let uid = if caller.is_root() { uid } else { Some(caller.uid) };
             let n = NewProtector { name: &name, uid, kind };
-            let (rec, _) = ds.create_protector(&n, &mut Secrets { new: Some(secret), ..Default::default() })?;
+            let (rec, _) = ds.create_protector(&n, &mut Secrets { new: Some(secret), ..Secrets::of(caller) })?;
             Ok(rec.id.to_string())
         })
         .await
@@ -556,7 +556,7 @@ impl Service {
             let policy = ds.policy_of(&path)?;
             let pick = choose(&ds, caller, &policy, &with, &path)?;
             pin_try(&ds, caller, pick.protector)?;
-            let mut secrets = Secrets { current: vec![(pick.protector, with_secret)], ..Default::default() };
+            let mut secrets = Secrets { current: vec![(pick.protector, with_secret)], ..Secrets::of(caller) };
             let enrol = Enrol::new(&ds, caller, &path, &new, &new_name, new_secret, &mut secrets)?;
             let rec = ds.add_protector_to_policy(&policy.id, pick, enrol.choice(), &mut secrets)?;
             Ok(rec.id.to_string())
@@ -602,7 +602,7 @@ impl Service {
             pick::check(&ds, caller, id)?;
             ds.change_secret(
                 &id,
-                &mut Secrets { current: vec![(Some(id), old)], new: Some(new), ..Default::default() },
+                &mut Secrets { current: vec![(Some(id), old)], new: Some(new), ..Secrets::of(caller) },
             )?;
             Ok(())
         })
@@ -623,7 +623,7 @@ impl Service {
             let _one = ctx.one_at_a_time();
             let ds = ctx.open_existing()?;
             pick::check(&ds, caller, id)?;
-            valid(ds.verify_protector(&id, &mut Secrets { current: vec![(Some(id), secret)], ..Default::default() }))
+            valid(ds.verify_protector(&id, &mut Secrets { current: vec![(Some(id), secret)], ..Secrets::of(caller) }))
         })
         .await
     }
@@ -651,7 +651,7 @@ impl Service {
             start_job(ctx, &bus, caller, &path, secret, |ds, secret| {
                 // A copy for a later step that needs the staging key again (aborting a cancelled
                 // move, with whichever protector it has).
-                let mut secrets = Secrets::current(None, secret.duplicate());
+                let mut secrets = Secrets { current: vec![(None, secret.duplicate())], ..Secrets::of(caller) };
                 let work = match dirseal::convert::plan(ds, &path, o, &jobs::quiet())? {
                     dirseal::convert::Plan::New(plan) => {
                         let name = plan.default_protector_name();
@@ -734,7 +734,7 @@ impl Service {
                     "" => Pick::default(),
                     named => Pick { protector: Some(pick::named(ds, caller, named)?) },
                 };
-                let mut secrets = Secrets::current(pick.protector, secret);
+                let mut secrets = Secrets { current: vec![(pick.protector, secret)], ..Secrets::of(caller) };
                 let plan = dirseal::decrypt::plan(ds, &path, o, pick, &mut secrets, &jobs::quiet())?;
                 Ok((jobs::Work::Decrypt(plan, pick, keep), secrets))
             })
@@ -784,7 +784,7 @@ impl Service {
             let (policy, master) = ds.master_key_of_dir(
                 &path,
                 pick,
-                &mut Secrets { current: vec![(pick.protector, secret)], ..Default::default() },
+                &mut Secrets { current: vec![(pick.protector, secret)], ..Secrets::of(caller) },
             )?;
             let key = dirseal_recovery::RecoveryKey::generate();
             let mut line = key.to_display();
@@ -832,7 +832,7 @@ impl Service {
         name: String,
     ) -> Result<String> {
         self.on_dir("RecoveryRestore", dir, &hdr, move |ctx, caller, path| {
-            let mut secrets = Secrets { recovery: Some(read_secret(key.into(), "key")?), ..Default::default() };
+            let mut secrets = Secrets { recovery: Some(read_secret(key.into(), "key")?), ..Secrets::of(caller) };
             let secret = read_secret(secret.into(), "secret")?;
             let (_one, mut ds) = ctx.open_alone()?;
             let enrol = Enrol::new(&ds, caller, &path, &protector, &name, secret, &mut secrets)?;
@@ -896,7 +896,7 @@ impl Service {
             }
             let secret = read_secret(secret.into(), "secret")?;
             let (_one, mut ds) = ctx.open_alone()?;
-            let mut secrets = Secrets { new: Some(secret), ..Default::default() };
+            let mut secrets = Secrets { new: Some(secret), ..Secrets::of(caller) };
             let made = home::Account::named(&user)
                 .and_then(|acct| home::create(&mut ds, &acct, NewKind::Password(Default::default()), &o, &mut secrets));
             let made = made.map_err(|e| match e {

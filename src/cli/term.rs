@@ -2,6 +2,7 @@
 use std::io::{self, IsTerminal, Write};
 
 use dirseal::ids::ProtectorId;
+use dirseal::presence::Presence;
 use dirseal::secret::Passphrase;
 use std::path::Path;
 
@@ -149,6 +150,10 @@ fn ask_new(prompt: &str, repeat: &str) -> Result<Passphrase, UiError> {
 }
 
 impl Ui for TermUi {
+    fn presence(&self) -> Presence {
+        dirseal::presence::of_this_process()
+    }
+
     fn secret(&mut self, prompt: &SecretPrompt<'_>) -> Result<Passphrase, UiError> {
         match prompt {
             SecretPrompt::Password { name, id } => ask(&format!("Password for protector {} ({id}): ", clean(name))),

@@ -7,6 +7,7 @@ use sha2::{Digest, Sha256};
 
 use super::{Ask, Kind, KindOptions, NewKindOf, ProtectorError};
 use crate::config::Config;
+use crate::presence::Presence;
 use crate::secret::Passphrase;
 use crate::wrap::Kek;
 
@@ -39,7 +40,7 @@ impl Kind for Dummy {
         format!("dummy:{}:{}", hex::encode(self.salt), self.shout)
     }
 
-    fn kek(&self, _config: &Config, secret: Option<&Passphrase>) -> Result<Kek, ProtectorError> {
+    fn kek(&self, _config: &Config, secret: Option<&Passphrase>, _: Presence) -> Result<Kek, ProtectorError> {
         kek(&self.salt, self.shout, secret)
     }
 

@@ -16,6 +16,7 @@ use zeroize::Zeroizing;
 use super::{Ask, Kind, KindError, KindOptions, NewKindOf, PromptDevice, ProtectorError, Secret};
 use crate::config::Config;
 use crate::fido2::{self as keys, AssertRequest, Device, Fido2Error, Pin};
+use crate::presence::Presence;
 use crate::secret::Passphrase;
 use crate::wrap::Kek;
 
@@ -140,12 +141,12 @@ impl Kind for Fido2 {
         self.holder(config).map(drop)
     }
 
-    fn kek(&self, config: &Config, secret: Option<&Passphrase>) -> Result<Kek, ProtectorError> {
+    fn kek(&self, config: &Config, secret: Option<&Passphrase>, _: Presence) -> Result<Kek, ProtectorError> {
         let pin = pin_of(secret, self.pin)?;
         self.kek_from_device(&mut self.holder(config)?, pin.as_ref())
     }
 
-    fn prompt_device(&self, config: &Config, _network: bool) -> Result<Option<PromptDevice>, ProtectorError> {
+    fn prompt_device(&self, config: &Config, _: Presence) -> Result<Option<PromptDevice>, ProtectorError> {
         let tries_left = self.holder(config)?.pin_retries().ok();
         Ok(Some(PromptDevice { name: "Security key", tries_left }))
     }

@@ -27,6 +27,7 @@ use crate::config::Config;
 use crate::format::{check_header, FORMAT_VERSION};
 use crate::ids::ProtectorId;
 use crate::kdf::KdfError;
+use crate::presence::Presence;
 use crate::secret::{Passphrase, ProtectorKey, PROTECTOR_KEY_LEN};
 use crate::ui::{SecretPrompt, Ui, UiError};
 use crate::wrap::{self, Kek, Wrapped};
@@ -47,7 +48,9 @@ pub(crate) trait Kind: Sized {
     /// The key-encryption key, from the answer to [`Kind::ask`]. A wrong secret that the kind
     /// itself notices is [`ProtectorError::WrongSecret`]; one it cannot notice makes a wrong key,
     /// which the unwrapping reports as [`ProtectorError::IncorrectSecret`].
-    fn kek(&self, config: &Config, secret: Option<&Passphrase>) -> Result<Kek, ProtectorError>;
+    /// `presence`: where the person is; a kind whose device counts wrong secrets for the whole
+    /// machine (a TPM) spends the tries kept for the device only [`Presence::AtDevice`].
+    fn kek(&self, config: &Config, secret: Option<&Passphrase>, presence: Presence) -> Result<Kek, ProtectorError>;
     /// The same kind under a new secret; `None` for kinds (or records) without one.
     fn rekey(&self, _config: &Config, _secret: Option<&Passphrase>) -> Option<Result<(Self, Kek), ProtectorError>> {
         None
@@ -59,8 +62,8 @@ pub(crate) trait Kind: Sized {
     }
     /// The device a typed secret goes to, asked just before the secret is: its name for the
     /// prompt and its wrong tries left. It refuses (a TPM in lockout) before anything is asked.
-    /// `network`: the person is not at the machine. `None`: no device counts wrong secrets.
-    fn prompt_device(&self, _config: &Config, _network: bool) -> Result<Option<PromptDevice>, ProtectorError> {
+    /// `presence`: where the person is. `None`: no device counts wrong secrets.
+    fn prompt_device(&self, _config: &Config, _presence: Presence) -> Result<Option<PromptDevice>, ProtectorError> {
         Ok(None)
     }
     /// How many wrong secrets the device behind this protector still takes; `None`: no device
@@ -200,9 +203,9 @@ trait KindDyn {
     fn travels(&self) -> bool;
     fn ask(&self) -> Ask;
     fn aad(&self) -> String;
-    fn kek(&self, config: &Config, secret: Option<&Passphrase>) -> Result<Kek, ProtectorError>;
+    fn kek(&self, config: &Config, secret: Option<&Passphrase>, presence: Presence) -> Result<Kek, ProtectorError>;
     fn locate(&self, config: &Config) -> Result<(), ProtectorError>;
-    fn prompt_device(&self, config: &Config, network: bool) -> Result<Option<PromptDevice>, ProtectorError>;
+    fn prompt_device(&self, config: &Config, presence: Presence) -> Result<Option<PromptDevice>, ProtectorError>;
     fn device_tries(&self, config: &Config) -> Option<Result<u32, ProtectorError>>;
 }
 
@@ -216,14 +219,14 @@ impl<K: Kind> KindDyn for K {
     fn aad(&self) -> String {
         Kind::aad(self)
     }
-    fn kek(&self, config: &Config, secret: Option<&Passphrase>) -> Result<Kek, ProtectorError> {
-        Kind::kek(self, config, secret)
+    fn kek(&self, config: &Config, secret: Option<&Passphrase>, presence: Presence) -> Result<Kek, ProtectorError> {
+        Kind::kek(self, config, secret, presence)
     }
     fn locate(&self, config: &Config) -> Result<(), ProtectorError> {
         Kind::locate(self, config)
     }
-    fn prompt_device(&self, config: &Config, network: bool) -> Result<Option<PromptDevice>, ProtectorError> {
-        Kind::prompt_device(self, config, network)
+    fn prompt_device(&self, config: &Config, presence: Presence) -> Result<Option<PromptDevice>, ProtectorError> {
+        Kind::prompt_device(self, config, presence)
     }
     fn device_tries(&self, config: &Config) -> Option<Result<u32, ProtectorError>> {
         Kind::device_tries(self, config)
@@ -280,6 +283,8 @@ impl Ask {
     pub const PASSWORD: Ask = Ask { secret: Some(Secret::Password), touch: false };
     /// A PIN and nothing else (the device counts wrong ones): what a PIN login opens.
     pub const PIN: Ask = Ask { secret: Some(Secret::Pin), touch: false };
+    /// A touch and nothing typed (a security key without PIN): what a key login opens.
+    pub const TOUCH: Ask = Ask { secret: None, touch: true };
 
     /// The login order's rank: nothing is typed before every protector that needs no typing
     /// was tried — a FIDO2 touch first, then a TPM without PIN, then passwords, then PINs.
@@ -580,10 +585,10 @@ impl ProtectorKind {
         rec: &'a ProtectorRecord,
         config: &Config,
         s: Secret,
-        network: bool,
+        presence: Presence,
     ) -> Result<SecretPrompt<'a>, ProtectorError> {
         let (name, id) = (rec.name.as_str(), &rec.id);
-        Ok(match (self.kind().prompt_device(config, network)?, s) {
+        Ok(match (self.kind().prompt_device(config, presence)?, s) {
             (Some(d), _) => SecretPrompt::Pin { name, id, device: d.name, tries_left: d.tries_left },
             (None, Secret::Password) => SecretPrompt::Password { name, id },
             (None, Secret::Pin | Secret::KeyPin) => SecretPrompt::Pin { name, id, device: "", tries_left: None },
@@ -598,8 +603,8 @@ impl ProtectorKind {
         self.kind().locate(config)
     }
 
-    fn kek(&self, config: &Config, secret: Option<&Passphrase>) -> Result<Kek, ProtectorError> {
-        self.kind().kek(config, secret)
+    fn kek(&self, config: &Config, secret: Option<&Passphrase>, presence: Presence) -> Result<Kek, ProtectorError> {
+        self.kind().kek(config, secret, presence)
     }
 }
 
@@ -662,13 +667,15 @@ pub fn create(
     Ok((ProtectorRecord { id, name: name.to_string(), kind, uid, wrapped_key }, key))
 }
 
-/// Unwraps a protector's key with the answer to `rec.kind.ask()`. A wrong answer changes nothing.
+/// Unwraps a protector's key with the answer to `rec.kind.ask()`, given by someone at
+/// `presence`. A wrong answer changes nothing (but a TPM counts it).
 pub fn unlock(
     rec: &ProtectorRecord,
     config: &Config,
     secret: Option<&Passphrase>,
+    presence: Presence,
 ) -> Result<ProtectorKey, ProtectorError> {
-    let kek = rec.kind.kek(config, secret)?;
+    let kek = rec.kind.kek(config, secret, presence)?;
     match wrap::open(&kek, &aad(&rec.id, &rec.kind), &rec.wrapped_key, PROTECTOR_KEY_LEN) {
         // Invariant: `open` checked the plaintext is PROTECTOR_KEY_LEN bytes.
         Ok(bytes) => Ok(ProtectorKey::from_slice(&bytes).expect("length checked by wrap::open")),
@@ -696,15 +703,16 @@ pub fn change_secret(
 /// kind waits for it.
 pub fn unlock_with(rec: &ProtectorRecord, config: &Config, ui: &mut dyn Ui) -> Result<ProtectorKey, UnlockError> {
     let ask = rec.kind.ask();
+    let presence = ui.presence();
     rec.kind.locate(config)?;
     let secret = match ask.secret {
-        Some(s) => Some(ui.secret(&rec.kind.prompt(rec, config, s, ui.network_login())?)?),
+        Some(s) => Some(ui.secret(&rec.kind.prompt(rec, config, s, presence)?)?),
         None => None,
     };
     if ask.touch {
         ui.touch(&rec.name, Some(&rec.id));
     }
-    Ok(unlock(rec, config, secret.as_ref())?)
+    Ok(unlock(rec, config, secret.as_ref(), presence)?)
 }
 
 /// Asks `ui` for the new secret `ask` names (none for kinds without one) for a protector named
@@ -808,10 +816,12 @@ pub(crate) mod tests {
     #[test]
     fn unlock_and_wrong_secret() {
         let (a, ka) = new_password("alice", None, "a");
-        assert!(unlock(&a, &fast_config(), Some(&pw("a"))).unwrap() == ka);
-        let Err(e) = unlock(&a, &fast_config(), Some(&pw("wrong"))) else { panic!("a wrong password unlocked") };
+        assert!(unlock(&a, &fast_config(), Some(&pw("a")), Presence::AtDevice).unwrap() == ka);
+        let Err(e) = unlock(&a, &fast_config(), Some(&pw("wrong")), Presence::AtDevice) else {
+            panic!("a wrong password unlocked")
+        };
         assert_eq!(e.to_string(), format!("incorrect password for protector alice ({}); nothing was changed", a.id));
-        assert!(matches!(unlock(&a, &fast_config(), None), Err(ProtectorError::NoAnswer { .. })));
+        assert!(matches!(unlock(&a, &fast_config(), None, Presence::AtDevice), Err(ProtectorError::NoAnswer { .. })));
     }
 
     #[test]
@@ -826,8 +836,8 @@ pub(crate) mod tests {
         };
         assert_eq!(p1.kdf, p2.kdf);
         assert_ne!(p1.salt, p2.salt);
-        assert!(unlock(&a2, &later, Some(&pw("old"))).is_err());
-        assert!(unlock(&a2, &later, Some(&pw("new"))).unwrap() == ka);
+        assert!(unlock(&a2, &later, Some(&pw("old")), Presence::AtDevice).is_err());
+        assert!(unlock(&a2, &later, Some(&pw("new")), Presence::AtDevice).unwrap() == ka);
     }
 
     #[test]
@@ -837,12 +847,12 @@ pub(crate) mod tests {
         let mut t = a.clone();
         t.kind =
             ProtectorKind::Password(password::Password { salt: [0; 16], kdf: Argon2Params { time_cost: 2, ..FAST } });
-        assert!(unlock(&t, &fast_config(), Some(&pw("p"))).is_err());
+        assert!(unlock(&t, &fast_config(), Some(&pw("p")), Presence::AtDevice).is_err());
         // The wrapped key of one record does not open as another's.
         let (mut b, _) = new_password("b", None, "p");
         b.kind = a.kind.clone();
         b.wrapped_key = a.wrapped_key.clone();
-        assert!(unlock(&b, &fast_config(), Some(&pw("p"))).is_err());
+        assert!(unlock(&b, &fast_config(), Some(&pw("p")), Presence::AtDevice).is_err());
     }
 
     #[test]
@@ -870,7 +880,7 @@ pub(crate) mod tests {
         assert_eq!(json["format"], "dirseal-protector");
         let back = parse(&to_json(&a), &a.id).unwrap();
         assert_eq!(back, a);
-        assert!(unlock(&back, &fast_config(), Some(&pw("pw"))).unwrap() == ka);
+        assert!(unlock(&back, &fast_config(), Some(&pw("pw")), Presence::AtDevice).unwrap() == ka);
         // Unknown fields inside the kind and unknown kinds are refused, not ignored.
         let text = String::from_utf8(to_json(&a)).unwrap();
         let extra = text.replace("\"type\": \"password\"", "\"type\": \"password\", \"x\": 1");
@@ -889,10 +899,10 @@ pub(crate) mod tests {
         let id: ProtectorId = "0123456789abcdef".parse().unwrap();
         let rec = parse(include_bytes!("../../../tests/data/password-golden.json"), &id).unwrap();
         assert_eq!((rec.name.as_str(), rec.uid, rec.kind.name()), ("alice", Some(1000), "password"));
-        let key = unlock(&rec, &Config::default(), Some(&pw("correct horse"))).unwrap();
+        let key = unlock(&rec, &Config::default(), Some(&pw("correct horse")), Presence::AtDevice).unwrap();
         assert_eq!(key.as_bytes().to_vec(), (200..232).collect::<Vec<u8>>());
         assert!(matches!(
-            unlock(&rec, &Config::default(), Some(&pw("correct horse!"))),
+            unlock(&rec, &Config::default(), Some(&pw("correct horse!")), Presence::AtDevice),
             Err(ProtectorError::IncorrectSecret { .. })
         ));
     }

@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 use super::{Ask, Kind, KindOptions, NewKindOf, ProtectorError};
 use crate::config::Config;
 use crate::kdf::{self, Argon2Params, KdfError};
+use crate::presence::Presence;
 use crate::secret::Passphrase;
 use crate::wrap::Kek;
 
@@ -71,7 +72,7 @@ impl Kind for Password {
         )
     }
 
-    fn kek(&self, _config: &Config, secret: Option<&Passphrase>) -> Result<Kek, ProtectorError> {
+    fn kek(&self, _config: &Config, secret: Option<&Passphrase>, _: Presence) -> Result<Kek, ProtectorError> {
         Ok(kdf::derive(password(secret)?, &self.salt, self.kdf)?)
     }
 
@@ -80,7 +81,7 @@ impl Kind for Password {
     /// through here, so they agree.
     fn rekey(&self, config: &Config, secret: Option<&Passphrase>) -> Option<Result<(Password, Kek), ProtectorError>> {
         let p = Password { salt: rand::random(), kdf: self.kdf };
-        Some(p.kek(config, secret).map(|kek| (p, kek)))
+        Some(p.kek(config, secret, Presence::Elsewhere).map(|kek| (p, kek)))
     }
 }
 
@@ -125,7 +126,7 @@ impl NewKindOf for NewPassword {
     fn create(&self, config: &mut Config, secret: Option<&Passphrase>) -> Result<(Password, Kek), ProtectorError> {
         let secret = password(secret)?;
         let p = Password { salt: rand::random(), kdf: self.params(config) };
-        let kek = p.kek(config, Some(secret))?;
+        let kek = p.kek(config, Some(secret), Presence::Elsewhere)?;
         Ok((p, kek))
     }
 }

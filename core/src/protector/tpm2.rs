@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use super::{Ask, Kind, KindError, KindOptions, NewKindOf, PromptDevice, ProtectorError};
 use crate::config::Config;
 use crate::kdf::{self, Argon2Params, KdfError};
+use crate::presence::Presence;
 use crate::secret::{Passphrase, ProtectorKey};
 use crate::tpm2::{self, DaStatus, PcrSet, PinKdf, PinTries, SealedKey, Tpm, Tpm2Error, DEFAULT_PIN_KDF};
 use crate::wrap::Kek;
@@ -74,7 +75,9 @@ impl From<Tpm2Error> for ProtectorError {
                 ProtectorError::Unavailable(KindError::new(e))
             }
             Tpm2Error::WrongPin { .. } => ProtectorError::WrongSecret(KindError::new(e)),
-            Tpm2Error::Lockout { .. } | Tpm2Error::PcrMismatch { .. } => ProtectorError::NotNow(KindError::new(e)),
+            Tpm2Error::Lockout { .. } | Tpm2Error::PcrMismatch { .. } | Tpm2Error::PinLock { .. } => {
+                ProtectorError::NotNow(KindError::new(e))
+            }
             e => ProtectorError::Kind(KindError::new(e)),
         }
     }
@@ -134,15 +137,17 @@ impl Kind for Tpm2 {
 
     /// The TPM's dictionary-attack state, checked before a PIN is asked: a locked-out TPM is
     /// reported without asking (and without costing anything).
-    fn prompt_device(&self, config: &Config, network: bool) -> Result<Option<PromptDevice>, ProtectorError> {
+    /// This refusal only spares a question: [`Tpm::unseal`] decides again, under the machine's
+    /// PIN lock, right before the TPM is asked.
+    fn prompt_device(&self, config: &Config, presence: Presence) -> Result<Option<PromptDevice>, ProtectorError> {
         let st = da_status(config)?;
         if st.in_lockout && self.sealed.pin.is_some() {
             return Err(Tpm2Error::Lockout { recovery_time_s: Some(st.recovery_time_s) }.into());
         }
-        // A login from the network is not at the device; it is not rate limited here
-        // (each PAM conversation is one try, behind the stack's own failure delay).
+        // Not rate limited here: each PAM conversation is one try, behind the stack's own
+        // failure delay; the service limits its callers itself.
         PinTries { tries_left: st.tries_left(), min_local_tries: config.tpm2.min_local_tries() }
-            .may_try(!network, None)?;
+            .may_try(presence.at_device(), None)?;
         Ok(Some(PromptDevice { name: "TPM", tries_left: Some(st.tries_left()) }))
     }
 
@@ -151,11 +156,12 @@ impl Kind for Tpm2 {
     }
 
     /// Unseals; a wrong PIN costs one TPM try and is never retried.
-    fn kek(&self, config: &Config, secret: Option<&Passphrase>) -> Result<Kek, ProtectorError> {
+    fn kek(&self, config: &Config, secret: Option<&Passphrase>, presence: Presence) -> Result<Kek, ProtectorError> {
         if self.sealed.pin.is_some() && secret.is_none() {
             return Err(ProtectorError::NoAnswer { what: "TPM PIN" });
         }
-        let key = Tpm::open(&config.tpm2.tcti())?.unseal(&self.sealed, secret)?;
+        let min_local_tries = config.tpm2.min_local_tries();
+        let key = Tpm::open(&config.tpm2.tcti())?.unseal(&self.sealed, secret, presence, min_local_tries)?;
         Ok(Kek::from_slice(key.as_bytes()))
     }
 

@@ -3,6 +3,7 @@
 use std::path::Path;
 
 use dirseal::ids::ProtectorId;
+use dirseal::presence::Presence;
 use dirseal::secret::Passphrase;
 use dirseal::ui::{Question, SecretPrompt, Ui, UiError};
 use dirseal_recovery::RecoveryKey;
@@ -16,6 +17,9 @@ pub struct Scripted {
     pub asked: Vec<String>,
     /// Recovery keys shown, as a person would write them down.
     pub recovery_keys: Vec<String>,
+    /// The person is not at the device (a test of what a login from elsewhere may do); by default
+    /// they are.
+    pub elsewhere: bool,
 }
 
 impl Scripted {
@@ -53,5 +57,13 @@ impl Ui for Scripted {
 
     fn touch(&mut self, name: &str, _id: Option<&ProtectorId>) {
         self.asked.push(format!("touch: {name}"));
+    }
+
+    fn presence(&self) -> Presence {
+        if self.elsewhere {
+            Presence::Elsewhere
+        } else {
+            Presence::AtDevice
+        }
     }
 }
