@@ -117,6 +117,22 @@ EXP
   usermod -U alice
   ! grep -q "PIN for" "$W/out" || fail "a locked account was asked for its TPM PIN"
   [ "$(dirseal tpm2 status 2>&1 | grep -Eo 'tries left: *[0-9]+')" = "$before" ] || fail "a locked account cost a TPM try"
+  # Issue 41 (2): `su` from an SSH session is no login at the device, whatever its terminal (a pty
+  # of sshd's): its logind session is remote. Three tries are left, two kept for the device: one
+  # wrong PIN from there is tried, the next is refused without asking the TPM.
+  step "su from an SSH session: the device's kept tries"
+  local n left
+  for n in 1 2; do
+    U=alice P=$PW_BOB expect -f - >"$W/su$n" 2>&1 <<'EXP' || true
+set timeout 400
+spawn sshpass -p $env(P) ssh -tt -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR -o PreferredAuthentications=password -o PubkeyAuthentication=no bob@localhost su $env(U) -c true
+expect -re {PIN for [^\r\n]*:} { sleep 1; send "0000\r"; exp_continue } "Password: " { sleep 1; send "\r"; exp_continue } eof
+EXP
+  done
+  left=$(dirseal tpm2 status 2>&1 | grep -Eo 'tries left: *[0-9]+' | grep -Eo '[0-9]+')
+  [ "$left" = 2 ] || fail "su from an SSH session left $left TPM tries, not the 2 kept for the device: $(tr -d '\r' <"$W/su2" | tail -c 400)"
+  grep -q "kept for the person at the device" "$W/su2" ||
+    fail "the second su from SSH was not told the tries are kept: $(tr -d '\r' <"$W/su2" | tail -c 400)"
 }
 
 # After every scenario, passed or failed (guest.sh): no login of the test users left over, their
@@ -475,6 +491,14 @@ scenario_demo() {
   step "console login with a touch"
   console_login_key alice 'cat ~/secret.txt' >"$W/out" 2>&1 || fail "key login: $(tr -d '\r' <"$W/out" | tail -c 400)"
   grep -q "alice's secret" "$W/out" || fail "the key login did not unlock the home: $(tr -d '\r' <"$W/out" | tail -c 400)"
+  wait_gone alice; wait_key alice locked 60
+  # Issue 41 (8): an SSH login raised a touch on the key at the machine, and that touch logged the
+  # remote side in, whatever password it gave. From elsewhere no touch is asked: the password decides.
+  step "an SSH login never asks for the key"
+  ssh_pw alice not-her-password true >"$W/out" 2>&1 && fail "an SSH login with a wrong password got in with the key at the machine"
+  ssh_pw alice "$pw" cat secret.txt >"$W/out" 2>&1 || fail "ssh password login with the key plugged in: $(cat "$W/out")"
+  grep -q "alice's secret" "$W/out" || fail "the ssh password login did not unlock: $(cat "$W/out")"
+  ! grep -q "Touch your security key" "$W/out" || fail "an SSH login asked for a touch: $(cat "$W/out")"
   wait_gone alice; wait_key alice locked 60
   step "unplugged: the password"
   key unplug
