@@ -128,6 +128,10 @@ const TPM_RC_AUTH_FAIL: u32 = RC_FMT1 + 0x00E;
 const TPM_RC_BAD_AUTH: u32 = RC_FMT1 + 0x022;
 const TPM_RC_POLICY_FAIL: u32 = RC_FMT1 + 0x01D;
 const TPM_RC_INTEGRITY: u32 = RC_FMT1 + 0x01F;
+/// Warnings of a TPM that is busy, not of a bad object: out of room for objects or sessions (a
+/// TPM without a resource manager, such as swtpm, serving other programs), or asking to retry.
+const TPM_RC_BUSY: [u32; 6] =
+    [RC_WARN + 0x002, RC_WARN + 0x003, RC_WARN + 0x004, RC_WARN + 0x008, RC_WARN + 0x00A, RC_WARN + 0x022];
 
 /// The error number of a TPM response code with its handle/session/parameter number stripped.
 fn rc_base(rc: u32) -> u32 {
@@ -141,6 +145,7 @@ fn rc_base(rc: u32) -> u32 {
 fn tpm_err(action: &'static str) -> impl Fn(tss_esapi::Error) -> Tpm2Error {
     move |e| match tpm_rc(&e).map(rc_base) {
         Some(TPM_RC_LOCKOUT) => Tpm2Error::Lockout { recovery_time_s: None },
+        Some(rc) if TPM_RC_BUSY.contains(&rc) => Tpm2Error::Busy { action: action.into(), rc: e.to_string() },
         _ => Tpm2Error::Tpm { action: action.into(), rc: e.to_string() },
     }
 }
@@ -321,6 +326,7 @@ impl Tpm {
                 |e| match tpm_rc(&e).map(rc_base) {
                     Some(TPM_RC_INTEGRITY) => Tpm2Error::ForeignBlob,
                     Some(TPM_RC_LOCKOUT) => Tpm2Error::Lockout { recovery_time_s: None },
+                    Some(rc) if TPM_RC_BUSY.contains(&rc) => tpm_err("to load the sealed key")(e),
                     Some(_) => Tpm2Error::Corrupt(format!("the TPM rejected it: {e}")),
                     None => tpm_err("to load the sealed key")(e),
                 },

@@ -380,6 +380,7 @@ impl Tpm2Error {
             | Tpm2Error::TriesKept { .. }
             | Tpm2Error::TooSoon { .. }
             | Tpm2Error::PinLock { .. }
+            | Tpm2Error::Busy { .. }
             | Tpm2Error::PinRequired
             | Tpm2Error::LockoutOwned
             | Tpm2Error::ResetCodeTypo(_)

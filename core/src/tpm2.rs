@@ -433,6 +433,15 @@ pub enum Tpm2Error {
         /// Why.
         why: String,
     },
+    /// The TPM is busy with other programs (out of room for objects or sessions: a TPM without a
+    /// resource manager), not a fault of the key; nothing was counted.
+    #[error("the TPM is busy with other programs and could not {action} ({rc}); no PIN try was counted: try again in a moment")]
+    Busy {
+        /// What was asked of the TPM.
+        action: String,
+        /// The TPM's response code, decoded.
+        rc: String,
+    },
     /// Any other TPM refusal.
     #[error("the TPM refused {action}: {rc}")]
     Tpm {

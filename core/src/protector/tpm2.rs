@@ -75,9 +75,10 @@ impl From<Tpm2Error> for ProtectorError {
                 ProtectorError::Unavailable(KindError::new(e))
             }
             Tpm2Error::WrongPin { .. } => ProtectorError::WrongSecret(KindError::new(e)),
-            Tpm2Error::Lockout { .. } | Tpm2Error::PcrMismatch { .. } | Tpm2Error::PinLock { .. } => {
-                ProtectorError::NotNow(KindError::new(e))
-            }
+            Tpm2Error::Lockout { .. }
+            | Tpm2Error::PcrMismatch { .. }
+            | Tpm2Error::PinLock { .. }
+            | Tpm2Error::Busy { .. } => ProtectorError::NotNow(KindError::new(e)),
             e => ProtectorError::Kind(KindError::new(e)),
         }
     }
