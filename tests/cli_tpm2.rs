@@ -7,12 +7,37 @@ use std::io::Write;
 use common::{p, Env};
 use dirseal_testfs::Swtpm;
 
-/// An Env whose config points at `tpm`.
+/// An Env whose config points at `tpm`. This test process is in no logind session, so the CLI it
+/// runs is not at the device (docs/pam.md): no tries are kept for the device here, so that these
+/// tests may spend them all, as a person at the device may.
 fn env_with(tpm: &str) -> Env {
+    env_keeping(tpm, 0)
+}
+
+/// An Env whose config points at `tpm` and keeps `kept` tries for the device.
+fn env_keeping(tpm: &str, kept: u32) -> Env {
     let env = Env::new();
     let mut f = fs::OpenOptions::new().append(true).open(env.config()).unwrap();
-    writeln!(f, "[tpm2]\ntcti = \"{tpm}\"").unwrap();
+    writeln!(f, "[tpm2]\ntcti = \"{tpm}\"\nmin_local_tries = {kept}").unwrap();
     env
+}
+
+/// Issue 41: the CLI spends a TPM try only by the library's rule too. Run outside any seat session
+/// (here: no logind session and no virtual console), it is elsewhere: the tries kept for the device
+/// are refused before the TPM is asked, as for a login over SSH.
+#[test]
+fn the_cli_outside_a_seat_session_leaves_the_tries_kept_for_the_device() {
+    dirseal_testfs::needs_root!();
+    let tpm = Swtpm::start();
+    let env = env_keeping(&tpm.tcti(), 2);
+    env.ok(&["tpm2", "setup", "--yes", "--max-tries", "3", "--recovery-time", "1000"], "");
+    env.ok(&["protector", "create", "--type", "tpm2", "--name", "t"], "1234\n");
+    let id = id_of(&env, "t");
+    let err = env.fails(&["protector", "verify", &id], "9999\n");
+    assert!(err.contains("wrong TPM PIN; 2 tries left"), "{err}");
+    let err = env.fails(&["protector", "verify", &id], "1234\n");
+    assert!(err.contains("the last 2 are kept for the person at the device"), "{err}");
+    assert_eq!(tries_left(&env, "t"), Some(2));
 }
 
 fn protectors(env: &Env) -> Vec<serde_json::Value> {
