@@ -447,7 +447,12 @@ fn an_unprivileged_caller_cannot_lock_the_tpm_out_over_dbus() {
         std::thread::sleep(PIN_INTERVAL);
     }
     assert_eq!((spent, kept, tries()), (3, 5, 2));
-    assert_eq!(h.ok(None, "VerifySecret", &[s(&id), fd(3)], &[(3, "2468")]), "(true,)");
+    // Root too (issue 41): a call from a process in no local seat session (this test's) is not at
+    // the device, and the kept tries are decided again under the machine's PIN lock right before
+    // the TPM is asked, whoever calls.
+    let e = h.call(None, "VerifySecret", &[s(&id), fd(3)], &[(3, "2468")], None).expect_err("root from elsewhere");
+    assert!(e.message.contains("kept for the person at the device"), "{}: {}", e.name, e.message);
+    assert_eq!(tries(), 2);
     // Not mallory's protector: refused before the TPM is asked.
     let root_pin = h.ok(None, "CreateProtector", &[s("root-tpm"), fd(3), "{'kind': <'tpm2'>}".into()], &[(3, "1357")]);
     let root_pin = strings(&root_pin)[0].clone();
