@@ -205,3 +205,43 @@ fn a_helper_that_crashes_or_hangs_is_a_clear_error_and_is_stopped() {
     drop(s);
     assert!(kill(p, None).is_err(), "the stopped helper must be gone (killed and reaped)");
 }
+
+/// Issue 41, item 10: each helper turns off core dumps and makes itself not dumpable as it
+/// starts, before it reads any secret (exec made it dumpable again, whatever its caller set).
+/// Run as another user, a non-dumpable process's /proc/PID/status belongs to root: that tells
+/// the two apart from outside (for a process of root's own, nothing does).
+#[test]
+fn each_helper_turns_off_core_dumps_itself() {
+    use std::io::Read;
+    use std::os::unix::fs::MetadataExt;
+    use std::os::unix::process::CommandExt;
+    dirseal_testfs::needs_root!();
+    for helper in [TPM_HELPER, FIDO2_HELPER] {
+        let mut child = Command::new(helper)
+            .uid(65534)
+            .gid(65534)
+            .env_clear()
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        // Its greeting: by then it has done what it does before reading a request.
+        let mut len = [0u8; 4];
+        child.stdout.as_mut().unwrap().read_exact(&mut len).unwrap();
+        let mut hello = vec![0u8; u32::from_le_bytes(len) as usize];
+        child.stdout.as_mut().unwrap().read_exact(&mut hello).unwrap();
+        assert!(hello.starts_with(b"dirseal-helper/"), "{helper}: {:?}", String::from_utf8_lossy(&hello));
+        let proc = format!("/proc/{}", child.id());
+        let status = fs::read_to_string(format!("{proc}/status")).unwrap();
+        assert!(status.lines().any(|l| l.starts_with("Uid:\t65534\t")), "{helper}: {status}");
+        // (/proc/PID itself keeps the user as owner; the files in it change.)
+        let owner = fs::metadata(format!("{proc}/status")).unwrap().uid();
+        assert_eq!(owner, 0, "{helper} is dumpable: /proc/PID/status is its user's");
+        let limits = fs::read_to_string(format!("{proc}/limits")).unwrap();
+        let core = limits.lines().find(|l| l.starts_with("Max core file size")).unwrap();
+        assert_eq!(core.split_whitespace().skip(4).take(2).collect::<Vec<_>>(), ["0", "0"], "{helper}: {core}");
+        drop(child.stdin.take());
+        assert!(child.wait().unwrap().success(), "{helper}");
+    }
+}

@@ -14,14 +14,26 @@
 //!
 //! Where the helper is: never from `PATH` or the environment. The candidates are fixed: next to
 //! the program (or shared object) the calling code runs in, `../libexec/` from it, then
-//! `/usr/libexec` and `/usr/local/libexec`. A privileged caller takes only a root-owned file in a
-//! root-owned directory that neither group nor others may write.
+//! `/usr/libexec` and `/usr/local/libexec`. A privileged caller takes only a file that root alone
+//! can change, reached through directories (and symlinks) that root alone can change, from `/`
+//! down; it runs the very descriptor it checked, never the path again.
+//!
+//! Containment: the helper runs in its own process group, which a timeout kills whole; it starts
+//! with no core dumps and not dumpable (no core file, no ptrace or /proc/PID/mem by its uid), and
+//! sets both again itself after exec ([`serve`]), since exec makes it dumpable again.
+use std::ffi::{CStr, OsStr, OsString};
 use std::io::{Read, Write};
-use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Component, Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, ExitCode, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
+
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+use rustix::fs::{FileType, Mode, OFlags};
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -51,6 +63,14 @@ impl Helper {
         match self {
             Helper::Tpm2 => "dirseal-tpm2",
             Helper::Fido2 => "dirseal-fido2",
+        }
+    }
+
+    /// The program's file name as its `argv[0]`.
+    fn argv0(self) -> &'static CStr {
+        match self {
+            Helper::Tpm2 => c"dirseal-tpm2",
+            Helper::Fido2 => c"dirseal-fido2",
         }
     }
 }
@@ -135,9 +155,25 @@ fn to_frame<T: Serialize>(v: &T) -> Result<Zeroizing<Vec<u8>>, String> {
     Ok(buf)
 }
 
-/// The helper's side: greets, then answers each request with `handle` until stdin closes.
-/// A message it cannot read ends it (status 2); the caller reports that.
+/// No core file, and not dumpable (no ptrace, no /proc/PID/mem or environ by the same uid): a
+/// helper run by root holds protector keys, PINs and hmac-secrets. Called in the caller's forked
+/// child, a copy of the caller's memory until exec, and by the helper itself in [`serve`]: exec of
+/// a program that is not set-user-ID makes a process dumpable again (the core limit stays).
+fn no_core_dumps() -> rustix::io::Result<()> {
+    rustix::process::setrlimit(
+        rustix::process::Resource::Core,
+        rustix::process::Rlimit { current: Some(0), maximum: Some(0) },
+    )?;
+    rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
+}
+
+/// The helper's side: turns core dumps off, greets, then answers each request with `handle` until
+/// stdin closes. A message it cannot read ends it (status 2); the caller reports that.
 pub fn serve<Q: DeserializeOwned, R: Serialize>(program: &str, mut handle: impl FnMut(Q) -> R) -> ExitCode {
+    if let Err(e) = no_core_dumps() {
+        eprintln!("{program}: cannot turn off core dumps ({e}); refusing to handle secrets");
+        return ExitCode::from(2);
+    }
     let (mut input, mut output) = (std::io::stdin().lock(), std::io::stdout().lock());
     if write_frame(&mut output, HELLO.as_bytes()).is_err() {
         return ExitCode::from(2);
@@ -177,36 +213,45 @@ pub struct Session {
     path: PathBuf,
     child: Child,
     stdin: Option<ChildStdin>,
-    stdout: ChildStdout,
+    /// `None` once a call timed out: the thread left reading it has it.
+    stdout: Option<ChildStdout>,
 }
 
 impl Session {
     /// Starts the helper and waits for its greeting.
     pub fn start(kind: Helper) -> Result<Session, HelperError> {
-        let path = locate(kind.program())?;
+        Session::start_at(kind, &candidates(kind.program()))
+    }
+
+    /// Starts the first of `candidates` that may run (tests give their own).
+    fn start_at(kind: Helper, candidates: &[PathBuf]) -> Result<Session, HelperError> {
+        let Program { path, fd } = locate(kind.program(), candidates)?;
+        // Not 0, 1 or 2 (free in a daemon that closed them): the child's stdio is put there
+        // before the descriptor is executed.
+        let fd = rustix::io::fcntl_dupfd_cloexec(&fd, 3)
+            .map_err(|e| HelperError::Failed(format!("cannot start {}: {e}", path.display())))?;
+        let argv0 = kind.argv0();
+        // The path is for messages only: the child executes `fd`, the file that was checked.
         let mut cmd = Command::new(&path);
         cmd.env_clear().stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
-        // The helper gets stdin, stdout and stderr only: a PAM module runs in sshd or sudo, whose
-        // other descriptors (the client's connection, a tty) are none of its business.
-        // SAFETY: the closure runs in the child between fork and exec and only makes one
-        // async-signal-safe system call (close_range with CLOSE_RANGE_CLOEXEC, Linux 5.11: the
-        // descriptors close at exec, so std's own exec-error pipe still works); on an older
-        // kernel it fails and changes nothing.
+        // Its own process group, so that a timeout stops whatever the helper started too (a
+        // child left holding its stdout would keep the caller reading).
+        cmd.process_group(0);
+        // SAFETY: the closure runs in the child between fork and exec and makes only
+        // async-signal-safe, allocation-free system calls (see `become_helper`); it owns `fd`,
+        // which stays open in the parent until `cmd` drops after the spawn.
         unsafe {
-            std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
-                const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
-                libc::syscall(libc::SYS_close_range, 3 as libc::c_uint, libc::c_uint::MAX, CLOSE_RANGE_CLOEXEC);
-                Ok(())
-            });
+            cmd.pre_exec(move || Err(become_helper(fd.as_fd(), argv0)));
         }
         let mut child =
             cmd.spawn().map_err(|e| HelperError::Failed(format!("cannot start {}: {e}", path.display())))?;
+        drop(cmd);
         let (stdin, stdout) = match (child.stdin.take(), child.stdout.take()) {
             (Some(i), Some(o)) => (i, o),
             // Invariant: both were asked for as pipes above.
             _ => unreachable!("piped stdin and stdout"),
         };
-        let mut s = Session { kind, path, child, stdin: Some(stdin), stdout };
+        let mut s = Session { kind, path, child, stdin: Some(stdin), stdout: Some(stdout) };
         let hello = s.exchange(None, START_TIMEOUT)?;
         if hello[..] != *HELLO.as_bytes() {
             return Err(HelperError::Failed(format!(
@@ -226,7 +271,7 @@ impl Session {
     /// Sends `req` and reads the response, waiting at most `timeout` (then the helper is killed).
     pub fn call<Q: Serialize, R: DeserializeOwned>(&mut self, req: &Q, timeout: Duration) -> Result<R, HelperError> {
         let frame = to_frame(req).map_err(|e| HelperError::Failed(format!("encoding the request: {e}")))?;
-        let resp = self.exchange(Some(&frame), timeout)?;
+        let resp = self.exchange(Some(frame), timeout)?;
         serde_json::from_slice(&resp).map_err(|e| {
             HelperError::Failed(format!(
                 "{} answered something this program does not understand: {e}",
@@ -235,53 +280,85 @@ impl Session {
         })
     }
 
-    /// Writes `req` (if any) and reads one frame, waiting at most `timeout` (then the helper is
-    /// killed, which ends the read).
-    fn exchange(&mut self, req: Option<&[u8]>, timeout: Duration) -> Result<Zeroizing<Vec<u8>>, HelperError> {
-        // The child is not reaped before this session drops, so its pid cannot be reused meanwhile.
-        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
-        let (stdin, stdout) = (&mut self.stdin, &mut self.stdout);
-        let (r, timed_out) = std::thread::scope(|scope| {
-            let (tx, rx) = mpsc::channel();
-            scope.spawn(move || {
+    /// The helper's process group: its pid (see `start_at`). Until the helper is reaped (when
+    /// this session drops) that id cannot be reused, so the group is this helper's.
+    fn group(&self) -> Pid {
+        Pid::from_raw(self.child.id() as i32)
+    }
+
+    /// Writes `req` (if any) and reads one frame, waiting at most `timeout`; then the helper's
+    /// whole process group is killed and the error returned at once.
+    fn exchange(
+        &mut self,
+        req: Option<Zeroizing<Vec<u8>>>,
+        timeout: Duration,
+    ) -> Result<Zeroizing<Vec<u8>>, HelperError> {
+        let Some(mut stdout) = self.stdout.take() else {
+            return Err(HelperError::Failed(format!(
+                "{} was stopped after an earlier call failed; start it again",
+                self.path.display()
+            )));
+        };
+        let mut stdin = self.stdin.take();
+        let (tx, rx) = mpsc::channel();
+        // A thread of its own, not a scoped one: after a timeout it is left behind rather than
+        // waited for, since whatever still holds the pipe (a process that left the helper's
+        // group) may never close it. It owns the pipes, and ends and drops them when they close.
+        std::thread::Builder::new()
+            .name("dirseal-helper".into())
+            .spawn(move || {
                 // Writing to a helper that died raises SIGPIPE in the writing thread. Blocked in
                 // this one, it stays pending here and the write fails with EPIPE: the process
                 // running the PAM module (sshd, sudo) keeps its own SIGPIPE disposition.
-                let _ = nix::sys::signal::SigSet::from(nix::sys::signal::Signal::SIGPIPE).thread_block();
+                let _ = nix::sys::signal::SigSet::from(Signal::SIGPIPE).thread_block();
                 let mut io = || -> std::io::Result<Option<Zeroizing<Vec<u8>>>> {
-                    if let Some(req) = req {
+                    if let Some(req) = &req {
                         write_frame(stdin.as_mut().ok_or(std::io::ErrorKind::BrokenPipe)?, req)?;
                     }
-                    read_frame(stdout)
+                    read_frame(&mut stdout)
                 };
-                let _ = tx.send(io());
-            });
-            match rx.recv_timeout(timeout) {
-                Ok(r) => (r, false),
-                Err(_) => {
-                    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
-                    (rx.recv().unwrap_or(Ok(None)), true)
+                let r = io();
+                let _ = tx.send((r, stdin, stdout));
+            })
+            .map_err(|e| HelperError::Failed(format!("cannot talk to {}: no thread ({e})", self.path.display())))?;
+        match rx.recv_timeout(timeout) {
+            Ok((r, stdin, stdout)) => {
+                (self.stdin, self.stdout) = (stdin, Some(stdout));
+                match r {
+                    Ok(Some(f)) => Ok(f),
+                    _ => Err(self.died()),
                 }
             }
-        });
-        match r {
-            Ok(Some(f)) if !timed_out => Ok(f),
-            _ if timed_out => Err(HelperError::Failed(format!(
-                "{} did not answer within {} s and was stopped",
-                self.path.display(),
-                timeout.as_secs()
-            ))),
-            _ => Err(self.died()),
+            Err(mpsc::RecvTimeoutError::Disconnected) => Err(self.died()),
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                let _ = killpg(self.group(), Signal::SIGKILL);
+                Err(HelperError::Failed(format!(
+                    "{} did not answer within {} s and was stopped",
+                    self.path.display(),
+                    timeout.as_secs()
+                )))
+            }
         }
     }
 
     /// What became of a helper that stopped answering: its exit and what it said on stderr.
     fn died(&mut self) -> HelperError {
         self.stdin = None;
-        let mut err = String::new();
+        // The helper closed its stdout, so it has ended or is of no more use; whatever it left
+        // running in its group goes too, or a child holding stderr would keep the read below
+        // waiting (the group is still the helper's: it is reaped only below). Its exit status
+        // stands if it had exited.
+        let _ = killpg(self.group(), Signal::SIGKILL);
+        let (tx, rx) = mpsc::channel();
         if let Some(e) = self.child.stderr.take() {
-            let _ = e.take(STDERR_CAP).read_to_string(&mut err);
+            // Left behind if a process outside the group holds stderr open.
+            let _ = std::thread::Builder::new().name("dirseal-helper".into()).spawn(move || {
+                let mut err = String::new();
+                let _ = e.take(STDERR_CAP).read_to_string(&mut err);
+                let _ = tx.send(err);
+            });
         }
+        let err = rx.recv_timeout(Duration::from_secs(2)).unwrap_or_default();
         let status = self.child.wait();
         if let Some(lib) = missing_library(&err) {
             return HelperError::NotInstalled(lib);
@@ -320,18 +397,29 @@ impl Drop for Session {
         // End of input: the helper releases the device (flushes TPM objects, closes the key) and
         // exits.
         self.stdin = None;
-        if let Ok(None) = self.child.try_wait() {
-            let (tx, rx) = mpsc::channel::<()>();
-            let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
-            let watchdog = std::thread::spawn(move || {
-                if rx.recv_timeout(Duration::from_secs(10)) == Err(mpsc::RecvTimeoutError::Timeout) {
-                    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
-                }
-            });
-            let _ = self.child.wait();
-            drop(tx);
-            let _ = watchdog.join();
+        let group = self.group();
+        let (tx, rx) = mpsc::channel::<()>();
+        let watchdog = std::thread::spawn(move || {
+            if rx.recv_timeout(Duration::from_secs(10)) == Err(mpsc::RecvTimeoutError::Timeout) {
+                let _ = killpg(group, Signal::SIGKILL);
+            }
+        });
+        // Waits for the helper's end without reaping it, so that the group's id stays this
+        // helper's for both kills (ECHILD: `died` has reaped it already, after its own kill).
+        let ended = loop {
+            use nix::sys::wait::{waitid, Id, WaitPidFlag};
+            match waitid(Id::Pid(group), WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT) {
+                Err(nix::errno::Errno::EINTR) => continue,
+                r => break r.is_ok(),
+            }
+        };
+        drop(tx);
+        let _ = watchdog.join();
+        if ended {
+            // Whatever the helper left running ends with it.
+            let _ = killpg(group, Signal::SIGKILL);
         }
+        let _ = self.child.wait();
     }
 }
 
@@ -359,46 +447,414 @@ fn candidates(program: &str) -> Vec<PathBuf> {
     dirs.into_iter().map(|d| d.join(program)).collect()
 }
 
-/// For a privileged caller: root's file in root's directory, writable by nobody else.
-fn trusted(path: &Path) -> Result<(), String> {
-    if !rustix::process::geteuid().is_root() {
-        return Ok(());
+/// In the forked child: turns core dumps off, marks every inherited descriptor but stdio
+/// close-on-exec, and executes `fd`. Returns only why that failed (std hands it to the parent,
+/// whose spawn fails with it).
+///
+/// Executing the checked descriptor rather than its path is what makes the check hold: a path
+/// resolved again could meet a symlink or a directory swapped since. `fexecve` (execveat with
+/// `AT_EMPTY_PATH`) runs the file from this process's descriptor; a `/proc/self/fd/N` path given
+/// to `Command` would do the same only in the child's table and only with /proc mounted.
+/// Everything here is a plain system call: no allocation between fork and exec.
+fn become_helper(fd: BorrowedFd<'_>, argv0: &'static CStr) -> std::io::Error {
+    if let Err(e) = no_core_dumps() {
+        return e.into();
     }
-    for p in [Some(path), path.parent()].into_iter().flatten() {
-        let md = std::fs::metadata(p).map_err(|e| format!("{}: {e}", p.display()))?;
-        if md.uid() != 0 || md.mode() & 0o022 != 0 {
-            return Err(format!(
-                "{} is not root's alone (owner uid {}, mode {:o})",
-                p.display(),
-                md.uid(),
-                md.mode() & 0o7777
-            ));
-        }
+    // The helper gets stdin, stdout and stderr only: a PAM module runs in sshd or sudo, whose
+    // other descriptors (the client's connection, a tty) are none of its business. `fd` is
+    // among them, and an ELF program needs it no more once exec has opened it.
+    close_from_on_exec(3);
+    let e = super::fexecve(fd, argv0);
+    if e != nix::errno::Errno::ENOENT {
+        return e.into();
+    }
+    // A `#!` script (the tests' stand-in helpers): its interpreter is given /dev/fd/N, which
+    // would be closed at exec, so the kernel refuses with ENOENT. A script keeps that descriptor.
+    if let Err(e) = rustix::io::fcntl_setfd(fd, rustix::io::FdFlags::empty()) {
+        return e.into();
+    }
+    super::fexecve(fd, argv0).into()
+}
+
+/// close_range(first, ~0, CLOSE_RANGE_CLOEXEC) (Linux 5.11): the descriptors close at exec, so
+/// std's own exec-error pipe still works. On an older kernel it fails and changes nothing.
+fn close_from_on_exec(first: libc::c_uint) {
+    const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
+    // SAFETY: only sets close-on-exec flags; it closes nothing, and it is async-signal-safe.
+    unsafe { libc::syscall(libc::SYS_close_range, first, libc::c_uint::MAX, CLOSE_RANGE_CLOEXEC) };
+}
+
+/// A helper found and opened (`O_PATH`): `fd` is the file that was checked, and the one run.
+struct Program {
+    path: PathBuf,
+    fd: OwnedFd,
+}
+
+/// Root, or a set-user-ID program: then the helper must be root's alone, since whoever else could
+/// change it would run code with these privileges.
+fn privileged() -> bool {
+    let euid = rustix::process::geteuid();
+    euid.is_root() || euid != rustix::process::getuid()
+}
+
+/// For an unprivileged caller: any regular file at `path` (symlinks followed).
+fn open_plain(path: &Path) -> Option<OwnedFd> {
+    let fd = rustix::fs::open(path, OFlags::PATH | OFlags::CLOEXEC, Mode::empty()).ok()?;
+    let st = rustix::fs::fstat(&fd).ok()?;
+    (FileType::from_raw_mode(st.st_mode) == FileType::RegularFile).then_some(fd)
+}
+
+/// Owned by root and writable by neither group nor others. An ACL granting someone else write
+/// shows as the group's write bit (the mask), so it is refused too; so is a sticky directory
+/// such as /tmp, where anyone may add a file.
+fn root_only(st: &rustix::fs::Stat, here: &Path) -> Result<(), String> {
+    let mode = st.st_mode & 0o7777;
+    if st.st_uid != 0 {
+        return Err(format!("{} is owned by uid {}", here.display(), st.st_uid));
+    }
+    if mode & 0o022 != 0 {
+        let who = match (mode & 0o020 != 0, mode & 0o002 != 0) {
+            (true, true) => "its group and everyone",
+            (true, false) => "its group",
+            _ => "everyone",
+        };
+        return Err(format!("{} can be written by {who} (mode {mode:o})", here.display()));
     }
     Ok(())
 }
 
-fn locate(program: &str) -> Result<PathBuf, HelperError> {
-    let mut refused = Vec::new();
-    for c in candidates(program) {
-        if !c.is_file() {
-            continue;
-        }
-        match trusted(&c) {
-            Ok(()) => return Ok(c),
-            Err(e) => refused.push(e),
+/// One step of a path being resolved.
+enum Step {
+    Root,
+    Up,
+    Name(OsString),
+}
+
+/// `p`'s steps, last first (a stack: a symlink's target is pushed on top).
+fn steps(p: &Path) -> Vec<Step> {
+    let mut v: Vec<Step> = p
+        .components()
+        .filter_map(|c| match c {
+            Component::RootDir => Some(Step::Root),
+            Component::ParentDir => Some(Step::Up),
+            Component::Normal(n) => Some(Step::Name(n.to_owned())),
+            Component::CurDir | Component::Prefix(_) => None,
+        })
+        .collect();
+    v.reverse();
+    v
+}
+
+/// For a privileged caller: opens `path` the way the kernel would resolve it, one component at a
+/// time with `O_PATH|O_NOFOLLOW` from a held descriptor, following symlinks here, and checks every
+/// directory from `/` down, every symlink and the file itself (`root_only`; a symlink only for its
+/// owner, its mode means nothing). Whoever else could change any of them could put another program
+/// there; and since each step opens from the descriptor just checked, nothing is looked up twice.
+/// `Ok(None)`: nothing runnable there.
+fn open_trusted(path: &Path) -> Result<Option<OwnedFd>, String> {
+    // As the kernel's own limit (ELOOP).
+    const MAX_SYMLINKS: usize = 40;
+    let open = |dir: BorrowedFd<'_>, name: &OsStr| {
+        rustix::fs::openat(dir, name, OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC, Mode::empty())
+    };
+    if !path.is_absolute() {
+        return Err(format!("{} is not an absolute path", path.display()));
+    }
+    let root = rustix::fs::open("/", OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
+        .map_err(|e| format!("/: {e}"))?;
+    let st = rustix::fs::fstat(&root).map_err(|e| format!("/: {e}"))?;
+    root_only(&st, Path::new("/"))?;
+    // The directories walked so far, each checked: `..` goes back to the one before (the
+    // directory this one was opened from), never to a parent that was not checked.
+    let mut walked: Vec<(OwnedFd, PathBuf)> = vec![(root, PathBuf::from("/"))];
+    let mut todo = steps(path);
+    let mut links = 0;
+    while let Some(step) = todo.pop() {
+        let name = match step {
+            Step::Root => {
+                walked.truncate(1);
+                continue;
+            }
+            Step::Up => {
+                if walked.len() > 1 {
+                    walked.pop();
+                }
+                continue;
+            }
+            Step::Name(n) => n,
+        };
+        // Invariant: `walked` always holds `/`.
+        let (dir, dir_path) = walked.last().expect("the root stays");
+        let here = dir_path.join(&name);
+        let fd = match open(dir.as_fd(), &name) {
+            Ok(fd) => fd,
+            Err(rustix::io::Errno::NOENT | rustix::io::Errno::NOTDIR) => return Ok(None),
+            Err(e) => return Err(format!("{}: {e}", here.display())),
+        };
+        let st = rustix::fs::fstat(&fd).map_err(|e| format!("{}: {e}", here.display()))?;
+        match FileType::from_raw_mode(st.st_mode) {
+            FileType::Symlink => {
+                if st.st_uid != 0 {
+                    return Err(format!("{} is a symlink owned by uid {}", here.display(), st.st_uid));
+                }
+                links += 1;
+                if links > MAX_SYMLINKS {
+                    return Err(format!("{}: too many levels of symbolic links", path.display()));
+                }
+                let target =
+                    rustix::fs::readlinkat(&fd, "", Vec::new()).map_err(|e| format!("{}: {e}", here.display()))?;
+                todo.extend(steps(Path::new(OsStr::from_bytes(target.as_bytes()))));
+            }
+            FileType::Directory => {
+                root_only(&st, &here)?;
+                walked.push((fd, here));
+            }
+            FileType::RegularFile if todo.is_empty() => {
+                root_only(&st, &here)?;
+                return Ok(Some(fd));
+            }
+            _ => return Ok(None),
         }
     }
-    let looked = candidates(program).iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ");
-    let refused = if refused.is_empty() { String::new() } else { format!("; refused: {}", refused.join("; ")) };
+    // The path named a directory.
+    Ok(None)
+}
+
+fn locate(program: &str, candidates: &[PathBuf]) -> Result<Program, HelperError> {
+    let strict = privileged();
+    let mut refused = Vec::new();
+    for c in candidates {
+        let found = if strict { open_trusted(c) } else { Ok(open_plain(c)) };
+        match found {
+            Ok(Some(fd)) => return Ok(Program { path: c.clone(), fd }),
+            Ok(None) => {}
+            Err(why) => refused.push(format!("{} ({why})", c.display())),
+        }
+    }
+    let looked = candidates.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ");
+    if refused.is_empty() {
+        return Err(HelperError::Failed(format!(
+            "the helper program {program} is not installed (looked in {looked}); reinstall dirseal"
+        )));
+    }
     Err(HelperError::Failed(format!(
-        "the helper program {program} is not installed (looked in {looked}{refused}); reinstall dirseal"
+        "the helper program {program} was refused: running as root (or set-user-ID), dirseal runs only a helper that \
+         root alone can change, as can every directory and symlink on the way to it from /; refused: {}; \
+         install {program} into a root-owned directory no one else can write (PREFIX/libexec, \
+         /usr/libexec) or fix the owner and mode named",
+        refused.join("; ")
     )))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
+    use std::time::Instant;
+
+    use dirseal_testfs::needs_root;
+
+    /// A directory root alone can change from / down, for stand-in helpers: beside the test
+    /// binary (target/PROFILE), as /tmp is everyone's.
+    fn trusted_dir() -> tempfile::TempDir {
+        let exe = std::env::current_exe().unwrap();
+        let base = exe.parent().unwrap().parent().unwrap();
+        let d = tempfile::Builder::new().prefix("helper-test").tempdir_in(base).unwrap();
+        if let Err(e) = open_trusted(d.path()) {
+            panic!("these tests need a directory root alone can change, and {} is not: {e}", d.path().display());
+        }
+        d
+    }
+
+    /// A shell script at `path`, owned by `uid`, that greets as a helper of this release and then
+    /// runs `rest`.
+    fn script(path: &Path, rest: &str, uid: u32) {
+        let mut s = String::from("#!/bin/sh\nprintf '");
+        for b in (HELLO.len() as u32).to_le_bytes() {
+            s += &format!("\\{b:03o}");
+        }
+        s += HELLO;
+        s += "'\n";
+        s += rest;
+        s += "\n";
+        std::fs::write(path, s).unwrap();
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::os::unix::fs::chown(path, Some(uid), Some(uid)).unwrap();
+    }
+
+    fn dir(path: &Path, mode: u32, uid: u32) {
+        std::fs::create_dir(path).unwrap();
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+        std::os::unix::fs::chown(path, Some(uid), Some(uid)).unwrap();
+    }
+
+    fn refused(r: Result<Session, HelperError>) -> String {
+        match r {
+            Err(HelperError::Failed(e)) => e,
+            Err(e) => panic!("{e:?}"),
+            Ok(s) => panic!("{} should have been refused", s.path.display()),
+        }
+    }
+
+    /// The processes of group `pgid` that are still running (zombies aside).
+    fn live_in_group(pgid: u32) -> Vec<String> {
+        let mut found = Vec::new();
+        for e in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else { continue };
+            // pid (comm) state ppid pgrp …; comm may hold anything, hence the last ')'.
+            let Some((_, rest)) = stat.rsplit_once(')') else { continue };
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            if f.len() > 2 && f[2] == pgid.to_string() && f[0] != "Z" && f[0] != "X" {
+                found.push(stat);
+            }
+        }
+        found
+    }
+
+    const NOBODY: u32 = 65534;
+
+    #[test]
+    fn a_privileged_caller_runs_only_what_root_alone_can_change_from_the_root_down() {
+        needs_root!();
+        let t = trusted_dir();
+        let marker = t.path().join("ran");
+        let evil = format!("touch {}", marker.display());
+        // Root's script in root's directory runs, also through root's symlink to it.
+        dir(&t.path().join("good"), 0o755, 0);
+        script(&t.path().join("good/dirseal-tpm2"), "cat >/dev/null", 0);
+        drop(
+            Session::start_at(Helper::Tpm2, &[t.path().join("good/dirseal-tpm2")]).unwrap_or_else(|e| panic!("{e:?}")),
+        );
+        std::os::unix::fs::symlink("good/./../good/dirseal-tpm2", t.path().join("link")).unwrap();
+        drop(Session::start_at(Helper::Tpm2, &[t.path().join("link")]).unwrap_or_else(|e| panic!("{e:?}")));
+        // Root's file in a user's directory, through root's symlink: the user could swap it.
+        dir(&t.path().join("user"), 0o755, NOBODY);
+        script(&t.path().join("user/dirseal-tpm2"), &evil, 0);
+        std::os::unix::fs::symlink("user/dirseal-tpm2", t.path().join("into-user")).unwrap();
+        let e = refused(Session::start_at(Helper::Tpm2, &[t.path().join("into-user")]));
+        assert!(e.contains("/user is owned by uid 65534") && e.contains("install dirseal-tpm2 into"), "{e}");
+        // A sticky directory anyone may write, as /tmp.
+        dir(&t.path().join("sticky"), 0o1777, 0);
+        script(&t.path().join("sticky/dirseal-tpm2"), &evil, 0);
+        let e = refused(Session::start_at(Helper::Tpm2, &[t.path().join("sticky/dirseal-tpm2")]));
+        assert!(e.contains("/sticky can be written by its group and everyone (mode 1777)"), "{e}");
+        // A user's symlink, even to root's file.
+        std::os::unix::fs::symlink("good/dirseal-tpm2", t.path().join("users-link")).unwrap();
+        std::os::unix::fs::lchown(t.path().join("users-link"), Some(NOBODY), Some(NOBODY)).unwrap();
+        let e = refused(Session::start_at(Helper::Tpm2, &[t.path().join("users-link")]));
+        assert!(e.contains("users-link is a symlink owned by uid 65534"), "{e}");
+        // A directory on the way that is not root's: the caller's check starts at /.
+        dir(&t.path().join("mid"), 0o755, NOBODY);
+        dir(&t.path().join("mid/sub"), 0o755, 0);
+        script(&t.path().join("mid/sub/dirseal-tpm2"), &evil, 0);
+        let e = refused(Session::start_at(Helper::Tpm2, &[t.path().join("mid/sub/dirseal-tpm2")]));
+        assert!(e.contains("/mid is owned by uid 65534"), "{e}");
+        assert!(!marker.exists(), "a refused helper ran");
+    }
+
+    /// Issue 41, item 3: a root-owned symlink into a user's directory, where the user swaps root's
+    /// helper and their own script (rename-exchange) while root checks and starts it.
+    #[test]
+    fn a_helper_swapped_under_the_check_never_runs_as_root() {
+        needs_root!();
+        let t = trusted_dir();
+        let marker = t.path().join("ran");
+        let user = t.path().join("user");
+        dir(&user, 0o755, NOBODY);
+        script(&user.join("helper"), "cat >/dev/null", 0);
+        script(&user.join("evil"), &format!("touch {}", marker.display()), NOBODY);
+        std::os::unix::fs::symlink(user.join("helper"), t.path().join("dirseal-tpm2")).unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let swapper = {
+            let (stop, user) = (stop.clone(), user.clone());
+            std::thread::spawn(move || {
+                let d = rustix::fs::open(&user, OFlags::PATH | OFlags::DIRECTORY, Mode::empty()).unwrap();
+                let mut n = 0u32;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    rustix::fs::renameat_with(&d, "helper", &d, "evil", rustix::fs::RenameFlags::EXCHANGE).unwrap();
+                    // Pauses of varying length, so that the swaps do not fall into step with
+                    // the lookups.
+                    n = n.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+                    for _ in 0..(n >> 20) % 4096 {
+                        std::hint::spin_loop();
+                    }
+                }
+            })
+        };
+        let mut errors = Vec::new();
+        for _ in 0..300 {
+            match Session::start_at(Helper::Tpm2, &[t.path().join("dirseal-tpm2")]) {
+                Ok(s) => drop(s),
+                Err(HelperError::Failed(e)) => errors.push(e),
+                Err(e) => panic!("{e:?}"),
+            }
+            if marker.exists() {
+                break;
+            }
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        swapper.join().unwrap();
+        assert!(!marker.exists(), "the user's script ran as root");
+        assert_eq!(errors.len(), 300, "every try must be refused");
+        assert!(errors[0].contains("/user is owned by uid 65534"), "{}", errors[0]);
+    }
+
+    /// Issue 41, item 4: a helper whose child keeps its stdout (and stderr) open.
+    #[test]
+    fn a_helper_that_leaves_a_child_behind_is_stopped_with_it_in_time() {
+        needs_root!();
+        let t = trusted_dir();
+        // Hangs, its child holding the pipes: the call times out.
+        let hangs = t.path().join("hangs");
+        script(&hangs, "sleep 30 &\nwait", 0);
+        let mut s = Session::start_at(Helper::Fido2, std::slice::from_ref(&hangs)).unwrap_or_else(|e| panic!("{e:?}"));
+        let group = s.pid();
+        let t0 = Instant::now();
+        match s.call::<_, u8>(&0u8, Duration::from_secs(1)) {
+            Err(HelperError::Failed(e)) => assert!(e.contains("did not answer within 1 s"), "{e}"),
+            r => panic!("{:?}", r.err()),
+        }
+        assert!(t0.elapsed() < Duration::from_secs(4), "returned after {:?}", t0.elapsed());
+        drop(s);
+        wait_for_empty_group(group);
+        // Ends, its child holding the pipes: the call fails with the helper's own exit.
+        let ends = t.path().join("ends");
+        script(&ends, "sleep 30 &\nexit 3", 0);
+        let mut s = Session::start_at(Helper::Fido2, std::slice::from_ref(&ends)).unwrap_or_else(|e| panic!("{e:?}"));
+        let group = s.pid();
+        // Lets the helper exit first, so that the write meets a closed pipe.
+        std::thread::sleep(Duration::from_millis(300));
+        let t0 = Instant::now();
+        match s.call::<_, u8>(&0u8, Duration::from_secs(10)) {
+            Err(HelperError::Failed(e)) => assert!(e.contains("ended (exit status: 3)"), "{e}"),
+            r => panic!("{:?}", r.err()),
+        }
+        assert!(t0.elapsed() < Duration::from_secs(4), "returned after {:?}", t0.elapsed());
+        drop(s);
+        wait_for_empty_group(group);
+    }
+
+    fn wait_for_empty_group(group: u32) {
+        let t0 = Instant::now();
+        while !live_in_group(group).is_empty() {
+            assert!(t0.elapsed() < Duration::from_secs(3), "left running: {:?}", live_in_group(group));
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Issue 41, item 10, the caller's half: the limit is set between fork and exec and stays
+    /// (dumpable is reset by exec; the helper's own half is tested in tests/hwlibs.rs).
+    #[test]
+    fn a_helper_starts_with_no_core_dumps() {
+        needs_root!();
+        let t = trusted_dir();
+        let p = t.path().join("dirseal-fido2");
+        script(&p, "cat >/dev/null", 0);
+        let s = Session::start_at(Helper::Fido2, &[p]).unwrap_or_else(|e| panic!("{e:?}"));
+        let limits = std::fs::read_to_string(format!("/proc/{}/limits", s.pid())).unwrap();
+        let core = limits.lines().find(|l| l.starts_with("Max core file size")).unwrap();
+        assert_eq!(core.split_whitespace().skip(4).take(2).collect::<Vec<_>>(), ["0", "0"], "{core}");
+    }
 
     #[test]
     fn frames_round_trip_and_oversized_ones_are_refused() {

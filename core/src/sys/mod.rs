@@ -4,7 +4,8 @@
 //! `statx` for the encrypted attribute, and `FITRIM` (UAPI `<linux/fs.h>`). Each is exposed as one safe function taking a borrowed
 //! fd, returning the raw [`Errno`] so that `crate::fscrypt` can map it to a meaningful error.
 //! [`shadow`] reads /etc/shadow and calls libcrypt. [`helper`] runs the TPM and FIDO2 helper programs
-//! (hw/), the only binaries that link libtss2-* and libfido2.
+//! (hw/), the only binaries that link libtss2-* and libfido2; [`fexecve`] runs a file by its
+//! descriptor, so that the helper run is the file checked.
 #![allow(unsafe_code)]
 // The structs keep their kernel names so they can be checked against the UAPI header by eye.
 #![allow(non_camel_case_types)]
@@ -306,4 +307,19 @@ pub(crate) fn loaded_from() -> Option<std::path::PathBuf> {
     let name = unsafe { CStr::from_ptr(here.dli_fname) };
     let p = std::path::PathBuf::from(OsStr::from_bytes(name.to_bytes()));
     p.is_absolute().then_some(p)
+}
+
+/// `fexecve(fd, [argv0], [])`: runs the file `fd` refers to (it may be an `O_PATH` descriptor),
+/// with `argv0` as its only argument and an empty environment. Returns only on failure.
+///
+/// Async-signal-safe (POSIX lists fexecve as such) and allocation-free, so it may run in a forked
+/// child of a multithreaded program, between fork and exec.
+pub(crate) fn fexecve(fd: BorrowedFd<'_>, argv0: &std::ffi::CStr) -> Errno {
+    let argv = [argv0.as_ptr(), std::ptr::null()];
+    let envp = [std::ptr::null::<libc::c_char>()];
+    // SAFETY: `fd` is live for the call; `argv` and `envp` are NULL-terminated arrays of pointers
+    // to NUL-terminated strings that outlive the call (`argv0` is borrowed, the arrays are on this
+    // stack). On success the call does not return.
+    unsafe { libc::fexecve(fd.as_raw_fd(), argv.as_ptr(), envp.as_ptr()) };
+    Errno::last()
 }
