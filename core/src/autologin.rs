@@ -9,6 +9,10 @@
 //!    (and SDDM's on-screen keyboard selected), so the greeter asks and its login unlocks;
 //! 3. it is not encrypted (or not dirseal's): autologin is left exactly as configured.
 //!
+//! It fails closed: every automatic login is turned off first ([`turn_off`]) and turned back on
+//! only for a manager whose every user was decided 1 or 3; `dirseal-autologin.service` runs
+//! [`turn_off`] again (`dirseal autologin off`) when the check did not succeed.
+//!
 //! Only files of dirseal's are written: a drop-in in the manager's configuration directory that
 //! sorts last ([`DROPIN_NAME`]), and where a file read after it sets the autologin (SDDM's and
 //! LightDM's main files, GDM, which has no drop-in directory) a modified copy in `/run`
