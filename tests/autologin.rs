@@ -9,7 +9,8 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use common::{p, Env};
 use dirseal_testfs::{Swtpm, User};
@@ -103,11 +104,18 @@ fn seen(root: &Path) -> (String, String, String, String) {
     let lightdm =
         [sorted(root.join("etc/lightdm/lightdm.conf.d")), vec![root.join("etc/lightdm/lightdm.conf")]].concat();
     let gdm = [root.join("etc/gdm3/daemon.conf")];
-    let gdm_on = last(&gdm, &["daemon"], "AutomaticLoginEnable").is_some_and(|v| v.eq_ignore_ascii_case("true"));
+    let gdm_on = |key: &str| last(&gdm, &["daemon"], key).is_some_and(|v| v.eq_ignore_ascii_case("true"));
+    let gdm_user = if gdm_on("AutomaticLoginEnable") {
+        last(&gdm, &["daemon"], "AutomaticLogin").unwrap_or_default()
+    } else if gdm_on("TimedLoginEnable") {
+        last(&gdm, &["daemon"], "TimedLogin").unwrap_or_default()
+    } else {
+        String::new()
+    };
     (
         last(&sddm, &["Autologin"], "User").unwrap_or_default(),
         last(&lightdm, &["Seat:*", "SeatDefaults"], "autologin-user").unwrap_or_default(),
-        if gdm_on { last(&gdm, &["daemon"], "AutomaticLogin").unwrap_or_default() } else { String::new() },
+        gdm_user,
         last(&sddm, &["General"], "InputMethod").unwrap_or_default(),
     )
 }
@@ -306,4 +314,169 @@ fn install_and_uninstall_leave_the_display_managers_files_as_they_were() {
     expected.insert("etc/dirseal".into(), "<dir>".into());
     assert_eq!(tree(d), expected, "the uninstall leaves exactly the managers' files, as they were");
     assert_eq!(seen(d).1, u.name);
+}
+
+/// SDDM's files in its order, for keys `seen` does not cover.
+fn sddm_files(root: &Path) -> Vec<PathBuf> {
+    [
+        sorted(root.join("usr/lib/sddm/sddm.conf.d")),
+        sorted(root.join("etc/sddm.conf.d")),
+        vec![root.join("etc/sddm.conf")],
+    ]
+    .concat()
+}
+
+#[test]
+fn gdm_timed_login_and_lightdm_timed_login_get_the_greeter_a_guest_is_left_alone() {
+    dirseal_testfs::needs_root!();
+    let env = Env::new();
+    let u = User::new(env.mnt());
+    env.ok(&["encrypt", u.home_str(), "--user", &u.name, "--no-recovery-key"], "pw-of-u\n");
+    env.ok(&["lock", u.home_str()], "");
+    let root = tempfile::tempdir().unwrap();
+    let r = root.path();
+    fs::create_dir_all(r.join("run")).unwrap();
+    // A guest has a fresh account and no home of dirseal's: as configured, nothing written.
+    put(r, "/etc/lightdm/lightdm.conf", "[Seat:*]\nautologin-guest=true\nautologin-session=gnome\n");
+    assert_eq!(status(&env, r), Vec::<serde_json::Value>::new());
+    let before = tree(r);
+    assert_eq!(check(&env, r), Vec::<serde_json::Value>::new());
+    assert_eq!(tree(r), before);
+
+    // GDM logs the user in from its greeter after 10 s; LightDM after 10 s too.
+    put(
+        r,
+        "/etc/gdm3/daemon.conf",
+        &format!("[daemon]\nTimedLoginEnable=true\nTimedLogin={}\nTimedLoginDelay=10\n", u.name),
+    );
+    put(
+        r,
+        "/etc/lightdm/lightdm.conf",
+        &format!("[SeatDefaults]\nautologin-user={}\nautologin-user-timeout=10\n", u.name),
+    );
+    assert_eq!(seen(r).1, u.name);
+    assert_eq!(seen(r).2, u.name);
+    let st = status(&env, r);
+    let field = |v: &[serde_json::Value], f: &str| v.iter().map(|x| x[f].clone()).collect::<Vec<_>>();
+    assert_eq!(field(&st, "manager"), ["lightdm", "gdm"]);
+    assert_eq!(field(&st, "kind"), ["timed", "timed"]);
+    assert_eq!(field(&st, "next_boot"), [2, 2]);
+    let out = check(&env, r);
+    assert_eq!(field(&out, "case"), [2, 2], "{out:?}");
+    assert_eq!((seen(r).1, seen(r).2), (String::new(), String::new()), "no timed login onto the locked home");
+    let gdm = fs::read_to_string(r.join("etc/gdm3/daemon.conf")).unwrap();
+    assert!(gdm.contains("TimedLoginEnable=false") && gdm.contains("TimedLoginDelay=10"), "{gdm}");
+    assert_eq!(field(&status(&env, r), "greeter_now"), [true, true]);
+    env.ok(&["autologin", "clear", "--root", p(r)], "");
+    assert_eq!(seen(r).2, u.name);
+}
+
+/// The command dirseal-autologin.service runs after the check (ExecStopPost), as systemd would
+/// run it with `result` in SERVICE_RESULT, the dirseal binary `bin`, the display managers below
+/// `root`, and a `systemctl` that only logs its arguments to `root/systemctl.log`.
+fn stop_post(root: &Path, bin: &str, result: &str) {
+    let unit = fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("data/systemd/dirseal-autologin.service"))
+        .unwrap();
+    let line = unit.lines().find_map(|l| l.strip_prefix("ExecStopPost=")).expect("the unit has an ExecStopPost");
+    let script = line.strip_prefix("/bin/sh -c '").and_then(|l| l.strip_suffix('\'')).expect("/bin/sh -c '…'");
+    let script = script
+        .replace("$$", "$")
+        .replace("/usr/sbin/dirseal autologin off", &format!("{bin} autologin off --root {}", p(root)));
+    let stub = root.join("stub");
+    fs::create_dir_all(&stub).unwrap();
+    let log = root.join("systemctl.log");
+    put(&stub, "systemctl", &format!("#!/bin/sh\necho \"$*\" >> {}\n[ \"$1\" != is-active ]\n", p(&log)));
+    Command::new("chmod").arg("755").arg(stub.join("systemctl")).status().unwrap();
+    let out = Command::new("/bin/sh")
+        .arg("-c")
+        .arg(&script)
+        .env("SERVICE_RESULT", result)
+        .env("PATH", format!("{}:/usr/bin:/bin", p(&stub)))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{script}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
+fn a_failed_check_leaves_autologin_off_and_a_dirseal_that_cannot_run_keeps_the_manager_from_starting() {
+    dirseal_testfs::needs_root!();
+    let env = Env::new();
+    let u = User::new(env.mnt());
+    let root = tempfile::tempdir().unwrap();
+    let r = root.path();
+    configure(r, &u.name);
+    let on = seen(r);
+    let bin = env!("CARGO_BIN_EXE_dirseal");
+    // A check that succeeded: nothing more.
+    stop_post(r, bin, "success");
+    assert_eq!(seen(r), on);
+    // It failed (exit status, signal, timeout): every autologin off, whatever the home; this needs
+    // no keystore (here one that cannot be read: the check itself fails on it).
+    let bad = env.etc.path().join("bad-keystore");
+    fs::create_dir_all(&bad).unwrap();
+    Command::new("chmod").arg("777").arg(&bad).status().unwrap();
+    let out = env.cmd(&["autologin", "check", "--root", p(r)]).env("DIRSEAL_KEYSTORE", &bad).output().unwrap();
+    assert!(!out.status.success(), "a world-writable keystore is refused");
+    for result in ["exit-code", "timeout", "signal"] {
+        stop_post(r, bin, result);
+        assert_eq!(seen(r), (String::new(), String::new(), String::new(), "qtvirtualkeyboard".into()), "{result}");
+    }
+    assert!(!r.join("systemctl.log").exists(), "the display manager starts (with its greeter)");
+    env.ok(&["autologin", "clear", "--root", p(r)], "");
+    assert_eq!(seen(r), on);
+    // dirseal does not run at all: the display manager's queued start is stopped.
+    stop_post(r, "/nonexistent/dirseal", "exit-code");
+    let log = fs::read_to_string(r.join("systemctl.log")).unwrap();
+    assert_eq!(log, "is-active --quiet display-manager.service\n--no-block stop display-manager.service\n");
+}
+
+#[test]
+fn a_check_killed_while_the_tpm_hangs_leaves_autologin_off_an_opened_home_turns_sddm_relogin_off() {
+    dirseal_testfs::needs_root!();
+    let mut tpm = Swtpm::start();
+    let env = Env::new();
+    writeln!(fs::OpenOptions::new().append(true).open(env.config()).unwrap(), "[tpm2]\ntcti = \"{}\"", tpm.tcti())
+        .unwrap();
+    let u = User::new(env.mnt());
+    let root = tempfile::tempdir().unwrap();
+    let r = root.path();
+    configure(r, &u.name);
+    put(r, "/etc/sddm.conf.d/steamos.conf", &format!("[Autologin]\nUser={}\nRelogin=true\n", u.name));
+    let on = seen(r);
+    let create = ["encrypt", u.home_str(), "--user", &u.name, "--protector-type", "tpm2", "--no-pin", "--pcr", "7"];
+    env.ok(&[&create[..], &["--protector-name", "boot", "--no-recovery-key"]].concat(), "");
+
+    // Case 1 with SDDM's Relogin: autologin proceeds, but a logout (which locks the home) must not
+    // log the user in again onto the locked home.
+    env.ok(&["lock", u.home_str()], "");
+    let out = check(&env, r);
+    assert_eq!(each(&out, "case"), [1, 1, 1], "{out:?}");
+    assert_eq!(seen(r), on);
+    assert_eq!(last(&sddm_files(r), &["Autologin"], "Relogin").as_deref(), Some("false"));
+    assert_eq!(each(&out, "relogin"), [true, false, false]);
+
+    // The TPM stops answering (its port accepts, nothing replies): the check hangs until systemd's
+    // timeout kills it. Autologin must be off by then.
+    env.ok(&["lock", u.home_str()], "");
+    let port: u16 = tpm.tcti().rsplit_once("port=").unwrap().1.parse().unwrap();
+    tpm.stop();
+    let _hang = (
+        std::net::TcpListener::bind(("127.0.0.1", port)).unwrap(),
+        std::net::TcpListener::bind(("127.0.0.1", port + 1)).unwrap(),
+    );
+    let mut child =
+        env.cmd(&["autologin", "check", "--root", p(r)]).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+    let off = (String::new(), String::new(), String::new(), "qtvirtualkeyboard".to_string());
+    let start = Instant::now();
+    while seen(r) != off && start.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(child.try_wait().unwrap().is_none(), "the check is still waiting for the TPM");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert_eq!(seen(r), off, "killed on the way, the check left autologin off");
+    assert_eq!(env.status_json(&u.home)["key"], "locked");
+    env.ok(&["autologin", "clear", "--root", p(r)], "");
+    assert_eq!(seen(r), on);
 }

@@ -56,6 +56,15 @@ pub enum HomeError {
         /// What failed.
         reason: String,
     },
+    /// A skeleton named by a caller who may not read what root can (D-Bus) is not a root-owned
+    /// tree in the allowed places: copying it would hand them root's files (`skel=/etc`: shadow).
+    #[error("skeleton {skel}: {reason}; a skeleton named over D-Bus must be /etc/skel, or a directory below /etc/skel* or /usr/share/*/skel*, root's with every directory from / and every entry in it root's and no directory writable by group or others: put the files there as root, leave skel out (/etc/skel), or run `dirseal home create USER --skel DIR` as root")]
+    SkelRefused {
+        /// The skeleton named.
+        skel: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// Encrypting the home or making its protector failed.
     #[error(transparent)]
     Ops(#[from] OpsError),
@@ -144,12 +153,87 @@ pub struct Options {
     pub recovery_key: Option<bool>,
     /// The login.defs file giving the home's mode.
     pub login_defs: PathBuf,
+    /// `skel` was named by a caller who may not read every file root can (a D-Bus caller, maybe
+    /// an unprivileged administrator through polkit): it must pass [`vet_skel`]. Root at a
+    /// terminal and root's own configuration (PAM's `skel=`) name any directory: root can copy
+    /// any file anyway.
+    pub skel_from_caller: bool,
 }
 
 impl Default for Options {
     fn default() -> Options {
-        Options { skel: DEFAULT_SKEL.into(), recovery_key: None, login_defs: LOGIN_DEFS.into() }
+        Options {
+            skel: DEFAULT_SKEL.into(),
+            recovery_key: None,
+            login_defs: LOGIN_DEFS.into(),
+            skel_from_caller: false,
+        }
     }
+}
+
+/// Whether `skel` may be copied for a caller who may not read what root can: it is `/etc/skel`,
+/// or below `/etc/skel*` or `/usr/share/*/skel*` (no `..`), every directory from `/` to it is
+/// root's and writable by no group or other (so nobody else can swap what is checked before the
+/// copy), and so is everything in it, every entry root's. Nothing is created before this passes.
+pub fn vet_skel(skel: &Path) -> Result<(), HomeError> {
+    use std::path::Component;
+    let refuse = |reason: String| HomeError::SkelRefused { skel: skel.to_path_buf(), reason };
+    let mut names = Vec::new();
+    for c in skel.components() {
+        match c {
+            Component::RootDir => {}
+            Component::Normal(n) => names.push(n),
+            _ => return Err(refuse("it is not an absolute path without `.` or `..`".into())),
+        }
+    }
+    let skel_named = |n: &OsStr| n.as_bytes().starts_with(b"skel");
+    let is = |n: &OsStr, s: &str| n.as_bytes() == s.as_bytes();
+    let allowed = matches!(names.as_slice(), [etc, n, ..] if is(etc, "etc") && skel_named(n))
+        || matches!(names.as_slice(), [usr, share, _, n, ..] if is(usr, "usr") && is(share, "share") && skel_named(n));
+    if !skel.has_root() || !allowed {
+        return Err(refuse("it is not in the places allowed".into()));
+    }
+    let mut dir = open_dir_nofollow(None, OsStr::new("/")).map_err(|e| refuse(format!("/: {e}")))?;
+    let mut at = PathBuf::from("/");
+    root_tree(&dir, &at, false).map_err(refuse)?;
+    for n in names {
+        at.push(n);
+        dir = open_dir_nofollow(Some(dir.as_fd()), n)
+            .map_err(|e| refuse(format!("{}: {e} (symlinks are not followed)", at.display())))?;
+        root_tree(&dir, &at, false).map_err(refuse)?;
+    }
+    root_tree(&dir, &at, true).map_err(refuse)
+}
+
+/// `dir` (at `at`) is root's and writable by no group or other; with `below`, so is every entry
+/// under it (directories not writable by others either).
+fn root_tree(dir: &OwnedFd, at: &Path, below: bool) -> Result<(), String> {
+    let st = rustix::fs::fstat(dir).map_err(|e| format!("{}: {e}", at.display()))?;
+    if st.st_uid != 0 || st.st_mode & 0o022 != 0 {
+        return Err(format!("{} is not root's or is writable by group or others", at.display()));
+    }
+    if !below {
+        return Ok(());
+    }
+    let entries = rustix::fs::Dir::read_from(dir).map_err(|e| format!("{}: {e}", at.display()))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| format!("{}: {e}", at.display()))?;
+        let name = OsStr::from_bytes(entry.file_name().to_bytes());
+        if name == "." || name == ".." {
+            continue;
+        }
+        let path = at.join(name);
+        let st =
+            rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW).map_err(|e| format!("{}: {e}", path.display()))?;
+        if st.st_uid != 0 {
+            return Err(format!("{} is not root's", path.display()));
+        }
+        if FileType::from_raw_mode(st.st_mode) == FileType::Directory {
+            let sub = open_dir_nofollow(Some(dir.as_fd()), name).map_err(|e| format!("{}: {e}", path.display()))?;
+            root_tree(&sub, &path, true)?;
+        }
+    }
+    Ok(())
 }
 
 /// A home made.
@@ -207,6 +291,9 @@ pub fn create(
         return Err(HomeError::Path { path: home.clone(), reason: "the passwd entry's home is not absolute".into() });
     }
     let missing = check_absent_or_empty(acct)?;
+    if options.skel_from_caller {
+        vet_skel(&options.skel)?;
+    }
     let parent = home.parent().unwrap_or(Path::new("/"));
     // Nothing is created (directory, protector, policy) on a filesystem that cannot encrypt.
     let mp = crate::fscrypt::mount_point(parent).map_err(OpsError::from)?;
@@ -403,7 +490,26 @@ fn xattrs(fd: BorrowedFd<'_>) -> std::io::Result<Vec<(std::ffi::CString, Vec<u8>
 
 #[cfg(test)]
 mod tests {
-    use super::LoginDefs;
+    use super::{vet_skel, HomeError, LoginDefs};
+    use std::path::Path;
+
+    #[test]
+    fn a_callers_skeleton_is_only_below_etc_skel_or_usr_share_skel() {
+        for bad in
+            ["/etc", "/etc/", "/", "/etc/skel/../shadow", "etc/skel", "/tmp/skel", "/usr/share/skel", "/home/x/skel"]
+        {
+            let e = vet_skel(Path::new(bad)).expect_err(bad);
+            assert!(
+                matches!(&e, HomeError::SkelRefused { reason, .. } if reason.contains("allowed") || reason.contains("absolute")),
+                "{bad}: {e}"
+            );
+        }
+        // In the allowed places, the tree decides (here: missing).
+        for place in ["/etc/skel.dirseal-missing", "/usr/share/pkg/skel-missing/sub"] {
+            let e = vet_skel(Path::new(place)).expect_err(place);
+            assert!(e.to_string().contains("No such file"), "{place}: {e}");
+        }
+    }
 
     #[test]
     fn login_defs_home_mode_wins_over_umask() {

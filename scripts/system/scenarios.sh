@@ -361,8 +361,10 @@ dm_boot() {
   journalctl -u dirseal-autologin -b --no-pager -o cat | tail -3 >>"$R/autologin.log"
   check "start lightdm" systemctl start lightdm
 }
+AUTOLOGIN_HANG=/run/systemd/system/dirseal-autologin.service.d/zz-test-hang.conf
 autologin_undo() {
   systemctl stop lightdm 2>/dev/null || true
+  [ ! -f "$AUTOLOGIN_HANG" ] || { rm -f "$AUTOLOGIN_HANG"; systemctl daemon-reload; }
   loginctl terminate-user kim 2>/dev/null || true
   command -v dirseal >/dev/null && dirseal autologin clear || true
   [ ! -f "$W/lightdm.conf.orig" ] || cp "$W/lightdm.conf.orig" /etc/lightdm/lightdm.conf
@@ -415,6 +417,26 @@ scenario_autologin() {
   grep -qx 'autologin-user=kim' /etc/lightdm/lightdm.conf || fail "autologin is still off"
   journalctl -u dirseal-autologin -b --no-pager -o cat | grep -q "opened with protector kim-boot" ||
     fail "the unit's log does not say the TPM opened it: $(journalctl -u dirseal-autologin -b --no-pager -o cat | tail -3)"
+
+  step "(c) the check hangs past its timeout (a TPM that never answers): autologin off, the greeter"
+  # Only the unit's own fallback (ExecStopPost: dirseal autologin off) can turn it off here.
+  mkdir -p "${AUTOLOGIN_HANG%/*}"
+  printf '[Service]\nExecStart=\nExecStart=/bin/sleep 600\nTimeoutStartSec=5\n' >"$AUTOLOGIN_HANG"
+  systemctl daemon-reload
+  systemctl stop lightdm 2>/dev/null || true
+  loginctl terminate-user kim 2>/dev/null || true
+  wait_for 60 eval '! kim_up && [ -z "$(sessions_of lightdm)" ]' || fail "sessions left: $(loginctl list-sessions --no-legend)"
+  [ "$(home_key kim)" = locked ] || dirseal lock /home/kim >/dev/null
+  systemctl restart dirseal-autologin.service && fail "the hanging check did not time out"
+  [ "$(systemctl show -p Result --value dirseal-autologin.service)" = timeout ] ||
+    fail "the check's result: $(systemctl show -p Result --value dirseal-autologin.service)"
+  grep -qx 'autologin-user=' /etc/lightdm/lightdm.conf || fail "autologin still on after the timeout: $(grep -n autologin /etc/lightdm/lightdm.conf | head -3)"
+  check "start lightdm" systemctl start lightdm
+  wait_for 240 greeter_up || fail "no greeter session within 240 s after the timeout"
+  sleep 10
+  ! kim_up || fail "kim's session started on a locked home after the check timed out"
+  rm -f "$AUTOLOGIN_HANG"
+  systemctl daemon-reload
   step "autologin: $(( $(date +%s) - t0 )) s"
 }
 

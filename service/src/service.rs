@@ -860,7 +860,8 @@ impl Service {
     /// Creates `user`'s home (from the passwd entry) encrypted from the start, with a new password
     /// protector of theirs, named after them, whose password is `secret`; the skeleton is copied
     /// in. Root or an administrator (polkit) only. The home must not exist or be empty. Options:
-    /// `skel` (s: an absolute directory; default /etc/skel). No recovery key is made
+    /// `skel` (s: default /etc/skel; one given must pass `dirseal::home::vet_skel`: a root-owned
+    /// tree below /etc/skel* or /usr/share/*/skel*). No recovery key is made
     /// (`RecoveryAdd` makes one). Returns (home, policy, protector).
     #[zbus(out_args("home", "policy", "protector"))]
     async fn create_home(
@@ -887,9 +888,8 @@ impl Service {
                         )
                         .map_err(|_| Error::invalid("option skel must be of type s"))?;
                         o.skel = PathBuf::from(s);
-                        if !o.skel.is_absolute() {
-                            return Err(Error::invalid("option skel must be an absolute path"));
-                        }
+                        // The caller may not read what root can: the core vets what is copied.
+                        o.skel_from_caller = true;
                     }
                     other => return Err(Error::invalid(format!("unknown option {other:?}; known: skel"))),
                 }
@@ -907,6 +907,7 @@ impl Service {
                 e @ HomeError::NotEmpty { .. } => Error::new(Kind::Busy, e.to_string()),
                 e @ HomeError::Path { .. } => Error::invalid(e.to_string()),
                 e @ HomeError::Skel { .. } => Error::failed(e.to_string()),
+                e @ HomeError::SkelRefused { .. } => Error::invalid(e.to_string()),
             })?;
             Ok((made.home.display().to_string(), made.policy.to_string(), made.protector.to_string()))
         })

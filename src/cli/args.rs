@@ -492,6 +492,12 @@ pub enum AutologinCmd {
         #[arg(long)]
         json: bool,
     },
+    /// Turn every automatic login off for this boot, whatever the home (dirseal-autologin.service runs it when the check failed); needs no keystore
+    Off {
+        /// The root of the system whose display managers are configured (for images and tests)
+        #[arg(long, value_name = "DIR", default_value = "/")]
+        root: PathBuf,
+    },
     /// Remove every drop-in and runtime copy dirseal wrote for autologins (uninstalling does it)
     Clear {
         /// The root of the system whose display managers are configured (for images and tests)

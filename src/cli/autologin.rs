@@ -35,6 +35,21 @@ pub fn clear(root: &Path) -> Result<i32> {
     Ok(0)
 }
 
+/// `off` needs no keystore either: it is what runs when the check could not.
+pub fn off(root: &Path) -> Result<i32> {
+    for (list, written) in autologin::turn_off(root)? {
+        let files: Vec<String> = written.iter().map(|p| clean(&p.display().to_string())).collect();
+        let users: Vec<String> = list.iter().map(|c| clean(&c.user)).collect();
+        println!(
+            "{}: automatic login of {} off for this boot ({})",
+            list[0].manager.name(),
+            users.join(", "),
+            files.join(", ")
+        );
+    }
+    Ok(0)
+}
+
 pub fn run(ds: &Dirseal, cmd: AutologinCmd) -> Result<i32> {
     match cmd {
         AutologinCmd::Check { root, json } => {
@@ -49,14 +64,19 @@ pub fn run(ds: &Dirseal, cmd: AutologinCmd) -> Result<i32> {
             for o in &out {
                 let (m, u) = (o.configured.manager.name(), clean(&o.configured.user));
                 match o.case {
-                    1 => match &o.opened_with {
-                        Some(p) => println!(
-                            "{m}: {u}'s home opened with protector {} ({}); autologin proceeds",
-                            clean(&p.name),
-                            p.id
-                        ),
-                        None => println!("{m}: {u}'s home is open; autologin proceeds"),
-                    },
+                    1 => {
+                        match &o.opened_with {
+                            Some(p) => println!(
+                                "{m}: {u}'s home opened with protector {} ({}); autologin proceeds",
+                                clean(&p.name),
+                                p.id
+                            ),
+                            None => println!("{m}: {u}'s home is open; autologin proceeds"),
+                        }
+                        if !o.written.is_empty() {
+                            println!("  relogin after a logout is off for this boot: a logout locks the home");
+                        }
+                    }
                     2 => {
                         let files: Vec<String> = o.written.iter().map(|p| clean(&p.display().to_string())).collect();
                         println!(
@@ -82,6 +102,7 @@ pub fn run(ds: &Dirseal, cmd: AutologinCmd) -> Result<i32> {
             Ok(0)
         }
         AutologinCmd::Clear { root } => clear(&root),
+        AutologinCmd::Off { root } => off(&root),
     }
 }
 

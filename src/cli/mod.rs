@@ -247,6 +247,10 @@ fn run(cli: Cli) -> Result<i32> {
     if let Cmd::Autologin(args::AutologinCmd::Clear { root }) = &cli.cmd {
         return autologin::clear(root);
     }
+    // The check's fallback: it must work when the keystore or the configuration cannot be read.
+    if let Cmd::Autologin(args::AutologinCmd::Off { root }) = &cli.cmd {
+        return autologin::off(root);
+    }
     // Commands that only read never create a keystore (a typo'd --keystore, or a status on a
     // machine that manages nothing, must leave no directory behind).
     let read_only = matches!(
