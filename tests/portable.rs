@@ -215,17 +215,14 @@ fn card_opens_on_another_machine_by_password_and_by_touch() {
     assert_eq!(fs::read(games.join("save.dat")).unwrap(), b"level 42");
     a.ok(&["lock", p(&games)], "");
 
-    // A local record of the same policy never shadows the card's silently.
+    // A local record of the same policy is this machine's: the card's is then ignored, and said so
+    // (a_record_planted_on_a_filesystem_never_stands_in_for_a_local_policy).
     let policy = records_on(card.path(), "policies").remove(0);
-    fs::create_dir_all(b.keystore().join("policies")).unwrap();
     let local = b.keystore().join("policies").join(policy.file_name().unwrap());
     fs::copy(&policy, &local).unwrap();
     let st = b.status(&games);
-    let warnings = st["warnings"].to_string();
-    assert!(warnings.contains("also has a record of policy") && warnings.contains("the one on the medium"), "{st}");
-    let out = b.ok(&["unlock", p(&games), "--protector", &pw], "pw\n");
-    assert!(out.contains("also has a record of policy"), "{out}");
-    b.ok(&["lock", p(&games)], "");
+    assert_eq!(st["portable"], serde_json::Value::Null, "{st}");
+    assert!(st["warnings"].to_string().contains("also holds a record of policy"), "{st}");
     fs::remove_file(&local).unwrap();
 
     // The password changes on the card: the other machine opens with the new one.
@@ -611,4 +608,46 @@ fn a_fifo_or_a_device_on_the_medium_is_refused_unopened() {
     }
     a.ok(&unlock, "pw\n");
     assert_eq!(fs::read(d.join("f")).unwrap(), b"x");
+}
+
+/// A record planted on a filesystem under a local directory's policy id (a portable record made
+/// for another key, renamed): the local record is still the one used, and the planted one is
+/// named by `unlock` and `status`.
+#[test]
+fn a_record_planted_on_a_filesystem_never_stands_in_for_a_local_policy() {
+    dirseal_testfs::needs_root!();
+    let fs_ = TestFs::new();
+    let a = Machine::new(None);
+    let d = fs_.path().join("local");
+    fs::create_dir(&d).unwrap();
+    a.ok(&["encrypt", p(&d), "--protector-name", "pw", "--no-recovery-key"], "pw\n");
+    fs::write(d.join("f"), b"kept").unwrap();
+    a.ok(&["lock", p(&d)], "");
+    let id = a.status(&d)["policy"].as_str().unwrap().to_string();
+
+    // The attacker's: a portable directory of their own on the same filesystem (their password),
+    // its policy record copied under the local policy's id.
+    let evil = Machine::new(None);
+    let e = fs_.path().join("evil");
+    fs::create_dir(&e).unwrap();
+    evil.ok(&["encrypt", p(&e), "--portable", "--protector-name", "evil", "--no-recovery-key"], "evil\n");
+    let theirs = records_on(fs_.path(), "policies").remove(0);
+    let their_id = theirs.file_stem().unwrap().to_str().unwrap().to_string();
+    let planted = theirs.with_file_name(format!("{id}.json"));
+    fs::write(&planted, fs::read_to_string(&theirs).unwrap().replace(&their_id, &id)).unwrap();
+    chmod(&planted, 0o600);
+
+    let st = a.status(&d);
+    assert_eq!((st["managed"].clone(), st["portable"].clone()), (true.into(), serde_json::Value::Null), "{st}");
+    let names: Vec<&str> = st["protectors"].as_array().unwrap().iter().map(|p| p["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["pw"], "{st}");
+    let warnings = st["warnings"].to_string();
+    assert!(warnings.contains("also holds a record of policy") && warnings.contains(p(&planted)), "{st}");
+    let out = a.ok(&["unlock", p(&d)], "pw\n");
+    assert!(out.contains("also holds a record of policy") && out.contains(p(&planted)), "{out}");
+    assert_eq!(fs::read(d.join("f")).unwrap(), b"kept");
+    a.ok(&["lock", p(&d)], "");
+    // The attacker's own directory is theirs as before.
+    evil.ok(&["lock", p(&e)], "");
+    evil.ok(&["unlock", p(&e)], "evil\n");
 }
