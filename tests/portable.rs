@@ -9,9 +9,10 @@ mod common;
 
 use std::fs;
 use std::io::Write;
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 use common::{p, TestFs, FAST_CONFIG};
 use dirseal_softfido::{Options, SoftFido};
@@ -53,6 +54,31 @@ impl Machine {
             .unwrap();
         // A command may fail before reading its input.
         let _ = child.stdin.take().unwrap().write_all(stdin.as_bytes());
+        child.wait_with_output().unwrap()
+    }
+
+    /// [`Machine::run`] that must end within `limit`: killed and a test failure otherwise (root
+    /// stalled by something on a medium).
+    fn run_within(&self, limit: Duration, args: &[&str], stdin: &str) -> Output {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_dirseal"))
+            .args(args)
+            .env("DIRSEAL_CONFIG", self.etc.path().join("config.toml"))
+            .env("DIRSEAL_KEYSTORE", self.keystore())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let _ = child.stdin.take().unwrap().write_all(stdin.as_bytes());
+        let start = Instant::now();
+        while child.try_wait().unwrap().is_none() {
+            if start.elapsed() > limit {
+                let _ = child.kill();
+                let out = child.wait_with_output().unwrap();
+                panic!("dirseal {args:?} still ran after {limit:?}: {}", String::from_utf8_lossy(&out.stderr));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
         child.wait_with_output().unwrap()
     }
 
@@ -189,17 +215,14 @@ fn card_opens_on_another_machine_by_password_and_by_touch() {
     assert_eq!(fs::read(games.join("save.dat")).unwrap(), b"level 42");
     a.ok(&["lock", p(&games)], "");
 
-    // A local record of the same policy never shadows the card's silently.
+    // A local record of the same policy is this machine's: the card's is then ignored, and said so
+    // (a_record_planted_on_a_filesystem_never_stands_in_for_a_local_policy).
     let policy = records_on(card.path(), "policies").remove(0);
-    fs::create_dir_all(b.keystore().join("policies")).unwrap();
     let local = b.keystore().join("policies").join(policy.file_name().unwrap());
     fs::copy(&policy, &local).unwrap();
     let st = b.status(&games);
-    let warnings = st["warnings"].to_string();
-    assert!(warnings.contains("also has a record of policy") && warnings.contains("the one on the medium"), "{st}");
-    let out = b.ok(&["unlock", p(&games), "--protector", &pw], "pw\n");
-    assert!(out.contains("also has a record of policy"), "{out}");
-    b.ok(&["lock", p(&games)], "");
+    assert_eq!(st["portable"], serde_json::Value::Null, "{st}");
+    assert!(st["warnings"].to_string().contains("also holds a record of policy"), "{st}");
     fs::remove_file(&local).unwrap();
 
     // The password changes on the card: the other machine opens with the new one.
@@ -316,6 +339,9 @@ fn hostile_records_on_the_card_are_clear_errors() {
     // A filesystem mounted over the records is not the card's.
     let over = TestFs::new();
     fs::create_dir_all(over.path().join("portable/policies")).unwrap();
+    for dir in ["", "portable", "portable/policies"] {
+        fs::set_permissions(over.path().join(dir), fs::Permissions::from_mode(0o700)).unwrap();
+    }
     let out =
         Command::new("mount").args(["--bind"]).arg(over.path()).arg(card.path().join(".dirseal")).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -467,4 +493,161 @@ fn a_planted_dirseal_does_not_lock_out_local_directories() {
         "{st}"
     );
     assert_eq!(st["portable"], serde_json::Value::Null, "{st}");
+}
+
+fn records_dir(card: &TestFs) -> PathBuf {
+    card.path().join(".dirseal/portable")
+}
+
+fn chmod(path: &Path, mode: u32) {
+    fs::set_permissions(path, fs::Permissions::from_mode(mode)).unwrap();
+}
+
+/// A process holding a lock, killed when dropped (a failed test leaves none behind).
+struct Holder(std::process::Child);
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Records and a lock on a card that another user could open are refused (they could hold the
+/// lock, or read a record), and a lock held by another process is waited for a few seconds, then
+/// an error naming it: root is never stalled by a medium.
+#[test]
+fn a_medium_lock_others_could_take_is_refused_and_a_held_one_ends_in_an_error() {
+    dirseal_testfs::needs_root!();
+    let card = TestFs::new();
+    let a = Machine::new(None);
+    let (d, _) = portable_card(&a, &card);
+    let (records, lock) = (records_dir(&card), records_dir(&card).join(".lock"));
+    assert_eq!(fs::metadata(&lock).unwrap().permissions().mode() & 0o777, 0o600);
+    let add = ["policy", "add-protector", p(&d), "--protector-name", "pw2"];
+    let limit = Duration::from_secs(60);
+    let refused = |want: &[&str]| {
+        let out = a.run_within(limit, &add, "pw\npw2\npw2\n");
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert!(want.iter().all(|w| err.contains(w)), "want {want:?}: {err}");
+    };
+
+    // As a card made elsewhere could come: 0755 records, a 0644 lock.
+    chmod(&records, 0o755);
+    chmod(&lock, 0o644);
+    refused(&["lets group or others open it", p(&records), "chmod 700"]);
+    chmod(&records, 0o700);
+    refused(&["lets group or others open it", p(&lock), "chmod 600"]);
+    chmod(&lock, 0o600);
+    assert_eq!(records_on(card.path(), "protectors").len(), 1, "nothing was added");
+
+    // Another process holds the lock: an error within the wait, not a hang.
+    // One process holds it (the shell becomes `sleep`), so killing it lets go.
+    let hold = "exec 9<>\"$0\" && flock -x 9 && exec sleep 120";
+    let holder = Holder(Command::new("sh").args(["-c", hold]).arg(&lock).spawn().unwrap());
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(10)
+        && Command::new("flock").args(["-n", "-x"]).arg(&lock).arg("true").status().unwrap().success()
+    {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let t = Instant::now();
+    refused(&["is locked by another process", p(&lock), "fuser -v"]);
+    let waited = t.elapsed();
+    drop(holder);
+    assert!(waited < Duration::from_secs(30), "{waited:?}");
+    assert_eq!(records_on(card.path(), "protectors").len(), 1, "nothing was added");
+    a.ok(&add, "pw\npw2\npw2\n");
+    assert_eq!(records_on(card.path(), "protectors").len(), 2);
+}
+
+/// What a FIFO or a device node in place of the card's lock or of a record does: refused before
+/// it is opened, and nothing waits. A writer waiting on the FIFO would be let through by any open
+/// of it; the device node has no driver, so opening it would fail otherwise ("no such device").
+#[test]
+fn a_fifo_or_a_device_on_the_medium_is_refused_unopened() {
+    dirseal_testfs::needs_root!();
+    let card = TestFs::new();
+    let a = Machine::new(None);
+    let (d, policy) = portable_card(&a, &card);
+    let lock = records_dir(&card).join(".lock");
+    let limit = Duration::from_secs(60);
+    let add = ["policy", "add-protector", p(&d), "--protector-name", "pw2"];
+    let unlock = ["unlock", p(&d)];
+    for (target, args, stdin) in [(&lock, &add[..], "pw\npw2\npw2\n"), (&policy, &unlock[..], "pw\n")] {
+        let good = fs::read(target).unwrap();
+        for fifo in [true, false] {
+            fs::remove_file(target).unwrap();
+            let mode = nix::sys::stat::Mode::from_bits_truncate(0o600);
+            let writer = if fifo {
+                nix::unistd::mkfifo(target, mode).unwrap();
+                let (tx, rx) = std::sync::mpsc::channel();
+                let path = target.clone();
+                std::thread::spawn(move || tx.send(fs::OpenOptions::new().write(true).open(&path).is_ok()));
+                Some(rx)
+            } else {
+                let dev = nix::sys::stat::makedev(0, 0);
+                nix::sys::stat::mknod(target, nix::sys::stat::SFlag::S_IFCHR, mode, dev).unwrap();
+                None
+            };
+            let out = a.run_within(limit, args, stdin);
+            let err = String::from_utf8_lossy(&out.stderr).into_owned();
+            assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+            assert!(err.contains("not a regular file") && err.contains(p(target)), "{args:?}: {err}");
+            if let Some(rx) = writer {
+                assert!(rx.recv_timeout(Duration::from_millis(300)).is_err(), "{args:?} opened the FIFO");
+                // Let the writer go.
+                let _reader = fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(target).unwrap();
+                assert!(rx.recv().unwrap());
+            }
+        }
+        fs::remove_file(target).unwrap();
+        fs::write(target, good).unwrap();
+        chmod(target, 0o600);
+    }
+    a.ok(&unlock, "pw\n");
+    assert_eq!(fs::read(d.join("f")).unwrap(), b"x");
+}
+
+/// A record planted on a filesystem under a local directory's policy id (a portable record made
+/// for another key, renamed): the local record is still the one used, and the planted one is
+/// named by `unlock` and `status`.
+#[test]
+fn a_record_planted_on_a_filesystem_never_stands_in_for_a_local_policy() {
+    dirseal_testfs::needs_root!();
+    let fs_ = TestFs::new();
+    let a = Machine::new(None);
+    let d = fs_.path().join("local");
+    fs::create_dir(&d).unwrap();
+    a.ok(&["encrypt", p(&d), "--protector-name", "pw", "--no-recovery-key"], "pw\n");
+    fs::write(d.join("f"), b"kept").unwrap();
+    a.ok(&["lock", p(&d)], "");
+    let id = a.status(&d)["policy"].as_str().unwrap().to_string();
+
+    // The attacker's: a portable directory of their own on the same filesystem (their password),
+    // its policy record copied under the local policy's id.
+    let evil = Machine::new(None);
+    let e = fs_.path().join("evil");
+    fs::create_dir(&e).unwrap();
+    evil.ok(&["encrypt", p(&e), "--portable", "--protector-name", "evil", "--no-recovery-key"], "evil\n");
+    let theirs = records_on(fs_.path(), "policies").remove(0);
+    let their_id = theirs.file_stem().unwrap().to_str().unwrap().to_string();
+    let planted = theirs.with_file_name(format!("{id}.json"));
+    fs::write(&planted, fs::read_to_string(&theirs).unwrap().replace(&their_id, &id)).unwrap();
+    chmod(&planted, 0o600);
+
+    let st = a.status(&d);
+    assert_eq!((st["managed"].clone(), st["portable"].clone()), (true.into(), serde_json::Value::Null), "{st}");
+    let names: Vec<&str> = st["protectors"].as_array().unwrap().iter().map(|p| p["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["pw"], "{st}");
+    let warnings = st["warnings"].to_string();
+    assert!(warnings.contains("also holds a record of policy") && warnings.contains(p(&planted)), "{st}");
+    let out = a.ok(&["unlock", p(&d)], "pw\n");
+    assert!(out.contains("also holds a record of policy") && out.contains(p(&planted)), "{out}");
+    assert_eq!(fs::read(d.join("f")).unwrap(), b"kept");
+    a.ok(&["lock", p(&d)], "");
+    // The attacker's own directory is theirs as before.
+    evil.ok(&["lock", p(&e)], "");
+    evil.ok(&["unlock", p(&e)], "evil\n");
 }

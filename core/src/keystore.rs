@@ -13,11 +13,15 @@ use crate::ids::{KeyIdentifier, ProtectorId};
 use crate::protector;
 pub use crate::protector::{ProtectorKind, ProtectorRecord};
 use crate::secret::{MasterKey, ProtectorKey, MASTER_KEY_LEN};
-use crate::securefile::{self, SecureFileError};
+use crate::securefile::{self, Privacy, SecureFileError};
 use crate::wrap::{self, Kek, WrapError, Wrapped};
 
 const POLICY_FORMAT: &str = "dirseal-policy";
 const MAX_FILE_BYTES: u64 = 256 * 1024;
+/// How long a medium's keystore lock is waited for. dirseal holds it only while it writes a few
+/// small files; someone holding it longer (a medium's lock is not this machine's to trust) gets an
+/// error rather than root stalled for ever.
+const MEDIUM_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Why the keystore could not be read or changed; each names the file or record concerned.
 #[derive(Debug, thiserror::Error)]
@@ -198,18 +202,19 @@ pub struct Keystore {
 }
 
 impl Keystore {
-    /// Opens the keystore at `root`, creating it (0700, root) if missing.
+    /// Opens the keystore at `root`, creating it (0700, root) if missing. Its directories and
+    /// files must be root's alone ([`Privacy::OwnerOnly`]), here as on a medium.
     pub fn open(root: &Path) -> Result<Keystore, KeystoreError> {
-        securefile::ensure_private_dir(root)?;
-        securefile::ensure_private_dir(&root.join("protectors"))?;
-        securefile::ensure_private_dir(&root.join("policies"))?;
+        securefile::ensure_dir(root, Privacy::OwnerOnly)?;
+        securefile::ensure_dir(&root.join("protectors"), Privacy::OwnerOnly)?;
+        securefile::ensure_dir(&root.join("policies"), Privacy::OwnerOnly)?;
         Ok(Keystore { root: root.to_path_buf(), medium: None })
     }
 
     /// Opens without creating anything (for the PAM module and read-only status): a missing
     /// keystore is an empty one.
     pub(crate) fn open_existing(root: &Path) -> Result<Keystore, KeystoreError> {
-        match securefile::check_private_dir(root) {
+        match securefile::check_dir(root, Privacy::OwnerOnly) {
             Ok(()) | Err(SecureFileError::NotFound { .. }) => Ok(Keystore { root: root.to_path_buf(), medium: None }),
             Err(e) => Err(e.into()),
         }
@@ -231,9 +236,12 @@ impl Keystore {
         self.medium.as_deref()
     }
 
-    /// Takes the keystore lock (blocking), for a read-modify-write of its files.
+    /// Takes the keystore lock, for a read-modify-write of its files: waiting as long as it takes
+    /// for this machine's (only root can open it), at most [`MEDIUM_LOCK_WAIT`] for a medium's.
     pub fn lock(&self) -> Result<KeystoreLock, KeystoreError> {
-        Ok(KeystoreLock { _lock: securefile::lock_file(&self.root.join(".lock"))? })
+        let path = self.root.join(".lock");
+        let wait = self.medium.is_some().then_some(MEDIUM_LOCK_WAIT);
+        Ok(KeystoreLock { _lock: securefile::lock_file_within(&path, Privacy::OwnerOnly, wait)? })
     }
 
     pub(crate) fn protector_path(&self, id: &ProtectorId) -> PathBuf {
@@ -245,7 +253,7 @@ impl Keystore {
     }
 
     fn read(&self, path: &Path, kind: &'static str, id: String) -> Result<Vec<u8>, KeystoreError> {
-        match securefile::read_private(path, MAX_FILE_BYTES) {
+        match securefile::read_file(path, MAX_FILE_BYTES, Privacy::OwnerOnly) {
             Ok(b) => Ok(b),
             Err(SecureFileError::NotFound { .. }) => Err(KeystoreError::NotFound { kind, id }),
             Err(e) => Err(e.into()),

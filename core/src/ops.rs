@@ -556,22 +556,19 @@ impl Dirseal {
     }
 
     /// The kernel's policy for `dir` and the keystore's record for it.
-    /// A portable directory's record, on its own medium, comes first: see [`Dirseal::shadowed`].
+    /// This machine's record comes first: the medium is asked only about a policy this keystore
+    /// has no record of (a portable directory), so a record planted on a filesystem never stands
+    /// in for a local directory's, and a local one that cannot be read is an error, not a reason
+    /// to look elsewhere. A planted one is reported: see [`Dirseal::shadowed`].
     pub fn policy_of(&self, dir: &Path) -> Result<PolicyRecord, OpsError> {
         let policy = fscrypt::get_policy(dir)?.ok_or_else(|| OpsError::NotEncrypted { path: dir.to_path_buf() })?;
-        let medium = match self.medium_policy(dir, &policy.identifier) {
-            Ok(Some(r)) => return Ok(r),
-            Ok(None) => None,
-            Err(e) => Some(e),
-        };
-        match (self.keystore.policy(&policy.identifier), medium) {
-            (Ok(r), _) => Ok(r),
-            // The medium's records could not be read and there is no local one: that is why.
-            (Err(KeystoreError::NotFound { .. }), Some(e)) => Err(e),
-            (Err(KeystoreError::NotFound { .. }), None) => {
-                Err(OpsError::NotManaged { path: dir.to_path_buf(), id: policy.identifier })
-            }
-            (Err(e), _) => Err(e.into()),
+        match self.keystore.policy(&policy.identifier) {
+            Err(KeystoreError::NotFound { .. }) => {}
+            local => return Ok(local?),
+        }
+        match self.medium_policy(dir, &policy.identifier)? {
+            Some(r) => Ok(r),
+            None => Err(OpsError::NotManaged { path: dir.to_path_buf(), id: policy.identifier }),
         }
     }
 
@@ -656,20 +653,26 @@ impl Dirseal {
         self.keystore.protector(id).map(|r| (r, false))
     }
 
-    /// Where a portable policy's records and this machine's keystore disagree: a record of the
-    /// same policy, or of one of its protectors, kept in both. The medium's is used; each of these
-    /// is said (in `status`, and by `unlock`), never silently ignored.
-    pub fn shadowed(&self, policy: &PolicyRecord) -> Vec<String> {
-        let Some(mp) = &policy.medium else { return Vec::new() };
+    /// Where the records of `dir`'s policy on its filesystem and this machine's keystore disagree,
+    /// each said (in `status`, and by `unlock`), never silently ignored: for a local policy, a
+    /// record of it on the filesystem too (planted there: dirseal keeps a policy in one place),
+    /// ignored; for a portable one, a local record of one of its protectors that differs from the
+    /// medium's, which is used.
+    pub fn shadowed(&self, dir: &Path, policy: &PolicyRecord) -> Vec<String> {
         let mut out = Vec::new();
-        if !matches!(self.keystore.policy(&policy.id), Err(KeystoreError::NotFound { .. })) {
-            out.push(format!(
-                "this machine's keystore also has a record of policy {} ({}); the one on the medium ({}) is used and the \
-                 local one ignored: remove the local one",
-                policy.id,
-                self.keystore.policy_path(&policy.id).display(),
-                mp.display()
-            ));
+        if policy.medium.is_none() {
+            let planted = fscrypt::mount_point(dir).ok().and_then(|mp| portable::open_existing(&mp).ok().flatten());
+            if let Some(medium) = planted {
+                if !matches!(medium.policy(&policy.id), Err(KeystoreError::NotFound { .. })) {
+                    out.push(format!(
+                        "{} also holds a record of policy {}, which this machine's keystore keeps: it is ignored \
+                         (this directory is not portable, and dirseal never wrote it there); remove it",
+                        medium.policy_path(&policy.id).display(),
+                        policy.id
+                    ));
+                }
+            }
+            return out;
         }
         let Ok(Some(medium)) = self.medium_of(policy) else { return out };
         for id in policy.wrapped.keys() {
@@ -991,7 +994,7 @@ impl Dirseal {
             return Ok(());
         }
         let (policy, master) = self.master_key_of_dir(dir, pick, ui)?;
-        for note in self.shadowed(&policy) {
+        for note in self.shadowed(dir, &policy) {
             ui.notice(&note);
         }
         self.add_key(dir, &master)?;
@@ -1129,8 +1132,12 @@ impl Dirseal {
     }
 
     /// Where the record of policy `id`, of a directory on the filesystem holding `dir`, is kept:
-    /// on that filesystem when it has one there (a portable directory), else in this keystore.
+    /// this keystore when it has one (as [`Dirseal::policy_of`] decides), else that filesystem
+    /// when it has one there (a portable directory), else this keystore.
     pub(crate) fn store_of_policy(&self, dir: &Path, id: &KeyIdentifier) -> Result<Keystore, OpsError> {
+        if !matches!(self.keystore.policy(id), Err(KeystoreError::NotFound { .. })) {
+            return Ok(self.keystore.clone());
+        }
         let mp = fscrypt::mount_point(dir)?;
         if let Some(medium) = portable::open_existing(&mp)? {
             match medium.policy(id) {
@@ -1378,7 +1385,7 @@ impl Dirseal {
                 }
                 st.problems = problems;
                 st.warnings = list.iter().filter_map(|r| self.pin_warning(r)).collect();
-                st.warnings.extend(self.shadowed(&rec));
+                st.warnings.extend(self.shadowed(dir, &rec));
                 if let (None, Err(e)) = (&rec.medium, self.medium_policy(dir, &rec.id)) {
                     st.problems
                         .push(format!("the records on this filesystem cannot be read (the local one is used): {e}"));

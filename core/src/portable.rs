@@ -5,13 +5,16 @@
 //! That directory is a keystore like the machine's (`protectors/`, `policies/`, `.lock`), in the
 //! same formats, read by the same strict parsers. What differs is that a medium is
 //! attacker-controlled input: every directory on the way from the mount point is checked without
-//! following symlinks, must be root's alone, and must be on the medium itself (a filesystem
-//! mounted over `.dirseal` is refused), so no record is ever read or written outside the medium.
+//! following symlinks, must be root's alone (0700, as every record must be 0600: no other user can
+//! hold the lock or read a record), and must be on the medium itself (a filesystem mounted over
+//! `.dirseal` is refused), so no record is ever read or written outside the medium. Nothing on it
+//! is opened before its type is known (a FIFO or a device node is refused unopened), and its lock
+//! is waited for only a few seconds.
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use crate::keystore::{Keystore, KeystoreError};
-use crate::securefile::{self, SecureFileError};
+use crate::securefile::{self, Privacy, SecureFileError};
 
 /// `<mount>/.dirseal/portable`: the records of the portable directories on that filesystem.
 pub fn records_dir(mount_point: &Path) -> PathBuf {
@@ -24,10 +27,10 @@ fn chain(mp: &Path) -> [PathBuf; 4] {
     [mp.join(".dirseal"), root.clone(), root.join("protectors"), root.join("policies")]
 }
 
-/// Refuses `dir` unless it is a private directory (securefile's checks: not a symlink, root's,
-/// not group- or world-writable) on the filesystem of device `dev`.
+/// Refuses `dir` unless it is a private directory (securefile's checks: not a symlink, root's
+/// alone) on the filesystem of device `dev`.
 fn check_on_medium(dir: &Path, dev: u64) -> Result<(), SecureFileError> {
-    securefile::check_private_dir(dir)?;
+    securefile::check_dir(dir, Privacy::OwnerOnly)?;
     let meta = std::fs::symlink_metadata(dir).map_err(|source| SecureFileError::Io {
         path: dir.to_path_buf(),
         op: "inspect",
@@ -76,7 +79,7 @@ pub(crate) fn open_existing(mp: &Path) -> Result<Option<Keystore>, KeystoreError
 pub(crate) fn open_or_create(mp: &Path) -> Result<Keystore, KeystoreError> {
     let dev = device_of(mp)?;
     for dir in chain(mp) {
-        securefile::ensure_private_dir(&dir)?;
+        securefile::ensure_dir(&dir, Privacy::OwnerOnly)?;
         check_on_medium(&dir, dev)?;
     }
     Ok(Keystore::open(&records_dir(mp))?.on_medium(mp))

@@ -4,6 +4,7 @@ use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 /// Why a root-owned private file or directory was refused or could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -21,6 +22,32 @@ pub enum SecureFileError {
         path: PathBuf,
         /// Which check failed (owner, mode, type).
         reason: String,
+    },
+    /// Group or others may open the file or directory: a keystore's must be root's alone.
+    #[error(
+        "refusing {path}: its mode {mode:o} lets group or others open it, and dirseal's records and their lock must be \
+         root's alone (no other user may read them or hold their lock); fix with `chmod {want:o} {path}` if dirseal \
+         made it, or remove it"
+    )]
+    Exposed {
+        /// The file or directory.
+        path: PathBuf,
+        /// Its permission bits.
+        mode: u32,
+        /// What they must be: 0700 for a directory, 0600 for a file.
+        want: u32,
+    },
+    /// Another process holds the lock and did not let go within the wait.
+    #[error(
+        "{path} is locked by another process (waited {secs} s): another dirseal may be changing these records; try \
+         again when it is done. If none runs, `fuser -v {path}` names the holder: on a medium, a holder that is not \
+         dirseal is hostile (unmount the medium)"
+    )]
+    Held {
+        /// The lock file.
+        path: PathBuf,
+        /// How long it was waited for, in seconds.
+        secs: u64,
     },
     /// The file is larger than any file of its kind can be.
     #[error(
@@ -62,7 +89,19 @@ fn trusted_owner(uid: u32) -> bool {
     uid == 0 || uid == nix::unistd::geteuid().as_raw()
 }
 
-fn check_meta(path: &Path, meta: &std::fs::Metadata, want_dir: bool) -> Result<(), SecureFileError> {
+/// How private a file or directory must be.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Privacy {
+    /// Root's and not writable by group or others: the config and run-time files, which others
+    /// may read.
+    NotWritable,
+    /// Root's alone (no permission bits for group or others: 0700 directories, 0600 files): a
+    /// keystore's, on this machine or a medium. Another user who could open a record's lock
+    /// could `flock` it and stall root; one who could read a record could try its password.
+    OwnerOnly,
+}
+
+fn check_meta(path: &Path, meta: &std::fs::Metadata, want_dir: bool, privacy: Privacy) -> Result<(), SecureFileError> {
     let insecure = |reason: String| SecureFileError::Insecure { path: path.to_path_buf(), reason };
     if meta.file_type().is_symlink() {
         return Err(insecure("it is a symbolic link".into()));
@@ -79,19 +118,47 @@ fn check_meta(path: &Path, meta: &std::fs::Metadata, want_dir: bool) -> Result<(
     if meta.mode() & 0o022 != 0 {
         return Err(insecure(format!("its mode {:o} lets group or others write it", meta.mode() & 0o7777)));
     }
+    if privacy == Privacy::OwnerOnly && meta.mode() & 0o077 != 0 {
+        let want = if want_dir { 0o700 } else { 0o600 };
+        return Err(SecureFileError::Exposed { path: path.to_path_buf(), mode: meta.mode() & 0o7777, want });
+    }
     Ok(())
+}
+
+/// Opens the existing regular file `path` with `opts` and never anything else: its type (and
+/// owner and mode) is checked with `lstat` before any `open`, since opening a device node or a
+/// FIFO (on a medium mounted with `dev`, say) does something of its own: a device's driver acts on
+/// it, a FIFO's waiting writer is let through, and without `O_NONBLOCK` the open itself could
+/// wait. The open does not follow symlinks, block or take a controlling terminal, and what it
+/// opened must be the inode checked, which is checked again.
+fn open_regular(path: &Path, opts: &mut OpenOptions, privacy: Privacy) -> Result<File, SecureFileError> {
+    let before = std::fs::symlink_metadata(path).map_err(io_err(path, "inspect"))?;
+    check_meta(path, &before, false, privacy)?;
+    let f = opts
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NOCTTY | libc::O_NONBLOCK)
+        .open(path)
+        .map_err(io_err(path, "open"))?;
+    let meta = f.metadata().map_err(io_err(path, "inspect"))?;
+    if (meta.dev(), meta.ino()) != (before.dev(), before.ino()) {
+        return Err(SecureFileError::Insecure {
+            path: path.to_path_buf(),
+            reason: "it was replaced while it was being opened".into(),
+        });
+    }
+    check_meta(path, &meta, false, privacy)?;
+    Ok(f)
 }
 
 /// Reads a whole private file: not a symlink, a regular file owned by root, not group/world
 /// writable, at most `max` bytes.
 pub fn read_private(path: &Path, max: u64) -> Result<Vec<u8>, SecureFileError> {
-    let f = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NOCTTY | libc::O_NONBLOCK)
-        .open(path)
-        .map_err(io_err(path, "open"))?;
+    read_file(path, max, Privacy::NotWritable)
+}
+
+/// [`read_private`] with the privacy the file must have.
+pub fn read_file(path: &Path, max: u64, privacy: Privacy) -> Result<Vec<u8>, SecureFileError> {
+    let f = open_regular(path, OpenOptions::new().read(true), privacy)?;
     let meta = f.metadata().map_err(io_err(path, "inspect"))?;
-    check_meta(path, &meta, false)?;
     if meta.len() > max {
         return Err(SecureFileError::TooLarge { path: path.to_path_buf(), max });
     }
@@ -107,8 +174,13 @@ pub fn read_private(path: &Path, max: u64) -> Result<Vec<u8>, SecureFileError> {
 /// Creates `dir` (and missing parents) with mode 0700, or checks that the existing one is a
 /// trusted directory.
 pub fn ensure_private_dir(dir: &Path) -> Result<(), SecureFileError> {
+    ensure_dir(dir, Privacy::NotWritable)
+}
+
+/// [`ensure_private_dir`] with the privacy an existing directory must have.
+pub fn ensure_dir(dir: &Path, privacy: Privacy) -> Result<(), SecureFileError> {
     match std::fs::symlink_metadata(dir) {
-        Ok(meta) => check_meta(dir, &meta, true),
+        Ok(meta) => check_meta(dir, &meta, true, privacy),
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
             std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(io_err(dir, "create"))?;
             // DirBuilder applies the umask; make the mode exact.
@@ -121,9 +193,9 @@ pub fn ensure_private_dir(dir: &Path) -> Result<(), SecureFileError> {
 }
 
 /// Checks an existing directory without creating it.
-pub(crate) fn check_private_dir(dir: &Path) -> Result<(), SecureFileError> {
+pub(crate) fn check_dir(dir: &Path, privacy: Privacy) -> Result<(), SecureFileError> {
     let meta = std::fs::symlink_metadata(dir).map_err(io_err(dir, "inspect"))?;
-    check_meta(dir, &meta, true)
+    check_meta(dir, &meta, true, privacy)
 }
 
 fn sync_dir(dir: &Path) -> Result<(), SecureFileError> {
@@ -157,21 +229,67 @@ pub fn write_atomic(path: &Path, data: &[u8]) -> Result<(), SecureFileError> {
 }
 
 /// Opens (creating, mode 0600) the private file `path` without following symlinks, checks it
-/// like [`read_private`] does, and holds an exclusive `flock` on it until the result is dropped.
-/// The kernel drops the lock when a process dies, so a crash never leaves a stale lock.
+/// like [`read_private`] does, and holds an exclusive `flock` on it until the result is dropped,
+/// waiting as long as another process holds it. The kernel drops the lock when a process dies,
+/// so a crash never leaves a stale lock.
 pub fn lock_file(path: &Path) -> Result<nix::fcntl::Flock<File>, SecureFileError> {
-    let f = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(path)
-        .map_err(io_err(path, "open"))?;
-    let meta = f.metadata().map_err(io_err(path, "inspect"))?;
-    check_meta(path, &meta, false)?;
-    nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusive).map_err(|(_, e)| io_err(path, "lock")(e.into()))
+    lock_file_within(path, Privacy::NotWritable, None)
+}
+
+/// [`lock_file`] for a file that must have `privacy`, waiting at most `wait` (`None`: as long as
+/// it takes) for another holder ([`SecureFileError::Held`] then): a lock that someone else might
+/// take (a medium's, whose files an attacker made) must not stall root for ever.
+pub fn lock_file_within(
+    path: &Path,
+    privacy: Privacy,
+    wait: Option<Duration>,
+) -> Result<nix::fcntl::Flock<File>, SecureFileError> {
+    let mut f = open_lock(path, privacy)?;
+    let Some(wait) = wait else {
+        return nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusive)
+            .map_err(|(_, e)| io_err(path, "lock")(e.into()));
+    };
+    let start = Instant::now();
+    loop {
+        match nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+            Ok(l) => return Ok(l),
+            Err((back, nix::errno::Errno::EWOULDBLOCK)) if start.elapsed() < wait => {
+                f = back;
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err((_, nix::errno::Errno::EWOULDBLOCK)) => {
+                return Err(SecureFileError::Held { path: path.to_path_buf(), secs: wait.as_secs() })
+            }
+            Err((_, e)) => return Err(io_err(path, "lock")(e.into())),
+        }
+    }
+}
+
+/// The lock file, created (0600, never over anything that exists) or opened as [`open_regular`].
+fn open_lock(path: &Path, privacy: Privacy) -> Result<File, SecureFileError> {
+    if let Err(e) = std::fs::symlink_metadata(path) {
+        if e.kind() != io::ErrorKind::NotFound {
+            return Err(io_err(path, "inspect")(e));
+        }
+        let created = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NOCTTY | libc::O_NONBLOCK)
+            .open(path);
+        match created {
+            Ok(f) => {
+                let meta = f.metadata().map_err(io_err(path, "inspect"))?;
+                check_meta(path, &meta, false, privacy)?;
+                return Ok(f);
+            }
+            // Made by someone else meanwhile: checked like any existing one.
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(io_err(path, "create")(e)),
+        }
+    }
+    open_regular(path, OpenOptions::new().read(true).write(true), privacy)
 }
 
 /// Like [`lock_file`], without waiting: `None` while another process holds the lock.
@@ -235,6 +353,86 @@ mod tests {
         remove_durable(&l).unwrap();
         assert!(matches!(read_private(&l, 100), Err(SecureFileError::NotFound { .. })));
         assert!(std::fs::read_dir(&ks).unwrap().all(|e| !e.unwrap().file_name().to_string_lossy().ends_with(".tmp")));
+    }
+
+    #[test]
+    fn owner_only_refuses_what_others_can_open() {
+        let d = tempfile::tempdir().unwrap();
+        let ks = d.path().join("ks");
+        ensure_dir(&ks, Privacy::OwnerOnly).unwrap();
+        let p = ks.join("a.json");
+        write_atomic(&p, b"x").unwrap();
+        assert_eq!(read_file(&p, 10, Privacy::OwnerOnly).unwrap(), b"x");
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert_eq!(read_private(&p, 10).unwrap(), b"x", "others may read a config");
+        let e = read_file(&p, 10, Privacy::OwnerOnly).unwrap_err();
+        assert!(matches!(e, SecureFileError::Exposed { want: 0o600, .. }), "{e}");
+        assert!(e.to_string().contains("chmod 600"), "{e}");
+        std::fs::set_permissions(&ks, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let e = ensure_dir(&ks, Privacy::OwnerOnly).unwrap_err();
+        assert!(matches!(e, SecureFileError::Exposed { want: 0o700, .. }), "{e}");
+        let lock = d.path().join(".lock");
+        std::fs::write(&lock, b"").unwrap();
+        std::fs::set_permissions(&lock, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let e = lock_file_within(&lock, Privacy::OwnerOnly, Some(Duration::ZERO)).unwrap_err();
+        assert!(matches!(e, SecureFileError::Exposed { .. }), "{e}");
+    }
+
+    /// Another holder of a lock that must not stall root: an error naming the file, after the
+    /// wait and not much later.
+    #[test]
+    fn a_held_lock_is_waited_for_a_bounded_time() {
+        let d = tempfile::tempdir().unwrap();
+        let lock = d.path().join(".lock");
+        let held = lock_file_within(&lock, Privacy::OwnerOnly, None).unwrap();
+        assert_eq!(std::fs::metadata(&lock).unwrap().mode() & 0o7777, 0o600);
+        let t = Instant::now();
+        let e = lock_file_within(&lock, Privacy::OwnerOnly, Some(Duration::from_millis(300))).unwrap_err();
+        assert!(t.elapsed() >= Duration::from_millis(300) && t.elapsed() < Duration::from_secs(5));
+        assert!(matches!(e, SecureFileError::Held { .. }), "{e}");
+        assert!(e.to_string().contains(&lock.display().to_string()) && e.to_string().contains("another process"));
+        drop(held);
+        lock_file_within(&lock, Privacy::OwnerOnly, Some(Duration::ZERO)).unwrap();
+    }
+
+    /// A FIFO or a device node where a file should be is refused without being opened: a writer
+    /// waiting on the FIFO is never let through (an open would), and a device without a driver
+    /// is "not a regular file" rather than the open's "no such device".
+    #[test]
+    fn nothing_but_a_regular_file_is_opened() {
+        let d = tempfile::tempdir().unwrap();
+        let fifo = d.path().join("fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let writer = {
+            let fifo = fifo.clone();
+            std::thread::spawn(move || tx.send(OpenOptions::new().write(true).open(&fifo).is_ok()))
+        };
+        // The writer waits in its open by now: any open of the FIFO would let it through.
+        std::thread::sleep(Duration::from_millis(200));
+        let e = read_file(&fifo, 10, Privacy::OwnerOnly).unwrap_err();
+        assert!(e.to_string().contains("not a regular file"), "{e}");
+        let e = lock_file_within(&fifo, Privacy::OwnerOnly, Some(Duration::ZERO)).unwrap_err();
+        assert!(e.to_string().contains("not a regular file"), "{e}");
+        let e = lock_file(&fifo).unwrap_err();
+        assert!(e.to_string().contains("not a regular file"), "{e}");
+        assert!(rx.recv_timeout(Duration::from_millis(300)).is_err(), "the FIFO was opened");
+        // Let the writer go.
+        let _reader = OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(&fifo).unwrap();
+        assert!(rx.recv().unwrap());
+        writer.join().unwrap().unwrap();
+
+        let dev = d.path().join("dev");
+        let mode = nix::sys::stat::Mode::from_bits_truncate(0o600);
+        match nix::sys::stat::mknod(&dev, nix::sys::stat::SFlag::S_IFCHR, mode, nix::sys::stat::makedev(0, 0)) {
+            Ok(()) => {}
+            Err(nix::errno::Errno::EPERM) => return, // not root: the FIFO case stands for both
+            Err(e) => panic!("mknod: {e}"),
+        }
+        let e = read_file(&dev, 10, Privacy::OwnerOnly).unwrap_err();
+        assert!(e.to_string().contains("not a regular file"), "{e}");
+        let e = lock_file(&dev).unwrap_err();
+        assert!(e.to_string().contains("not a regular file"), "{e}");
     }
 
     #[test]

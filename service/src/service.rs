@@ -558,7 +558,8 @@ impl Service {
             pin_try(&ds, caller, pick.protector)?;
             let mut secrets = Secrets { current: vec![(pick.protector, with_secret)], ..Secrets::of(caller) };
             let enrol = Enrol::new(&ds, caller, &path, &new, &new_name, new_secret, &mut secrets)?;
-            let rec = ds.add_protector_to_policy(&policy.id, pick, enrol.choice(), &mut secrets)?;
+            // The record the directory was answered from (a portable one's is on its medium).
+            let rec = ds.add_protector_to(&policy, pick, enrol.choice(), &mut secrets)?;
             Ok(rec.id.to_string())
         })
         .await
@@ -575,12 +576,17 @@ impl Service {
             let id = parse_protector_id(&protector)?;
             let (_one, ds) = ctx.open_alone()?;
             let policy = ds.policy_of(&path)?;
-            match ds.keystore().protector(&id) {
+            // The policy's own protectors, a portable directory's on its medium, else this keystore's.
+            let found = match ds.protectors_of(&policy).0.into_iter().find(|r| r.id == id) {
+                Some(rec) => Ok(rec),
+                None => ds.keystore().protector(&id),
+            };
+            match found {
                 Ok(rec) => caller.check_protector(&rec)?,
                 Err(_) if caller.may_administer() => {}
                 Err(e) => return Err(e.into()),
             }
-            ds.remove_protector_from_policy(&policy.id, &id)?;
+            ds.remove_protector_from(&policy, &id)?;
             Ok(())
         })
         .await
