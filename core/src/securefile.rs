@@ -292,26 +292,6 @@ fn open_lock(path: &Path, privacy: Privacy) -> Result<File, SecureFileError> {
     open_regular(path, OpenOptions::new().read(true).write(true), privacy)
 }
 
-/// Like [`lock_file`], without waiting: `None` while another process holds the lock.
-pub(crate) fn try_lock_file(path: &Path) -> Result<Option<nix::fcntl::Flock<File>>, SecureFileError> {
-    let f = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY)
-        .open(path)
-        .map_err(io_err(path, "open"))?;
-    let meta = f.metadata().map_err(io_err(path, "inspect"))?;
-    check_meta(path, &meta, false)?;
-    match nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusiveNonblock) {
-        Ok(lock) => Ok(Some(lock)),
-        Err((_, nix::errno::Errno::EWOULDBLOCK)) => Ok(None),
-        Err((_, e)) => Err(io_err(path, "lock")(e.into())),
-    }
-}
-
 /// Unlinks `path` durably. A missing file is `NotFound`.
 pub(crate) fn remove_durable(path: &Path) -> Result<(), SecureFileError> {
     std::fs::remove_file(path).map_err(io_err(path, "remove"))?;

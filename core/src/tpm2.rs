@@ -426,7 +426,7 @@ pub enum Tpm2Error {
     #[error("the TPM's lockout hierarchy has a password: only its TPM reset code (shown once at setup, or the secret of whoever else set it) resets the count of wrong PINs; without it, wait for the TPM to forgive them")]
     ResetCodeNeeded,
     /// The machine's TPM PIN lock could not be taken (where, why); no try was spent.
-    #[error("no TPM PIN try was made: the machine's PIN lock {} could not be taken ({why}); PIN tries are made one at a time on this machine, so try again in a moment", path.display())]
+    #[error("no TPM PIN try was made: PIN tries are made one at a time on this machine, and its PIN lock could not be taken: {why}")]
     PinLock {
         /// The lock file.
         path: PathBuf,
@@ -698,20 +698,14 @@ struct PinGate {
 
 impl PinGate {
     fn enter(dir: &Path) -> Result<PinGate, Tpm2Error> {
-        let busy = |why: String| Tpm2Error::PinLock { path: dir.join("tpm2-pin.lock"), why };
-        crate::securefile::ensure_private_dir(dir).map_err(|e| busy(e.to_string()))?;
         let path = dir.join("tpm2-pin.lock");
-        let deadline = std::time::Instant::now() + PIN_GATE_WAIT;
-        loop {
-            match crate::securefile::try_lock_file(&path) {
-                Ok(Some(lock)) => return Ok(PinGate { _lock: lock }),
-                Ok(None) if std::time::Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
-                Ok(None) => {
-                    return Err(busy(format!("another TPM PIN try has held it for over {} s", PIN_GATE_WAIT.as_secs())))
-                }
-                Err(e) => return Err(busy(e.to_string())),
-            }
-        }
+        let busy =
+            |e: crate::securefile::SecureFileError| Tpm2Error::PinLock { path: path.clone(), why: e.to_string() };
+        crate::securefile::ensure_private_dir(dir).map_err(busy)?;
+        let lock =
+            crate::securefile::lock_file_within(&path, crate::securefile::Privacy::OwnerOnly, Some(PIN_GATE_WAIT))
+                .map_err(busy)?;
+        Ok(PinGate { _lock: lock })
     }
 }
 
