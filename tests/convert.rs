@@ -238,7 +238,13 @@ fn crash_at_every_fault_point_then_resume() {
             | AfterRecordMovingBack
             | BeforeRecordAbortedMove => &[],
             // Decrypt's clean-up: tests/decrypt.rs.
-            AfterPolicyForgotten => &[],
+            CleanupRecoveryRemoved
+            | CleanupRecorded
+            | CleanupPolicySaved
+            | CleanupProtectorRemoved
+            | CleanupPolicyRemoved
+            | AfterPolicyForgotten
+            | CleanupKeyRemoved => &[],
         }
     }
     let env = Env::new();

@@ -344,3 +344,62 @@ fn an_owner_whose_only_login_is_a_tpm_pin_is_refused_until_they_have_a_password(
     let config = fs::read_to_string(env.config()).unwrap();
     assert!(!config.contains(&format!("\"{}\"", u.name)), "{config}");
 }
+
+/// Issue 49: a decrypt killed at each write of its clean-up, then the same command. A cut between
+/// the policy record's removal and its last protector's left that protector for good ("is not
+/// encrypted; there is nothing to decrypt"). The clean-up now records what it removes before it
+/// removes anything: the rerun finishes it, exits 0 saying so, and leaves the keystore an
+/// uninterrupted run leaves (empty here). Meanwhile `protector list` names the protector as left
+/// by the decrypt, with the command that finishes it.
+#[cfg(feature = "fault-injection")]
+#[test]
+fn a_crash_at_every_write_of_the_cleanup_is_finished_by_the_same_command() {
+    dirseal_testfs::needs_root!();
+    let env = Env::new();
+    let home = env.mnt().join("home/grace");
+    let points = [
+        "cleanup-recovery-removed",
+        "cleanup-recorded",
+        "cleanup-policy-saved:1",
+        "cleanup-protector-removed:1",
+        "cleanup-policy-saved:2",
+        "cleanup-protector-removed:2",
+        "cleanup-policy-removed",
+        "cleanup-protector-removed:3",
+        "after-policy-forgotten",
+        "cleanup-key-removed",
+    ];
+    for mode in ["copy", "move"] {
+        for point in points {
+            if !home.exists() {
+                build_home(&home, fresh_uid());
+            }
+            let before = manifest(&home);
+            convert(&env, &home);
+            // Three protectors of its own: two leave the record one by one, the last after it.
+            for name in ["spare-a", "spare-b"] {
+                env.ok(
+                    &["policy", "add-protector", p(&home), "--with", "owner", "--protector-name", name],
+                    &format!("pw\n{name}-pw\n"),
+                );
+            }
+            crash_decrypt(&env, &home, point, mode);
+            assert!(!is_encrypted(&home), "{point} ({mode}): the clean-up runs after the swap");
+            if point == "cleanup-policy-removed" {
+                // The review's window: no policy record, a protector that only it used.
+                assert!(records(&env, "policies").is_empty(), "{point}");
+                let list = env.ok(&["protector", "list"], "");
+                assert!(
+                    list.contains(&format!("left by an interrupted decrypt of {}", p(&home)))
+                        && list.contains(&format!("`dirseal decrypt {}` finishes its clean-up", p(&home))),
+                    "{point} ({mode}): {list}"
+                );
+            }
+            let out = env.ok(&["decrypt", p(&home), "--yes", "--mode", mode], "");
+            assert!(out.contains("decrypted (clean-up finished)"), "{point} ({mode}): {out}");
+            assert!(!out.contains("0 entries"), "{point} ({mode}): {out}");
+            assert_eq!(manifest(&home), before, "{point} ({mode})");
+            assert_forgotten(&env, &home);
+        }
+    }
+}

@@ -18,8 +18,9 @@ use crate::convert::{
     workdir_for, ConvertError, Finish, Hooks, KeyHost, NewRun, Options, Planned, ResumeRun,
 };
 use crate::fscrypt::{self, KeyStatus};
-use crate::ids::KeyIdentifier;
+use crate::ids::{KeyIdentifier, ProtectorId};
 use crate::ops::{Dirseal, OpsError, Pick};
+use crate::securefile;
 use crate::ui::{Question, Ui};
 
 /// A checked decrypt: a new one ([`NewPlan::run`]), or one that stopped part-way, or whose
@@ -48,6 +49,9 @@ pub struct Decrypted {
     pub outcome: Outcome,
     /// Set once the decrypt is done: what the clean-up removed.
     pub forgotten: Option<Forgotten>,
+    /// The directory was plaintext already: this run only finished the clean-up of one cut
+    /// short (the outcome counts nothing).
+    pub cleanup_only: bool,
 }
 
 /// The clean-up after a decrypt: the policy and everything that only served it.
@@ -166,7 +170,7 @@ impl NewPlan {
         let (source, policy, uid) = (self.source.clone(), self.key, self.owner.uid);
         let outcome = self.start(&KeyHost::decrypting(ds, &source, policy, hooks))?;
         let forgotten = after(ds, &source, &outcome, &policy, uid, keep_protectors)?;
-        Ok(Decrypted { outcome, forgotten })
+        Ok(Decrypted { outcome, forgotten, cleanup_only: false })
     }
 }
 
@@ -199,12 +203,12 @@ impl ResumePlan {
                 timings: Default::default(),
             };
             let forgotten = Some(forget(ds, &source, &policy, uid, keep_protectors)?);
-            return Ok(Decrypted { outcome, forgotten });
+            return Ok(Decrypted { outcome, forgotten, cleanup_only: true });
         }
         let outcome = resume(&KeyHost::decrypting(ds, &source, policy, hooks), &workdir, &options, state, ui)?;
         let uid = crate::convert::owner_of(&source)?.uid;
         let forgotten = after(ds, &source, &outcome, &policy, uid, keep_protectors)?;
-        Ok(Decrypted { outcome, forgotten })
+        Ok(Decrypted { outcome, forgotten, cleanup_only: false })
     }
 }
 
@@ -227,13 +231,13 @@ pub fn finish(
         }
         _ => None,
     };
-    Ok(Decrypted { outcome, forgotten })
+    Ok(Decrypted { outcome, forgotten, cleanup_only: false })
 }
 
-/// Whether a done decrypt of `source` still has clean-up to do: its policy record is there, or
-/// its key is loaded.
+/// Whether a done decrypt of `source` still has clean-up to do: its policy record is there, its
+/// key is loaded, or its clean-up was recorded and not finished.
 fn forget_pending(ds: &Dirseal, source: &Path, id: &KeyIdentifier) -> Result<bool, ConvertError> {
-    Ok(ds.keystore().policy(id).is_ok() || key_loaded(source, id)?)
+    Ok(ds.keystore().policy(id).is_ok() || key_loaded(source, id)? || Cleanup::read(&workdir_for(source)?)?.is_some())
 }
 
 fn after(
@@ -250,9 +254,86 @@ fn after(
     forget(ds, source, id, uid, keep_protectors).map(Some)
 }
 
+/// What a decrypt's clean-up removes, written to the work dir (beside the journal) before it
+/// removes anything: a run cut short after the policy record is gone still knows which
+/// protectors served only that policy, and the same command finishes them. Removed last.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Cleanup {
+    /// The decrypted directory's policy.
+    policy: KeyIdentifier,
+    /// Protectors that served only it (and `keep_protectors` did not keep): removed.
+    remove: Vec<ProtectorId>,
+    /// Protectors kept (other directories use them, or they were asked to be kept): `name (id)`.
+    kept: Vec<String>,
+}
+
+impl Cleanup {
+    const FILE: &'static str = "decrypt-cleanup.json";
+    const MAX: u64 = 1 << 20;
+
+    fn read(workdir: &Path) -> Result<Option<Cleanup>, ConvertError> {
+        let path = workdir.join(Self::FILE);
+        let bad = |reason: String| ConvertError::Path { path: path.clone(), reason };
+        match securefile::read_private(&path, Self::MAX) {
+            Ok(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|e| {
+                bad(format!("is not a decrypt clean-up record ({e}); remove it and run the decrypt again"))
+            }),
+            Err(securefile::SecureFileError::NotFound { .. }) => Ok(None),
+            Err(e) => Err(bad(e.to_string())),
+        }
+    }
+
+    fn write(&self, workdir: &Path) -> Result<(), ConvertError> {
+        let path = workdir.join(Self::FILE);
+        // Invariant: ids and strings always serialize.
+        let json = serde_json::to_vec_pretty(self).expect("a clean-up record serializes");
+        securefile::write_atomic(&path, &json).map_err(|e| ConvertError::Path { path, reason: e.to_string() })
+    }
+
+    fn remove(workdir: &Path) -> Result<(), ConvertError> {
+        let path = workdir.join(Self::FILE);
+        match securefile::remove_durable(&path) {
+            Ok(()) | Err(securefile::SecureFileError::NotFound { .. }) => Ok(()),
+            Err(e) => Err(ConvertError::Path { path, reason: e.to_string() }),
+        }
+    }
+
+    /// What to remove of `id`'s record: each protector only it uses, unless `keep_protectors`.
+    fn of(ds: &Dirseal, id: &KeyIdentifier, keep_protectors: bool) -> Result<Cleanup, ConvertError> {
+        let mut c = Cleanup { policy: *id, remove: Vec::new(), kept: Vec::new() };
+        let Ok(record) = ds.keystore().policy(id) else { return Ok(c) };
+        for pid in record.wrapped.keys().copied() {
+            let Ok(prec) = ds.keystore().protector(&pid) else { continue };
+            let others = ds.keystore().policies_using(&pid).map_err(OpsError::from)?.into_iter().any(|p| p != *id);
+            if keep_protectors || others {
+                c.kept.push(format!("{} ({})", prec.name, prec.id));
+            } else {
+                c.remove.push(pid);
+            }
+        }
+        Ok(c)
+    }
+}
+
+/// The protectors an unfinished decrypt's clean-up has still to remove, with its directory (the
+/// journal's source), found in the work dirs of every mounted filesystem: `status` names them
+/// as such, with the command that finishes the clean-up.
+pub fn unfinished_cleanups() -> Vec<(std::path::PathBuf, ProtectorId)> {
+    let Ok(views) = crate::convert::recorded() else { return Vec::new() };
+    views
+        .into_iter()
+        .filter(|v| v.direction == Direction::Decrypt && v.state == State::Done)
+        .filter_map(|v| Some((workdir_for(&v.source).ok()?, v.source)))
+        .filter_map(|(w, src)| Some((src, Cleanup::read(&w).ok()??)))
+        .flat_map(|(src, c)| c.remove.into_iter().map(move |id| (src.clone(), id)))
+        .collect()
+}
+
 /// The clean-up of a done decrypt, each step repeatable (a run killed anywhere in it finishes it
-/// when run again): the recovery attribute goes from the now plain directory, then the policy
-/// record, then the protectors nothing else uses (unless `keep_protectors`), then the key.
+/// when run again): the recovery attribute goes from the now plain directory; what will be
+/// removed is recorded ([`Cleanup`]); then the policy record loses each protector only it uses,
+/// the record goes, then the last such protector, then the key, then the record of the clean-up.
 /// A PIN-login mark of the owner goes with their PIN protector.
 fn forget(
     ds: &mut Dirseal,
@@ -261,6 +342,7 @@ fn forget(
     uid: u32,
     keep_protectors: bool,
 ) -> Result<Forgotten, ConvertError> {
+    use migrate::fault::{point, Point};
     let mut f = Forgotten { policy: id.to_string(), ..Forgotten::default() };
     // The swap made `source` the plain tree; it must not be encrypted (by this or any policy).
     if fscrypt::get_policy(source).map_err(OpsError::from)?.is_some() {
@@ -271,44 +353,60 @@ fn forget(
     }
     f.recovery_removed = crate::recovery::remove_blob(source)
         .map_err(|e| ConvertError::Path { path: source.into(), reason: e.to_string() })?;
-    if let Ok(mut record) = ds.keystore().policy(id) {
-        let _guard = ds.keystore().lock().map_err(OpsError::from)?;
-        let mut orphans = Vec::new();
-        for pid in record.wrapped.keys().copied().collect::<Vec<_>>() {
-            let Ok(prec) = ds.keystore().protector(&pid) else { continue };
-            let label = format!("{} ({})", prec.name, prec.id);
-            let others = ds.keystore().policies_using(&pid).map_err(OpsError::from)?.into_iter().any(|p| p != *id);
-            if keep_protectors || others {
-                f.protectors_kept.push(label);
-            } else {
-                orphans.push((prec, label));
-            }
+    point(Point::CleanupRecoveryRemoved);
+    let workdir = workdir_for(source)?;
+    let _guard = ds.keystore().lock().map_err(OpsError::from)?;
+    let cleanup = match Cleanup::read(&workdir)? {
+        // A run cut short: its record decides, whatever this run was asked.
+        Some(c) if c.policy == *id => c,
+        _ => {
+            let c = Cleanup::of(ds, id, keep_protectors)?;
+            c.write(&workdir)?;
+            point(Point::CleanupRecorded);
+            c
         }
-        // Each protector only this policy uses leaves the record before it is removed, so a run
-        // killed in between finds the rest still listed and finishes them. A record must list
-        // one protector: the last goes right after the record itself.
-        let last = orphans.pop();
-        for (prec, label) in orphans {
-            record.wrapped.remove(&prec.id);
-            ds.keystore().save_policy(&record).map_err(OpsError::from)?;
-            ds.keystore().remove_protector(&prec.id).map_err(OpsError::from)?;
-            forget_pin_login(ds, &prec, uid)?;
-            f.protectors_removed.push(label);
+    };
+    f.protectors_kept.clone_from(&cleanup.kept);
+    let mut removed = |ds: &mut Dirseal, pid: &ProtectorId| -> Result<(), ConvertError> {
+        let Ok(prec) = ds.keystore().protector(pid) else { return Ok(()) };
+        ds.keystore().remove_protector(pid).map_err(OpsError::from)?;
+        point(Point::CleanupProtectorRemoved);
+        forget_pin_login(ds, &prec, uid)?;
+        f.protectors_removed.push(format!("{} ({})", prec.name, prec.id));
+        Ok(())
+    };
+    if let Ok(mut record) = ds.keystore().policy(id) {
+        // Each protector leaves the record before its own is removed, so that the record never
+        // names a protector that is gone. A record must list one protector: the last goes right
+        // after the record itself.
+        let (last, others) = cleanup.remove.split_last().map_or((None, &[][..]), |(l, o)| (Some(l), o));
+        for pid in others {
+            if record.wrapped.remove(pid).is_some() {
+                ds.keystore().save_policy(&record).map_err(OpsError::from)?;
+                point(Point::CleanupPolicySaved);
+            }
+            removed(ds, pid)?;
         }
         ds.keystore().remove_policy(id).map_err(OpsError::from)?;
-        if let Some((prec, label)) = last {
-            ds.keystore().remove_protector(&prec.id).map_err(OpsError::from)?;
-            forget_pin_login(ds, &prec, uid)?;
-            f.protectors_removed.push(label);
+        point(Point::CleanupPolicyRemoved);
+        if let Some(pid) = last {
+            removed(ds, pid)?;
         }
-        migrate::fault::point(migrate::fault::Point::AfterPolicyForgotten);
+    } else {
+        // The record is gone already: what is left of the recorded protectors goes now.
+        for pid in &cleanup.remove {
+            removed(ds, pid)?;
+        }
     }
+    point(Point::AfterPolicyForgotten);
     let mp = fscrypt::mount_point(source).map_err(OpsError::from)?;
     f.key_removed = match fscrypt::remove_key(&mp, id, true) {
         Ok(_) => true,
         Err(fscrypt::FscryptError::KeyNotPresent { .. }) => false,
         Err(e) => return Err(OpsError::from(e).into()),
     };
+    point(Point::CleanupKeyRemoved);
+    Cleanup::remove(&workdir)?;
     Ok(f)
 }
 

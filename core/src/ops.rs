@@ -774,7 +774,7 @@ impl Dirseal {
             [_] => return Err(OpsError::OpensNone { uid, what, list: listed(&list) }),
             _ => {}
         }
-        let login = self.login_where(&policy, uid, ui, keep)?;
+        let login = self.first_opening(&policy, uid, ui, keep)?;
         match login.opened {
             Some((_, master)) => {
                 self.add_key(dir, &master)?;
@@ -807,15 +807,25 @@ impl Dirseal {
         ui: &mut dyn Ui,
         mut keep: impl FnMut(&ProtectorRecord) -> bool,
     ) -> Result<Login, OpsError> {
+        // A touch is asked of whoever is at the machine: a login from elsewhere must not raise
+        // one there, or anyone who knows the user's name logs in when a person at the device
+        // touches their key. (An unlock by the user, already someone, may: `unlock_as_where`.)
+        let at_device = ui.presence().at_device();
+        self.first_opening(policy, uid, ui, |r| (at_device || r.kind.ask() != protector::Ask::TOUCH) && keep(r))
+    }
+
+    /// The first of `policy`'s login protectors of `uid` that `keep` accepts and that opens, in
+    /// the login order (see [`Dirseal::login_where`]).
+    fn first_opening(
+        &self,
+        policy: &PolicyRecord,
+        uid: u32,
+        ui: &mut dyn Ui,
+        mut keep: impl FnMut(&ProtectorRecord) -> bool,
+    ) -> Result<Login, OpsError> {
         let mut problems = Vec::new();
         let mut list = self.login_protectors(policy, uid);
         list.retain(|r| r.kind.ask().secret != Some(protector::Secret::KeyPin));
-        // A touch is asked of whoever is at the machine: a login from elsewhere must not raise
-        // one there, or anyone who knows the user's name logs in when a person at the device
-        // touches their key.
-        if !ui.presence().at_device() {
-            list.retain(|r| r.kind.ask() != protector::Ask::TOUCH);
-        }
         for rec in list {
             if !keep(&rec) {
                 continue;

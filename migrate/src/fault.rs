@@ -101,9 +101,21 @@ points! {
     /// After each entry of the encrypted copy removed by a rollback.
     RollbackEntry = "rollback-entry",
     RollbackBeforeRecord = "rollback-before-record",
-    /// Decrypt (the host, dirseal's decrypt): the policy record is removed, the key is not yet
-    /// removed from the kernel.
+    /// Decrypt's clean-up (the host, dirseal's decrypt), at each of its writes: the directory's
+    /// recovery attribute removed;
+    CleanupRecoveryRemoved = "cleanup-recovery-removed",
+    /// what the clean-up will remove recorded in the work dir;
+    CleanupRecorded = "cleanup-recorded",
+    /// after each protector left the policy record (the record saved without it);
+    CleanupPolicySaved = "cleanup-policy-saved",
+    /// after each protector's record removed;
+    CleanupProtectorRemoved = "cleanup-protector-removed",
+    /// the policy record removed;
+    CleanupPolicyRemoved = "cleanup-policy-removed",
+    /// every record gone (the policy and its protectors), the key not yet removed from the kernel;
     AfterPolicyForgotten = "after-policy-forgotten",
+    /// the key removed from the kernel, the clean-up's record not yet removed.
+    CleanupKeyRemoved = "cleanup-key-removed",
 }
 
 impl std::fmt::Display for Point {

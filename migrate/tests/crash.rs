@@ -108,7 +108,15 @@ fn crashes(p: Point) -> Vec<Crash> {
     match p {
         // Reached by dirseal's host only (its keystore writes): tests/convert.rs and
         // tests/decrypt.rs crash there.
-        AfterProtectorSaved | AfterPolicySaved | AfterPolicyForgotten => vec![],
+        AfterProtectorSaved
+        | AfterPolicySaved
+        | CleanupRecoveryRemoved
+        | CleanupRecorded
+        | CleanupPolicySaved
+        | CleanupProtectorRemoved
+        | CleanupPolicyRemoved
+        | AfterPolicyForgotten
+        | CleanupKeyRemoved => vec![],
         AfterStagingCreated | BeforeRecordPrepared | AfterPrepare | AfterRecordCopying | BeforeRecordCopied
         | AfterRecordCopied | AfterVerify | AfterRecordVerified | AfterSwap | AfterRecordSwapped => {
             vec![at(Convert, 1)]

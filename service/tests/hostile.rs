@@ -215,23 +215,25 @@ fn unlock_follows_the_callers_login_order() {
 #[test]
 fn unlock_skips_a_protector_the_pin_rule_refuses() {
     dirseal_testfs::needs_root!();
-    // Four tries left, ten reserved for someone at the device: no try for a caller over the bus.
+    // Ten tries reserved for someone at the device: while the TPM allows twelve, root adds her
+    // TPM protector (one right PIN); then four, so no try is left for a caller over the bus.
     let tpm = dirseal_testfs::Swtpm::start_owned();
     let auth = dirseal_testfs::Swtpm::OWNER_AUTH;
-    tpm.tool(&["tpm2_dictionarylockout", "-s", "-n", "4", "-t", "1000", "-l", "1000", "-p", auth]).unwrap();
+    let tries = |n: &str| tpm.tool(&["tpm2_dictionarylockout", "-s", "-n", n, "-t", "1000", "-l", "1000", "-p", auth]);
+    tries("12").unwrap();
     let h = Harness::with_config(&format!("[tpm2]\ntcti = \"{}\"\nmin_local_tries = 10\n", tpm.tcti()));
     let alice = h.user();
     let home = s(alice.home_str());
     let (_, pw) = encrypt_home(&h, &alice, "pw-a");
     let pin = h.ok(Some(&alice), "CreateProtector", &[s("a-pin"), fd(3), "{'kind': <'tpm2'>}".into()], &[(3, "1234")]);
     let pin = strings(&pin)[0].clone();
-    // Root (whom the rule lets through) adds her TPM protector to her home.
     h.ok(
         None,
         "AddProtectorToPolicy",
         &[home.clone(), s(&pw), fd(3), s(&pin), fd(4), s("")],
         &[(3, "pw-a"), (4, "1234")],
     );
+    tries("4").unwrap();
     h.ok(Some(&alice), "Lock", &[home.clone(), "false".into()], &[]);
     h.ok(Some(&alice), "Unlock", &[home.clone(), s(""), fd(3)], &[(3, "pw-a")]);
     assert_eq!(h.key(&alice.home), "unlocked");

@@ -55,11 +55,14 @@ fn report(abs: &std::path::Path, d: &Decrypted, apparent: Option<u64>, json: boo
     if json {
         let mut out = serde_json::to_value(outcome_out(abs, o, apparent))?;
         out["forgotten"] = serde_json::to_value(&d.forgotten)?;
+        out["cleanup_only"] = d.cleanup_only.into();
         println!("{}", serde_json::to_string(&serde_json::json!({ "result": out }))?);
         return Ok(());
     }
     let p = clean(&abs.display().to_string());
     match o.state {
+        // A run cut short in its clean-up: the tree was plaintext already, nothing was copied.
+        State::Done if d.cleanup_only => println!("{p}: decrypted (clean-up finished)"),
         State::Done => println!(
             "{p} is plaintext again: {} entries, {} of data {}",
             o.files,

@@ -638,6 +638,10 @@ struct ProtectorOut {
     /// Wrong PINs its device still takes (TPM protectors whose TPM answers).
     #[serde(skip_serializing_if = "Option::is_none")]
     tries_left: Option<u32>,
+    /// A decrypt of this directory stopped in its clean-up before removing this protector; the
+    /// same decrypt command finishes it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    left_by_decrypt_of: Option<PathBuf>,
 }
 
 #[derive(Serialize)]
@@ -670,11 +674,13 @@ fn overview_data(ds: &Dirseal) -> Result<Overview> {
         });
     }
     let mut protectors = Vec::new();
+    let cleanups = dirseal::decrypt::unfinished_cleanups();
     for (_, r) in ks.protectors()? {
         match r {
             Ok(r) => protectors.push(ProtectorOut {
                 policies: records.iter().filter(|p| p.wrapped.contains_key(&r.id)).map(|p| p.id).collect(),
                 tries_left: if r.kind.ask().secret.is_some() { r.kind.tries_left(ds.config()) } else { None },
+                left_by_decrypt_of: cleanups.iter().find(|(_, id)| *id == r.id).map(|(dir, _)| dir.clone()),
                 summary: ProtectorSummary::of(&r),
             }),
             Err(e) => problems.push(e.to_string()),
@@ -709,7 +715,10 @@ fn print_protectors(o: &Overview) {
         println!("no protectors");
     }
     for r in &o.protectors {
-        let used = if r.policies.is_empty() {
+        let used = if let Some(dir) = &r.left_by_decrypt_of {
+            let dir = clean(&dir.display().to_string());
+            format!("left by an interrupted decrypt of {dir}: `dirseal decrypt {dir}` finishes its clean-up")
+        } else if r.policies.is_empty() {
             "unused".to_string()
         } else {
             format!("{} polic{}", r.policies.len(), if r.policies.len() == 1 { "y" } else { "ies" })
