@@ -3,7 +3,7 @@
 use std::fmt;
 use std::path::PathBuf;
 
-use crate::journal::{Direction, Method};
+use crate::types::{Direction, Method};
 
 /// The recorded state of a conversion.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
