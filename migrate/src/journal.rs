@@ -281,8 +281,9 @@ impl Step {
         }
     }
 
+    /// Whether the conversion is finished: its public state's [`State::is_final`].
     pub(crate) fn is_final(self) -> bool {
-        matches!(self, Step::Done | Step::Aborted | Step::RolledBack)
+        self.public().is_final()
     }
 }
 

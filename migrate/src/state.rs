@@ -42,6 +42,13 @@ impl State {
         )
     }
 
+    /// Whether the conversion is finished (done, aborted or rolled back): nothing is left to
+    /// resume, roll back or commit, and a new conversion may replace its journal. The one
+    /// definition of "finished", for the engine and its callers alike.
+    pub fn is_final(self) -> bool {
+        matches!(self, State::Done | State::Aborted | State::RolledBack)
+    }
+
     /// Whether [`abort`] can put the directory back as it was: every state before the swap (a
     /// move's files are moved back).
     pub fn abortable(self) -> bool {
