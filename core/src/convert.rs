@@ -253,9 +253,10 @@ pub(crate) fn request<'a>(plan_source: &'a Path, workdir: &'a Path, o: &Options,
     }
 }
 
-/// Whether a conversion in `state` still has work to do (resume it, or finish it).
+/// Whether a conversion in `state` still has work to do (resume it, or finish it): not the
+/// engine's [`State::is_final`], which defines "finished".
 pub fn unfinished(state: State) -> bool {
-    !matches!(state, State::Done | State::Aborted | State::RolledBack)
+    !state.is_final()
 }
 
 /// Checks a conversion of `dir` without writing anything: an unfinished one is resumed; a new
@@ -788,16 +789,14 @@ pub fn cancel(
 
 /// Every conversion recorded on a mounted filesystem.
 pub fn recorded() -> Result<Vec<StatusView>, ConvertError> {
-    let mut found = Vec::new();
-    for mp in fscrypt::mount_points().map_err(OpsError::from)? {
-        let Ok(entries) = std::fs::read_dir(mp.join(".dirseal/convert")) else { continue };
-        for e in entries.flatten() {
-            if let Ok(Some(v)) = migrate::status(&e.path()) {
-                found.push(v);
-            }
-        }
-    }
-    Ok(found)
+    Ok(fscrypt::mount_points().map_err(OpsError::from)?.iter().flat_map(|mp| recorded_on(mp)).collect())
+}
+
+/// Every conversion recorded on the filesystem mounted at `mount_point` (a work dir that cannot be
+/// read is skipped: it records nothing this can show).
+pub fn recorded_on(mount_point: &Path) -> Vec<StatusView> {
+    let Ok(entries) = std::fs::read_dir(mount_point.join(".dirseal/convert")) else { return Vec::new() };
+    entries.flatten().filter_map(|e| migrate::status(&e.path()).ok().flatten()).collect()
 }
 
 /// The privileged side of the engine.

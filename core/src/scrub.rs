@@ -185,20 +185,14 @@ fn space(f: &impl AsFd, path: &Path) -> Result<Space, ScrubError> {
 
 /// Refuses while a conversion on this filesystem is unfinished: its copy needs the free space.
 fn check_no_conversion(mount_point: &Path) -> Result<(), ScrubError> {
-    let Ok(entries) = std::fs::read_dir(mount_point.join(".dirseal/convert")) else { return Ok(()) };
-    for e in entries.flatten() {
-        if let Ok(Some(v)) = dirseal_migrate::status(&e.path()) {
-            use dirseal_migrate::State;
-            if !matches!(v.state, State::Done | State::Aborted | State::RolledBack) {
-                return Err(ScrubError::Converting {
-                    mount_point: mount_point.to_path_buf(),
-                    source_dir: v.source,
-                    state: v.state.to_string(),
-                });
-            }
-        }
+    match crate::convert::recorded_on(mount_point).into_iter().find(|v| !v.state.is_final()) {
+        Some(v) => Err(ScrubError::Converting {
+            mount_point: mount_point.to_path_buf(),
+            source_dir: v.source,
+            state: v.state.to_string(),
+        }),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 /// The storage kind of block device `major:minor` from sysfs (a partition's queue is its disk's).

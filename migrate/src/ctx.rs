@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 use rustix::io::Errno;
 
 use crate::fsx::{self, Meta};
-use crate::journal::{Direction, Journal};
+use crate::journal::Journal;
+use crate::types::Direction;
 use crate::{Host, MigrateError, Phase, Progress};
 
 const PROGRESS_EVERY: Duration = Duration::from_millis(250);

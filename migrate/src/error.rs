@@ -5,8 +5,9 @@ use std::path::{Path, PathBuf};
 
 use dirseal_procs::ProcessUse;
 
-use crate::journal::Journal;
-use crate::{HostError, State};
+use crate::host::HostError;
+use crate::state::State;
+use crate::types::Direction;
 
 fn holder(pid: Option<u32>) -> String {
     pid.map(|p| format!(" (pid {p})")).unwrap_or_default()
@@ -129,21 +130,23 @@ pub(crate) fn move_err(e: MigrateError) -> MigrateError {
     }
 }
 
-pub(crate) fn other_source(workdir: &Path, j: &Journal, requested: &Path) -> MigrateError {
+/// A recorded, unfinished conversion is of `journal_source`, not of the `requested` directory.
+pub(crate) fn other_source(workdir: &Path, journal_source: &Path, requested: &Path) -> MigrateError {
     MigrateError::OtherSource {
         workdir: workdir.to_path_buf(),
-        journal_source: j.source.0.clone(),
+        journal_source: journal_source.to_path_buf(),
         requested: requested.to_path_buf(),
     }
 }
 
-/// A recorded, unfinished conversion goes the other way than the one asked for.
-pub(crate) fn other_direction(j: &Journal) -> MigrateError {
-    let asked = match j.direction {
-        crate::Direction::Encrypt => crate::Direction::Decrypt,
-        crate::Direction::Decrypt => crate::Direction::Encrypt,
+/// A recorded, unfinished conversion of `path` goes the other way (`running`) than the one asked
+/// for.
+pub(crate) fn other_direction(path: &Path, running: Direction) -> MigrateError {
+    let asked = match running {
+        Direction::Encrypt => Direction::Decrypt,
+        Direction::Decrypt => Direction::Encrypt,
     };
-    MigrateError::OtherDirection { path: j.source.0.clone(), running: j.direction.command(), asked: asked.command() }
+    MigrateError::OtherDirection { path: path.to_path_buf(), running: running.command(), asked: asked.command() }
 }
 
 #[cfg(test)]

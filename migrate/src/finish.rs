@@ -9,9 +9,10 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use crate::ctx::Ctx;
 use crate::error::{host_err, io_err, move_err};
 use crate::fault::{self, Point};
-use crate::journal::{self, Journal, Method, Step, Workdir, STAGING};
-use crate::machine::after_pass;
+use crate::journal::{self, Journal, Step, Workdir, STAGING};
+use crate::pass::after_pass;
 use crate::trees::{clear_leftovers, exchange, open_pair, place, remove_staging, restore_root_times, sync_swap, Place};
+use crate::types::Method;
 use crate::{fsx, mv, remove, Host, MigrateError, Outcome, Phase, State, StatusView, Timings};
 
 /// Deletes (or wipes, then deletes) the old tree now in the staging slot, on `pool` (rayon's

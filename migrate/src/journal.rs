@@ -13,10 +13,12 @@ use rustix::fs::{AtFlags, FlockOperation, Mode, OFlags};
 use rustix::io::Errno;
 use serde::{Deserialize, Serialize};
 
+use crate::error::MigrateError;
 use crate::fault::{self, Point};
 use crate::fsx;
 use crate::fsx::Time;
-use crate::{MigrateError, State};
+use crate::state::State;
+use crate::types::{Direction, Method, MAX_ROUNDS};
 
 const JOURNAL: &str = "journal.json";
 const JOURNAL_TMP: &str = "journal.json.tmp";
@@ -114,54 +116,6 @@ impl TryFrom<String> for HexBytes {
 impl From<HexBytes> for String {
     fn from(b: HexBytes) -> String {
         hex::encode(b.0)
-    }
-}
-
-/// How a conversion puts the data into staging.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Method {
-    /// A full copy next to the original, verified, swapped; the original is removed afterwards.
-    #[default]
-    Copy,
-    /// Each file moves into staging (large ones chunk by chunk from the end), so only a few
-    /// chunks of extra space are needed; there is no backup window.
-    Move,
-}
-
-impl std::fmt::Display for Method {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Method::Copy => "copy",
-            Method::Move => "move",
-        })
-    }
-}
-
-/// Which way a conversion goes: into an encrypted staging directory (`convert`) or out of an
-/// encrypted tree into a plain one (`decrypt`). Journals from before decrypt existed are
-/// conversions; a conversion's journal does not name it, so it reads as it always did.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Direction {
-    /// A plaintext tree becomes encrypted.
-    #[default]
-    Encrypt,
-    /// An encrypted tree (the unlocked root of its policy) becomes plaintext.
-    Decrypt,
-}
-
-impl Direction {
-    pub(crate) fn is_encrypt(&self) -> bool {
-        *self == Direction::Encrypt
-    }
-
-    /// The command that runs (and resumes) a conversion going this way.
-    pub fn command(self) -> &'static str {
-        match self {
-            Direction::Encrypt => "convert",
-            Direction::Decrypt => "decrypt",
-        }
     }
 }
 
@@ -327,8 +281,9 @@ impl Step {
         }
     }
 
+    /// Whether the conversion is finished: its public state's [`State::is_final`].
     pub(crate) fn is_final(self) -> bool {
-        matches!(self, Step::Done | Step::Aborted | Step::RolledBack)
+        self.public().is_final()
     }
 }
 
@@ -457,8 +412,8 @@ impl TryFrom<RawJournal> for Journal {
             return Err("a copy start time in a move".into());
         }
         if let Step::Copying { round } | Step::Copied { round } = r.step {
-            if round >= crate::machine::MAX_ROUNDS {
-                return Err(format!("copy round {round} is beyond the limit of {}", crate::machine::MAX_ROUNDS));
+            if round >= MAX_ROUNDS {
+                return Err(format!("copy round {round} is beyond the limit of {MAX_ROUNDS}"));
             }
         }
         Ok(Journal {

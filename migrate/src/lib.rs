@@ -23,8 +23,12 @@
 //! - finish.rs: [`status`], [`abort`] (with moving back), [`rollback`], [`commit`];
 //! - trees.rs: the source and staging trees: opening them, where they are, the swap;
 //! - copy.rs, verify.rs, mv.rs, remove.rs, scan.rs: the passes over a tree; fsx.rs the syscalls;
+//!   pass.rs what the passes share (the worker pool, the record of a pass that stopped early);
 //! - journal.rs: the journal and the work dir, and [`fault`] the crash points;
-//! - host.rs, state.rs, error.rs: the public types the caller sees.
+//! - types.rs, host.rs, state.rs, error.rs: the public types the caller sees.
+//!
+//! The modules import each other without circles (tests/modules.rs checks it): types.rs is at the
+//! bottom, machine.rs at the top (docs/architecture.md lists the layers).
 #![forbid(unsafe_code)]
 
 mod copy;
@@ -37,11 +41,13 @@ mod host;
 mod journal;
 mod machine;
 mod mv;
+mod pass;
 mod plan;
 mod remove;
 mod scan;
 mod state;
 mod trees;
+mod types;
 mod verify;
 mod walk;
 
@@ -49,9 +55,9 @@ pub use dirseal_procs::{find_users, ProcessUse};
 pub use error::MigrateError;
 pub use finish::{abort, commit, rollback, status};
 pub use host::{Host, HostError, Phase, Progress};
-pub use journal::{Direction, Method};
 pub use machine::{convert, start};
-pub use plan::{preflight, Census, Mode, Plan, Request};
+pub use plan::{preflight, Census, Plan, Request};
 pub use scan::census_dirs_listed;
 pub use state::{Outcome, State, StatusView, Timings};
 pub use trees::staging_path;
+pub use types::{Direction, Method, Mode, UnknownWord};

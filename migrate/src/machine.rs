@@ -10,18 +10,16 @@ use crate::ctx::Ctx;
 use crate::error::{host_err, io_err, move_err, other_direction, other_source};
 use crate::fault::{self, Point};
 use crate::finish::{dispose, outcome};
-use crate::journal::{self, HexPath, Journal, Method, Step, Version, Workdir, STAGING};
+use crate::journal::{self, HexPath, Journal, Step, Version, Workdir, STAGING};
+use crate::pass::{after_pass, pool};
 use crate::plan::{check_not_in_use, preflight_source, quick_checks};
 use crate::trees::{
     check_encrypted, clear_leftovers, exchange, open_pair, open_staging, place, restore_root_times, sync_swap, Place,
     Source,
 };
+use crate::types::{Method, MAX_ROUNDS};
 use crate::{copy, fsx, mv, verify};
 use crate::{Census, Host, HostError, MigrateError, Outcome, Phase, Plan, Request, State, Timings};
-
-/// Most passes a copy may take in one run before verification gives up on a directory that keeps
-/// changing.
-pub(crate) const MAX_ROUNDS: u32 = 3;
 
 /// Starts a conversion (running the [`preflight`] checks itself) or resumes the unfinished one
 /// recorded in the work dir, from whatever state it is in. Returns when the conversion is `Done`,
@@ -69,10 +67,10 @@ fn resume_recorded(req: &Request, host: &dyn Host, src: &Source) -> Option<Resul
     };
     Some((|| {
         if j.source.0 != src.path {
-            return Err(other_source(req.workdir, &j, &src.path));
+            return Err(other_source(req.workdir, &j.source.0, &src.path));
         }
         if j.direction != req.direction {
-            return Err(other_direction(&j));
+            return Err(other_direction(&j.source.0, j.direction));
         }
         let wd = Workdir::open(req.workdir, false)?
             .ok_or(MigrateError::NoConversion { workdir: req.workdir.to_path_buf() })?;
@@ -99,10 +97,10 @@ fn begin(
         if !j.step.is_final() {
             // Another converter started between our look and the lock.
             if j.source.0 != src.path {
-                return Err(other_source(req.workdir, j, &src.path));
+                return Err(other_source(req.workdir, &j.source.0, &src.path));
             }
             if j.direction != req.direction {
-                return Err(other_direction(j));
+                return Err(other_direction(&j.source.0, j.direction));
             }
             return run(req, host, &wd, j.clone(), true, timings);
         }
@@ -157,26 +155,6 @@ fn begin(
     wd.record(&mut j, Step::Prepared, Point::AfterPrepare)?;
     timings.add("prepare", prepared.elapsed());
     run(req, host, &wd, j, false, timings)
-}
-
-pub(crate) fn pool(threads: usize) -> Result<rayon::ThreadPool, MigrateError> {
-    rayon::ThreadPoolBuilder::new()
-        .num_threads(threads.max(1))
-        .build()
-        .map_err(|_| MigrateError::Internal("cannot start worker threads"))
-}
-
-/// Records the progress counters of a pass that stopped early, and tags an interruption with the
-/// state it left the conversion in.
-pub(crate) fn after_pass(wd: &Workdir, j: &mut Journal, ctx: &Ctx, e: MigrateError) -> MigrateError {
-    ctx.counters_into(j);
-    j.recopied += ctx.recopied.load(Relaxed);
-    // The journal state is unchanged; only the counters are new, so a failed write loses nothing.
-    let _ = wd.write(j);
-    match e {
-        MigrateError::Interrupted { .. } => MigrateError::Interrupted { state: j.step.public() },
-        e => e,
-    }
 }
 
 /// A progress saver for a long pass: rewrites the journal with new counters (and nothing else)

@@ -5,9 +5,10 @@ use std::path::Path;
 
 use crate::ctx::Ctx;
 use crate::error::{host_err, io_err, other_direction, other_source};
-use crate::journal::{Direction, Method, Workdir};
-use crate::machine::pool;
+use crate::journal::Workdir;
+use crate::pass::pool;
 use crate::trees::Source;
+use crate::types::{Direction, Method, Mode};
 use crate::{find_users, fsx, mv, scan, Host, MigrateError, Phase, State};
 
 /// What to convert and how.
@@ -35,16 +36,6 @@ pub struct Request<'a> {
     /// Encrypt (convert) or decrypt. A recorded conversion going the other way is neither
     /// resumed nor replaced: it must be finished by its own command first.
     pub direction: Direction,
-}
-
-/// How the caller wants the data to go into staging.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Mode {
-    Copy,
-    Move,
-    /// Copy when a second copy fits with the margin, else move.
-    #[default]
-    Auto,
 }
 
 /// What a new conversion will copy and need, as counted by [`preflight`], and how it will put
@@ -151,10 +142,10 @@ pub(crate) fn quick_checks(req: &Request, host: &dyn Host, src: &Source) -> Resu
         wd.probe_lock()?;
         if let Some(j) = wd.read()? {
             if !j.step.is_final() && j.source.0 != src.path {
-                return Err(other_source(req.workdir, &j, &src.path));
+                return Err(other_source(req.workdir, &j.source.0, &src.path));
             }
             if !j.step.is_final() && j.direction != req.direction {
-                return Err(other_direction(&j));
+                return Err(other_direction(&j.source.0, j.direction));
             }
         }
     }

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::path::PathBuf;
 
-use crate::journal::{Direction, Method};
+use crate::types::{Direction, Method};
 
 /// The recorded state of a conversion.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -40,6 +40,13 @@ impl State {
                 | State::Moved
                 | State::MovingBack
         )
+    }
+
+    /// Whether the conversion is finished (done, aborted or rolled back): nothing is left to
+    /// resume, roll back or commit, and a new conversion may replace its journal. The one
+    /// definition of "finished", for the engine and its callers alike.
+    pub fn is_final(self) -> bool {
+        matches!(self, State::Done | State::Aborted | State::RolledBack)
     }
 
     /// Whether [`abort`] can put the directory back as it was: every state before the swap (a

@@ -217,12 +217,7 @@ fn convert_options(options: &Dict, caller: &Caller, what: &str) -> Result<(dirse
             "force" => o.force = bool::try_from(v).map_err(|_| bad(k, "b"))?,
             "mode" => {
                 let m = String::try_from(v.try_clone().map_err(|_| bad(k, "s"))?).map_err(|_| bad(k, "s"))?;
-                o.mode = match m.as_str() {
-                    "copy" => dirseal::convert::Mode::Copy,
-                    "move" => dirseal::convert::Mode::Move,
-                    "auto" => dirseal::convert::Mode::Auto,
-                    _ => return Err(Error::invalid("option mode must be \"copy\", \"move\" or \"auto\"")),
-                }
+                o.mode = m.parse().map_err(|e| Error::invalid(format!("option mode: {e}")))?
             }
             other => {
                 return Err(Error::invalid(format!(

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 pub mod logwrites;
+pub mod modgraph;
 mod swtpm;
 pub mod tree;
 #[cfg(feature = "ui")]
