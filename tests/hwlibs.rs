@@ -26,7 +26,7 @@ fn built_helper(name: &str) -> String {
     let path = Path::new(env!("CARGO_BIN_EXE_dirseal")).with_file_name(name);
     assert!(
         path.is_file(),
-        "{} is missing: build the workspace first (cargo build --workspace; scripts/test.sh does)",
+        "{} is missing: build or test the whole workspace (cargo build --workspace; scripts/test.sh does)",
         path.display()
     );
     path.into_os_string().into_string().expect("a UTF-8 target directory")
