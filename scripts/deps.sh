@@ -1,16 +1,21 @@
 #!/usr/bin/env bash
 # Installs every system package the build, the tests and the demo need. Idempotent.
-# --demo: only what building and the demos (try.sh, try-dbus.sh) need: no test tools (swtpm,
-# pamtester, fscrypt, ...), no VM or system-test packages and no qemu.
+# --demo: only what the demos (try.sh, try-dbus.sh) need: they build the command and the service
+# alone (cargo build -p dirseal-cli / -p dirsealed), which compile against no C library's headers,
+# so no development package; no test tools (swtpm, pamtester, fscrypt, ...), no VM or system-test
+# packages and no qemu.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 demo=
 [ "${1:-}" = --demo ] && demo=1
-# Building, and the demos: scratch ext4 images, users, a private bus with gdbus and polkit.
-pkgs=(libtss2-dev libfido2-dev libpam0g-dev libudev-dev libclang-dev pkg-config libssl-dev zlib1g-dev
-      dbus libglib2.0-bin polkitd e2fsprogs util-linux passwd python3)
+# The demos: scratch ext4 images, users, a private bus with gdbus and polkit.
+pkgs=(dbus libglib2.0-bin polkitd e2fsprogs util-linux passwd python3)
 if [ -z "$demo" ]; then
-  pkgs+=(# The tests: a software TPM and an independent TPM client, PAM through pamtester, google's
+  pkgs+=(# Building the whole workspace: the hardware helpers (hw/, package dirseal-hw) link the TPM
+         # and FIDO2 libraries, found by pkg-config and bindgen (libclang), and libfido2-sys links
+         # libudev, libcrypto and zlib; the PAM module links libpam.
+         libtss2-dev libfido2-dev libudev-dev libclang-dev pkg-config libssl-dev zlib1g-dev libpam0g-dev
+         # The tests: a software TPM and an independent TPM client, PAM through pamtester, google's
          # fscrypt beside dirseal, xattrs and ACLs in test trees, python's fido2 (pip), benchmarks.
          swtpm swtpm-tools tpm2-tools pamtester fscrypt acl attr rsync time python3-pip
          # The VM tests (scripts/vm-test.sh): guest userland comes from the host root over 9p.

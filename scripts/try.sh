@@ -6,7 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "$(id -u)" -eq 0 ] || { echo "run as root: sudo scripts/try.sh (loop mounts and kernel keys need it)" >&2; exit 1; }
 bash scripts/deps.sh --demo
-cargo build --quiet --release
+# The command alone: the demo needs no hardware helper, nor their development packages (deps.sh).
+cargo build --quiet --release -p dirseal-cli
 bin=$(realpath "${CARGO_TARGET_DIR:-target}/release/dirseal")
 
 work=$(mktemp -d /tmp/dirseal-try.XXXXXX)

@@ -654,3 +654,41 @@ fn a_user_reads_status_without_root() {
     // Root still sees everything.
     assert_eq!(env.status_json(&d)["recovery_key"], true);
 }
+
+/// Issue 45: the front ends name only the core among dirseal's crates (the engines' types come
+/// through its re-exports), and neither they nor anything under them is a TPM or FIDO2 crate: only
+/// the helpers' package (hw/, `dirseal-hw`) is, so `cargo build -p dirseal-cli` (or `-p dirsealed`,
+/// `-p pam_dirseal`) needs neither the TPM nor the FIDO2 development packages. Read from cargo's
+/// own resolution of the manifests and the lock file (`--offline`: nothing is fetched).
+#[test]
+fn front_ends_depend_on_the_core_alone_and_on_no_hardware_crate() {
+    // Names of the normal and build dependencies of `package`: direct ones only with `depth`.
+    let deps = |package: &str, depth: Option<&str>| -> Vec<String> {
+        let mut c = std::process::Command::new(env!("CARGO"));
+        c.args(["tree", "--offline", "--manifest-path", concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml")]);
+        c.args(["-p", package, "-e", "normal,build", "--prefix", "none", "--format", "{p}"]);
+        if let Some(d) = depth {
+            c.args(["--depth", d]);
+        }
+        let out = c.output().expect("cargo tree");
+        assert!(out.status.success(), "cargo tree -p {package}: {}", String::from_utf8_lossy(&out.stderr));
+        let text = String::from_utf8_lossy(&out.stdout);
+        let mut lines = text.lines().filter_map(|l| l.split_whitespace().next());
+        assert_eq!(lines.next(), Some(package), "{text}");
+        lines.map(str::to_string).collect()
+    };
+    let hardware = |n: &String| n.starts_with("tss-esapi") || n.starts_with("libfido2");
+    for package in ["dirseal-cli", "dirsealed", "pam_dirseal"] {
+        let direct = deps(package, Some("1"));
+        assert!(direct.iter().any(|n| n == "clap" || n == "zbus" || n == "libc"), "{package}: {direct:?}");
+        let ours: Vec<_> = direct.iter().filter(|n| n.starts_with("dirseal")).collect();
+        assert_eq!(ours, ["dirseal"], "{package} must name only the core among dirseal's crates");
+        let all = deps(package, None);
+        // The core does depend on the engines: the check above could not pass by a short tree.
+        assert!(all.iter().any(|n| n == "dirseal-migrate"), "{package}: {all:?}");
+        let hw: Vec<_> = all.iter().filter(|n| hardware(n)).collect();
+        assert!(hw.is_empty(), "{package} depends on a TPM or FIDO2 crate: {hw:?}");
+    }
+    // ... while the helpers do: the names above are the ones cargo uses.
+    assert!(deps("dirseal-hw", Some("1")).iter().filter(|n| hardware(n)).count() >= 3);
+}

@@ -689,7 +689,7 @@ fn a_conversion_walks_the_tree_once_for_its_census() {
     let mut ui = Scripted::new(&["pw"]).yes();
     let done = plan.run(&mut ds, choice, &mut ui, &hooks).unwrap();
     assert_eq!(listed() - start, dirs, "running the plan must not walk the tree for a second census");
-    assert_eq!(done.outcome.state, dirseal_migrate::State::Done);
+    assert_eq!(done.outcome.state, dirseal::convert::State::Done);
     assert_eq!(done.recovery_key_saved, Some(true));
     // Confirmation, then the recovery key (asked, shown), then the new password.
     let order: Vec<&str> = ui.asked.iter().map(|a| a.split([' ', '{', '(']).nth(1).unwrap_or("")).collect();

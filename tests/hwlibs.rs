@@ -8,14 +8,29 @@ mod common;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
+use std::sync::LazyLock;
 
 use common::{p, Env};
 
 /// The libraries only the helpers may link (sonames, as ldd and the dynamic loader name them).
 const HARDWARE: &[&str] = &["libtss2-", "libfido2.so", "libcbor.so", "libudev.so"];
 
-const TPM_HELPER: &str = env!("CARGO_BIN_EXE_dirseal-tpm2");
-const FIDO2_HELPER: &str = env!("CARGO_BIN_EXE_dirseal-fido2");
+static TPM_HELPER: LazyLock<String> = LazyLock::new(|| built_helper("dirseal-tpm2"));
+static FIDO2_HELPER: LazyLock<String> = LazyLock::new(|| built_helper("dirseal-fido2"));
+
+/// A helper as the workspace built it. The helpers are the package `dirseal-hw` (hw/), so that
+/// this package links no TPM or FIDO2 crate; cargo then gives this test no `CARGO_BIN_EXE_` for
+/// them, but builds them into the same directory as `dirseal` (target/<profile>) when it builds
+/// the workspace, where the library looks for them too (core/src/sys/helper.rs).
+fn built_helper(name: &str) -> String {
+    let path = Path::new(env!("CARGO_BIN_EXE_dirseal")).with_file_name(name);
+    assert!(
+        path.is_file(),
+        "{} is missing: build or test the whole workspace (cargo build --workspace; scripts/test.sh does)",
+        path.display()
+    );
+    path.into_os_string().into_string().expect("a UTF-8 target directory")
+}
 
 /// `ldd FILE`: soname → resolved path.
 fn ldd(file: &Path) -> Vec<(String, String)> {
@@ -54,10 +69,10 @@ fn only_the_helpers_link_tpm_and_fido2_libraries() {
     assert!(linked.iter().any(|n| n.starts_with("libc.so")), "ldd must list libraries: {linked:?}");
     assert_eq!(hardware_in(&linked), Vec::<String>::new(), "dirseal links a hardware library");
     // The check above could not pass by ldd missing them: the helpers do list them.
-    let tpm = names(Path::new(TPM_HELPER));
+    let tpm = names(Path::new(&*TPM_HELPER));
     assert!(tpm.iter().any(|n| n.starts_with("libtss2-esys")), "{tpm:?}");
     assert!(!tpm.iter().any(|n| n.starts_with("libfido2")), "the TPM helper must not need libfido2: {tpm:?}");
-    let fido = names(Path::new(FIDO2_HELPER));
+    let fido = names(Path::new(&*FIDO2_HELPER));
     assert!(fido.iter().any(|n| n.starts_with("libfido2")), "{fido:?}");
     assert!(!fido.iter().any(|n| n.starts_with("libtss2")), "the FIDO2 helper must not need libtss2: {fido:?}");
 }
@@ -96,8 +111,8 @@ fn status_and_unlock_of_a_password_directory_load_no_hardware_library() {
 /// Runs dirseal in a mount namespace where the TPM and FIDO2 libraries are empty files, as on a
 /// machine without them.
 fn without_hardware_libraries(env: &Env, args: &[&str], stdin: &str) -> Output {
-    let mut hide = library_files(TPM_HELPER, &["libtss2-esys.so.0"]);
-    hide.extend(library_files(FIDO2_HELPER, &["libfido2.so.1"]));
+    let mut hide = library_files(&TPM_HELPER, &["libtss2-esys.so.0"]);
+    hide.extend(library_files(&FIDO2_HELPER, &["libfido2.so.1"]));
     let empty = env.etc.path().join("empty");
     fs::write(&empty, b"").unwrap();
     let mut script = String::from("set -e\n");
@@ -216,7 +231,7 @@ fn each_helper_turns_off_core_dumps_itself() {
     use std::os::unix::fs::MetadataExt;
     use std::os::unix::process::CommandExt;
     dirseal_testfs::needs_root!();
-    for helper in [TPM_HELPER, FIDO2_HELPER] {
+    for helper in [&*TPM_HELPER, &*FIDO2_HELPER] {
         let mut child = Command::new(helper)
             .uid(65534)
             .gid(65534)

@@ -14,10 +14,10 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use dirseal_migrate::{
-    self as migrate, Census, Direction, Host, HostError, MigrateError, Outcome, Request, State, StatusView,
-};
-pub use dirseal_migrate::{Method, Mode};
+use dirseal_migrate::{self as migrate, Census, Host, HostError, Request};
+// The engine's types the front ends name (a run's state and outcome, how it moved the data, why it
+// failed): they come from here, so that the CLI and the service depend on the core alone.
+pub use dirseal_migrate::{Direction, Method, MigrateError, Mode, Outcome, State, StatusView};
 use dirseal_recovery::RecoveryKey;
 use sha2::{Digest, Sha256};
 

@@ -4,7 +4,10 @@
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
-use dirseal_recovery::{BlobError, ParseError, RecoveryKey, Sealed};
+use dirseal_recovery::{ParseError, Sealed};
+// The key a front end shows or reads, and the blob error it tells apart (a wrong key): from here,
+// so that the CLI and the service depend on the core alone.
+pub use dirseal_recovery::{BlobError, RecoveryKey};
 
 use crate::fscrypt::{self, FscryptError};
 use crate::ids::KeyIdentifier;

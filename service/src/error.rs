@@ -4,7 +4,7 @@
 use dirseal::keystore::KeystoreError;
 use dirseal::ops::OpsError;
 use dirseal::protector::ProtectorError;
-use dirseal::recovery::RecoveryError;
+use dirseal::recovery::{BlobError, RecoveryError};
 use dirseal::remedy::Remedy;
 use dirseal::ui::UiError;
 use zbus::message::{Header, Message};
@@ -152,7 +152,7 @@ fn ops_kind(e: &OpsError) -> Kind {
 fn recovery_kind(e: &RecoveryError) -> Kind {
     match e {
         RecoveryError::Typo(_) => Kind::InvalidArgs,
-        RecoveryError::Blob { source: dirseal_recovery::BlobError::WrongKey, .. } => Kind::IncorrectSecret,
+        RecoveryError::Blob { source: BlobError::WrongKey, .. } => Kind::IncorrectSecret,
         RecoveryError::NotEncrypted { .. } | RecoveryError::Missing { .. } => Kind::NotFound,
         _ => Kind::Failed,
     }
@@ -240,7 +240,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 impl From<dirseal::convert::ConvertError> for Error {
     fn from(e: dirseal::convert::ConvertError) -> Error {
         use dirseal::convert::ConvertError as C;
-        use dirseal_migrate::MigrateError as M;
+        use dirseal::convert::MigrateError as M;
         let kind = match &e {
             C::Ops(o) => ops_kind(o),
             C::OwnerActive { .. } | C::Migrate(M::Busy { .. } | M::InUse { .. }) => Kind::Busy,

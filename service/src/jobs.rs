@@ -18,11 +18,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use dirseal::convert::{self, Cancelled, ConvertError, Converted, Hooks, NewPlan, Plan, ResumePlan};
+use dirseal::convert::{
+    self, Cancelled, ConvertError, Converted, Direction, Hooks, MigrateError, NewPlan, Plan, ResumePlan,
+};
 use dirseal::decrypt;
 use dirseal::ops::{Dirseal, Pick};
 use dirseal::ui::{Eta, Progress};
-use dirseal_migrate::MigrateError;
 use serde::{Deserialize, Serialize};
 use zbus::message::{Header, Message};
 use zbus::names::{BusName, InterfaceName, MemberName};
@@ -501,8 +502,8 @@ fn fail(ctx: &Ctx, source: &Path, audience: &Audience, set: &dyn Fn(&str), log: 
 /// The unfinished conversion or decrypt `m` records, planned again to run without a secret: its
 /// staging key must still be loaded.
 fn resumable(ds: &Dirseal, m: &Marker) -> Result<Work> {
-    let decrypting = convert::status(&m.source)?
-        .is_some_and(|v| v.direction == dirseal_migrate::Direction::Decrypt && convert::unfinished(v.state));
+    let decrypting =
+        convert::status(&m.source)?.is_some_and(|v| v.direction == Direction::Decrypt && convert::unfinished(v.state));
     let (ready, call) = if decrypting {
         let plan =
             decrypt::plan(ds, &m.source, Default::default(), Pick::default(), &mut Secrets::default(), &quiet())?;

@@ -16,12 +16,11 @@ use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use dirseal::convert::Summary;
+use dirseal::convert::{State, Summary};
 use dirseal::keystore::{KeystoreError, PolicyRecord};
 use dirseal::ops::{self, Dirseal, NewProtector, Pick};
 use dirseal::protector::{KindOptions, NewKind};
 use dirseal::secret::Passphrase;
-use dirseal_migrate::State;
 use futures_lite::FutureExt;
 use zbus::message::Header;
 use zbus::zvariant::{self, OwnedValue, SerializeDict, Type};
@@ -787,7 +786,7 @@ impl Service {
                 pick,
                 &mut Secrets { current: vec![(pick.protector, secret)], ..Secrets::of(caller) },
             )?;
-            let key = dirseal_recovery::RecoveryKey::generate();
+            let key = dirseal::recovery::RecoveryKey::generate();
             let mut line = key.to_display();
             line.push('\n');
             // Shown before it is saved: a key nobody received must not become the way in. Not under

@@ -666,7 +666,7 @@ fn a_conversion_survives_its_client_and_resumes_after_the_service_is_killed_mid_
     let (staged, total) = (entries(&staging), original.len() + 1);
     let st = dirseal::convert::status(&alice.home).unwrap().expect("journal");
     let what = format!("{staged} of {total} entries copied");
-    assert_eq!(st.state, dirseal_migrate::State::Copying, "the kill must land while the conversion copies ({what})");
+    assert_eq!(st.state, dirseal::convert::State::Copying, "the kill must land while the conversion copies ({what})");
     eprintln!("killed with {what}");
     std::thread::sleep(Duration::from_millis(300));
     assert!(
@@ -788,7 +788,7 @@ fn a_decrypt_resumed_after_the_service_is_killed_keeps_the_protectors_it_was_ask
     }
     h.daemon.kill();
     let st = dirseal::convert::status(&alice.home).unwrap().expect("journal");
-    assert_eq!(st.state, dirseal_migrate::State::Copying, "the kill must land while the decrypt copies");
+    assert_eq!(st.state, dirseal::convert::State::Copying, "the kill must land while the decrypt copies");
     h.restart();
     let state = wait_for(&rx, &mut seen, "the resumed job's end", |sig| match sig {
         JobSignal::Finished { state, .. } => Some(state.clone()),

@@ -270,7 +270,7 @@ fn cancelling_a_move_moves_the_data_back() {
         std::thread::sleep(Duration::from_millis(20));
     }
     let st = dirseal::convert::status(&alice.home).unwrap().expect("journal");
-    assert_eq!(st.state, dirseal_migrate::State::Moving);
+    assert_eq!(st.state, dirseal::convert::State::Moving);
     h.call_at(Some(&alice), &job, "org.dirseal.Dirseal1.Job.Cancel", &[], &[], None).expect("Cancel");
     std::fs::remove_file(&hold).unwrap();
     assert_eq!(wait_end(&rx, &job, &h), "aborted");

@@ -9,8 +9,8 @@ use indicatif::HumanBytes;
 use serde::Serialize;
 
 use dirseal::convert::{self, ConvertError, Converted, Hooks, Mode, Options, Plan};
+use dirseal::convert::{Direction, Method, Outcome, State, StatusView};
 use dirseal::ops::{Dirseal, Pick, ProtectorChoice};
-use dirseal_migrate::{Method, Outcome, State, StatusView};
 
 use super::args::{ConvertArgs, DataMode};
 use super::drive::{drive, Steps};
@@ -274,7 +274,7 @@ pub fn status_text(v: &StatusView) -> String {
     match v.state {
         State::Done | State::Aborted | State::RolledBack => v.state.to_string(),
         s if v.running => format!("{s}, running now ({counts})"),
-        State::Swapped if v.direction == dirseal_migrate::Direction::Decrypt => format!(
+        State::Swapped if v.direction == Direction::Decrypt => format!(
             "decrypted; the encrypted tree is kept until `dirseal {cmd} --commit {d}` (or `--rollback` restores it)"
         ),
         State::Swapped => format!(
@@ -298,7 +298,7 @@ pub fn status_text(v: &StatusView) -> String {
 /// Where an interrupted move's files are, as a person can find them.
 fn moved_to(v: &StatusView) -> String {
     match (&v.moved_to, v.direction) {
-        (Some(p), dirseal_migrate::Direction::Decrypt) => clean(&p.display().to_string()),
+        (Some(p), Direction::Decrypt) => clean(&p.display().to_string()),
         (Some(p), _) => {
             format!("{} (encrypted: its names read as ciphertext while it is locked)", clean(&p.display().to_string()))
         }

@@ -5,9 +5,9 @@ use anyhow::Result;
 use indicatif::HumanBytes;
 
 use dirseal::convert::{self, Hooks, Options};
+use dirseal::convert::{Method, State};
 use dirseal::decrypt::{self, Decrypted, Forgotten, Plan};
 use dirseal::ops::{Dirseal, Pick};
-use dirseal_migrate::{Method, State};
 
 use super::args::DecryptArgs;
 use super::convert::{outcome_out, show_status};

@@ -5,9 +5,9 @@ use anyhow::{bail, Result};
 
 use dirseal::ids::KeyIdentifier;
 use dirseal::ops::Dirseal;
+use dirseal::recovery::RecoveryKey;
 use dirseal::recovery::{self, RecoveryError};
 use dirseal::secret::MasterKey;
-use dirseal_recovery::RecoveryKey;
 
 use dirseal::ui::{Question, Ui};
 

@@ -6,8 +6,8 @@ use dirseal::presence::Presence;
 use dirseal::secret::Passphrase;
 use std::path::Path;
 
+use dirseal::recovery::RecoveryKey;
 use dirseal::ui::{Question, SecretPrompt, Ui, UiError};
-use dirseal_recovery::RecoveryKey;
 use zeroize::Zeroizing;
 
 /// Longest secret line accepted; longer input is a mistake (a file piped by accident).
@@ -454,12 +454,12 @@ pub fn confirm(question: &str) -> bool {
 fn method_text(c: &dirseal::convert::Summary, way: Way) -> String {
     use indicatif::HumanBytes as B;
     match c.method {
-        dirseal_migrate::Method::Copy => format!(
+        dirseal::convert::Method::Copy => format!(
             "Its data is copied into {} that replaces it (copy mode{}).",
             way.into,
             if c.auto { ": there is room for a second copy" } else { "" }
         ),
-        dirseal_migrate::Method::Move => format!(
+        dirseal::convert::Method::Move => format!(
             "Its data moves into {}, large files chunk by chunk (move mode: {}). \
              There is no backup window: until the move finishes the directory is unusable (logins are \
              refused) and `dirseal {} --abort` moves everything back; once it finishes, {} is gone.",

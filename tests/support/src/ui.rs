@@ -4,9 +4,9 @@ use std::path::Path;
 
 use dirseal::ids::ProtectorId;
 use dirseal::presence::Presence;
+use dirseal::recovery::RecoveryKey;
 use dirseal::secret::Passphrase;
 use dirseal::ui::{Question, SecretPrompt, Ui, UiError};
-use dirseal_recovery::RecoveryKey;
 
 #[derive(Default)]
 pub struct Scripted {
