@@ -227,9 +227,11 @@ fn golden_sealed_key_still_unseals() {
     assert_eq!(key.as_bytes().as_slice(), g.key.as_slice());
 
     // The protector record, read from a keystore as dirseal reads it, opens with the PIN.
-    let ks = tempfile::tempdir().unwrap();
-    let store = Keystore::open(ks.path()).unwrap();
-    let file = ks.path().join(format!("protectors/{}.json", g.protector_id));
+    let tmp = tempfile::tempdir().unwrap();
+    // Made by the keystore itself: root's alone (0700), as it requires.
+    let ks = tmp.path().join("ks");
+    let store = Keystore::open(&ks).unwrap();
+    let file = ks.join(format!("protectors/{}.json", g.protector_id));
     std::fs::copy(format!("{GOLDEN}/protector.json"), &file).unwrap();
     std::fs::set_permissions(&file, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     let rec = store.protector(&g.protector_id).unwrap_or_else(|e| panic!("{e}"));

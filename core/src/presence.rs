@@ -6,12 +6,12 @@
 //! "At the device" is decided from what the kernel and logind say about the process that asks —
 //! never from its environment, which the caller of a setuid program controls:
 //! - a process in a logind session is at the device only when that session is local (not
-//!   `REMOTE`), has a seat and is the seat's active one. `su` run from an SSH session is in that
-//!   SSH session, so it is elsewhere;
+//!   `REMOTE`) and is either its seat's active one or on a console line of the machine (a serial
+//!   console has no seat). `su` run from an SSH session is in that SSH session, so it is elsewhere;
 //! - a login that is not in a session yet (`login`, a display manager, `sshd`, before
 //!   `pam_systemd` makes one) is elsewhere when it names a remote host or comes through a network
 //!   service, and at the device only when its terminal (set by the privileged program itself) is
-//!   a virtual console or a local X display;
+//!   a virtual, serial or hypervisor console or a local X display;
 //! - any doubt (no session, no terminal, an unreadable record) means elsewhere. The cost of being
 //!   wrong that way is only that the last kept tries must be typed at a local console.
 //!
@@ -52,12 +52,16 @@ pub struct Session {
     pub seat: Option<String>,
     /// The seat's active session (`ACTIVE=1`).
     pub active: bool,
+    /// Its terminal (`TTY=tty1`, `pts/0`, `ttyS0`).
+    pub tty: Option<String>,
 }
 
 impl Session {
-    /// The rule for a process in a session.
+    /// The rule for a process in a session: local, and either the active session of a seat or on
+    /// one of the machine's own console lines (a serial console has no seat).
     pub fn presence(&self) -> Presence {
-        if !self.remote && self.seat.is_some() && self.active {
+        let seat_in_front = self.seat.is_some() && self.active;
+        if !self.remote && (seat_in_front || self.tty.as_deref().is_some_and(console_line)) {
             Presence::AtDevice
         } else {
             Presence::Elsewhere
@@ -93,13 +97,25 @@ impl Login<'_> {
     }
 }
 
-/// A virtual console (`tty1`, `/dev/tty2`) or a local X display (`:0`, `:1.0`); not a
-/// pseudo-terminal (`/dev/pts/3`: anything, SSH included) nor a remote display (`host:10.0`).
-fn local_terminal(tty: &str) -> bool {
-    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
-    if let Some(vt) = tty.strip_prefix("/dev/").unwrap_or(tty).strip_prefix("tty") {
+fn digits(s: &str) -> bool {
+    !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit())
+}
+
+/// A terminal line of the machine itself: a virtual console (`tty1`, `/dev/tty2`) or a serial or
+/// hypervisor console (`ttyS0`, `ttyAMA0`, `hvc0`), wired to the device; not a pseudo-terminal
+/// (`/dev/pts/3`: anything, SSH included).
+fn console_line(tty: &str) -> bool {
+    let tty = tty.strip_prefix("/dev/").unwrap_or(tty);
+    ["ttyS", "ttyAMA", "hvc"].iter().any(|p| tty.strip_prefix(p).is_some_and(digits))
         // tty0 is "the current console", not a terminal a login runs on.
-        return digits(vt) && vt != "0";
+        || tty.strip_prefix("tty").is_some_and(|vt| digits(vt) && vt != "0")
+}
+
+/// A console line ([`console_line`]) or a local X display (`:0`, `:1.0`); not a remote display
+/// (`host:10.0`).
+fn local_terminal(tty: &str) -> bool {
+    if console_line(tty) {
+        return true;
     }
     match tty.strip_prefix(':') {
         Some(d) => {
@@ -123,6 +139,7 @@ pub fn session_of_in(proc_root: &Path, sessions: &Path, pid: u32) -> Option<Sess
         remote: field("REMOTE").as_deref() != Some("0"),
         seat: field("SEAT").filter(|s| !s.is_empty()),
         active: field("ACTIVE").as_deref() == Some("1"),
+        tty: field("TTY").filter(|t| !t.is_empty()),
         id,
     })
 }
@@ -197,6 +214,9 @@ mod tests {
         // A seat session that is not in front (another user's is).
         write("UID=1000\nACTIVE=0\nREMOTE=0\nSEAT=seat0\n");
         assert_eq!(at(), Some(Presence::Elsewhere));
+        // A serial console login: no seat, but the machine's own line.
+        write("UID=1000\nACTIVE=1\nREMOTE=0\nTTY=ttyS1\n");
+        assert_eq!(at(), Some(Presence::AtDevice));
         // No REMOTE line: not known to be local.
         write("UID=1000\nACTIVE=1\nSEAT=seat0\n");
         assert_eq!(at(), Some(Presence::Elsewhere));
@@ -215,16 +235,25 @@ mod tests {
         assert_eq!(login(None, "sshd", Some("ssh")), Presence::Elsewhere);
         assert_eq!(login(None, "su", Some("/dev/pts/3")), Presence::Elsewhere);
         assert_eq!(login(None, "login", Some("/dev/tty0")), Presence::Elsewhere);
+        // The machine's serial console: wired to it.
+        assert_eq!(login(None, "login", Some("/dev/ttyS1")), Presence::AtDevice);
+        assert_eq!(login(None, "login", Some("ttyUSB0")), Presence::Elsewhere);
         assert_eq!(login(None, "x", Some("host:10.0")), Presence::Elsewhere);
         assert_eq!(login(None, "login", None), Presence::Elsewhere);
     }
 
     #[test]
     fn su_from_a_remote_session_is_elsewhere_whatever_its_terminal() {
-        let remote = Session { id: "4".into(), remote: true, seat: None, active: true };
+        let remote = Session { id: "4".into(), remote: true, seat: None, active: true, tty: Some("pts/0".into()) };
         let l = Login { rhost: None, service: "su", tty: Some("tty1"), session: Some(remote) };
         assert_eq!(l.presence(), Presence::Elsewhere);
-        let local = Session { id: "2".into(), remote: false, seat: Some("seat0".into()), active: true };
+        let local = Session {
+            id: "2".into(),
+            remote: false,
+            seat: Some("seat0".into()),
+            active: true,
+            tty: Some("tty2".into()),
+        };
         let l = Login { rhost: None, service: "su", tty: Some("/dev/pts/1"), session: Some(local) };
         assert_eq!(l.presence(), Presence::AtDevice);
     }
