@@ -8,6 +8,7 @@
 //! Where things are:
 //! - [`ops`]: the operations every front end offers (encrypt, unlock, lock, protectors, policies).
 //! - [`convert`]: planning and running the in-place conversion of a directory that holds data.
+//! - [`census`]: what a conversion involves ([`census::Summary`]), as front ends show it.
 //! - [`protector`]: protector kinds (password, TPM2, FIDO2) and what unlocking each asks for.
 //! - [`keystore`]: the root-only directory of protector and policy records.
 //! - [`portable`]: directories on removable media whose records travel with them.
@@ -28,6 +29,7 @@
 
 pub mod account;
 pub mod autologin;
+pub mod census;
 pub mod config;
 pub mod convert;
 pub mod decrypt;
