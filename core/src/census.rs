@@ -1,9 +1,13 @@
-//! What a conversion involves, as front ends show it before anyone says yes: plain data, below
-//! both the conversion engine that measures it (crate::convert) and the [`Ui`](crate::ui::Ui)
-//! that asks about it, so neither needs the other.
+//! Plain data the library shows front ends: what a conversion involves, before anyone says yes
+//! ([`Summary`], [`Estimate`]), and a protector as listed ([`ProtectorSummary`]). It sits below
+//! the modules that make it (crate::convert, crate::ops) and those that carry it (the
+//! [`Ui`](crate::ui::Ui)'s questions, crate::remedy's remedies), so none of those needs another.
 use std::path::PathBuf;
 
 use dirseal_migrate::Method;
+use serde::Serialize;
+
+use crate::ids::ProtectorId;
 
 /// What a new conversion involves, as a person should see it before saying yes (and as front
 /// ends show it: the CLI's `plan` object).
@@ -54,4 +58,20 @@ pub struct Estimate {
     /// Copy (data at the write rate, entries at the per-entry cost) plus verification (reading
     /// both copies back, counted as half the copy's data time).
     pub seconds: u64,
+}
+
+/// A protector as shown to users and front ends.
+#[derive(Clone, Debug, Serialize)]
+pub struct ProtectorSummary {
+    /// Its id.
+    pub id: ProtectorId,
+    /// Its name.
+    pub name: String,
+    /// Its kind's name, one of [`protector::KIND_NAMES`](crate::protector::KIND_NAMES).
+    pub kind: &'static str,
+    /// The user it belongs to, if any.
+    pub uid: Option<u32>,
+    /// Where its record is: "keystore" (this machine's; opens here only when the kind is bound to
+    /// the machine) or "medium" (a portable directory's, opens on any machine).
+    pub stored: &'static str,
 }

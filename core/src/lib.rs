@@ -30,6 +30,7 @@
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod account;
+mod advice;
 mod aside;
 pub use aside::{autologin, scrub};
 pub mod census;

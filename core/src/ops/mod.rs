@@ -24,9 +24,10 @@ mod recovery;
 mod status;
 mod unlock;
 
+pub use crate::census::ProtectorSummary;
 pub use errors::OpsError;
 pub use login::{is_tpm_pin, lookup_user, Login};
-pub use status::{public_dir_status, DirStatus, FsStatus, ProtectorSummary};
+pub use status::{public_dir_status, DirStatus, FsStatus};
 pub use unlock::{BusyProcess, LockReport};
 
 /// Which protector to use when a policy has several.

@@ -4,28 +4,14 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use super::{Dirseal, OpsError};
+use crate::census::ProtectorSummary;
 use crate::fscrypt::{self, KeyStatus};
 use crate::ids::{KeyIdentifier, ProtectorId};
 use crate::keystore::{KeystoreError, PolicyRecord};
 use crate::portable;
 use crate::protector::ProtectorRecord;
 
-/// A protector as shown to users and front ends.
-#[derive(Clone, Debug, Serialize)]
-pub struct ProtectorSummary {
-    /// Its id.
-    pub id: ProtectorId,
-    /// Its name.
-    pub name: String,
-    /// Its kind's name, one of [`protector::KIND_NAMES`](crate::protector::KIND_NAMES).
-    pub kind: &'static str,
-    /// The user it belongs to, if any.
-    pub uid: Option<u32>,
-    /// Where its record is: "keystore" (this machine's; opens here only when the kind is bound to
-    /// the machine) or "medium" (a portable directory's, opens on any machine).
-    pub stored: &'static str,
-}
-
+// Made here, where records are read; the type sits low in census.rs, for remedies to name.
 impl ProtectorSummary {
     /// The summary of a record in this machine's keystore.
     pub fn of(r: &ProtectorRecord) -> Self {
