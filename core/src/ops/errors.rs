@@ -1,7 +1,7 @@
 //! Why an operation failed ([`OpsError`]), and the wording its messages share.
 use std::path::PathBuf;
 
-use super::ProtectorSummary;
+use crate::census::ProtectorSummary;
 use crate::config::ConfigError;
 use crate::fscrypt::FscryptError;
 use crate::ids::{KeyIdentifier, ProtectorId};

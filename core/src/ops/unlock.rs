@@ -4,7 +4,8 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use super::errors::listed;
-use super::{Dirseal, OpsError, Pick, ProtectorSummary};
+use super::{Dirseal, OpsError, Pick};
+use crate::census::ProtectorSummary;
 use crate::fscrypt::{self, KeyStatus};
 use crate::ids::ProtectorId;
 use crate::keystore::PolicyRecord;
