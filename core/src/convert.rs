@@ -18,6 +18,8 @@ use dirseal_migrate::{self as migrate, Census, Host, HostError, Request};
 // The engine's types the front ends name (a run's state and outcome, how it moved the data, why it
 // failed): they come from here, so that the CLI and the service depend on the core alone.
 pub use dirseal_migrate::{Direction, Method, MigrateError, Mode, Outcome, State, StatusView};
+// Kept at their old paths: front ends name them `dirseal::convert::{Summary, Estimate}`.
+pub use crate::census::{Estimate, Summary};
 use dirseal_recovery::RecoveryKey;
 use sha2::{Digest, Sha256};
 
@@ -286,57 +288,6 @@ pub(crate) fn owner_idle(source: &Path, options: &Options) -> Result<Owner, Conv
         return Err(ConvertError::OwnerActive { path: source.to_path_buf(), uid: owner.uid, pids });
     }
     Ok(owner)
-}
-
-/// What a new conversion involves, as a person should see it before saying yes (and as front
-/// ends show it: the CLI's `plan` object).
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
-pub struct Summary {
-    /// The directory.
-    pub path: PathBuf,
-    /// Entries below the directory.
-    pub entries: u64,
-    /// File data the copy moves: sizes, but sparse files count only their allocated data.
-    pub data_bytes: u64,
-    /// The sum of file sizes (what `ls` shows; more than the data when files are sparse).
-    pub apparent_bytes: u64,
-    /// Free space the copy needs, and what the filesystem has.
-    pub space_needed: u64,
-    /// Free space the filesystem has.
-    pub space_available: u64,
-    /// The directory's owner: they cannot log in (the PAM module refuses) or use the directory
-    /// until the conversion is done. Root-owned directories have no such owner.
-    pub owner_uid: u32,
-    /// Their account name, if the password database has one.
-    pub owner_name: Option<String>,
-    /// Whether a recovery key will be made; `None`: the front end is asked next.
-    pub recovery_key: Option<bool>,
-    /// Whether the old plaintext is kept until the conversion is committed (or rolled back).
-    pub keep_backup: bool,
-    /// Whether the old plaintext is overwritten before deletion, then TRIMmed.
-    pub wipe: bool,
-    /// Copy or move, and whether [`Mode::Auto`] picked it; what each would need.
-    pub method: migrate::Method,
-    /// Whether the method was picked by [`Mode::Auto`] rather than asked for.
-    pub auto: bool,
-    /// Free space a copy needs.
-    pub copy_needed: u64,
-    /// Free space a move needs.
-    pub move_needed: u64,
-    /// The measured time estimate, if asked for and the probe could run.
-    pub estimate: Option<Estimate>,
-}
-
-/// A time estimate from rates measured on the filesystem itself, not constants.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-pub struct Estimate {
-    /// Encrypted writes, synced, into a probe directory on the filesystem.
-    pub write_bytes_per_sec: u64,
-    /// Creating one small encrypted file.
-    pub micros_per_entry: u64,
-    /// Copy (data at the write rate, entries at the per-entry cost) plus verification (reading
-    /// both copies back, counted as half the copy's data time).
-    pub seconds: u64,
 }
 
 impl<N: AsRef<Path>, R: AsRef<Path>> Planned<N, R> {

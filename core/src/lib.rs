@@ -8,6 +8,7 @@
 //! Where things are:
 //! - [`ops`]: the operations every front end offers (encrypt, unlock, lock, protectors, policies).
 //! - [`convert`]: planning and running the in-place conversion of a directory that holds data.
+//! - [`census`]: what a conversion involves ([`census::Summary`]), as front ends show it.
 //! - [`protector`]: protector kinds (password, TPM2, FIDO2) and what unlocking each asks for.
 //! - [`keystore`]: the root-only directory of protector and policy records.
 //! - [`portable`]: directories on removable media whose records travel with them.
@@ -17,17 +18,22 @@
 //! - [`tpm2`], [`fido2`]: the devices behind the TPM2 and FIDO2 protector kinds.
 //! - [`config`]: the root-owned `/etc/dirseal/config.toml`.
 //! - [`account`]: what the password database says of an account (for PIN and touch logins).
-//! - [`scrub`]: overwriting free space, so plaintext deleted before a conversion is gone.
 //! - [`secret`], [`ids`]: zeroizing secret types; key and protector identifiers.
 //! - [`securefile`]: root-owned private files (no-follow reads, atomic durable writes).
 //! - [`ui`]: the trait through which the library asks a person things and reports progress.
 //! - [`home`]: new homes encrypted from birth (`home create`, PAM `mkhome`, D-Bus CreateHome).
+//!
+//! Beside the key library, in their own tree (core/src/aside/), what manages no keys:
 //! - [`autologin`]: a display manager's automatic login onto an encrypted home (handhelds).
+//! - [`scrub`]: overwriting free space, so plaintext deleted before a conversion is gone.
 #![deny(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod account;
-pub mod autologin;
+mod advice;
+mod aside;
+pub use aside::{autologin, scrub};
+pub mod census;
 pub mod config;
 pub mod convert;
 pub mod decrypt;
@@ -44,7 +50,6 @@ pub mod presence;
 pub mod protector;
 pub mod recovery;
 pub mod remedy;
-pub mod scrub;
 pub mod secret;
 pub mod securefile;
 mod sys;

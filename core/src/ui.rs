@@ -4,6 +4,7 @@ use std::path::Path;
 
 use dirseal_recovery::RecoveryKey;
 
+use crate::census::Summary;
 use crate::ids::ProtectorId;
 use crate::presence::Presence;
 use crate::secret::Passphrase;
@@ -65,14 +66,14 @@ pub enum Question<'a> {
         /// The directory to encrypt.
         dir: &'a Path,
         /// What the conversion involves, for the front end to show before asking.
-        summary: &'a crate::convert::Summary,
+        summary: &'a Summary,
     },
     /// Decrypt `dir` in place (back to plaintext); the summary is convert's.
     Decrypt {
         /// The encrypted directory.
         dir: &'a Path,
         /// What the decrypt involves.
-        summary: &'a crate::convert::Summary,
+        summary: &'a Summary,
     },
     /// Make a recovery key for `dir` (the way back in if every protector is lost).
     CreateRecoveryKey {

@@ -1,12 +1,10 @@
 //! The PAM module's rendering of a library error's [`Remedy`]: a log line for the administrator
 //! who reads the system log, so it names the dirseal command that fixes it. Which errors have
 //! which remedy is the library's decision (dirseal::remedy).
-use std::error::Error;
-
-use dirseal::remedy::Remedy;
+use dirseal::remedy::{HasRemedy, Remedy};
 
 /// `e`'s message, and the fix if the library knows one: what the module logs for a library error.
-pub(crate) fn why(e: &(dyn Error + 'static)) -> String {
+pub(crate) fn why(e: &dyn HasRemedy) -> String {
     match Remedy::find(e) {
         Some(r) => format!("{e} (fix: {})", fix(&r)),
         None => e.to_string(),

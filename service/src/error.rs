@@ -5,7 +5,7 @@ use dirseal::keystore::KeystoreError;
 use dirseal::ops::OpsError;
 use dirseal::protector::ProtectorError;
 use dirseal::recovery::{BlobError, RecoveryError};
-use dirseal::remedy::Remedy;
+use dirseal::remedy::{HasRemedy, Remedy};
 use dirseal::ui::UiError;
 use zbus::message::{Header, Message};
 use zbus::names::ErrorName;
@@ -159,7 +159,7 @@ fn recovery_kind(e: &RecoveryError) -> Kind {
 }
 
 /// `e`'s message, then its remedy (if it has one) as what to call next.
-fn message(e: &(dyn std::error::Error + 'static)) -> String {
+fn message(e: &dyn HasRemedy) -> String {
     match Remedy::find(e) {
         Some(r) => format!("{e}; {}", next(&r)),
         None => e.to_string(),

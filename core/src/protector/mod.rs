@@ -28,6 +28,7 @@ use crate::format::{check_header, FORMAT_VERSION};
 use crate::ids::ProtectorId;
 use crate::kdf::KdfError;
 use crate::presence::Presence;
+use crate::remedy::HasRemedy;
 use crate::secret::{Passphrase, ProtectorKey, PROTECTOR_KEY_LEN};
 use crate::ui::{SecretPrompt, Ui, UiError};
 use crate::wrap::{self, Kek, Wrapped};
@@ -419,16 +420,16 @@ impl ProtectorError {
 
 /// A kind's own error, shown as itself.
 #[derive(Debug)]
-pub struct KindError(Box<dyn std::error::Error + Send + Sync + 'static>);
+pub struct KindError(Box<dyn HasRemedy + Send + Sync + 'static>);
 
 impl KindError {
-    /// Wraps a kind's (or its device's) own error.
-    pub(crate) fn new(e: impl std::error::Error + Send + Sync + 'static) -> KindError {
+    /// Wraps a kind's (or its device's) own error, which says its own remedy (crate::advice).
+    pub(crate) fn new(e: impl HasRemedy + Send + Sync + 'static) -> KindError {
         KindError(Box::new(e))
     }
 
-    /// The wrapped error itself, e.g. for a front end's remedy lookup.
-    pub(crate) fn as_error(&self) -> &(dyn std::error::Error + 'static) {
+    /// The wrapped error itself, for its remedy.
+    pub(crate) fn inner(&self) -> &(dyn HasRemedy + 'static) {
         &*self.0
     }
 }
