@@ -884,7 +884,7 @@ impl Host for KeyHost<'_> {
     }
 
     fn trim(&self, dir: &Path) -> Result<(), HostError> {
-        crate::scrub::trim(dir).map(drop).map_err(host_err)
+        fscrypt::trim(dir).map(drop).map_err(host_err)
     }
 
     fn progress(&self, p: &migrate::Progress) {

@@ -356,6 +356,14 @@ pub fn mount_point(path: &Path) -> Result<PathBuf, FscryptError> {
     mount_entry(path).map(|m| m.mount_point)
 }
 
+/// Discards the free blocks of the filesystem holding `path` (`FITRIM`), so that a flash device
+/// may erase what was freed; the bytes trimmed. Used after a conversion and by `scrub`.
+pub(crate) fn trim(path: &Path) -> Result<u64, FscryptError> {
+    let mp = mount_point(path)?;
+    let root = File::open(&mp).map_err(|source| FscryptError::Io { path: mp.clone(), op: "open", source })?;
+    crate::sys::fitrim(root.as_fd()).map_err(|e| FscryptError::Io { path: mp, op: "trim", source: io::Error::from(e) })
+}
+
 fn open_nofollow(path: &Path, flags: libc::c_int, op: &'static str) -> Result<File, FscryptError> {
     OpenOptions::new()
         .read(true)

@@ -4,8 +4,9 @@
 //! key library's own modules so that what handles keys stays what a reviewer reads; the crate
 //! root re-exports both (`dirseal::autologin`, `dirseal::scrub`).
 //!
-//! Each points one way: `autologin` uses the key library (`ops`) from above; `scrub` is used by
-//! it from below (a conversion TRIMs the blocks it freed with [`scrub::trim`]) and itself uses
-//! only `fscrypt`, `ui` and `sys`. No module circle runs through here.
+//! Each points one way, from above: `autologin` uses the key library (`ops`); `scrub` uses
+//! `fscrypt` (its TRIM, which conversions use too), `convert` (to refuse scrubbing under an
+//! unfinished conversion), `ui` and `sys`. Nothing in the key library uses them
+//! (core/tests/modules.rs checks that no module circle runs through here).
 pub mod autologin;
 pub mod scrub;

@@ -458,13 +458,6 @@ fn sync_and_drop_cache(f: &File, mp: &Path) -> Result<(), ScrubError> {
     Ok(())
 }
 
-/// `FITRIM` on the filesystem holding `path`: the bytes trimmed.
-pub(crate) fn trim(path: &Path) -> Result<u64, ScrubError> {
-    let mp = fscrypt::mount_point(path)?;
-    let root = File::open(&mp).map_err(io_err(&mp, "open"))?;
-    crate::sys::fitrim(root.as_fd()).map_err(|e| io_err(&mp, "trim")(io::Error::from(e)))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

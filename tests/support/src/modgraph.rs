@@ -8,7 +8,9 @@
 //! `use crate::{…}` groups too), and `super::b…` at the top level of a top-level file (where
 //! `super` is the crate root). A name the root re-exports (`pub use b::Name;`) counts as `b`; a
 //! name the root defines itself or takes from another crate is no edge. Comments and string
-//! literals are skipped, so doc links do not count; test modules count like any other code.
+//! literals are skipped, so doc links do not count. Test code is not the crate's structure and is
+//! skipped: a `#[cfg(test)]` item from there to the end of its file (the convention: tests last),
+//! and a file its parent declares `#[cfg(test)] mod name;` (a test-only kind, say).
 //!
 //! A crate is checked by a test in it calling [`assert_acyclic`] with its manifest directory.
 
@@ -45,11 +47,12 @@ pub fn graph(crate_dir: &Path) -> Graph {
     }
     let root = root.unwrap_or_else(|| panic!("{} has neither lib.rs nor main.rs", src.display()));
     let reexports = reexports(&code_only(&read(&root)), &files);
+    let test_only = test_only_files(files.values().flatten().map(|(p, _)| p));
     let mut g = Graph::default();
     for (module, paths) in &files {
         let uses = g.uses.entry(module.clone()).or_default();
-        for (path, top) in paths {
-            for name in referenced(&code_only(&read(path)), *top) {
+        for (path, top) in paths.iter().filter(|(p, _)| !test_only.contains(p)) {
+            for name in referenced(&without_tests(&code_only(&read(path))), *top) {
                 let target = if files.contains_key(&name) { Some(&name) } else { reexports.get(&name) };
                 if let Some(t) = target.filter(|t| *t != module) {
                     uses.insert(t.clone());
@@ -168,6 +171,42 @@ impl Graph {
         }
         vec![start.clone()]
     }
+}
+
+/// The files declared `#[cfg(test)] mod name;` by the file beside them (or their directory's
+/// `mod.rs`).
+fn test_only_files<'a>(paths: impl Iterator<Item = &'a PathBuf>) -> BTreeSet<PathBuf> {
+    let mut out = BTreeSet::new();
+    for path in paths {
+        let code = code_only(&read(path));
+        let lines: Vec<&str> = code.lines().map(str::trim).collect();
+        for w in lines.windows(2) {
+            let Some(name) = w[1].strip_prefix("mod ").and_then(|r| r.strip_suffix(';')) else { continue };
+            if w[0] == "#[cfg(test)]" {
+                let dir = path.parent().unwrap_or(Path::new("."));
+                // `a/mod.rs` declares `a/b.rs`; `a.rs` declares `a/b.rs`.
+                let base = if path.file_stem().is_some_and(|s| s == "mod") {
+                    dir.to_path_buf()
+                } else {
+                    dir.join(path.file_stem().unwrap_or_default())
+                };
+                out.insert(base.join(format!("{name}.rs")));
+            }
+        }
+    }
+    out
+}
+
+/// `code` up to its first `#[cfg(test)]` line that begins an inline module (the tests, last).
+fn without_tests(code: &str) -> String {
+    let lines: Vec<&str> = code.lines().collect();
+    let end = lines
+        .windows(2)
+        .position(|w| {
+            w[0].trim() == "#[cfg(test)]" && w[1].trim_start().starts_with("mod ") && w[1].trim_end().ends_with('{')
+        })
+        .unwrap_or(lines.len());
+    lines[..end].join("\n")
 }
 
 fn rs_files(dir: &Path, out: &mut Vec<PathBuf>) {
