@@ -89,8 +89,10 @@ unsafe fn args(argc: c_int, argv: *const *const c_char) -> Vec<String> {
     }
     (0..argc as usize)
         .filter_map(|i| {
-            // SAFETY: the caller guarantees `argc` readable pointers in `argv`.
-            let p = unsafe { *argv.add(i) };
+            // SAFETY: the caller guarantees `argc` readable pointers in `argv`: `i` is in bounds.
+            let at = unsafe { argv.add(i) };
+            // SAFETY: in bounds (above), readable and aligned (libpam's array).
+            let p = unsafe { *at };
             // SAFETY: non-null pointers in argv are NUL-terminated C strings owned by libpam.
             (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
         })
@@ -198,24 +200,25 @@ impl Pam {
         if resp.is_null() {
             return if r == PAM_SUCCESS { Ok(None) } else { Err(PAM_CONV_ERR) };
         }
-        // SAFETY: `resp` points to one malloc'd pam_response whose `resp` string, if any, is a
-        // malloc'd NUL-terminated string that we own now.
-        let answer = unsafe {
-            let s = (*resp).resp;
-            let out = if s.is_null() {
-                None
-            } else {
-                let len = libc::strlen(s);
-                let bytes = std::slice::from_raw_parts(s.cast::<u8>(), len);
-                let copy = Passphrase::new(Zeroizing::new(bytes.to_vec()));
-                // Wipe the application's copy before freeing it.
-                ptr::write_bytes(s, 0, len);
-                libc::free(s.cast());
-                Some(copy)
-            };
-            libc::free(resp.cast());
-            out
-        };
+        // `resp` points to one malloc'd pam_response whose `resp` string, if any, is a malloc'd
+        // NUL-terminated string that we own now.
+        // SAFETY: `resp` is non-null (checked) and points to a pam_response.
+        let s = unsafe { (*resp).resp };
+        let answer = (!s.is_null()).then(|| {
+            // SAFETY: a non-null `resp` string is NUL-terminated.
+            let len = unsafe { libc::strlen(s) };
+            // SAFETY: `len` bytes before the NUL are readable, and nothing else holds them.
+            let bytes = unsafe { std::slice::from_raw_parts(s.cast::<u8>(), len) };
+            let copy = Passphrase::new(Zeroizing::new(bytes.to_vec()));
+            // Wipe the application's copy before freeing it.
+            // SAFETY: the same `len` writable bytes (malloc'd, ours now).
+            unsafe { ptr::write_bytes(s, 0, len) };
+            // SAFETY: malloc'd by the application for us to free, freed once.
+            unsafe { libc::free(s.cast()) };
+            copy
+        });
+        // SAFETY: malloc'd by the application for us to free, freed once (after its string).
+        unsafe { libc::free(resp.cast()) };
         if r != PAM_SUCCESS {
             return Err(PAM_CONV_ERR);
         }

@@ -238,15 +238,14 @@ pub(crate) fn remove_encryption_key(
 ) -> Result<u32, Errno> {
     let mut arg = fscrypt_remove_key_arg { key_spec: fscrypt_key_specifier::identifier(id), ..Default::default() };
     let fd = fd.as_raw_fd();
-    // SAFETY: `fd` is live; `arg` is an initialised, exclusively borrowed remove-key argument of
-    // exactly the size encoded in the request code; the kernel writes only its status flags.
-    unsafe {
-        if all_users {
-            ioctls::fs_ioc_remove_encryption_key_all_users(fd, &mut arg)
-        } else {
-            ioctls::fs_ioc_remove_encryption_key(fd, &mut arg)
-        }
-    }?;
+    if all_users {
+        // SAFETY: `fd` is live; `arg` is an initialised, exclusively borrowed remove-key argument
+        // of exactly the size encoded in the request code; the kernel writes only its status flags.
+        unsafe { ioctls::fs_ioc_remove_encryption_key_all_users(fd, &mut arg) }?;
+    } else {
+        // SAFETY: as above, for the request without `_ALL_USERS`.
+        unsafe { ioctls::fs_ioc_remove_encryption_key(fd, &mut arg) }?;
+    }
     Ok(arg.removal_status_flags)
 }
 
@@ -281,25 +280,20 @@ pub(crate) fn loaded_from() -> Option<std::path::PathBuf> {
     use std::os::unix::ffi::OsStrExt;
     let mut here = std::mem::MaybeUninit::<libc::Dl_info>::zeroed();
     let mut main = std::mem::MaybeUninit::<libc::Dl_info>::zeroed();
-    // SAFETY: dladdr only looks the address up and fills the struct it is given; on success
-    // (non-zero) every field is set.
-    let here = unsafe {
-        if libc::dladdr(loaded_from as *const c_void, here.as_mut_ptr()) == 0 {
-            return None;
-        }
-        here.assume_init()
-    };
+    // SAFETY: dladdr only looks the address up and fills the struct it is given.
+    if unsafe { libc::dladdr(loaded_from as *const c_void, here.as_mut_ptr()) } == 0 {
+        return None;
+    }
+    // SAFETY: dladdr succeeded (non-zero): every field is set.
+    let here = unsafe { here.assume_init() };
     // The main program's program headers (AT_PHDR) lie in the main program: its base is the
     // one to compare with (dladdr names the main program by argv[0], which the caller chose).
-    // SAFETY: getauxval reads the auxiliary vector; dladdr as above.
-    let main_base = unsafe {
-        let phdr = libc::getauxval(libc::AT_PHDR);
-        if phdr != 0 && libc::dladdr(phdr as *const c_void, main.as_mut_ptr()) != 0 {
-            Some(main.assume_init().dli_fbase)
-        } else {
-            None
-        }
-    };
+    // SAFETY: getauxval only reads the auxiliary vector.
+    let phdr = unsafe { libc::getauxval(libc::AT_PHDR) };
+    // SAFETY: dladdr as above.
+    let found = phdr != 0 && unsafe { libc::dladdr(phdr as *const c_void, main.as_mut_ptr()) } != 0;
+    // SAFETY: dladdr succeeded: every field is set.
+    let main_base = found.then(|| unsafe { main.assume_init() }.dli_fbase);
     if main_base.is_none_or(|b| b == here.dli_fbase) || here.dli_fname.is_null() {
         return None;
     }
