@@ -36,8 +36,11 @@ fn opt_ptr(p: &Option<Zeroizing<Vec<u8>>>) -> *const c_char {
 }
 
 fn strerr(code: c_int) -> String {
-    // SAFETY: fido_strerr returns a pointer to a static NUL-terminated string for any code.
-    unsafe { CStr::from_ptr(ffi::fido_strerr(code)) }.to_string_lossy().into_owned()
+    // SAFETY: fido_strerr takes the code by value and only looks it up in a static table.
+    let msg = unsafe { ffi::fido_strerr(code) };
+    // SAFETY: for any code (unknown ones included) fido_strerr returns a non-NULL pointer to a
+    // static NUL-terminated string, valid for the life of the program.
+    unsafe { CStr::from_ptr(msg) }.to_string_lossy().into_owned()
 }
 
 fn check(code: c_int) -> Result<(), Fido2Error> {
@@ -65,11 +68,13 @@ unsafe extern "C" fn discard_log(_msg: *const c_char) {}
 
 fn init() {
     static INIT: Once = Once::new();
-    // SAFETY: fido_init only sets up logging, and the handler is a function that ignores its
-    // argument; both run once, before any other libfido2 call.
-    INIT.call_once(|| unsafe {
-        ffi::fido_init(0);
-        ffi::fido_set_log_handler(Some(discard_log));
+    INIT.call_once(|| {
+        // SAFETY: fido_init takes its flags by value and only sets libfido2's global state (the
+        // debug log among it); `call_once` runs it once, before any other libfido2 call.
+        unsafe { ffi::fido_init(0) };
+        // SAFETY: `discard_log` is a `'static` function of the handler's C signature that never
+        // reads its argument, so libfido2 may call it at any time, from any thread.
+        unsafe { ffi::fido_set_log_handler(Some(discard_log)) };
     });
 }
 
@@ -88,18 +93,32 @@ pub fn list_hid() -> Result<Vec<HidInfo>, Fido2Error> {
     let mut out = Vec::new();
     if r == ffi::FIDO_OK {
         for i in 0..n.min(MAX) {
-            // SAFETY: i < n ≤ MAX; the accessors return NUL-terminated strings owned by the list
-            // (or NULL, handled by `cstr`), valid until it is freed below.
-            unsafe {
-                let di = ffi::fido_dev_info_ptr(list, i);
-                out.push(HidInfo {
-                    path: cstr(ffi::fido_dev_info_path(di)),
-                    manufacturer: cstr(ffi::fido_dev_info_manufacturer_string(di)),
-                    product: cstr(ffi::fido_dev_info_product_string(di)),
-                    vendor_id: ffi::fido_dev_info_vendor(di) as u16,
-                    product_id: ffi::fido_dev_info_product(di) as u16,
-                });
-            }
+            // SAFETY: `list` is live (freed only below) and i < n ≤ MAX: an entry that
+            // fido_dev_info_manifest filled in.
+            let di = unsafe { ffi::fido_dev_info_ptr(list, i) };
+            // SAFETY: `di` is a filled entry of the live list; the getter returns its path string
+            // (or NULL), owned by the list.
+            let path = unsafe { ffi::fido_dev_info_path(di) };
+            // SAFETY: as for the path: the entry's manufacturer string (or NULL).
+            let manufacturer = unsafe { ffi::fido_dev_info_manufacturer_string(di) };
+            // SAFETY: as for the path: the entry's product string (or NULL).
+            let product = unsafe { ffi::fido_dev_info_product_string(di) };
+            out.push(HidInfo {
+                // SAFETY: `path` is NULL or the entry's NUL-terminated path, which `list` keeps
+                // until it is freed below.
+                path: unsafe { cstr(path) },
+                // SAFETY: `manufacturer` is NULL or a NUL-terminated string kept by `list` until
+                // it is freed below.
+                manufacturer: unsafe { cstr(manufacturer) },
+                // SAFETY: `product` is NULL or a NUL-terminated string kept by `list` until it is
+                // freed below.
+                product: unsafe { cstr(product) },
+                // SAFETY: `di` is a filled entry of the live list; the getter returns a plain
+                // integer read from it.
+                vendor_id: unsafe { ffi::fido_dev_info_vendor(di) } as u16,
+                // SAFETY: as for the vendor id: a plain integer read from the live entry.
+                product_id: unsafe { ffi::fido_dev_info_product(di) } as u16,
+            });
         }
     }
     // SAFETY: frees what fido_dev_info_new allocated, with the same count; sets `list` to NULL.
@@ -168,9 +187,12 @@ unsafe extern "C" fn io_close(h: *mut c_void) {
 
 unsafe extern "C" fn io_read(h: *mut c_void, buf: *mut c_uchar, len: usize, ms: c_int) -> c_int {
     let r = catch_unwind(AssertUnwindSafe(|| {
-        // SAFETY: `h` is our live SocketIo (between open and close, used by one thread); `buf`
-        // has room for `len` bytes.
-        let (io, buf) = unsafe { (&mut *h.cast::<SocketIo>(), std::slice::from_raw_parts_mut(buf, len)) };
+        // SAFETY: `h` came from Box::into_raw in io_open and stays live until io_close; libfido2
+        // uses a handle from one thread at a time, so this is the only reference to it.
+        let io = unsafe { &mut *h.cast::<SocketIo>() };
+        // SAFETY: libfido2 passes its own report buffer: non-NULL, `len` writable bytes, not
+        // otherwise accessed until we return.
+        let buf = unsafe { std::slice::from_raw_parts_mut(buf, len) };
         io.read_report(buf, ms).map_or(-1, |n| n as c_int)
     }));
     r.unwrap_or(-1)
@@ -178,8 +200,12 @@ unsafe extern "C" fn io_read(h: *mut c_void, buf: *mut c_uchar, len: usize, ms: 
 
 unsafe extern "C" fn io_write(h: *mut c_void, buf: *const c_uchar, len: usize) -> c_int {
     let r = catch_unwind(AssertUnwindSafe(|| {
-        // SAFETY: as in io_read; `buf` holds `len` bytes.
-        let (io, buf) = unsafe { (&mut *h.cast::<SocketIo>(), std::slice::from_raw_parts(buf, len)) };
+        // SAFETY: `h` came from Box::into_raw in io_open and stays live until io_close; libfido2
+        // uses a handle from one thread at a time, so this is the only reference to it.
+        let io = unsafe { &mut *h.cast::<SocketIo>() };
+        // SAFETY: libfido2 passes the report to send: non-NULL, `len` readable bytes, not
+        // modified until we return.
+        let buf = unsafe { std::slice::from_raw_parts(buf, len) };
         // libfido2 prefixes each report with the HID report id (0), which is not sent on the wire.
         match buf.split_first() {
             Some((_, report)) if io.stream.write_all(report).is_ok() => len as c_int,
@@ -259,22 +285,45 @@ impl Device {
         )?;
         // SAFETY: open device, valid info object.
         check(unsafe { ffi::fido_dev_get_cbor_info(self.dev, info.0) })?;
-        // SAFETY: each (ptr, len) pair describes arrays owned by `info`, alive until it drops;
-        // the strings are NUL-terminated.
-        unsafe {
-            let strs =
-                |p: *mut *mut c_char, n: usize| -> Vec<String> { (0..n).map(|i| cstr(*p.add(i))).collect::<Vec<_>>() };
-            let i = info.0;
-            let names = strs(ffi::fido_cbor_info_options_name_ptr(i), ffi::fido_cbor_info_options_len(i));
-            let vals = ffi::fido_cbor_info_options_value_ptr(i);
-            let protos = ffi::fido_cbor_info_protocols_ptr(i);
-            Ok(AuthenticatorInfo {
-                versions: strs(ffi::fido_cbor_info_versions_ptr(i), ffi::fido_cbor_info_versions_len(i)),
-                extensions: strs(ffi::fido_cbor_info_extensions_ptr(i), ffi::fido_cbor_info_extensions_len(i)),
-                options: names.into_iter().enumerate().map(|(k, n)| (n, *vals.add(k))).collect(),
-                pin_protocols: (0..ffi::fido_cbor_info_protocols_len(i)).map(|k| *protos.add(k)).collect(),
-            })
-        }
+        // The getters below only read `info` (live, filled in by the call above) and return its
+        // lengths or pointers into arrays it owns, valid until it drops at the end of this function.
+        let i = info.0;
+        // SAFETY: `i` is the live, filled info object; returns its option-name array (or NULL).
+        let names_p = unsafe { ffi::fido_cbor_info_options_name_ptr(i) };
+        // SAFETY: `i` is the live, filled info object; returns the length of both option arrays.
+        let options_len = unsafe { ffi::fido_cbor_info_options_len(i) };
+        // SAFETY: `names_p` holds `options_len` NUL-terminated names (NULL when there are none),
+        // owned by `info`, which outlives the copy.
+        let names = unsafe { cstrs(names_p, options_len) };
+        // SAFETY: `i` is the live, filled info object; returns the option values, one per name.
+        let vals_p = unsafe { ffi::fido_cbor_info_options_value_ptr(i) };
+        // SAFETY: `vals_p` holds `options_len` bools (the same length as the names) owned by
+        // `info`, or is NULL when there are none.
+        let vals = unsafe { copied(vals_p, options_len) };
+        // SAFETY: `i` is the live, filled info object; returns its PIN protocol array (or NULL).
+        let protos_p = unsafe { ffi::fido_cbor_info_protocols_ptr(i) };
+        // SAFETY: `i` is the live, filled info object; returns the PIN protocol count.
+        let protos_len = unsafe { ffi::fido_cbor_info_protocols_len(i) };
+        // SAFETY: `i` is the live, filled info object; returns its version-string array (or NULL).
+        let versions_p = unsafe { ffi::fido_cbor_info_versions_ptr(i) };
+        // SAFETY: `i` is the live, filled info object; returns the version count.
+        let versions_len = unsafe { ffi::fido_cbor_info_versions_len(i) };
+        // SAFETY: `i` is the live, filled info object; returns its extension-name array (or NULL).
+        let extensions_p = unsafe { ffi::fido_cbor_info_extensions_ptr(i) };
+        // SAFETY: `i` is the live, filled info object; returns the extension count.
+        let extensions_len = unsafe { ffi::fido_cbor_info_extensions_len(i) };
+        Ok(AuthenticatorInfo {
+            // SAFETY: `versions_p` holds `versions_len` NUL-terminated strings (NULL when there are
+            // none) owned by `info`, alive until it drops after this copy.
+            versions: unsafe { cstrs(versions_p, versions_len) },
+            // SAFETY: `extensions_p` holds `extensions_len` NUL-terminated strings (NULL when there
+            // are none) owned by `info`, alive until it drops after this copy.
+            extensions: unsafe { cstrs(extensions_p, extensions_len) },
+            options: names.into_iter().zip(vals).collect(),
+            // SAFETY: `protos_p` holds `protos_len` bytes (NULL when there are none) owned by
+            // `info`, alive until it drops after this copy.
+            pin_protocols: unsafe { copied(protos_p, protos_len) },
+        })
     }
 
     /// PIN tries left before the key blocks its PIN.
@@ -304,25 +353,35 @@ impl Device {
         // SAFETY: plain allocation, NULL-checked by Owned.
         let cred = Owned::<ffi::fido_cred_t>::new(unsafe { ffi::fido_cred_new() }, ffi::fido_cred_free)?;
         let cdh: [u8; 32] = rand::random();
-        // SAFETY: valid cred object; every pointer/length pair is a live Rust buffer or a
-        // NUL-terminated CString, all copied by libfido2.
-        unsafe {
-            check(ffi::fido_cred_set_type(cred.0, ffi::COSE_ES256))?;
-            check(ffi::fido_cred_set_clientdata_hash(cred.0, cdh.as_ptr(), cdh.len()))?;
-            check(ffi::fido_cred_set_rp(cred.0, rp.as_ptr(), rp.as_ptr()))?;
-            check(ffi::fido_cred_set_user(
+        // SAFETY: `cred.0` is a live cred object (non-NULL, owned by `cred`); the type is a
+        // plain int.
+        check(unsafe { ffi::fido_cred_set_type(cred.0, ffi::COSE_ES256) })?;
+        // SAFETY: live cred object; `cdh` is 32 readable bytes on our stack, copied by libfido2
+        // before it returns.
+        check(unsafe { ffi::fido_cred_set_clientdata_hash(cred.0, cdh.as_ptr(), cdh.len()) })?;
+        // SAFETY: live cred object; `rp` is a NUL-terminated CString alive across the call (as id
+        // and as name), which libfido2 duplicates.
+        check(unsafe { ffi::fido_cred_set_rp(cred.0, rp.as_ptr(), rp.as_ptr()) })?;
+        // SAFETY: live cred object; `user_id` is `user_id.len()` readable bytes and `name` a
+        // NUL-terminated CString (name and display name), both alive across the call and copied
+        // by libfido2; a NULL icon means none.
+        check(unsafe {
+            ffi::fido_cred_set_user(
                 cred.0,
                 user_id.as_ptr(),
                 user_id.len(),
                 name.as_ptr(),
                 name.as_ptr(),
                 std::ptr::null(),
-            ))?;
-            check(ffi::fido_cred_set_extensions(cred.0, ffi::FIDO_EXT_HMAC_SECRET))?;
-            check(ffi::fido_cred_set_rk(cred.0, ffi::fido_opt_t_FIDO_OPT_OMIT))?;
-            if uv {
-                check(ffi::fido_cred_set_uv(cred.0, ffi::fido_opt_t_FIDO_OPT_TRUE))?;
-            }
+            )
+        })?;
+        // SAFETY: live cred object; the extension mask is a plain int.
+        check(unsafe { ffi::fido_cred_set_extensions(cred.0, ffi::FIDO_EXT_HMAC_SECRET) })?;
+        // SAFETY: live cred object; the option is a plain enum value.
+        check(unsafe { ffi::fido_cred_set_rk(cred.0, ffi::fido_opt_t_FIDO_OPT_OMIT) })?;
+        if uv {
+            // SAFETY: live cred object; the option is a plain enum value.
+            check(unsafe { ffi::fido_cred_set_uv(cred.0, ffi::fido_opt_t_FIDO_OPT_TRUE) })?;
         }
         let start = Instant::now();
         let pin = c_pin(pin);
@@ -330,8 +389,12 @@ impl Device {
         let r = unsafe { ffi::fido_dev_make_cred(self.dev, cred.0, opt_ptr(&pin)) };
         let t = self.timed(r, start);
         self.with_retries(t)?;
-        // SAFETY: id_ptr/id_len describe a buffer owned by `cred`, copied before it drops.
-        let id = unsafe { blob(ffi::fido_cred_id_ptr(cred.0), ffi::fido_cred_id_len(cred.0)) };
+        // SAFETY: live cred object; returns a pointer to the credential id it holds (or NULL).
+        let id_p = unsafe { ffi::fido_cred_id_ptr(cred.0) };
+        // SAFETY: live cred object; returns the length of that id.
+        let id_len = unsafe { ffi::fido_cred_id_len(cred.0) };
+        // SAFETY: `id_p` is NULL or `id_len` bytes owned by `cred`, which outlives the copy.
+        let id = unsafe { copied(id_p, id_len) };
         // SAFETY: valid cred object after a successful make_cred.
         let flags = unsafe { ffi::fido_cred_flags(cred.0) };
         const ED: u8 = 0x80;
@@ -354,46 +417,62 @@ impl Device {
             (true, true) if req.pin.is_none() => (ffi::fido_opt_t_FIDO_OPT_TRUE, ffi::fido_opt_t_FIDO_OPT_TRUE),
             (true, _) => (ffi::fido_opt_t_FIDO_OPT_TRUE, ffi::fido_opt_t_FIDO_OPT_OMIT),
         };
-        // SAFETY: valid assert object; all buffers are live and copied by libfido2.
-        unsafe {
-            check(ffi::fido_assert_set_rp(a.0, rp.as_ptr()))?;
-            check(ffi::fido_assert_set_clientdata_hash(a.0, cdh.as_ptr(), cdh.len()))?;
-            for id in req.credential_ids {
-                check(ffi::fido_assert_allow_cred(a.0, id.as_ptr(), id.len()))?;
-            }
-            if let Some(salt) = req.salt {
-                check(ffi::fido_assert_set_extensions(a.0, ffi::FIDO_EXT_HMAC_SECRET))?;
-                check(ffi::fido_assert_set_hmac_salt(a.0, salt.as_ptr(), salt.len()))?;
-            }
-            check(ffi::fido_assert_set_up(a.0, up))?;
-            check(ffi::fido_assert_set_uv(a.0, uv))?;
+        // SAFETY: `a.0` is a live assert object (non-NULL, owned by `a`); `rp` is a
+        // NUL-terminated CString alive across the call, which libfido2 duplicates.
+        check(unsafe { ffi::fido_assert_set_rp(a.0, rp.as_ptr()) })?;
+        // SAFETY: live assert object; `cdh` is 32 readable bytes on our stack, copied by libfido2.
+        check(unsafe { ffi::fido_assert_set_clientdata_hash(a.0, cdh.as_ptr(), cdh.len()) })?;
+        for id in req.credential_ids {
+            // SAFETY: live assert object; `id` is `id.len()` readable bytes borrowed from the
+            // request, copied by libfido2.
+            check(unsafe { ffi::fido_assert_allow_cred(a.0, id.as_ptr(), id.len()) })?;
         }
+        if let Some(salt) = req.salt {
+            // SAFETY: live assert object; the extension mask is a plain int.
+            check(unsafe { ffi::fido_assert_set_extensions(a.0, ffi::FIDO_EXT_HMAC_SECRET) })?;
+            // SAFETY: live assert object; `salt` is `salt.len()` readable bytes borrowed from the
+            // request, copied by libfido2.
+            check(unsafe { ffi::fido_assert_set_hmac_salt(a.0, salt.as_ptr(), salt.len()) })?;
+        }
+        // SAFETY: live assert object; `up` is a plain enum value.
+        check(unsafe { ffi::fido_assert_set_up(a.0, up) })?;
+        // SAFETY: live assert object; `uv` is a plain enum value.
+        check(unsafe { ffi::fido_assert_set_uv(a.0, uv) })?;
         let pin = c_pin(if req.salt.is_some() { req.pin } else { None });
         let start = Instant::now();
         // SAFETY: open device, prepared assert, NUL-terminated PIN or NULL, alive for the call.
         let r = unsafe { ffi::fido_dev_get_assert(self.dev, a.0, opt_ptr(&pin)) };
         let t = self.timed(r, start);
         self.with_retries(t)?;
-        // SAFETY: index 0 exists when count ≥ 1 (checked); the buffers belong to `a` and are
-        // copied before it drops.
-        unsafe {
-            if ffi::fido_assert_count(a.0) < 1 {
-                return Err(Fido2Error::NoCredential);
-            }
-            let credential_id = blob(ffi::fido_assert_id_ptr(a.0, 0), ffi::fido_assert_id_len(a.0, 0));
-            let user_verified = ffi::fido_assert_flags(a.0, 0) & 0x04 != 0;
-            let secret = if req.salt.is_some() {
-                let p = ffi::fido_assert_hmac_secret_ptr(a.0, 0);
-                let n = ffi::fido_assert_hmac_secret_len(a.0, 0);
-                if p.is_null() || n != HMAC_SECRET_LEN {
-                    return Err(Fido2Error::Unsupported("the hmac-secret extension".into()));
-                }
-                Some(HmacSecret::from_slice(std::slice::from_raw_parts(p, n))?)
-            } else {
-                None
-            };
-            Ok(Assertion { credential_id, secret, user_verified })
+        // SAFETY: live assert object; reads how many statements the key returned.
+        if unsafe { ffi::fido_assert_count(a.0) } < 1 {
+            return Err(Fido2Error::NoCredential);
         }
+        // SAFETY: live assert object and statement 0 exists (count ≥ 1); returns a pointer to its
+        // credential id (or NULL), owned by `a`.
+        let id_p = unsafe { ffi::fido_assert_id_ptr(a.0, 0) };
+        // SAFETY: live assert object, statement 0 exists; returns the length of that id.
+        let id_len = unsafe { ffi::fido_assert_id_len(a.0, 0) };
+        // SAFETY: `id_p` is NULL or `id_len` bytes owned by `a`, which outlives the copy.
+        let credential_id = unsafe { copied(id_p, id_len) };
+        // SAFETY: live assert object, statement 0 exists; returns its authenticator-data flags.
+        let user_verified = unsafe { ffi::fido_assert_flags(a.0, 0) } & 0x04 != 0;
+        let secret = if req.salt.is_some() {
+            // SAFETY: live assert object, statement 0 exists; returns a pointer to its decrypted
+            // hmac-secret output (or NULL), owned by `a`.
+            let p = unsafe { ffi::fido_assert_hmac_secret_ptr(a.0, 0) };
+            // SAFETY: live assert object, statement 0 exists; returns the length of that output.
+            let n = unsafe { ffi::fido_assert_hmac_secret_len(a.0, 0) };
+            if p.is_null() || n != HMAC_SECRET_LEN {
+                return Err(Fido2Error::Unsupported("the hmac-secret extension".into()));
+            }
+            // SAFETY: `p` is non-NULL (checked) and points to `n` bytes owned by `a`, which
+            // outlives the slice; HmacSecret copies them before `a` drops.
+            Some(HmacSecret::from_slice(unsafe { std::slice::from_raw_parts(p, n) })?)
+        } else {
+            None
+        };
+        Ok(Assertion { credential_id, secret, user_verified })
     }
 
     /// Maps a failed read after the whole timeout to [`Fido2Error::Timeout`] (and tells the key
@@ -422,24 +501,46 @@ impl Device {
 impl Drop for Device {
     fn drop(&mut self) {
         if !self.dev.is_null() {
-            // SAFETY: an open device (Device only exists opened); close then free, NULLing it.
-            unsafe {
-                ffi::fido_dev_close(self.dev);
-                ffi::fido_dev_free(&mut self.dev);
-            }
+            // SAFETY: a non-NULL `dev` is open (Device only exists opened; a failed open NULLs
+            // it first) and is closed only here, once.
+            unsafe { ffi::fido_dev_close(self.dev) };
+            // SAFETY: `dev` came from fido_dev_new and is now closed; freed once, as
+            // fido_dev_free sets the pointer to NULL.
+            unsafe { ffi::fido_dev_free(&mut self.dev) };
         }
     }
 }
 
+/// Copies out an array libfido2 owns (a byte buffer, the option values, ...); NULL reads as empty.
+///
 /// # Safety
-/// `p` is NULL or points to `n` readable bytes.
-unsafe fn blob(p: *const c_uchar, n: usize) -> Vec<u8> {
+/// `p` is NULL or points to `n` initialised, aligned `T`s that stay valid and unmodified for the
+/// call.
+unsafe fn copied<T: Copy>(p: *const T, n: usize) -> Vec<T> {
     if p.is_null() {
         Vec::new()
     } else {
-        // SAFETY: per the contract.
+        // SAFETY: non-NULL (checked), so by the contract `n` initialised, aligned `T`s that
+        // nothing writes to while the temporary slice lives.
         unsafe { std::slice::from_raw_parts(p, n) }.to_vec()
     }
+}
+
+/// Copies out an array of `n` strings libfido2 owns; NULL reads as empty.
+///
+/// # Safety
+/// `p` is NULL or points to `n` pointers, each NULL or a NUL-terminated string; all stay valid
+/// for the call.
+unsafe fn cstrs(p: *const *mut c_char, n: usize) -> Vec<String> {
+    // SAFETY: `p` is NULL or holds `n` readable pointers (the contract).
+    let ptrs = unsafe { copied(p, n) };
+    ptrs.into_iter()
+        .map(|s| {
+            // SAFETY: each pointer is NULL or a NUL-terminated string valid for the call (the
+            // contract).
+            unsafe { cstr(s) }
+        })
+        .collect()
 }
 
 /// A libfido2 object freed by its `*_free(&mut ptr)` function.
