@@ -152,7 +152,7 @@ pub fn run(ds: &mut Dirseal, args: ConvertArgs, ui: &mut TermUi) -> Result<i32> 
     }
     report(&abs, &done.outcome, summary.as_ref().map(|s| s.apparent_bytes), args.run.json)?;
     if args.scrub {
-        return scrub_after(&abs, &done.outcome, &stop, args.run.json);
+        return scrub_after(&abs, &done.outcome, stop, args.run.json);
     }
     if !args.run.json && done.outcome.state == State::Done {
         let d = clean(&abs.display().to_string());
