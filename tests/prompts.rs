@@ -440,6 +440,8 @@ fn a_new_home_password_is_checked_against_the_login_password() {
     t.wait_for("login password now? [y/N]", 1);
     t.type_line("y");
     t.wait_for("this is not", 1);
+    t.wait_for("all the same (nothing is saved yet)? [y/N]", 1);
+    t.type_line("y");
     let (ok, out) = t.finish();
     assert!(ok, "{out}");
     assert!(out.contains(&format!("warning: this is not {}'s login password", user.name)), "{out}");
@@ -457,6 +459,48 @@ fn a_new_home_password_is_checked_against_the_login_password() {
     let (ok, out) = t.finish();
     assert!(ok, "{out}");
     assert!(!out.contains("login password now?"), "{out}");
+}
+
+/// Issue 44: `change-password` said "not alice's login password" and saved it all the same; it
+/// asks first, and a "no" asks for another password, nothing saved.
+#[test]
+fn a_password_that_is_not_the_login_password_is_confirmed_before_it_is_saved() {
+    dirseal_testfs::needs_root!();
+    let env = Env::new();
+    let user = dirseal_testfs::User::new(env.mnt());
+    user.set_system_password("Login-pw-42");
+    fs::write(user.home.join("f"), b"data").unwrap();
+    env.ok(&["convert", user.home_str(), "--yes", "--no-recovery-key"], "Old-pw-42\n");
+    let mut t = Term::spawn(&env, &["change-password", user.home_str()]);
+    t.wait_for("Password for protector", 1);
+    t.type_unechoed("Old-pw-42");
+    t.wait_for("New password for protector", 1);
+    t.type_unechoed("Other-pw-42");
+    t.wait_for("Repeat the new password", 1);
+    t.type_unechoed("Other-pw-42");
+    t.wait_for("login password now? [y/N]", 1);
+    t.type_line("y");
+    t.wait_for("all the same (nothing is saved yet)? [y/N]", 1);
+    t.type_line("n");
+    t.wait_for("New password for protector", 2);
+    t.type_raw_unechoed(b"");
+    t.ctrl_c();
+    env.ok(&["protector", "verify", &user.name], "Old-pw-42\n");
+    // "yes" saves it.
+    let mut t = Term::spawn(&env, &["change-password", user.home_str()]);
+    t.wait_for("Password for protector", 1);
+    t.type_unechoed("Old-pw-42");
+    t.wait_for("New password for protector", 1);
+    t.type_unechoed("Other-pw-42");
+    t.wait_for("Repeat the new password", 1);
+    t.type_unechoed("Other-pw-42");
+    t.wait_for("login password now? [y/N]", 1);
+    t.type_line("y");
+    t.wait_for("all the same (nothing is saved yet)? [y/N]", 1);
+    t.type_line("y");
+    let (ok, out) = t.finish();
+    assert!(ok, "{out}");
+    env.ok(&["protector", "verify", &user.name], "Other-pw-42\n");
 }
 
 /// The matching password is confirmed as such.
@@ -738,4 +782,34 @@ fn ctrl_c_at_home_creates_recovery_key_question_leaves_nothing() {
     t.ctrl_c();
     assert!(!u.home.exists(), "the home was made");
     keystore_empty(&env);
+}
+
+/// Issue 44: a mistyped recovery key (its check digits catch it) ended the command; on a terminal
+/// it is asked again, as a mistyped password is.
+#[test]
+fn a_mistyped_recovery_key_is_asked_again() {
+    dirseal_testfs::needs_root!();
+    let env = Env::new();
+    let d = env.mnt().join("rk");
+    fs::create_dir(&d).unwrap();
+    let out = env.ok(&["encrypt", p(&d), "--protector-name", "o", "--recovery-key"], "pw\n");
+    let key = out
+        .split_whitespace()
+        .find(|w| w.len() == 55 && w.split('-').count() == 8)
+        .unwrap_or_else(|| panic!("no key shown: {out}"))
+        .to_string();
+    env.ok(&["lock", p(&d)], "");
+    let mut t = Term::spawn(&env, &["unlock", "--recovery", p(&d)]);
+    t.wait_for("Recovery key for", 1);
+    // One digit off in the last group.
+    let mut typo = key.clone().into_bytes();
+    typo[54] = if typo[54] == b'9' { b'0' } else { typo[54] + 1 };
+    t.type_unechoed(std::str::from_utf8(&typo).unwrap());
+    t.wait_for("type it again", 1);
+    t.wait_for("Recovery key for", 2);
+    t.type_unechoed(&key);
+    let (ok, out) = t.finish();
+    assert!(ok, "{out}");
+    assert!(out.contains("the recovery key is mistyped"), "{out}");
+    assert_eq!(env.status_json(&d)["key"], "unlocked");
 }

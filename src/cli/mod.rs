@@ -187,6 +187,7 @@ pub fn main() -> i32 {
         eprintln!("dirseal: error: cannot handle Ctrl-C: {e}");
         return 1;
     }
+    let context = hint::Context::of(&cli.cmd);
     match run(cli) {
         Ok(code) => code,
         Err(e) if cancelled(&e) => {
@@ -195,7 +196,7 @@ pub fn main() -> i32 {
         }
         Err(e) => {
             eprintln!("dirseal: error: {}", clean(&dirseal::remedy::said_once(e.as_ref())));
-            if let Some(h) = hint::hint(&e) {
+            if let Some(h) = hint::hint(&e, &context) {
                 eprintln!("dirseal: {}", clean(&h));
             }
             1

@@ -237,7 +237,20 @@ impl Ui for TermUi {
             }
             SecretPrompt::KeyPin { name } => ask(&format!("PIN of the security key for protector {}: ", clean(name))),
             SecretPrompt::RecoveryKey { dir } => {
-                ask(&format!("Recovery key for {}: ", clean(&dir.display().to_string())))
+                let prompt = format!("Recovery key for {}: ", clean(&dir.display().to_string()));
+                // A typo is caught by the key's own check before anything uses it: on a terminal
+                // it is asked again, as a mistyped password is (before, the command ended).
+                let tries = if io::stdin().is_terminal() { 3 } else { 1 };
+                let mut n = 1;
+                loop {
+                    let typed = ask(&prompt)?;
+                    match RecoveryKey::parse(std::str::from_utf8(typed.as_bytes()).unwrap_or("\u{fffd}")) {
+                        Err(e) if n < tries => eprintln!("the recovery key is mistyped: {e}; type it again"),
+                        // The library parses it again and says what is wrong.
+                        _ => return Ok(typed),
+                    }
+                    n += 1;
+                }
             }
         }
     }
@@ -315,7 +328,8 @@ impl Ui for TermUi {
 /// `pam_unix` tests, instead of leaving it to the first login. Offered, not done unasked: the
 /// answer tells whoever types whether a word is the user's password.
 ///
-/// Whether to keep `typed` (always, so far).
+/// Whether to keep `typed`: asked before anything is saved when it is not the login password
+/// (before, the warning came and the password was saved all the same); false: type another.
 fn check_login_password(user: &str, typed: &Passphrase) -> Result<bool, UiError> {
     let u = clean(user);
     if !dirseal::account::has_password(user).unwrap_or(false) {
@@ -326,10 +340,16 @@ fn check_login_password(user: &str, typed: &Passphrase) -> Result<bool, UiError>
     }
     match dirseal::account::password_is(user, typed) {
         Ok(true) => eprintln!("It is {u}'s login password: logging in as {u} will unlock the directory."),
-        Ok(false) => eprintln!(
-            "warning: this is not {u}'s login password: logging in as {u} will leave the directory locked until \
-             the two are the same (`passwd {u}`, or `dirseal change-password DIR` afterwards)"
-        ),
+        Ok(false) => {
+            eprintln!(
+                "warning: this is not {u}'s login password: logging in as {u} will leave the directory locked until \
+                 the two are the same (`passwd {u}` makes them so)"
+            );
+            if !confirm("Use this password all the same (nothing is saved yet)?")? {
+                eprintln!("Type another one (Ctrl-C cancels).");
+                return Ok(false);
+            }
+        }
         Err(e) => eprintln!("could not read {u}'s password entry ({e}); not checked"),
     }
     Ok(true)
