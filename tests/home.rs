@@ -89,6 +89,16 @@ fn home_create_makes_an_encrypted_home_from_the_skeleton() {
     env.ok(&["home", "create", &w.name, "--skel", p(&none), "--no-recovery-key"], "pw-w\npw-w\n");
     assert!(lsattr_encrypted(&w.home));
     assert_eq!(std::fs::read_dir(&w.home).unwrap().count(), 0);
+    // Issue 44: piped, "created ..." was said twice (the library's notice, then the CLI's line),
+    // and one entry was "1 entries".
+    let x = User::new(env.mnt());
+    std::fs::remove_dir(&x.home).unwrap();
+    let one = env.mnt().join("one-skel");
+    std::fs::create_dir(&one).unwrap();
+    std::fs::write(one.join(".profile"), "# p\n").unwrap();
+    let out = env.ok(&["home", "create", &x.name, "--skel", p(&one), "--no-recovery-key"], "pw-x\npw-x\n");
+    assert_eq!(out.matches("created ").count(), 1, "{out}");
+    assert!(out.contains("1 entry copied from"), "{out}");
 }
 
 #[test]

@@ -144,7 +144,7 @@ fn questions_re_ask_and_answers_are_echoed() {
     // The summary comes first, from the preflight walk and a measured write rate.
     let text = t.text();
     for needle in [
-        "contents:     1 entries, 4 B of data",
+        "contents:     1 entry, 4 B of data",
         "free space:   needs",
         "time:         about",
         "MiB/s encrypted writes",
@@ -708,6 +708,8 @@ fn ctrl_c_at_decrypt_unlock_and_the_menu_cancels() {
     fs::write(d.join("f"), b"data").unwrap();
     let mut t = Term::spawn(&env, &["decrypt", p(&d), "--protector", "o"]);
     t.wait_for("in place? [y/N]", 1);
+    // Issue 44: a decrypt writes plaintext; its summary said "encrypted writes".
+    assert!(t.text().contains("/s plaintext writes"), "{}", t.text());
     t.ctrl_c();
     let st = env.status_json(&d);
     assert_eq!(st["encrypted"], true, "{st}");
@@ -812,4 +814,41 @@ fn a_mistyped_recovery_key_is_asked_again() {
     assert!(ok, "{out}");
     assert!(out.contains("the recovery key is mistyped"), "{out}");
     assert_eq!(env.status_json(&d)["key"], "unlocked");
+}
+
+/// Issue 44: a resumed move's bar stayed at 54 % once the move was done (the run counts only
+/// what it moved itself, and a phase's bar is kept on screen as it last was); a phase that is
+/// over is shown full, with its totals.
+#[cfg(feature = "fault-injection")]
+#[test]
+fn a_resumed_moves_bar_ends_full() {
+    dirseal_testfs::needs_root!();
+    let env = Env::new();
+    let d = home(&env);
+    for i in 0..1000 {
+        fs::write(d.join(format!("s{i}")), vec![b'x'; 3000]).unwrap();
+    }
+    fs::write(d.join("big"), vec![7u8; 8 << 20]).unwrap();
+    let args = ["convert", p(&d), "--yes", "--no-recovery-key", "--protector-name", "o", "--mode", "move"];
+    // Stopped (as by a crash) after a good part of the small files was moved.
+    let mut c = env
+        .cmd(&args)
+        .env("DIRSEAL_FAULT", "move-entry-removed:600")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    c.stdin.take().unwrap().write_all(b"pw\n").unwrap();
+    let out = c.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(99), "{}", String::from_utf8_lossy(&out.stderr));
+    let (ok, out) = Term::spawn(&env, &["convert", p(&d)]).finish();
+    assert!(ok, "{out}");
+    let frames = frames(&out);
+    let moving: Vec<&String> =
+        frames.iter().filter(|f| f.starts_with("moving") && f.contains(" [") && f.contains("] ")).collect();
+    let last = moving.last().unwrap_or_else(|| panic!("no moving bar: {frames:#?}"));
+    let bar = &last[last.find(" [").unwrap() + 2..last.find("] ").unwrap()];
+    assert!(!bar.contains(' ') && !bar.contains('>'), "the move's last bar is not full: {last:?}\n{moving:#?}");
+    assert!(last.contains("1002/1002 files"), "{last:?}");
 }

@@ -199,9 +199,9 @@ fn report(abs: &Path, o: &Outcome, apparent: Option<u64>, json: bool) -> Result<
                 _ => String::new(),
             };
             println!(
-                "{d} is now encrypted (policy {}) and unlocked: {} entries, {} of data {}{sizes}",
+                "{d} is now encrypted (policy {}) and unlocked: {}, {} of data {}{sizes}",
                 o.token,
-                o.files,
+                super::term::entries(o.files),
                 HumanBytes(o.bytes),
                 if o.method == Method::Move { "moved" } else { "copied" }
             )

@@ -412,7 +412,7 @@ pub fn summary_text_for(s: &dirseal::convert::Summary, way: Way) -> String {
     let d = clean(&s.path.display().to_string());
     let mut out =
         format!("{} {d} in place. {}\n", if way.decrypt { "Decrypting" } else { "Encrypting" }, method_text(s, way));
-    let mut data = format!("{} entries, {} of data", s.entries, HumanBytes(s.data_bytes));
+    let mut data = format!("{}, {} of data", entries(s.entries), HumanBytes(s.data_bytes));
     if s.apparent_bytes > s.data_bytes {
         data.push_str(&format!(" ({} apparent: sparse files count only their data)", HumanBytes(s.apparent_bytes)));
     }
@@ -424,9 +424,11 @@ pub fn summary_text_for(s: &dirseal::convert::Summary, way: Way) -> String {
     ));
     out.push_str(&match &s.estimate {
         Some(e) => format!(
-            "  time:         {} (measured here: {}/s encrypted writes, {} µs per file)\n",
+            "  time:         {} (measured here: {}/s {} writes, {} µs per file)\n",
             duration(e.seconds),
             HumanBytes(e.write_bytes_per_sec),
+            // What the run writes: a decrypt writes plaintext.
+            if way.decrypt { "plaintext" } else { "encrypted" },
             e.micros_per_entry
         ),
         None => "  time:         unknown (the write-rate probe could not run)\n".to_string(),
@@ -460,6 +462,15 @@ pub fn summary_text_for(s: &dirseal::convert::Summary, way: Way) -> String {
             .to_string()
     });
     out
+}
+
+/// "1 entry", "2 entries": a count with its noun (before: "1 entries").
+pub fn entries(n: u64) -> String {
+    if n == 1 {
+        "1 entry".to_string()
+    } else {
+        format!("{n} entries")
+    }
 }
 
 /// Escapes control characters so a hostile file name or protector name cannot drive the terminal.
