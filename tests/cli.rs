@@ -692,3 +692,25 @@ fn front_ends_depend_on_the_core_alone_and_on_no_hardware_crate() {
     // ... while the helpers do: the names above are the ones cargo uses.
     assert!(deps("dirseal-hw", Some("1")).iter().filter(|n| hardware(n)).count() >= 3);
 }
+
+/// Issue 44: a hint names the command's directory where the error does not (before: `DIR`), and
+/// `policy add-protector`'s ambiguous protector is picked with `--with` (its `--protector` is the
+/// protector to add).
+#[test]
+fn hints_name_the_directory_and_the_right_flag() {
+    dirseal_testfs::needs_root!();
+    let env = Env::new();
+    let d = env.mnt().join("hinted");
+    std::fs::create_dir(&d).unwrap();
+    env.ok(&["encrypt", p(&d), "--protector-name", "o", "--no-recovery-key"], "right-pw\n");
+    env.ok(&["lock", p(&d)], "");
+    let err = env.fails(&["unlock", p(&d)], "wrong-pw\n");
+    assert!(err.contains(&format!("`dirseal unlock --recovery {}`", p(&d))), "{err}");
+    assert!(!err.contains(" DIR`"), "{err}");
+    env.ok(&["unlock", p(&d)], "right-pw\n");
+    env.ok(&["policy", "add-protector", p(&d), "--protector-name", "second"], "right-pw\nsecond-pw\n");
+    let err = env.fails(&["policy", "add-protector", p(&d), "--protector-name", "third"], "x\nx\n");
+    assert!(err.contains("pick one with --with NAME or ID"), "{err}");
+    let err = env.fails(&["change-password", p(&d)], "x\n");
+    assert!(err.contains("pick one with --protector NAME or ID"), "{err}");
+}

@@ -89,6 +89,16 @@ fn home_create_makes_an_encrypted_home_from_the_skeleton() {
     env.ok(&["home", "create", &w.name, "--skel", p(&none), "--no-recovery-key"], "pw-w\npw-w\n");
     assert!(lsattr_encrypted(&w.home));
     assert_eq!(std::fs::read_dir(&w.home).unwrap().count(), 0);
+    // Issue 44: piped, "created ..." was said twice (the library's notice, then the CLI's line),
+    // and one entry was "1 entries".
+    let x = User::new(env.mnt());
+    std::fs::remove_dir(&x.home).unwrap();
+    let one = env.mnt().join("one-skel");
+    std::fs::create_dir(&one).unwrap();
+    std::fs::write(one.join(".profile"), "# p\n").unwrap();
+    let out = env.ok(&["home", "create", &x.name, "--skel", p(&one), "--no-recovery-key"], "pw-x\npw-x\n");
+    assert_eq!(out.matches("created ").count(), 1, "{out}");
+    assert!(out.contains("1 entry copied from"), "{out}");
 }
 
 #[test]
@@ -111,4 +121,40 @@ fn home_create_refuses_a_home_with_files_and_a_filesystem_that_cannot_encrypt() 
     assert!(err.contains("encrypt"), "{err}");
     assert!(!v.home.exists(), "nothing may be created on a filesystem that cannot encrypt");
     assert!(plain.ok(&["protector", "list"], "").lines().all(|l| !l.contains(&v.name)));
+}
+
+/// Issue 44: a home left encrypted but unfinished (empty, root's, 0700: where `home create`
+/// stopped when it was interrupted after encrypting) is finished by running it again, instead of
+/// "already encrypted" and a home nobody could log in to. Made here as the code leaves it: the
+/// user's own protector, named after them, encrypts the root-only home; its key is then unloaded
+/// (a reboot), so the rerun asks for the password.
+#[test]
+fn home_create_finishes_a_half_made_home() {
+    dirseal_testfs::needs_root!();
+    let env = Env::new();
+    let skel = env.mnt().join("skel");
+    skeleton(&skel);
+    let u = User::new(env.mnt());
+    std::os::unix::fs::chown(&u.home, Some(0), Some(0)).unwrap();
+    std::fs::set_permissions(&u.home, std::fs::Permissions::from_mode(0o700)).unwrap();
+    env.ok(&["encrypt", p(&u.home), "--user", &u.name, "--no-recovery-key"], "pw-half\n");
+    env.ok(&["lock", p(&u.home)], "");
+    let out = env.ok(&["home", "create", &u.name, "--skel", p(&skel), "--no-recovery-key"], "pw-half\n");
+    assert!(out.contains("not finished: finishing it"), "{out}");
+    let meta = std::fs::metadata(&u.home).unwrap();
+    assert_eq!(meta.uid(), u.uid);
+    let defs = dirseal::home::LoginDefs::read(Path::new("/etc/login.defs"));
+    assert_eq!(meta.mode() & 0o7777, defs.home_mode);
+    assert_eq!(std::fs::read_to_string(u.home.join(".bashrc")).unwrap(), "# rc\n");
+    assert_eq!(std::fs::symlink_metadata(u.home.join(".bashrc")).unwrap().uid(), u.uid);
+    let st = env.status_json(&u.home);
+    assert_eq!(st["protectors"].as_array().map(Vec::len), Some(1), "{st}");
+    // Finished: a further run refuses, as for any home that holds files.
+    let err = env.fails(&["home", "create", &u.name, "--skel", p(&skel), "--no-recovery-key"], "pw-half\n");
+    assert!(err.contains("already holds files"), "{err}");
+    // An encrypted empty home of another making (not root's) is not taken for a half-made one.
+    let v = User::new(env.mnt());
+    env.ok(&["encrypt", p(&v.home), "--user", &v.name, "--no-recovery-key"], "pw-v\n");
+    let err = env.fails(&["home", "create", &v.name, "--no-recovery-key"], "pw-v\npw-v\n");
+    assert!(err.contains("already encrypted"), "{err}");
 }

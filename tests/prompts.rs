@@ -1,6 +1,7 @@
 //! What a person at a terminal sees: `convert` and `unlock` driven through a real pseudo-terminal.
 //! Yes/no questions re-ask on anything but an answer and show what was typed; secrets never echo;
-//! a mistyped or empty secret is asked again; Ctrl-D cancels; `--yes` asks nothing but the secret.
+//! a mistyped or empty secret is asked again; Ctrl-D cancels; Ctrl-C at any question cancels at
+//! once with nothing written; `--yes` asks nothing but the secret.
 mod common;
 
 use std::fs;
@@ -29,7 +30,14 @@ impl Term {
         let size = nix::pty::Winsize { ws_row: 24, ws_col: 80, ws_xpixel: 0, ws_ypixel: 0 };
         let pty = nix::pty::openpty(Some(&size), None).unwrap();
         let slave: OwnedFd = pty.slave;
-        let mut cmd = env.cmd(args);
+        // In a session of its own whose controlling terminal is the pty (`setsid --ctty`), as in
+        // a terminal: Ctrl-C typed at the master is SIGINT to dirseal, not just a byte.
+        let inner = env.cmd(args);
+        let mut cmd = std::process::Command::new("setsid");
+        cmd.arg("--ctty")
+            .arg(inner.get_program())
+            .args(inner.get_args())
+            .envs(inner.get_envs().filter_map(|(k, v)| Some((k, v?))));
         cmd.stdin(Stdio::from(slave.try_clone().unwrap()))
             .stdout(Stdio::from(slave.try_clone().unwrap()))
             .stderr(Stdio::from(slave));
@@ -136,7 +144,7 @@ fn questions_re_ask_and_answers_are_echoed() {
     // The summary comes first, from the preflight walk and a measured write rate.
     let text = t.text();
     for needle in [
-        "contents:     1 entries, 4 B of data",
+        "contents:     1 entry, 4 B of data",
         "free space:   needs",
         "time:         about",
         "MiB/s encrypted writes",
@@ -432,6 +440,8 @@ fn a_new_home_password_is_checked_against_the_login_password() {
     t.wait_for("login password now? [y/N]", 1);
     t.type_line("y");
     t.wait_for("this is not", 1);
+    t.wait_for("all the same (nothing is saved yet)? [y/N]", 1);
+    t.type_line("y");
     let (ok, out) = t.finish();
     assert!(ok, "{out}");
     assert!(out.contains(&format!("warning: this is not {}'s login password", user.name)), "{out}");
@@ -449,6 +459,48 @@ fn a_new_home_password_is_checked_against_the_login_password() {
     let (ok, out) = t.finish();
     assert!(ok, "{out}");
     assert!(!out.contains("login password now?"), "{out}");
+}
+
+/// Issue 44: `change-password` said "not alice's login password" and saved it all the same; it
+/// asks first, and a "no" asks for another password, nothing saved.
+#[test]
+fn a_password_that_is_not_the_login_password_is_confirmed_before_it_is_saved() {
+    dirseal_testfs::needs_root!();
+    let env = Env::new();
+    let user = dirseal_testfs::User::new(env.mnt());
+    user.set_system_password("Login-pw-42");
+    fs::write(user.home.join("f"), b"data").unwrap();
+    env.ok(&["convert", user.home_str(), "--yes", "--no-recovery-key"], "Old-pw-42\n");
+    let mut t = Term::spawn(&env, &["change-password", user.home_str()]);
+    t.wait_for("Password for protector", 1);
+    t.type_unechoed("Old-pw-42");
+    t.wait_for("New password for protector", 1);
+    t.type_unechoed("Other-pw-42");
+    t.wait_for("Repeat the new password", 1);
+    t.type_unechoed("Other-pw-42");
+    t.wait_for("login password now? [y/N]", 1);
+    t.type_line("y");
+    t.wait_for("all the same (nothing is saved yet)? [y/N]", 1);
+    t.type_line("n");
+    t.wait_for("New password for protector", 2);
+    t.type_raw_unechoed(b"");
+    t.ctrl_c();
+    env.ok(&["protector", "verify", &user.name], "Old-pw-42\n");
+    // "yes" saves it.
+    let mut t = Term::spawn(&env, &["change-password", user.home_str()]);
+    t.wait_for("Password for protector", 1);
+    t.type_unechoed("Old-pw-42");
+    t.wait_for("New password for protector", 1);
+    t.type_unechoed("Other-pw-42");
+    t.wait_for("Repeat the new password", 1);
+    t.type_unechoed("Other-pw-42");
+    t.wait_for("login password now? [y/N]", 1);
+    t.type_line("y");
+    t.wait_for("all the same (nothing is saved yet)? [y/N]", 1);
+    t.type_line("y");
+    let (ok, out) = t.finish();
+    assert!(ok, "{out}");
+    env.ok(&["protector", "verify", &user.name], "Other-pw-42\n");
 }
 
 /// The matching password is confirmed as such.
@@ -533,4 +585,270 @@ fn the_progress_bar_fits_80_columns() {
         let width = f.trim_end().chars().count();
         assert!(width <= 80, "{width} columns: {f:?}");
     }
+}
+
+impl Term {
+    /// Types Ctrl-C (the terminal makes it SIGINT), then Enter, as the issue's user did: dirseal
+    /// must end at once with status 130, without taking the Enter for an answer. The output.
+    fn ctrl_c(mut self) -> String {
+        self.master.write_all(b"\x03").unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        // The pty may be gone already (dirseal exited): nothing to type into then.
+        let _ = self.master.write_all(b"\n");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let st = loop {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                break st;
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                panic!("dirseal still runs 10 s after Ctrl-C:\n{}", self.text());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        let drained = Instant::now() + Duration::from_secs(10);
+        while !self.eof.load(Ordering::Acquire) && Instant::now() < drained {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let out = self.text();
+        assert_eq!(st.code(), Some(130), "{st}:\n{out}");
+        assert!(out.contains("cancelled; nothing was changed"), "{out}");
+        out
+    }
+}
+
+/// Nothing in the keystore: no protector, no policy.
+fn keystore_empty(env: &Env) {
+    let out = env.ok(&["status"], "");
+    assert!(out.contains("no protectors"), "{out}");
+    assert!(out.contains("no encrypted directories yet"), "{out}");
+}
+
+/// Issue 44: Ctrl-C at each of convert's questions cancels it at once, with nothing written (no
+/// protector, no policy, no journal). Before, the stop flag swallowed it and the Enter typed next
+/// was taken as the answer: at the login-password question that made the protector and started
+/// the copy.
+#[test]
+fn ctrl_c_at_each_convert_question_cancels_with_nothing_written() {
+    dirseal_testfs::needs_root!();
+    let env = Env::new();
+    let user = dirseal_testfs::User::new(env.mnt());
+    user.set_system_password("Login-pw-42");
+    fs::write(user.home.join("f"), b"data").unwrap();
+    let d = user.home.clone();
+    let unchanged = |env: &Env| {
+        assert_eq!(env.status_json(&d)["encrypted"], false);
+        keystore_empty(env);
+        let st = env.ok(&["convert", "--status", p(&d)], "");
+        assert!(st.contains("no conversion recorded"), "{st}");
+    };
+    // The y/N of the summary.
+    let mut t = Term::spawn(&env, &["convert", p(&d)]);
+    t.wait_for("in place? [y/N]", 1);
+    t.ctrl_c();
+    unchanged(&env);
+    // The recovery key's question.
+    let mut t = Term::spawn(&env, &["convert", p(&d)]);
+    t.wait_for("in place? [y/N]", 1);
+    t.type_line("y");
+    t.wait_for("Create a recovery key", 1);
+    t.ctrl_c();
+    unchanged(&env);
+    // The recovery key typed back.
+    let mut t = Term::spawn(&env, &["convert", p(&d), "--yes", "--recovery-key"]);
+    t.wait_for("Type the recovery key back", 1);
+    t.ctrl_c();
+    unchanged(&env);
+    // The new password, and its repetition.
+    for n in 0..2 {
+        let mut t = Term::spawn(&env, &["convert", p(&d), "--yes"]);
+        t.wait_for("New password for protector", 1);
+        if n == 1 {
+            t.type_unechoed("Other-pw-42");
+            t.wait_for("Repeat the new password", 1);
+        }
+        // At the prompt itself: its read has turned echo off.
+        t.type_raw_unechoed(b"");
+        t.ctrl_c();
+        unchanged(&env);
+    }
+    // "Check it against ...'s login password now?", the issue's own case.
+    let mut t = Term::spawn(&env, &["convert", p(&d), "--yes"]);
+    t.wait_for("New password for protector", 1);
+    t.type_unechoed("Other-pw-42");
+    t.wait_for("Repeat the new password", 1);
+    t.type_unechoed("Other-pw-42");
+    t.wait_for("login password now? [y/N]", 1);
+    t.ctrl_c();
+    unchanged(&env);
+}
+
+/// Ctrl-C at decrypt's question, at a password prompt and at the menu of protectors leaves the
+/// directory as it was.
+#[test]
+fn ctrl_c_at_decrypt_unlock_and_the_menu_cancels() {
+    dirseal_testfs::needs_root!();
+    let env = Env::new();
+    let d = locked(&env);
+    // A password prompt.
+    let mut t = Term::spawn(&env, &["unlock", p(&d)]);
+    t.wait_for("Password for protector o", 1);
+    t.ctrl_c();
+    assert_eq!(env.status_json(&d)["key"], "locked");
+    // The menu.
+    env.ok(&["unlock", p(&d)], "right-pw\n");
+    env.ok(&["policy", "add-protector", p(&d), "--protector-name", "second"], "right-pw\nsecond-pw\n");
+    env.ok(&["lock", p(&d)], "");
+    let mut t = Term::spawn(&env, &["unlock", p(&d)]);
+    t.wait_for("Which one (1-2)?", 1);
+    t.ctrl_c();
+    assert_eq!(env.status_json(&d)["key"], "locked");
+    // Decrypt's y/N.
+    env.ok(&["unlock", p(&d), "--protector", "o"], "right-pw\n");
+    fs::write(d.join("f"), b"data").unwrap();
+    let mut t = Term::spawn(&env, &["decrypt", p(&d), "--protector", "o"]);
+    t.wait_for("in place? [y/N]", 1);
+    // Issue 44: a decrypt writes plaintext; its summary said "encrypted writes".
+    assert!(t.text().contains("/s plaintext writes"), "{}", t.text());
+    t.ctrl_c();
+    let st = env.status_json(&d);
+    assert_eq!(st["encrypted"], true, "{st}");
+    assert_eq!(st["protectors"].as_array().map(Vec::len), Some(2), "{st}");
+    let conv = env.ok(&["decrypt", "--status", p(&d)], "");
+    assert!(conv.contains("no conversion recorded"), "{conv}");
+}
+
+/// Ctrl-C at the questions of encrypt (the recovery key typed back comes before anything is
+/// encrypted now), protector create, recovery add and change-password writes nothing.
+#[test]
+fn ctrl_c_at_the_other_commands_questions_writes_nothing() {
+    dirseal_testfs::needs_root!();
+    let env = Env::new();
+    let e = env.mnt().join("empty");
+    fs::create_dir(&e).unwrap();
+    let mut t = Term::spawn(&env, &["encrypt", p(&e)]);
+    t.wait_for("Create a recovery key", 1);
+    t.ctrl_c();
+    let mut t = Term::spawn(&env, &["encrypt", p(&e)]);
+    t.wait_for("Create a recovery key", 1);
+    t.type_line("y");
+    t.wait_for("Type the recovery key back", 1);
+    t.ctrl_c();
+    let mut t = Term::spawn(&env, &["encrypt", p(&e), "--no-recovery-key"]);
+    t.wait_for("New password", 1);
+    t.ctrl_c();
+    assert_eq!(env.status_json(&e)["encrypted"], false);
+    keystore_empty(&env);
+    let mut t = Term::spawn(&env, &["protector", "create", "--name", "spare"]);
+    t.wait_for("New password", 1);
+    t.ctrl_c();
+    keystore_empty(&env);
+
+    let d = locked(&env);
+    env.ok(&["unlock", p(&d)], "right-pw\n");
+    let mut t = Term::spawn(&env, &["recovery", "add", p(&d)]);
+    t.wait_for("Password for protector o", 1);
+    t.type_unechoed("right-pw");
+    t.wait_for("Type the recovery key back", 1);
+    t.ctrl_c();
+    assert_eq!(env.status_json(&d)["recovery_key"], false);
+    for at in ["Password for protector o", "New password for protector o", "Repeat the new password"] {
+        let mut t = Term::spawn(&env, &["change-password", p(&d)]);
+        t.wait_for("Password for protector o", 1);
+        if at != "Password for protector o" {
+            t.type_unechoed("right-pw");
+            t.wait_for("New password for protector o", 1);
+        }
+        if at == "Repeat the new password" {
+            t.type_unechoed("Zq9-changed");
+            t.wait_for(at, 1);
+        }
+        // At the prompt itself: its read has turned echo off.
+        t.type_raw_unechoed(b"");
+        t.ctrl_c();
+    }
+    env.ok(&["protector", "verify", "o"], "right-pw\n");
+}
+
+/// Issue 44: Ctrl-C at `home create`'s recovery-key question leaves no home and no protector
+/// (before, the home was encrypted first: a Ctrl-C there left an empty, root-only, encrypted home
+/// nobody could log in to, and a rerun said "already encrypted").
+#[test]
+fn ctrl_c_at_home_creates_recovery_key_question_leaves_nothing() {
+    dirseal_testfs::needs_root!();
+    let env = Env::new();
+    let u = dirseal_testfs::User::new(env.mnt());
+    fs::remove_dir(&u.home).unwrap();
+    let mut t = Term::spawn(&env, &["home", "create", &u.name]);
+    t.wait_for("Create a recovery key", 1);
+    t.ctrl_c();
+    assert!(!u.home.exists(), "the home was made");
+    keystore_empty(&env);
+}
+
+/// Issue 44: a mistyped recovery key (its check digits catch it) ended the command; on a terminal
+/// it is asked again, as a mistyped password is.
+#[test]
+fn a_mistyped_recovery_key_is_asked_again() {
+    dirseal_testfs::needs_root!();
+    let env = Env::new();
+    let d = env.mnt().join("rk");
+    fs::create_dir(&d).unwrap();
+    let out = env.ok(&["encrypt", p(&d), "--protector-name", "o", "--recovery-key"], "pw\n");
+    let key = out
+        .split_whitespace()
+        .find(|w| w.len() == 55 && w.split('-').count() == 8)
+        .unwrap_or_else(|| panic!("no key shown: {out}"))
+        .to_string();
+    env.ok(&["lock", p(&d)], "");
+    let mut t = Term::spawn(&env, &["unlock", "--recovery", p(&d)]);
+    t.wait_for("Recovery key for", 1);
+    // One digit off in the last group.
+    let mut typo = key.clone().into_bytes();
+    typo[54] = if typo[54] == b'9' { b'0' } else { typo[54] + 1 };
+    t.type_unechoed(std::str::from_utf8(&typo).unwrap());
+    t.wait_for("type it again", 1);
+    t.wait_for("Recovery key for", 2);
+    t.type_unechoed(&key);
+    let (ok, out) = t.finish();
+    assert!(ok, "{out}");
+    assert!(out.contains("the recovery key is mistyped"), "{out}");
+    assert_eq!(env.status_json(&d)["key"], "unlocked");
+}
+
+/// Issue 44: a resumed move's bar stayed at 54 % once the move was done (the run counts only
+/// what it moved itself, and a phase's bar is kept on screen as it last was); a phase that is
+/// over is shown full, with its totals.
+#[cfg(feature = "fault-injection")]
+#[test]
+fn a_resumed_moves_bar_ends_full() {
+    dirseal_testfs::needs_root!();
+    let env = Env::new();
+    let d = home(&env);
+    for i in 0..1000 {
+        fs::write(d.join(format!("s{i}")), vec![b'x'; 3000]).unwrap();
+    }
+    fs::write(d.join("big"), vec![7u8; 8 << 20]).unwrap();
+    let args = ["convert", p(&d), "--yes", "--no-recovery-key", "--protector-name", "o", "--mode", "move"];
+    // Stopped (as by a crash) after a good part of the small files was moved.
+    let mut c = env
+        .cmd(&args)
+        .env("DIRSEAL_FAULT", "move-entry-removed:600")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    c.stdin.take().unwrap().write_all(b"pw\n").unwrap();
+    let out = c.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(99), "{}", String::from_utf8_lossy(&out.stderr));
+    let (ok, out) = Term::spawn(&env, &["convert", p(&d)]).finish();
+    assert!(ok, "{out}");
+    let frames = frames(&out);
+    let moving: Vec<&String> =
+        frames.iter().filter(|f| f.starts_with("moving") && f.contains(" [") && f.contains("] ")).collect();
+    let last = moving.last().unwrap_or_else(|| panic!("no moving bar: {frames:#?}"));
+    let bar = &last[last.find(" [").unwrap() + 2..last.find("] ").unwrap()];
+    assert!(!bar.contains(' ') && !bar.contains('>'), "the move's last bar is not full: {last:?}\n{moving:#?}");
+    assert!(last.contains("1002/1002 files"), "{last:?}");
 }

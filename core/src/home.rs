@@ -279,6 +279,13 @@ pub(crate) fn check_absent_or_empty(acct: &Account) -> Result<bool, HomeError> {
 /// user (the Ui is asked what the kind needs: a new password, a PIN, a touch), copies the skeleton
 /// in, then gives it to the user with login.defs' mode. Refused, with nothing written, when the
 /// home holds files or its filesystem cannot encrypt.
+///
+/// Every question comes before the home is made or encrypted: the recovery key is asked, shown
+/// and typed back first, and a cancel at the protector's own questions (asked while encrypting,
+/// before anything is saved) removes the home again. Before, the recovery key was asked after
+/// the encryption: a Ctrl-C there left an empty, encrypted, root-only home that a rerun refused
+/// as "already encrypted", and that nobody could log in to. Such a half-made home (see
+/// [`half_made`]) is finished by running this again.
 pub fn create(
     ds: &mut Dirseal,
     acct: &Account,
@@ -294,11 +301,16 @@ pub fn create(
     if options.skel_from_caller {
         vet_skel(&options.skel)?;
     }
+    if !missing {
+        if let Some((policy, protector)) = half_made(ds, acct)? {
+            return finish_half_made(ds, acct, options, policy, protector, ui);
+        }
+    }
     let parent = home.parent().unwrap_or(Path::new("/"));
     // Nothing is created (directory, protector, policy) on a filesystem that cannot encrypt.
     let mp = crate::fscrypt::mount_point(parent).map_err(OpsError::from)?;
     crate::fscrypt::check_supported(&mp).map_err(OpsError::from)?;
-    let defs = LoginDefs::read(&options.login_defs);
+    let key = ask_recovery_key(home, options, ui)?;
     // Root's, and closed to everyone, until it is complete: the user cannot write into it (or
     // plant a symlink) while it is being filled.
     let io = |what: &str, e: std::io::Error| HomeError::Path { path: home.clone(), reason: format!("{what}: {e}") };
@@ -331,16 +343,102 @@ pub fn create(
     // Invariant: a new policy has exactly the protector it was created with.
     let protector =
         *policy.wrapped.keys().next().ok_or_else(|| OpsError::NoProtector { what: home.display().to_string() })?;
+    if let Some(key) = &key {
+        crate::recovery::install(home, &policy.id, &master, key)?;
+    }
+    fill_and_give(acct, options, &dir, (policy.id, protector), key.is_some(), ui)
+}
+
+/// Whether a recovery key is wanted (`options`, else the Ui is asked) and, if so, a new one
+/// shown through the Ui (typed back there): nothing is saved, and a cancel leaves nothing.
+fn ask_recovery_key(home: &Path, options: &Options, ui: &mut dyn Ui) -> Result<Option<RecoveryKey>, HomeError> {
     let want_key = match options.recovery_key {
         Some(w) => w,
         None => ui.confirm(&Question::CreateRecoveryKey { dir: home })?,
     };
-    if want_key {
-        let key = RecoveryKey::generate();
-        // Shown before it is saved: a key nobody received must not become the way in.
-        ui.show_recovery_key(home, &key)?;
-        crate::recovery::install(home, &policy.id, &master, &key)?;
+    if !want_key {
+        return Ok(None);
     }
+    let key = RecoveryKey::generate();
+    // Shown before it is saved: a key nobody received must not become the way in.
+    ui.show_recovery_key(home, &key)?;
+    Ok(Some(key))
+}
+
+/// A home that `create` encrypted but did not finish (it was interrupted, or the machine went
+/// down): empty, root's with mode 0700, encrypted with a policy of the keystore that exactly one
+/// protector opens, the account's own (its uid and its name). Its policy and protector; `None`
+/// for anything else (an encrypted directory of any other making is left alone: encrypting it
+/// again is refused as before).
+pub fn half_made(ds: &Dirseal, acct: &Account) -> Result<Option<(KeyIdentifier, ProtectorId)>, HomeError> {
+    use std::os::unix::fs::MetadataExt;
+    let home = &acct.home;
+    let Ok(meta) = std::fs::symlink_metadata(home) else { return Ok(None) };
+    if !meta.is_dir() || meta.uid() != 0 || meta.gid() != 0 || meta.mode() & 0o7777 != 0o700 {
+        return Ok(None);
+    }
+    if !std::fs::read_dir(home).is_ok_and(|mut d| d.next().is_none()) {
+        return Ok(None);
+    }
+    if crate::fscrypt::get_policy(home).map_err(OpsError::from)?.is_none() {
+        return Ok(None);
+    }
+    let Ok(policy) = ds.policy_of(home) else { return Ok(None) };
+    if policy.medium.is_some() || policy.wrapped.len() != 1 {
+        return Ok(None);
+    }
+    let Some(id) = policy.wrapped.keys().next().copied() else { return Ok(None) };
+    match ds.keystore().protector(&id) {
+        Ok(p) if p.uid == Some(acct.uid) && p.name == acct.name => Ok(Some((policy.id, id))),
+        _ => Ok(None),
+    }
+}
+
+/// Finishes a [`half_made`] home: the recovery key if wanted and there is none (asked first),
+/// the key loaded if it is not (the protector's secret is asked), then the skeleton and the
+/// handing over, as `create` would have.
+fn finish_half_made(
+    ds: &mut Dirseal,
+    acct: &Account,
+    options: &Options,
+    policy: KeyIdentifier,
+    protector: ProtectorId,
+    ui: &mut dyn Ui,
+) -> Result<Created, HomeError> {
+    let home = &acct.home;
+    ui.notice(&format!("{} was encrypted but not finished: finishing it", home.display()));
+    let has_key = crate::recovery::read_blob(home)?.is_some();
+    let key = if has_key { None } else { ask_recovery_key(home, options, ui)? };
+    let mp = crate::fscrypt::mount_point(home).map_err(OpsError::from)?;
+    let loaded =
+        crate::fscrypt::key_status(&mp, &policy).map_err(OpsError::from)? == crate::fscrypt::KeyStatus::Present;
+    if key.is_some() || !loaded {
+        let (_, master) = ds.master_key_of_dir(home, crate::ops::Pick { protector: Some(protector) }, ui)?;
+        if !loaded {
+            ds.add_key(home, &master)?;
+        }
+        if let Some(key) = &key {
+            crate::recovery::install(home, &policy, &master, key)?;
+        }
+    }
+    let io = |what: &str, e: std::io::Error| HomeError::Path { path: home.clone(), reason: format!("{what}: {e}") };
+    let dir = open_dir_nofollow(None, home.as_os_str()).map_err(|e| io("cannot open it", e))?;
+    fill_and_give(acct, options, &dir, (policy, protector), has_key || key.is_some(), ui)
+}
+
+/// Copies the skeleton into the encrypted, unlocked, root-only home `dir`, then gives it to its
+/// user with login.defs' mode.
+fn fill_and_give(
+    acct: &Account,
+    options: &Options,
+    dir: &OwnedFd,
+    (policy, protector): (KeyIdentifier, ProtectorId),
+    recovery_key: bool,
+    ui: &mut dyn Ui,
+) -> Result<Created, HomeError> {
+    let home = &acct.home;
+    let io = |what: &str, e: std::io::Error| HomeError::Path { path: home.clone(), reason: format!("{what}: {e}") };
+    let defs = LoginDefs::read(&options.login_defs);
     let mut copy = Copy { owner: (acct.uid, acct.gid), entries: 0, skipped: Vec::new(), at: PathBuf::new() };
     let skel_err = |reason: String| HomeError::Skel { skel: options.skel.clone(), home: home.clone(), reason };
     match open_dir_nofollow(None, options.skel.as_os_str()) {
@@ -351,27 +449,26 @@ pub fn create(
     }
     let mode = defs.home_mode & 0o7777;
     let give = || -> std::io::Result<()> {
-        rustix::fs::fchown(&dir, Some(Uid::from_raw(acct.uid)), Some(Gid::from_raw(acct.gid)))?;
-        rustix::fs::fchmod(&dir, Mode::from_raw_mode(mode))?;
+        rustix::fs::fchown(dir, Some(Uid::from_raw(acct.uid)), Some(Gid::from_raw(acct.gid)))?;
+        rustix::fs::fchmod(dir, Mode::from_raw_mode(mode))?;
         Ok(())
     };
     give().map_err(|e| io("cannot give it to its user", e))?;
     ui.notice(&format!(
-        "created {} for {}, encrypted (policy {}, protector {protector})",
+        "created {} for {}, encrypted (policy {policy}, protector {protector})",
         home.display(),
         acct.name,
-        policy.id
     ));
     Ok(Created {
         user: acct.name.clone(),
         uid: acct.uid,
         home: home.clone(),
         mode,
-        policy: policy.id,
+        policy,
         protector,
         entries: copy.entries,
         skipped: copy.skipped,
-        recovery_key: want_key,
+        recovery_key,
     })
 }
 

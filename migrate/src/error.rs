@@ -34,6 +34,33 @@ fn io_next_step(e: &io::Error) -> &'static str {
     }
 }
 
+/// Bytes as a person reads free space: whole MiB, or GiB with one decimal from 1 GiB up. What is
+/// needed (and what to free) is rounded up, so a shortfall is never "0 MiB"; what is free, down.
+/// The error keeps the exact bytes.
+fn size(bytes: u64, up: bool) -> String {
+    const MIB: u64 = 1 << 20;
+    if bytes >= 1 << 30 {
+        format!("{:.1} GiB", bytes as f64 / (1u64 << 30) as f64)
+    } else if up {
+        format!("{} MiB", bytes.div_ceil(MIB))
+    } else {
+        format!("{} MiB", bytes / MIB)
+    }
+}
+
+fn mib(needed: u64) -> String {
+    size(needed, true)
+}
+
+fn free(available: u64) -> String {
+    size(available, false)
+}
+
+/// What must be freed: the difference, rounded up.
+fn shortfall(needed: u64, available: u64) -> String {
+    size(needed.saturating_sub(available).max(1), true)
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum MigrateError {
     #[error("cannot use {}: {source}; check that the directory exists", path.display())]
@@ -56,11 +83,11 @@ pub enum MigrateError {
     ImmutableInside { path: PathBuf },
     #[error("{} is a mount point inside the directory; unmount it (or move it out) and try again", path.display())]
     MountPointInside { path: PathBuf },
-    #[error("not enough free space for a copy of {}: about {needed} bytes needed, {available} available; free some space and try again", path.display())]
+    #[error("not enough free space for a copy of {}: it needs about {}, {} is free; free about {} more and try again", path.display(), mib(*needed), free(*available), shortfall(*needed, *available))]
     NoSpace { path: PathBuf, needed: u64, available: u64 },
-    #[error("not enough free space to move {} into the staging directory: about {needed} bytes needed (a few chunks, the directories and the files also linked from outside it, which are copied), {available} available; free some space and try again", path.display())]
+    #[error("not enough free space to move {} into the staging directory: it needs about {} (a few chunks, the directories and the files also linked from outside it, which are copied), {} is free; free about {} more and try again", path.display(), mib(*needed), free(*available), shortfall(*needed, *available))]
     NoSpaceToMove { path: PathBuf, needed: u64, available: u64 },
-    #[error("not enough free space for a copy of {}: about {needed} bytes needed, {available} available, and a move keeps no backup; free some space, or convert without keeping a backup", path.display())]
+    #[error("not enough free space for a copy of {}: it needs about {}, {} is free, and a move keeps no backup; free about {} more, or convert without keeping a backup", path.display(), mib(*needed), free(*available), shortfall(*needed, *available))]
     NoSpaceForBackup { path: PathBuf, needed: u64, available: u64 },
     #[error("moving {} failed: {source}; the move is paused and nothing is lost: part of the files are already in the conversion's root-only staging directory, each whole in one of the two trees (the journal says which); fix the cause and run the same command again to continue, or abort the conversion to move them back", path.display())]
     MoveFailed { path: PathBuf, source: io::Error },
@@ -172,5 +199,20 @@ mod tests {
         let msg = io_error(rustix::io::Errno::IO.raw_os_error()).to_string();
         assert!(msg.ends_with("fix the cause and run the same command again"), "{msg}");
         assert!(!msg.contains("free some space"), "{msg}");
+    }
+
+    /// Issue 44: the space a copy needs was said in raw bytes ("about 125829120 bytes needed,
+    /// 111149056 available"); it is said in MiB, with what to free.
+    #[test]
+    fn no_space_says_mib_and_what_to_free() {
+        let path = PathBuf::from("/home/alice");
+        let msg = MigrateError::NoSpace { path: path.clone(), needed: 120 << 20, available: 106 << 20 }.to_string();
+        assert!(msg.contains("it needs about 120 MiB, 106 MiB is free; free about 14 MiB more"), "{msg}");
+        assert!(!msg.contains("bytes"), "{msg}");
+        let msg =
+            MigrateError::NoSpaceToMove { path: path.clone(), needed: (5 << 20) + 1, available: 5 << 20 }.to_string();
+        assert!(msg.contains("about 6 MiB") && msg.contains("free about 1 MiB more"), "{msg}");
+        let msg = MigrateError::NoSpaceForBackup { path, needed: 20 << 30, available: 12 << 30 }.to_string();
+        assert!(msg.contains("about 20.0 GiB, 12.0 GiB is free") && msg.contains("free about 8.0 GiB more"), "{msg}");
     }
 }

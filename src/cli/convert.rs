@@ -152,7 +152,7 @@ pub fn run(ds: &mut Dirseal, args: ConvertArgs, ui: &mut TermUi) -> Result<i32> 
     }
     report(&abs, &done.outcome, summary.as_ref().map(|s| s.apparent_bytes), args.run.json)?;
     if args.scrub {
-        return scrub_after(&abs, &done.outcome, &stop, args.run.json);
+        return scrub_after(&abs, &done.outcome, stop, args.run.json);
     }
     if !args.run.json && done.outcome.state == State::Done {
         let d = clean(&abs.display().to_string());
@@ -199,9 +199,9 @@ fn report(abs: &Path, o: &Outcome, apparent: Option<u64>, json: bool) -> Result<
                 _ => String::new(),
             };
             println!(
-                "{d} is now encrypted (policy {}) and unlocked: {} entries, {} of data {}{sizes}",
+                "{d} is now encrypted (policy {}) and unlocked: {}, {} of data {}{sizes}",
                 o.token,
-                o.files,
+                super::term::entries(o.files),
                 HumanBytes(o.bytes),
                 if o.method == Method::Move { "moved" } else { "copied" }
             )

@@ -64,8 +64,8 @@ fn report(abs: &std::path::Path, d: &Decrypted, apparent: Option<u64>, json: boo
         // A run cut short in its clean-up: the tree was plaintext already, nothing was copied.
         State::Done if d.cleanup_only => println!("{p}: decrypted (clean-up finished)"),
         State::Done => println!(
-            "{p} is plaintext again: {} entries, {} of data {}",
-            o.files,
+            "{p} is plaintext again: {}, {} of data {}",
+            super::term::entries(o.files),
             HumanBytes(o.bytes),
             if o.method == Method::Move { "moved" } else { "copied" }
         ),

@@ -1,8 +1,8 @@
 //! What `dirseal convert` and `dirseal decrypt` share around the library's plan and run: a stop
-//! flag SIGINT and SIGTERM set (the run stops at its next safe point, to be resumed), progress as
-//! a bar or JSON lines, and before a new run its summary (`{"plan": ...}` with --json).
+//! flag SIGINT and SIGTERM set (the run stops at its next safe point, to be resumed; at a
+//! question they cancel, see [`super::interrupt`]), progress as a bar or JSON lines, and before a
+//! new run its summary (`{"plan": ...}` with --json).
 use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
 
 use anyhow::Result;
 
@@ -39,7 +39,7 @@ pub struct Steps<F, P, R> {
 pub struct Driven<T> {
     pub result: T,
     pub summary: Option<Summary>,
-    pub stop: Arc<AtomicBool>,
+    pub stop: &'static AtomicBool,
 }
 
 /// Drives one command's `steps` with `how` (its `--abort`/`--rollback`/`--commit`, if any).
@@ -56,13 +56,14 @@ where
     P: FnOnce(&mut Dirseal, &mut TermUi, &Hooks<'_>) -> Result<Planned<NewRun<K>, R>>,
     Run: FnOnce(&mut Dirseal, &mut TermUi, Planned<NewRun<K>, R>, &Hooks<'_>) -> Result<T>,
 {
-    let stop = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register(sig, Arc::clone(&stop))?;
-    }
+    // From here a signal stops the run at its next safe point instead of ending the process; a
+    // question asked meanwhile (the terminal's reads) cancels at it, and one asked after it
+    // cancels at once, so a Ctrl-C is never taken for the answer typed after it.
+    let _catch = super::interrupt::catching();
+    let stop = super::interrupt::flag();
     let reporter = Reporter::new(json);
     let progress = |p: &Progress| reporter.report(p);
-    let hooks = Hooks { progress: &progress, stop: &stop };
+    let hooks = Hooks { progress: &progress, stop };
     let mut summary = None;
     let result = match how {
         Some(how) => (steps.finish)(ds, ui, how, &hooks),

@@ -24,15 +24,13 @@ pub fn run(ds: &mut Dirseal, cmd: HomeCmd, ui: &mut TermUi) -> Result<i32> {
         println!("{}", serde_json::to_string(&serde_json::json!({ "result": made }))?);
         return Ok(0);
     }
-    let h = clean(&made.home.display().to_string());
+    // The library's notice already said "created HOME for USER, encrypted (policy, protector)"
+    // (through the Ui, on stdout): saying it again read as two homes made (issue 44).
     println!(
-        "created {h} for {}: encrypted (policy {}), protector {} ({}), {} entries from {}",
-        clean(&made.user),
-        made.policy,
-        made.protector,
-        clean(&made.user),
-        made.entries,
-        clean(&options.skel.display().to_string())
+        "  {} copied from {}{}",
+        super::term::entries(made.entries),
+        clean(&options.skel.display().to_string()),
+        if made.recovery_key { "; a recovery key was made" } else { "" }
     );
     for s in &made.skipped {
         println!("note: not copied (a device, fifo or socket): {}", clean(&s.display().to_string()));

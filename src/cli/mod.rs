@@ -7,6 +7,7 @@ mod drive;
 mod fido2;
 mod hint;
 mod home;
+mod interrupt;
 mod progress;
 mod recovery;
 mod scrub;
@@ -182,6 +183,11 @@ pub fn main() -> i32 {
         std::env::set_var("TSS2_LOG", "all+NONE");
     }
     let cli = Cli::parse();
+    if let Err(e) = interrupt::install() {
+        eprintln!("dirseal: error: cannot handle Ctrl-C: {e}");
+        return 1;
+    }
+    let context = hint::Context::of(&cli.cmd);
     match run(cli) {
         Ok(code) => code,
         Err(e) if cancelled(&e) => {
@@ -190,7 +196,7 @@ pub fn main() -> i32 {
         }
         Err(e) => {
             eprintln!("dirseal: error: {}", clean(&dirseal::remedy::said_once(e.as_ref())));
-            if let Some(h) = hint::hint(&e) {
+            if let Some(h) = hint::hint(&e, &context) {
                 eprintln!("dirseal: {}", clean(&h));
             }
             1
@@ -283,13 +289,16 @@ fn run(cli: Cli) -> Result<i32> {
         Cmd::Status { dir: None, json } => overview(&ds, json)?,
         Cmd::Encrypt { dir, protector, recovery: offer, portable } => {
             let user = protector.user_or_owner(&dir)?;
-            // Ask before anything is encrypted; the key is shown once the master key exists.
+            // Asked, shown and typed back before anything is encrypted (as convert does): a
+            // cancel at any question leaves the directory as it was. Saved once the master key
+            // exists.
             let want_recovery = offer.wanted(&dir, &mut ui)?;
             let choice = protector.choice(&ds, &user)?;
+            let key = want_recovery.then(|| recovery::show_new(&dir, &mut ui)).transpose()?;
             let (policy, master) =
                 if portable { ds.encrypt_portable(&dir, choice, &mut ui)? } else { ds.encrypt(&dir, choice, &mut ui)? };
-            if want_recovery {
-                recovery::create(&dir, &policy.id, &master, &mut ui)?;
+            if let Some(key) = key {
+                dirseal::recovery::install(&dir, &policy.id, &master, &key)?;
             }
         }
         Cmd::Convert(args) => return convert::run(&mut ds, args, &mut ui),

@@ -26,6 +26,8 @@ struct BarState {
     phase: String,
     eta: Eta,
     file_cost: Option<u64>,
+    /// The phase's last report: its totals, for the bar kept when the phase is over.
+    last: Option<Progress>,
 }
 
 /// JSON lines: when the last went out, for which phase, and the estimate.
@@ -77,6 +79,11 @@ fn shown(p: &Progress) -> Progress {
     }
 }
 
+/// A phase's report as it stands once the phase is over: everything done.
+fn complete(p: &Progress) -> Progress {
+    Progress { bytes_done: p.bytes_total, files_done: p.files_total, ..p.clone() }
+}
+
 impl Reporter {
     pub fn new(json: bool) -> Reporter {
         if json {
@@ -112,6 +119,13 @@ impl Reporter {
                 // indicatif's redraw interval, would otherwise never show it); a spinner goes.
                 match st.bar.take() {
                     Some((b, false)) => {
+                        // The engine went on, so the phase is over: its bar is kept full, with its
+                        // totals. A run counts only what it handled itself (a resumed move ended
+                        // at 54 %, the part the first run had moved being left out).
+                        if let Some(last) = st.last.take() {
+                            b.set_position(STEPS);
+                            b.set_prefix(counts(&complete(&last), -1));
+                        }
                         b.abandon();
                         // indicatif leaves the cursor at the end of the kept line.
                         if !b.is_hidden() {
@@ -124,6 +138,7 @@ impl Reporter {
                 st.phase = p.phase.clone();
                 st.eta = st.file_cost.map(Eta::with_file_cost).unwrap_or_default();
             }
+            st.last = Some(p.clone());
             let (b, was_counting) = st.bar.get_or_insert_with(|| {
                 let b = indicatif::ProgressBar::new(STEPS);
                 b.set_style(style(counting));
@@ -137,7 +152,7 @@ impl Reporter {
             if counting {
                 // The census counts entries as it finds them; a phase with nothing to count
                 // (the swap) shows its name and the spinner alone.
-                b.set_prefix(if p.files_done > 0 { format!("{} entries", p.files_done) } else { String::new() });
+                b.set_prefix(if p.files_done > 0 { super::term::entries(p.files_done) } else { String::new() });
                 b.tick();
             } else {
                 let eta = st.eta.seconds(p);
@@ -181,6 +196,7 @@ impl Reporter {
                 b.finish_and_clear();
             }
             st.phase.clear();
+            st.last = None;
         }
     }
 }

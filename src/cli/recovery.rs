@@ -29,13 +29,19 @@ impl RecoveryOffer {
     }
 }
 
-/// Creates and installs a key for a directory whose master key the caller holds.
-pub fn create(dir: &Path, policy: &KeyIdentifier, master: &MasterKey, ui: &mut TermUi) -> Result<()> {
+/// A new key for `dir`, shown and typed back (nothing is saved): the caller installs it.
+pub fn show_new(dir: &Path, ui: &mut TermUi) -> Result<RecoveryKey> {
     if recovery::read_blob(dir)?.is_some() {
         return Err(RecoveryError::Exists { path: dir.to_path_buf() }.into());
     }
     let key = RecoveryKey::generate();
     ui.show_recovery_key(dir, &key)?;
+    Ok(key)
+}
+
+/// Creates and installs a key for a directory whose master key the caller holds.
+pub fn create(dir: &Path, policy: &KeyIdentifier, master: &MasterKey, ui: &mut TermUi) -> Result<()> {
+    let key = show_new(dir, ui)?;
     recovery::install(dir, policy, master, &key)?;
     Ok(())
 }

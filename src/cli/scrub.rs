@@ -2,7 +2,6 @@
 //! reach.
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
 
 use anyhow::Result;
 use indicatif::HumanBytes;
@@ -14,17 +13,15 @@ use super::progress::Reporter;
 use super::term::clean;
 
 pub fn run(args: ScrubArgs) -> Result<i32> {
-    let stop = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register(sig, Arc::clone(&stop))?;
-    }
     let opts = scrub::Options { reserve: args.reserve, no_trim: args.no_trim };
-    scrub_and_report(&args.mountpoint, &opts, &stop, args.json)
+    scrub_and_report(&args.mountpoint, &opts, super::interrupt::flag(), args.json)
 }
 
 /// Scrubs with a progress bar (or JSON lines) and prints the report (JSON: `{"scrub": ...}`);
 /// exit code 1 when interrupted.
 pub fn scrub_and_report(path: &Path, opts: &scrub::Options, stop: &AtomicBool, json: bool) -> Result<i32> {
+    // SIGINT and SIGTERM stop the fill (its file is removed), not the process.
+    let _catch = super::interrupt::catching();
     let reporter = Reporter::new(json);
     let result = scrub::scrub(path, opts, stop, &|p| reporter.report(p));
     reporter.finish();

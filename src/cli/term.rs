@@ -53,22 +53,28 @@ impl Drop for NoEcho {
 /// line terminator; `None` at end of input, an error past `max` bytes. Never through std's
 /// `Stdin`: its 8 KiB buffer would keep the secret, and the lines read ahead with it, until the
 /// process exits. Every read of standard input in the CLI goes through here, so none is buffered.
-fn read_raw_line(max: usize) -> io::Result<Option<Zeroizing<Vec<u8>>>> {
+///
+/// Ctrl-C (or SIGTERM) while it waits, or before it began, is [`UiError::Cancelled`]: the wait
+/// is a `poll` that the signal ends (and a short timeout, for a signal taken by another thread),
+/// so the line typed after a Ctrl-C is never taken as the answer ([`super::interrupt`]).
+fn read_raw_line(max: usize) -> Result<Option<Zeroizing<Vec<u8>>>, UiError> {
+    let _catch = super::interrupt::catching();
     let mut buf = Zeroizing::new(Vec::with_capacity(max));
     let mut byte = [0u8; 1];
     loop {
+        wait_readable()?;
         match rustix::io::read(io::stdin(), &mut byte[..]) {
             Ok(0) if buf.is_empty() => return Ok(None),
             Ok(0) => break,
             Ok(_) if byte[0] == b'\n' => break,
             Ok(_) => {
                 if buf.len() == max {
-                    return Err(io::Error::other(format!("input line longer than {max} bytes")));
+                    return Err(io::Error::other(format!("input line longer than {max} bytes")).into());
                 }
                 buf.push(byte[0]);
             }
             Err(rustix::io::Errno::INTR) => continue,
-            Err(e) => return Err(e.into()),
+            Err(e) => return Err(io::Error::from(e).into()),
         }
     }
     if buf.last() == Some(&b'\r') {
@@ -76,6 +82,28 @@ fn read_raw_line(max: usize) -> io::Result<Option<Zeroizing<Vec<u8>>>> {
     }
     byte.fill(0);
     Ok(Some(buf))
+}
+
+/// Waits until standard input has something to read (or its end); [`UiError::Cancelled`] once a
+/// signal has come. On a terminal the cursor is then moved past the prompt (the terminal echoed
+/// `^C`, or nothing without echo), so the message that follows starts a line of its own.
+fn wait_readable() -> Result<(), UiError> {
+    use rustix::event::{poll, PollFd, PollFlags, Timespec};
+    let stdin = io::stdin();
+    loop {
+        if super::interrupt::arrived() {
+            if stdin.is_terminal() {
+                eprintln!();
+            }
+            return Err(UiError::Cancelled);
+        }
+        let mut fds = [PollFd::new(&stdin, PollFlags::IN)];
+        match poll(&mut fds, Some(&Timespec { tv_sec: 0, tv_nsec: 100_000_000 })) {
+            Ok(0) | Err(rustix::io::Errno::INTR) => continue,
+            Ok(_) => return Ok(()),
+            Err(e) => return Err(io::Error::from(e).into()),
+        }
+    }
 }
 
 fn read_line() -> Result<Option<Passphrase>, UiError> {
@@ -87,6 +115,8 @@ fn read_line() -> Result<Option<Passphrase>, UiError> {
 /// on a terminal cancels, on a line of its own.
 pub fn ask(prompt: &str) -> Result<Passphrase, UiError> {
     let tty = io::stdin().is_terminal();
+    // Caught from the moment the prompt shows: a Ctrl-C at it always cancels.
+    let _catch = super::interrupt::catching();
     loop {
         if tty {
             eprint!("{prompt}");
@@ -115,6 +145,7 @@ pub fn ask(prompt: &str) -> Result<Passphrase, UiError> {
 
 /// Asks for one visible line (a menu choice) on a terminal; Ctrl-D cancels.
 pub fn ask_visible(prompt: &str) -> Result<String, UiError> {
+    let _catch = super::interrupt::catching();
     eprint!("{prompt}");
     let _ = io::stderr().flush();
     match read_raw_line(64)? {
@@ -180,29 +211,46 @@ impl Ui for TermUi {
                     (None, "password") => "New password: ".to_string(),
                     _ => format!("New password for protector {}: ", clean(name)),
                 };
-                let first = ask(&prompt)?;
-                if tty {
-                    let len = String::from_utf8_lossy(first.as_bytes()).chars().count();
-                    if len < SHORT_PASSWORD {
-                        eprintln!(
-                            "warning: {len} characters are quick to guess for anyone who copies the keystore; a longer one is safer"
-                        );
+                loop {
+                    let first = ask(&prompt)?;
+                    if tty {
+                        let len = String::from_utf8_lossy(first.as_bytes()).chars().count();
+                        if len < SHORT_PASSWORD {
+                            eprintln!(
+                                "warning: {len} characters are quick to guess for anyone who copies the keystore; a longer one is safer"
+                            );
+                        }
+                        if ask("Repeat the new password: ")? != first {
+                            return Err(UiError::Mismatch);
+                        }
+                        if let Some(user) = &login_user {
+                            if !check_login_password(user, &first)? {
+                                continue;
+                            }
+                        }
                     }
-                    if ask("Repeat the new password: ")? != first {
-                        return Err(UiError::Mismatch);
-                    }
-                    if let Some(user) = &login_user {
-                        check_login_password(user, &first);
-                    }
+                    return Ok(first);
                 }
-                Ok(first)
             }
             SecretPrompt::NewPin { name } => {
                 ask_new(&format!("New PIN for protector {}: ", clean(name)), "Repeat the new PIN: ")
             }
             SecretPrompt::KeyPin { name } => ask(&format!("PIN of the security key for protector {}: ", clean(name))),
             SecretPrompt::RecoveryKey { dir } => {
-                ask(&format!("Recovery key for {}: ", clean(&dir.display().to_string())))
+                let prompt = format!("Recovery key for {}: ", clean(&dir.display().to_string()));
+                // A typo is caught by the key's own check before anything uses it: on a terminal
+                // it is asked again, as a mistyped password is (before, the command ended).
+                let tries = if io::stdin().is_terminal() { 3 } else { 1 };
+                let mut n = 1;
+                loop {
+                    let typed = ask(&prompt)?;
+                    match RecoveryKey::parse(std::str::from_utf8(typed.as_bytes()).unwrap_or("\u{fffd}")) {
+                        Err(e) if n < tries => eprintln!("the recovery key is mistyped: {e}; type it again"),
+                        // The library parses it again and says what is wrong.
+                        _ => return Ok(typed),
+                    }
+                    n += 1;
+                }
             }
         }
     }
@@ -228,15 +276,14 @@ impl Ui for TermUi {
                     });
                 }
                 eprintln!("{}", summary_text_for(summary, way));
-                Ok(confirm(&format!("{} {d} in place?", way.verb)))
+                confirm(&format!("{} {d} in place?", way.verb))
             }
             // Only on a terminal: scripts say --recovery-key or --no-recovery-key. `--yes` asks
             // nothing but secrets, so no key unless --recovery-key says so.
-            Question::CreateRecoveryKey { .. } => Ok(!self.assume_yes
-                && io::stdin().is_terminal()
-                && confirm(
-                    "Create a recovery key (the way back in if every password is forgotten or the keystore is lost)?",
-                )),
+            Question::CreateRecoveryKey { .. } if self.assume_yes || !io::stdin().is_terminal() => Ok(false),
+            Question::CreateRecoveryKey { .. } => confirm(
+                "Create a recovery key (the way back in if every password is forgotten or the keystore is lost)?",
+            ),
         }
     }
 
@@ -280,22 +327,32 @@ impl Ui for TermUi {
 /// logging in opens it, and root (the CLI always is) can check that against /etc/shadow, the hash
 /// `pam_unix` tests, instead of leaving it to the first login. Offered, not done unasked: the
 /// answer tells whoever types whether a word is the user's password.
-fn check_login_password(user: &str, typed: &Passphrase) {
+///
+/// Whether to keep `typed`: asked before anything is saved when it is not the login password
+/// (before, the warning came and the password was saved all the same); false: type another.
+fn check_login_password(user: &str, typed: &Passphrase) -> Result<bool, UiError> {
     let u = clean(user);
     if !dirseal::account::has_password(user).unwrap_or(false) {
-        return;
+        return Ok(true);
     }
-    if !confirm(&format!("Check it against {u}'s login password now?")) {
-        return;
+    if !confirm(&format!("Check it against {u}'s login password now?"))? {
+        return Ok(true);
     }
     match dirseal::account::password_is(user, typed) {
         Ok(true) => eprintln!("It is {u}'s login password: logging in as {u} will unlock the directory."),
-        Ok(false) => eprintln!(
-            "warning: this is not {u}'s login password: logging in as {u} will leave the directory locked until \
-             the two are the same (`passwd {u}`, or `dirseal change-password DIR` afterwards)"
-        ),
+        Ok(false) => {
+            eprintln!(
+                "warning: this is not {u}'s login password: logging in as {u} will leave the directory locked until \
+                 the two are the same (`passwd {u}` makes them so)"
+            );
+            if !confirm("Use this password all the same (nothing is saved yet)?")? {
+                eprintln!("Type another one (Ctrl-C cancels).");
+                return Ok(false);
+            }
+        }
         Err(e) => eprintln!("could not read {u}'s password entry ({e}); not checked"),
     }
+    Ok(true)
 }
 
 /// "about 40 s", "about 12 min", "about 3 h 5 min".
@@ -355,7 +412,7 @@ pub fn summary_text_for(s: &dirseal::convert::Summary, way: Way) -> String {
     let d = clean(&s.path.display().to_string());
     let mut out =
         format!("{} {d} in place. {}\n", if way.decrypt { "Decrypting" } else { "Encrypting" }, method_text(s, way));
-    let mut data = format!("{} entries, {} of data", s.entries, HumanBytes(s.data_bytes));
+    let mut data = format!("{}, {} of data", entries(s.entries), HumanBytes(s.data_bytes));
     if s.apparent_bytes > s.data_bytes {
         data.push_str(&format!(" ({} apparent: sparse files count only their data)", HumanBytes(s.apparent_bytes)));
     }
@@ -367,9 +424,11 @@ pub fn summary_text_for(s: &dirseal::convert::Summary, way: Way) -> String {
     ));
     out.push_str(&match &s.estimate {
         Some(e) => format!(
-            "  time:         {} (measured here: {}/s encrypted writes, {} µs per file)\n",
+            "  time:         {} (measured here: {}/s {} writes, {} µs per file)\n",
             duration(e.seconds),
             HumanBytes(e.write_bytes_per_sec),
+            // What the run writes: a decrypt writes plaintext.
+            if way.decrypt { "plaintext" } else { "encrypted" },
             e.micros_per_entry
         ),
         None => "  time:         unknown (the write-rate probe could not run)\n".to_string(),
@@ -405,6 +464,15 @@ pub fn summary_text_for(s: &dirseal::convert::Summary, way: Way) -> String {
     out
 }
 
+/// "1 entry", "2 entries": a count with its noun (before: "1 entries").
+pub fn entries(n: u64) -> String {
+    if n == 1 {
+        "1 entry".to_string()
+    } else {
+        format!("{n} entries")
+    }
+}
+
 /// Escapes control characters so a hostile file name or protector name cannot drive the terminal.
 pub fn clean(s: &str) -> String {
     if !s.chars().any(char::is_control) {
@@ -423,18 +491,20 @@ fn yes_no(line: &[u8]) -> Option<bool> {
     }
 }
 
-/// Asks a yes/no question until it gets an answer (the default is no; end of input is no).
+/// Asks a yes/no question until it gets an answer (the default is no; end of input is no);
+/// Ctrl-C cancels ([`UiError::Cancelled`]), it is never an answer.
 ///
 /// The answer is echoed as typed (only secrets are hidden); anything but an answer is not taken
 /// as "no", the question is asked again.
-pub fn confirm(question: &str) -> bool {
+pub fn confirm(question: &str) -> Result<bool, UiError> {
     let tty = io::stdin().is_terminal();
+    let _catch = super::interrupt::catching();
     loop {
         eprint!("{question} [y/N] ");
         let _ = io::stderr().flush();
-        let line = read_line();
-        let answer = match &line {
+        let answer = match read_line() {
             Ok(Some(l)) => yes_no(l.as_bytes()),
+            Err(UiError::Cancelled) => return Err(UiError::Cancelled),
             // End of input or an unreadable line: nothing was agreed to.
             Ok(None) | Err(_) => {
                 if tty {
@@ -444,7 +514,7 @@ pub fn confirm(question: &str) -> bool {
             }
         };
         match answer {
-            Some(a) => return a,
+            Some(a) => return Ok(a),
             None => eprintln!("please answer y or n"),
         }
     }
