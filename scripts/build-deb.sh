@@ -3,7 +3,8 @@
 # module and its pam-auth-update profile, bus policy, activation file, unit, polkit action, man
 # pages, completions), its dependencies read from the binaries, and maintainer scripts that run
 # pam-auth-update. The profile is not enabled by installing the package (it is `Default: no`):
-# `pam-auth-update --enable dirseal`, as after install.sh. Removing the package backs PAM out first.
+# `pam-auth-update --enable dirseal`, as after install.sh. Removing the package backs all three
+# profiles out first, and is refused while PIN-login accounts have no password (docs/pam.md).
 # Purging removes /etc/dirseal but keeps the keystore /var/lib/dirseal: it holds the only keys to
 # the encrypted homes, and a reinstall opens them again.
 #
@@ -79,31 +80,42 @@ if [ "$1" = configure ]; then
   if [ -d /run/systemd/system ] && systemctl is-active --quiet dbus; then systemctl reload dbus || true; fi
 fi
 EOF
-cat >"$root/DEBIAN/prerm" <<'EOF'
-#!/bin/sh
-set -e
+# prerm and postrm back PAM out with scripts/lib/pam-backout.sh, as install.sh --uninstall does.
+backout=$(grep -v '^# shellcheck' scripts/lib/pam-backout.sh)
+{
+  printf '#!/bin/sh\nset -e\n%s\n\n' "$backout"
+  cat <<'EOF'
 if [ "$1" = remove ] || [ "$1" = deconfigure ]; then
-  # PAM first: a stack that names a module that is gone breaks every login.
-  pam-auth-update --package --remove dirseal
+  # PAM first: a stack that names a module that is gone breaks every login. Refused while
+  # PIN-login accounts would be left without any way in.
+  dirseal_pam_backout "the dirseal package"
   if [ -d /run/systemd/system ]; then systemctl stop dirsealed.service 2>/dev/null || true; fi
   # Its drop-ins and runtime copies go while the binary that knows them is still here.
   if command -v systemctl >/dev/null; then systemctl disable dirseal-autologin.service || true; fi
   dirseal autologin clear >/dev/null || true
 fi
 EOF
-cat >"$root/DEBIAN/postrm" <<'EOF'
-#!/bin/sh
-set -e
+} >"$root/DEBIAN/prerm"
+{
+  printf '#!/bin/sh\nset -e\n%s\n\n' "$backout"
+  cat <<'EOF'
 if [ "$1" = remove ] || [ "$1" = purge ]; then
   if [ -d /run/systemd/system ]; then systemctl daemon-reload || true; fi
 fi
 if [ "$1" = purge ]; then
+  # prerm disabled the profiles; forgetting them again is harmless and covers a removal forced
+  # past a failed prerm (pam-auth-update drops what /usr/share/pam-configs no longer has).
+  if command -v pam-auth-update >/dev/null; then
+    # shellcheck disable=SC2086 # the list is words
+    pam-auth-update --package --remove $DIRSEAL_PAM_PROFILES
+  fi
   rm -rf /etc/dirseal
   if [ -d /var/lib/dirseal ]; then
     echo "dirseal: kept /var/lib/dirseal: it holds the only keys to your encrypted directories" >&2
   fi
 fi
 EOF
+} >"$root/DEBIAN/postrm"
 chmod 755 "$root/DEBIAN/postinst" "$root/DEBIAN/prerm" "$root/DEBIAN/postrm"
 deb=$out/dirseal_${version}_${arch}.deb
 dpkg-deb --root-owner-group "${compress[@]}" --build "$root" "$deb" >/dev/null

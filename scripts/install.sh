@@ -47,9 +47,14 @@ live() { [ -z "$destdir" ]; }
 
 if [ "$uninstall" = 1 ]; then
   [ -f "$manifest" ] || { echo "install.sh: no install manifest at $manifest; nothing to uninstall" >&2; exit 1; }
-  # Backing out PAM first: removing a module the stack still names would break logins.
-  if live && command -v pam-auth-update >/dev/null && [ -f /usr/share/pam-configs/dirseal ]; then
-    pam-auth-update --package --remove dirseal dirseal-pin dirseal-mkhome || true
+  # Backing out PAM first: removing a module the stack still names would break logins. The .deb's
+  # prerm does the same (scripts/lib/pam-backout.sh): refused while PIN-login accounts have no
+  # password, else every dirseal profile disabled.
+  if live; then
+    # shellcheck source=scripts/lib/pam-backout.sh
+    . scripts/lib/pam-backout.sh
+    dirseal_pam_backout "dirseal (install.sh --uninstall)" ||
+      { echo "install.sh: nothing was removed" >&2; exit 1; }
   fi
   if live && command -v systemctl >/dev/null && [ -d /run/systemd/system ]; then
     systemctl stop dirsealed.service 2>/dev/null || true

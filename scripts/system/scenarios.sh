@@ -450,11 +450,13 @@ scenario_uninstall() {
   ! grep -rq pam_dirseal /etc/pam.d || fail "the PAM stack still names pam_dirseal"
 }
 
-# The package: installs, logins unlock again, purge leaves nothing but the keystore, a reinstall
-# opens the home encrypted before the purge.
+# The package: installs, logins unlock again; its removal is refused while a PIN-login account
+# has no password and otherwise leaves every account able to log in; purge leaves nothing but the
+# keystore, no PAM profile; a reinstall opens the home encrypted before the purge.
 scenario_deb() {
   local deb pw; deb=$(ls "$B"/dirseal_*.deb); pw=$(alice_pw)
   rm -f /usr/share/zsh/vendor-completions/_dirseal # the package may own it
+  id carol >/dev/null 2>&1 || useradd -m -s /bin/bash carol
   snapshot "$W/fs-before-deb"
   step "apt install $(basename "$deb")"
   cp "$deb" "$W/"
@@ -470,9 +472,33 @@ scenario_deb() {
   systemctl stop dirsealed 2>/dev/null || true
   check "busctl GetStatus" busctl call org.dirseal.Dirseal1 /org/dirseal/Dirseal1 org.dirseal.Dirseal1 GetStatus s /home/alice
   systemctl is-active -q dirsealed || fail "the packaged dirsealed was not activated"
+  step "every profile on, carol a PIN-login account: apt remove is refused"
+  check "pam-auth-update" pam-auth-update --enable dirseal dirseal-pin dirseal-mkhome
+  grep -q 'pam_dirseal.so standalone' /etc/pam.d/common-auth || fail "dirseal-pin is not in common-auth"
+  grep -q 'pam_dirseal.so mkhome' /etc/pam.d/common-session || fail "dirseal-mkhome is not in common-session"
+  # What `dirseal pin-login enable carol` leaves (it needs a TPM PIN protector on her home, minutes
+  # of TPM under TCG; the demo's PIN login covers that): her name in the config, `*` in shadow.
+  printf '[pam]\npin_login = ["carol"]\n' >>/etc/dirseal/config.toml
+  usermod -p '*' carol
+  apt-get remove -y dirseal >"$W/out" 2>&1 && fail "apt remove went through with a PIN-login account: $(tail -c 300 "$W/out")"
+  grep -q "dirseal pin-login disable carol && passwd carol" "$W/out" ||
+    fail "the refusal does not say what to do: $(tail -c 400 "$W/out")"
+  dpkg-query -W -f='${Status}' dirseal | grep -qx 'install ok installed' ||
+    fail "dirseal is $(dpkg-query -W -f='${Status}' dirseal) after the refused removal"
+  grep -q 'pam_dirseal.so standalone' /etc/pam.d/common-auth || fail "the refused removal changed the PAM stack"
+  step "PIN login off, a password: apt remove, logins still work"
+  check "pin-login disable" dirseal pin-login disable carol
+  echo "carol:carol-pw-1" | chpasswd
+  check "apt remove" apt-get remove -y dirseal
+  ! grep -rq pam_dirseal /etc/pam.d || fail "the PAM stack still names pam_dirseal after the removal"
+  ssh_pw carol carol-pw-1 true >"$W/out" 2>&1 || fail "carol's password login after the removal: $(cat "$W/out")"
+  ssh_pw alice "$pw" true >"$W/out" 2>&1 || fail "alice's password login after the removal: $(cat "$W/out")"
   step "apt purge dirseal"
   check "apt purge" apt-get purge -y dirseal
   ! grep -rq pam_dirseal /etc/pam.d || fail "the PAM stack still names pam_dirseal after the purge"
+  ! ls /usr/share/pam-configs/dirseal* 2>/dev/null || fail "a dirseal profile is left in /usr/share/pam-configs"
+  ! grep -rlw 'dirseal\|dirseal-pin\|dirseal-mkhome\|pam_dirseal' /var/lib/pam ||
+    fail "pam-auth-update still remembers a dirseal profile in /var/lib/pam"
   snapshot "$W/fs-after-deb"
   diff -u "$W/fs-before-deb" "$W/fs-after-deb" >"$R/deb.diff" ||
     fail "the filesystem differs after the purge: $(grep '^[-+][^-+]' "$R/deb.diff" | head -c 600)"
