@@ -33,6 +33,30 @@ bash scripts/install.sh --destdir "$root" --build-dir "$build" >/dev/null
 rm -rf "$root/usr/share/dirseal" "$root/etc"
 # Debian 12 still reads units from /lib/systemd/system first; /usr/lib is the same directory there.
 
+# What debhelper would do (lintian checks it: scripts/test.sh runs lintian on this package).
+# dh_strip: the symbols go (a tenth of the size); no -dbgsym package is made.
+find "$root" -type f | while read -r f; do
+  [ "$(head -c4 "$f" | tr -d '\177')" = ELF ] || continue
+  case $f in
+    *.so) strip --remove-section=.comment --remove-section=.note --strip-unneeded "$f" ;;
+    *) strip --remove-section=.comment --remove-section=.note "$f" ;;
+  esac
+done
+# dh_compress: man pages gzip'd, without a name or time in the header (reproducible).
+find "$root/usr/share/man" -type f ! -name '*.gz' -exec gzip -9n {} +
+# dh_installdocs, dh_installchangelogs: the copyright file and, this being a native package (no
+# Debian revision in the version), changelog.gz in Debian's format; the date is the commit's.
+doc=$root/usr/share/doc/dirseal
+install -d "$doc" "$root/usr/share/lintian/overrides"
+install -m 644 data/debian/copyright "$doc/copyright"
+install -m 644 data/debian/lintian-overrides "$root/usr/share/lintian/overrides/dirseal"
+maintainer="${DEBFULLNAME:-dirseal maintainers} <${DEBEMAIL:-maintainers@users.noreply.a-seed-00d09919.example}>"
+when=$(date -R -u -d "@${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || date +%s)}")
+printf 'dirseal (%s) unstable; urgency=medium\n\n  * Built from %s.\n\n -- %s  %s\n' \
+  "$version" "$(git describe --always --dirty 2>/dev/null || echo "a source tree")" "$maintainer" "$when" |
+  gzip -9n >"$doc/changelog.gz"
+chmod 644 "$doc/changelog.gz"
+
 # The packages that ship the libraries FILES link, one a line.
 packages_of() {
   for f in "$@"; do objdump -p "$f" | awk '$1 == "NEEDED" {print $2}'; done | sort -u | while read -r lib; do
@@ -53,17 +77,18 @@ cat >"$root/DEBIAN/control" <<EOF
 Package: dirseal
 Version: $version
 Architecture: $arch
-Maintainer: dirseal developers <dirseal@localhost>
+Maintainer: $maintainer
 Installed-Size: $size
 Depends: $deps, libpam-runtime, dbus
 Recommends: $recs
 Section: admin
 Priority: optional
 Description: encrypt existing directories in place with fscrypt, unlock at login
- dirseal converts directories that hold data (home directories) to Linux native filesystem
- encryption (fscrypt v2 on ext4/f2fs) in place, keeps the keys behind password, TPM2 and FIDO2
- protectors, and unlocks homes at login through its PAM module (pam-auth-update --enable dirseal).
- The D-Bus service dirsealed is started on demand.
+ dirseal converts directories that hold data (home directories) to Linux native
+ filesystem encryption (fscrypt v2 on ext4/f2fs) in place, keeps the keys behind
+ password, TPM2 and FIDO2 protectors, and unlocks homes at login through its PAM
+ module (pam-auth-update --enable dirseal). The D-Bus service dirsealed is
+ started on demand.
 EOF
 cat >"$root/DEBIAN/postinst" <<'EOF'
 #!/bin/sh
@@ -117,6 +142,9 @@ fi
 EOF
 } >"$root/DEBIAN/postrm"
 chmod 755 "$root/DEBIAN/postinst" "$root/DEBIAN/prerm" "$root/DEBIAN/postrm"
+# dh_md5sums: what `dpkg --verify` and debsums check the installed files against.
+(cd "$root" && find . -type f ! -path './DEBIAN/*' -printf '%P\0' | LC_ALL=C sort -z | xargs -0 md5sum >DEBIAN/md5sums)
+chmod 644 "$root/DEBIAN/md5sums"
 deb=$out/dirseal_${version}_${arch}.deb
 dpkg-deb --root-owner-group "${compress[@]}" --build "$root" "$deb" >/dev/null
 echo "$deb"
