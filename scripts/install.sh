@@ -94,7 +94,7 @@ done
 
 # The man pages and completions build.rs wrote beside the binaries when it built dirseal.
 gen=$build/dirseal-docs
-[ -f "$gen/man/dirseal.1" ] || { echo "install.sh: $gen is missing; build.rs writes it when it builds dirseal (cargo build --release -p dirseal-cli)" >&2; exit 1; }
+[ -f "$gen/man/dirseal.8" ] || { echo "install.sh: $gen is missing; build.rs writes it when it builds dirseal (cargo build --release -p dirseal-cli)" >&2; exit 1; }
 docs=$(mktemp -d)
 trap 'rm -rf "$docs"' EXIT
 
@@ -153,7 +153,6 @@ wants=/etc/systemd/system/graphical.target.wants
 mkdirs "$wants"
 ln -sfn "$prefix/lib/systemd/system/dirseal-autologin.service" "$destdir$wants/dirseal-autologin.service"
 files+=("$wants/dirseal-autologin.service")
-for m in "$gen"/man/*.1; do put 644 "$m" "$prefix/share/man/man1/$(basename "$m")"; done
 for m in "$gen"/man/*.8; do put 644 "$m" "$prefix/share/man/man8/$(basename "$m")"; done
 put 644 "$gen/completions/dirseal.bash" "$prefix/share/bash-completion/completions/dirseal"
 put 644 "$gen/completions/_dirseal" "$prefix/share/zsh/vendor-completions/_dirseal"
