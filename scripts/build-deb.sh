@@ -30,7 +30,7 @@ trap 'rm -rf "$stage"' EXIT
 root=$stage/root
 bash scripts/install.sh --destdir "$root" --build-dir "$build" >/dev/null
 # dpkg keeps its own file list; the config dir is made by postinst (root-only), removed on purge.
-rm -rf "$root/usr/share/dirseal" "$root/etc"
+rm -rf "${root:?}/usr/share/dirseal" "${root:?}/etc"
 # Debian 12 still reads units from /lib/systemd/system first; /usr/lib is the same directory there.
 
 # What debhelper would do (lintian checks it: scripts/test.sh runs lintian on this package).
@@ -61,7 +61,9 @@ chmod 644 "$doc/changelog.gz"
 packages_of() {
   for f in "$@"; do objdump -p "$f" | awk '$1 == "NEEDED" {print $2}'; done | sort -u | while read -r lib; do
     path=$(ldconfig -p | awk -v l="$lib" '$1 == l {print $NF; exit}')
-    [ -n "$path" ] && { dpkg -S "$path" 2>/dev/null || dpkg -S "$(realpath "$path")" 2>/dev/null; } | head -1 | cut -d: -f1 || true
+    if [ -n "$path" ]; then
+      { dpkg -S "$path" 2>/dev/null || dpkg -S "$(realpath "$path")" 2>/dev/null; } | head -1 | cut -d: -f1 || true
+    fi
   done | sort -u
 }
 # Depends: what the CLI, the service and the PAM module link. Recommends: what only the TPM and
@@ -70,7 +72,7 @@ packages_of() {
 depends=$(packages_of "$root/usr/sbin/dirseal" "$root/usr/libexec/dirsealed" "$root"/usr/lib/*/security/pam_dirseal.so)
 recommends=$(packages_of "$root/usr/libexec/dirseal-tpm2" "$root/usr/libexec/dirseal-fido2" | grep -vxF -f <(printf '%s\n' "$depends") || true)
 deps=$(paste -sd, <<<"$depends" | sed 's/,/, /g')
-recs=$(printf '%s\n' $recommends polkitd | paste -sd, | sed 's/,/, /g')
+recs=$({ [ -z "$recommends" ] || printf '%s\n' "$recommends"; echo polkitd; } | paste -sd, | sed 's/,/, /g')
 mkdir -p "$root/DEBIAN"
 size=$(du -sk --exclude=DEBIAN "$root" | cut -f1)
 cat >"$root/DEBIAN/control" <<EOF

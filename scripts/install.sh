@@ -18,7 +18,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-prefix=/usr destdir= build= uninstall=0
+prefix=/usr destdir='' build='' uninstall=0
 while [ $# -gt 0 ]; do
   case $1 in
     --prefix) prefix=${2:?--prefix needs a directory}; shift 2 ;;

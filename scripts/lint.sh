@@ -8,7 +8,7 @@
 #   scripts/lint.sh [shellcheck] [lintian]     both by default
 #   --build-dir DIR                            the binaries to package (default: the debug build)
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 build=${CARGO_TARGET_DIR:-target}/debug
 checks=()
 while [ $# -gt 0 ]; do
@@ -56,5 +56,10 @@ run_lintian() {
   fi
 }
 
-for c in "${checks[@]}"; do "run_$c"; done
+for c in "${checks[@]}"; do
+  case $c in
+    shellcheck) run_shellcheck ;;
+    lintian) run_lintian ;;
+  esac
+done
 exit "$rc"

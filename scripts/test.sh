@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: system packages, format, lints, build, shellcheck and lintian on the .deb
-# (scripts/lint.sh), unit + integration tests on real loop-mounted ext4, a short kill soak (scripts/soak.sh), then power cuts, disk faults and f2fs in a
-# qemu guest (scripts/vm-test.sh, ~10 min), and the installed product on a booted Debian guest
+# (scripts/lint.sh), unit + integration tests on real loop-mounted ext4, a short kill soak
+# (scripts/soak.sh), then power cuts, disk faults and f2fs in a qemu guest (scripts/vm-test.sh,
+# ~10 min), and the installed product on a booted Debian guest
 # (scripts/system-test.sh --quick: one boot, the scenarios of docs/architecture.md's "System test";
 # SYSTEM_TEST=full runs them all, SYSTEM_TEST=0 none).
 # Needs root (loop devices, fscrypt ioctls, PAM). Prints a final tally.
@@ -25,7 +26,7 @@ cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --features fault-injection -- -D warnings
 cargo build --workspace --features fault-injection
 set +e
-# shellcheck on every script, lintian on the .deb of this build (scripts/lint.sh).
+# Every script through shellcheck, the .deb of this build through lintian (scripts/lint.sh).
 lint_log=$(mktemp)
 bash scripts/lint.sh 2>&1 | tee "$lint_log"
 lint_rc=${PIPESTATUS[0]}

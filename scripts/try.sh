@@ -15,7 +15,7 @@ mnt=$work/mnt
 loopdev=
 cleanup() {
   umount "$mnt" 2>/dev/null || umount -l "$mnt" 2>/dev/null || true
-  [ -n "$loopdev" ] && losetup -d "$loopdev" 2>/dev/null || true
+  if [ -n "$loopdev" ]; then losetup -d "$loopdev" 2>/dev/null || true; fi
   rm -rf "$work"
 }
 trap cleanup EXIT

@@ -1,6 +1,6 @@
 # The scenarios of the system test (sourced by scripts/system/guest.sh, which provides step, fail,
 # check, $R, $B, $S, $W). They build on each other in this order: `install` first.
-# shellcheck shell=bash
+# shellcheck shell=bash disable=SC2034,SC2154 # SCENARIOS is read, and $scenario set, by guest.sh
 SCENARIOS="install activation login logout polkit demo autologin uninstall deb"
 
 PW_ALICE=alice-pw-1 PW_ALICE2=alice-pw-2 PW_BOB=bob-pw-1
@@ -104,7 +104,7 @@ EXP
   ! grep -q "alice's secret\|CONSOLE-DONE" "$W/out" || fail "a wrong PIN logged in"
   ! grep -q ":esys:" "$W/out" || fail "libtss2's log reached the terminal: $(grep ':esys:' "$W/out" | head -2)"
   local tries; tries=$(grep -Eo '\(([0-9]+) tries left' "$W/out" | grep -Eo '[0-9]+' | paste -sd' ')
-  [ "$(echo "$tries" | wc -w)" -ge 3 ] && [ "${tries%% *}" -gt "${tries##* }" ] || fail "the tries did not count down: $tries"
+  { [ "$(echo "$tries" | wc -w)" -ge 3 ] && [ "${tries%% *}" -gt "${tries##* }" ]; } || fail "the tries did not count down: $tries"
   step "a locked account: no TPM try"
   local before; before=$(dirseal tpm2 status 2>&1 | grep -Eo 'tries left: *[0-9]+')
   [ -n "$before" ] || fail "dirseal tpm2 status shows no tries: $(dirseal tpm2 status 2>&1)"
@@ -356,6 +356,7 @@ wait_for() { # SECONDS CMD...: until CMD succeeds
 dm_boot() {
   systemctl stop lightdm 2>/dev/null || true
   loginctl terminate-user kim 2>/dev/null || true
+  # shellcheck disable=SC2016 # expanded by eval, at each try
   wait_for 60 eval '! kim_up && [ -z "$(sessions_of lightdm)" ]' || fail "sessions left from the last start: $(loginctl list-sessions --no-legend)"
   check "dirseal-autologin.service" systemctl restart dirseal-autologin.service
   journalctl -u dirseal-autologin -b --no-pager -o cat | tail -3 >>"$R/autologin.log"
@@ -366,7 +367,7 @@ autologin_undo() {
   systemctl stop lightdm 2>/dev/null || true
   [ ! -f "$AUTOLOGIN_HANG" ] || { rm -f "$AUTOLOGIN_HANG"; systemctl daemon-reload; }
   loginctl terminate-user kim 2>/dev/null || true
-  command -v dirseal >/dev/null && dirseal autologin clear || true
+  if command -v dirseal >/dev/null; then dirseal autologin clear || true; fi
   [ ! -f "$W/lightdm.conf.orig" ] || cp "$W/lightdm.conf.orig" /etc/lightdm/lightdm.conf
   rm -f /usr/share/xsessions/dirseal-test.desktop
   rmdir /usr/share/xsessions 2>/dev/null || true
@@ -413,7 +414,7 @@ scenario_autologin() {
   [ "$(home_key kim)" = unlocked ] || fail "kim's session runs on a home that is $(home_key kim)"
   local s; s=$(sessions_of kim | head -1)
   loginctl show-session "$s" -p Class -p State -p Service >"$W/out"
-  grep -qx 'Class=user' "$W/out" && grep -qx 'Service=lightdm-autologin' "$W/out" || fail "kim's session: $(tr '\n' ' ' <"$W/out")"
+  { grep -qx 'Class=user' "$W/out" && grep -qx 'Service=lightdm-autologin' "$W/out"; } || fail "kim's session: $(tr '\n' ' ' <"$W/out")"
   grep -qx 'autologin-user=kim' /etc/lightdm/lightdm.conf || fail "autologin is still off"
   journalctl -u dirseal-autologin -b --no-pager -o cat | grep -q "opened with protector kim-boot" ||
     fail "the unit's log does not say the TPM opened it: $(journalctl -u dirseal-autologin -b --no-pager -o cat | tail -3)"
@@ -425,6 +426,7 @@ scenario_autologin() {
   systemctl daemon-reload
   systemctl stop lightdm 2>/dev/null || true
   loginctl terminate-user kim 2>/dev/null || true
+  # shellcheck disable=SC2016 # expanded by eval, at each try
   wait_for 60 eval '! kim_up && [ -z "$(sessions_of lightdm)" ]' || fail "sessions left: $(loginctl list-sessions --no-legend)"
   [ "$(home_key kim)" = locked ] || dirseal lock /home/kim >/dev/null
   systemctl restart dirseal-autologin.service && fail "the hanging check did not time out"
