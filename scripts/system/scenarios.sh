@@ -485,7 +485,8 @@ scenario_deb() {
   apt-get remove -y dirseal >"$W/out" 2>&1 && fail "apt remove went through with a PIN-login account: $(tail -c 300 "$W/out")"
   grep -q "dirseal pin-login disable carol && passwd carol" "$W/out" ||
     fail "the refusal does not say what to do: $(tail -c 400 "$W/out")"
-  dpkg-query -W -f='${Status}' dirseal | grep -qx 'install ok installed' ||
+  # Still installed (its selection is `deinstall` now: apt asked).
+  [ "$(dpkg-query -W -f='${db:Status-Status}' dirseal)" = installed ] ||
     fail "dirseal is $(dpkg-query -W -f='${Status}' dirseal) after the refused removal"
   grep -q 'pam_dirseal.so standalone' /etc/pam.d/common-auth || fail "the refused removal changed the PAM stack"
   step "PIN login off, a password: apt remove, logins still work"
