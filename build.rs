@@ -1,5 +1,5 @@
-//! Writes the man pages and shell completions of `dirseal` from its clap definition at build time,
-//! next to the binaries: `TARGET/PROFILE/dirseal-docs/{man,completions}` (scripts/install.sh
+//! Writes the man pages (section 8) and shell completions of `dirseal` from its clap definition at
+//! build time, next to the binaries: `TARGET/PROFILE/dirseal-docs/{man,completions}` (scripts/install.sh
 //! installs them from there; docs/architecture.md, "Man pages and completions"). clap knows the
 //! commands and options; what a reader needs besides them (examples, the files, what the
 //! encryption does and does not protect) is written by hand in src/cli/man, as are the pages of
@@ -76,16 +76,133 @@ fn main() -> Result<(), Box<dyn Error>> {
     for shell in [Shell::Bash, Shell::Zsh, Shell::Fish] {
         clap_complete::generate_to(shell, &mut args::Cli::command(), "dirseal", &comp)?;
     }
-    clap_mangen::generate_to(args::Cli::command(), &man)?;
-    let top = man.join("dirseal.1");
+    let extra = read(&Path::new(MAN).join("dirseal-extra.roff"))?;
+    let mut entries = examples(&extra);
+    entries.extend(examples(&read(&Path::new(MAN).join("examples.roff"))?));
+    let mut cmd = args::Cli::command().disable_help_subcommand(true);
+    cmd.build();
+    write_pages(&cmd, &man, &entries)?;
+    let top = man.join(format!("dirseal.{SECTION}"));
     let mut page = std::fs::read_to_string(&top).map_err(|e| at(&top, e))?;
-    page.push_str(&read(&Path::new(MAN).join("dirseal-extra.roff"))?);
+    page.push_str(&extra);
     std::fs::write(&top, page).map_err(|e| at(&top, e))?;
     for name in ["dirsealed.8", "pam_dirseal.8"] {
         let path = man.join(name);
         std::fs::write(&path, read(&Path::new(MAN).join(name))?).map_err(|e| at(&path, e))?;
     }
     Ok(())
+}
+
+/// The manual section of dirseal's pages and its subcommands': it is installed in /usr/sbin, a
+/// system administration command (Debian policy 12.1, hier(7)).
+const SECTION: &str = "8";
+
+/// An EXAMPLES entry (`.TP`, a tag line, its text) and the pages it goes to: every command its
+/// tag line names in bold, `\fBdirseal policy list ...\fR` → `dirseal-policy-list`, and that
+/// command's parent's page, `dirseal-policy`.
+fn examples(roff: &str) -> Vec<(Vec<String>, String)> {
+    let body = roff.split_once(".SH EXAMPLES\n").map_or(roff, |(_, b)| b);
+    let body = body.split("\n.SH ").next().unwrap_or_default();
+    let mut out = Vec::new();
+    for entry in body.split(".TP\n").skip(1) {
+        let tag = entry.lines().next().unwrap_or_default();
+        let mut pages = Vec::new();
+        for named in tag.split("\\fBdirseal ").skip(1) {
+            let words: Vec<String> = named
+                .split("\\fR")
+                .next()
+                .unwrap_or_default()
+                .split(' ')
+                .map(|w| w.replace("\\-", "-"))
+                .take_while(|w| {
+                    w.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-') && !w.starts_with('-')
+                })
+                .collect();
+            for n in 1..=words.len().min(2) {
+                pages.push(format!("dirseal-{}", words[..n].join("-")));
+            }
+        }
+        out.push((pages, format!(".TP\n{entry}")));
+    }
+    out
+}
+
+/// A page for `cmd` and each of its subcommands, as clap_mangen writes them, in [`SECTION`], with
+/// the option values in the SYNOPSIS (clap_mangen leaves them out) and their EXAMPLES.
+fn write_pages(cmd: &clap::Command, dir: &Path, examples: &[(Vec<String>, String)]) -> Result<(), Box<dyn Error>> {
+    for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
+        write_pages(sub, dir, examples)?;
+    }
+    let source = format!("dirseal {}", std::env::var("CARGO_PKG_VERSION").unwrap_or_default());
+    let man = clap_mangen::Man::new(cmd.clone()).section(SECTION).source(source);
+    let mut page = Vec::new();
+    man.render_title(&mut page)?;
+    man.render_name_section(&mut page)?;
+    page.extend(synopsis(cmd).into_bytes());
+    man.render_description_section(&mut page)?;
+    if cmd.get_arguments().any(|a| !a.is_hide_set()) {
+        man.render_options_section(&mut page)?;
+    }
+    if cmd.get_subcommands().any(|s| !s.is_hide_set()) {
+        man.render_subcommands_section(&mut page)?;
+    }
+    if cmd.get_after_long_help().is_some() || cmd.get_after_help().is_some() {
+        man.render_extra_section(&mut page)?;
+    }
+    let name = cmd.get_display_name().unwrap_or_else(|| cmd.get_name());
+    // The top page's examples come with the rest of its hand-written sections.
+    let mine: Vec<&str> =
+        examples.iter().filter(|(pages, _)| pages.iter().any(|p| p == name)).map(|(_, e)| e.as_str()).collect();
+    if !mine.is_empty() && name != "dirseal" {
+        page.extend(b".SH EXAMPLES\n");
+        for e in mine {
+            page.extend(e.as_bytes());
+        }
+    }
+    let path = dir.join(man.get_filename());
+    std::fs::write(&path, page).map_err(|e| at(&path, e))?;
+    Ok(())
+}
+
+/// The SYNOPSIS as clap_mangen writes it, with each option's value: `[\fB\-\-pcr\fR \fIN[,N...]\fR]`.
+fn synopsis(cmd: &clap::Command) -> String {
+    let esc = |s: &str| s.replace('\\', "\\e").replace('-', "\\-");
+    let name = cmd.get_bin_name().unwrap_or_else(|| cmd.get_name());
+    let mut line = format!("\\fB{}\\fR ", esc(name));
+    let value = |a: &clap::Arg| {
+        let names: Vec<String> = a.get_value_names().map_or_else(
+            || vec![a.get_id().as_str().to_uppercase()],
+            |v| v.iter().map(|n| n.as_str().to_string()).collect(),
+        );
+        esc(&names.join(" "))
+    };
+    let (mut opts, pos): (Vec<_>, Vec<_>) =
+        cmd.get_arguments().filter(|a| !a.is_hide_set()).partition(|a| !a.is_positional());
+    opts.sort_by_key(|a| (a.get_short().is_none(), a.get_long().map(str::to_string)));
+    for a in opts {
+        let flag = match (a.get_short(), a.get_long()) {
+            (Some(s), Some(l)) => format!("\\fB\\-{s}\\fR|\\fB\\-\\-{}\\fR", esc(l)),
+            (Some(s), None) => format!("\\fB\\-{s}\\fR"),
+            (None, Some(l)) => format!("\\fB\\-\\-{}\\fR", esc(l)),
+            (None, None) => continue,
+        };
+        let takes = a.get_num_args().is_some_and(|n| n.takes_values()) && a.get_action().takes_values();
+        let val = if takes { format!(" \\fI{}\\fR", value(a)) } else { String::new() };
+        let (l, r) = if a.is_required_set() { ("", "") } else { ("[", "]") };
+        line.push_str(&format!("{l}{flag}{val}{r} "));
+    }
+    for a in pos {
+        let (l, r) = if a.is_required_set() { ("<", ">") } else { ("[", "]") };
+        line.push_str(&format!("{l}\\fI{}\\fR{r} ", value(a)));
+    }
+    if cmd.get_subcommands().any(|s| !s.is_hide_set()) {
+        let (l, r) = if cmd.is_subcommand_required_set() { ("<", ">") } else { ("[", "]") };
+        line.push_str(&format!(
+            "{l}\\fI{}\\fR{r}",
+            cmd.get_subcommand_value_name().unwrap_or("command").to_lowercase()
+        ));
+    }
+    format!(".SH SYNOPSIS\n{}\n", line.trim_end())
 }
 
 /// `TARGET/PROFILE/dirseal-docs`, beside the binaries. `OUT_DIR` is

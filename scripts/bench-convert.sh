@@ -75,7 +75,7 @@ drop; read -r t_cp m_cp < <(measure sh -c "cp -a '$mnt/cpsrc/.' '$mnt/cpdst/' &&
 drop; read -r t_rs m_rs < <(measure sh -c "rsync -aHAXS '$mnt/rsrc/' '$mnt/rdst/' && sync")
 big=$tpl/Games/big0.pak
 [ -e "$big" ] || { head -c 64M /dev/urandom > "$work/big"; mv "$work/big" "$mnt/bigfile"; big=$mnt/bigfile; }
-drop; read -r t_dd m_dd < <(measure sh -c "dd if='$big' of='$mnt/dddst/big' bs=1M status=none && sync")
+drop; read -r t_dd _ < <(measure sh -c "dd if='$big' of='$mnt/dddst/big' bs=1M status=none && sync")
 mib=$(( $(stat -c %s "$big") / 1048576 ))
 
 # The large-file rate of convert itself: one large file alone.

@@ -27,14 +27,14 @@ else
 fi
 work=$(mktemp -d /tmp/dirseal-bench-dbus.XXXXXX)
 chmod 755 "$work"
-mnt=$work/mnt loopdev= bus_pid= svc_pid= ua=dsba$$ ub=dsbb$$
+mnt=$work/mnt loopdev='' bus_pid='' svc_pid='' ua=dsba$$ ub=dsbb$$
 cleanup() {
   for p in $svc_pid $bus_pid; do kill "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
   userdel "$ua" 2>/dev/null || true
   userdel "$ub" 2>/dev/null || true
   umount "$mnt" 2>/dev/null || umount -l "$mnt" 2>/dev/null || true
-  [ -n "$loopdev" ] && losetup -d "$loopdev" 2>/dev/null || true
+  if [ -n "$loopdev" ]; then losetup -d "$loopdev" 2>/dev/null || true; fi
   rm -rf "$work"
 }
 trap cleanup EXIT

@@ -8,7 +8,8 @@
 #
 # Each DIR holds `dirseal` and `libpam_dirseal.so` (a target/<profile> directory, or a copy).
 set -euo pipefail
-before=${1:?BEFORE_DIR}; after=${2:?AFTER_DIR}; n=${3:-200}
+# shellcheck disable=SC2034 # read by name: ${!b} below
+before=${1:?BEFORE_DIR} after=${2:?AFTER_DIR} n=${3:-200}
 [ "$(id -u)" = 0 ] || { echo "bench-start.sh: run as root (writes /etc/pam.d/dirseal-bench-*)" >&2; exit 1; }
 command -v pamtester >/dev/null || { echo "bench-start.sh: needs pamtester" >&2; exit 1; }
 

@@ -11,10 +11,10 @@ cargo build --quiet --release
 bin=$(realpath "${CARGO_TARGET_DIR:-target}/release/dirseal")
 
 work=$(mktemp -d /tmp/dirseal-bench.XXXXXX)
-mnt=$work/mnt loopdev= saved_conf=
+mnt=$work/mnt loopdev='' saved_conf=''
 cleanup() {
   umount "$mnt" 2>/dev/null || umount -l "$mnt" 2>/dev/null || true
-  [ -n "$loopdev" ] && losetup -d "$loopdev" 2>/dev/null || true
+  if [ -n "$loopdev" ]; then losetup -d "$loopdev" 2>/dev/null || true; fi
   # fscrypt only reads /etc/fscrypt.conf: put back whatever was there.
   if [ -n "$saved_conf" ]; then mv "$saved_conf" /etc/fscrypt.conf; else rm -f /etc/fscrypt.conf; fi
   rm -rf "$work"

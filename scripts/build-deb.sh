@@ -3,7 +3,8 @@
 # module and its pam-auth-update profile, bus policy, activation file, unit, polkit action, man
 # pages, completions), its dependencies read from the binaries, and maintainer scripts that run
 # pam-auth-update. The profile is not enabled by installing the package (it is `Default: no`):
-# `pam-auth-update --enable dirseal`, as after install.sh. Removing the package backs PAM out first.
+# `pam-auth-update --enable dirseal`, as after install.sh. Removing the package backs all three
+# profiles out first, and is refused while PIN-login accounts have no password (docs/pam.md).
 # Purging removes /etc/dirseal but keeps the keystore /var/lib/dirseal: it holds the only keys to
 # the encrypted homes, and a reinstall opens them again.
 #
@@ -29,14 +30,40 @@ trap 'rm -rf "$stage"' EXIT
 root=$stage/root
 bash scripts/install.sh --destdir "$root" --build-dir "$build" >/dev/null
 # dpkg keeps its own file list; the config dir is made by postinst (root-only), removed on purge.
-rm -rf "$root/usr/share/dirseal" "$root/etc"
+rm -rf "${root:?}/usr/share/dirseal" "${root:?}/etc"
 # Debian 12 still reads units from /lib/systemd/system first; /usr/lib is the same directory there.
+
+# What debhelper would do (lintian checks it: scripts/test.sh runs lintian on this package).
+# dh_strip: the symbols go (a tenth of the size); no -dbgsym package is made.
+find "$root" -type f | while read -r f; do
+  [ "$(head -c4 "$f" | tr -d '\177')" = ELF ] || continue
+  case $f in
+    *.so) strip --remove-section=.comment --remove-section=.note --strip-unneeded "$f" ;;
+    *) strip --remove-section=.comment --remove-section=.note "$f" ;;
+  esac
+done
+# dh_compress: man pages gzip'd, without a name or time in the header (reproducible).
+find "$root/usr/share/man" -type f ! -name '*.gz' -exec gzip -9n {} +
+# dh_installdocs, dh_installchangelogs: the copyright file and, this being a native package (no
+# Debian revision in the version), changelog.gz in Debian's format; the date is the commit's.
+doc=$root/usr/share/doc/dirseal
+install -d "$doc" "$root/usr/share/lintian/overrides"
+install -m 644 data/debian/copyright "$doc/copyright"
+install -m 644 data/debian/lintian-overrides "$root/usr/share/lintian/overrides/dirseal"
+maintainer="${DEBFULLNAME:-dirseal maintainers} <${DEBEMAIL:-maintainers@users.noreply.a-seed-00d09919.example}>"
+when=$(date -R -u -d "@${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || date +%s)}")
+printf 'dirseal (%s) unstable; urgency=medium\n\n  * Built from %s.\n\n -- %s  %s\n' \
+  "$version" "$(git describe --always --dirty 2>/dev/null || echo "a source tree")" "$maintainer" "$when" |
+  gzip -9n >"$doc/changelog.gz"
+chmod 644 "$doc/changelog.gz"
 
 # The packages that ship the libraries FILES link, one a line.
 packages_of() {
   for f in "$@"; do objdump -p "$f" | awk '$1 == "NEEDED" {print $2}'; done | sort -u | while read -r lib; do
     path=$(ldconfig -p | awk -v l="$lib" '$1 == l {print $NF; exit}')
-    [ -n "$path" ] && { dpkg -S "$path" 2>/dev/null || dpkg -S "$(realpath "$path")" 2>/dev/null; } | head -1 | cut -d: -f1 || true
+    if [ -n "$path" ]; then
+      { dpkg -S "$path" 2>/dev/null || dpkg -S "$(realpath "$path")" 2>/dev/null; } | head -1 | cut -d: -f1 || true
+    fi
   done | sort -u
 }
 # Depends: what the CLI, the service and the PAM module link. Recommends: what only the TPM and
@@ -45,24 +72,25 @@ packages_of() {
 depends=$(packages_of "$root/usr/sbin/dirseal" "$root/usr/libexec/dirsealed" "$root"/usr/lib/*/security/pam_dirseal.so)
 recommends=$(packages_of "$root/usr/libexec/dirseal-tpm2" "$root/usr/libexec/dirseal-fido2" | grep -vxF -f <(printf '%s\n' "$depends") || true)
 deps=$(paste -sd, <<<"$depends" | sed 's/,/, /g')
-recs=$(printf '%s\n' $recommends polkitd | paste -sd, | sed 's/,/, /g')
+recs=$({ [ -z "$recommends" ] || printf '%s\n' "$recommends"; echo polkitd; } | paste -sd, | sed 's/,/, /g')
 mkdir -p "$root/DEBIAN"
 size=$(du -sk --exclude=DEBIAN "$root" | cut -f1)
 cat >"$root/DEBIAN/control" <<EOF
 Package: dirseal
 Version: $version
 Architecture: $arch
-Maintainer: dirseal developers <dirseal@localhost>
+Maintainer: $maintainer
 Installed-Size: $size
 Depends: $deps, libpam-runtime, dbus
 Recommends: $recs
 Section: admin
 Priority: optional
 Description: encrypt existing directories in place with fscrypt, unlock at login
- dirseal converts directories that hold data (home directories) to Linux native filesystem
- encryption (fscrypt v2 on ext4/f2fs) in place, keeps the keys behind password, TPM2 and FIDO2
- protectors, and unlocks homes at login through its PAM module (pam-auth-update --enable dirseal).
- The D-Bus service dirsealed is started on demand.
+ dirseal converts directories that hold data (home directories) to Linux native
+ filesystem encryption (fscrypt v2 on ext4/f2fs) in place, keeps the keys behind
+ password, TPM2 and FIDO2 protectors, and unlocks homes at login through its PAM
+ module (pam-auth-update --enable dirseal). The D-Bus service dirsealed is
+ started on demand.
 EOF
 cat >"$root/DEBIAN/postinst" <<'EOF'
 #!/bin/sh
@@ -79,32 +107,46 @@ if [ "$1" = configure ]; then
   if [ -d /run/systemd/system ] && systemctl is-active --quiet dbus; then systemctl reload dbus || true; fi
 fi
 EOF
-cat >"$root/DEBIAN/prerm" <<'EOF'
-#!/bin/sh
-set -e
+# prerm and postrm back PAM out with scripts/lib/pam-backout.sh, as install.sh --uninstall does.
+backout=$(grep -v '^# shellcheck' scripts/lib/pam-backout.sh)
+{
+  printf '#!/bin/sh\nset -e\n%s\n\n' "$backout"
+  cat <<'EOF'
 if [ "$1" = remove ] || [ "$1" = deconfigure ]; then
-  # PAM first: a stack that names a module that is gone breaks every login.
-  pam-auth-update --package --remove dirseal
+  # PAM first: a stack that names a module that is gone breaks every login. Refused while
+  # PIN-login accounts would be left without any way in.
+  dirseal_pam_backout "the dirseal package"
   if [ -d /run/systemd/system ]; then systemctl stop dirsealed.service 2>/dev/null || true; fi
   # Its drop-ins and runtime copies go while the binary that knows them is still here.
   if command -v systemctl >/dev/null; then systemctl disable dirseal-autologin.service || true; fi
   dirseal autologin clear >/dev/null || true
 fi
 EOF
-cat >"$root/DEBIAN/postrm" <<'EOF'
-#!/bin/sh
-set -e
+} >"$root/DEBIAN/prerm"
+{
+  printf '#!/bin/sh\nset -e\n%s\n\n' "$backout"
+  cat <<'EOF'
 if [ "$1" = remove ] || [ "$1" = purge ]; then
   if [ -d /run/systemd/system ]; then systemctl daemon-reload || true; fi
 fi
 if [ "$1" = purge ]; then
+  # prerm disabled the profiles; forgetting them again is harmless and covers a removal forced
+  # past a failed prerm (pam-auth-update drops what /usr/share/pam-configs no longer has).
+  if command -v pam-auth-update >/dev/null; then
+    # shellcheck disable=SC2086 # the list is words
+    pam-auth-update --package --remove $DIRSEAL_PAM_PROFILES
+  fi
   rm -rf /etc/dirseal
   if [ -d /var/lib/dirseal ]; then
     echo "dirseal: kept /var/lib/dirseal: it holds the only keys to your encrypted directories" >&2
   fi
 fi
 EOF
+} >"$root/DEBIAN/postrm"
 chmod 755 "$root/DEBIAN/postinst" "$root/DEBIAN/prerm" "$root/DEBIAN/postrm"
+# dh_md5sums: what `dpkg --verify` and debsums check the installed files against.
+(cd "$root" && find . -type f ! -path './DEBIAN/*' -printf '%P\0' | LC_ALL=C sort -z | xargs -0 md5sum >DEBIAN/md5sums)
+chmod 644 "$root/DEBIAN/md5sums"
 deb=$out/dirseal_${version}_${arch}.deb
 dpkg-deb --root-owner-group "${compress[@]}" --build "$root" "$deb" >/dev/null
 echo "$deb"

@@ -21,7 +21,9 @@ if [ -z "$demo" ]; then
          # The VM tests (scripts/vm-test.sh): guest userland comes from the host root over 9p.
          busybox-static dmsetup f2fs-tools kmod cpio zstd
          # The system test (scripts/system-test.sh): its guest's root filesystem.
-         mmdebstrap)
+         mmdebstrap
+         # scripts/lint.sh: the scripts and the .deb.
+         shellcheck lintian)
 fi
 missing=()
 for p in "${pkgs[@]}"; do

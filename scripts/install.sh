@@ -18,7 +18,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-prefix=/usr destdir= build= uninstall=0
+prefix=/usr destdir='' build='' uninstall=0
 while [ $# -gt 0 ]; do
   case $1 in
     --prefix) prefix=${2:?--prefix needs a directory}; shift 2 ;;
@@ -47,9 +47,14 @@ live() { [ -z "$destdir" ]; }
 
 if [ "$uninstall" = 1 ]; then
   [ -f "$manifest" ] || { echo "install.sh: no install manifest at $manifest; nothing to uninstall" >&2; exit 1; }
-  # Backing out PAM first: removing a module the stack still names would break logins.
-  if live && command -v pam-auth-update >/dev/null && [ -f /usr/share/pam-configs/dirseal ]; then
-    pam-auth-update --package --remove dirseal dirseal-pin dirseal-mkhome || true
+  # Backing out PAM first: removing a module the stack still names would break logins. The .deb's
+  # prerm does the same (scripts/lib/pam-backout.sh): refused while PIN-login accounts have no
+  # password, else every dirseal profile disabled.
+  if live; then
+    # shellcheck source=scripts/lib/pam-backout.sh
+    . scripts/lib/pam-backout.sh
+    dirseal_pam_backout "dirseal (install.sh --uninstall)" ||
+      { echo "install.sh: nothing was removed" >&2; exit 1; }
   fi
   if live && command -v systemctl >/dev/null && [ -d /run/systemd/system ]; then
     systemctl stop dirsealed.service 2>/dev/null || true
@@ -89,7 +94,7 @@ done
 
 # The man pages and completions build.rs wrote beside the binaries when it built dirseal.
 gen=$build/dirseal-docs
-[ -f "$gen/man/dirseal.1" ] || { echo "install.sh: $gen is missing; build.rs writes it when it builds dirseal (cargo build --release -p dirseal-cli)" >&2; exit 1; }
+[ -f "$gen/man/dirseal.8" ] || { echo "install.sh: $gen is missing; build.rs writes it when it builds dirseal (cargo build --release -p dirseal-cli)" >&2; exit 1; }
 docs=$(mktemp -d)
 trap 'rm -rf "$docs"' EXIT
 
@@ -148,7 +153,6 @@ wants=/etc/systemd/system/graphical.target.wants
 mkdirs "$wants"
 ln -sfn "$prefix/lib/systemd/system/dirseal-autologin.service" "$destdir$wants/dirseal-autologin.service"
 files+=("$wants/dirseal-autologin.service")
-for m in "$gen"/man/*.1; do put 644 "$m" "$prefix/share/man/man1/$(basename "$m")"; done
 for m in "$gen"/man/*.8; do put 644 "$m" "$prefix/share/man/man8/$(basename "$m")"; done
 put 644 "$gen/completions/dirseal.bash" "$prefix/share/bash-completion/completions/dirseal"
 put 644 "$gen/completions/_dirseal" "$prefix/share/zsh/vendor-completions/_dirseal"

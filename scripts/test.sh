@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The whole test suite: system packages, format, lints, build, unit + integration tests on real
-# loop-mounted ext4, a short kill soak (scripts/soak.sh), then power cuts, disk faults and f2fs in a
-# qemu guest (scripts/vm-test.sh, ~10 min), and the installed product on a booted Debian guest
+# The whole test suite: system packages, format, lints, build, shellcheck and lintian on the .deb
+# (scripts/lint.sh), unit + integration tests on real loop-mounted ext4, a short kill soak
+# (scripts/soak.sh), then power cuts, disk faults and f2fs in a qemu guest (scripts/vm-test.sh,
+# ~10 min), and the installed product on a booted Debian guest
 # (scripts/system-test.sh --quick: one boot, the scenarios of docs/architecture.md's "System test";
 # SYSTEM_TEST=full runs them all, SYSTEM_TEST=0 none).
 # Needs root (loop devices, fscrypt ioctls, PAM). Prints a final tally.
@@ -25,6 +26,10 @@ cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --features fault-injection -- -D warnings
 cargo build --workspace --features fault-injection
 set +e
+# Every script through shellcheck, the .deb of this build through lintian (scripts/lint.sh).
+lint_log=$(mktemp)
+bash scripts/lint.sh 2>&1 | tee "$lint_log"
+lint_rc=${PIPESTATUS[0]}
 log=$(mktemp)
 # One test at a time: a command spawned by one test holds copies of every fd of the test
 # process until it execs, so a parallel test could see its files "busy" (key removal) or "in use".
@@ -39,6 +44,7 @@ soak_log=$(mktemp)
 bash scripts/soak.sh 20 2>&1 | tee "$soak_log"
 soak_rc=${PIPESTATUS[0]}
 [ "$rc" -ne 0 ] || rc=$soak_rc
+[ "$rc" -ne 0 ] || rc=$lint_rc
 # Power cuts (dm-log-writes replays) and f2fs, in a qemu guest: a sample of crash points.
 vm_log=$(mktemp)
 bash scripts/vm-test.sh --no-deps 2>&1 | tee "$vm_log"
@@ -54,6 +60,8 @@ case ${SYSTEM_TEST:-quick} in
   *) bash scripts/system-test.sh --no-deps --quick 2>&1 | tee "$sys_log"; sys_rc=${PIPESTATUS[0]} ;;
 esac
 echo "tests: $pass passed, $fail failed, $skip skipped"
+grep -E '^(shellcheck|lintian): ' "$lint_log"
+rm -f "$lint_log"
 grep -E '^soak: [0-9]+ kills' "$soak_log"
 rm -f "$soak_log"
 grep -E '^(powercut: [0-9]+ points|faults: [0-9]+ scenarios|(f2fs|tpm2): (ok|FAILED)|vm-test: (ok|FAILED))' "$vm_log"

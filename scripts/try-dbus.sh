@@ -24,13 +24,13 @@ fi
 
 work=$(mktemp -d /tmp/dirseal-try-dbus.XXXXXX)
 chmod 755 "$work"
-mnt=$work/mnt loopdev= bus_pid= svc_pid= mon_pid= user=dstry$$
+mnt=$work/mnt loopdev='' bus_pid='' svc_pid='' mon_pid='' user=dstry$$
 cleanup() {
   for p in $mon_pid $svc_pid $bus_pid; do kill "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
   userdel "$user" 2>/dev/null || true
   umount "$mnt" 2>/dev/null || umount -l "$mnt" 2>/dev/null || true
-  [ -n "$loopdev" ] && losetup -d "$loopdev" 2>/dev/null || true
+  if [ -n "$loopdev" ]; then losetup -d "$loopdev" 2>/dev/null || true; fi
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -106,6 +106,7 @@ as_user bash -c "$(declare -f call); call GetStatus \"'$home'\""
 
 step "$user locks it: names become ciphertext"
 as_user bash -c "$(declare -f call); call Lock \"'$home'\" false"
+# shellcheck disable=SC2012 # the names as a user sees them: ls is the point
 ls "$home" | head -3
 
 step "and unlocks it with the password"

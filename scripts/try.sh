@@ -6,8 +6,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "$(id -u)" -eq 0 ] || { echo "run as root: sudo scripts/try.sh (loop mounts and kernel keys need it)" >&2; exit 1; }
 bash scripts/deps.sh --demo
+# Bold headings on a terminal only: a pipe or a log gets plain text.
+if [ -t 1 ]; then step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }; else step() { printf '\n== %s\n' "$*"; }; fi
+
 # The command alone: the demo needs no hardware helper, nor their development packages (deps.sh).
-cargo build --quiet --release -p dirseal-cli
+# Cargo's own progress shows while it builds: the first build takes a minute or more.
+step "building dirseal (cargo build --release -p dirseal-cli; the first build takes a minute or more)"
+cargo build --release -p dirseal-cli
 bin=$(realpath "${CARGO_TARGET_DIR:-target}/release/dirseal")
 
 work=$(mktemp -d /tmp/dirseal-try.XXXXXX)
@@ -15,7 +20,7 @@ mnt=$work/mnt
 loopdev=
 cleanup() {
   umount "$mnt" 2>/dev/null || umount -l "$mnt" 2>/dev/null || true
-  [ -n "$loopdev" ] && losetup -d "$loopdev" 2>/dev/null || true
+  if [ -n "$loopdev" ]; then losetup -d "$loopdev" 2>/dev/null || true; fi
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -24,9 +29,6 @@ export DIRSEAL_KEYSTORE=$work/keystore DIRSEAL_CONFIG=$work/config.toml
 # A modest Argon2id cost so the demo is quick; real installs calibrate to ~1 s.
 printf '[argon2]\ntime_cost = 2\nmemory_kib = 65536\nparallelism = 1\n' > "$DIRSEAL_CONFIG"
 chmod 600 "$DIRSEAL_CONFIG"
-
-# Bold headings on a terminal only: a pipe or a log gets plain text.
-if [ -t 1 ]; then step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }; else step() { printf '\n== %s\n' "$*"; }; fi
 
 step "scratch ext4 with the encrypt feature"
 truncate -s 256M "$work/fs.img"

@@ -43,6 +43,7 @@ guest_kernel "$vm/kernel"
 # Initramfs: static busybox, an init script and the modules the tests need.
 tmp=$(mktemp -d)
 swtpm_pid="" qemu_pid="" tail_pid=""
+# shellcheck disable=SC2154 # p is the loop's own variable (shellcheck does not see it in a trap)
 trap 'for p in $qemu_pid $tail_pid $swtpm_pid; do kill "$p" 2>/dev/null || true; done; rm -rf "$tmp"' EXIT
 guest_initramfs "$tmp/initrd.img" scripts/vm/init dm-mod dm-log-writes dm-flakey ext4 f2fs loop virtio_pci virtio_blk \
   9p 9pnet_virtio aesni_intel xts cts ecb sha512_ssse3 sha512_generic crc32c_intel crc32c_generic

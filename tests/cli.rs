@@ -339,12 +339,24 @@ fn the_build_writes_completions_and_man_pages() {
     assert_eq!(env!("DIRSEAL_DOCS_SKEL"), dirseal::home::DEFAULT_SKEL);
     assert_eq!(env!("DIRSEAL_DOCS_KIND_NAMES"), dirseal::protector::KIND_NAMES.join(","));
     assert!(out.join("completions/dirseal.bash").exists());
-    assert!(out.join("man/dirseal.1").exists());
-    assert!(out.join("man/dirseal-convert.1").exists());
-    let top = fs::read_to_string(out.join("man/dirseal.1")).unwrap();
+    // Section 8: dirseal is in /usr/sbin (Debian policy 12.1), and so are its subcommands' pages.
+    assert!(out.join("man/dirseal.8").exists());
+    assert!(out.join("man/dirseal-convert.8").exists());
+    assert!(!fs::read_dir(out.join("man")).unwrap().flatten().any(|e| e.path().extension().is_some_and(|x| x == "1")));
+    let top = fs::read_to_string(out.join("man/dirseal.8")).unwrap();
     for section in [".SH EXAMPLES", ".SH FILES", ".SH SECURITY", ".SH SEE ALSO"] {
-        assert!(top.contains(section), "dirseal.1 lacks {section}");
+        assert!(top.contains(section), "dirseal.8 lacks {section}");
     }
+    // Every subcommand's page has examples, and its synopsis the options' values.
+    for e in fs::read_dir(out.join("man")).unwrap().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.starts_with("dirseal-") {
+            let text = fs::read_to_string(e.path()).unwrap();
+            assert!(text.contains(".SH EXAMPLES"), "{name} has no EXAMPLES");
+        }
+    }
+    let scrub = fs::read_to_string(out.join("man/dirseal-scrub.8")).unwrap();
+    assert!(scrub.contains(r"[\fB\-\-reserve\fR \fISIZE\fR]"), "the synopsis drops --reserve's value");
     for page in ["dirsealed.8", "pam_dirseal.8"] {
         let text = fs::read_to_string(out.join("man").join(page)).unwrap();
         for section in [".SH NAME", ".SH OPTIONS", ".SH EXAMPLES", ".SH FILES", ".SH SECURITY"] {
@@ -353,7 +365,7 @@ fn the_build_writes_completions_and_man_pages() {
     }
     // Rendered as a reader sees it, where man is installed: no roff warnings.
     if std::process::Command::new("man").arg("--version").output().is_ok_and(|o| o.status.success()) {
-        for page in ["dirseal.1", "dirsealed.8", "pam_dirseal.8"] {
+        for page in ["dirseal.8", "dirseal-policy-add-protector.8", "dirsealed.8", "pam_dirseal.8"] {
             let o = std::process::Command::new("man")
                 .args(["--warnings", "-l"])
                 .arg(out.join("man").join(page))
@@ -364,7 +376,7 @@ fn the_build_writes_completions_and_man_pages() {
             assert!(o.status.success() && err.trim().is_empty(), "{page}: {err}");
         }
     }
-    assert!(out.join("man/dirseal-decrypt.1").exists());
+    assert!(out.join("man/dirseal-decrypt.8").exists());
 }
 
 #[test]

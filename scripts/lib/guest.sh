@@ -1,4 +1,4 @@
-# shellcheck shell=bash
+# shellcheck shell=bash disable=SC2034 # only, cmd, swtpm_pid, qemu_args, ... are for the scripts that source this
 # Sourced by scripts/vm-test.sh and scripts/system-test.sh: the options both take, and what both qemu
 # guests (TCG) are made of and run with: Debian's kernel, a busybox initramfs, a software TPM, the qemu options they share,
 # and the watch that stops a guest which makes no progress (a slow one is left alone).
@@ -47,11 +47,12 @@ guest_kernel() {
     fi
     [ -n "$pkg" ] || { echo "no linux-image-6.* package found in the apt lists" >&2; return 1; }
     rm -rf "$dir/dl" "$kroot.tmp"; mkdir -p "$dir/dl"
-    (cd "$dir/dl" && apt-get download -q "$pkg" 2>&1 | grep -v '^W: Download is performed unsandboxed' || true)
+    (cd "$dir/dl" && { apt-get download -q "$pkg" 2>&1 | grep -v '^W: Download is performed unsandboxed' || true; })
     dpkg-deb -x "$dir"/dl/"$pkg"_*.deb "$kroot.tmp"
     rm -rf "$dir/dl"
     mv "$kroot.tmp" "$kroot"
   fi
+  # shellcheck disable=SC2012 # one directory, named by the kernel's version
   kver=$(ls "$kroot/lib/modules" | head -1)
   [ -f "$kroot/lib/modules/$kver/modules.dep" ] || depmod -b "$kroot" "$kver"
   exec 8>&-
@@ -87,6 +88,7 @@ guest_swtpm() {
 # guest_qemu_args TPM_DIR: sets the array qemu_args, what both guests run with: TCG on both cores,
 # no display and no default devices, the TPM of guest_swtpm as tpm-tis (the guest's /dev/tpmrm0).
 guest_qemu_args() {
+  # shellcheck disable=SC2054 # qemu's option values are comma lists
   qemu_args=(-accel tcg,thread=multi -cpu max -smp 2 -nographic -no-reboot -nodefaults
     -chardev socket,id=chrtpm,path="$1/sock" -tpmdev emulator,id=tpm0,chardev=chrtpm -device tpm-tis,tpmdev=tpm0)
 }

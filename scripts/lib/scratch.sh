@@ -1,6 +1,7 @@
 # Sourced by the conversion benchmarks: builds the release binary and makes a scratch ext4
 # (encrypt feature) mounted at $mnt, with a throwaway keystore and a cheap Argon2 cost, all
 # removed on exit. Usage: scratch_fs NAME SIZE_MIB INODES   (sets bin, work, mnt)
+# shellcheck shell=bash disable=SC2034 # bin, work and mnt are for the scripts that source this
 scratch_fs() {
   bash scripts/deps.sh >/dev/null
   cargo build --quiet --release -p dirseal-cli
@@ -20,6 +21,6 @@ scratch_fs() {
 
 scratch_cleanup() {
   umount "$mnt" 2>/dev/null || umount -l "$mnt" 2>/dev/null || true
-  [ -n "$scratch_loop" ] && losetup -d "$scratch_loop" 2>/dev/null || true
+  if [ -n "$scratch_loop" ]; then losetup -d "$scratch_loop" 2>/dev/null || true; fi
   rm -rf "$work"
 }

@@ -24,6 +24,7 @@ fi
 
 only=$(cat "$R/only" 2>/dev/null || true)
 # Settings from the host (SYSTEM_DEMO_PIN).
+# shellcheck source=/dev/null # written by the host for each run
 [ ! -f "$R/env" ] || . "$R/env"
 total=0 failed=0
 # run NAME: the scenario function scenario_NAME in a subshell (set -e; the failing command is the why).

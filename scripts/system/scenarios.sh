@@ -1,6 +1,6 @@
 # The scenarios of the system test (sourced by scripts/system/guest.sh, which provides step, fail,
 # check, $R, $B, $S, $W). They build on each other in this order: `install` first.
-# shellcheck shell=bash
+# shellcheck shell=bash disable=SC2034,SC2154 # SCENARIOS is read, and $scenario set, by guest.sh
 SCENARIOS="install activation login logout polkit demo autologin uninstall deb"
 
 PW_ALICE=alice-pw-1 PW_ALICE2=alice-pw-2 PW_BOB=bob-pw-1
@@ -104,7 +104,7 @@ EXP
   ! grep -q "alice's secret\|CONSOLE-DONE" "$W/out" || fail "a wrong PIN logged in"
   ! grep -q ":esys:" "$W/out" || fail "libtss2's log reached the terminal: $(grep ':esys:' "$W/out" | head -2)"
   local tries; tries=$(grep -Eo '\(([0-9]+) tries left' "$W/out" | grep -Eo '[0-9]+' | paste -sd' ')
-  [ "$(echo "$tries" | wc -w)" -ge 3 ] && [ "${tries%% *}" -gt "${tries##* }" ] || fail "the tries did not count down: $tries"
+  { [ "$(echo "$tries" | wc -w)" -ge 3 ] && [ "${tries%% *}" -gt "${tries##* }" ]; } || fail "the tries did not count down: $tries"
   step "a locked account: no TPM try"
   local before; before=$(dirseal tpm2 status 2>&1 | grep -Eo 'tries left: *[0-9]+')
   [ -n "$before" ] || fail "dirseal tpm2 status shows no tries: $(dirseal tpm2 status 2>&1)"
@@ -356,6 +356,7 @@ wait_for() { # SECONDS CMD...: until CMD succeeds
 dm_boot() {
   systemctl stop lightdm 2>/dev/null || true
   loginctl terminate-user kim 2>/dev/null || true
+  # shellcheck disable=SC2016 # expanded by eval, at each try
   wait_for 60 eval '! kim_up && [ -z "$(sessions_of lightdm)" ]' || fail "sessions left from the last start: $(loginctl list-sessions --no-legend)"
   check "dirseal-autologin.service" systemctl restart dirseal-autologin.service
   journalctl -u dirseal-autologin -b --no-pager -o cat | tail -3 >>"$R/autologin.log"
@@ -366,7 +367,7 @@ autologin_undo() {
   systemctl stop lightdm 2>/dev/null || true
   [ ! -f "$AUTOLOGIN_HANG" ] || { rm -f "$AUTOLOGIN_HANG"; systemctl daemon-reload; }
   loginctl terminate-user kim 2>/dev/null || true
-  command -v dirseal >/dev/null && dirseal autologin clear || true
+  if command -v dirseal >/dev/null; then dirseal autologin clear || true; fi
   [ ! -f "$W/lightdm.conf.orig" ] || cp "$W/lightdm.conf.orig" /etc/lightdm/lightdm.conf
   rm -f /usr/share/xsessions/dirseal-test.desktop
   rmdir /usr/share/xsessions 2>/dev/null || true
@@ -413,7 +414,7 @@ scenario_autologin() {
   [ "$(home_key kim)" = unlocked ] || fail "kim's session runs on a home that is $(home_key kim)"
   local s; s=$(sessions_of kim | head -1)
   loginctl show-session "$s" -p Class -p State -p Service >"$W/out"
-  grep -qx 'Class=user' "$W/out" && grep -qx 'Service=lightdm-autologin' "$W/out" || fail "kim's session: $(tr '\n' ' ' <"$W/out")"
+  { grep -qx 'Class=user' "$W/out" && grep -qx 'Service=lightdm-autologin' "$W/out"; } || fail "kim's session: $(tr '\n' ' ' <"$W/out")"
   grep -qx 'autologin-user=kim' /etc/lightdm/lightdm.conf || fail "autologin is still off"
   journalctl -u dirseal-autologin -b --no-pager -o cat | grep -q "opened with protector kim-boot" ||
     fail "the unit's log does not say the TPM opened it: $(journalctl -u dirseal-autologin -b --no-pager -o cat | tail -3)"
@@ -425,6 +426,7 @@ scenario_autologin() {
   systemctl daemon-reload
   systemctl stop lightdm 2>/dev/null || true
   loginctl terminate-user kim 2>/dev/null || true
+  # shellcheck disable=SC2016 # expanded by eval, at each try
   wait_for 60 eval '! kim_up && [ -z "$(sessions_of lightdm)" ]' || fail "sessions left: $(loginctl list-sessions --no-legend)"
   [ "$(home_key kim)" = locked ] || dirseal lock /home/kim >/dev/null
   systemctl restart dirseal-autologin.service && fail "the hanging check did not time out"
@@ -450,11 +452,13 @@ scenario_uninstall() {
   ! grep -rq pam_dirseal /etc/pam.d || fail "the PAM stack still names pam_dirseal"
 }
 
-# The package: installs, logins unlock again, purge leaves nothing but the keystore, a reinstall
-# opens the home encrypted before the purge.
+# The package: installs, logins unlock again; its removal is refused while a PIN-login account
+# has no password and otherwise leaves every account able to log in; purge leaves nothing but the
+# keystore, no PAM profile; a reinstall opens the home encrypted before the purge.
 scenario_deb() {
   local deb pw; deb=$(ls "$B"/dirseal_*.deb); pw=$(alice_pw)
   rm -f /usr/share/zsh/vendor-completions/_dirseal # the package may own it
+  id carol >/dev/null 2>&1 || useradd -m -s /bin/bash carol
   snapshot "$W/fs-before-deb"
   step "apt install $(basename "$deb")"
   cp "$deb" "$W/"
@@ -470,9 +474,34 @@ scenario_deb() {
   systemctl stop dirsealed 2>/dev/null || true
   check "busctl GetStatus" busctl call org.dirseal.Dirseal1 /org/dirseal/Dirseal1 org.dirseal.Dirseal1 GetStatus s /home/alice
   systemctl is-active -q dirsealed || fail "the packaged dirsealed was not activated"
+  step "every profile on, carol a PIN-login account: apt remove is refused"
+  check "pam-auth-update" pam-auth-update --enable dirseal dirseal-pin dirseal-mkhome
+  grep -q 'pam_dirseal.so standalone' /etc/pam.d/common-auth || fail "dirseal-pin is not in common-auth"
+  grep -q 'pam_dirseal.so mkhome' /etc/pam.d/common-session || fail "dirseal-mkhome is not in common-session"
+  # What `dirseal pin-login enable carol` leaves (it needs a TPM PIN protector on her home, minutes
+  # of TPM under TCG; the demo's PIN login covers that): her name in the config, `*` in shadow.
+  printf '[pam]\npin_login = ["carol"]\n' >>/etc/dirseal/config.toml
+  usermod -p '*' carol
+  apt-get remove -y dirseal >"$W/out" 2>&1 && fail "apt remove went through with a PIN-login account: $(tail -c 300 "$W/out")"
+  grep -q "dirseal pin-login disable carol && passwd carol" "$W/out" ||
+    fail "the refusal does not say what to do: $(tail -c 400 "$W/out")"
+  # Still installed (its selection is `deinstall` now: apt asked).
+  [ "$(dpkg-query -W -f='${db:Status-Status}' dirseal)" = installed ] ||
+    fail "dirseal is $(dpkg-query -W -f='${Status}' dirseal) after the refused removal"
+  grep -q 'pam_dirseal.so standalone' /etc/pam.d/common-auth || fail "the refused removal changed the PAM stack"
+  step "PIN login off, a password: apt remove, logins still work"
+  check "pin-login disable" dirseal pin-login disable carol
+  echo "carol:carol-pw-1" | chpasswd
+  check "apt remove" apt-get remove -y dirseal
+  ! grep -rq pam_dirseal /etc/pam.d || fail "the PAM stack still names pam_dirseal after the removal"
+  ssh_pw carol carol-pw-1 true >"$W/out" 2>&1 || fail "carol's password login after the removal: $(cat "$W/out")"
+  ssh_pw alice "$pw" true >"$W/out" 2>&1 || fail "alice's password login after the removal: $(cat "$W/out")"
   step "apt purge dirseal"
   check "apt purge" apt-get purge -y dirseal
   ! grep -rq pam_dirseal /etc/pam.d || fail "the PAM stack still names pam_dirseal after the purge"
+  ! ls /usr/share/pam-configs/dirseal* 2>/dev/null || fail "a dirseal profile is left in /usr/share/pam-configs"
+  ! grep -rlw 'dirseal\|dirseal-pin\|dirseal-mkhome\|pam_dirseal' /var/lib/pam ||
+    fail "pam-auth-update still remembers a dirseal profile in /var/lib/pam"
   snapshot "$W/fs-after-deb"
   diff -u "$W/fs-before-deb" "$W/fs-after-deb" >"$R/deb.diff" ||
     fail "the filesystem differs after the purge: $(grep '^[-+][^-+]' "$R/deb.diff" | head -c 600)"

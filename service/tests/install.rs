@@ -59,7 +59,7 @@ fn man_pages() -> Vec<String> {
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .collect();
     v.sort();
-    assert!(v.contains(&"dirseal.1".to_string()) && v.len() > 10, "{v:?}");
+    assert!(v.contains(&"dirseal.8".to_string()) && v.len() > 10, "{v:?}");
     v
 }
 
