@@ -452,6 +452,20 @@ fn a_pin_protector_refuses_an_unowned_lockout() {
     assert!(protector::create("p", None, &new, &mut config, Some(&pin("1234"))).is_ok());
 }
 
+/// Issue 44 (8): a machine without a TPM device was told "response code not recognized" and the
+/// TCTI hint twice; it is told it has no TPM, once.
+#[test]
+fn a_missing_tpm_device_is_said_plainly() {
+    dirseal_testfs::needs_root!();
+    let s = status_json("device:/dev/dirseal-test-no-tpm");
+    let e = s["error"].as_str().unwrap();
+    assert!(e.contains("/dev/dirseal-test-no-tpm does not exist: this machine has no TPM 2.0"), "{s}");
+    assert!(!e.contains("response code"), "{s}");
+    assert_eq!(e.matches("tpm2.tcti").count(), 1, "{s}");
+    let (ok, out, _) = dirseal("device:/dev/dirseal-test-no-tpm", &["tpm2", "status"]);
+    assert!(ok && out.matches("tpm2.tcti").count() == 1, "{out}");
+}
+
 #[test]
 fn cli_status_without_a_tpm_says_so() {
     dirseal_testfs::needs_root!();

@@ -347,7 +347,7 @@ impl PinTries {
 #[derive(Debug, thiserror::Error, Serialize, Deserialize)]
 pub enum Tpm2Error {
     /// No TPM answered at the configured location.
-    #[error("no usable TPM at {tcti}: {reason}; check that this machine has a TPM 2.0 (/dev/tpmrm0), or set tpm2.tcti in the config")]
+    #[error("no usable TPM at {tcti}: {reason}; if the TPM is elsewhere, set tpm2.tcti in the config")]
     Unavailable {
         /// Where the TPM was looked for.
         tcti: Tcti,
@@ -599,6 +599,16 @@ pub struct Tpm {
 impl Tpm {
     /// Connects to the TPM at `tcti`.
     pub fn open(tcti: &Tcti) -> Result<Tpm, Tpm2Error> {
+        // A TPM device that is not there is said plainly, before the TSS says "response code not
+        // recognized" about it.
+        if let Some(dev) = tcti.as_str().strip_prefix("device:") {
+            if !Path::new(dev).exists() {
+                return Err(Tpm2Error::Unavailable {
+                    tcti: tcti.clone(),
+                    reason: format!("{dev} does not exist: this machine has no TPM 2.0, or it is off in the firmware settings"),
+                });
+            }
+        }
         let mut s = Session::start(Helper::Tpm2)?;
         match call(&mut s, &Request::Open { tcti: tcti.clone() })? {
             Reply::Done => Ok(Tpm { s }),

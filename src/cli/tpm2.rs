@@ -45,7 +45,6 @@ fn print_status(s: &StatusOut) {
     println!("TPM at {}", s.tcti);
     let Some(d) = &s.da else {
         println!("  present:           no ({})", s.error.as_deref().unwrap_or("unknown error"));
-        println!("  set tpm2.tcti in the config if the TPM is elsewhere");
         return;
     };
     println!("  present:           yes");
