@@ -110,6 +110,11 @@ fn create_lock_unlock_by_touch_then_fall_back() {
     // Only the FIDO2 protector: a clear error naming what to do.
     let err = k.env.fails(&["protector", "verify", &id], "");
     assert!(err.contains("no connected security key holds this protector's credential; plug the key in"), "{err}");
+    // Issue 44 (8): making a protector with no key at all is not about a credential (there is none
+    // yet): it says no key is plugged in.
+    let err = k.env.fails(&["protector", "create", "--type", "fido2", "--name", "new"], "");
+    assert!(err.contains("no security key is plugged in"), "{err}");
+    assert!(!err.contains("credential"), "{err}");
 }
 
 #[test]

@@ -278,6 +278,7 @@ impl HasRemedy for Fido2Error {
             | Fido2Error::NoCredential
             | Fido2Error::Unsupported(_)
             | Fido2Error::NotConnected
+            | Fido2Error::NoKey
             | Fido2Error::Cancelled
             | Fido2Error::Other { .. }
             | Fido2Error::NotInstalled { .. }

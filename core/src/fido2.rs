@@ -261,6 +261,9 @@ pub enum Fido2Error {
     /// No connected key holds the credential.
     #[error("no connected security key holds this protector's credential; plug the key in and try again")]
     NotConnected,
+    /// No security key is connected at all (while making a protector: there is no credential yet).
+    #[error("no security key is plugged in (none on USB or NFC, and no socket device in the config); plug one in and try again")]
+    NoKey,
     /// The operation was cancelled on the key.
     #[error("the operation was cancelled on the security key")]
     Cancelled,

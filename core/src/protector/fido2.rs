@@ -84,7 +84,7 @@ pub struct NewFido2 {
 impl From<Fido2Error> for ProtectorError {
     fn from(e: Fido2Error) -> ProtectorError {
         match e {
-            Fido2Error::NotConnected | Fido2Error::NotInstalled { .. } => {
+            Fido2Error::NotConnected | Fido2Error::NoKey | Fido2Error::NotInstalled { .. } => {
                 ProtectorError::Unavailable(KindError::new(e))
             }
             e => ProtectorError::Kind(KindError::new(e)),
@@ -199,7 +199,7 @@ impl NewKindOf for NewFido2 {
             Some(d) => keys::resolve(cfg, d)?,
             None => match keys::device_paths(cfg)?.as_slice() {
                 [one] => one.clone(),
-                [] => return Err(Fido2Error::NotConnected.into()),
+                [] => return Err(Fido2Error::NoKey.into()),
                 _ => return Err(ProtectorError::Kind(KindError::new(SeveralKeys))),
             },
         };
