@@ -304,6 +304,37 @@ fn errors_are_one_line_and_the_clis_hint_another() {
     assert_eq!(env.status_json(&e)["encrypted"], false);
 }
 
+/// Issue 44 (2): a read-only mount was found only after every question (a recovery key written
+/// down, a password set), then `creating …/.dirseal failed: Read-only file system`, leaving an
+/// unused protector. `status` says so, and convert, encrypt and home create refuse before asking.
+#[test]
+fn a_read_only_filesystem_is_refused_before_any_question() {
+    dirseal_testfs::needs_root!();
+    let env = Env::new();
+    let (home, empty) = (env.mnt().join("home"), env.mnt().join("empty"));
+    fs::create_dir_all(home.join("docs")).unwrap();
+    fs::write(home.join("docs/a.txt"), b"a").unwrap();
+    fs::create_dir(&empty).unwrap();
+    let remount = |how: &str| {
+        let st = std::process::Command::new("mount").args(["-o", &format!("remount,{how}"), p(env.mnt())]).status();
+        assert!(st.unwrap().success(), "remount {how}");
+    };
+    remount("ro");
+    let st = env.status_json(&home);
+    assert_eq!(st["filesystem"]["encryption"], "read-only", "{st}");
+    let text = env.ok(&["status", p(&home)], "");
+    assert!(text.contains("mounted read-only") && text.contains("mount -o remount,rw"), "{text}");
+    // No answers given: a question asked would fail differently.
+    for args in [vec!["convert", p(&home)], vec!["encrypt", p(&empty)]] {
+        let err = env.fails(&args, "");
+        assert!(err.contains("is mounted read-only") && err.contains("remount it read-write"), "{args:?}: {err}");
+    }
+    remount("rw");
+    assert!(!env.mnt().join(".dirseal").exists());
+    assert!(protector_ids(&env, &home).is_empty());
+    assert!(fs::read_dir(env.keystore().join("protectors")).map_or(true, |mut d| d.next().is_none()));
+}
+
 #[test]
 fn filesystem_without_encrypt_feature_is_explained() {
     dirseal_testfs::needs_root!();

@@ -182,6 +182,7 @@ impl HasRemedy for FscryptError {
             FscryptError::Locked { path } => Some(Remedy::Unlock { dir: path.clone() }),
             // The message names the fix where there is one (tune2fs, another tool, the real path).
             FscryptError::NotSupported { .. }
+            | FscryptError::ReadOnly { .. }
             | FscryptError::NotADirectory { .. }
             | FscryptError::Symlink { .. }
             | FscryptError::PolicyV1 { .. }

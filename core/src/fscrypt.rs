@@ -23,6 +23,12 @@ const MOUNTINFO: &str = "/proc/self/mountinfo";
 /// Why an fscrypt operation failed, worded for the person who has to fix it.
 #[derive(Debug, thiserror::Error)]
 pub enum FscryptError {
+    /// The filesystem can encrypt but is mounted read-only.
+    #[error("{} is mounted read-only, so nothing can be encrypted or written on it: remount it read-write (`mount -o remount,rw {}`) and run the same command again", mountpoint.display(), mountpoint.display())]
+    ReadOnly {
+        /// Mount point of that filesystem.
+        mountpoint: PathBuf,
+    },
     /// The filesystem cannot encrypt: no encrypt feature, or not a filesystem fscrypt supports.
     #[error("{}", not_supported_message(mountpoint, fstype.as_deref(), device.as_deref()))]
     NotSupported {
@@ -384,9 +390,12 @@ fn open_dir(path: &Path, op: &'static str) -> Result<File, FscryptError> {
 }
 
 /// Fails with [`FscryptError::NotSupported`] unless the filesystem at `mountpoint` can encrypt.
+/// A filesystem mounted read-only is refused here too, before any question is asked: nothing
+/// could be written to it (issue 44).
 pub fn check_supported(mountpoint: &Path) -> Result<(), FscryptError> {
     match support(mountpoint)? {
         Support::Enabled => Ok(()),
+        Support::ReadOnly => Err(FscryptError::ReadOnly { mountpoint: mountpoint.to_path_buf() }),
         Support::NotEnabled | Support::Unsupported => Err(not_supported(mountpoint)),
     }
 }
@@ -397,6 +406,9 @@ pub fn check_supported(mountpoint: &Path) -> Result<(), FscryptError> {
 pub enum Support {
     /// fscrypt works here.
     Enabled,
+    /// fscrypt works here, but the filesystem is mounted read-only: nothing can be encrypted (or
+    /// written) until it is remounted read-write. Encrypted directories on it still open.
+    ReadOnly,
     /// ext4 or f2fs without the encrypt feature: it can be turned on (ext4: mounted, with `tune2fs -O encrypt`; f2fs: unmounted, with `fsck.f2fs -O encrypt`).
     NotEnabled,
     /// This kind of filesystem has no fscrypt (tmpfs, btrfs, xfs, ...), or the kernel lacks it.
@@ -417,8 +429,14 @@ pub(crate) fn support(mountpoint: &Path) -> Result<Support, FscryptError> {
         Err(Errno::EACCES | Errno::EPERM) => {
             Err(FscryptError::PermissionDenied { path: path.to_path_buf(), op: "check encryption support on" })
         }
+        _ if read_only(dir.as_fd()) => Ok(Support::ReadOnly),
         _ => Ok(Support::Enabled),
     }
+}
+
+/// Whether the filesystem of `fd` is mounted read-only (`ST_RDONLY`).
+fn read_only(fd: BorrowedFd<'_>) -> bool {
+    nix::sys::statvfs::fstatvfs(fd).is_ok_and(|v| v.flags().contains(nix::sys::statvfs::FsFlags::ST_RDONLY))
 }
 
 /// The policy of `path`; `None` if it is not encrypted. Symlinks are refused, not followed.

@@ -605,7 +605,9 @@ impl Tpm {
             if !Path::new(dev).exists() {
                 return Err(Tpm2Error::Unavailable {
                     tcti: tcti.clone(),
-                    reason: format!("{dev} does not exist: this machine has no TPM 2.0, or it is off in the firmware settings"),
+                    reason: format!(
+                        "{dev} does not exist: this machine has no TPM 2.0, or it is off in the firmware settings"
+                    ),
                 });
             }
         }

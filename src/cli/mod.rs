@@ -614,6 +614,10 @@ fn filesystem_line(f: &ops::FsStatus) -> String {
     let at = format!("{} at {} ({})", clean(&f.fstype), clean(&f.mount_point.display().to_string()), clean(&f.device));
     match f.encryption {
         Support::Enabled => format!("{at}, can encrypt"),
+        Support::ReadOnly => format!(
+            "{at}, mounted read-only: nothing can be encrypted on it until `mount -o remount,rw {}`",
+            clean(&f.mount_point.display().to_string())
+        ),
         Support::NotEnabled if f.fstype == "f2fs" => format!(
             "{at}, cannot encrypt until its encrypt feature is enabled: `fsck.f2fs -O encrypt {}` (f2fs needs it unmounted)",
             clean(&f.device)

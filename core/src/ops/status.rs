@@ -136,7 +136,7 @@ pub fn public_dir_status(dir: &Path) -> Result<DirStatus, OpsError> {
         device: m.source,
     };
     let policy = match filesystem.encryption {
-        fscrypt::Support::Enabled => fscrypt::get_policy(dir)?,
+        fscrypt::Support::Enabled | fscrypt::Support::ReadOnly => fscrypt::get_policy(dir)?,
         fscrypt::Support::NotEnabled | fscrypt::Support::Unsupported => None,
     };
     let encrypted_root = match &policy {
