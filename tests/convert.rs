@@ -684,7 +684,7 @@ fn a_conversion_walks_the_tree_once_for_its_census() {
     assert!(census.space_available >= census.space_needed);
 
     let kind = NewKind::named("password", KindOptions::default()).unwrap();
-    let choice = ProtectorChoice::New(NewProtector { name: "owner", uid: None, kind });
+    let choice = ProtectorChoice::New(NewProtector { name: "owner".into(), uid: None, kind });
     // Yes to every question: the conversion, and a recovery key.
     let mut ui = Scripted::new(&["pw"]).yes();
     let done = plan.run(&mut ds, choice, &mut ui, &hooks).unwrap();

@@ -398,16 +398,6 @@ pub(crate) fn resume(
     Ok(migrate::convert(&request(host.source, workdir, options, host.direction), host)?)
 }
 
-impl NewPlan {
-    /// The name of a new password protector made for this conversion: the owner's login name,
-    /// else "password" (a root-owned directory, an owner without a name).
-    pub fn default_protector_name(&self) -> String {
-        let uid = self.owner.uid;
-        let named = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)).ok().flatten();
-        named.filter(|_| uid != 0).map_or_else(|| "password".into(), |u| u.name)
-    }
-}
-
 /// Most bytes the rate probe writes (less when space is short or the tree small), and the most
 /// small files it creates.
 const PROBE_BYTES: u64 = 16 << 20;

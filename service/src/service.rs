@@ -504,7 +504,7 @@ impl Service {
             let secret = read_secret(secret.into(), "secret")?;
             let (_one, mut ds) = ctx.open_alone()?;
             let uid = if caller.is_root() { uid } else { Some(caller.uid) };
-            let n = NewProtector { name: &name, uid, kind };
+            let n = NewProtector::for_user(uid, kind, Some(name));
             let (rec, _) = ds.create_protector(&n, &mut Secrets { new: Some(secret), ..Secrets::of(caller) })?;
             Ok(rec.id.to_string())
         })
@@ -654,8 +654,7 @@ impl Service {
                 let mut secrets = Secrets { current: vec![(None, secret.duplicate())], ..Secrets::of(caller) };
                 let work = match dirseal::convert::plan(ds, &path, o, &jobs::quiet())? {
                     dirseal::convert::Plan::New(plan) => {
-                        let name = plan.default_protector_name();
-                        let enrol = Enrol::new(ds, caller, &path, &protector, &name, secret, &mut secrets)?;
+                        let enrol = Enrol::new(ds, caller, &path, &protector, "", secret, &mut secrets)?;
                         jobs::Work::New(plan, enrol)
                     }
                     dirseal::convert::Plan::Resume(plan) if protector.is_empty() => {

@@ -124,9 +124,8 @@ pub fn run(ds: &mut Dirseal, args: ConvertArgs, ui: &mut TermUi) -> Result<i32> 
         },
         plan: |ds: &mut Dirseal, _: &mut TermUi, hooks: &Hooks<'_>| Ok(convert::plan(ds, &abs, options, hooks)?),
         run: |ds: &mut Dirseal, ui: &mut TermUi, plan, hooks: &Hooks<'_>| {
-            let user = args.protector.user_or_owner(&abs)?;
             ui.assume_yes = args.yes;
-            let choice = args.protector.choice(ds, &user)?;
+            let choice = args.protector.choice(ds, Some(&abs))?;
             Ok(match plan {
                 Plan::New(plan) => plan.run(ds, choice, ui, hooks)?,
                 // Resuming makes no protector: `--protector` at most names the one that reloads the

@@ -103,7 +103,7 @@ mod tests {
         let kind = NewKind::named("dummy", opts(&[("shout", "true")])).unwrap();
 
         // Create (the new secret is asked twice by a terminal; the Ui gives it once here).
-        let n = NewProtector { name: "d", uid: None, kind };
+        let n = NewProtector { name: "d".into(), uid: None, kind };
         let (rec, key) = ds.create_protector(&n, &mut Script(vec!["secret"])).unwrap();
         assert_eq!(rec.kind.name(), "dummy");
 
