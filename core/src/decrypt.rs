@@ -425,7 +425,7 @@ pub fn check_direction(v: &migrate::StatusView) -> Result<(), MigrateError> {
 
 /// The owner's PIN login ends with their TPM PIN protector (they log in by password now).
 fn forget_pin_login(ds: &mut Dirseal, prec: &crate::protector::ProtectorRecord, uid: u32) -> Result<(), ConvertError> {
-    if crate::ops::is_tpm_pin(prec) && prec.uid == Some(uid) {
+    if crate::ops::opens_pin_login(prec) && prec.uid == Some(uid) {
         if let Some(user) = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)).ok().flatten() {
             ds.disable_pin_login(&user.name)?;
         }
