@@ -338,6 +338,7 @@ fn the_build_writes_completions_and_man_pages() {
     assert_eq!(env!("DIRSEAL_DOCS_CONFIG_PATH"), dirseal::config::DEFAULT_CONFIG_PATH);
     assert_eq!(env!("DIRSEAL_DOCS_SKEL"), dirseal::home::DEFAULT_SKEL);
     assert_eq!(env!("DIRSEAL_DOCS_KIND_NAMES"), dirseal::protector::KIND_NAMES.join(","));
+    assert_eq!(env!("DIRSEAL_DOCS_DEFAULT_KIND"), dirseal::protector::DEFAULT_KIND);
     assert!(out.join("completions/dirseal.bash").exists());
     assert!(out.join("man/dirseal.1").exists());
     assert!(out.join("man/dirseal-convert.1").exists());

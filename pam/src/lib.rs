@@ -688,7 +688,7 @@ fn mkhome(pam: &Pam, args: &Args, acct: &Account, flags: c_int) {
             recovery_key: Some(false),
             ..Default::default()
         };
-        let kind = dirseal::protector::NewKind::Password(Default::default());
+        let kind = dirseal::protector::NewKind::login_default();
         home::create(&mut ds, &full, kind, &options, &mut NewHomeUi { password }).map_err(|e| e.to_string())
     })();
     match made {

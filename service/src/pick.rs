@@ -81,7 +81,7 @@ impl Enrol {
             secrets.new = Some(secret);
             let user = (!caller.is_root()).then_some(caller.uid);
             let name = (!given.is_empty()).then(|| given.to_string());
-            let new = NewProtector::for_dir(dir, user, NewKind::Password(Default::default()), name);
+            let new = NewProtector::for_dir(dir, user, NewKind::login_default(), name);
             return Ok(Enrol(ProtectorChoice::New(new)));
         }
         let id = named(ds, caller, protector)?;

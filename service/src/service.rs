@@ -482,7 +482,7 @@ impl Service {
     ) -> Result<String> {
         self.call("CreateProtector", name.clone(), &hdr, move |ctx, caller| {
             let mut uid = None;
-            let mut kind = "password".to_string();
+            let mut kind = dirseal::protector::DEFAULT_KIND.to_string();
             let mut pairs = Vec::new();
             let bad = |o: &str, t: &str| Error::invalid(format!("option {o} must be of type {t}"));
             for (k, v) in &options {
@@ -897,7 +897,7 @@ impl Service {
             let (_one, mut ds) = ctx.open_alone()?;
             let mut secrets = Secrets { new: Some(secret), ..Secrets::of(caller) };
             let made = home::Account::named(&user)
-                .and_then(|acct| home::create(&mut ds, &acct, NewKind::Password(Default::default()), &o, &mut secrets));
+                .and_then(|acct| home::create(&mut ds, &acct, NewKind::login_default(), &o, &mut secrets));
             let made = made.map_err(|e| match e {
                 HomeError::Ops(o) => Error::from(o),
                 HomeError::Recovery(r) => Error::from(r),

@@ -43,6 +43,10 @@ mod lib_values {
         dirseal::protector::KIND_NAMES
     }
 
+    pub fn default_kind() -> &'static str {
+        dirseal::protector::DEFAULT_KIND
+    }
+
     pub fn skel_dir() -> &'static str {
         dirseal::home::DEFAULT_SKEL
     }

@@ -205,6 +205,19 @@ kinds! {
     "dummy" => Dummy(dummy::Dummy, dummy::NewDummy),
 }
 
+/// The name of the kind made when no one names one ([`NewKind::login_default`]): front ends'
+/// default for a kind option (`--protector-type`, the service's `kind`).
+pub const DEFAULT_KIND: &str = "password";
+
+impl NewKind {
+    /// The kind made when no one names one ([`DEFAULT_KIND`]): a password protector with default
+    /// options, the kind a login password opens (PAM's enrolment, `home create`, the service's
+    /// new protectors).
+    pub fn login_default() -> NewKind {
+        NewKind::Password(Default::default())
+    }
+}
+
 /// The object-safe part of [`Kind`], for dispatch without a `match` per method.
 trait KindDyn {
     fn travels(&self) -> bool;
@@ -822,6 +835,12 @@ pub(crate) fn to_json(r: &ProtectorRecord) -> Vec<u8> {
 
 #[cfg(test)]
 pub(crate) mod tests {
+    #[test]
+    fn the_default_kind_is_the_one_named_default() {
+        assert_eq!(NewKind::login_default().name(), DEFAULT_KIND);
+        assert!(KIND_NAMES.contains(&DEFAULT_KIND));
+    }
+
     use super::*;
     use crate::kdf::{self, Argon2Params};
 
