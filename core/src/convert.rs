@@ -585,6 +585,25 @@ impl NewPlan {
     }
 }
 
+impl Plan {
+    /// Runs the plan: a new conversion with the protector `choice` ([`NewPlan::run`]), or an
+    /// unfinished one from where it stopped, whose staging key the protector `choice` names
+    /// reloads if needed ([`ResumePlan::run`]; resuming makes no protector, so a new one names
+    /// none: [`ProtectorChoice::pick`]).
+    pub fn run(
+        self,
+        ds: &mut Dirseal,
+        choice: ProtectorChoice<'_>,
+        ui: &mut dyn Ui,
+        hooks: &Hooks<'_>,
+    ) -> Result<Converted, ConvertError> {
+        match self {
+            Plan::New(plan) => plan.run(ds, choice, ui, hooks),
+            Plan::Resume(plan) => plan.run(ds, choice.pick(), ui, hooks),
+        }
+    }
+}
+
 impl ResumePlan {
     /// Resumes an unfinished conversion from where it stopped: the staging key is loaded again
     /// first if needed, with the protector `pick` names (none: the policy's only one).

@@ -155,6 +155,25 @@ fn refuse_pin_only(
     Ok(())
 }
 
+impl Plan {
+    /// Runs the plan: a new decrypt ([`NewPlan::run`]; [`plan`] unlocked the directory
+    /// already), or an unfinished one, whose key the protector `pick` names loads again if needed
+    /// ([`ResumePlan::run`]). `keep_protectors` keeps every protector once it is done.
+    pub fn run(
+        self,
+        ds: &mut Dirseal,
+        pick: Pick,
+        keep_protectors: bool,
+        ui: &mut dyn Ui,
+        hooks: &Hooks<'_>,
+    ) -> Result<Decrypted, ConvertError> {
+        match self {
+            Plan::New(plan) => plan.run(ds, keep_protectors, ui, hooks),
+            Plan::Resume(plan) => plan.run(ds, pick, keep_protectors, ui, hooks),
+        }
+    }
+}
+
 impl NewPlan {
     /// Runs a new decrypt: the Ui confirms ([`Question::Decrypt`]), the engine copies (or
     /// moves), verifies and swaps; once done, the policy is forgotten (see [`Forgotten`];

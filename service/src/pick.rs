@@ -89,6 +89,12 @@ impl Enrol {
         Ok(Enrol(ProtectorChoice::Existing(id)))
     }
 
+    /// No protector named, for resuming a conversion without a secret (its staging key is
+    /// loaded): a resume makes no protector, and the new one's description is never used.
+    pub fn none_named() -> Enrol {
+        Enrol(ProtectorChoice::New(NewProtector::for_user(None, NewKind::login_default(), None::<&str>)))
+    }
+
     pub fn choice(self) -> ProtectorChoice<'static> {
         self.0
     }

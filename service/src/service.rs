@@ -652,23 +652,12 @@ impl Service {
                 // A copy for a later step that needs the staging key again (aborting a cancelled
                 // move, with whichever protector it has).
                 let mut secrets = Secrets { current: vec![(None, secret.duplicate())], ..Secrets::of(caller) };
-                let work = match dirseal::convert::plan(ds, &path, o, &jobs::quiet())? {
-                    dirseal::convert::Plan::New(plan) => {
-                        let enrol = Enrol::new(ds, caller, &path, &protector, "", secret, &mut secrets)?;
-                        jobs::Work::New(plan, enrol)
-                    }
-                    dirseal::convert::Plan::Resume(plan) if protector.is_empty() => {
-                        // No protector is made: the secret reloads the staging key (after a
-                        // reboot) with the one the staging policy has.
-                        jobs::Work::Resume(plan, Pick::default())
-                    }
-                    dirseal::convert::Plan::Resume(plan) => {
-                        // Or with the one named.
-                        let id = pick::named(ds, caller, &protector)?;
-                        secrets.current.push((Some(id), secret));
-                        jobs::Work::Resume(plan, Pick { protector: Some(id) })
-                    }
-                };
+                let plan = dirseal::convert::plan(ds, &path, o, &jobs::quiet())?;
+                // A new conversion's protector; resuming makes none: the secret reloads the
+                // staging key (after a reboot) with the protector named, else the staging
+                // policy's own (the copy in `current`).
+                let enrol = Enrol::new(ds, caller, &path, &protector, "", secret, &mut secrets)?;
+                let work = jobs::Work::Convert(plan, enrol);
                 Ok((work, secrets))
             })
         })

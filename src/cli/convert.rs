@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use dirseal::convert::{self, ConvertError, Converted, Hooks, Mode, Options, Plan};
 use dirseal::convert::{Direction, Method, Outcome, State, StatusView};
-use dirseal::ops::{Dirseal, Pick, ProtectorChoice};
+use dirseal::ops::Dirseal;
 
 use super::args::{ConvertArgs, DataMode};
 use super::drive::{drive, Steps};
@@ -123,21 +123,10 @@ pub fn run(ds: &mut Dirseal, args: ConvertArgs, ui: &mut TermUi) -> Result<i32> 
             Ok(Converted { outcome, recovery_key_saved: None })
         },
         plan: |ds: &mut Dirseal, _: &mut TermUi, hooks: &Hooks<'_>| Ok(convert::plan(ds, &abs, options, hooks)?),
-        run: |ds: &mut Dirseal, ui: &mut TermUi, plan, hooks: &Hooks<'_>| {
+        run: |ds: &mut Dirseal, ui: &mut TermUi, plan: Plan, hooks: &Hooks<'_>| {
             ui.assume_yes = args.yes;
             let choice = args.protector.choice(ds, Some(&abs))?;
-            Ok(match plan {
-                Plan::New(plan) => plan.run(ds, choice, ui, hooks)?,
-                // Resuming makes no protector: `--protector` at most names the one that reloads the
-                // staging key.
-                Plan::Resume(plan) => {
-                    let pick = match choice {
-                        ProtectorChoice::Existing(id) => Pick { protector: Some(id) },
-                        ProtectorChoice::New(_) => Pick::default(),
-                    };
-                    plan.run(ds, pick, ui, hooks)?
-                }
-            })
+            Ok(plan.run(ds, choice, ui, hooks)?)
         },
     };
     // The estimate weighs a file as the probe measured it against the data rate.

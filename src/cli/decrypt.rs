@@ -39,10 +39,7 @@ pub fn run(ds: &mut Dirseal, args: DecryptArgs, ui: &mut TermUi) -> Result<i32> 
         plan: |ds: &mut Dirseal, ui: &mut TermUi, hooks: &Hooks<'_>| {
             Ok(decrypt::plan(ds, &abs, options, pick, ui, hooks)?)
         },
-        run: |ds: &mut Dirseal, ui: &mut TermUi, plan, hooks: &Hooks<'_>| match plan {
-            Plan::New(plan) => Ok(plan.run(ds, keep, ui, hooks)?),
-            Plan::Resume(plan) => Ok(plan.run(ds, pick, keep, ui, hooks)?),
-        },
+        run: |ds: &mut Dirseal, ui: &mut TermUi, plan: Plan, hooks: &Hooks<'_>| Ok(plan.run(ds, pick, keep, ui, hooks)?),
     };
     let how = args.end.finish();
     let done = drive(ds, ui, (args.run.json, false), how, steps)?;

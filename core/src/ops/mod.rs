@@ -91,6 +91,18 @@ pub enum ProtectorChoice<'a> {
     New(NewProtector<'a>),
 }
 
+impl ProtectorChoice<'_> {
+    /// The protector this choice names for a run that makes none (resuming a conversion, which
+    /// reloads its staging key): the existing one, or — for a new one — none, which lets the
+    /// operation take the policy's only one.
+    pub fn pick(&self) -> Pick {
+        match self {
+            ProtectorChoice::Existing(id) => Pick { protector: Some(*id) },
+            ProtectorChoice::New(_) => Pick::default(),
+        }
+    }
+}
+
 /// The library's entry point: the keystore and configuration every operation works on.
 pub struct Dirseal {
     keystore: Keystore,
