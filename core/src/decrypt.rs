@@ -82,6 +82,10 @@ pub fn plan(
     ui: &mut dyn Ui,
     hooks: &Hooks<'_>,
 ) -> Result<Plan, ConvertError> {
+    // Refused for every front end before anything is looked at.
+    if options.wipe {
+        return Err(ConvertError::WipeOnDecrypt { path: dir.to_path_buf() });
+    }
     let source = absolute(dir)?;
     let workdir = workdir_for(&source)?;
     let bad = |reason: String| ConvertError::Path { path: source.clone(), reason };
@@ -465,4 +469,33 @@ pub fn cancel(
         return Ok(crate::convert::Cancelled::PastSwap(state));
     }
     Ok(crate::convert::Cancelled::Aborted(finish(ds, dir, Finish::Abort, false, ui, hooks)?.outcome))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicBool;
+
+    use super::*;
+    use crate::secret::Passphrase;
+    use crate::ui::{SecretPrompt, UiError};
+
+    struct NoUi;
+
+    impl Ui for NoUi {
+        fn secret(&mut self, _: &SecretPrompt<'_>) -> Result<Passphrase, UiError> {
+            Err(UiError::Cancelled)
+        }
+    }
+
+    /// Wiping is a conversion's: the core refuses it for a decrypt, whichever front end asks.
+    #[test]
+    fn a_decrypt_refuses_to_wipe() {
+        let dir = tempfile::tempdir().unwrap();
+        let ds = Dirseal::open(&dir.path().join("config.toml"), Some(&dir.path().join("keystore"))).unwrap();
+        let stop = AtomicBool::new(false);
+        let hooks = Hooks { progress: &|_| {}, stop: &stop };
+        let options = Options { wipe: true, ..Options::default() };
+        let e = plan(&ds, &dir.path().join("d"), options, Pick::default(), &mut NoUi, &hooks).unwrap_err();
+        assert!(matches!(e, ConvertError::WipeOnDecrypt { .. }), "{e}");
+    }
 }

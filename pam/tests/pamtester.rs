@@ -685,7 +685,7 @@ fn interrupted_conversion(home: &Path, mode: dirseal_migrate::Mode) {
         keep_backup: false,
         wipe: false,
         force: true,
-        threads: 1,
+        threads: std::num::NonZeroUsize::MIN,
         mode,
         direction: dirseal_migrate::Direction::Encrypt,
     };

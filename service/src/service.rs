@@ -234,17 +234,14 @@ fn convert_options(options: &Dict, caller: &Caller, what: &str) -> Result<(dirse
     Ok((o, protector))
 }
 
-/// `Decrypt`'s and `PlanDecrypt`'s options: convert's (less `wipe`), `protector`, and
-/// `keep_protectors`.
+/// `Decrypt`'s and `PlanDecrypt`'s options: convert's, `protector`, and `keep_protectors` (the
+/// library refuses `wipe` for a decrypt).
 fn decrypt_options(options: &Dict, caller: &Caller) -> Result<(dirseal::convert::Options, String, bool)> {
     let mut rest = options.clone();
     let keep = match rest.remove("keep_protectors") {
         Some(v) => bool::try_from(&v).map_err(|_| Error::invalid("option keep_protectors must be of type b"))?,
         None => false,
     };
-    if rest.contains_key("wipe") {
-        return Err(Error::invalid("option wipe is for Convert (a decrypt's old tree is ciphertext, its key removed)"));
-    }
     let (o, protector) = convert_options(&rest, caller, "decrypt")?;
     Ok((o, protector, keep))
 }

@@ -310,7 +310,7 @@ pub struct RunArgs {
     pub data_mode: DataMode,
     /// Worker threads [default: two per CPU, at least 4]
     #[arg(long, value_name = "N")]
-    pub threads: Option<usize>,
+    pub threads: Option<std::num::NonZeroUsize>,
     /// One JSON progress object per second on stdout, and a JSON result
     #[arg(long)]
     pub json: bool,

@@ -108,7 +108,7 @@ pub fn run(ds: &mut Dirseal, args: ConvertArgs, ui: &mut TermUi) -> Result<i32> 
         wipe: args.wipe,
         force: args.run.force,
         owner_asks: false,
-        threads: args.run.threads.unwrap_or(0),
+        threads: args.run.threads,
         // --yes asks nothing but secrets: no recovery key unless the flags say so.
         recovery_key: args.recovery.decided().or(args.yes.then_some(false)),
         // The probe costs a few syncs: measured only when someone sees the estimate (the

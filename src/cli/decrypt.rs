@@ -26,7 +26,7 @@ pub fn run(ds: &mut Dirseal, args: DecryptArgs, ui: &mut TermUi) -> Result<i32> 
     let options = Options {
         keep_backup: args.keep_backup,
         force: args.run.force,
-        threads: args.run.threads.unwrap_or(0),
+        threads: args.run.threads,
         recovery_key: Some(false),
         estimate: true,
         mode: args.run.data_mode.into(),
