@@ -29,6 +29,7 @@ mod lib_values {
     pub(crate) static CONFIG_PATH: OnceLock<&'static str> = OnceLock::new();
     pub(crate) static SKEL_DIR: OnceLock<&'static str> = OnceLock::new();
     pub(crate) static KIND_NAMES: OnceLock<&'static [&'static str]> = OnceLock::new();
+    pub(crate) static DEFAULT_KIND: OnceLock<&'static str> = OnceLock::new();
 
     pub fn config_path() -> &'static str {
         CONFIG_PATH.get().copied().unwrap_or_default()
@@ -40,6 +41,10 @@ mod lib_values {
 
     pub fn skel_dir() -> &'static str {
         SKEL_DIR.get().copied().unwrap_or_default()
+    }
+
+    pub fn default_kind() -> &'static str {
+        DEFAULT_KIND.get().copied().unwrap_or_default()
     }
 }
 
@@ -57,10 +62,13 @@ fn main() -> Result<(), Box<dyn Error>> {
     set(&lib_values::CONFIG_PATH, config)?;
     set(&lib_values::SKEL_DIR, skel)?;
     set(&lib_values::KIND_NAMES, kinds)?;
+    let default_kind = leak(const_str("core/src/protector/mod.rs", "DEFAULT_KIND")?);
+    set(&lib_values::DEFAULT_KIND, default_kind)?;
     // For tests/cli.rs: what was read, and where the pages went.
     println!("cargo:rustc-env=DIRSEAL_DOCS_CONFIG_PATH={config}");
     println!("cargo:rustc-env=DIRSEAL_DOCS_SKEL={skel}");
     println!("cargo:rustc-env=DIRSEAL_DOCS_KIND_NAMES={}", kinds.join(","));
+    println!("cargo:rustc-env=DIRSEAL_DOCS_DEFAULT_KIND={default_kind}");
 
     let out = docs_dir()?;
     println!("cargo:rustc-env=DIRSEAL_DOCS_DIR={}", out.display());

@@ -369,6 +369,7 @@ fn the_build_writes_completions_and_man_pages() {
     assert_eq!(env!("DIRSEAL_DOCS_CONFIG_PATH"), dirseal::config::DEFAULT_CONFIG_PATH);
     assert_eq!(env!("DIRSEAL_DOCS_SKEL"), dirseal::home::DEFAULT_SKEL);
     assert_eq!(env!("DIRSEAL_DOCS_KIND_NAMES"), dirseal::protector::KIND_NAMES.join(","));
+    assert_eq!(env!("DIRSEAL_DOCS_DEFAULT_KIND"), dirseal::protector::DEFAULT_KIND);
     assert!(out.join("completions/dirseal.bash").exists());
     // Section 8: dirseal is in /usr/sbin (Debian policy 12.1), and so are its subcommands' pages.
     assert!(out.join("man/dirseal.8").exists());

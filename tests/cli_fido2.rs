@@ -226,11 +226,15 @@ fn login_never_offers_the_password_as_a_security_key_pin() {
     fs::create_dir(&d).unwrap();
     let pw = NewKind::named("password", KindOptions::default()).unwrap();
     let (policy, _) = ds
-        .encrypt(&d, ProtectorChoice::New(NewProtector { name: "pw", uid: Some(4242), kind: pw }), &mut Always("pw"))
+        .encrypt(
+            &d,
+            ProtectorChoice::New(NewProtector { name: "pw".into(), uid: Some(4242), kind: pw }),
+            &mut Always("pw"),
+        )
         .unwrap();
     // The password proves access, then the new protector takes the key's PIN.
     let fido = NewKind::named("fido2", KindOptions::new(vec![("pin".into(), "true".into())])).unwrap();
-    let key = ProtectorChoice::New(NewProtector { name: "key", uid: Some(4242), kind: fido });
+    let key = ProtectorChoice::New(NewProtector { name: "key".into(), uid: Some(4242), kind: fido });
     let mut answers = Seq(vec!["pw", "1234"]);
     ds.add_protector_to_policy(&policy.id, Pick { protector: None }, key, &mut answers).unwrap();
     let requests = k.keys[0].presence_requests();

@@ -675,7 +675,7 @@ fn a_conversion_walks_the_tree_once_for_its_census() {
     let listed = dirseal_migrate::census_dirs_listed;
 
     let start = listed();
-    let options = Options { threads: 1, recovery_key: None, ..Options::default() };
+    let options = Options { threads: Some(std::num::NonZeroUsize::MIN), recovery_key: None, ..Options::default() };
     let plan = convert::plan(&ds, &home, options, &hooks).unwrap();
     assert_eq!(listed() - start, dirs, "the plan's census lists each directory once");
     let Plan::New(plan) = plan else { panic!("a new conversion was expected") };
@@ -684,7 +684,7 @@ fn a_conversion_walks_the_tree_once_for_its_census() {
     assert!(census.space_available >= census.space_needed);
 
     let kind = NewKind::named("password", KindOptions::default()).unwrap();
-    let choice = ProtectorChoice::New(NewProtector { name: "owner", uid: None, kind });
+    let choice = ProtectorChoice::New(NewProtector { name: "owner".into(), uid: None, kind });
     // Yes to every question: the conversion, and a recovery key.
     let mut ui = Scripted::new(&["pw"]).yes();
     let done = plan.run(&mut ds, choice, &mut ui, &hooks).unwrap();

@@ -132,6 +132,9 @@ fn a_locked_home_is_unlocked_first_and_a_recovery_key_is_void_after() {
     assert_eq!(result["result"]["state"], "done", "{out}");
     assert_eq!(result["result"]["forgotten"]["recovery_removed"], true, "{out}");
     assert_eq!(result["result"]["forgotten"]["key_removed"], true, "{out}");
+    // The engine gives a decrypt no caveat about an old plaintext (its old tree is ciphertext).
+    let notes = result["result"]["notes"].as_array().expect("notes");
+    assert!(notes.iter().all(|n| !n.as_str().unwrap_or_default().contains("old plaintext")), "{out}");
     assert_eq!(manifest(&home), before);
     assert_forgotten(&env, &home);
     let x = std::process::Command::new("getfattr").args(["-d", "-m", "trusted.", p(&home)]).output().unwrap();

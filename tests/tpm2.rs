@@ -510,7 +510,7 @@ fn login_setup(tcti: &str) -> (tempfile::TempDir, dirseal::ops::Dirseal, dirseal
     let cfg = etc.path().join("config.toml");
     config_for(tcti).save(&cfg).unwrap();
     let mut ds = Dirseal::open(&cfg, Some(&etc.path().join("ks"))).unwrap();
-    let new = NewProtector { name: "tpm", uid: Some(1000), kind: NewKind::Tpm2(NewTpm2::default()) };
+    let new = NewProtector { name: "tpm".into(), uid: Some(1000), kind: NewKind::Tpm2(NewTpm2::default()) };
     let (rec, pkey) = ds.create_protector(&new, &mut LoginUi { typed: "1234", network: false }).unwrap();
     let master = dirseal::secret::MasterKey::random();
     let mut policy = dirseal::keystore::PolicyRecord::new(dirseal::fscrypt::key_identifier(&master), None);

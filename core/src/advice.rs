@@ -49,7 +49,7 @@ impl HasRemedy for ConvertError {
             // The engine's messages say what to do in its own terms (resume, abort, free space).
             ConvertError::Migrate(_) | ConvertError::Ui(_) | ConvertError::Path { .. } => None,
             ConvertError::NotInProgress { .. } => None,
-            ConvertError::PinLoginOnly { .. } => None,
+            ConvertError::PinLoginOnly { .. } | ConvertError::WipeOnDecrypt { .. } => None,
         }
     }
 

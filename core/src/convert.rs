@@ -10,6 +10,7 @@
 //! conversion can always be resumed with the same secret) and the privileged syscalls the engine
 //! may not make itself.
 use std::ffi::OsStr;
+use std::num::NonZeroUsize;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -79,6 +80,13 @@ pub enum ConvertError {
         /// The owner's login name.
         user: String,
     },
+    /// A decrypt was asked to wipe: its old tree is ciphertext whose key is removed, so there
+    /// is no plaintext to overwrite ([`Options::wipe`] is a conversion's).
+    #[error("{path}: wiping is for a conversion (a decrypt's old tree is ciphertext, its key removed)")]
+    WipeOnDecrypt {
+        /// The directory.
+        path: PathBuf,
+    },
     /// Resume or abort was asked where no conversion was started.
     #[error("no conversion of {path} is in progress")]
     NotInProgress {
@@ -144,8 +152,8 @@ pub struct Options {
     /// The owner asks for it themselves (through the service): their session may run, but no
     /// process — theirs included — may have the directory open (unless `force`).
     pub owner_asks: bool,
-    /// Copy threads; 0 means two per CPU (at least 4, at most 32).
-    pub threads: usize,
+    /// Copy threads; `None`: [`default_threads`].
+    pub threads: Option<NonZeroUsize>,
     /// Seal the new master key under a new recovery key; `None` asks the Ui.
     pub recovery_key: Option<bool>,
     /// Copy the data, move it (for a nearly full disk: no second copy, no backup window), or
@@ -236,13 +244,18 @@ pub struct Converted {
     pub recovery_key_saved: Option<bool>,
 }
 
+/// The copy threads of a run whose options name none: two per CPU, at least 4, at most 32. A
+/// thread waiting for a small file's data to be read leaves its CPU to another (4 threads
+/// converted 200,000 small files 4-10 % faster than 2 on 2 CPUs).
+pub fn default_threads() -> NonZeroUsize {
+    let cpus = std::thread::available_parallelism().map_or(2, NonZeroUsize::get);
+    NonZeroUsize::new((2 * cpus).clamp(4, 32)).unwrap_or(NonZeroUsize::MIN)
+}
+
+/// The engine's request for a run of `o`: the one place options become the engine's (every
+/// run's preflight, start and resume go through it), so the thread default is applied here.
 pub(crate) fn request<'a>(plan_source: &'a Path, workdir: &'a Path, o: &Options, direction: Direction) -> Request<'a> {
-    // Two per CPU (at least 4): a thread waiting for a small file's data to be read leaves its
-    // CPU to another (4 threads converted 200,000 small files 4-10 % faster than 2 on 2 CPUs).
-    let threads = match o.threads {
-        0 => (2 * std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2)).clamp(4, 32),
-        n => n,
-    };
+    let threads = o.threads.unwrap_or_else(default_threads);
     Request {
         source: plan_source,
         workdir,
@@ -396,16 +409,6 @@ pub(crate) fn resume(
     let what = if host.direction == Direction::Decrypt { "decrypt" } else { "conversion" };
     ui.notice(&format!("resuming the {what} of {} ({state})", host.source.display()));
     Ok(migrate::convert(&request(host.source, workdir, options, host.direction), host)?)
-}
-
-impl NewPlan {
-    /// The name of a new password protector made for this conversion: the owner's login name,
-    /// else "password" (a root-owned directory, an owner without a name).
-    pub fn default_protector_name(&self) -> String {
-        let uid = self.owner.uid;
-        let named = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)).ok().flatten();
-        named.filter(|_| uid != 0).map_or_else(|| "password".into(), |u| u.name)
-    }
 }
 
 /// Most bytes the rate probe writes (less when space is short or the tree small), and the most
@@ -592,6 +595,25 @@ impl NewPlan {
                 || crate::recovery::read_blob(&source).is_ok_and(|b| b.is_some())
         });
         Ok(Converted { outcome, recovery_key_saved: saved })
+    }
+}
+
+impl Plan {
+    /// Runs the plan: a new conversion with the protector `choice` ([`NewPlan::run`]), or an
+    /// unfinished one from where it stopped, whose staging key the protector `choice` names
+    /// reloads if needed ([`ResumePlan::run`]; resuming makes no protector, so a new one names
+    /// none: [`ProtectorChoice::pick`]).
+    pub fn run(
+        self,
+        ds: &mut Dirseal,
+        choice: ProtectorChoice<'_>,
+        ui: &mut dyn Ui,
+        hooks: &Hooks<'_>,
+    ) -> Result<Converted, ConvertError> {
+        match self {
+            Plan::New(plan) => plan.run(ds, choice, ui, hooks),
+            Plan::Resume(plan) => plan.run(ds, choice.pick(), ui, hooks),
+        }
     }
 }
 

@@ -82,6 +82,10 @@ pub fn plan(
     ui: &mut dyn Ui,
     hooks: &Hooks<'_>,
 ) -> Result<Plan, ConvertError> {
+    // Refused for every front end before anything is looked at.
+    if options.wipe {
+        return Err(ConvertError::WipeOnDecrypt { path: dir.to_path_buf() });
+    }
     let source = absolute(dir)?;
     let workdir = workdir_for(&source)?;
     let bad = |reason: String| ConvertError::Path { path: source.clone(), reason };
@@ -153,6 +157,25 @@ fn refuse_pin_only(
         return Err(ConvertError::PinLoginOnly { path: source.to_path_buf(), user: user.name });
     }
     Ok(())
+}
+
+impl Plan {
+    /// Runs the plan: a new decrypt ([`NewPlan::run`]; [`plan`] unlocked the directory
+    /// already), or an unfinished one, whose key the protector `pick` names loads again if needed
+    /// ([`ResumePlan::run`]). `keep_protectors` keeps every protector once it is done.
+    pub fn run(
+        self,
+        ds: &mut Dirseal,
+        pick: Pick,
+        keep_protectors: bool,
+        ui: &mut dyn Ui,
+        hooks: &Hooks<'_>,
+    ) -> Result<Decrypted, ConvertError> {
+        match self {
+            Plan::New(plan) => plan.run(ds, keep_protectors, ui, hooks),
+            Plan::Resume(plan) => plan.run(ds, pick, keep_protectors, ui, hooks),
+        }
+    }
 }
 
 impl NewPlan {
@@ -425,7 +448,7 @@ pub fn check_direction(v: &migrate::StatusView) -> Result<(), MigrateError> {
 
 /// The owner's PIN login ends with their TPM PIN protector (they log in by password now).
 fn forget_pin_login(ds: &mut Dirseal, prec: &crate::protector::ProtectorRecord, uid: u32) -> Result<(), ConvertError> {
-    if crate::ops::is_tpm_pin(prec) && prec.uid == Some(uid) {
+    if crate::ops::opens_pin_login(prec) && prec.uid == Some(uid) {
         if let Some(user) = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)).ok().flatten() {
             ds.disable_pin_login(&user.name)?;
         }
@@ -446,4 +469,33 @@ pub fn cancel(
         return Ok(crate::convert::Cancelled::PastSwap(state));
     }
     Ok(crate::convert::Cancelled::Aborted(finish(ds, dir, Finish::Abort, false, ui, hooks)?.outcome))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicBool;
+
+    use super::*;
+    use crate::secret::Passphrase;
+    use crate::ui::{SecretPrompt, UiError};
+
+    struct NoUi;
+
+    impl Ui for NoUi {
+        fn secret(&mut self, _: &SecretPrompt<'_>) -> Result<Passphrase, UiError> {
+            Err(UiError::Cancelled)
+        }
+    }
+
+    /// Wiping is a conversion's: the core refuses it for a decrypt, whichever front end asks.
+    #[test]
+    fn a_decrypt_refuses_to_wipe() {
+        let dir = tempfile::tempdir().unwrap();
+        let ds = Dirseal::open(&dir.path().join("config.toml"), Some(&dir.path().join("keystore"))).unwrap();
+        let stop = AtomicBool::new(false);
+        let hooks = Hooks { progress: &|_| {}, stop: &stop };
+        let options = Options { wipe: true, ..Options::default() };
+        let e = plan(&ds, &dir.path().join("d"), options, Pick::default(), &mut NoUi, &hooks).unwrap_err();
+        assert!(matches!(e, ConvertError::WipeOnDecrypt { .. }), "{e}");
+    }
 }

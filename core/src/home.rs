@@ -325,7 +325,7 @@ pub fn create(
         Ok(())
     };
     root_only().map_err(|e| io("cannot make it root's while it is made", e))?;
-    let new = NewProtector { name: &acct.name, uid: Some(acct.uid), kind };
+    let new = NewProtector { name: acct.name.as_str().into(), uid: Some(acct.uid), kind };
     let (policy, master) = match ds.encrypt(home, ProtectorChoice::New(new), ui) {
         Ok(p) => p,
         Err(e) => {

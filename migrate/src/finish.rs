@@ -12,7 +12,7 @@ use crate::fault::{self, Point};
 use crate::journal::{self, Journal, Step, Workdir, STAGING};
 use crate::pass::after_pass;
 use crate::trees::{clear_leftovers, exchange, open_pair, place, remove_staging, restore_root_times, sync_swap, Place};
-use crate::types::Method;
+use crate::types::{Direction, Method};
 use crate::{fsx, mv, remove, Host, MigrateError, Outcome, Phase, State, StatusView, Timings};
 
 /// Deletes (or wipes, then deletes) the old tree now in the staging slot, on `pool` (rayon's
@@ -64,9 +64,13 @@ pub(crate) fn dispose(
     Ok(())
 }
 
+/// What a run reached, with the caveats that apply to its direction: those about the old
+/// plaintext (deleted, not overwritten; kept as a backup) only for a conversion, since a
+/// decrypt's old tree is ciphertext whose key goes too.
 pub(crate) fn outcome(j: &Journal, wd: &Workdir, mut notes: Vec<String>) -> Outcome {
     let backup = (j.method == Method::Copy && matches!(j.step, Step::Swapped { .. })).then(|| wd.staging_path());
-    if j.step == Step::Done {
+    let plaintext_left = j.direction == Direction::Encrypt;
+    if j.step == Step::Done && plaintext_left {
         if j.wipe {
             notes.push(
                 "old file contents were overwritten once with zeros and TRIM was requested; on SSDs, \
@@ -83,7 +87,7 @@ pub(crate) fn outcome(j: &Journal, wd: &Workdir, mut notes: Vec<String>) -> Outc
             );
         }
     }
-    if backup.is_some() {
+    if backup.is_some() && plaintext_left {
         notes.push("the old plaintext is kept as a backup until the conversion is committed or rolled back".into());
     }
     if j.outside_links > 0 && matches!(j.step, Step::Done | Step::Swapped { .. }) {

@@ -8,10 +8,10 @@ use crate::ctx::Ctx;
 use crate::error::MigrateError;
 use crate::journal::{Journal, Workdir};
 
-/// The worker threads of one run (0 counts as 1).
-pub(crate) fn pool(threads: usize) -> Result<rayon::ThreadPool, MigrateError> {
+/// The worker threads of one run.
+pub(crate) fn pool(threads: std::num::NonZeroUsize) -> Result<rayon::ThreadPool, MigrateError> {
     rayon::ThreadPoolBuilder::new()
-        .num_threads(threads.max(1))
+        .num_threads(threads.get())
         .build()
         .map_err(|_| MigrateError::Internal("cannot start worker threads"))
 }

@@ -28,8 +28,8 @@ pub struct Request<'a> {
     pub wipe: bool,
     /// Skip the "directory in use" checks (and only those).
     pub force: bool,
-    /// Worker threads for copying, hashing and moving small files (0 counts as 1).
-    pub threads: usize,
+    /// Worker threads for copying, hashing and moving small files.
+    pub threads: std::num::NonZeroUsize,
     /// Copy, move, or pick by free space. Applies when a conversion starts; a resumed one keeps
     /// its recorded method.
     pub mode: Mode,

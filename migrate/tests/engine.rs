@@ -93,7 +93,7 @@ fn a_file_changed_during_its_copy_is_copied_again() {
         }
     });
     let mut r = req(&c.src, &c.wd);
-    r.threads = 1;
+    r.threads = std::num::NonZeroUsize::MIN;
     let out = migrate::convert(&r, &host).unwrap();
     assert_eq!(out.state, State::Done);
     assert!(out.notes.iter().any(|n| n.contains("1 file(s) changed while being copied")), "{:?}", out.notes);

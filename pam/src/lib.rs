@@ -27,7 +27,7 @@ use std::path::{Path, PathBuf};
 use dirseal::config::DEFAULT_CONFIG_PATH;
 use dirseal::fscrypt::{self, KeyStatus};
 use dirseal::keystore::PolicyRecord;
-use dirseal::ops::is_tpm_pin;
+use dirseal::ops::{opens_pin_login, opens_touch_login};
 use dirseal::ops::{Dirseal, OpsError};
 use dirseal::presence::Presence;
 use dirseal::protector::{self, ProtectorError, ProtectorRecord, Secret, UnlockError};
@@ -322,7 +322,7 @@ pub(crate) fn authenticate(pam: &Pam, args: &Args, flags: c_int) -> c_int {
     // already waited for is not waited for twice.
     let mut ui = LoginUi { pam, presence: presence(pam), flags, password: pam.authtok(PAM_AUTHTOK) };
     let tried = pam.flag(TOUCH_TRIED);
-    let login = match ds.login_where(&policy, acct.uid, &mut ui, |r| !(tried && touch_only(r))) {
+    let login = match ds.login_where(&policy, acct.uid, &mut ui, |r| !(tried && opens_touch_login(r))) {
         Ok(l) => l,
         Err(e) => {
             // A key or token login: no password went through the stack, and this module asks none.
@@ -339,7 +339,7 @@ pub(crate) fn authenticate(pam: &Pam, args: &Args, flags: c_int) -> c_int {
         } else if args.debug {
             pam.log(LOG_DEBUG, &format!("{}: protector {} ({}) opened", acct.name, rec.id, rec.name));
         }
-        if is_tpm_pin(&rec) {
+        if opens_pin_login(&rec) {
             pam.log(LOG_WARNING, &password_pin_warning(&acct.name, &rec));
         }
         return PAM_IGNORE;
@@ -370,13 +370,6 @@ pub(crate) fn authenticate(pam: &Pam, args: &Args, flags: c_int) -> c_int {
     PAM_IGNORE
 }
 
-/// A protector that opens with a touch of something the user holds and nothing typed (a FIDO2 key
-/// without PIN): the only kind that may log anyone in on its own. A TPM without PIN is not one —
-/// it would let anyone at the console in.
-fn touch_only(r: &ProtectorRecord) -> bool {
-    r.kind.ask() == protector::Ask::TOUCH
-}
-
 /// The warning for a TPM PIN that is the account's login password (docs/pam.md).
 fn password_pin_warning(user: &str, rec: &ProtectorRecord) -> String {
     format!(
@@ -393,7 +386,7 @@ fn password_pin_warning(user: &str, rec: &ProtectorRecord) -> String {
 /// for NAME (N tries left):"). Neither kind, no key plugged in, or an empty PIN: `PAM_IGNORE`,
 /// and the stack goes on to the password. A wrong PIN (one TPM try spent): `PAM_AUTH_ERR`.
 fn standalone(pam: &Pam, flags: c_int, acct: &Account, ds: &Dirseal, policy: &PolicyRecord) -> c_int {
-    let touch = ds.login_protectors(policy, acct.uid).iter().any(touch_only);
+    let touch = ds.login_protectors(policy, acct.uid).iter().any(opens_touch_login);
     let pin = ds.pin_protector(policy, acct.uid);
     if !touch && pin.is_none() {
         return PAM_IGNORE;
@@ -412,7 +405,7 @@ fn standalone(pam: &Pam, flags: c_int, acct: &Account, ds: &Dirseal, policy: &Po
     }
     if touch {
         let mut ui = LoginUi { pam, presence: presence(pam), flags, password: None };
-        let login = ds.login_where(policy, acct.uid, &mut ui, touch_only);
+        let login = ds.login_where(policy, acct.uid, &mut ui, opens_touch_login);
         pam.set_flag(TOUCH_TRIED);
         match login {
             Ok(l) => {
@@ -695,7 +688,7 @@ fn mkhome(pam: &Pam, args: &Args, acct: &Account, flags: c_int) {
             recovery_key: Some(false),
             ..Default::default()
         };
-        let kind = dirseal::protector::NewKind::Password(Default::default());
+        let kind = dirseal::protector::NewKind::login_default();
         home::create(&mut ds, &full, kind, &options, &mut NewHomeUi { password }).map_err(|e| e.to_string())
     })();
     match made {

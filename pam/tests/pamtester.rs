@@ -69,7 +69,7 @@ impl Setup {
         let u = User::new(self.fs.path());
         let mut ds = self.ds();
         let kind = NewKind::named("password", KindOptions::default()).unwrap();
-        let n = NewProtector { name: &u.name, uid: Some(u.uid), kind };
+        let n = NewProtector { name: u.name.as_str().into(), uid: Some(u.uid), kind };
         ds.encrypt(&u.home, ProtectorChoice::New(n), &mut Scripted::new(&[password])).unwrap();
         fs::write(u.home.join("diary.txt"), b"dear diary").unwrap();
         assert!(ds.lock(&u.home, false).unwrap().locked);
@@ -344,7 +344,7 @@ fn a_shared_protector_of_another_user_never_logs_the_owner_in() {
     let mut ds = s.ds();
     let policy = ds.policy_of(&alice.home).unwrap();
     let kind = NewKind::named("password", KindOptions::default()).unwrap();
-    let n = NewProtector { name: &bob.name, uid: Some(bob.uid), kind };
+    let n = NewProtector { name: bob.name.as_str().into(), uid: Some(bob.uid), kind };
     ds.add_protector_to_policy(
         &policy.id,
         Default::default(),
@@ -685,7 +685,7 @@ fn interrupted_conversion(home: &Path, mode: dirseal_migrate::Mode) {
         keep_backup: false,
         wipe: false,
         force: true,
-        threads: 1,
+        threads: std::num::NonZeroUsize::MIN,
         mode,
         direction: dirseal_migrate::Direction::Encrypt,
     };
@@ -772,7 +772,7 @@ fn managed_user_with_key(s: &Setup, password: &'static str) -> (User, dirseal_so
     let mut ds = s.ds();
     let policy = ds.policy_of(&u.home).unwrap();
     let kind = NewKind::named("fido2", KindOptions::default()).unwrap();
-    let n = NewProtector { name: "yubikey", uid: Some(u.uid), kind };
+    let n = NewProtector { name: "yubikey".into(), uid: Some(u.uid), kind };
     let pick = dirseal::ops::Pick { protector: None };
     ds.add_protector_to_policy(&policy.id, pick, ProtectorChoice::New(n), &mut Scripted::new(&[password])).unwrap();
     assert_eq!(key.touches(), 2, "making the credential and its first hmac-secret");
@@ -846,7 +846,7 @@ fn managed_tpm_user(s: &Setup, tpm: &dirseal_testfs::Swtpm, pin: &'static str) -
     let u = User::new(s.fs.path());
     let mut ds = s.ds();
     let kind = NewKind::named("tpm2", KindOptions::default()).unwrap();
-    let n = NewProtector { name: &u.name, uid: Some(u.uid), kind };
+    let n = NewProtector { name: u.name.as_str().into(), uid: Some(u.uid), kind };
     ds.encrypt(&u.home, ProtectorChoice::New(n), &mut Scripted::new(&[pin])).unwrap();
     fs::write(u.home.join("diary.txt"), b"dear diary").unwrap();
     assert!(ds.lock(&u.home, false).unwrap().locked);
@@ -932,11 +932,11 @@ fn pin_account(
     let u = User::new(s.fs.path());
     let mut ds = s.ds();
     let kind = NewKind::named("tpm2", KindOptions::default()).unwrap();
-    let n = NewProtector { name: "tpm", uid: Some(u.uid), kind };
+    let n = NewProtector { name: "tpm".into(), uid: Some(u.uid), kind };
     let (policy, _) = ds.encrypt(&u.home, ProtectorChoice::New(n), &mut Scripted::new(&[pin])).unwrap();
     if key.is_some() {
         let kind = NewKind::named("fido2", KindOptions::default()).unwrap();
-        let n = NewProtector { name: "yubikey", uid: Some(u.uid), kind };
+        let n = NewProtector { name: "yubikey".into(), uid: Some(u.uid), kind };
         let pick = dirseal::ops::Pick { protector: None };
         ds.add_protector_to_policy(&policy.id, pick, ProtectorChoice::New(n), &mut Scripted::new(&[pin])).unwrap();
     }
@@ -1107,7 +1107,7 @@ fn a_tpm_pin_equal_to_the_login_password_is_refused_unless_allowed_and_then_warn
             KindOptions::new(if allow { vec![("allow_password_pin".into(), "true".into())] } else { vec![] }),
         )
     };
-    let n = NewProtector { name: "tpm", uid: Some(u.uid), kind: tpm_kind(false).unwrap() };
+    let n = NewProtector { name: "tpm".into(), uid: Some(u.uid), kind: tpm_kind(false).unwrap() };
     let e = ds
         .add_protector_to_policy(
             &policy.id,
@@ -1119,9 +1119,9 @@ fn a_tpm_pin_equal_to_the_login_password_is_refused_unless_allowed_and_then_warn
     assert!(matches!(&e, dirseal::ops::OpsError::PinIsLoginPassword { user } if *user == u.name), "{e}");
     assert!(e.to_string().contains("offline"), "{e}");
     // Another PIN is fine; so is this one when asked for.
-    let n = NewProtector { name: "tpm", uid: Some(u.uid), kind: tpm_kind(false).unwrap() };
+    let n = NewProtector { name: "tpm".into(), uid: Some(u.uid), kind: tpm_kind(false).unwrap() };
     ds.create_protector(&n, &mut Scripted::new(&["1357"])).unwrap();
-    let n = NewProtector { name: "tpm", uid: Some(u.uid), kind: tpm_kind(true).unwrap() };
+    let n = NewProtector { name: "tpm".into(), uid: Some(u.uid), kind: tpm_kind(true).unwrap() };
     ds.add_protector_to_policy(
         &policy.id,
         pick,

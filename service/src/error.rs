@@ -252,7 +252,8 @@ impl From<dirseal::convert::ConvertError> for Error {
                 | M::AlreadyEncrypted { .. }
                 | M::EncryptedInside { .. },
             )
-            | C::Path { .. } => Kind::InvalidArgs,
+            | C::Path { .. }
+            | C::WipeOnDecrypt { .. } => Kind::InvalidArgs,
             C::Ui(UiError::Empty) => Kind::InvalidArgs,
             _ => Kind::Failed,
         };

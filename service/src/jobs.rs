@@ -18,9 +18,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use dirseal::convert::{
-    self, Cancelled, ConvertError, Converted, Direction, Hooks, MigrateError, NewPlan, Plan, ResumePlan,
-};
+use dirseal::convert::{self, Cancelled, ConvertError, Converted, Direction, Hooks, MigrateError, Plan};
 use dirseal::decrypt;
 use dirseal::ops::{Dirseal, Pick};
 use dirseal::ui::{Eta, Progress};
@@ -353,11 +351,9 @@ pub struct Start {
     pub owner: u32,
 }
 
-/// A new conversion with its protector; an unfinished one with the protector (if named) that
-/// reloads its staging key.
+/// A conversion (new or resumed) with the protector it uses ([`convert::Plan::run`]).
 pub enum Work {
-    New(NewPlan, Enrol),
-    Resume(ResumePlan, Pick),
+    Convert(Plan, Enrol),
     /// A decrypt (new or resumed) with the protector that (re)loads its key and whether the
     /// protectors only it used are kept.
     Decrypt(decrypt::Plan, Pick, bool),
@@ -366,8 +362,7 @@ pub enum Work {
 impl Work {
     fn source(&self) -> &Path {
         match self {
-            Work::New(p, _) => &p.source,
-            Work::Resume(p, _) => &p.source,
+            Work::Convert(p, _) => p.source(),
             Work::Decrypt(p, _, _) => p.source(),
         }
     }
@@ -430,14 +425,8 @@ fn run(
     let decrypting = matches!(work, Work::Decrypt(..));
     let decrypted = |d: decrypt::Decrypted| Converted { outcome: d.outcome, recovery_key_saved: None };
     let result = match work {
-        Work::New(plan, enrol) => plan.run(&mut ds, enrol.choice(), &mut secrets, &hooks),
-        Work::Resume(plan, pick) => plan.run(&ds, pick, &mut secrets, &hooks),
-        Work::Decrypt(decrypt::Plan::New(plan), _, keep) => {
-            plan.run(&mut ds, keep, &mut secrets, &hooks).map(decrypted)
-        }
-        Work::Decrypt(decrypt::Plan::Resume(plan), pick, keep) => {
-            plan.run(&mut ds, pick, keep, &mut secrets, &hooks).map(decrypted)
-        }
+        Work::Convert(plan, enrol) => plan.run(&mut ds, enrol.choice(), &mut secrets, &hooks),
+        Work::Decrypt(plan, pick, keep) => plan.run(&mut ds, pick, keep, &mut secrets, &hooks).map(decrypted),
     };
     let call = if decrypting { "Decrypt" } else { "Convert" };
     let set = |s: &str| *state.lock().unwrap_or_else(|e| e.into_inner()) = s.to_string();
@@ -516,7 +505,7 @@ fn resumable(ds: &Dirseal, m: &Marker) -> Result<Work> {
         (ready, "Decrypt")
     } else {
         let ready = match convert::plan(ds, &m.source, Default::default(), &quiet())? {
-            Plan::Resume(p) => p.key.is_none().then(|| Work::Resume(p, Pick::default())),
+            Plan::Resume(p) => p.key.is_none().then(|| Work::Convert(Plan::Resume(p), Enrol::none_named())),
             Plan::New(_) => return Err(Error::new(Kind::NotFound, "no unfinished conversion is recorded")),
         };
         (ready, "Convert")

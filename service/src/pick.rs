@@ -9,7 +9,7 @@ use dirseal::ops::{Dirseal, NewProtector, Pick, ProtectorChoice};
 use dirseal::protector::NewKind;
 use dirseal::secret::Passphrase;
 
-use crate::auth::{user_name, Caller};
+use crate::auth::Caller;
 use crate::error::{Error, Result};
 use crate::secrets::Secrets;
 
@@ -59,18 +59,15 @@ pub fn choose(ds: &Dirseal, caller: &Caller, policy: &PolicyRecord, named: &str,
 }
 
 /// The protector a call enrols: an existing one (proved by the call's secret) or a new password
-/// protector. A user's new protector always belongs to them; root's to the directory's owner (or
-/// to nobody when root owns it). Owned, so a job thread can carry it.
-pub struct Enrol {
-    existing: Option<ProtectorId>,
-    name: String,
-    uid: Option<u32>,
-}
+/// protector, named and owned by the core's rule ([`NewProtector::for_dir`]): a user's new
+/// protector always belongs to them; root's to the directory's owner (or to nobody when root owns
+/// it). Owned, so a job thread can carry it.
+pub struct Enrol(ProtectorChoice<'static>);
 
 impl Enrol {
-    /// `protector` empty: a new password protector named `given` (else its user's login name,
-    /// else "password") whose password is `secret`; otherwise that existing protector, which must
-    /// be the caller's, proved by `secret`.
+    /// `protector` empty: a new password protector named `given` (empty: the core's default name)
+    /// whose password is `secret`; otherwise that existing protector, which must be the caller's,
+    /// proved by `secret`.
     pub fn new(
         ds: &Dirseal,
         caller: &Caller,
@@ -80,29 +77,25 @@ impl Enrol {
         secret: Passphrase,
         secrets: &mut Secrets,
     ) -> Result<Enrol> {
-        let uid = if caller.is_root() { owner_of(dir) } else { Some(caller.uid) };
-        let name = match (given.is_empty(), uid) {
-            (false, _) => given.to_string(),
-            (true, Some(u)) => user_name(u),
-            (true, None) => "password".into(),
-        };
         if protector.is_empty() {
             secrets.new = Some(secret);
-            return Ok(Enrol { existing: None, name, uid });
+            let user = (!caller.is_root()).then_some(caller.uid);
+            let name = (!given.is_empty()).then(|| given.to_string());
+            let new = NewProtector::for_dir(dir, user, NewKind::login_default(), name);
+            return Ok(Enrol(ProtectorChoice::New(new)));
         }
         let id = named(ds, caller, protector)?;
         secrets.current.push((Some(id), secret));
-        Ok(Enrol { existing: Some(id), name, uid })
+        Ok(Enrol(ProtectorChoice::Existing(id)))
     }
 
-    pub fn choice(&self) -> ProtectorChoice<'_> {
-        match self.existing {
-            Some(id) => ProtectorChoice::Existing(id),
-            None => ProtectorChoice::New(NewProtector {
-                name: &self.name,
-                uid: self.uid,
-                kind: NewKind::Password(Default::default()),
-            }),
-        }
+    /// No protector named, for resuming a conversion without a secret (its staging key is
+    /// loaded): a resume makes no protector, and the new one's description is never used.
+    pub fn none_named() -> Enrol {
+        Enrol(ProtectorChoice::New(NewProtector::for_user(None, NewKind::login_default(), None::<&str>)))
+    }
+
+    pub fn choice(self) -> ProtectorChoice<'static> {
+        self.0
     }
 }

@@ -234,17 +234,14 @@ fn convert_options(options: &Dict, caller: &Caller, what: &str) -> Result<(dirse
     Ok((o, protector))
 }
 
-/// `Decrypt`'s and `PlanDecrypt`'s options: convert's (less `wipe`), `protector`, and
-/// `keep_protectors`.
+/// `Decrypt`'s and `PlanDecrypt`'s options: convert's, `protector`, and `keep_protectors` (the
+/// library refuses `wipe` for a decrypt).
 fn decrypt_options(options: &Dict, caller: &Caller) -> Result<(dirseal::convert::Options, String, bool)> {
     let mut rest = options.clone();
     let keep = match rest.remove("keep_protectors") {
         Some(v) => bool::try_from(&v).map_err(|_| Error::invalid("option keep_protectors must be of type b"))?,
         None => false,
     };
-    if rest.contains_key("wipe") {
-        return Err(Error::invalid("option wipe is for Convert (a decrypt's old tree is ciphertext, its key removed)"));
-    }
     let (o, protector) = convert_options(&rest, caller, "decrypt")?;
     Ok((o, protector, keep))
 }
@@ -482,7 +479,7 @@ impl Service {
     ) -> Result<String> {
         self.call("CreateProtector", name.clone(), &hdr, move |ctx, caller| {
             let mut uid = None;
-            let mut kind = "password".to_string();
+            let mut kind = dirseal::protector::DEFAULT_KIND.to_string();
             let mut pairs = Vec::new();
             let bad = |o: &str, t: &str| Error::invalid(format!("option {o} must be of type {t}"));
             for (k, v) in &options {
@@ -504,7 +501,7 @@ impl Service {
             let secret = read_secret(secret.into(), "secret")?;
             let (_one, mut ds) = ctx.open_alone()?;
             let uid = if caller.is_root() { uid } else { Some(caller.uid) };
-            let n = NewProtector { name: &name, uid, kind };
+            let n = NewProtector::for_user(uid, kind, Some(name));
             let (rec, _) = ds.create_protector(&n, &mut Secrets { new: Some(secret), ..Secrets::of(caller) })?;
             Ok(rec.id.to_string())
         })
@@ -652,24 +649,12 @@ impl Service {
                 // A copy for a later step that needs the staging key again (aborting a cancelled
                 // move, with whichever protector it has).
                 let mut secrets = Secrets { current: vec![(None, secret.duplicate())], ..Secrets::of(caller) };
-                let work = match dirseal::convert::plan(ds, &path, o, &jobs::quiet())? {
-                    dirseal::convert::Plan::New(plan) => {
-                        let name = plan.default_protector_name();
-                        let enrol = Enrol::new(ds, caller, &path, &protector, &name, secret, &mut secrets)?;
-                        jobs::Work::New(plan, enrol)
-                    }
-                    dirseal::convert::Plan::Resume(plan) if protector.is_empty() => {
-                        // No protector is made: the secret reloads the staging key (after a
-                        // reboot) with the one the staging policy has.
-                        jobs::Work::Resume(plan, Pick::default())
-                    }
-                    dirseal::convert::Plan::Resume(plan) => {
-                        // Or with the one named.
-                        let id = pick::named(ds, caller, &protector)?;
-                        secrets.current.push((Some(id), secret));
-                        jobs::Work::Resume(plan, Pick { protector: Some(id) })
-                    }
-                };
+                let plan = dirseal::convert::plan(ds, &path, o, &jobs::quiet())?;
+                // A new conversion's protector; resuming makes none: the secret reloads the
+                // staging key (after a reboot) with the protector named, else the staging
+                // policy's own (the copy in `current`).
+                let enrol = Enrol::new(ds, caller, &path, &protector, "", secret, &mut secrets)?;
+                let work = jobs::Work::Convert(plan, enrol);
                 Ok((work, secrets))
             })
         })
@@ -898,7 +883,7 @@ impl Service {
             let (_one, mut ds) = ctx.open_alone()?;
             let mut secrets = Secrets { new: Some(secret), ..Secrets::of(caller) };
             let made = home::Account::named(&user)
-                .and_then(|acct| home::create(&mut ds, &acct, NewKind::Password(Default::default()), &o, &mut secrets));
+                .and_then(|acct| home::create(&mut ds, &acct, NewKind::login_default(), &o, &mut secrets));
             let made = made.map_err(|e| match e {
                 HomeError::Ops(o) => Error::from(o),
                 HomeError::Recovery(r) => Error::from(r),

@@ -709,11 +709,11 @@ fn a_portable_directory_opens_over_dbus_with_the_service_keystore_empty() {
     std::fs::write(other.path().join("config.toml"), format!("{}{fido2}", support::FAST_CONFIG)).unwrap();
     let mut ds = dirseal::Dirseal::open(&other.path().join("config.toml"), Some(&other.path().join("ks"))).unwrap();
     let kind = NewKind::named("password", KindOptions::new(Vec::new())).unwrap();
-    let choice = ProtectorChoice::New(NewProtector { name: &alice.name, uid: Some(alice.uid), kind });
+    let choice = ProtectorChoice::New(NewProtector { name: alice.name.as_str().into(), uid: Some(alice.uid), kind });
     let mut ui = dirseal_testfs::ui::Scripted::new(&["pw-card", "pw-card"]);
     let (policy, _) = ds.encrypt_portable(&games, choice, &mut ui).unwrap();
     let kind = NewKind::named("fido2", KindOptions::new(Vec::new())).unwrap();
-    let choice = ProtectorChoice::New(NewProtector { name: "yubi", uid: Some(alice.uid), kind });
+    let choice = ProtectorChoice::New(NewProtector { name: "yubi".into(), uid: Some(alice.uid), kind });
     ds.add_protector_to(&policy, Pick::default(), choice, &mut dirseal_testfs::ui::Scripted::new(&["pw-card"]))
         .unwrap();
     write_as_root(&games.join("save.dat"), b"level 9");

@@ -339,3 +339,49 @@ fn plan_convert_is_the_clis_plan() {
         assert!(want.contains_key(k.as_str()), "PlanConvert has {k}, the CLI's plan does not");
     }
 }
+
+/// A new protector for a directory whose owner has no passwd entry (a disk from another system,
+/// a container's files) is named alike by every front end (issue 45): the CLI's `encrypt`, the
+/// service's Encrypt and its Convert all say whose it is ("uid N"), none a misleading "password".
+#[test]
+fn an_unknown_owners_new_protector_is_named_alike_everywhere() {
+    dirseal_testfs::needs_root!();
+    let h = Harness::new();
+    let uid = 424_242;
+    let known = Command::new("getent").args(["passwd", &uid.to_string()]).status().expect("getent");
+    assert!(!known.success(), "uid {uid} has a passwd entry here; the test needs one without");
+    let dir = |name: &str| {
+        let d = h.fs.path().join(name);
+        std::fs::create_dir(&d).unwrap();
+        std::os::unix::fs::chown(&d, Some(uid), Some(uid)).unwrap();
+        d
+    };
+    let (by_cli, by_encrypt, by_convert) = (dir("cli"), dir("encrypt"), dir("convert"));
+    fill(&by_convert, 2, 4096, uid);
+    let cli = std::path::Path::new(env!("CARGO_BIN_EXE_dirsealed")).with_file_name("dirseal");
+    let mut child = Command::new(&cli)
+        .arg("--config")
+        .arg(h.config())
+        .arg("--keystore")
+        .arg(h.keystore())
+        .args(["encrypt", "--no-recovery-key"])
+        .arg(&by_cli)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("dirseal");
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), b"pw-cli\n").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "dirseal encrypt: {}", String::from_utf8_lossy(&out.stderr));
+    h.ok(None, "Encrypt", &[s(by_encrypt.to_str().unwrap()), s(""), fd(3)], &[(3, "pw-encrypt")]);
+    let rx = watch_jobs(&h.bus);
+    let job = job_path(&h.ok(None, "Convert", &[s(by_convert.to_str().unwrap()), fd(3), "{}".into()], &[(3, "pw-c")]));
+    assert_eq!(wait_end(&rx, &job, &h), "done");
+    let ds = dirseal::ops::Dirseal::open_existing(&h.config(), Some(&h.keystore())).expect("keystore");
+    let mut names: Vec<(String, Option<u32>)> =
+        ds.keystore().protectors().unwrap().into_iter().map(|(_, r)| r.unwrap()).map(|r| (r.name, r.uid)).collect();
+    names.sort();
+    let want = (format!("uid {uid}"), Some(uid));
+    assert_eq!(names, vec![want.clone(), want.clone(), want], "CLI encrypt, D-Bus Encrypt, D-Bus Convert");
+}

@@ -30,7 +30,7 @@ fn protectors_of_a_portable_directory_are_added_and_removed_over_dbus() {
     std::fs::write(other.path().join("config.toml"), support::FAST_CONFIG).unwrap();
     let mut ds = dirseal::Dirseal::open(&other.path().join("config.toml"), Some(&other.path().join("ks"))).unwrap();
     let kind = NewKind::named("password", KindOptions::new(Vec::new())).unwrap();
-    let choice = ProtectorChoice::New(NewProtector { name: &alice.name, uid: Some(alice.uid), kind });
+    let choice = ProtectorChoice::New(NewProtector { name: alice.name.as_str().into(), uid: Some(alice.uid), kind });
     ds.encrypt_portable(&dir, choice, &mut dirseal_testfs::ui::Scripted::new(&["pw-card", "pw-card"])).unwrap();
     write_as_root(&dir.join("save.dat"), b"level 9");
     assert!(ds.lock(&dir, false).unwrap().locked);

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use clap::builder::PossibleValuesParser;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use super::lib_values::{config_path, kind_names, skel_dir, KeyIdentifier, ProtectorRef};
+use super::lib_values::{config_path, default_kind, kind_names, skel_dir, KeyIdentifier, ProtectorRef};
 
 #[derive(Parser)]
 #[command(
@@ -131,7 +131,7 @@ pub enum ProtectorCmd {
         #[arg(long)]
         name: String,
         /// Kind of protector
-        #[arg(long = "type", alias = "protector-type", default_value = "password", value_parser = PossibleValuesParser::new(kind_names().iter().copied()))]
+        #[arg(long = "type", alias = "protector-type", default_value = default_kind(), value_parser = PossibleValuesParser::new(kind_names().iter().copied()))]
         protector_type: String,
         /// The user whose password this is
         #[arg(long)]
@@ -245,7 +245,7 @@ pub struct ProtectorArgs {
     #[arg(long, value_name = "ID|NAME", conflicts_with_all = ["protector_name"])]
     pub protector: Option<ProtectorRef>,
     /// Kind of new protector to create
-    #[arg(long, alias = "type", default_value = "password", value_parser = PossibleValuesParser::new(kind_names().iter().copied()))]
+    #[arg(long, alias = "type", default_value = default_kind(), value_parser = PossibleValuesParser::new(kind_names().iter().copied()))]
     pub protector_type: String,
     /// Name of the new protector [default: the owner's user name ("uid N" without a passwd entry), else the kind]
     #[arg(long, value_name = "NAME")]
@@ -310,7 +310,7 @@ pub struct RunArgs {
     pub data_mode: DataMode,
     /// Worker threads [default: two per CPU, at least 4]
     #[arg(long, value_name = "N")]
-    pub threads: Option<usize>,
+    pub threads: Option<std::num::NonZeroUsize>,
     /// One JSON progress object per second on stdout, and a JSON result
     #[arg(long)]
     pub json: bool,
@@ -421,7 +421,7 @@ pub struct CreateArgs {
     #[arg(long, value_name = "DIR", default_value = skel_dir())]
     pub skel: PathBuf,
     /// Kind of the user's new protector (named after them, theirs)
-    #[arg(long, alias = "type", default_value = "password", value_parser = PossibleValuesParser::new(kind_names().iter().copied()))]
+    #[arg(long, alias = "type", default_value = default_kind(), value_parser = PossibleValuesParser::new(kind_names().iter().copied()))]
     pub protector_type: String,
     #[command(flatten)]
     pub kdf: KdfArgs,

@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use dirseal::convert::{self, ConvertError, Converted, Hooks, Mode, Options, Plan};
 use dirseal::convert::{Direction, Method, Outcome, State, StatusView};
-use dirseal::ops::{Dirseal, Pick, ProtectorChoice};
+use dirseal::ops::Dirseal;
 
 use super::args::{ConvertArgs, DataMode};
 use super::drive::{drive, Steps};
@@ -108,7 +108,7 @@ pub fn run(ds: &mut Dirseal, args: ConvertArgs, ui: &mut TermUi) -> Result<i32> 
         wipe: args.wipe,
         force: args.run.force,
         owner_asks: false,
-        threads: args.run.threads.unwrap_or(0),
+        threads: args.run.threads,
         // --yes asks nothing but secrets: no recovery key unless the flags say so.
         recovery_key: args.recovery.decided().or(args.yes.then_some(false)),
         // The probe costs a few syncs: measured only when someone sees the estimate (the
@@ -123,22 +123,10 @@ pub fn run(ds: &mut Dirseal, args: ConvertArgs, ui: &mut TermUi) -> Result<i32> 
             Ok(Converted { outcome, recovery_key_saved: None })
         },
         plan: |ds: &mut Dirseal, _: &mut TermUi, hooks: &Hooks<'_>| Ok(convert::plan(ds, &abs, options, hooks)?),
-        run: |ds: &mut Dirseal, ui: &mut TermUi, plan, hooks: &Hooks<'_>| {
-            let user = args.protector.user_or_owner(&abs)?;
+        run: |ds: &mut Dirseal, ui: &mut TermUi, plan: Plan, hooks: &Hooks<'_>| {
             ui.assume_yes = args.yes;
-            let choice = args.protector.choice(ds, &user)?;
-            Ok(match plan {
-                Plan::New(plan) => plan.run(ds, choice, ui, hooks)?,
-                // Resuming makes no protector: `--protector` at most names the one that reloads the
-                // staging key.
-                Plan::Resume(plan) => {
-                    let pick = match choice {
-                        ProtectorChoice::Existing(id) => Pick { protector: Some(id) },
-                        ProtectorChoice::New(_) => Pick::default(),
-                    };
-                    plan.run(ds, pick, ui, hooks)?
-                }
-            })
+            let choice = args.protector.choice(ds, Some(&abs))?;
+            Ok(plan.run(ds, choice, ui, hooks)?)
         },
     };
     // The estimate weighs a file as the probe measured it against the data rate.
@@ -191,41 +179,60 @@ fn report(abs: &Path, o: &Outcome, apparent: Option<u64>, json: bool) -> Result<
         println!("{}", serde_json::to_string(&serde_json::json!({ "result": out }))?);
         return Ok(());
     }
-    let d = clean(&abs.display().to_string());
+    print_outcome(&clean(&abs.display().to_string()), o, Direction::Encrypt, apparent);
+    print_notes(o);
+    Ok(())
+}
+
+/// The sentence a run ends with, either way: the state reached and what to do next. `d` is the
+/// directory as printed; `apparent` the files' apparent size when the plan counted it.
+pub(super) fn print_outcome(d: &str, o: &Outcome, direction: Direction, apparent: Option<u64>) {
+    let decrypt = direction == Direction::Decrypt;
+    let (what, cmd) = if decrypt { ("decrypt", "decrypt") } else { ("conversion", "convert") };
+    let now = if decrypt {
+        "is plaintext again".to_string()
+    } else {
+        format!("is now encrypted (policy {}) and unlocked", o.token)
+    };
+    // What the swap put aside (kept as a backup until commit or rollback).
+    let old = if decrypt { "the encrypted tree" } else { "the old plaintext" };
     match o.state {
         State::Done => {
             let sizes = match apparent {
                 Some(a) if a != o.bytes => format!(" (files' apparent size {}: sparse files)", HumanBytes(a)),
                 _ => String::new(),
             };
-            println!(
-                "{d} is now encrypted (policy {}) and unlocked: {}, {} of data {}{sizes}",
-                o.token,
-                super::term::entries(o.files),
-                HumanBytes(o.bytes),
-                if o.method == Method::Move { "moved" } else { "copied" }
-            )
+            let how = if o.method == Method::Move { "moved" } else { "copied" };
+            println!("{d} {now}: {}, {} of data {how}{sizes}", super::term::entries(o.files), HumanBytes(o.bytes))
         }
         State::Swapped => {
-            println!("{d} is now encrypted (policy {}) and unlocked; the old plaintext is kept", o.token);
+            println!("{d} {now}; {old} is kept");
             if let Some(b) = &o.backup {
                 println!("  backup: {}", clean(&b.display().to_string()));
             }
-            println!(
-                "  run `dirseal convert --commit {d}` to delete it, or `dirseal convert --rollback {d}` to restore it"
-            );
+            let delete = if decrypt { "to delete it and forget its keys" } else { "to delete it" };
+            println!("  run `dirseal {cmd} --commit {d}` {delete}, or `dirseal {cmd} --rollback {d}` to restore it");
         }
         State::Aborted if o.method == Method::Move => {
-            println!("aborted the conversion of {d}; every file was moved back as it was")
+            println!("aborted the {what} of {d}; every file was moved back as it was")
         }
-        State::Aborted => println!("aborted the conversion of {d}; the original is untouched"),
-        State::RolledBack => println!("rolled back: {d} holds the original plaintext again"),
-        s => println!("conversion of {d}: {s}"),
+        State::Aborted => {
+            let untouched = if decrypt { "the encrypted directory" } else { "the original" };
+            println!("aborted the {what} of {d}; {untouched} is untouched")
+        }
+        State::RolledBack => {
+            let again = if decrypt { "the encrypted tree" } else { "the original plaintext" };
+            println!("rolled back: {d} holds {again} again")
+        }
+        s => println!("{what} of {d}: {s}"),
     }
+}
+
+/// The engine's caveats (it gives only those that apply to the run's direction).
+pub(super) fn print_notes(o: &Outcome) {
     for n in &o.notes {
         println!("note: {}", clean(n));
     }
-    Ok(())
 }
 
 /// The JSON `result` of a run.

@@ -2,15 +2,14 @@
 //! and JSON as `dirseal convert`, and clean stops on SIGINT/SIGTERM.
 
 use anyhow::Result;
-use indicatif::HumanBytes;
 
 use dirseal::convert::{self, Hooks, Options};
-use dirseal::convert::{Method, State};
+use dirseal::convert::{Direction, State};
 use dirseal::decrypt::{self, Decrypted, Forgotten, Plan};
 use dirseal::ops::{Dirseal, Pick};
 
 use super::args::DecryptArgs;
-use super::convert::{outcome_out, show_status};
+use super::convert::{outcome_out, print_notes, print_outcome, show_status};
 use super::drive::{drive, Steps};
 use super::term::{clean, TermUi};
 use super::ProtectorRef;
@@ -26,7 +25,7 @@ pub fn run(ds: &mut Dirseal, args: DecryptArgs, ui: &mut TermUi) -> Result<i32> 
     let options = Options {
         keep_backup: args.keep_backup,
         force: args.run.force,
-        threads: args.run.threads.unwrap_or(0),
+        threads: args.run.threads,
         recovery_key: Some(false),
         estimate: true,
         mode: args.run.data_mode.into(),
@@ -39,10 +38,7 @@ pub fn run(ds: &mut Dirseal, args: DecryptArgs, ui: &mut TermUi) -> Result<i32> 
         plan: |ds: &mut Dirseal, ui: &mut TermUi, hooks: &Hooks<'_>| {
             Ok(decrypt::plan(ds, &abs, options, pick, ui, hooks)?)
         },
-        run: |ds: &mut Dirseal, ui: &mut TermUi, plan, hooks: &Hooks<'_>| match plan {
-            Plan::New(plan) => Ok(plan.run(ds, keep, ui, hooks)?),
-            Plan::Resume(plan) => Ok(plan.run(ds, pick, keep, ui, hooks)?),
-        },
+        run: |ds: &mut Dirseal, ui: &mut TermUi, plan: Plan, hooks: &Hooks<'_>| Ok(plan.run(ds, pick, keep, ui, hooks)?),
     };
     let how = args.end.finish();
     let done = drive(ds, ui, (args.run.json, false), how, steps)?;
@@ -63,39 +59,12 @@ fn report(abs: &std::path::Path, d: &Decrypted, apparent: Option<u64>, json: boo
     match o.state {
         // A run cut short in its clean-up: the tree was plaintext already, nothing was copied.
         State::Done if d.cleanup_only => println!("{p}: decrypted (clean-up finished)"),
-        State::Done => println!(
-            "{p} is plaintext again: {}, {} of data {}",
-            super::term::entries(o.files),
-            HumanBytes(o.bytes),
-            if o.method == Method::Move { "moved" } else { "copied" }
-        ),
-        State::Swapped => {
-            println!("{p} is plaintext again; the encrypted tree is kept");
-            if let Some(b) = &o.backup {
-                println!("  backup: {}", clean(&b.display().to_string()));
-            }
-            println!(
-                "  run `dirseal decrypt --commit {p}` to delete it and forget its keys, or `dirseal decrypt --rollback {p}` to restore it"
-            );
-        }
-        State::Aborted if o.method == Method::Move => {
-            println!("aborted the decrypt of {p}; every file was moved back as it was")
-        }
-        State::Aborted => println!("aborted the decrypt of {p}; the encrypted directory is untouched"),
-        State::RolledBack => println!("rolled back: {p} holds the encrypted tree again"),
-        s => println!("decrypt of {p}: {s}"),
+        _ => print_outcome(&p, o, Direction::Decrypt, apparent),
     }
     if let Some(f) = &d.forgotten {
         print_forgotten(f);
     }
-    for n in &o.notes {
-        if n.contains("old plaintext") {
-            // The engine's notes speak of a conversion's old plaintext; here the old tree is
-            // encrypted and its key is gone.
-            continue;
-        }
-        println!("note: {}", clean(n));
-    }
+    print_notes(o);
     Ok(())
 }
 

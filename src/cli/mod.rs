@@ -44,6 +44,10 @@ mod lib_values {
         dirseal::protector::KIND_NAMES
     }
 
+    pub fn default_kind() -> &'static str {
+        dirseal::protector::DEFAULT_KIND
+    }
+
     pub fn skel_dir() -> &'static str {
         dirseal::home::DEFAULT_SKEL
     }
@@ -89,46 +93,23 @@ pub fn user_name(uid: u32) -> String {
         .map_or_else(|| format!("uid {uid}"), |u| u.name)
 }
 
-/// A resolved `--user`.
-pub struct User {
-    pub uid: u32,
-    pub name: String,
-}
-
 impl ProtectorArgs {
-    fn user(&self) -> Result<Option<User>> {
-        let Some(u) = &self.user else { return Ok(None) };
-        let (uid, _) = ops::lookup_user(u)?;
-        let name = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
-            .ok()
-            .flatten()
-            .map(|u| u.name)
-            .unwrap_or_else(|| u.clone());
-        Ok(Some(User { uid, name }))
+    /// `--user`'s uid.
+    fn user(&self) -> Result<Option<u32>> {
+        Ok(self.user.as_deref().map(ops::lookup_user).transpose()?.map(|(uid, _)| uid))
     }
 
-    /// `--user`, else the owner of `dir` unless that is root: the password of
-    /// a converted home is its owner's, which is what PAM later matches by uid.
-    pub fn user_or_owner(&self, dir: &Path) -> Result<Option<User>> {
-        if self.user.is_some() {
-            return self.user();
-        }
-        use std::os::unix::fs::MetadataExt;
-        let Ok(meta) = std::fs::symlink_metadata(dir) else { return Ok(None) };
-        if meta.uid() == 0 {
-            return Ok(None);
-        }
-        let uid = meta.uid();
-        Ok(Some(User { uid, name: user_name(uid) }))
-    }
-
-    fn choice<'a>(&'a self, ds: &Dirseal, user: &'a Option<User>) -> Result<ProtectorChoice<'a>> {
+    /// `--protector`, else a new protector as the core names and owns it: for `dir` (its owner's
+    /// unless `--user` says whose), or with no directory (a policy) only `--user`'s.
+    pub fn choice(&self, ds: &Dirseal, dir: Option<&Path>) -> Result<ProtectorChoice<'_>> {
         if let Some(p) = &self.protector {
             return Ok(ProtectorChoice::Existing(p.id(ds)?));
         }
-        let kind = self.kdf.kind(&self.protector_type)?;
-        let name = self.protector_name.as_deref().or(user.as_ref().map(|u| u.name.as_str())).unwrap_or(kind.name());
-        Ok(ProtectorChoice::New(NewProtector { name, uid: user.as_ref().map(|u| u.uid), kind }))
+        let (kind, user, name) = (self.kdf.kind(&self.protector_type)?, self.user()?, self.protector_name.as_deref());
+        Ok(ProtectorChoice::New(match dir {
+            Some(dir) => NewProtector::for_dir(dir, user, kind, name),
+            None => NewProtector::for_user(user, kind, name),
+        }))
     }
 }
 
@@ -288,12 +269,11 @@ fn run(cli: Cli) -> Result<i32> {
         Cmd::Status { dir: Some(dir), json } => status_dir(Some(&ds), &dir, json)?,
         Cmd::Status { dir: None, json } => overview(&ds, json)?,
         Cmd::Encrypt { dir, protector, recovery: offer, portable } => {
-            let user = protector.user_or_owner(&dir)?;
             // Asked, shown and typed back before anything is encrypted (as convert does): a
             // cancel at any question leaves the directory as it was. Saved once the master key
             // exists.
             let want_recovery = offer.wanted(&dir, &mut ui)?;
-            let choice = protector.choice(&ds, &user)?;
+            let choice = protector.choice(&ds, Some(&dir))?;
             let key = want_recovery.then(|| recovery::show_new(&dir, &mut ui)).transpose()?;
             let (policy, master) =
                 if portable { ds.encrypt_portable(&dir, choice, &mut ui)? } else { ds.encrypt(&dir, choice, &mut ui)? };
@@ -781,7 +761,7 @@ fn protector(ds: &mut Dirseal, cmd: ProtectorCmd, ui: &mut TermUi) -> Result<()>
         }
         ProtectorCmd::Create { name, protector_type, user, kdf } => {
             let uid = user.as_deref().map(ops::lookup_user).transpose()?.map(|(uid, _)| uid);
-            let n = NewProtector { name: &name, uid, kind: kdf.kind(&protector_type)? };
+            let n = NewProtector::for_user(uid, kdf.kind(&protector_type)?, Some(&name));
             let (rec, _) = ds.create_protector(&n, ui)?;
             println!("created protector {} ({})", rec.id, clean(&rec.name));
         }
@@ -832,10 +812,9 @@ fn policy(ds: &mut Dirseal, cmd: PolicyCmd, ui: &mut TermUi) -> Result<()> {
         PolicyCmd::AddProtector { target, with, new } => {
             let policy = policy_record(ds, &target)?;
             let id = policy.id;
-            let user = new.user()?;
             let what = target.dir.as_ref().map_or_else(|| format!("policy {id}"), |d| d.display().to_string());
             let with = ProtectorRef::pick_for(&with, ds, &policy, &what)?;
-            let choice = new.choice(ds, &user)?;
+            let choice = new.choice(ds, None)?;
             let rec = ds.add_protector_to(&policy, with, choice, ui)?;
             println!("protector {} ({}) now opens policy {id}", rec.id, clean(&rec.name));
         }

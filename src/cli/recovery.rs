@@ -4,7 +4,7 @@ use std::path::Path;
 use anyhow::{bail, Result};
 
 use dirseal::ids::KeyIdentifier;
-use dirseal::ops::Dirseal;
+use dirseal::ops::{Dirseal, ProtectorChoice};
 use dirseal::recovery::RecoveryKey;
 use dirseal::recovery::{self, RecoveryError};
 use dirseal::secret::MasterKey;
@@ -71,16 +71,19 @@ pub fn run(ds: &mut Dirseal, cmd: RecoveryCmd, ui: &mut TermUi) -> Result<()> {
         RecoveryCmd::Restore { dir, protector } => {
             // As `convert` does: a home's new protector belongs to its owner, else PAM (which
             // tries only the user's own protectors) would leave the restored home locked.
-            let user = protector.user_or_owner(&dir)?;
-            let choice = protector.choice(ds, &user)?;
+            let choice = protector.choice(ds, Some(&dir))?;
+            let owner = match &choice {
+                ProtectorChoice::New(n) => n.uid.map(super::user_name),
+                ProtectorChoice::Existing(_) => None,
+            };
             let (_, prec) = ds.restore_with_recovery(&dir, choice, ui)?;
-            if let (Some(u), None) = (&user, protector.protector) {
+            if let Some(u) = owner {
                 println!(
                     "protector {} belongs to {}: a login unlocks {} only while its password is {}'s login password",
                     clean(&prec.name),
-                    clean(&u.name),
+                    clean(&u),
                     clean(&dir.display().to_string()),
-                    clean(&u.name)
+                    clean(&u)
                 );
             }
         }

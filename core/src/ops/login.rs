@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use super::{Dirseal, OpsError};
 use crate::ids::ProtectorId;
 use crate::keystore::PolicyRecord;
-use crate::protector::{self, ProtectorError, ProtectorRecord, UnlockError};
+use crate::protector::{self, ProtectorError, ProtectorRecord, Standalone, UnlockError};
 use crate::secret::{MasterKey, Passphrase};
 use crate::ui::Ui;
 
@@ -50,8 +50,9 @@ impl Dirseal {
         // A touch is asked of whoever is at the machine: a login from elsewhere must not raise
         // one there, or anyone who knows the user's name logs in when a person at the device
         // touches their key. (An unlock by the user, already someone, may: `unlock_as_where`.)
+        // This is about what the protector asks (any touch), not which kinds may log in alone.
         let at_device = ui.presence().at_device();
-        self.first_opening(policy, uid, ui, |r| (at_device || r.kind.ask() != protector::Ask::TOUCH) && keep(r))
+        self.first_opening(policy, uid, ui, |r| (at_device || !r.kind.ask().touch) && keep(r))
     }
 
     /// The first of `policy`'s login protectors of `uid` that `keep` accepts and that opens, in
@@ -102,10 +103,16 @@ pub(super) fn refuse_login_password_pin(uid: u32, pin: &Passphrase) -> Result<()
     Ok(())
 }
 
-/// Whether `rec` opens with a PIN alone that its device counts (a TPM PIN): what a PIN login
-/// (docs/pam.md) opens.
-pub fn is_tpm_pin(rec: &ProtectorRecord) -> bool {
-    rec.kind.ask() == protector::Ask::PIN
+/// Whether `rec`'s kind declares it may log its user in with a PIN alone that its device counts
+/// (a TPM PIN): what a PIN login (docs/pam.md) opens.
+pub fn opens_pin_login(rec: &ProtectorRecord) -> bool {
+    rec.kind.standalone_login() == Some(Standalone::Pin)
+}
+
+/// Whether `rec`'s kind declares it may log its user in with a touch alone (a security key
+/// without PIN): what the PAM module's stand-alone pass tries first.
+pub fn opens_touch_login(rec: &ProtectorRecord) -> bool {
+    rec.kind.standalone_login() == Some(Standalone::Touch)
 }
 
 /// PIN-login accounts (docs/pam.md): log in with their TPM PIN alone, no password hash in
@@ -119,7 +126,7 @@ impl Dirseal {
     /// The protector a PIN login of `uid` opens `policy` with: their own first TPM PIN protector
     /// in the login order.
     pub fn pin_protector(&self, policy: &PolicyRecord, uid: u32) -> Option<ProtectorRecord> {
-        self.login_protectors(policy, uid).into_iter().find(is_tpm_pin)
+        self.login_protectors(policy, uid).into_iter().find(opens_pin_login)
     }
 
     /// Makes `user` a PIN-login account: their home must open with a TPM PIN protector of
@@ -147,7 +154,7 @@ impl Dirseal {
     /// in /etc/shadow: the PAM module offers it the login password at every login, so its PIN is
     /// that password (docs/pam.md), and the hash lets anyone with the disk find it offline.
     pub(crate) fn pin_warning(&self, rec: &ProtectorRecord) -> Option<String> {
-        let uid = rec.uid.filter(|_| is_tpm_pin(rec))?;
+        let uid = rec.uid.filter(|_| opens_pin_login(rec))?;
         let user = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)).ok().flatten()?.name;
         if self.is_pin_login(&user) || !crate::account::shadow(&user).ok().flatten()?.has_hash {
             return None;

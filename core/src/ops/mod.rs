@@ -9,6 +9,7 @@
 //! (unlock, lock, picking a protector), `login.rs` (login order, PIN-login accounts),
 //! `status.rs` (what `status` reports), `recovery.rs` (recovery keys meet the keystore),
 //! `errors.rs` ([`OpsError`]).
+use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 
 use crate::config::Config;
@@ -26,7 +27,7 @@ mod unlock;
 
 pub use crate::census::ProtectorSummary;
 pub use errors::OpsError;
-pub use login::{is_tpm_pin, lookup_user, Login};
+pub use login::{lookup_user, opens_pin_login, opens_touch_login, Login};
 pub use status::{public_dir_status, DirStatus, FsStatus};
 pub use unlock::{BusyProcess, LockReport};
 
@@ -37,14 +38,49 @@ pub struct Pick {
     pub protector: Option<ProtectorId>,
 }
 
-/// How to create a new protector, of any kind.
+/// How to create a new protector, of any kind. Front ends make one with [`NewProtector::for_dir`]
+/// or [`NewProtector::for_user`], so every one names and owns it by the same rule.
 pub struct NewProtector<'a> {
     /// The new protector's name, shown in listings and prompts.
-    pub name: &'a str,
+    pub name: Cow<'a, str>,
     /// The user it belongs to (whose login it may open), if any.
     pub uid: Option<u32>,
     /// Its kind and that kind's options.
     pub kind: NewKind,
+}
+
+impl<'a> NewProtector<'a> {
+    /// A new protector for `dir`: it belongs to `user` when the front end says whose it is (a
+    /// `--user`, a service caller acting for themselves), else to the directory's owner unless
+    /// that is root (a converted home's password is its owner's, which PAM later matches by uid);
+    /// named as [`NewProtector::for_user`] says.
+    pub fn for_dir(
+        dir: &Path,
+        user: Option<u32>,
+        kind: NewKind,
+        name: Option<impl Into<Cow<'a, str>>>,
+    ) -> NewProtector<'a> {
+        use std::os::unix::fs::MetadataExt;
+        let owner = || std::fs::symlink_metadata(dir).ok().map(|m| m.uid()).filter(|&uid| uid != 0);
+        NewProtector::for_user(user.or_else(owner), kind, name)
+    }
+
+    /// A new protector belonging to `user` (if anyone), named `name` if given, else after its
+    /// user: their login name, or "uid N" for a uid without a passwd entry (from another system, a
+    /// container: still someone, and not a misleading kind name), else after its kind.
+    pub fn for_user(user: Option<u32>, kind: NewKind, name: Option<impl Into<Cow<'a, str>>>) -> NewProtector<'a> {
+        let name = match (name, user) {
+            (Some(n), _) => n.into(),
+            (None, Some(uid)) => Cow::Owned(login_name(uid).unwrap_or_else(|| format!("uid {uid}"))),
+            (None, None) => Cow::Borrowed(kind.name()),
+        };
+        NewProtector { name, uid: user, kind }
+    }
+}
+
+/// The login name of `uid`, if the passwd database has one.
+fn login_name(uid: u32) -> Option<String> {
+    nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)).ok().flatten().map(|u| u.name)
 }
 
 /// Where to get the protector for a new policy: an existing one, or a new one.
@@ -53,6 +89,18 @@ pub enum ProtectorChoice<'a> {
     Existing(ProtectorId),
     /// A protector made for the purpose.
     New(NewProtector<'a>),
+}
+
+impl ProtectorChoice<'_> {
+    /// The protector this choice names for a run that makes none (resuming a conversion, which
+    /// reloads its staging key): the existing one, or — for a new one — none, which lets the
+    /// operation take the policy's only one.
+    pub fn pick(&self) -> Pick {
+        match self {
+            ProtectorChoice::Existing(id) => Pick { protector: Some(*id) },
+            ProtectorChoice::New(_) => Pick::default(),
+        }
+    }
 }
 
 /// The library's entry point: the keystore and configuration every operation works on.

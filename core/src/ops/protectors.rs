@@ -33,12 +33,12 @@ impl Dirseal {
     ) -> Result<(ProtectorRecord, ProtectorKey), OpsError> {
         let ask = n.kind.ask();
         n.kind.check_ready(&self.config)?;
-        let secret = protector::ask_new(ask, n.name, n.uid, ui)?;
+        let secret = protector::ask_new(ask, &n.name, n.uid, ui)?;
         if let (true, Some(uid), Some(secret)) = (n.kind.refuses_login_password(), n.uid, secret.as_ref()) {
             refuse_login_password_pin(uid, secret)?;
         }
         if ask.touch {
-            ui.touch(n.name, None);
+            ui.touch(&n.name, None);
         }
         self.save_created_protector(n, secret.as_ref(), store)
     }
@@ -51,7 +51,7 @@ impl Dirseal {
         store: &Keystore,
     ) -> Result<(ProtectorRecord, ProtectorKey), OpsError> {
         let mut config = self.config.clone();
-        let (rec, key) = protector::create(n.name, n.uid, &n.kind, &mut config, secret)?;
+        let (rec, key) = protector::create(&n.name, n.uid, &n.kind, &mut config, secret)?;
         if config != self.config {
             config.save(&self.config_path)?;
             self.config = config;
@@ -88,7 +88,7 @@ impl Dirseal {
         if candidates.is_empty() {
             return self.create_protector_in(n, ui, store);
         }
-        let secret = protector::ask_new(n.kind.ask(), n.name, n.uid, ui)?;
+        let secret = protector::ask_new(n.kind.ask(), &n.name, n.uid, ui)?;
         for rec in candidates {
             if let Ok(key) = protector::unlock(&rec, &self.config, secret.as_ref(), ui.presence()) {
                 return Ok((rec, key));

@@ -1,7 +1,8 @@
 //! A test-only fourth kind, added exactly as docs/architecture.md ("Where a new protector kind
 //! goes") says: this module and one line in `kinds!`; nothing in ops or the front ends. Its key-
 //! encryption key is SHA-256(salt, secret) — no real kind would be so cheap to guess.
-//! On disk: `{"type": "dummy", "salt": hex, "shout": bool}`.
+//! On disk: `{"type": "dummy", "salt": hex, "shout": bool, "pin": bool}`. With `pin` it asks for
+//! a PIN, yet declares no stand-alone login: only a kind's declaration opens a PIN login.
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -18,11 +19,23 @@ pub struct Dummy {
     pub salt: [u8; 16],
     /// The secret is upper-cased first (an option of the kind, to show options reach it).
     pub shout: bool,
+    /// Asks for a PIN rather than a password (the same secret to the kind).
+    #[serde(default)]
+    pub pin: bool,
 }
 
 #[derive(Clone, Debug, Default)]
 pub struct NewDummy {
     pub shout: bool,
+    pub pin: bool,
+}
+
+fn ask(pin: bool) -> Ask {
+    if pin {
+        Ask::PIN
+    } else {
+        Ask::PASSWORD
+    }
 }
 
 fn kek(salt: &[u8; 16], shout: bool, secret: Option<&Passphrase>) -> Result<Kek, ProtectorError> {
@@ -33,11 +46,11 @@ fn kek(salt: &[u8; 16], shout: bool, secret: Option<&Passphrase>) -> Result<Kek,
 
 impl Kind for Dummy {
     fn ask(&self) -> Ask {
-        Ask::PASSWORD
+        ask(self.pin)
     }
 
     fn aad(&self) -> String {
-        format!("dummy:{}:{}", hex::encode(self.salt), self.shout)
+        format!("dummy:{}:{}:{}", hex::encode(self.salt), self.shout, self.pin)
     }
 
     fn kek(&self, _config: &Config, secret: Option<&Passphrase>, _: Presence) -> Result<Kek, ProtectorError> {
@@ -45,7 +58,7 @@ impl Kind for Dummy {
     }
 
     fn rekey(&self, _config: &Config, secret: Option<&Passphrase>) -> Option<Result<(Dummy, Kek), ProtectorError>> {
-        let d = Dummy { salt: rand::random(), shout: self.shout };
+        let d = Dummy { salt: rand::random(), shout: self.shout, pin: self.pin };
         Some(kek(&d.salt, d.shout, secret).map(|k| (d, k)))
     }
 }
@@ -54,15 +67,15 @@ impl NewKindOf for NewDummy {
     type Made = Dummy;
 
     fn from_options(opts: &mut KindOptions) -> Result<NewDummy, ProtectorError> {
-        Ok(NewDummy { shout: opts.flag("shout")? })
+        Ok(NewDummy { shout: opts.flag("shout")?, pin: opts.flag("pin")? })
     }
 
     fn ask(&self) -> Ask {
-        Ask::PASSWORD
+        ask(self.pin)
     }
 
     fn create(&self, _config: &mut Config, secret: Option<&Passphrase>) -> Result<(Dummy, Kek), ProtectorError> {
-        let d = Dummy { salt: rand::random(), shout: self.shout };
+        let d = Dummy { salt: rand::random(), shout: self.shout, pin: self.pin };
         let k = kek(&d.salt, d.shout, secret)?;
         Ok((d, k))
     }
@@ -103,7 +116,7 @@ mod tests {
         let kind = NewKind::named("dummy", opts(&[("shout", "true")])).unwrap();
 
         // Create (the new secret is asked twice by a terminal; the Ui gives it once here).
-        let n = NewProtector { name: "d", uid: None, kind };
+        let n = NewProtector { name: "d".into(), uid: None, kind };
         let (rec, key) = ds.create_protector(&n, &mut Script(vec!["secret"])).unwrap();
         assert_eq!(rec.kind.name(), "dummy");
 
@@ -123,5 +136,25 @@ mod tests {
         assert_eq!(listed.len(), 1);
         let ProtectorKind::Dummy(d) = &listed[0].kind else { panic!("a dummy protector") };
         assert!(d.shout);
+    }
+
+    /// A kind that asks for a PIN opens no PIN login unless it declares so: the dummy asks one,
+    /// declares nothing, and is no user's PIN-login protector (issue 45).
+    #[test]
+    fn a_pin_prompt_alone_opens_no_pin_login() {
+        use crate::keystore::PolicyRecord;
+        use crate::secret::MasterKey;
+        let dir = tempfile::tempdir().unwrap();
+        let mut ds = Dirseal::open(&dir.path().join("config.toml"), Some(&dir.path().join("keystore"))).unwrap();
+        let kind = NewKind::named("dummy", opts(&[("pin", "true")])).unwrap();
+        let n = NewProtector { name: "d".into(), uid: Some(4242), kind };
+        let (rec, key) = ds.create_protector(&n, &mut Script(vec!["1234"])).unwrap();
+        assert_eq!(rec.kind.ask(), Ask::PIN);
+        assert_eq!(rec.kind.standalone_login(), None);
+        let mut policy = PolicyRecord::new(crate::ids::KeyIdentifier([7; 16]), None);
+        policy.add_protector(&rec.id, &key, &MasterKey::random());
+        assert_eq!(ds.login_protectors(&policy, 4242).len(), 1, "the user's own protector of the policy");
+        assert!(!crate::ops::opens_pin_login(&rec));
+        assert!(ds.pin_protector(&policy, 4242).is_none(), "a PIN prompt made a PIN-login protector");
     }
 }

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use sha2::Sha256;
 use zeroize::Zeroizing;
 
-use super::{Ask, Kind, KindError, KindOptions, NewKindOf, PromptDevice, ProtectorError, Secret};
+use super::{Ask, Kind, KindError, KindOptions, NewKindOf, PromptDevice, ProtectorError, Secret, Standalone};
 use crate::config::Config;
 use crate::fido2::{self as keys, AssertRequest, Device, Fido2Error, Pin};
 use crate::presence::Presence;
@@ -121,6 +121,12 @@ fn kek_from(secret: &[u8; 32], credential_id: &[u8]) -> Kek {
 impl Kind for Fido2 {
     fn ask(&self) -> Ask {
         ask(self.pin)
+    }
+
+    // A touch of the user's own key logs them in; one behind the key's PIN never does (a login
+    // has no such PIN).
+    fn standalone_login(&self) -> Option<Standalone> {
+        (!self.pin).then_some(Standalone::Touch)
     }
 
     /// Everything of the record is bound to the wrapped key: which credential, which salt, and

@@ -44,6 +44,12 @@ pub(crate) trait Kind: Sized {
     const TRAVELS: bool = true;
     /// What unlocking asks for.
     fn ask(&self) -> Ask;
+    /// Whether a protector of this kind may log its user in on its own, with nothing but what
+    /// it asks (docs/pam.md's stand-alone pass): declared by the kind, never guessed from its
+    /// prompt, so a new kind that asks for a PIN or a touch opens no login until it says so.
+    fn standalone_login(&self) -> Option<Standalone> {
+        None
+    }
     /// The kind's part of the record's associated data: every field, so none can be edited.
     fn aad(&self) -> String;
     /// The key-encryption key, from the answer to [`Kind::ask`]. A wrong secret that the kind
@@ -199,10 +205,24 @@ kinds! {
     "dummy" => Dummy(dummy::Dummy, dummy::NewDummy),
 }
 
+/// The name of the kind made when no one names one ([`NewKind::login_default`]): front ends'
+/// default for a kind option (`--protector-type`, the service's `kind`).
+pub const DEFAULT_KIND: &str = "password";
+
+impl NewKind {
+    /// The kind made when no one names one ([`DEFAULT_KIND`]): a password protector with default
+    /// options, the kind a login password opens (PAM's enrolment, `home create`, the service's
+    /// new protectors).
+    pub fn login_default() -> NewKind {
+        NewKind::Password(Default::default())
+    }
+}
+
 /// The object-safe part of [`Kind`], for dispatch without a `match` per method.
 trait KindDyn {
     fn travels(&self) -> bool;
     fn ask(&self) -> Ask;
+    fn standalone_login(&self) -> Option<Standalone>;
     fn aad(&self) -> String;
     fn kek(&self, config: &Config, secret: Option<&Passphrase>, presence: Presence) -> Result<Kek, ProtectorError>;
     fn locate(&self, config: &Config) -> Result<(), ProtectorError>;
@@ -216,6 +236,9 @@ impl<K: Kind> KindDyn for K {
     }
     fn ask(&self) -> Ask {
         Kind::ask(self)
+    }
+    fn standalone_login(&self) -> Option<Standalone> {
+        Kind::standalone_login(self)
     }
     fn aad(&self) -> String {
         Kind::aad(self)
@@ -255,6 +278,16 @@ impl<N: NewKindOf> NewKindDyn for N {
     fn refuses_login_password(&self) -> bool {
         NewKindOf::refuses_login_password(self)
     }
+}
+
+/// How a protector may log its user in on its own, no login password checked (docs/pam.md's
+/// stand-alone pass), as its kind declares ([`ProtectorKind::standalone_login`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Standalone {
+    /// With a PIN whose wrong tries its device counts (a TPM PIN): PIN login.
+    Pin,
+    /// With a touch of a device the user holds, nothing typed (a security key without PIN).
+    Touch,
 }
 
 /// A secret the person types.
@@ -567,6 +600,12 @@ impl ProtectorKind {
         self.kind().ask()
     }
 
+    /// How the protector may log its user in on its own, if its kind declares it may
+    /// ([`Standalone`]); `None`: only together with the login password's check.
+    pub fn standalone_login(&self) -> Option<Standalone> {
+        self.kind().standalone_login()
+    }
+
     /// How many wrong secrets the device behind this protector still takes (`None`: no such
     /// limit, or the device cannot be asked now).
     pub fn tries_left(&self, config: &Config) -> Option<u32> {
@@ -796,6 +835,12 @@ pub(crate) fn to_json(r: &ProtectorRecord) -> Vec<u8> {
 
 #[cfg(test)]
 pub(crate) mod tests {
+    #[test]
+    fn the_default_kind_is_the_one_named_default() {
+        assert_eq!(NewKind::login_default().name(), DEFAULT_KIND);
+        assert!(KIND_NAMES.contains(&DEFAULT_KIND));
+    }
+
     use super::*;
     use crate::kdf::{self, Argon2Params};
 

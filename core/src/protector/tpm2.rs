@@ -4,7 +4,7 @@
 //! "pin": {"salt": hex, "argon2": {...}} | null}`.
 use serde::{Deserialize, Serialize};
 
-use super::{Ask, Kind, KindError, KindOptions, NewKindOf, PromptDevice, ProtectorError};
+use super::{Ask, Kind, KindError, KindOptions, NewKindOf, PromptDevice, ProtectorError, Standalone};
 use crate::config::Config;
 use crate::kdf::{self, Argon2Params, KdfError};
 use crate::presence::Presence;
@@ -117,6 +117,12 @@ impl Kind for Tpm2 {
         } else {
             NO_PIN
         }
+    }
+
+    // A PIN the TPM counts may log its user in; a TPM without PIN never does (it would let
+    // anyone at the console in).
+    fn standalone_login(&self) -> Option<Standalone> {
+        self.sealed.pin.is_some().then_some(Standalone::Pin)
     }
 
     /// The kind's part of the record's associated data: both blobs, the PCRs and the PIN's

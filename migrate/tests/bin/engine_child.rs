@@ -33,7 +33,11 @@ fn main() {
         }
     };
     let flag = |f: &str| args.iter().any(|a| a == f);
-    let threads = args.iter().position(|a| a == "--threads").and_then(|i| args.get(i + 1)?.parse().ok()).unwrap_or(2);
+    let threads = args
+        .iter()
+        .position(|a| a == "--threads")
+        .and_then(|i| args.get(i + 1)?.parse().ok())
+        .unwrap_or(std::num::NonZeroUsize::new(2).unwrap());
     let req = Request {
         source: &source,
         workdir: &workdir,

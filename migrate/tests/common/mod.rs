@@ -22,7 +22,7 @@ pub fn req<'a>(src: &'a Path, wd: &'a Path) -> Request<'a> {
         keep_backup: false,
         wipe: false,
         force: false,
-        threads: 2,
+        threads: std::num::NonZeroUsize::new(2).unwrap(),
         mode: dirseal_migrate::Mode::Copy,
         direction: dirseal_migrate::Direction::Encrypt,
     }
