@@ -845,3 +845,24 @@ fn the_estimate_probe_is_steady_after_a_burst_of_writes() {
     }
     panic!("the burst's writeback was measured in every round (quiet µs, busy µs): {rounds:?}");
 }
+
+/// Issue 44 (8): the same `convert` run again after it finished (a power cut just past "done")
+/// answered "already encrypted" with exit 1; it says the conversion finished, exit 0.
+#[test]
+fn convert_run_again_after_it_finished_says_so() {
+    dirseal_testfs::needs_root!();
+    let env = Env::new();
+    let home = env.mnt().join("h");
+    fs::create_dir_all(home.join("d")).unwrap();
+    fs::write(home.join("d/f"), b"x").unwrap();
+    env.ok(&["convert", p(&home), "--yes", "--protector-name", "o", "--no-recovery-key"], "pw\n");
+    let out = env.ok(&["convert", p(&home), "--yes", "--protector-name", "o", "--no-recovery-key"], "");
+    assert!(out.contains("is already encrypted") && out.contains("its conversion finished"), "{out}");
+    // Another encrypted directory (not this journal's) is still refused as before.
+    let other = env.mnt().join("other");
+    fs::create_dir(&other).unwrap();
+    env.ok(&["encrypt", p(&other), "--no-recovery-key"], "pw2\n");
+    fs::write(other.join("f"), b"y").unwrap();
+    let err = env.fails(&["convert", p(&other), "--yes", "--no-recovery-key"], "");
+    assert!(err.contains("already encrypted"), "{err}");
+}

@@ -946,6 +946,18 @@ pub fn status(source: &Path) -> Result<Option<StatusView>, ConvertError> {
     Ok(migrate::status(&workdir_for(source)?)?)
 }
 
+/// The policy of `source`'s finished conversion, when its journal says the conversion is done and
+/// the directory is encrypted with that policy: the same command run again (after a power cut
+/// just past "done", say) has nothing left to do, which is no error.
+pub fn finished(source: &Path) -> Result<Option<KeyIdentifier>, ConvertError> {
+    let Some(v) = status(source)?.filter(|v| v.direction == Direction::Encrypt && v.state == State::Done) else {
+        return Ok(None);
+    };
+    let Ok(token) = v.token.parse::<KeyIdentifier>() else { return Ok(None) };
+    let policy = fscrypt::get_policy(source).map_err(OpsError::from)?;
+    Ok(policy.filter(|p| p.identifier == token).map(|_| token))
+}
+
 /// Whether `dir` is mid-conversion (before the swap): logging in would work on plaintext that is
 /// about to be replaced, so the PAM module refuses unless the admin allowed it.
 pub fn in_progress(dir: &Path) -> Result<bool, ConvertError> {

@@ -99,6 +99,21 @@ pub fn run(ds: &mut Dirseal, args: ConvertArgs, ui: &mut TermUi) -> Result<i32> 
     };
     let abs = convert::absolute(&dir)?;
     let how = args.end.finish();
+    // Run again after it finished (a power cut just past "done"): said, not an error.
+    if how.is_none() && !args.end.status {
+        if let Some(policy) = convert::finished(&abs)? {
+            let d = clean(&abs.display().to_string());
+            if args.run.json {
+                println!(
+                    "{}",
+                    serde_json::json!({ "result": { "path": abs, "state": "done", "already": true, "policy": policy.to_string() } })
+                );
+            } else {
+                println!("{d} is already encrypted (policy {policy}): its conversion finished; `dirseal status {d}` shows it");
+            }
+            return Ok(0);
+        }
+    }
     if how.is_none() && args.resume && !convert::status(&abs)?.is_some_and(|v| convert::unfinished(v.state)) {
         return Err(ConvertError::NotInProgress { path: abs.clone() })
             .context(format!("start one with `dirseal convert {}`", abs.display()));
