@@ -311,7 +311,7 @@ fn auto_copies_when_a_copy_fits_moves_when_not_and_refuses_below_a_move() {
         MigrateError::NoSpaceToMove { needed, available, .. } => assert!(needed > available, "{e:?}"),
         _ => panic!("{e:?}"),
     }
-    assert!(e.to_string().contains("free some space"), "{e}");
+    assert!(e.to_string().contains("more and try again"), "{e}");
     assert!(!c.wd.exists(), "a refusal must write nothing");
     // With room for a move only, auto moves; every entry comes out as it was.
     fs::remove_file(&filler).unwrap();
@@ -428,7 +428,7 @@ fn preflight_refuses_the_root_mounts_space_and_inodes_changing_nothing() {
     rustix::fs::fallocate(&f, rustix::fs::FallocateFlags::empty(), 0, 40 << 20).unwrap();
     let e = migrate::convert(&req(&big, &c.wd), &host).unwrap_err();
     assert!(matches!(e, MigrateError::NoSpace { .. }), "{e:?}");
-    assert!(e.to_string().contains("free some space"), "{e}");
+    assert!(e.to_string().contains("more and try again"), "{e}");
     fs::remove_dir_all(&big).unwrap();
     // Not enough inodes.
     let many = c.fs.path().join("many");

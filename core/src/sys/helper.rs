@@ -506,13 +506,17 @@ fn open_plain(path: &Path) -> Option<OwnedFd> {
 
 /// Owned by root and writable by neither group nor others. An ACL granting someone else write
 /// shows as the group's write bit (the mask), so it is refused too; so is a sticky directory
-/// such as /tmp, where anyone may add a file.
-fn root_only(st: &rustix::fs::Stat, here: &Path) -> Result<(), String> {
+/// such as /tmp, where anyone may add a file, as the helper's own directory. Further up
+/// (`sticky_ok`), a root-owned sticky directory is no way in: nobody but root may rename or
+/// remove the root-owned entry the walk goes on through, and an entry someone else made there is
+/// refused as theirs (a checkout under /tmp, as CI's may be).
+fn root_only(st: &rustix::fs::Stat, here: &Path, sticky_ok: bool) -> Result<(), String> {
     let mode = st.st_mode & 0o7777;
     if st.st_uid != 0 {
         return Err(format!("{} is owned by uid {}", here.display(), st.st_uid));
     }
-    if mode & 0o022 != 0 {
+    let sticky_dir = FileType::from_raw_mode(st.st_mode) == FileType::Directory && mode & 0o1000 != 0;
+    if mode & 0o022 != 0 && !(sticky_ok && sticky_dir) {
         let who = match (mode & 0o020 != 0, mode & 0o002 != 0) {
             (true, true) => "its group and everyone",
             (true, false) => "its group",
@@ -563,7 +567,7 @@ fn open_trusted(path: &Path) -> Result<Option<OwnedFd>, String> {
     let root = rustix::fs::open("/", OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
         .map_err(|e| format!("/: {e}"))?;
     let st = rustix::fs::fstat(&root).map_err(|e| format!("/: {e}"))?;
-    root_only(&st, Path::new("/"))?;
+    root_only(&st, Path::new("/"), false)?;
     // The directories walked so far, each checked: `..` goes back to the one before (the
     // directory this one was opened from), never to a parent that was not checked.
     let mut walked: Vec<(OwnedFd, PathBuf)> = vec![(root, PathBuf::from("/"))];
@@ -606,11 +610,12 @@ fn open_trusted(path: &Path) -> Result<Option<OwnedFd>, String> {
                 todo.extend(steps(Path::new(OsStr::from_bytes(target.as_bytes()))));
             }
             FileType::Directory => {
-                root_only(&st, &here)?;
+                // More than the file's name left to walk: not the helper's own directory.
+                root_only(&st, &here, todo.len() > 1)?;
                 walked.push((fd, here));
             }
             FileType::RegularFile if todo.is_empty() => {
-                root_only(&st, &here)?;
+                root_only(&st, &here, false)?;
                 return Ok(Some(fd));
             }
             _ => return Ok(None),
@@ -738,6 +743,16 @@ mod tests {
         script(&t.path().join("sticky/dirseal-tpm2"), &evil, 0);
         let e = refused(Session::start_at(Helper::Tpm2, &[t.path().join("sticky/dirseal-tpm2")]));
         assert!(e.contains("/sticky can be written by its group and everyone (mode 1777)"), "{e}");
+        // Further up, a root-owned sticky directory (a checkout under /tmp) is no way in: the
+        // root-owned directory below it cannot be swapped by anyone else.
+        dir(&t.path().join("sticky/sub"), 0o755, 0);
+        script(&t.path().join("sticky/sub/dirseal-tpm2"), "", 0);
+        assert!(open_trusted(&t.path().join("sticky/sub/dirseal-tpm2")).unwrap().is_some());
+        // A directory someone else made in it is theirs: refused.
+        dir(&t.path().join("sticky/theirs"), 0o755, 65534);
+        script(&t.path().join("sticky/theirs/dirseal-tpm2"), "", 0);
+        let e = open_trusted(&t.path().join("sticky/theirs/dirseal-tpm2")).unwrap_err();
+        assert!(e.contains("/sticky/theirs is owned by uid 65534"), "{e}");
         // A user's symlink, even to root's file.
         std::os::unix::fs::symlink("good/dirseal-tpm2", t.path().join("users-link")).unwrap();
         std::os::unix::fs::lchown(t.path().join("users-link"), Some(NOBODY), Some(NOBODY)).unwrap();
