@@ -148,6 +148,9 @@ fn refusals_change_nothing() {
     }
     let err = env.fails(&["convert", p(&home), "--yes"], "pw\n");
     assert!(err.contains("has processes running") && err.contains(&child.id().to_string()), "{err}");
+    // Issue 44 (8): the programs are named, and how to end the session.
+    assert!(err.contains(&format!("pid {} (sh)", child.id())), "{err}");
+    assert!(err.contains("loginctl terminate-user "), "{err}");
     drop(child.stdin.take());
     child.wait().unwrap();
 

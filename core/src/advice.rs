@@ -322,7 +322,8 @@ mod tests {
             Tpm2Error::LockoutNotOwned,
         )));
         assert!(matches!(Remedy::find(&e), Some(Remedy::SetUpTpm)));
-        let e = ConvertError::OwnerActive { path: "/x".into(), uid: 1, pids: "2".into() };
+        let e =
+            ConvertError::OwnerActive { path: "/x".into(), uid: 1, user: "daemon".into(), pids: "pid 2 (sh)".into() };
         assert!(matches!(Remedy::find(&e), Some(Remedy::Force)));
         assert!(Remedy::find(&ConvertError::NotInProgress { path: "/x".into() }).is_none());
     }

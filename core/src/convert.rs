@@ -53,13 +53,15 @@ pub enum ConvertError {
         reason: String,
     },
     /// The owner is logged in: what their session writes after the copy is verified would be lost.
-    #[error("the owner of {path} (uid {uid}) has processes running (pid {pids}); converting under a running session loses what it writes after verification. Log the user out first")]
+    #[error("the owner of {path} ({user}, uid {uid}) has processes running ({pids}); converting under a running session loses what it writes after verification. Log {user} out first (`loginctl terminate-user {user}` ends every session of theirs)")]
     OwnerActive {
         /// The directory.
         path: PathBuf,
         /// Its owner.
         uid: u32,
-        /// The owner's processes, for the message.
+        /// The owner's login name ("uid N" without a passwd entry).
+        user: String,
+        /// The owner's processes, for the message: `pid 1031 (sleep), ...`.
         pids: String,
     },
     /// The journal's staging key is not a key identifier: the journal was altered.
@@ -297,8 +299,27 @@ pub fn plan(ds: &Dirseal, dir: &Path, options: Options, hooks: &Hooks<'_>) -> Re
 pub(crate) fn owner_idle(source: &Path, options: &Options) -> Result<Owner, ConvertError> {
     let owner = owner_of(source)?;
     if !options.force && !options.owner_asks && !owner.pids.is_empty() {
-        let pids = owner.pids.iter().take(8).map(u32::to_string).collect::<Vec<_>>().join(", ");
-        return Err(ConvertError::OwnerActive { path: source.to_path_buf(), uid: owner.uid, pids });
+        // Named by program too: a pid alone tells a person nothing.
+        let program = |pid: u32| std::fs::read_to_string(format!("/proc/{pid}/comm")).map(|c| c.trim().to_string());
+        let mut pids: Vec<String> = owner
+            .pids
+            .iter()
+            .take(8)
+            .map(|&p| program(p).map_or_else(|_| format!("pid {p}"), |c| format!("pid {p} ({c})")))
+            .collect();
+        if owner.pids.len() > 8 {
+            pids.push(format!("{} more", owner.pids.len() - 8));
+        }
+        let user = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(owner.uid))
+            .ok()
+            .flatten()
+            .map_or_else(|| format!("uid {}", owner.uid), |u| u.name);
+        return Err(ConvertError::OwnerActive {
+            path: source.to_path_buf(),
+            uid: owner.uid,
+            user,
+            pids: pids.join(", "),
+        });
     }
     Ok(owner)
 }

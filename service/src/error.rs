@@ -280,7 +280,12 @@ mod tests {
         let e = Error::from(OpsError::AmbiguousProtector { what: "/home/a".into(), list: "1 (x), 2 (y)".into() });
         assert!(e.message.ends_with("; name one of them in the protector argument"), "{e}");
         use dirseal::convert::ConvertError as C;
-        let e = Error::from(C::OwnerActive { path: "/home/a".into(), uid: 1000, pids: "7".into() });
+        let e = Error::from(C::OwnerActive {
+            path: "/home/a".into(),
+            uid: 1000,
+            user: "a".into(),
+            pids: "pid 7 (sh)".into(),
+        });
         assert_eq!(e.kind, Kind::Busy);
         assert!(e.message.ends_with("root can call Convert with the force option"), "{e}");
         let e = Error::from(C::BadToken { path: "/home/a".into(), token: "x".into() });
