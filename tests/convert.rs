@@ -106,9 +106,9 @@ fn convert_home_end_to_end() {
     assert!(!names(&home).contains(&"Documents".to_string()));
     env.ok(&["unlock", p(&home)], "pw\n");
     assert_eq!(manifest(&home), before);
-    // A second run has nothing to do and says so.
-    let err = env.fails(&["convert", p(&home), "--yes"], "pw\n");
-    assert!(err.contains("already encrypted"), "{err}");
+    // A second run has nothing to do and says so, successfully (issue 44: no error for done).
+    let out = env.ok(&["convert", p(&home), "--yes"], "pw\n");
+    assert!(out.contains("already encrypted") && out.contains("conversion finished"), "{out}");
 }
 
 #[test]

@@ -599,6 +599,9 @@ pub struct Tpm {
 impl Tpm {
     /// Connects to the TPM at `tcti`.
     pub fn open(tcti: &Tcti) -> Result<Tpm, Tpm2Error> {
+        // Missing TPM libraries are said first (the helper's greeting): they are missing on any
+        // machine, with a TPM or not.
+        let mut s = Session::start(Helper::Tpm2)?;
         // A TPM device that is not there is said plainly, before the TSS says "response code not
         // recognized" about it.
         if let Some(dev) = tcti.as_str().strip_prefix("device:") {
@@ -611,7 +614,6 @@ impl Tpm {
                 });
             }
         }
-        let mut s = Session::start(Helper::Tpm2)?;
         match call(&mut s, &Request::Open { tcti: tcti.clone() })? {
             Reply::Done => Ok(Tpm { s }),
             _ => Err(unexpected()),
