@@ -471,32 +471,28 @@ fn a_password_that_is_not_the_login_password_is_confirmed_before_it_is_saved() {
     user.set_system_password("Login-pw-42");
     fs::write(user.home.join("f"), b"data").unwrap();
     env.ok(&["convert", user.home_str(), "--yes", "--no-recovery-key"], "Old-pw-42\n");
-    let mut t = Term::spawn(&env, &["change-password", user.home_str()]);
-    t.wait_for("Password for protector", 1);
-    t.type_unechoed("Old-pw-42");
-    t.wait_for("New password for protector", 1);
-    t.type_unechoed("Other-pw-42");
-    t.wait_for("Repeat the new password", 1);
-    t.type_unechoed("Other-pw-42");
-    t.wait_for("login password now? [y/N]", 1);
-    t.type_line("y");
-    t.wait_for("all the same (nothing is saved yet)? [y/N]", 1);
+    // change-password up to its last question: a new password that is not the login password.
+    let to_the_question = || {
+        let mut t = Term::spawn(&env, &["change-password", user.home_str()]);
+        t.wait_for("Password for protector", 1);
+        t.type_unechoed("Old-pw-42");
+        t.wait_for("New password for protector", 1);
+        t.type_unechoed("Other-pw-42");
+        t.wait_for("Repeat the new password", 1);
+        t.type_unechoed("Other-pw-42");
+        t.wait_for("login password now? [y/N]", 1);
+        t.type_line("y");
+        t.wait_for("all the same (nothing is saved yet)? [y/N]", 1);
+        t
+    };
+    let mut t = to_the_question();
     t.type_line("n");
     t.wait_for("New password for protector", 2);
     t.type_raw_unechoed(b"");
     t.ctrl_c();
     env.ok(&["protector", "verify", &user.name], "Old-pw-42\n");
     // "yes" saves it.
-    let mut t = Term::spawn(&env, &["change-password", user.home_str()]);
-    t.wait_for("Password for protector", 1);
-    t.type_unechoed("Old-pw-42");
-    t.wait_for("New password for protector", 1);
-    t.type_unechoed("Other-pw-42");
-    t.wait_for("Repeat the new password", 1);
-    t.type_unechoed("Other-pw-42");
-    t.wait_for("login password now? [y/N]", 1);
-    t.type_line("y");
-    t.wait_for("all the same (nothing is saved yet)? [y/N]", 1);
+    let mut t = to_the_question();
     t.type_line("y");
     let (ok, out) = t.finish();
     assert!(ok, "{out}");
