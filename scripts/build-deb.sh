@@ -12,6 +12,8 @@
 #   --fast: gzip -1 instead of xz (tests: a debug build's package is large and xz takes minutes)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/lib/programs.sh
+. scripts/lib/programs.sh
 build="" out=$PWD compress=(-Zxz)
 while [ $# -gt 0 ]; do
   case $1 in
@@ -69,8 +71,18 @@ packages_of() {
 # Depends: what the CLI, the service and the PAM module link. Recommends: what only the TPM and
 # FIDO2 helpers link (libtss2-*, libfido2 and theirs): without them everything but those two kinds
 # works, and the helpers say what to install (docs/architecture.md, "Hardware helpers").
-depends=$(packages_of "$root/usr/sbin/dirseal" "$root/usr/libexec/dirsealed" "$root"/usr/lib/*/security/pam_dirseal.so)
-recommends=$(packages_of "$root/usr/libexec/dirseal-tpm2" "$root/usr/libexec/dirseal-fido2" | grep -vxF -f <(printf '%s\n' "$depends") || true)
+# installed_of ROLE...: where data/programs puts those programs in the package's tree.
+installed_of() {
+  local f
+  for f in $(programs "$@"); do
+    (prefix=/usr multiarch=$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || echo "$(uname -m)-linux-gnu")
+      printf '%s\n' "$root$(program_line "$f" | cut -d' ' -f2)")
+  done
+}
+mapfile -t main < <(installed_of command service pam)
+mapfile -t helpers < <(installed_of helper)
+depends=$(packages_of "${main[@]}")
+recommends=$(packages_of "${helpers[@]}" | grep -vxF -f <(printf '%s\n' "$depends") || true)
 deps=$(paste -sd, <<<"$depends" | sed 's/,/, /g')
 recs=$({ [ -z "$recommends" ] || printf '%s\n' "$recommends"; echo polkitd; } | paste -sd, | sed 's/,/, /g')
 mkdir -p "$root/DEBIAN"

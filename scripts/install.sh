@@ -17,6 +17,8 @@
 # the only keys to encrypted data.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/lib/programs.sh
+. scripts/lib/programs.sh
 
 prefix=/usr destdir='' build='' uninstall=0
 while [ $# -gt 0 ]; do
@@ -88,7 +90,7 @@ if [ -z "$build" ]; then
   cargo build --release --workspace --quiet
   build=target/release
 fi
-for f in dirseal dirsealed dirseal-tpm2 dirseal-fido2 libpam_dirseal.so; do
+for f in $(programs); do
   [ -f "$build/$f" ] || { echo "install.sh: $build/$f is missing; build the workspace first (cargo build --release --workspace)" >&2; exit 1; }
 done
 
@@ -127,13 +129,13 @@ put() {
   files+=("$3")
 }
 
-put 755 "$build/dirseal" "$prefix/sbin/dirseal"
-put 755 "$build/dirsealed" "$prefix/libexec/dirsealed"
-# The hardware helpers, the only binaries that link libtss2-* and libfido2 (docs/architecture.md):
-# dirseal finds them in PREFIX/libexec, never through PATH.
-put 755 "$build/dirseal-tpm2" "$prefix/libexec/dirseal-tpm2"
-put 755 "$build/dirseal-fido2" "$prefix/libexec/dirseal-fido2"
-put 644 "$build/libpam_dirseal.so" "/usr/lib/$multiarch/security/pam_dirseal.so"
+# Every program as data/programs says; the hardware helpers, the only binaries that link libtss2-*
+# and libfido2 (docs/architecture.md), go to PREFIX/libexec: dirseal finds them there, never
+# through PATH.
+for f in $(programs); do
+  read -r mode dest < <(program_line "$f")
+  put "$mode" "$build/$f" "$dest"
+done
 put 644 data/pam-configs/dirseal /usr/share/pam-configs/dirseal
 put 644 data/pam-configs/dirseal-pin /usr/share/pam-configs/dirseal-pin
 put 644 data/pam-configs/dirseal-mkhome /usr/share/pam-configs/dirseal-mkhome

@@ -92,7 +92,7 @@ out=${SYSTEM_OUT:-$sys/out}
 rm -rf "$out"; mkdir -p "$out/results" "$out/bin"
 # The binaries under test, frozen for this run, without their debug info (a tenth of the size: the
 # package is built and the guest reads them in seconds, not minutes).
-for f in dirseal dirsealed dirseal-tpm2 dirseal-fido2 libpam_dirseal.so softfido-uhid; do objcopy --strip-debug "$target/debug/$f" "$out/bin/$f"; done
+for f in $(programs) softfido-uhid; do objcopy --strip-debug "$target/debug/$f" "$out/bin/$f"; done
 # The man pages and completions dirseal's build wrote beside them, which install.sh installs.
 cp -r "$target/debug/dirseal-docs" "$out/bin/"
 bash scripts/build-deb.sh --build-dir "$out/bin" --out "$out/bin" --fast >/dev/null

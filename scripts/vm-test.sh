@@ -54,7 +54,7 @@ rm -rf "$out"; mkdir -p "$out"
 # the results share, not in it: the guest caches the host root share only.
 bin=$out-bin
 rm -rf "$bin"; mkdir -p "$bin"
-cp "$target/debug/dirseal" "$target/debug/dirseal-tpm2" "$target/debug/dirseal-fido2" "$target/debug/replay-log" "$bin/"
+for f in $(programs command helper) replay-log; do cp "$target/debug/$f" "$bin/"; done
 
 # A software TPM for the guest (its kernel's resource manager gives /dev/tpmrm0, dirseal's
 # default TCTI). Fresh state each run.

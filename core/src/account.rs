@@ -10,6 +10,18 @@ use subtle::ConstantTimeEq;
 use crate::secret::Passphrase;
 use crate::sys::shadow;
 
+/// The login name of `uid`, if the passwd database has one.
+pub fn login_name(uid: u32) -> Option<String> {
+    nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)).ok().flatten().map(|u| u.name)
+}
+
+/// How every message and every new protector names `uid`'s account: its login name, or "uid N"
+/// for a uid without a passwd entry (from another system, a container: still someone, and never a
+/// misleading kind name such as "password").
+pub fn user_name(uid: u32) -> String {
+    login_name(uid).unwrap_or_else(|| format!("uid {uid}"))
+}
+
 /// A shadow entry, without its hash.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Shadow {

@@ -310,10 +310,7 @@ pub(crate) fn owner_idle(source: &Path, options: &Options) -> Result<Owner, Conv
         if owner.pids.len() > 8 {
             pids.push(format!("{} more", owner.pids.len() - 8));
         }
-        let user = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(owner.uid))
-            .ok()
-            .flatten()
-            .map_or_else(|| format!("uid {}", owner.uid), |u| u.name);
+        let user = crate::account::user_name(owner.uid);
         return Err(ConvertError::OwnerActive {
             path: source.to_path_buf(),
             uid: owner.uid,
@@ -376,8 +373,7 @@ impl<K> NewRun<K> {
     /// What the run involves, as a person should see it before saying yes.
     pub fn summary(&self) -> Summary {
         let (census, owner, options) = (&self.census, &self.owner, &self.options);
-        let owner_name =
-            nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(owner.uid)).ok().flatten().map(|u| u.name);
+        let owner_name = crate::account::login_name(owner.uid);
         Summary {
             path: self.source.clone(),
             entries: census.entries,

@@ -148,13 +148,13 @@ fn refuse_pin_only(
     if uid == 0 {
         return Ok(());
     }
-    let Some(user) = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)).ok().flatten() else {
+    let Some(user) = crate::account::login_name(uid) else {
         return Ok(());
     };
-    let pin = ds.is_pin_login(&user.name) || ds.pin_protector(policy, uid).is_some();
-    let no_password = crate::account::shadow(&user.name).ok().flatten().is_some_and(|s| !s.has_hash);
+    let pin = ds.is_pin_login(&user) || ds.pin_protector(policy, uid).is_some();
+    let no_password = crate::account::shadow(&user).ok().flatten().is_some_and(|s| !s.has_hash);
     if pin && no_password {
-        return Err(ConvertError::PinLoginOnly { path: source.to_path_buf(), user: user.name });
+        return Err(ConvertError::PinLoginOnly { path: source.to_path_buf(), user });
     }
     Ok(())
 }
@@ -449,8 +449,8 @@ pub fn check_direction(v: &migrate::StatusView) -> Result<(), MigrateError> {
 /// The owner's PIN login ends with their TPM PIN protector (they log in by password now).
 fn forget_pin_login(ds: &mut Dirseal, prec: &crate::protector::ProtectorRecord, uid: u32) -> Result<(), ConvertError> {
     if crate::ops::opens_pin_login(prec) && prec.uid == Some(uid) {
-        if let Some(user) = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)).ok().flatten() {
-            ds.disable_pin_login(&user.name)?;
+        if let Some(user) = crate::account::login_name(uid) {
+            ds.disable_pin_login(&user)?;
         }
     }
     Ok(())

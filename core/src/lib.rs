@@ -64,3 +64,9 @@ pub use ids::{KeyIdentifier, ProtectorId};
 pub use ops::Dirseal;
 pub use secret::Passphrase;
 pub use ui::Ui;
+
+/// docs/architecture.md, whose Rust blocks (a whole front end) `cargo test --doc` compiles: the
+/// steps it gives stay true to the letter.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/architecture.md")]
+pub struct ArchitectureDoc;

@@ -56,6 +56,11 @@ impl State {
     }
 }
 
+/// A state in JSON: the words `Display` gives ("moving back"), the ones status lines show.
+fn as_text<S: serde::Serializer>(state: &State, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(state)
+}
+
 impl fmt::Display for State {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
@@ -120,12 +125,18 @@ impl Timings {
     }
 }
 
-/// What the journal says, for `dirseal convert --status`-like displays.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// What the journal says, for `dirseal convert --status`-like displays. Its JSON (field names as
+/// docs/formats.md gives them for `convert --status --json`) is the one shape every front end
+/// shows a recorded conversion in.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct StatusView {
+    #[serde(serialize_with = "as_text")]
     pub state: State,
     pub method: Method,
+    #[serde(rename = "path")]
     pub source: PathBuf,
+    /// The host's token: for a conversion, the new policy's id.
+    #[serde(rename = "policy")]
     pub token: String,
     pub started_unix: u64,
     /// Progress as of the last journal write (written at each transition and every few seconds).

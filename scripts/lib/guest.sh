@@ -1,7 +1,10 @@
 # shellcheck shell=bash disable=SC2034 # only, cmd, swtpm_pid, qemu_args, ... are for the scripts that source this
-# Sourced by scripts/vm-test.sh and scripts/system-test.sh: the options both take, and what both qemu
+# Sourced by scripts/vm-test.sh and scripts/system-test.sh (from the repository root): the options both take, the programs (data/programs), and what both qemu
 # guests (TCG) are made of and run with: Debian's kernel, a busybox initramfs, a software TPM, the qemu options they share,
 # and the watch that stops a guest which makes no progress (a slow one is left alone).
+
+# shellcheck source=scripts/lib/programs.sh
+. scripts/lib/programs.sh
 
 # guest_args USAGE OWN ARG...: the options both guest tests take, --only NAME,... and --cmd CMD
 # (into only and cmd) and --no-deps (skip_deps); every other argument goes, in order, to the

@@ -151,7 +151,7 @@ impl Caller {
             return Err(Error::denied(format!(
                 "{dir} belongs to {} (uid {}); you (uid {}) may act only on directories you own \
                  (administrators: polkit action {MANAGE_ACTION})",
-                user_name(meta.uid()),
+                dirseal::account::user_name(meta.uid()),
                 meta.uid(),
                 self.uid
             )));
@@ -189,19 +189,12 @@ fn check_ancestors(path: &Path) -> Result<()> {
                  ask an administrator (root, or polkit action {MANAGE_ACTION})",
                 path.display(),
                 parent.display(),
-                if pm.uid() != 0 { user_name(pm.uid()) } else { "other users".into() }
+                if pm.uid() != 0 { dirseal::account::user_name(pm.uid()) } else { "other users".into() }
             )));
         }
         child = parent;
     }
     Ok(())
-}
-
-pub fn user_name(uid: u32) -> String {
-    match nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)) {
-        Ok(Some(u)) => u.name,
-        _ => format!("uid {uid}"),
-    }
 }
 
 #[cfg(test)]

@@ -44,41 +44,6 @@ pub(super) struct OutcomeOut<'a> {
     timings: serde_json::Map<String, serde_json::Value>,
 }
 
-#[derive(Serialize)]
-pub(super) struct StatusOut<'a> {
-    path: &'a Path,
-    state: String,
-    method: String,
-    policy: &'a str,
-    files_done: u64,
-    files_total: u64,
-    bytes_done: u64,
-    bytes_total: u64,
-    keep_backup: bool,
-    started_unix: u64,
-    /// A live process is running it now; otherwise it was interrupted and resumes when run again.
-    running: bool,
-    /// A move's files moved so far are here (the work dir's staging directory), else null.
-    moved_to: Option<&'a Path>,
-}
-
-pub(super) fn status_out(v: &StatusView) -> StatusOut<'_> {
-    StatusOut {
-        path: &v.source,
-        state: v.state.to_string(),
-        method: v.method.to_string(),
-        policy: &v.token,
-        files_done: v.files_done,
-        files_total: v.files_total,
-        bytes_done: v.bytes_done,
-        bytes_total: v.bytes_total,
-        keep_backup: v.keep_backup,
-        started_unix: v.started_unix,
-        running: v.running,
-        moved_to: v.moved_to.as_deref(),
-    }
-}
-
 /// `convert --status [DIR]`: reads the work dirs only, so it runs before (and without) the
 /// keystore, which a look at the state must never create.
 pub fn status_only(args: &ConvertArgs) -> Option<Result<i32>> {
@@ -271,7 +236,7 @@ pub(super) fn show_status(abs: &Path, v: Option<&StatusView>, json: bool) -> Res
     match (v, json) {
         (None, true) => println!("{}", serde_json::json!({ "path": abs, "state": null })),
         (None, false) => println!("no conversion recorded for {}", clean(&abs.display().to_string())),
-        (Some(v), true) => println!("{}", serde_json::to_string(&status_out(v))?),
+        (Some(v), true) => println!("{}", serde_json::to_string(v)?),
         (Some(v), false) => print_status(v),
     }
     Ok(0)
@@ -332,8 +297,7 @@ fn moved_to(v: &StatusView) -> String {
 fn status_all(json: bool) -> Result<i32> {
     let found = convert::recorded()?;
     if json {
-        let list: Vec<StatusOut<'_>> = found.iter().map(status_out).collect();
-        println!("{}", serde_json::to_string(&serde_json::json!({ "conversions": list }))?);
+        println!("{}", serde_json::to_string(&serde_json::json!({ "conversions": found }))?);
     } else if found.is_empty() {
         println!("no conversions recorded");
     } else {

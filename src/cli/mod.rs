@@ -84,15 +84,6 @@ impl KdfArgs {
     }
 }
 
-/// The name of `uid`'s account. A uid without a passwd entry (from another system, a container)
-/// is still someone: "uid N", not a misleading "password".
-pub fn user_name(uid: u32) -> String {
-    nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
-        .ok()
-        .flatten()
-        .map_or_else(|| format!("uid {uid}"), |u| u.name)
-}
-
 impl ProtectorArgs {
     /// `--user`'s uid.
     fn user(&self) -> Result<Option<u32>> {

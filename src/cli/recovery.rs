@@ -73,7 +73,7 @@ pub fn run(ds: &mut Dirseal, cmd: RecoveryCmd, ui: &mut TermUi) -> Result<()> {
             // tries only the user's own protectors) would leave the restored home locked.
             let choice = protector.choice(ds, Some(&dir))?;
             let owner = match &choice {
-                ProtectorChoice::New(n) => n.uid.map(super::user_name),
+                ProtectorChoice::New(n) => n.uid.map(dirseal::account::user_name),
                 ProtectorChoice::Existing(_) => None,
             };
             let (_, prec) = ds.restore_with_recovery(&dir, choice, ui)?;

@@ -192,7 +192,7 @@ impl Ui for TermUi {
             SecretPrompt::NewPassword { name, uid } => {
                 // PAM opens a user's directories with their login password, so the prompt says
                 // the two must be the same; the protector's own owner decides, whatever the command.
-                let login_user = uid.map(super::user_name);
+                let login_user = uid.map(dirseal::account::user_name);
                 let tty = io::stdin().is_terminal();
                 if tty {
                     match &login_user {

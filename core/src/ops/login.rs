@@ -96,9 +96,9 @@ impl Dirseal {
 /// [`OpsError::PinIsLoginPassword`]). A shadow entry that cannot be read (not root, no entry)
 /// has nothing to compare with.
 pub(super) fn refuse_login_password_pin(uid: u32, pin: &Passphrase) -> Result<(), OpsError> {
-    let Ok(Some(u)) = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)) else { return Ok(()) };
-    if crate::account::password_is(&u.name, pin).unwrap_or(false) {
-        return Err(OpsError::PinIsLoginPassword { user: u.name });
+    let Some(name) = crate::account::login_name(uid) else { return Ok(()) };
+    if crate::account::password_is(&name, pin).unwrap_or(false) {
+        return Err(OpsError::PinIsLoginPassword { user: name });
     }
     Ok(())
 }
@@ -134,10 +134,7 @@ impl Dirseal {
     /// again if the second step failed. Returns the protector their PIN opens.
     pub fn enable_pin_login(&mut self, user: &str) -> Result<ProtectorRecord, OpsError> {
         let (uid, home) = lookup_user(user)?;
-        let name = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
-            .ok()
-            .flatten()
-            .map_or_else(|| user.to_string(), |u| u.name);
+        let name = crate::account::login_name(uid).unwrap_or_else(|| user.to_string());
         let policy = self.policy_of(&home)?;
         let rec = self.pin_protector(&policy, uid).ok_or(OpsError::NoPinProtector { user: name.clone(), home })?;
         if !self.is_pin_login(&name) {
@@ -155,7 +152,7 @@ impl Dirseal {
     /// that password (docs/pam.md), and the hash lets anyone with the disk find it offline.
     pub(crate) fn pin_warning(&self, rec: &ProtectorRecord) -> Option<String> {
         let uid = rec.uid.filter(|_| opens_pin_login(rec))?;
-        let user = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)).ok().flatten()?.name;
+        let user = crate::account::login_name(uid)?;
         if self.is_pin_login(&user) || !crate::account::shadow(&user).ok().flatten()?.has_hash {
             return None;
         }

@@ -71,16 +71,11 @@ impl<'a> NewProtector<'a> {
     pub fn for_user(user: Option<u32>, kind: NewKind, name: Option<impl Into<Cow<'a, str>>>) -> NewProtector<'a> {
         let name = match (name, user) {
             (Some(n), _) => n.into(),
-            (None, Some(uid)) => Cow::Owned(login_name(uid).unwrap_or_else(|| format!("uid {uid}"))),
+            (None, Some(uid)) => Cow::Owned(crate::account::user_name(uid)),
             (None, None) => Cow::Borrowed(kind.name()),
         };
         NewProtector { name, uid: user, kind }
     }
-}
-
-/// The login name of `uid`, if the passwd database has one.
-fn login_name(uid: u32) -> Option<String> {
-    nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)).ok().flatten().map(|u| u.name)
 }
 
 /// Where to get the protector for a new policy: an existing one, or a new one.

@@ -58,6 +58,10 @@ pub enum Helper {
 }
 
 impl Helper {
+    /// Every helper: data/programs lists exactly these as `helper`s (the test below holds it to
+    /// that), so installers and packaging need no other registration.
+    pub const ALL: [Helper; 2] = [Helper::Tpm2, Helper::Fido2];
+
     /// The program's file name.
     pub fn program(self) -> &'static str {
         match self {
@@ -658,6 +662,34 @@ mod tests {
     use std::time::Instant;
 
     use dirseal_testfs::needs_root;
+
+    /// The one registration place for programs (data/programs, read by the installers, the
+    /// package and the guest tests) and hw/'s binaries name every helper, and nothing else is one.
+    #[test]
+    fn data_programs_and_hw_name_every_helper() {
+        // A new variant fails to compile here until ALL (and so this test) knows it.
+        for h in Helper::ALL {
+            match h {
+                Helper::Tpm2 | Helper::Fido2 => {}
+            }
+        }
+        let listed: Vec<&str> = include_str!("../../../data/programs")
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .map(|l| l.split_whitespace().collect::<Vec<_>>())
+            .filter(|f| f.len() == 4 && f[2] == "helper")
+            .map(|f| f[0])
+            .collect();
+        assert_eq!(listed, Helper::ALL.map(Helper::program), "data/programs' helper lines");
+        let hw = include_str!("../../../hw/Cargo.toml");
+        for h in Helper::ALL {
+            assert!(
+                hw.contains(&format!("name = \"{}\"", h.program())),
+                "hw/Cargo.toml has no [[bin]] {}",
+                h.program()
+            );
+        }
+    }
 
     /// A directory root alone can change from / down, for stand-in helpers: beside the test
     /// binary (target/PROFILE), as /tmp is everyone's.
