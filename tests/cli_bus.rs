@@ -211,3 +211,37 @@ fn a_user_unlocks_locks_and_changes_their_password_through_the_service() {
     assert!(t.contains("dirsealed") && t.contains("not running") && t.contains("systemctl start dirsealed"), "{t}");
     assert_eq!(key(&env, &home), "unlocked");
 }
+
+/// A user converts their own home (with data) through the service: the plan, the new password on
+/// stdin, the job followed to its end; then unlocks it with that password.
+#[test]
+fn a_user_converts_their_own_home_through_the_service() {
+    dirseal_testfs::needs_root!();
+    let env = Env::new();
+    for a in env.mnt().ancestors().take_while(|a| a.starts_with(std::env::temp_dir()) && *a != std::env::temp_dir()) {
+        std::fs::set_permissions(a, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let bus = Bus::start(&env);
+    let bob = User::new(env.mnt());
+    let h = bob.home_str();
+    for i in 0..20 {
+        let f = bob.home.join(format!("f{i}"));
+        std::fs::write(&f, vec![i as u8; 10_000]).unwrap();
+        std::os::unix::fs::chown(&f, Some(bob.uid), Some(bob.uid)).unwrap();
+    }
+    // Not on a terminal: --yes says yes, as for root.
+    let o = as_user(&bob, &bus.address, &["convert", h], "pw-b\n");
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("--yes"), "{}", text(&o));
+    let o = as_user(&bob, &bus.address, &["convert", "--yes", h], "pw-b\n");
+    assert!(o.status.success(), "{}\nservice log:\n{}", text(&o), bus.log());
+    assert!(text(&o).contains("done"), "{}", text(&o));
+    let st = env.status_json(&bob.home);
+    assert_eq!(st["encrypted"], true, "{st}");
+    assert_eq!(std::fs::read(bob.home.join("f7")).unwrap(), vec![7u8; 10_000]);
+    let o = as_user(&bob, &bus.address, &["lock", h], "");
+    assert!(o.status.success(), "{}", text(&o));
+    let o = as_user(&bob, &bus.address, &["unlock", h], "pw-b\n");
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(std::fs::read(bob.home.join("f3")).unwrap(), vec![3u8; 10_000]);
+}

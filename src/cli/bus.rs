@@ -7,6 +7,7 @@
 use std::io::{IsTerminal, Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use anyhow::Result;
 use serde::Serialize;
@@ -19,7 +20,7 @@ use dirseal::recovery::RecoveryKey;
 use dirseal::secret::Passphrase;
 use dirseal::ui::{SecretPrompt, Ui};
 
-use super::args::{Cmd, PolicyCmd, ProtectorCmd, RecoveryCmd};
+use super::args::{Cmd, ConvertArgs, DataMode, DecryptArgs, EndArgs, PolicyCmd, ProtectorCmd, RecoveryCmd, RunArgs};
 use super::term::{clean, TermUi};
 
 const NAME: &str = "org.dirseal.Dirseal1";
@@ -351,8 +352,8 @@ pub fn run(cmd: Cmd, keystore: Option<&Path>) -> Result<i32> {
         }
         Cmd::Policy(PolicyCmd::AddProtector { .. }) => needs_root("policy add-protector"),
         Cmd::Encrypt { .. } => needs_root("encrypt"),
-        Cmd::Convert(_) => needs_root("convert"),
-        Cmd::Decrypt(_) => needs_root("decrypt"),
+        Cmd::Convert(a) => convert(a, &mut ui),
+        Cmd::Decrypt(a) => decrypt(a, &mut ui),
         Cmd::Home(_) => needs_root("home"),
         Cmd::Tpm2(_) => needs_root("tpm2"),
         Cmd::Fido2(_) => needs_root("fido2"),
@@ -557,4 +558,213 @@ fn recovery(bus: &Service, cmd: RecoveryCmd, ui: &mut TermUi) -> Result<i32> {
         }
     }
     Ok(0)
+}
+
+/// Options of `Convert` and `Decrypt` (and their plans) from the flags the service takes.
+type Dict = std::collections::HashMap<String, OwnedValue>;
+
+fn job_options(run: &RunArgs, keep_backup: bool, protector: Option<&str>) -> Dict {
+    let mut o = Dict::new();
+    let s = |v: &str| OwnedValue::from(zbus::zvariant::Str::from(v.to_string()));
+    o.insert("keep_backup".into(), OwnedValue::from(keep_backup));
+    o.insert("force".into(), OwnedValue::from(run.force));
+    let mode = match run.data_mode {
+        DataMode::Copy => "copy",
+        DataMode::Move => "move",
+        DataMode::Auto => "auto",
+    };
+    o.insert("mode".into(), s(mode));
+    if let Some(p) = protector {
+        o.insert("protector".into(), s(p));
+    }
+    o
+}
+
+/// The flags of a run the service has no way to take: `dirseal convert` as root has them.
+fn refused_flags(command: &str, run: &RunArgs, end: &EndArgs, more: &[(&str, bool)]) -> Result<(), BusError> {
+    let flags = [
+        ("--threads", run.threads.is_some()),
+        ("--json", run.json),
+        ("--abort", end.abort),
+        ("--rollback", end.rollback),
+        ("--commit", end.commit),
+        ("--status", end.status),
+    ];
+    match flags.iter().chain(more).find(|(_, given)| *given) {
+        Some((flag, _)) => Err(BusError::NeedsRoot { command: format!("{command} {flag}") }),
+        None => Ok(()),
+    }
+}
+
+/// A plan's a{sv} value, as a number or text to show.
+fn plan_u64(plan: &Dict, key: &str) -> Option<u64> {
+    plan.get(key).and_then(|v| u64::try_from(v).ok())
+}
+
+fn plan_str(plan: &Dict, key: &str) -> Option<String> {
+    plan.get(key).and_then(|v| String::try_from(v.try_clone().ok()?).ok())
+}
+
+/// Shows the service's plan and asks, as root's command asks (`--yes`: asked nothing). A plan
+/// with a `state` is an unfinished run, which the call resumes: nothing to ask.
+fn confirm_plan(plan: &Dict, dir: &Path, verb: &str, yes: bool) -> Result<bool> {
+    let d = clean(&dir.display().to_string());
+    if let Some(state) = plan_str(plan, "state") {
+        eprintln!("dirseal: resuming the {verb} of {d} (recorded state: {})", clean(&state));
+        return Ok(false);
+    }
+    let mib = |b: u64| b.div_ceil(1 << 20);
+    eprintln!(
+        "{verb} {d}: {}, {} MiB of data, by {} (needs {} MiB free, {} MiB available)",
+        super::term::entries(plan_u64(plan, "entries").unwrap_or(0)),
+        mib(plan_u64(plan, "data_bytes").unwrap_or(0)),
+        plan_str(plan, "method").unwrap_or_default(),
+        mib(plan_u64(plan, "space_needed").unwrap_or(0)),
+        mib(plan_u64(plan, "space_available").unwrap_or(0)),
+    );
+    if yes {
+        return Ok(true);
+    }
+    if !std::io::stdin().is_terminal() {
+        return Err(dirseal::ui::UiError::Unconfirmed {
+            what: format!("{verb} {d}"),
+            hint: "pass --yes when not on a terminal".into(),
+        }
+        .into());
+    }
+    if !super::term::confirm(&format!("{verb} {d} in place?"))? {
+        return Err(dirseal::ui::UiError::Cancelled.into());
+    }
+    Ok(true)
+}
+
+/// `convert` of the user's own directory (the service allows their home while nothing uses it):
+/// its plan, the question, the new password (or an existing protector's secret), then the job
+/// followed to its end.
+fn convert(a: ConvertArgs, ui: &mut TermUi) -> Result<i32> {
+    let more = [
+        ("--portable", a.portable),
+        ("--scrub", a.scrub),
+        ("--recovery-key", a.recovery.recovery_key),
+        ("--user", a.protector.user.is_some()),
+        ("--protector-type", a.protector.protector_type != dirseal::protector::DEFAULT_KIND),
+    ];
+    refused_flags("convert", &a.run, &a.end, &more)?;
+    let Some(dir) = a.dir else { anyhow::bail!("name the directory to convert: `dirseal convert DIR`") };
+    let bus = Service::connect()?;
+    let named = a.protector.protector.as_ref().map(|p| p.0.as_str());
+    let mut options = job_options(&a.run, a.keep_backup, named);
+    options.insert("wipe".into(), OwnedValue::from(a.wipe));
+    let plan: Dict = bus.call("PlanConvert", &(path_arg(&dir), &options))?;
+    let new = confirm_plan(&plan, &dir, "Convert", a.yes)?;
+    let secret = match named {
+        Some(n) => ask_current(&own_protector(&bus, n)?, ui)?,
+        // A new run makes a password protector for the owner; a resumed one reloads its key.
+        None if new => {
+            let name = a.protector.protector_name.clone().unwrap_or_else(|| super::user_name(me()));
+            ui.secret(&SecretPrompt::NewPassword { name: &name, uid: Some(me()) })?
+        }
+        None => super::term::ask(&format!("Password for {}: ", clean(&dir.display().to_string())))?,
+    };
+    follow(&bus, "Convert", &dir, &secret, options)
+}
+
+/// `decrypt` of the user's own directory (polkit's `decrypt-own` decides).
+fn decrypt(a: DecryptArgs, ui: &mut TermUi) -> Result<i32> {
+    refused_flags("decrypt", &a.run, &a.end, &[])?;
+    let bus = Service::connect()?;
+    let named = a.protector.as_ref().map(|p| p.0.as_str());
+    let mut options = job_options(&a.run, a.keep_backup, named);
+    options.insert("keep_protectors".into(), OwnedValue::from(a.keep_protectors));
+    let locked = ops::public_dir_status(&a.dir)?.key != Some("unlocked");
+    // The plan needs the key loaded: a locked directory is unlocked by the call's secret.
+    if !locked {
+        let plan: Dict = bus.call("PlanDecrypt", &(path_arg(&a.dir), &options))?;
+        confirm_plan(&plan, &a.dir, "Decrypt", a.yes)?;
+    }
+    let secret = if locked {
+        let st = bus.status(&a.dir)?;
+        ask_current(&pick(&st, &a.dir, named)?, ui)?
+    } else {
+        unused()
+    };
+    follow(&bus, "Decrypt", &a.dir, &secret, options)
+}
+
+/// Starts the job (`Convert` or `Decrypt`) and follows its signals to the end: progress as root's
+/// command shows it; Ctrl-C cancels the job (the service aborts it where it can: `Cancel`).
+fn follow(bus: &Service, method: &str, dir: &Path, secret: &Passphrase, options: Dict) -> Result<i32> {
+    // Subscribed before the call: a small job may end before its path is known here.
+    let rule = zbus::MatchRule::builder()
+        .msg_type(zbus::message::Type::Signal)
+        .interface("org.dirseal.Dirseal1.Job")
+        .map_err(|e| anyhow::anyhow!("{e}"))?
+        .build();
+    let signals = zbus::blocking::MessageIterator::for_match_rule(rule, &bus.conn, Some(64))
+        .map_err(|e| anyhow::anyhow!("subscribing to the job's signals: {e}"))?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for m in signals {
+            if m.map(|m| tx.send(m)).is_err() {
+                break;
+            }
+        }
+    });
+    // The service refuses a home that any process has open, this one's working directory too.
+    let path = path_arg(dir);
+    let _ = std::env::set_current_dir("/");
+    let fd = pipe_of(secret)?;
+    let job: zbus::zvariant::OwnedObjectPath = bus.call(method, &(&path, Fd::from(fd.as_fd()), options))?;
+    let _catch = super::interrupt::catching();
+    let reporter = super::progress::Reporter::new(false);
+    let mut cancelled = false;
+    loop {
+        if super::interrupt::arrived() && !cancelled {
+            cancelled = true;
+            eprintln!("dirseal: stopping: the service undoes what it can");
+            let _ = bus.conn.call_method(Some(NAME), job.as_str(), Some("org.dirseal.Dirseal1.Job"), "Cancel", &());
+        }
+        let m = match rx.recv_timeout(Duration::from_millis(200)) {
+            Ok(m) => m,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => continue,
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                reporter.finish();
+                anyhow::bail!("lost the connection to the dirseal service; the job goes on: `dirseal status {path}`")
+            }
+        };
+        let h = m.header();
+        if h.path().map(|p| p.as_str()) != Some(job.as_str()) {
+            continue;
+        }
+        match h.member().map(|m| m.as_str()) {
+            Some("Progress") => {
+                if let Ok((phase, bytes_done, bytes_total, files_done, files_total, _)) =
+                    m.body().deserialize::<(String, u64, u64, u64, u64, i64)>()
+                {
+                    reporter.report(&dirseal::ui::Progress { phase, bytes_done, bytes_total, files_done, files_total });
+                }
+            }
+            Some("Finished") => {
+                reporter.finish();
+                let (state, files, bytes, _policy) = m.body().deserialize::<(String, u64, u64, String)>()?;
+                let d = clean(&path);
+                match state.as_str() {
+                    "aborted" => {
+                        eprintln!("dirseal: stopped; {d} is as it was");
+                        return Ok(130);
+                    }
+                    state => {
+                        println!("{d}: {state} ({}, {} MiB)", super::term::entries(files), bytes.div_ceil(1 << 20))
+                    }
+                }
+                return Ok(0);
+            }
+            Some("Failed") => {
+                reporter.finish();
+                let (name, message) = m.body().deserialize::<(String, String)>()?;
+                return Err(BusError::Service { name, message }.into());
+            }
+            _ => {}
+        }
+    }
 }
