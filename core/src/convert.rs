@@ -27,7 +27,7 @@ use sha2::{Digest, Sha256};
 use crate::fscrypt::{self, KeyStatus};
 use crate::ids::KeyIdentifier;
 use crate::keystore::Keystore;
-use crate::ops::{Dirseal, OpsError, Pick, ProtectorChoice};
+use crate::ops::{Dirseal, OpsError, Pick, ProtectorChoice, Undo};
 use crate::protector::ProtectorRecord;
 use crate::secret::ProtectorKey;
 use crate::ui::{Progress, Question, Ui, UiError};
@@ -598,19 +598,35 @@ impl NewPlan {
             None
         };
         drop_orphan_policy(ds, &source, &self.workdir)?;
+        // Until the engine's first journal record, a failure takes back what was made for it.
+        let mut undo = Undo::watching(&[ds.keystore(), &store]);
         let chosen = match choice {
             ProtectorChoice::New(n) => ds.adopt_or_create_protector(&n, &store, ui)?,
             existing if self.options.portable => ds.resolve_protector_into(existing, &store, ui)?,
             existing => ds.resolve_protector(existing, ui)?,
         };
+        undo.protector(&chosen.0.id);
         migrate::fault::point(migrate::fault::Point::AfterProtectorSaved);
+        let workdir = self.workdir.clone();
         let host = KeyHost {
             protector: Some(chosen),
             recovery: recovery.as_ref(),
-            store: Some(store),
+            store: Some(store.clone()),
             ..KeyHost::new(ds, &source, hooks)
         };
-        let outcome = self.start(&host)?;
+        let started = self.start(&host);
+        match migrate::status(&workdir) {
+            // No journal of this run: the staging dir's policy, if the host made it, goes too.
+            Ok(v) if started.is_err() && !v.as_ref().is_some_and(|v| unfinished(v.state)) => {
+                let staged = fscrypt::get_policy(&migrate::staging_path(&workdir)).ok().flatten();
+                let ours = |id: &KeyIdentifier| store.policy(id).is_ok_and(|r| r.path_hint.as_deref() == Some(&*source));
+                if let (Some(p), Ok(mp)) = (staged.filter(|p| ours(&p.identifier)), fscrypt::mount_point(&source)) {
+                    undo.policy(p.identifier, &store, mp);
+                }
+            }
+            _ => undo.keep(),
+        }
+        let outcome = started?;
         let saved = recovery.map(|_| {
             !matches!(outcome.state, State::Done | State::Swapped)
                 || crate::recovery::read_blob(&source).is_ok_and(|b| b.is_some())

@@ -23,6 +23,7 @@ mod policies;
 mod protectors;
 mod recovery;
 mod status;
+mod undo;
 mod unlock;
 
 pub use crate::census::ProtectorSummary;
@@ -30,6 +31,7 @@ pub use errors::OpsError;
 pub use login::{lookup_user, opens_pin_login, opens_touch_login, Login};
 pub use status::{public_dir_status, DirStatus, FsStatus};
 pub use unlock::{BusyProcess, LockReport};
+pub(crate) use undo::Undo;
 
 /// Which protector to use when a policy has several.
 #[derive(Clone, Copy, Debug, Default)]
