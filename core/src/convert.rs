@@ -619,7 +619,8 @@ impl NewPlan {
             // No journal of this run: the staging dir's policy, if the host made it, goes too.
             Ok(v) if started.is_err() && !v.as_ref().is_some_and(|v| unfinished(v.state)) => {
                 let staged = fscrypt::get_policy(&migrate::staging_path(&workdir)).ok().flatten();
-                let ours = |id: &KeyIdentifier| store.policy(id).is_ok_and(|r| r.path_hint.as_deref() == Some(&*source));
+                let ours =
+                    |id: &KeyIdentifier| store.policy(id).is_ok_and(|r| r.path_hint.as_deref() == Some(&*source));
                 if let (Some(p), Ok(mp)) = (staged.filter(|p| ours(&p.identifier)), fscrypt::mount_point(&source)) {
                     undo.policy(p.identifier, &store, mp);
                 }
@@ -627,6 +628,7 @@ impl NewPlan {
             _ => undo.keep(),
         }
         let outcome = started?;
+        forget_on_medium(ds, &source, &workdir, outcome.state);
         let saved = recovery.map(|_| {
             !matches!(outcome.state, State::Done | State::Swapped)
                 || crate::recovery::read_blob(&source).is_ok_and(|b| b.is_some())
@@ -663,6 +665,7 @@ impl ResumePlan {
             load_staging_key(ds, &source, &id, pick, ui)?;
         }
         let outcome = resume(&KeyHost::new(ds, &source, hooks), &workdir, &options, state, ui)?;
+        forget_on_medium(ds, &source, &workdir, outcome.state);
         Ok(Converted { outcome, recovery_key_saved: None })
     }
 }
@@ -761,8 +764,25 @@ pub(crate) fn finish_going(host: &KeyHost<'_>, how: Finish, ui: &mut dyn Ui) -> 
     Ok(match how {
         Finish::Abort => migrate::abort(&workdir, host)?,
         Finish::Rollback => migrate::rollback(&workdir, host)?,
-        Finish::Commit => migrate::commit(&workdir, host)?,
+        Finish::Commit => {
+            let outcome = migrate::commit(&workdir, host)?;
+            if direction == Direction::Encrypt {
+                forget_on_medium(ds, source, &workdir, outcome.state);
+            }
+            outcome
+        }
     })
+}
+
+/// A finished conversion of a portable directory leaves no journal on its medium: the journal
+/// names the directory's original path, and a card goes to other machines and people. (On this
+/// machine's own disks the finished journal stays: `status` and a re-run read it.) Best effort: a
+/// journal that stays holds nothing a resume needs.
+fn forget_on_medium(ds: &Dirseal, source: &Path, workdir: &Path, state: State) {
+    if state != State::Done || !ds.policy_of(source).is_ok_and(|p| p.medium.is_some()) {
+        return;
+    }
+    let _ = std::fs::remove_dir_all(workdir);
 }
 
 /// The engine's refusal of a conversion recorded going the other way than `asked`.

@@ -651,6 +651,8 @@ struct Overview {
     keystore: PathBuf,
     policies: Vec<PolicyOut>,
     protectors: Vec<ProtectorOut>,
+    /// Portable directories on mounted media, whose records are on the medium, not here.
+    portable: Vec<ops::PortableDir>,
     problems: Vec<String>,
     /// Display managers' autologins and what the next boot does with each (docs/pam.md).
     autologin: Vec<dirseal::autologin::Status>,
@@ -692,11 +694,13 @@ fn overview_data(ds: &Dirseal) -> Result<Overview> {
         problems.push(format!("autologin: {e}"));
         Vec::new()
     });
-    Ok(Overview { keystore: ks.root().to_path_buf(), policies, protectors, problems, autologin })
+    let (portable, unreadable) = ds.portable_dirs();
+    problems.extend(unreadable);
+    Ok(Overview { keystore: ks.root().to_path_buf(), policies, protectors, portable, problems, autologin })
 }
 
 fn print_policies(o: &Overview) {
-    if o.policies.is_empty() {
+    if o.policies.is_empty() && o.portable.is_empty() {
         println!("no encrypted directories yet: `dirseal convert DIR` encrypts one that holds data");
     }
     for p in &o.policies {
@@ -708,6 +712,23 @@ fn print_policies(o: &Overview) {
                 Some(r) => println!("    {}", protector_line(&r.summary)),
                 None => println!("    {id}  (unreadable or missing protector)"),
             }
+        }
+    }
+    print_portable(o);
+}
+
+/// The portable directories of mounted media, after this keystore's policies.
+fn print_portable(o: &Overview) {
+    for d in &o.portable {
+        let path = d.path_hint.as_ref().map_or_else(|| "(unknown path)".into(), |h| clean(&h.display().to_string()));
+        println!(
+            "portable {}  {:<16}  {path}  (records on the medium: {})",
+            d.policy,
+            d.key.unwrap_or("unknown"),
+            clean(&d.records.display().to_string())
+        );
+        for id in &d.protectors {
+            println!("    {id}");
         }
     }
 }

@@ -29,9 +29,9 @@ mod unlock;
 pub use crate::census::ProtectorSummary;
 pub use errors::OpsError;
 pub use login::{lookup_user, opens_pin_login, opens_touch_login, Login};
-pub use status::{public_dir_status, DirStatus, FsStatus};
-pub use unlock::{BusyProcess, LockReport};
+pub use status::{public_dir_status, DirStatus, FsStatus, PortableDir};
 pub(crate) use undo::Undo;
+pub use unlock::{BusyProcess, LockReport};
 
 /// Which protector to use when a policy has several.
 #[derive(Clone, Copy, Debug, Default)]
