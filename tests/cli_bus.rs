@@ -187,6 +187,17 @@ fn a_user_unlocks_locks_and_changes_their_password_through_the_service() {
     assert!(ok(&["status", h], "").contains("recovery:   yes"));
     assert!(ok(&["protector", "list"], "").contains(&alice.name));
 
+    // Protectors: a second one of hers, added to the home, used, then taken off and removed.
+    assert!(ok(&["protector", "create", "--name", "laptop"], "pw-l\n").contains("created protector"));
+    ok(&["policy", "add-protector", h, "--protector", "laptop"], "pw-b\npw-l\n");
+    ok(&["lock", h], "");
+    ok(&["unlock", h, "--protector", "laptop"], "pw-l\n");
+    ok(&["protector", "verify", "laptop"], "pw-l\n");
+    assert!(!user(&["protector", "verify", "laptop"], "nope\n").status.success());
+    ok(&["policy", "remove-protector", h, "--protector", "laptop"], "");
+    ok(&["protector", "remove", "laptop"], "");
+    assert!(!ok(&["protector", "list"], "").contains("laptop"));
+
     // A command the service does not offer: named, and the way to run it.
     let o = user(&["pin-login", "enable", &alice.name], "");
     assert_eq!(o.status.code(), Some(1));

@@ -50,7 +50,8 @@ impl std::fmt::Display for BusError {
             BusError::NeedsRoot { command } => write!(
                 f,
                 "`dirseal {command}` needs root: the dirseal service does not offer it to users (it offers status, \
-                 unlock, lock, change-password, protector, recovery, and convert or decrypt of your own home)"
+                 unlock, lock, change-password, protector, policy add-protector and remove-protector, recovery, and \
+                 convert or decrypt of your own home)"
             ),
         }
     }
@@ -350,7 +351,33 @@ pub fn run(cmd: Cmd, keystore: Option<&Path>) -> Result<i32> {
             println!("protector {} no longer opens {}", p.id, clean(&dir.display().to_string()));
             Ok(0)
         }
-        Cmd::Policy(PolicyCmd::AddProtector { .. }) => needs_root("policy add-protector"),
+        Cmd::Policy(PolicyCmd::AddProtector { target, with, new }) => {
+            let Some(dir) = target.dir else { return needs_root("policy add-protector --policy") };
+            if new.user.is_some() || new.protector_type != dirseal::protector::DEFAULT_KIND {
+                // The service adds an existing protector of the user's, or a new password one.
+                return needs_root("policy add-protector --user/--protector-type");
+            }
+            let bus = Service::connect()?;
+            let w = pick(&bus.status(&dir)?, &dir, with.as_ref().map(|p| p.0.as_str()))?;
+            let with_secret = ask_current(&w, &mut ui)?;
+            let (arg, name, secret) = match &new.protector {
+                Some(named) => {
+                    let p = own_protector(&bus, &named.0)?;
+                    let s = ask_current(&p, &mut ui)?;
+                    (p.id.clone(), p.name.clone(), s)
+                }
+                None => {
+                    let name = new.protector_name.clone().unwrap_or_else(|| super::user_name(me()));
+                    let s = ui.secret(&SecretPrompt::NewPassword { name: &name, uid: Some(me()) })?;
+                    (String::new(), name, s)
+                }
+            };
+            let (w_fd, n_fd) = (pipe_of(&with_secret)?, pipe_of(&secret)?);
+            let args = (path_arg(&dir), &w.id, Fd::from(w_fd.as_fd()), arg, Fd::from(n_fd.as_fd()), &name);
+            let id: String = bus.call("AddProtectorToPolicy", &args)?;
+            println!("protector {id} ({}) now opens {}", clean(&name), clean(&dir.display().to_string()));
+            Ok(0)
+        }
         Cmd::Encrypt { .. } => needs_root("encrypt"),
         Cmd::Convert(a) => convert(a, &mut ui),
         Cmd::Decrypt(a) => decrypt(a, &mut ui),
