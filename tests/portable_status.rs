@@ -53,6 +53,9 @@ fn a_finished_portable_conversion_leaves_no_journal_on_the_medium() {
     assert_eq!(std::fs::read(music.join("song")).unwrap(), b"la la");
     let left = journals(&env.mnt().join(".dirseal"));
     assert!(left.is_empty(), "a finished portable conversion left {left:?}");
+    // Run again (a power cut just past "done"): still said to be done, exit 0.
+    let again = env.ok(&["convert", p(&music), "--portable", "--yes", "--no-recovery-key"], "");
+    assert!(again.contains("already encrypted") && again.contains("finished"), "{again}");
     // A directory of this machine keeps its finished journal (`convert --status` reads it).
     let local = env.mnt().join("local");
     std::fs::create_dir(&local).unwrap();

@@ -1004,10 +1004,22 @@ pub fn status(source: &Path) -> Result<Option<StatusView>, ConvertError> {
 }
 
 /// The policy of `source`'s finished conversion, when its journal says the conversion is done and
-/// the directory is encrypted with that policy: the same command run again (after a power cut
+/// the directory is encrypted with that policy (for a portable directory, whose journal is gone:
+/// its medium's record of that policy made for this path): the same command run again (after a power cut
 /// just past "done", say) has nothing left to do, which is no error.
 pub fn finished(source: &Path) -> Result<Option<KeyIdentifier>, ConvertError> {
-    let Some(v) = status(source)?.filter(|v| v.direction == Direction::Encrypt && v.state == State::Done) else {
+    let recorded = status(source)?;
+    if recorded.is_none() {
+        // A portable directory's finished journal is gone from its medium ([`forget_on_medium`]):
+        // its policy record there, made for this path, says it is done.
+        // Anything unreadable here is the plan's to say, with its own checks.
+        let Ok(Some(policy)) = fscrypt::get_policy(source) else { return Ok(None) };
+        let Ok(mp) = fscrypt::mount_point(source) else { return Ok(None) };
+        let on_medium =
+            crate::portable::open_existing(&mp).ok().flatten().and_then(|m| m.policy(&policy.identifier).ok());
+        return Ok(on_medium.filter(|r| r.path_hint.as_deref() == Some(source)).map(|r| r.id));
+    }
+    let Some(v) = recorded.filter(|v| v.direction == Direction::Encrypt && v.state == State::Done) else {
         return Ok(None);
     };
     let Ok(token) = v.token.parse::<KeyIdentifier>() else { return Ok(None) };
