@@ -28,6 +28,11 @@ fn repo() -> &'static Path {
 
 impl Bus {
     fn start(env: &Env) -> Bus {
+        Bus::start_with(env, &[])
+    }
+
+    /// With `extra` in the service's environment (a fault point to hold it at).
+    fn start_with(env: &Env, extra: &[(&str, &Path)]) -> Bus {
         let dir = tempfile::Builder::new().prefix("dirseal-bus.").tempdir().expect("tempdir");
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
         let socket = dir.path().join("bus");
@@ -60,6 +65,7 @@ impl Bus {
             .arg(dir.path().join("run"))
             .env_clear()
             .env("DBUS_SYSTEM_BUS_ADDRESS", &address)
+            .envs(extra.iter().copied())
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -255,4 +261,55 @@ fn a_user_converts_their_own_home_through_the_service() {
     let o = as_user(&bob, &bus.address, &["unlock", h], "pw-b\n");
     assert!(o.status.success(), "{}", text(&o));
     assert_eq!(std::fs::read(bob.home.join("f3")).unwrap(), vec![3u8; 10_000]);
+}
+
+/// Ctrl-C while the service converts the user's home: the CLI cancels the job (`Cancel`), the
+/// service aborts it, and the home is as it was; exit 130.
+#[cfg(feature = "fault-injection")]
+#[test]
+fn ctrl_c_cancels_the_users_conversion_in_the_service() {
+    dirseal_testfs::needs_root!();
+    let env = Env::new();
+    for a in env.mnt().ancestors().take_while(|a| a.starts_with(std::env::temp_dir()) && *a != std::env::temp_dir()) {
+        std::fs::set_permissions(a, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let hold = env.etc.path().join("hold");
+    let bus = Bus::start_with(&env, &[("DIRSEAL_FAULT", Path::new("copy-file:5")), ("DIRSEAL_FAULT_HOLD", &hold)]);
+    let carol = User::new(env.mnt());
+    for i in 0..20 {
+        let f = carol.home.join(format!("f{i}"));
+        std::fs::write(&f, vec![i as u8; 4096]).unwrap();
+        std::os::unix::fs::chown(&f, Some(carol.uid), Some(carol.uid)).unwrap();
+    }
+    let mut child = Command::new(env!("CARGO_BIN_EXE_dirseal"))
+        .args(["convert", "--yes", carol.home_str()])
+        .env_clear()
+        .env("DBUS_SYSTEM_BUS_ADDRESS", &bus.address)
+        .current_dir("/")
+        .uid(carol.uid)
+        .gid(carol.uid)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(b"pw-c\n").unwrap();
+    let t = Instant::now();
+    while !hold.exists() {
+        assert!(t.elapsed() < Duration::from_secs(60), "the copy never reached the hold:\n{}", bus.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::SIGINT).unwrap();
+    // The CLI's Cancel reaches the job while it waits; the copy then stops at its next checkpoint.
+    let t = Instant::now();
+    while !bus.log().contains("Cancel(") {
+        assert!(t.elapsed() < Duration::from_secs(20), "no Cancel reached the service:\n{}", bus.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::fs::remove_file(&hold).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(130), "{}\n{}", text(&out), bus.log());
+    assert!(text(&out).contains("is as it was"), "{}", text(&out));
+    assert_eq!(env.status_json(&carol.home)["encrypted"], false);
+    assert_eq!(std::fs::read(carol.home.join("f7")).unwrap(), vec![7u8; 4096]);
 }

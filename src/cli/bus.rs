@@ -741,8 +741,9 @@ fn follow(bus: &Service, method: &str, dir: &Path, secret: &Passphrase, options:
     let path = path_arg(dir);
     let _ = std::env::set_current_dir("/");
     let fd = pipe_of(secret)?;
-    let job: zbus::zvariant::OwnedObjectPath = bus.call(method, &(&path, Fd::from(fd.as_fd()), options))?;
+    // From the call on, Ctrl-C cancels the job (once its path is known) rather than leaving it.
     let _catch = super::interrupt::catching();
+    let job: zbus::zvariant::OwnedObjectPath = bus.call(method, &(&path, Fd::from(fd.as_fd()), options))?;
     let reporter = super::progress::Reporter::new(false);
     let mut cancelled = false;
     loop {
