@@ -73,11 +73,8 @@ pub fn hint(e: &anyhow::Error) -> Option<String> {
             Some(format!("start it with `sudo systemctl start dirsealed`, or run the command as root: {}", as_root()))
         }
         BusError::NeedsRoot { .. } => Some(format!("run it as root: {}", as_root())),
-        BusError::Service { name, .. } if name == ACCESS_DENIED => Some(format!(
-            "the service acts for you only on directories you own whose parent directories are root's (such as your \
-             home) and on your own protectors; root can do it: {}",
-            as_root()
-        )),
+        // The service's message says why; the way that remains is root's.
+        BusError::Service { name, .. } if name == ACCESS_DENIED => Some(format!("root can do it: {}", as_root())),
         BusError::Service { .. } => None,
     }
 }
