@@ -204,6 +204,13 @@ fn a_user_unlocks_locks_and_changes_their_password_through_the_service() {
     ok(&["protector", "remove", "laptop"], "");
     assert!(!ok(&["protector", "list"], "").contains("laptop"));
 
+    // A directory that is not encrypted: said before any password is asked, with the library's remedy.
+    let plain = env.mnt().join("plain");
+    std::fs::create_dir(&plain).unwrap();
+    let o = user(&["unlock", plain.to_str().unwrap()], "");
+    assert_eq!(o.status.code(), Some(1));
+    assert!(text(&o).contains("not encrypted") && text(&o).contains("dirseal convert"), "{}", text(&o));
+
     // A command the service does not offer: named, and the way to run it.
     let o = user(&["pin-login", "enable", &alice.name], "");
     assert_eq!(o.status.code(), Some(1));

@@ -281,6 +281,10 @@ pub fn run(cmd: Cmd, keystore: Option<&Path>) -> Result<i32> {
         Cmd::Unlock { dir, protector, recovery: false, json } => {
             let bus = Service::connect()?;
             let before = ops::public_dir_status(&dir)?;
+            if !before.encrypted {
+                // Said before a password is asked, as root's unlock says it.
+                return Err(ops::OpsError::NotEncrypted { path: dir }.into());
+            }
             let named = protector.as_ref().map(|p| p.0.as_str());
             if before.key != Some("unlocked") {
                 let st = bus.status(&dir)?;
