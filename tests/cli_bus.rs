@@ -268,6 +268,12 @@ fn a_user_converts_their_own_home_through_the_service() {
     let o = as_user(&bob, &bus.address, &["unlock", h], "pw-b\n");
     assert!(o.status.success(), "{}", text(&o));
     assert_eq!(std::fs::read(bob.home.join("f3")).unwrap(), vec![3u8; 10_000]);
+    // Decrypting takes polkit's decrypt-own (none on this bus): refused, with root's way.
+    let o = as_user(&bob, &bus.address, &["decrypt", "--yes", h], "");
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let t = text(&o);
+    assert!(t.contains("decrypt-own") && t.contains("sudo dirseal decrypt --yes"), "{t}");
+    assert_eq!(env.status_json(&bob.home)["encrypted"], true);
 }
 
 /// Ctrl-C while the service converts the user's home: the CLI cancels the job (`Cancel`), the
