@@ -27,7 +27,7 @@ use sha2::{Digest, Sha256};
 use crate::fscrypt::{self, KeyStatus};
 use crate::ids::KeyIdentifier;
 use crate::keystore::Keystore;
-use crate::ops::{Dirseal, OpsError, Pick, ProtectorChoice};
+use crate::ops::{Dirseal, OpsError, Pick, ProtectorChoice, Undo};
 use crate::protector::ProtectorRecord;
 use crate::secret::ProtectorKey;
 use crate::ui::{Progress, Question, Ui, UiError};
@@ -594,19 +594,37 @@ impl NewPlan {
             None
         };
         drop_orphan_policy(ds, &source, &self.workdir)?;
+        // Until the engine's first journal record, a failure takes back what was made for it.
+        let mut undo = Undo::watching(&[ds.keystore(), &store]);
         let chosen = match choice {
             ProtectorChoice::New(n) => ds.adopt_or_create_protector(&n, &store, ui)?,
             existing if self.options.portable => ds.resolve_protector_into(existing, &store, ui)?,
             existing => ds.resolve_protector(existing, ui)?,
         };
+        undo.protector(&chosen.0.id);
         migrate::fault::point(migrate::fault::Point::AfterProtectorSaved);
+        let workdir = self.workdir.clone();
         let host = KeyHost {
             protector: Some(chosen),
             recovery: recovery.as_ref(),
-            store: Some(store),
+            store: Some(store.clone()),
             ..KeyHost::new(ds, &source, hooks)
         };
-        let outcome = self.start(&host)?;
+        let started = self.start(&host);
+        match migrate::status(&workdir) {
+            // No journal of this run: the staging dir's policy, if the host made it, goes too.
+            Ok(v) if started.is_err() && !v.as_ref().is_some_and(|v| unfinished(v.state)) => {
+                let staged = fscrypt::get_policy(&migrate::staging_path(&workdir)).ok().flatten();
+                let ours =
+                    |id: &KeyIdentifier| store.policy(id).is_ok_and(|r| r.path_hint.as_deref() == Some(&*source));
+                if let (Some(p), Ok(mp)) = (staged.filter(|p| ours(&p.identifier)), fscrypt::mount_point(&source)) {
+                    undo.policy(p.identifier, &store, mp);
+                }
+            }
+            _ => undo.keep(),
+        }
+        let outcome = started?;
+        forget_on_medium(ds, &source, &workdir, outcome.state);
         let saved = recovery.map(|_| {
             !matches!(outcome.state, State::Done | State::Swapped)
                 || crate::recovery::read_blob(&source).is_ok_and(|b| b.is_some())
@@ -643,6 +661,7 @@ impl ResumePlan {
             load_staging_key(ds, &source, &id, pick, ui)?;
         }
         let outcome = resume(&KeyHost::new(ds, &source, hooks), &workdir, &options, state, ui)?;
+        forget_on_medium(ds, &source, &workdir, outcome.state);
         Ok(Converted { outcome, recovery_key_saved: None })
     }
 }
@@ -741,8 +760,25 @@ pub(crate) fn finish_going(host: &KeyHost<'_>, how: Finish, ui: &mut dyn Ui) -> 
     Ok(match how {
         Finish::Abort => migrate::abort(&workdir, host)?,
         Finish::Rollback => migrate::rollback(&workdir, host)?,
-        Finish::Commit => migrate::commit(&workdir, host)?,
+        Finish::Commit => {
+            let outcome = migrate::commit(&workdir, host)?;
+            if direction == Direction::Encrypt {
+                forget_on_medium(ds, source, &workdir, outcome.state);
+            }
+            outcome
+        }
     })
+}
+
+/// A finished conversion of a portable directory leaves no journal on its medium: the journal
+/// names the directory's original path, and a card goes to other machines and people. (On this
+/// machine's own disks the finished journal stays: `status` and a re-run read it.) Best effort: a
+/// journal that stays holds nothing a resume needs.
+fn forget_on_medium(ds: &Dirseal, source: &Path, workdir: &Path, state: State) {
+    if state != State::Done || !ds.policy_of(source).is_ok_and(|p| p.medium.is_some()) {
+        return;
+    }
+    let _ = std::fs::remove_dir_all(workdir);
 }
 
 /// The engine's refusal of a conversion recorded going the other way than `asked`.
@@ -964,10 +1000,22 @@ pub fn status(source: &Path) -> Result<Option<StatusView>, ConvertError> {
 }
 
 /// The policy of `source`'s finished conversion, when its journal says the conversion is done and
-/// the directory is encrypted with that policy: the same command run again (after a power cut
+/// the directory is encrypted with that policy (for a portable directory, whose journal is gone:
+/// its medium's record of that policy made for this path): the same command run again (after a power cut
 /// just past "done", say) has nothing left to do, which is no error.
 pub fn finished(source: &Path) -> Result<Option<KeyIdentifier>, ConvertError> {
-    let Some(v) = status(source)?.filter(|v| v.direction == Direction::Encrypt && v.state == State::Done) else {
+    let recorded = status(source)?;
+    if recorded.is_none() {
+        // A portable directory's finished journal is gone from its medium ([`forget_on_medium`]):
+        // its policy record there, made for this path, says it is done.
+        // Anything unreadable here is the plan's to say, with its own checks.
+        let Ok(Some(policy)) = fscrypt::get_policy(source) else { return Ok(None) };
+        let Ok(mp) = fscrypt::mount_point(source) else { return Ok(None) };
+        let on_medium =
+            crate::portable::open_existing(&mp).ok().flatten().and_then(|m| m.policy(&policy.identifier).ok());
+        return Ok(on_medium.filter(|r| r.path_hint.as_deref() == Some(source)).map(|r| r.id));
+    }
+    let Some(v) = recorded.filter(|v| v.direction == Direction::Encrypt && v.state == State::Done) else {
         return Ok(None);
     };
     let Ok(token) = v.token.parse::<KeyIdentifier>() else { return Ok(None) };

@@ -15,7 +15,10 @@ use super::lib_values::{config_path, default_kind, kind_names, skel_dir, KeyIden
     name = "dirseal",
     version,
     about = "Encrypt existing directories in place with Linux native filesystem encryption (fscrypt v2)",
-    after_help = "Start with `dirseal convert DIR` to encrypt a directory that holds data, then `dirseal status DIR`."
+    after_help = "Start with `dirseal convert DIR` to encrypt a directory that holds data, then `dirseal status DIR`. \
+                  Run by a user other than root, dirseal asks the system service dirsealed, which acts only on the \
+                  user's own directories and protectors (status, unlock, lock, change-password, protector, recovery, \
+                  convert and decrypt); other commands need root."
 )]
 pub struct Cli {
     /// Config file

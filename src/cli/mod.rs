@@ -1,6 +1,7 @@
 //! The `dirseal` command line: thin glue from clap to [`dirseal::ops`].
 mod args;
 mod autologin;
+mod bus;
 mod convert;
 mod decrypt;
 mod drive;
@@ -57,6 +58,27 @@ impl KdfArgs {
     /// The kind's options as (key, value) pairs: flag `--a-b` gives option `a_b`, which is how
     /// an error about an option is shown with the flag that gave it. The kind sorts them out.
     fn kind(&self, name: &str) -> Result<NewKind> {
+        let given: Vec<String> = self.flags().into_iter().map(|(k, _)| k).collect();
+        NewKind::named(name, KindOptions::new(self.pairs())).map_err(|e| match e {
+            ProtectorError::BadOption { option, kind } if given.contains(&option) => {
+                anyhow::anyhow!("option --{} does not apply to {kind} protectors", option.replace('_', "-"))
+            }
+            e => e.into(),
+        })
+    }
+
+    /// The options given, flags and `--protector-opt`s, as (key, value) pairs.
+    fn pairs(&self) -> Vec<(String, String)> {
+        let mut pairs = self.flags();
+        pairs.extend(self.protector_opt.iter().map(|o| match o.split_once('=') {
+            Some((k, v)) => (k.to_string(), v.to_string()),
+            None => (o.clone(), "true".into()),
+        }));
+        pairs
+    }
+
+    /// The flags given, as options.
+    fn flags(&self) -> Vec<(String, String)> {
         let yes = |b: bool| b.then(|| "true".to_string());
         let flags = [
             ("kdf_time_ms", self.kdf_time_ms.map(|v| v.to_string())),
@@ -68,19 +90,7 @@ impl KdfArgs {
             ("uv", yes(self.uv)),
             ("allow_password_pin", yes(self.allow_password_pin)),
         ];
-        let given: Vec<&str> = flags.iter().filter(|(_, v)| v.is_some()).map(|(k, _)| *k).collect();
-        let mut pairs: Vec<(String, String)> =
-            flags.iter().filter_map(|(k, v)| Some((k.to_string(), v.clone()?))).collect();
-        pairs.extend(self.protector_opt.iter().map(|o| match o.split_once('=') {
-            Some((k, v)) => (k.to_string(), v.to_string()),
-            None => (o.clone(), "true".into()),
-        }));
-        NewKind::named(name, KindOptions::new(pairs)).map_err(|e| match e {
-            ProtectorError::BadOption { option, kind } if given.contains(&option.as_str()) => {
-                anyhow::anyhow!("option --{} does not apply to {kind} protectors", option.replace('_', "-"))
-            }
-            e => e.into(),
-        })
+        flags.into_iter().filter_map(|(k, v)| Some((k.to_string(), v?))).collect()
     }
 }
 
@@ -168,7 +178,7 @@ pub fn main() -> i32 {
         }
         Err(e) => {
             eprintln!("dirseal: error: {}", clean(&dirseal::remedy::said_once(e.as_ref())));
-            if let Some(h) = hint::hint(&e, &context) {
+            if let Some(h) = hint::hint(&e, &context).or_else(|| bus::hint(&e)) {
                 eprintln!("dirseal: {}", clean(&h));
             }
             1
@@ -184,28 +194,16 @@ fn cancelled(e: &anyhow::Error) -> bool {
     e.chain().any(|c| c.to_string() == text)
 }
 
-fn require_root() -> Result<()> {
-    if !nix::unistd::geteuid().is_root() {
-        bail!(
-            "dirseal must run as root: it manages kernel encryption keys and the root-only keystore; run it with sudo"
-        );
-    }
-    Ok(())
-}
-
 fn print_json<T: Serialize>(v: &T) -> Result<()> {
     println!("{}", serde_json::to_string_pretty(v)?);
     Ok(())
 }
 
 fn run(cli: Cli) -> Result<i32> {
-    // A user may read the status of what they can see (policy and key status need no privilege);
-    // the root-only keystore's facts are then reported as hidden.
-    if let (Cmd::Status { dir: Some(dir), json }, false) = (&cli.cmd, nix::unistd::geteuid().is_root()) {
-        status_dir(None, dir, *json)?;
-        return Ok(0);
+    // A user other than root works through the system service, on what is theirs (bus.rs).
+    if !nix::unistd::geteuid().is_root() {
+        return bus::run(cli.cmd, cli.keystore.as_deref());
     }
-    require_root()?;
     // Scrubbing touches no keys: it must work with a missing or broken config and keystore.
     if let Cmd::Scrub(args) = cli.cmd {
         return scrub::run(args);
@@ -257,7 +255,7 @@ fn run(cli: Cli) -> Result<i32> {
         || matches!(&cli.cmd, Cmd::Decrypt(a) if a.run.json);
     let mut ui = TermUi { json, assume_yes: false };
     match cli.cmd {
-        Cmd::Status { dir: Some(dir), json } => status_dir(Some(&ds), &dir, json)?,
+        Cmd::Status { dir: Some(dir), json } => status_dir(&ds, &dir, json)?,
         Cmd::Status { dir: None, json } => overview(&ds, json)?,
         Cmd::Encrypt { dir, protector, recovery: offer, portable } => {
             // Asked, shown and typed back before anything is encrypted (as convert does): a
@@ -422,9 +420,13 @@ fn choose(ds: &Dirseal, dir: &Path, ui: &mut TermUi) -> Result<Chosen> {
 }
 
 fn lock(ds: &Dirseal, dir: &Path, all_users: bool, json: bool) -> Result<i32> {
-    let r: LockReport = ds.lock(dir, all_users)?;
+    report_lock(&ds.lock(dir, all_users)?, json)
+}
+
+/// What `lock` did, and what to do about what it could not; the exit code.
+fn report_lock(r: &LockReport, json: bool) -> Result<i32> {
     if json {
-        print_json(&r)?;
+        print_json(r)?;
     } else if r.already_locked {
         println!("{} is already locked", clean(&r.path.display().to_string()));
     } else if r.locked {
@@ -473,34 +475,41 @@ struct DirStatusOut {
     autologin: Vec<dirseal::autologin::Status>,
 }
 
-/// `ds` is `None` for a user other than root: the keystore's facts (protectors, whether dirseal
-/// manages the policy) and the root-only recovery key attribute are then reported as hidden.
-fn status_dir(ds: Option<&Dirseal>, dir: &Path, json: bool) -> Result<()> {
-    let status = match ds {
-        Some(ds) => ds.dir_status(dir)?,
-        None => ops::public_dir_status(dir)?,
-    };
-    let hidden = ds.is_none();
-    // A conversion is recorded for the top of the tree: a subdirectory reports its tree's.
-    let top = status.encrypted_root.as_deref().unwrap_or(dir);
-    let view = dirseal::convert::absolute(top).ok().and_then(|abs| dirseal::convert::status(&abs).ok().flatten());
-    let conversion = view.as_ref().map(|v| v.state.to_string());
+/// Root's view of a directory: the keystore's facts and the root-only recovery key attribute too.
+fn status_dir(ds: &Dirseal, dir: &Path, json: bool) -> Result<()> {
+    let status = ds.dir_status(dir)?;
     // The recovery key is stored on the top of the encrypted tree, whichever directory was asked.
     let recovery_key = status
         .encrypted_root
         .as_deref()
         .is_some_and(|top| dirseal::recovery::read_blob(top).is_ok_and(|b| b.is_some()));
     let here = std::fs::canonicalize(dir).ok();
-    let autologin = match ds {
-        Some(ds) if here.is_some() => ds
+    let autologin = match here {
+        Some(_) => ds
             .autologin_status(Path::new("/"))
             .unwrap_or_default()
             .into_iter()
             .filter(|s| s.home.as_deref().and_then(|h| std::fs::canonicalize(h).ok()) == here)
             .collect(),
-        _ => Vec::new(),
+        None => Vec::new(),
     };
-    let out = DirStatusOut { status, conversion, recovery_key: (!hidden).then_some(recovery_key), hidden, autologin };
+    print_dir_status(status, Some(recovery_key), autologin, json)
+}
+
+/// A directory's status; `recovery_key` is `None` where the keystore's facts are hidden (a user
+/// other than root, without the service's word).
+fn print_dir_status(
+    status: ops::DirStatus,
+    recovery_key: Option<bool>,
+    autologin: Vec<dirseal::autologin::Status>,
+    json: bool,
+) -> Result<()> {
+    let hidden = recovery_key.is_none();
+    // A conversion is recorded for the top of the tree: a subdirectory reports its tree's.
+    let top = status.encrypted_root.as_deref().unwrap_or(&status.path);
+    let view = dirseal::convert::absolute(top).ok().and_then(|abs| dirseal::convert::status(&abs).ok().flatten());
+    let conversion = view.as_ref().map(|v| v.state.to_string());
+    let out = DirStatusOut { status, conversion, recovery_key, hidden, autologin };
     if json {
         return print_json(&out);
     }
@@ -633,6 +642,8 @@ struct Overview {
     keystore: PathBuf,
     policies: Vec<PolicyOut>,
     protectors: Vec<ProtectorOut>,
+    /// Portable directories on mounted media, whose records are on the medium, not here.
+    portable: Vec<ops::PortableDir>,
     problems: Vec<String>,
     /// Display managers' autologins and what the next boot does with each (docs/pam.md).
     autologin: Vec<dirseal::autologin::Status>,
@@ -674,11 +685,13 @@ fn overview_data(ds: &Dirseal) -> Result<Overview> {
         problems.push(format!("autologin: {e}"));
         Vec::new()
     });
-    Ok(Overview { keystore: ks.root().to_path_buf(), policies, protectors, problems, autologin })
+    let (portable, unreadable) = ds.portable_dirs();
+    problems.extend(unreadable);
+    Ok(Overview { keystore: ks.root().to_path_buf(), policies, protectors, portable, problems, autologin })
 }
 
 fn print_policies(o: &Overview) {
-    if o.policies.is_empty() {
+    if o.policies.is_empty() && o.portable.is_empty() {
         println!("no encrypted directories yet: `dirseal convert DIR` encrypts one that holds data");
     }
     for p in &o.policies {
@@ -690,6 +703,23 @@ fn print_policies(o: &Overview) {
                 Some(r) => println!("    {}", protector_line(&r.summary)),
                 None => println!("    {id}  (unreadable or missing protector)"),
             }
+        }
+    }
+    print_portable(o);
+}
+
+/// The portable directories of mounted media, after this keystore's policies.
+fn print_portable(o: &Overview) {
+    for d in &o.portable {
+        let path = d.path_hint.as_ref().map_or_else(|| "(unknown path)".into(), |h| clean(&h.display().to_string()));
+        println!(
+            "portable {}  {:<16}  {path}  (records on the medium: {})",
+            d.policy,
+            d.key.unwrap_or("unknown"),
+            clean(&d.records.display().to_string())
+        );
+        for id in &d.protectors {
+            println!("    {id}");
         }
     }
 }

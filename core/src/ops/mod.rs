@@ -23,12 +23,14 @@ mod policies;
 mod protectors;
 mod recovery;
 mod status;
+mod undo;
 mod unlock;
 
 pub use crate::census::ProtectorSummary;
 pub use errors::OpsError;
 pub use login::{lookup_user, opens_pin_login, opens_touch_login, Login};
-pub use status::{public_dir_status, DirStatus, FsStatus};
+pub use status::{public_dir_status, DirStatus, FsStatus, PortableDir};
+pub(crate) use undo::Undo;
 pub use unlock::{BusyProcess, LockReport};
 
 /// Which protector to use when a policy has several.

@@ -2,7 +2,7 @@
 //! directory, adding and removing a policy's protectors.
 use std::path::Path;
 
-use super::{Dirseal, OpsError, Pick, ProtectorChoice};
+use super::{Dirseal, OpsError, Pick, ProtectorChoice, Undo};
 use crate::fscrypt;
 use crate::ids::{KeyIdentifier, ProtectorId};
 use crate::keystore::{Keystore, KeystoreError, PolicyRecord};
@@ -202,21 +202,27 @@ impl Dirseal {
         if non_empty {
             return Err(OpsError::NotEmpty { path: dir.to_path_buf() });
         }
-        let (store, (prec, pkey)) = if portable {
+        let store = if portable {
             self.check_travels(&choice)?;
-            let store = portable::open_or_create(&mp)?;
-            let resolved = self.resolve_protector_into(choice, &store, ui)?;
-            (store, resolved)
+            portable::open_or_create(&mp)?
         } else {
-            (self.keystore.clone(), self.resolve_protector(choice, ui)?)
+            self.keystore.clone()
         };
+        // Until the directory has its policy, a failure (a file put in meanwhile, a read-only
+        // remount) takes back the records made for it.
+        let mut undo = Undo::watching(&[&self.keystore, &store]);
+        let (prec, pkey) = if portable {
+            self.resolve_protector_into(choice, &store, ui)?
+        } else {
+            self.resolve_protector(choice, ui)?
+        };
+        undo.protector(&prec.id);
         let (policy, master) = Self::draft_policy(dir, &prec, &pkey);
-        {
-            let _guard = store.lock()?;
-            store.save_policy(&policy)?;
-        }
+        self.save_new_policy(&policy, &store)?;
+        undo.policy(policy.id, &store, mp);
         self.add_key(dir, &master)?;
         fscrypt::set_policy(dir, &policy.id)?;
+        undo.keep();
         let policy = PolicyRecord { medium: store.medium().map(Path::to_path_buf), ..policy };
         ui.notice(&format!("encrypted {} (policy {}, protector {} {})", dir.display(), policy.id, prec.id, prec.name));
         Ok((policy, master))

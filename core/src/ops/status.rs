@@ -124,6 +124,63 @@ impl Dirseal {
     }
 }
 
+/// A portable directory whose records a mounted filesystem keeps (docs/portable.md), as the
+/// overview lists it: this machine's keystore does not know it.
+#[derive(Clone, Debug, Serialize)]
+pub struct PortableDir {
+    /// Its policy (the kernel's key identifier).
+    pub policy: KeyIdentifier,
+    /// Where it was when it was encrypted (on the machine that did it: the medium may be mounted
+    /// elsewhere now).
+    pub path_hint: Option<PathBuf>,
+    /// The medium's records, `<mount>/.dirseal/portable`.
+    pub records: PathBuf,
+    /// "locked", "unlocked" or "partially-locked" on the filesystem now.
+    pub key: Option<&'static str>,
+    /// The protectors its record names.
+    pub protectors: Vec<ProtectorId>,
+}
+
+impl Dirseal {
+    /// The portable directories on every mounted filesystem, and a problem for each whose records
+    /// cannot be read. A policy this keystore records is not one (a record of it on a medium is
+    /// ignored, and `status DIR` says so).
+    pub fn portable_dirs(&self) -> (Vec<PortableDir>, Vec<String>) {
+        let (mut found, mut problems) = (Vec::new(), Vec::new());
+        let mounts = match fscrypt::mount_points() {
+            Ok(m) => m,
+            Err(e) => return (found, vec![e.to_string()]),
+        };
+        for mp in mounts {
+            let medium = match portable::open_existing(&mp) {
+                Ok(Some(m)) => m,
+                Ok(None) => continue,
+                Err(e) => {
+                    problems.push(format!("the portable records on {} cannot be read: {e}", mp.display()));
+                    continue;
+                }
+            };
+            let Ok(listing) = medium.policies() else { continue };
+            for (_, rec) in listing {
+                match rec {
+                    Ok(r) if matches!(self.keystore.policy(&r.id), Err(KeystoreError::NotFound { .. })) => {
+                        found.push(PortableDir {
+                            policy: r.id,
+                            key: fscrypt::key_status(&mp, &r.id).ok().map(key_word),
+                            path_hint: r.path_hint,
+                            records: portable::records_dir(&mp),
+                            protectors: r.wrapped.keys().copied().collect(),
+                        })
+                    }
+                    Ok(_) => {}
+                    Err(e) => problems.push(e.to_string()),
+                }
+            }
+        }
+        (found, problems)
+    }
+}
+
 /// What anyone who can open `dir` may learn without the keystore: its filesystem, whether it is
 /// encrypted (and the top of its tree), and whether its key is loaded. Neither the policy nor
 /// the key-status ioctl needs privilege; protectors are the keystore's and stay with root.
