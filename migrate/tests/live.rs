@@ -1,0 +1,343 @@
+//! Live conversions (`Schedule::Live`): the directory stays in use while it is copied, catch-up
+//! passes bring its changes into staging, the conversion stops `CaughtUp`; run `Now` it commits
+//! (a last pass, verification, swap). On real loop-mounted ext4 with the plain test host.
+mod common;
+
+use std::fs;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use common::host::{Event, PlainHost};
+use common::{assert_same, build_tree, manifest, req, wd_names, Case};
+use dirseal_migrate::{self as migrate, MigrateError, Mode, Phase, Request, Schedule, State};
+
+fn live<'a>(src: &'a Path, wd: &'a Path) -> Request<'a> {
+    Request { schedule: Schedule::Live, ..req(src, wd) }
+}
+
+/// Overwrites bytes of a file in place, then puts its times back: same size, same times, other
+/// bytes (only its ctime tells).
+fn scribble(f: &Path, at: u64, bytes: &[u8]) {
+    use std::os::unix::fs::FileExt;
+    let m = fs::symlink_metadata(f).unwrap();
+    fs::OpenOptions::new().write(true).open(f).unwrap().write_all_at(bytes, at).unwrap();
+    let t = |s, ns| rustix::fs::Timespec { tv_sec: s, tv_nsec: ns };
+    let ts = rustix::fs::Timestamps {
+        last_access: t(m.atime(), m.atime_nsec()),
+        last_modification: t(m.mtime(), m.mtime_nsec()),
+    };
+    rustix::fs::utimensat(rustix::fs::CWD, f, &ts, rustix::fs::AtFlags::empty()).unwrap();
+    let after = fs::symlink_metadata(f).unwrap();
+    assert_eq!((after.len(), after.mtime(), after.mtime_nsec()), (m.len(), m.mtime(), m.mtime_nsec()));
+}
+
+/// Puts back the times a change gave a directory (so only ctimes tell a test's changes).
+fn keep_times(dir: &Path, f: impl FnOnce()) {
+    let m = fs::symlink_metadata(dir).unwrap();
+    f();
+    let t = |s, ns| rustix::fs::Timespec { tv_sec: s, tv_nsec: ns };
+    let ts = rustix::fs::Timestamps {
+        last_access: t(m.atime(), m.atime_nsec()),
+        last_modification: t(m.mtime(), m.mtime_nsec()),
+    };
+    rustix::fs::utimensat(rustix::fs::CWD, dir, &ts, rustix::fs::AtFlags::SYMLINK_NOFOLLOW).unwrap();
+}
+
+fn append(f: &Path, bytes: &[u8]) {
+    use std::io::Write;
+    fs::OpenOptions::new().append(true).open(f).unwrap().write_all(bytes).unwrap();
+}
+
+/// Runs live to `CaughtUp`, checking what status says.
+#[track_caller]
+fn caught_up(src: &Path, wd: &Path, host: &PlainHost) -> u32 {
+    let out = migrate::convert(&live(src, wd), host).unwrap();
+    assert_eq!(out.state, State::CaughtUp);
+    assert!(out.backup.is_none());
+    let st = migrate::status(wd).unwrap().unwrap();
+    assert_eq!((st.state, st.live), (State::CaughtUp, true));
+    assert!(st.passes >= 1, "{st:?}");
+    assert_eq!(st.state.to_string(), "caught up");
+    assert!(st.state.before_swap() && !st.state.is_final() && st.state.abortable());
+    st.passes
+}
+
+/// Runs `Now` (the commit) and checks the result is the source as it was when the commit began,
+/// found by the last catch-up pass alone (the verification then finds nothing to copy again).
+#[track_caller]
+fn commits(src: &Path, wd: &Path) {
+    let before = manifest(src);
+    let host = PlainHost::new();
+    let out = migrate::convert(&req(src, wd), &host).unwrap();
+    assert_eq!(out.state, State::Done);
+    assert_same(&manifest(src), &before, "the converted tree against the source at commit time");
+    let phases = host.phases.lock().unwrap().clone();
+    assert_eq!(
+        phases,
+        [Phase::Copying, Phase::Verifying, Phase::Swapping, Phase::Disposing],
+        "one last pass, one verification that found nothing"
+    );
+    assert!(out.timings.parts().iter().any(|(p, _)| *p == "commit"), "{:?}", out.timings);
+    assert_eq!(wd_names(wd), ["journal.json", "lock"], "the manifests are gone");
+}
+
+/// Each kind of change a catch-up pass must bring into staging: made after the conversion caught
+/// up, then caught up again (a live run: no verification in between, so the pass alone must make
+/// staging equal the source), changed once more, and committed.
+#[test]
+fn every_kind_of_change_is_caught_up_then_committed() {
+    dirseal_testfs::needs_root!();
+    let c = Case::new();
+    type Change = fn(&Path);
+    let changes: &[(&str, Change)] = &[
+        ("appended", |s| append(&s.join("a/plain.txt"), b" world")),
+        // (Not deep.bin: a write drops its file capability, which metadata shows.)
+        ("rewritten in place, same size and times", |s| {
+            scribble(&s.join("a/linked"), 1, b"XYZ");
+            scribble(&s.join("n".repeat(255)), 0, b"N");
+        }),
+        ("renamed across directories", |s| {
+            fs::rename(s.join("a/b/c/deep.bin"), s.join("empty/deep.bin")).unwrap();
+            fs::rename(s.join("a/b"), s.join("sticky/b-moved")).unwrap();
+        }),
+        ("renamed over another", |s| fs::rename(s.join("-rf"), s.join("suid")).unwrap()),
+        ("a directory replaced by a file", |s| {
+            fs::remove_dir_all(s.join("a/b/c")).unwrap();
+            fs::write(s.join("a/b/c"), b"now a file").unwrap();
+        }),
+        ("a file replaced by a directory", |s| {
+            fs::remove_file(s.join("a/plain.txt")).unwrap();
+            fs::create_dir(s.join("a/plain.txt")).unwrap();
+            fs::write(s.join("a/plain.txt/inside"), b"x").unwrap();
+        }),
+        ("deleted", |s| {
+            fs::remove_file(s.join("sparse.img")).unwrap();
+            fs::remove_dir(s.join("empty")).unwrap();
+            fs::remove_file(s.join("a/b/linked-too")).unwrap();
+        }),
+        ("new hard links", |s| {
+            fs::hard_link(s.join("a/plain.txt"), s.join("empty/plain-too")).unwrap();
+            fs::hard_link(s.join("a/linked"), s.join("empty/linked-four")).unwrap();
+        }),
+        ("xattrs, mode and owner", |s| {
+            rustix::fs::lsetxattr(s.join("a/empty-file"), "user.new", b"v", rustix::fs::XattrFlags::empty())
+                .unwrap();
+            rustix::fs::lremovexattr(s.join("a/plain.txt"), "user.color").unwrap();
+            keep_times(&s.join("nothing"), || {
+                fs::set_permissions(s.join("nothing"), fs::Permissions::from_mode(0o604)).unwrap()
+            });
+            keep_times(&s.join("a/b"), || {
+                rustix::fs::chownat(
+                    rustix::fs::CWD,
+                    s.join("a/b"),
+                    Some(rustix::fs::Uid::from_raw(4321)),
+                    None,
+                    rustix::fs::AtFlags::empty(),
+                )
+                .unwrap()
+            });
+        }),
+        ("new files and directories", |s| {
+            fs::create_dir_all(s.join("new/deeper")).unwrap();
+            fs::write(s.join("new/deeper/f"), vec![5u8; 300_000]).unwrap();
+            std::os::unix::fs::symlink("new/deeper/f", s.join("new-link")).unwrap();
+        }),
+    ];
+    for (i, (what, change)) in changes.iter().enumerate() {
+        let (src, wd) = c.other(&format!("l{i}"));
+        build_tree(&src);
+        let host = PlainHost::new();
+        caught_up(&src, &wd, &host);
+        assert_eq!(
+            host.phases.lock().unwrap().clone(),
+            [Phase::Scanning, Phase::Copying, Phase::Verifying, Phase::Copying],
+            "{what}: the first copy, its verification, one catch-up pass"
+        );
+        change(&src);
+        let passes = caught_up(&src, &wd, &PlainHost::new());
+        assert_same(&manifest(&wd.join("staging")), &manifest(&src), &format!("{what}: staging after catching up"));
+        // Once more, committed.
+        change_again(&src);
+        commits(&src, &wd);
+        assert!(passes >= 2, "{what}");
+        fs::remove_dir_all(&src).unwrap();
+    }
+}
+
+/// A second change before the commit: a file rewritten in place again (same size and times).
+fn change_again(src: &Path) {
+    let f = src.join("with\nnewline and spaces");
+    scribble(&f, 0, b"ODD");
+}
+
+/// Changes while the first copy runs (from the host's polls): a file appended to while it is
+/// copied, and one rewritten in place after it was copied. The catch-up finds them.
+#[test]
+fn changes_during_the_first_copy_are_caught_up() {
+    dirseal_testfs::needs_root!();
+    let c = Case::new();
+    fs::create_dir(&c.src).unwrap();
+    let big = c.src.join("big");
+    fs::write(&big, vec![1u8; 4 << 20]).unwrap();
+    let small = c.src.join("small");
+    fs::write(&small, vec![2u8; 10_000]).unwrap();
+    let (b2, s2) = (big.clone(), small.clone());
+    let done = AtomicBool::new(false);
+    // One thread: polls come one per 1 MiB chunk of the big file; by the third, the small file
+    // (copied first or not at all yet) is rewritten, and the big one half copied grows.
+    let host = PlainHost::with(move |e, _| {
+        if e == Event::Poll(Phase::Copying, 3) && !done.swap(true, Ordering::SeqCst) {
+            append(&b2, b"appended mid-copy");
+            scribble(&s2, 100, b"changed");
+        }
+    });
+    let mut r = live(&c.src, &c.wd);
+    r.threads = std::num::NonZeroUsize::MIN;
+    let out = migrate::convert(&r, &host).unwrap();
+    assert_eq!(out.state, State::CaughtUp);
+    assert_same(&manifest(&c.wd.join("staging")), &manifest(&c.src), "staging once caught up");
+    // (Its size, not its bytes: reading would move its atime, which no pass can see.)
+    assert_eq!(fs::symlink_metadata(&big).unwrap().len(), (4 << 20) + 17);
+    commits(&c.src, &c.wd);
+}
+
+/// A program with its working directory inside does not stop a live copy, but stops the commit
+/// (nothing swapped, still caught up); once it ends the commit goes through.
+#[test]
+fn the_commit_waits_until_nothing_uses_the_directory() {
+    dirseal_testfs::needs_root!();
+    let c = Case::new();
+    build_tree(&c.src);
+    let mut sleeper =
+        std::process::Command::new("sleep").arg("600").current_dir(c.src.join("a/b")).spawn().unwrap();
+    // A plain conversion is refused; a live one is not.
+    let e = migrate::convert(&req(&c.src, &c.wd), &PlainHost::new()).unwrap_err();
+    assert!(matches!(e, MigrateError::InUse { .. }), "{e:?}");
+    caught_up(&c.src, &c.wd, &PlainHost::new());
+    let before = manifest(&c.src);
+    let e = migrate::convert(&req(&c.src, &c.wd), &PlainHost::new()).unwrap_err();
+    assert!(matches!(e, MigrateError::StillInUse { .. }), "{e:?}");
+    let msg = e.to_string();
+    assert!(msg.contains(&format!("pid {} (sleep", sleeper.id())) && msg.contains("caught up"), "{msg}");
+    assert_eq!(migrate::status(&c.wd).unwrap().unwrap().state, State::CaughtUp);
+    assert_same(&manifest(&c.src), &before, "nothing swapped");
+    // A live run meanwhile catches up again.
+    fs::write(c.src.join("a/new"), b"new").unwrap();
+    caught_up(&c.src, &c.wd, &PlainHost::new());
+    sleeper.kill().unwrap();
+    sleeper.wait().unwrap();
+    commits(&c.src, &c.wd);
+}
+
+#[test]
+fn abort_in_every_live_state_leaves_the_original() {
+    dirseal_testfs::needs_root!();
+    let c = Case::new();
+    // Caught up; stopped in the first copy; stopped in a catch-up pass; stopped committing.
+    let stops: &[(&str, Option<&'static str>)] = &[
+        ("caught up", None),
+        ("copying", Some("poll-copying:10")),
+        ("verifying", Some("poll-verifying:5")),
+    ];
+    for (i, (what, stop)) in stops.iter().enumerate() {
+        let (src, wd) = c.other(&format!("a{i}"));
+        build_tree(&src);
+        let before = manifest(&src);
+        match stop {
+            None => {
+                caught_up(&src, &wd, &PlainHost::new());
+            }
+            Some(at) => {
+                let e = migrate::convert(&live(&src, &wd), &PlainHost::stopping_at(at)).unwrap_err();
+                assert!(matches!(e, MigrateError::Interrupted { .. }), "{what}: {e:?}");
+            }
+        }
+        let out = migrate::abort(&wd, &PlainHost::new()).unwrap();
+        assert_eq!(out.state, State::Aborted, "{what}");
+        assert_same(&manifest(&src), &before, what);
+        assert_eq!(wd_names(&wd), ["journal.json", "lock"], "{what}");
+    }
+    // Stopped in a catch-up pass (after a change), resumed; then stopped in the commit's pass.
+    let (src, wd) = c.other("a-pass");
+    build_tree(&src);
+    caught_up(&src, &wd, &PlainHost::new());
+    append(&src.join("a/plain.txt"), b"more");
+    let e = migrate::convert(&live(&src, &wd), &PlainHost::stopping_at("poll-copying:3")).unwrap_err();
+    assert!(matches!(e, MigrateError::Interrupted { state: State::CatchingUp }), "{e:?}");
+    assert_eq!(migrate::status(&wd).unwrap().unwrap().state, State::CatchingUp);
+    caught_up(&src, &wd, &PlainHost::new());
+    assert_same(&manifest(&wd.join("staging")), &manifest(&src), "a catch-up pass resumed");
+    let e = migrate::convert(&req(&src, &wd), &PlainHost::stopping_at("poll-copying:3")).unwrap_err();
+    assert!(matches!(e, MigrateError::Interrupted { state: State::CatchingUp }), "{e:?}");
+    let j: serde_json::Value = serde_json::from_slice(&fs::read(wd.join("journal.json")).unwrap()).unwrap();
+    assert!(j["live"]["commit_from"].as_u64().is_some(), "stopped committing: {j}");
+    let before = manifest(&src);
+    let e = migrate::rollback(&wd, &PlainHost::new()).unwrap_err();
+    assert!(matches!(e, MigrateError::WrongState { .. }), "{e:?}");
+    assert_eq!(migrate::abort(&wd, &PlainHost::new()).unwrap().state, State::Aborted);
+    assert_same(&manifest(&src), &before, "aborted while committing");
+    assert_eq!(wd_names(&wd), ["journal.json", "lock"]);
+}
+
+/// A staging copy that differs from its original while the original did not change since the
+/// pass that copied it is an error, not a change to copy again.
+#[test]
+fn a_copy_that_went_bad_behind_the_engine_is_an_error_at_commit() {
+    dirseal_testfs::needs_root!();
+    let c = Case::new();
+    build_tree(&c.src);
+    caught_up(&c.src, &c.wd, &PlainHost::new());
+    let f = c.src.join("a/b/c/deep.bin");
+    append(&f, b"changed after the first verification");
+    caught_up(&c.src, &c.wd, &PlainHost::new());
+    scribble(&c.wd.join("staging/a/b/c/deep.bin"), 5, b"rot");
+    let before = manifest(&c.src);
+    let e = migrate::convert(&req(&c.src, &c.wd), &PlainHost::new()).unwrap_err();
+    assert!(matches!(e, MigrateError::CopyCorrupt { .. }), "{e:?}");
+    assert!(e.to_string().contains("deep.bin") && e.to_string().contains("abort"), "{e}");
+    assert_same(&manifest(&c.src), &before, "nothing swapped");
+    assert_eq!(migrate::abort(&c.wd, &PlainHost::new()).unwrap().state, State::Aborted);
+}
+
+#[test]
+fn live_refuses_a_move_and_a_conversion_started_to_run_now() {
+    dirseal_testfs::needs_root!();
+    let c = Case::new();
+    build_tree(&c.src);
+    let host = PlainHost::new();
+    let e = migrate::preflight(&Request { mode: Mode::Move, ..live(&c.src, &c.wd) }, &host).unwrap_err();
+    assert!(matches!(e, MigrateError::LiveMove { .. }), "{e:?}");
+    assert!(!c.wd.exists(), "a refusal writes nothing");
+    let plan = migrate::preflight(&Request { mode: Mode::Auto, ..live(&c.src, &c.wd) }, &host).unwrap();
+    assert_eq!(plan.census().method, migrate::Method::Copy);
+    // A conversion started to run now, interrupted, is not resumed live.
+    let e = migrate::convert(&req(&c.src, &c.wd), &PlainHost::stopping_at("poll-copying:5")).unwrap_err();
+    assert!(matches!(e, MigrateError::Interrupted { .. }), "{e:?}");
+    let e = migrate::convert(&live(&c.src, &c.wd), &host).unwrap_err();
+    assert!(matches!(e, MigrateError::WrongState { op: "resume live", .. }), "{e:?}");
+    let st = migrate::status(&c.wd).unwrap().unwrap();
+    assert_eq!((st.state, st.live, st.passes), (State::Copying, false, 0));
+}
+
+/// The journal keeps every pass: its number, when it began and ended, and what it did.
+#[test]
+fn the_journal_records_every_pass() {
+    dirseal_testfs::needs_root!();
+    let c = Case::new();
+    build_tree(&c.src);
+    caught_up(&c.src, &c.wd, &PlainHost::new());
+    for i in 0..3 {
+        fs::write(c.src.join(format!("n{i}")), b"x").unwrap();
+    }
+    caught_up(&c.src, &c.wd, &PlainHost::new());
+    let j: serde_json::Value = serde_json::from_slice(&fs::read(c.wd.join("journal.json")).unwrap()).unwrap();
+    let passes = j["live"]["passes"].as_array().unwrap();
+    let numbers: Vec<u64> = passes.iter().map(|p| p["pass"].as_u64().unwrap()).collect();
+    assert_eq!(numbers, [0, 1, 2], "{j}");
+    assert!(passes.iter().all(|p| p["finished_unix"].as_u64() >= p["started_unix"].as_u64()), "{j}");
+    assert_eq!(passes[2]["copied"], 3, "{j}");
+    assert_eq!(j["step"], serde_json::json!({"name": "caught_up", "pass": 2}));
+    let manifests: Vec<String> = wd_names(&c.wd).into_iter().filter(|n| n.starts_with("manifest")).collect();
+    assert_eq!(manifests, ["manifest.2"], "only the last pass's manifest is kept");
+}
