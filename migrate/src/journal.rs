@@ -271,7 +271,7 @@ impl TryFrom<RawStep> for Step {
                 _,
                 _,
                 _,
-            ) => return Err(format!("state {name:?} with missing, extra or out-of-range fields")),
+            ) => return Err(format!("state {name:?} with missing or extra fields (or a pass out of range)")),
             (name, _, _, _) => return Err(format!("unknown state {name:?}")),
         })
     }
@@ -1012,6 +1012,43 @@ mod tests {
         let mut old = v.clone();
         old.as_object_mut().unwrap().remove("copy_started");
         assert_eq!(serde_json::from_value::<Journal>(old).unwrap().copy_started, None, "journals from before it");
+    }
+
+    fn live(step: Step) -> Journal {
+        let mut l = Live { verified_from: Some(Time { sec: 1_700_000_001, nsec: 7 }), ..Live::default() };
+        l.started(0);
+        l.passes[0].finished_unix = Some(1_700_000_100);
+        l.passes[0].clock = Some(Time { sec: 1_700_000_000, nsec: 9 });
+        l.started(1);
+        if let Step::CatchingUp { pass } = step {
+            l.commit_from = Some(pass);
+        }
+        Journal { live: Some(l), ..sample(step) }
+    }
+
+    #[test]
+    fn live_states_round_trip_and_bad_ones_do_not_parse() {
+        for step in [Step::CatchingUp { pass: 3 }, Step::CaughtUp { pass: 1 }, Step::Copied { round: 0 }, Step::Done] {
+            let j = live(step);
+            let text = serde_json::to_string(&j).unwrap();
+            assert_eq!(serde_json::from_str::<Journal>(&text).unwrap(), j);
+        }
+        let v = serde_json::to_value(live(Step::CaughtUp { pass: 2 })).unwrap();
+        assert_eq!(v["step"], serde_json::json!({"name": "caught_up", "pass": 2}));
+        assert_eq!(v["live"]["passes"][0]["pass"], 0);
+        // Other journals do not name it.
+        assert!(!serde_json::to_string(&sample(Step::Verified)).unwrap().contains("live"));
+        let bad = |f: &dyn Fn(&mut serde_json::Value)| parse_error(&v, f);
+        assert!(bad(&|v| v["step"]["pass"] = 0.into()).contains("out of range"));
+        assert!(bad(&|v| v["step"] = serde_json::json!({"name": "caught_up"})).contains("missing or extra"));
+        assert!(bad(&|v| v["live"] = serde_json::Value::Null).contains("not live"));
+        assert!(bad(&|v| v["live"]["commit_from"] = 1.into()).contains("caught-up"));
+        assert!(bad(&|v| v["live"]["surprise"] = 1.into()).contains("unknown field"));
+        assert!(bad(&|v| v["live"]["passes"][0]["clock"]["nsec"] = 1_000_000_000u64.into()).contains("nanoseconds"));
+        let c = serde_json::to_value(live(Step::CatchingUp { pass: 3 })).unwrap();
+        let bad = |f: &dyn Fn(&mut serde_json::Value)| parse_error(&c, f);
+        assert!(bad(&|v| v["live"]["commit_from"] = 4.into()).contains("out of range"));
+        assert!(bad(&|v| v["step"]["pass"] = (3 + MAX_ROUNDS).into()).contains("out of range"));
     }
 
     /// The error of parsing `good` changed by `f` (which must make it unparsable).

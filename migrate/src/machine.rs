@@ -225,8 +225,11 @@ fn run(
                 r.next_pass(pass + 1, Point::AfterRecordCatchingUp)?
             }
             Step::CaughtUp { pass } => r.committing(pass)?,
-            // A commit verified in an earlier run: the directory may have changed since.
-            Step::Verified if r.j.live.is_some() && !r.verified_here => r.committing(r.last_pass())?,
+            // A commit verified in an earlier run and not swapped yet (a crash can come between
+            // the exchange and its record): the directory may have changed since.
+            Step::Verified if r.j.live.is_some() && !r.verified_here && place(&r.j, r.wd)? == Place::Original => {
+                r.committing(r.last_pass())?
+            }
             Step::Moving => r.moving()?,
             Step::Settling => r.settling()?,
             Step::Verified | Step::Moved => r.swapping()?,
