@@ -237,7 +237,8 @@ mod tests {
     #[test]
     fn a_manifest_round_trips_and_a_torn_one_is_refused() {
         let id = |ino| Ident { ino, ctime: Time { sec: -5, nsec: 999_999_999 }, size: 7, kind: 1 };
-        let entries = vec![(PathBuf::from("a/b\n"), id(1)), (PathBuf::from(std::ffi::OsStr::from_bytes(b"\xff")), id(2))];
+        let entries =
+            vec![(PathBuf::from("a/b\n"), id(1)), (PathBuf::from(std::ffi::OsStr::from_bytes(b"\xff")), id(2))];
         let data = encode(&entries);
         let m = decode(&data).unwrap();
         assert_eq!(m.0.len(), 2);

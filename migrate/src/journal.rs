@@ -484,7 +484,11 @@ impl TryFrom<RawJournal> for Journal {
         }
         let copy_step = matches!(
             r.step,
-            Step::Copying { .. } | Step::Copied { .. } | Step::Verified | Step::CatchingUp { .. } | Step::CaughtUp { .. }
+            Step::Copying { .. }
+                | Step::Copied { .. }
+                | Step::Verified
+                | Step::CatchingUp { .. }
+                | Step::CaughtUp { .. }
         );
         let move_step = matches!(r.step, Step::Moving | Step::Settling | Step::Moved | Step::MovingBack);
         if (copy_step && r.method != Method::Copy) || (move_step && r.method != Method::Move) {
@@ -757,8 +761,8 @@ impl Workdir {
     /// Durably replaces the journal: when this returns, a crash leaves exactly `j` on disk.
     pub(crate) fn write(&self, j: &Journal) -> Result<(), MigrateError> {
         let jpath = self.path.join(JOURNAL);
-        let data = serde_json::to_vec_pretty(j)
-            .map_err(|e| wd_io(&jpath, "writing the journal", io::Error::other(e)))?;
+        let data =
+            serde_json::to_vec_pretty(j).map_err(|e| wd_io(&jpath, "writing the journal", io::Error::other(e)))?;
         self.replace(JOURNAL, JOURNAL_TMP, &data, "writing the journal")
     }
 
@@ -790,8 +794,12 @@ impl Workdir {
     /// The work dir's file `name`, up to `limit` bytes, or `None` if there is none.
     pub(crate) fn read_file(&self, name: &str, limit: u64) -> Result<Option<Vec<u8>>, MigrateError> {
         let path = self.path.join(name);
-        let fd = match rustix::fs::openat(&self.fd, name, OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC, Mode::empty())
-        {
+        let fd = match rustix::fs::openat(
+            &self.fd,
+            name,
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        ) {
             Ok(fd) => fd,
             Err(Errno::NOENT) => return Ok(None),
             Err(e) => return Err(wd_io(&path, "reading", e.into())),

@@ -6,6 +6,7 @@
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::Ordering::Relaxed;
 
+use crate::catchup::{self, Manifest, Pass, MAX_LIVE_PASSES};
 use crate::ctx::Ctx;
 use crate::error::{host_err, io_err, move_err, other_direction, other_source};
 use crate::fault::{self, Point};
@@ -17,7 +18,6 @@ use crate::trees::{
     check_encrypted, clear_leftovers, exchange, open_pair, open_staging, place, restore_root_times, sync_swap, Place,
     Source,
 };
-use crate::catchup::{self, Manifest, Pass, MAX_LIVE_PASSES};
 use crate::types::{Method, Schedule, MAX_ROUNDS};
 use crate::{copy, fsx, mv, verify};
 use crate::{Census, Host, HostError, MigrateError, Outcome, Phase, Plan, Request, State, Timings};
@@ -210,6 +210,10 @@ fn run(
         }
         r.back_to_live()?;
     }
+    if r.j.live.as_ref().is_some_and(|l| l.commit_from.is_some()) {
+        // A commit resumed: this run's part of it is timed too.
+        r.commit_started = Some(std::time::Instant::now());
+    }
     loop {
         match r.j.step {
             Step::Prepared => r.prepared()?,
@@ -217,9 +221,7 @@ fn run(
             Step::Copied { round } if r.j.live.is_some() => r.live_verifying(round)?,
             Step::Copied { round } => r.verifying(round)?,
             Step::CatchingUp { pass } => r.catching_up(pass)?,
-            Step::CaughtUp { .. } if r.req.schedule == Schedule::Live && r.passes_here > 0 => {
-                return Ok(r.outcome())
-            }
+            Step::CaughtUp { .. } if r.req.schedule == Schedule::Live && r.passes_here > 0 => return Ok(r.outcome()),
             Step::CaughtUp { pass } if r.req.schedule == Schedule::Live => {
                 // Caught up earlier: catch up again, from here.
                 r.next_pass(pass + 1, Point::AfterRecordCatchingUp)?
@@ -426,6 +428,10 @@ impl<'r> Run<'r> {
     /// A live run of a conversion whose commit had begun: the directory is in use again, so the
     /// commit is dropped and the conversion catches up again (nothing was swapped).
     fn back_to_live(&mut self) -> Result<(), MigrateError> {
+        // (A crash may have come between the exchange and its record: then the commit finishes.)
+        if !self.j.step.public().before_swap() || place(&self.j, self.wd)? != Place::Original {
+            return Ok(());
+        }
         let Some(l) = &mut self.j.live else { return Ok(()) };
         if l.commit_from.take().is_none() {
             return Ok(());
@@ -467,9 +473,12 @@ impl<'r> Run<'r> {
         self.j.recopied += ctx.recopied.load(Relaxed);
         self.passes_here += 1;
         self.pass_done(pass, p)?;
-        let little = self.j.live.as_ref().and_then(|l| l.last_finished()).is_some_and(|r| {
-            catchup::Counts { copied: r.copied, removed: r.removed, entries: r.entries }.little()
-        });
+        let little = self
+            .j
+            .live
+            .as_ref()
+            .and_then(|l| l.last_finished())
+            .is_some_and(|r| catchup::Counts { copied: r.copied, removed: r.removed, entries: r.entries }.little());
         let commit_from = self.live()?.commit_from;
         match commit_from {
             Some(from) => self.record(Step::Copied { round: pass - from }, Point::AfterRecordCopied)?,
@@ -645,7 +654,7 @@ impl<'r> Run<'r> {
 
     /// `Verified` or `Moved`: swaps the staging tree (encrypted, or plain for a decrypt) into place.
     fn swapping(&mut self) -> Result<(), MigrateError> {
-        if self.j.live.is_some() && !self.req.force {
+        if self.j.live.is_some() && !self.req.force && place(&self.j, self.wd)? == Place::Original {
             // Taken since the last pass: the conversion is caught up, no more.
             self.check_free()?;
         }

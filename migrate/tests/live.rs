@@ -121,8 +121,7 @@ fn every_kind_of_change_is_caught_up_then_committed() {
             fs::hard_link(s.join("a/linked"), s.join("empty/linked-four")).unwrap();
         }),
         ("xattrs, mode and owner", |s| {
-            rustix::fs::lsetxattr(s.join("a/empty-file"), "user.new", b"v", rustix::fs::XattrFlags::empty())
-                .unwrap();
+            rustix::fs::lsetxattr(s.join("a/empty-file"), "user.new", b"v", rustix::fs::XattrFlags::empty()).unwrap();
             rustix::fs::lremovexattr(s.join("a/plain.txt"), "user.color").unwrap();
             keep_times(&s.join("nothing"), || {
                 fs::set_permissions(s.join("nothing"), fs::Permissions::from_mode(0o604)).unwrap()
@@ -209,8 +208,7 @@ fn the_commit_waits_until_nothing_uses_the_directory() {
     dirseal_testfs::needs_root!();
     let c = Case::new();
     build_tree(&c.src);
-    let mut sleeper =
-        std::process::Command::new("sleep").arg("600").current_dir(c.src.join("a/b")).spawn().unwrap();
+    let mut sleeper = std::process::Command::new("sleep").arg("600").current_dir(c.src.join("a/b")).spawn().unwrap();
     // A plain conversion is refused; a live one is not.
     let e = migrate::convert(&req(&c.src, &c.wd), &PlainHost::new()).unwrap_err();
     assert!(matches!(e, MigrateError::InUse { .. }), "{e:?}");
@@ -235,11 +233,8 @@ fn abort_in_every_live_state_leaves_the_original() {
     dirseal_testfs::needs_root!();
     let c = Case::new();
     // Caught up; stopped in the first copy; stopped in a catch-up pass; stopped committing.
-    let stops: &[(&str, Option<&'static str>)] = &[
-        ("caught up", None),
-        ("copying", Some("poll-copying:10")),
-        ("verifying", Some("poll-verifying:5")),
-    ];
+    let stops: &[(&str, Option<&'static str>)] =
+        &[("caught up", None), ("copying", Some("poll-copying:10")), ("verifying", Some("poll-verifying:5"))];
     for (i, (what, stop)) in stops.iter().enumerate() {
         let (src, wd) = c.other(&format!("a{i}"));
         build_tree(&src);
