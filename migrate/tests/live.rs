@@ -66,7 +66,7 @@ fn caught_up(src: &Path, wd: &Path, host: &PlainHost) -> u32 {
 /// Runs `Now` (the commit) and checks the result is the source as it was when the commit began,
 /// found by the last catch-up pass alone (the verification then finds nothing to copy again).
 #[track_caller]
-fn commits(src: &Path, wd: &Path) {
+fn commits(src: &Path, wd: &Path) -> migrate::Outcome {
     let before = manifest(src);
     let host = PlainHost::new();
     let out = migrate::convert(&req(src, wd), &host).unwrap();
@@ -80,6 +80,7 @@ fn commits(src: &Path, wd: &Path) {
     );
     assert!(out.timings.parts().iter().any(|(p, _)| *p == "commit"), "{:?}", out.timings);
     assert_eq!(wd_names(wd), ["journal.json", "lock"], "the manifests are gone");
+    out
 }
 
 /// Each kind of change a catch-up pass must bring into staging: made after the conversion caught
@@ -335,4 +336,62 @@ fn the_journal_records_every_pass() {
     assert_eq!(j["step"], serde_json::json!({"name": "caught_up", "pass": 2}));
     let manifests: Vec<String> = wd_names(&c.wd).into_iter().filter(|n| n.starts_with("manifest")).collect();
     assert_eq!(manifests, ["manifest.2"], "only the last pass's manifest is kept");
+}
+
+/// A program that starts using the directory while the commit verifies stops the swap: the
+/// conversion is caught up again, nothing swapped, and commits once the program is gone.
+#[test]
+fn a_program_entering_during_the_commit_stops_the_swap() {
+    dirseal_testfs::needs_root!();
+    let c = Case::new();
+    build_tree(&c.src);
+    caught_up(&c.src, &c.wd, &PlainHost::new());
+    let dir = c.src.join("a");
+    let sleeper: std::sync::Arc<std::sync::Mutex<Option<std::process::Child>>> = Default::default();
+    let s2 = sleeper.clone();
+    let host = PlainHost::with(move |e, _| {
+        if e == Event::PhaseStart(Phase::Verifying) {
+            let child = std::process::Command::new("sleep").arg("600").current_dir(&dir).spawn().unwrap();
+            *s2.lock().unwrap() = Some(child);
+        }
+    });
+    let before = manifest(&c.src);
+    let e = migrate::convert(&req(&c.src, &c.wd), &host).unwrap_err();
+    assert!(matches!(e, MigrateError::StillInUse { .. }), "{e:?}");
+    let st = migrate::status(&c.wd).unwrap().unwrap();
+    assert_eq!(st.state, State::CaughtUp);
+    assert_same(&manifest(&c.src), &before, "nothing swapped");
+    let mut child = sleeper.lock().unwrap().take().unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    commits(&c.src, &c.wd);
+}
+
+/// The commit of a large home that changed little copies and compares only what changed.
+#[test]
+fn the_commit_of_a_home_that_changed_little_copies_only_the_changes() {
+    dirseal_testfs::needs_root!();
+    let c = Case::new();
+    build_tree(&c.src);
+    common::add_bulk(&c.src, 3000, 8);
+    let t = std::time::Instant::now();
+    caught_up(&c.src, &c.wd, &PlainHost::new());
+    let live_time = t.elapsed();
+    // Caught up again in a quiet tree: every entry is now in the last manifest.
+    caught_up(&c.src, &c.wd, &PlainHost::new());
+    for i in [3, 300, 2999] {
+        append(&c.src.join(format!("bulk/f{i:04}")), b"changed");
+    }
+    scribble(&c.src.join("bulk/f1000"), 7, b"same size");
+    fs::write(c.src.join("bulk/new"), b"new").unwrap();
+    let t = std::time::Instant::now();
+    let out = commits(&c.src, &c.wd);
+    let commit_time = t.elapsed();
+    let j: serde_json::Value = serde_json::from_slice(&fs::read(c.wd.join("journal.json")).unwrap()).unwrap();
+    let last = j["live"]["passes"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!((last["copied"].as_u64(), last["removed"].as_u64()), (Some(5), Some(0)), "{j}");
+    eprintln!(
+        "live copy to caught up: {live_time:?}; commit: {commit_time:?} ({} entries): {:?}",
+        last["entries"], out.timings
+    );
 }
