@@ -213,6 +213,31 @@ fn a_crash_at_every_step_of_a_live_conversion_loses_nothing() {
             assert_eq!(wd_names(&wd), ["journal.json", "lock"], "{point}");
         }
     }
+    // Killed half way through a catch-up pass (at its 5th file copied), and through the commit's:
+    // each redone, and the copy is the source.
+    for commit in [false, true] {
+        let (src, wd) = c.other(&format!("lmid-{commit}"));
+        build_tree(&src);
+        add_bulk(&src, 40, 0);
+        finishes("convert", &src, &wd, LIVE, "caught up");
+        for i in 0..20 {
+            let f = src.join(format!("bulk/f{i:04}"));
+            let mut data = fs::read(&f).unwrap();
+            data.extend_from_slice(b"changed");
+            fs::write(&f, data).unwrap();
+        }
+        let before = manifest(&src);
+        let flags: &[&str] = if commit { &[] } else { LIVE };
+        faults("convert", &src, &wd, flags, &format!("{}:5", Point::CopyFile));
+        assert_same(&manifest(&src), &before, "right after the kill");
+        if !commit {
+            finishes("convert", &src, &wd, LIVE, "caught up");
+            assert_same(&manifest(&wd.join("staging")), &before, "staging after the pass was redone");
+        }
+        finishes("convert", &src, &wd, &[], "done");
+        assert_same(&manifest(&src), &before, "after the commit");
+        assert_eq!(wd_names(&wd), ["journal.json", "lock"]);
+    }
     for (i, (point, _)) in points_of(Op::LiveCommit).iter().enumerate() {
         let (src, wd) = c.other(&format!("lc{i}"));
         build_tree(&src);
