@@ -14,7 +14,9 @@
 //! out of the manifest: timestamps are coarse, and a change in the same tick could keep its
 //! ctime, so such an entry is copied again next pass. Directories are walked every pass and
 //! given their metadata again; renames, deletions, type changes and new hard links show as
-//! paths with a new identity or none (the copy pass removes what the source no longer has).
+//! paths with a new identity or none (the copy pass removes what the source no longer has). A
+//! file that keeps changing while a pass copies it is left to the next pass (in use, it may
+//! never be still), not an error.
 //!
 //! A pass killed half way is run again against the same previous manifest: what the killed
 //! attempt copied has an identity the previous manifest does not have, so it is copied again
@@ -226,6 +228,18 @@ impl Catchup for Pass<'_> {
         let id = (m.ctime < self.clock).then(|| Ident::of(m));
         if let Ok(mut s) = self.seen.lock() {
             s.push((rel.to_path_buf(), id));
+        }
+    }
+
+    fn unsettled(&self, rel: &Path) -> bool {
+        // Seen, with no identity: the next pass copies it.
+        self.copied.fetch_add(1, Relaxed);
+        match self.seen.lock() {
+            Ok(mut s) => {
+                s.push((rel.to_path_buf(), None));
+                true
+            }
+            Err(_) => false,
         }
     }
 }

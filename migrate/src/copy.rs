@@ -74,6 +74,9 @@ pub(crate) trait Catchup: Sync {
     fn unchanged(&self, rel: &Path, m: &Meta) -> Option<bool>;
     /// `m` was read at `rel` before its data; `copied`: this pass wrote or linked it anew.
     fn seen(&self, rel: &Path, m: &Meta, copied: bool);
+    /// The file at `rel` kept changing while it was copied: whether to leave it to the next pass
+    /// (its staging name stays absent) rather than fail.
+    fn unsettled(&self, rel: &Path) -> bool;
 }
 
 struct Copier<'c, 'a> {
@@ -340,7 +343,14 @@ impl Copier<'_, '_> {
             }
             remove::remove_tree(stg_dir.as_fd(), name, false, &|_| Ok(())).map_err(|e| ctx.dst_err(&rel, e))?;
         }
-        let stg_ino = create(ctx, &fd, Some((&m, rfd)), m.kind, stg_dir, name, &rel, m.nlink > 1)?;
+        let stg_ino = match create(ctx, &fd, Some((&m, rfd)), m.kind, stg_dir, name, &rel, m.nlink > 1) {
+            // A live pass leaves a file that keeps changing to the next: the directory is in use.
+            Err(MigrateError::KeepsChanging { .. }) if self.live.is_some_and(|l| l.unsettled(&rel)) => {
+                ctx.file_done();
+                return Ok(Entry::Done);
+            }
+            r => r?,
+        };
         if m.nlink > 1 {
             self.set_rep(m.ino, &rel, stg_ino);
         }

@@ -395,3 +395,36 @@ fn the_commit_of_a_home_that_changed_little_copies_only_the_changes() {
         last["entries"], out.timings
     );
 }
+
+/// A file that keeps changing while the first copy copies it does not stop a live conversion (a
+/// run `Now` gives up on it): it is left to the next pass.
+#[test]
+fn a_file_that_keeps_changing_is_left_to_the_next_pass() {
+    dirseal_testfs::needs_root!();
+    let c = Case::new();
+    fs::create_dir(&c.src).unwrap();
+    let busy = c.src.join("busy.log");
+    fs::write(&busy, vec![1u8; 3 << 20]).unwrap();
+    fs::write(c.src.join("quiet"), b"quiet").unwrap();
+    let writing = std::sync::Arc::new(AtomicBool::new(true));
+    let host = |w: std::sync::Arc<AtomicBool>| {
+        let b = busy.clone();
+        PlainHost::with(move |e, _| match e {
+            // Every 1 MiB chunk copied, the file grows.
+            Event::Poll(Phase::Copying, _) if w.load(Ordering::SeqCst) => append(&b, b"line\n"),
+            Event::PhaseStart(Phase::Verifying) => w.store(false, Ordering::SeqCst),
+            _ => {}
+        })
+    };
+    let mut r = req(&c.src, &c.wd);
+    r.threads = std::num::NonZeroUsize::MIN;
+    let e = migrate::convert(&r, &host(std::sync::Arc::new(AtomicBool::new(true)))).unwrap_err();
+    assert!(matches!(e, MigrateError::KeepsChanging { .. }), "{e:?}");
+    assert_eq!(migrate::abort(&c.wd, &PlainHost::new()).unwrap().state, State::Aborted);
+    let r = Request { schedule: Schedule::Live, ..r };
+    let out = migrate::convert(&r, &host(writing.clone())).unwrap();
+    assert_eq!(out.state, State::CaughtUp);
+    assert!(!writing.load(Ordering::SeqCst), "it was written to until the verification");
+    assert_same(&manifest(&c.wd.join("staging")), &manifest(&c.src), "staging once caught up");
+    commits(&c.src, &c.wd);
+}
