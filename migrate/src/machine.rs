@@ -375,7 +375,11 @@ impl<'r> Run<'r> {
         ctx.tick(true);
         // A live conversion's first copy records what it saw, for the catch-up passes.
         let live = match self.j.live {
-            Some(_) => Some(Pass::new(true, None, self.wd.clock()?)),
+            Some(_) => {
+                let p = Pass::new(true, None, self.wd.clock()?);
+                self.flush_source(&trees.src)?;
+                Some(p)
+            }
             None => None,
         };
         let pool = &self.pool;
@@ -394,6 +398,16 @@ impl<'r> Run<'r> {
             self.pass_done(0, p)?;
         }
         self.record(Step::Copied { round }, Point::AfterRecordCopied)
+    }
+
+    /// Before a live pass (after its clock is read): writes out the source's dirty pages. A page
+    /// of a file mapped shared and writable can be written again without a fault, so without
+    /// moving the file's ctime, only while it stays dirty; written out, it is write-protected, and
+    /// the next write through the mapping moves the ctime (ext4's and f2fs's `page_mkwrite`). So
+    /// a file whose ctime is older than the pass's clock was not changed through a mapping after
+    /// the pass began without its ctime saying so.
+    fn flush_source(&mut self, src: &Source) -> Result<(), MigrateError> {
+        self.t.time("sync", || rustix::fs::syncfs(&src.fd)).map_err(|e| io_err("syncing", &src.path)(e.into()))
     }
 
     /// Writes a finished pass's manifest (the copy is synced) and notes the pass in the journal
@@ -459,6 +473,7 @@ impl<'r> Run<'r> {
             _ => None,
         };
         let p = Pass::new(false, reference.as_ref(), clock);
+        self.flush_source(&trees.src)?;
         let save = checkpoint(self.wd, &self.j);
         let ctx = self.ctx(&trees, Phase::Copying).saving(&save);
         ctx.tick(true);

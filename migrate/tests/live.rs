@@ -428,3 +428,64 @@ fn a_file_that_keeps_changing_is_left_to_the_next_pass() {
     assert_same(&manifest(&c.wd.join("staging")), &manifest(&c.src), "staging once caught up");
     commits(&c.src, &c.wd);
 }
+
+/// A file mapped shared and writable can be written again without a fault (so without moving its
+/// ctime) while its page stays dirty. Each pass writes the source's dirty pages out before it
+/// copies, so a write through the mapping after the copy moves the ctime and the next pass sees
+/// it. (A program writes through a mapping after its file was copied, during a catch-up pass.)
+#[test]
+fn a_write_through_a_shared_mapping_after_the_copy_is_caught_up() {
+    dirseal_testfs::needs_root!();
+    use std::io::{BufRead, Write};
+    let c = Case::new();
+    fs::create_dir_all(c.src.join("sub")).unwrap();
+    let mapped = c.src.join("mapped");
+    fs::write(&mapped, vec![b'.'; 16384]).unwrap();
+    fs::write(c.src.join("sub/big"), vec![3u8; 8 << 20]).unwrap();
+    let mut r = live(&c.src, &c.wd);
+    r.threads = std::num::NonZeroUsize::MIN;
+    assert_eq!(migrate::convert(&r, &PlainHost::new()).unwrap().state, State::CaughtUp);
+    // The program maps the file and writes (a fault: the ctime moves, the page is dirty).
+    let script = "import mmap,sys\nf=open(sys.argv[1],'r+b')\nm=mmap.mmap(f.fileno(),0)\nm[0:5]=b'first'\n\
+                  print('ready',flush=True)\nsys.stdin.readline()\nm[100:106]=b'second'\nprint('done',flush=True)\n\
+                  sys.stdin.readline()\nm.close()\n";
+    let mut prog = std::process::Command::new("python3")
+        .args(["-c", script])
+        .arg(&mapped)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let input = prog.stdin.take().unwrap();
+    let mut output = std::io::BufReader::new(prog.stdout.take().unwrap());
+    let mut line = String::new();
+    output.read_line(&mut line).unwrap();
+    assert_eq!(line, "ready\n");
+    // The catch-up pass copies the mapped file (in the root, before `sub` on one thread), then
+    // while it copies sub/big (grown, so copied again, 1 MiB per poll) the program writes again.
+    append(&c.src.join("sub/big"), b"grown");
+    let talk = std::sync::Arc::new(std::sync::Mutex::new(Some((input, output))));
+    let t2 = talk.clone();
+    let wrote = AtomicBool::new(false);
+    let host = PlainHost::with(move |e, _| {
+        if matches!(e, Event::Poll(Phase::Copying, n) if n >= 7) && !wrote.swap(true, Ordering::SeqCst) {
+            let mut t = t2.lock().unwrap();
+            let (i, o) = t.as_mut().unwrap();
+            i.write_all(b"go\n").unwrap();
+            let mut line = String::new();
+            o.read_line(&mut line).unwrap();
+            assert_eq!(line, "done\n");
+        }
+    });
+    assert_eq!(migrate::convert(&r, &host).unwrap().state, State::CaughtUp);
+    let (mut input, _) = talk.lock().unwrap().take().unwrap();
+    input.write_all(b"exit\n").unwrap();
+    assert!(prog.wait().unwrap().success());
+    // (Read without moving its access time.)
+    let data = dirseal_testfs::tree::contents(&mapped).remove(0).1;
+    assert_eq!((&data[..5], &data[100..106]), (&b"first"[..], &b"second"[..]), "the program wrote during the pass");
+    // Caught up once more, nothing writing: the second write is in the copy.
+    assert_eq!(migrate::convert(&r, &PlainHost::new()).unwrap().state, State::CaughtUp);
+    assert_same(&manifest(&c.wd.join("staging")), &manifest(&c.src), "staging after the mapped write");
+    commits(&c.src, &c.wd);
+}
