@@ -18,6 +18,14 @@
 //! file that keeps changing while a pass copies it is left to the next pass (in use, it may
 //! never be still), not an error.
 //!
+//! Why an identity read before the data is enough while the directory is in use: a `write`
+//! stamps the ctime when it begins and holds the inode lock until its data is in; the copy's
+//! first `SEEK_HOLE`/`SEEK_DATA` (fsx::copy_sparse) takes that lock shared on ext4 and f2fs, so
+//! a write under way at the stat ends before the copy reads, and a later one gets a ctime not
+//! older than the pass's clock. A page of a shared writable mapping moves the ctime only when a
+//! write faults on it, so each pass first writes the source's dirty pages out (machine.rs),
+//! which write-protects them. Not covered: direct I/O overwrites (they take the lock shared).
+//!
 //! A pass killed half way is run again against the same previous manifest: what the killed
 //! attempt copied has an identity the previous manifest does not have, so it is copied again
 //! (its copy may not have reached the disk). A manifest that is missing or unreadable, or a clock
