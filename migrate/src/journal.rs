@@ -392,12 +392,12 @@ pub(crate) struct PassRecord {
 }
 
 impl Live {
-    /// The last pass that finished, and its clock.
+    /// The last pass that finished.
     pub(crate) fn last_finished(&self) -> Option<&PassRecord> {
         self.passes.iter().rev().find(|p| p.finished_unix.is_some())
     }
 
-    /// Records the start of `pass` (again, if a resumed pass starts over).
+    /// Records `pass` as begun (replacing an older record of the same number).
     pub(crate) fn started(&mut self, pass: u32) {
         let now = unix_now();
         self.passes.retain(|p| p.pass != pass);
