@@ -240,6 +240,8 @@ fn crash_at_every_fault_point_then_resume() {
             | AfterRecordMoved
             | AfterRecordMovingBack
             | BeforeRecordAbortedMove => &[],
+            // Live conversions: the CLI runs none yet; migrate/tests/crash.rs reaches each.
+            AfterRecordCatchingUp | AfterManifestWritten | AfterRecordCaughtUp | AfterRecordCommitting => &[],
             // Decrypt's clean-up: tests/decrypt.rs.
             CleanupRecoveryRemoved
             | CleanupRecorded

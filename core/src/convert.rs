@@ -267,6 +267,7 @@ pub(crate) fn request<'a>(plan_source: &'a Path, workdir: &'a Path, o: &Options,
         threads,
         mode: o.mode,
         direction,
+        schedule: dirseal_migrate::Schedule::Now,
     }
 }
 

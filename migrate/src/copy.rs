@@ -64,8 +64,24 @@ enum Entry {
     IsDir,
 }
 
+/// What a live conversion's catch-up pass (catchup.rs) asks of a copy pass: whether a staging
+/// entry is still good, judged by the source entry's identity rather than its mtime, and each
+/// entry's identity as read before its data was.
+pub(crate) trait Catchup: Sync {
+    /// Whether the entry at `rel`, as `m` says it is now, is the one the previous pass saw (so
+    /// its staging copy is good); `None` when there was no previous pass (then an entry matching
+    /// by metadata is kept, as in a resumed copy).
+    fn unchanged(&self, rel: &Path, m: &Meta) -> Option<bool>;
+    /// `m` was read at `rel` before its data; `copied`: this pass wrote or linked it anew.
+    fn seen(&self, rel: &Path, m: &Meta, copied: bool);
+    /// The file at `rel` kept changing while it was copied: whether to leave it to the next pass
+    /// (its staging name stays absent) rather than fail.
+    fn unsettled(&self, rel: &Path) -> bool;
+}
+
 struct Copier<'c, 'a> {
     ctx: &'c Ctx<'a>,
+    live: Option<&'c dyn Catchup>,
     stg_root: BorrowedFd<'c>,
     /// Only inodes with more than one link, so memory follows the number of hard-linked files,
     /// not the size of the tree.
@@ -82,14 +98,17 @@ struct Dir {
     rel: PathBuf,
 }
 
-/// Copies `src_root` into `stg_root` (whose own xattrs set by the host are kept).
+/// Copies `src_root` into `stg_root` (whose own xattrs set by the host are kept). In a pass of a
+/// live conversion, `live` decides what is kept and hears of every entry.
 pub(crate) fn copy_tree(
     ctx: &Ctx,
     pool: &rayon::ThreadPool,
     src_root: &OwnedFd,
     stg_root: &OwnedFd,
+    live: Option<&dyn Catchup>,
 ) -> Result<(), MigrateError> {
-    let c = Copier { ctx, stg_root: stg_root.as_fd(), links: Mutex::new(HashMap::new()), link_turn: Mutex::new(()) };
+    let c =
+        Copier { ctx, live, stg_root: stg_root.as_fd(), links: Mutex::new(HashMap::new()), link_turn: Mutex::new(()) };
     let root = Path::new("");
     let dup = |fd: &OwnedFd| fd.try_clone().map_err(|e| ctx.dst_err(root, e));
     let top = Dir { src: dup(src_root)?, stg: dup(stg_root)?, rel: PathBuf::new() };
@@ -299,28 +318,51 @@ impl Copier<'_, '_> {
                     );
                 }
                 fsx::link_fd(&rfd, stg_dir, name).map_err(|e| ctx.dst_err(&rel, e))?;
+                self.seen(&rel, &m, true);
+            } else {
+                self.seen(&rel, &m, false);
             }
             ctx.add_bytes(if m.kind == Kind::File { m.data() } else { 0 });
             ctx.file_done();
             return Ok(Entry::Done);
         }
         if let Some(e) = existing {
-            if self.matches(&fd, &m, stg_dir, name, &e, &rel)? {
+            let keep = match self.live.and_then(|l| l.unchanged(&rel, &m)) {
+                // mtime alone never decides: the identity does, metadata only confirms.
+                Some(same) => same && m.same_copy(&e) && !(m.nlink == 1 && e.nlink != 1),
+                None => self.matches(&fd, &m, stg_dir, name, &e, &rel)?,
+            };
+            if keep {
                 if m.nlink > 1 {
                     self.set_rep(m.ino, &rel, e.ino);
                 }
+                self.seen(&rel, &m, false);
                 ctx.add_bytes(if m.kind == Kind::File { m.data() } else { 0 });
                 ctx.file_done();
                 return Ok(Entry::Done);
             }
             remove::remove_tree(stg_dir.as_fd(), name, false, &|_| Ok(())).map_err(|e| ctx.dst_err(&rel, e))?;
         }
-        let stg_ino = create(ctx, &fd, Some((&m, rfd)), m.kind, stg_dir, name, &rel, m.nlink > 1)?;
+        let stg_ino = match create(ctx, &fd, Some((&m, rfd)), m.kind, stg_dir, name, &rel, m.nlink > 1) {
+            // A live pass leaves a file that keeps changing to the next: the directory is in use.
+            Err(MigrateError::KeepsChanging { .. }) if self.live.is_some_and(|l| l.unsettled(&rel)) => {
+                ctx.file_done();
+                return Ok(Entry::Done);
+            }
+            r => r?,
+        };
         if m.nlink > 1 {
             self.set_rep(m.ino, &rel, stg_ino);
         }
+        self.seen(&rel, &m, true);
         ctx.file_done();
         Ok(Entry::Done)
+    }
+
+    fn seen(&self, rel: &Path, m: &Meta, copied: bool) {
+        if let Some(l) = self.live {
+            l.seen(rel, m, copied);
+        }
     }
 
     fn rep(&self, ino: u64) -> Option<Rep> {

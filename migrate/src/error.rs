@@ -97,6 +97,12 @@ pub enum MigrateError {
     MoveInconsistent { path: PathBuf, reason: String },
     #[error("moving {} into the staging directory keeps no backup of the original; run without keeping a backup, or by copying (which needs room for a second copy)", path.display())]
     MoveWithBackup { path: PathBuf },
+    #[error("{} cannot be moved while it stays in use: a live conversion copies; convert it live by copying (which needs room for a second copy), or move it when nothing uses it", path.display())]
+    LiveMove { path: PathBuf },
+    #[error("{} is still in use: {}; the live copy stays caught up and nothing was swapped: close these programs (or log the user out) and finish the conversion again, or abort it", path.display(), list_users(users))]
+    StillInUse { path: PathBuf, users: Vec<ProcessUse> },
+    #[error("the copy of {} differs from the original ({reason}) although the original did not change since it was copied; nothing was swapped and the original is untouched: abort the conversion and start it again, and check the disk", path.display())]
+    CopyCorrupt { path: PathBuf, reason: String },
     #[error("not enough free inodes for a copy of {}: {needed} needed, {available} available; delete some files and try again", path.display())]
     NoInodes { path: PathBuf, needed: u64, available: u64 },
     #[error("{} is in use: {}; close these programs (or log the user out) and try again, or force the conversion", path.display(), list_users(users))]

@@ -55,6 +55,14 @@ points! {
     VerifyEntry = "verify-entry",
     AfterVerify = "after-verify",
     AfterRecordRecopy = "after-record-recopy",
+    /// A live conversion: a catch-up pass recorded (after the first copy's verification, or
+    /// after a pass that changed much);
+    AfterRecordCatchingUp = "after-record-catching-up",
+    /// a pass's manifest written, before the journal records the pass finished;
+    AfterManifestWritten = "after-manifest-written",
+    AfterRecordCaughtUp = "after-record-caught-up",
+    /// the commit recorded (its last catch-up pass begins).
+    AfterRecordCommitting = "after-record-committing",
     AfterRecordVerified = "after-record-verified",
     AfterSwap = "after-swap",
     AfterRecordSwapped = "after-record-swapped",

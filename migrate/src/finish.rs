@@ -13,7 +13,7 @@ use crate::journal::{self, Journal, Step, Workdir, STAGING};
 use crate::pass::after_pass;
 use crate::trees::{clear_leftovers, exchange, open_pair, place, remove_staging, restore_root_times, sync_swap, Place};
 use crate::types::{Direction, Method};
-use crate::{fsx, mv, remove, Host, MigrateError, Outcome, Phase, State, StatusView, Timings};
+use crate::{catchup, fsx, mv, remove, Host, MigrateError, Outcome, Phase, State, StatusView, Timings};
 
 /// Deletes (or wipes, then deletes) the old tree now in the staging slot, on `pool` (rayon's
 /// global pool if none). Safe to repeat.
@@ -143,6 +143,8 @@ pub fn status(workdir: &Path) -> Result<Option<StatusView>, MigrateError> {
             .then(|| wd.staging_path()),
         running: matches!(wd.probe_lock(), Err(MigrateError::Busy { .. })),
         direction: j.direction,
+        live: j.live.is_some(),
+        passes: j.live.as_ref().and_then(|l| l.last_finished()).map_or(0, |p| p.pass),
     }))
 }
 
@@ -151,7 +153,12 @@ pub fn status(workdir: &Path) -> Result<Option<StatusView>, MigrateError> {
 pub fn abort(workdir: &Path, host: &dyn Host) -> Result<Outcome, MigrateError> {
     let (wd, _lock, mut j) = open_recorded(workdir)?;
     match j.step {
-        Step::Prepared | Step::Copying { .. } | Step::Copied { .. } | Step::Verified => {
+        Step::Prepared
+        | Step::Copying { .. }
+        | Step::Copied { .. }
+        | Step::Verified
+        | Step::CatchingUp { .. }
+        | Step::CaughtUp { .. } => {
             if place(&j, &wd)? == Place::Exchanged {
                 // Crashed right after the swap: record it, and let the user roll back.
                 j.keep_backup = true;
@@ -204,6 +211,7 @@ pub fn abort(workdir: &Path, host: &dyn Host) -> Result<Outcome, MigrateError> {
     let ctx = Ctx::new(host, &j.source.0, 0, Phase::Aborting, 0, 0);
     ctx.tick(true);
     clear_leftovers(&wd, Some(&j), Point::AbortEntry)?;
+    catchup::forget_all(&wd)?;
     Ok(outcome(&j, &wd, Vec::new()))
 }
 
@@ -251,6 +259,8 @@ pub fn rollback(workdir: &Path, host: &dyn Host) -> Result<Outcome, MigrateError
         | Step::Copying { .. }
         | Step::Copied { .. }
         | Step::Verified
+        | Step::CatchingUp { .. }
+        | Step::CaughtUp { .. }
         | Step::Moving
         | Step::Settling
         | Step::Moved
@@ -287,6 +297,7 @@ pub fn rollback(workdir: &Path, host: &dyn Host) -> Result<Outcome, MigrateError
         remove_staging(&wd, Point::RollbackEntry)?;
     }
     fault::point(Point::RollbackBeforeRecord);
+    catchup::forget_all(&wd)?;
     wd.record(&mut j, Step::RolledBack, None)?;
     Ok(outcome(&j, &wd, Vec::new()))
 }
@@ -311,6 +322,7 @@ pub fn commit(workdir: &Path, host: &dyn Host) -> Result<Outcome, MigrateError> 
     }
     let mut notes = Vec::new();
     dispose(host, &wd, &j, &mut notes, None)?;
+    catchup::forget_all(&wd)?;
     wd.record(&mut j, Step::Done, Point::AfterRecordDone)?;
     Ok(outcome(&j, &wd, notes))
 }

@@ -207,6 +207,15 @@ pub(crate) enum Step {
         round: u32,
     },
     Verified,
+    /// A live conversion: catch-up pass `pass` (from 1) brings into staging what changed since
+    /// pass `pass - 1` (see catchup.rs); while committing (`Live::commit_from`), the last ones.
+    CatchingUp {
+        pass: u32,
+    },
+    /// A live conversion stopped before the swap after catch-up pass `pass`.
+    CaughtUp {
+        pass: u32,
+    },
     /// Move mode: files are moving into staging (see mv.rs).
     Moving,
     /// Move mode: every file is in staging; the staging directories get their final metadata.
@@ -233,32 +242,37 @@ struct RawStep {
     name: String,
     round: Option<u32>,
     disposing: Option<bool>,
+    pass: Option<u32>,
 }
 
 impl TryFrom<RawStep> for Step {
     type Error = String;
     fn try_from(r: RawStep) -> Result<Step, String> {
-        Ok(match (r.name.as_str(), r.round, r.disposing) {
-            ("prepared", None, None) => Step::Prepared,
-            ("copying", Some(round), None) => Step::Copying { round },
-            ("copied", Some(round), None) => Step::Copied { round },
-            ("verified", None, None) => Step::Verified,
-            ("moving", None, None) => Step::Moving,
-            ("settling", None, None) => Step::Settling,
-            ("moved", None, None) => Step::Moved,
-            ("moving_back", None, None) => Step::MovingBack,
-            ("swapped", None, Some(disposing)) => Step::Swapped { disposing },
-            ("rolling_back", None, None) => Step::RollingBack,
-            ("done", None, None) => Step::Done,
-            ("aborted", None, None) => Step::Aborted,
-            ("rolled_back", None, None) => Step::RolledBack,
+        Ok(match (r.name.as_str(), r.round, r.disposing, r.pass) {
+            ("prepared", None, None, None) => Step::Prepared,
+            ("copying", Some(round), None, None) => Step::Copying { round },
+            ("copied", Some(round), None, None) => Step::Copied { round },
+            ("verified", None, None, None) => Step::Verified,
+            ("catching_up", None, None, Some(pass)) if pass > 0 => Step::CatchingUp { pass },
+            ("caught_up", None, None, Some(pass)) if pass > 0 => Step::CaughtUp { pass },
+            ("moving", None, None, None) => Step::Moving,
+            ("settling", None, None, None) => Step::Settling,
+            ("moved", None, None, None) => Step::Moved,
+            ("moving_back", None, None, None) => Step::MovingBack,
+            ("swapped", None, Some(disposing), None) => Step::Swapped { disposing },
+            ("rolling_back", None, None, None) => Step::RollingBack,
+            ("done", None, None, None) => Step::Done,
+            ("aborted", None, None, None) => Step::Aborted,
+            ("rolled_back", None, None, None) => Step::RolledBack,
             (
-                name @ ("prepared" | "copying" | "copied" | "verified" | "moving" | "settling" | "moved"
-                | "moving_back" | "swapped" | "rolling_back" | "done" | "aborted" | "rolled_back"),
+                name @ ("prepared" | "copying" | "copied" | "verified" | "catching_up" | "caught_up" | "moving"
+                | "settling" | "moved" | "moving_back" | "swapped" | "rolling_back" | "done" | "aborted"
+                | "rolled_back"),
                 _,
                 _,
-            ) => return Err(format!("state {name:?} with missing or extra fields")),
-            (name, _, _) => return Err(format!("unknown state {name:?}")),
+                _,
+            ) => return Err(format!("state {name:?} with missing or extra fields (or a pass out of range)")),
+            (name, _, _, _) => return Err(format!("unknown state {name:?}")),
         })
     }
 }
@@ -270,6 +284,8 @@ impl Step {
             Step::Copying { .. } => State::Copying,
             Step::Copied { .. } => State::Copied,
             Step::Verified => State::Verified,
+            Step::CatchingUp { .. } => State::CatchingUp,
+            Step::CaughtUp { .. } => State::CaughtUp,
             Step::Moving | Step::Settling => State::Moving,
             Step::Moved => State::Moved,
             Step::MovingBack => State::MovingBack,
@@ -333,6 +349,76 @@ pub(crate) struct Journal {
     /// was before (and a dirseal without decrypt refuses a decrypt's journal: an unknown field).
     #[serde(skip_serializing_if = "Direction::is_encrypt")]
     pub direction: Direction,
+    /// A live conversion's record (absent otherwise, so other journals read as before).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub live: Option<Live>,
+}
+
+/// Most pass records a live journal keeps (the oldest go first): a conversion caught up again and
+/// again must not grow its journal without bound.
+pub(crate) const MAX_PASS_RECORDS: usize = 64;
+
+/// What a live conversion ([`crate::Schedule::Live`]) records besides its state.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Live {
+    /// The filesystem's clock when the verification of the first copy began (after it passed):
+    /// a file whose ctime is older did not change since that verification, which proved its
+    /// copy (or a later pass copied it again, comparing as it copied), so the verification
+    /// before the swap checks it by metadata alone. Absent until that verification passed.
+    pub verified_from: Option<Time>,
+    /// Committing (run `Now`): the first pass of the commit. Set with its record; cleared when a
+    /// commit gives up, back to `CaughtUp`.
+    pub commit_from: Option<u32>,
+    /// Every pass (the first copy is pass 0), oldest first, at most [`MAX_PASS_RECORDS`].
+    pub passes: Vec<PassRecord>,
+}
+
+/// One pass of a live conversion: when it ran and what it did.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct PassRecord {
+    pub pass: u32,
+    pub started_unix: u64,
+    /// Absent while the pass runs (or was interrupted: a resumed pass starts over).
+    pub finished_unix: Option<u64>,
+    /// The filesystem's clock when the pass (its last attempt) began; set when it finished.
+    pub clock: Option<Time>,
+    /// Entries (not directories) the pass copied or linked anew, entries of the previous pass
+    /// gone from the tree (deleted or renamed), and entries it saw.
+    pub copied: u64,
+    pub removed: u64,
+    pub entries: u64,
+}
+
+impl Live {
+    /// The last pass that finished.
+    pub(crate) fn last_finished(&self) -> Option<&PassRecord> {
+        self.passes.iter().rev().find(|p| p.finished_unix.is_some())
+    }
+
+    /// Records `pass` as begun (replacing an older record of the same number).
+    pub(crate) fn started(&mut self, pass: u32) {
+        let now = unix_now();
+        self.passes.retain(|p| p.pass != pass);
+        self.passes.push(PassRecord {
+            pass,
+            started_unix: now,
+            finished_unix: None,
+            clock: None,
+            copied: 0,
+            removed: 0,
+            entries: 0,
+        });
+        if self.passes.len() > MAX_PASS_RECORDS {
+            self.passes.remove(0);
+        }
+    }
+}
+
+/// Seconds since the epoch now (0 if the clock is before it).
+pub(crate) fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 
 /// Access and modification time of a tree's root.
@@ -373,6 +459,8 @@ struct RawJournal {
     inflight: Option<InFlight>,
     #[serde(default)]
     direction: Direction,
+    #[serde(default)]
+    live: Option<Live>,
 }
 
 /// Longest token a host may hand out (a policy id is 32 hex digits).
@@ -394,7 +482,14 @@ impl TryFrom<RawJournal> for Journal {
         if r.inflight.is_some() && !(moving && r.method == Method::Move) {
             return Err("a file in flight outside a move".into());
         }
-        let copy_step = matches!(r.step, Step::Copying { .. } | Step::Copied { .. } | Step::Verified);
+        let copy_step = matches!(
+            r.step,
+            Step::Copying { .. }
+                | Step::Copied { .. }
+                | Step::Verified
+                | Step::CatchingUp { .. }
+                | Step::CaughtUp { .. }
+        );
         let move_step = matches!(r.step, Step::Moving | Step::Settling | Step::Moved | Step::MovingBack);
         if (copy_step && r.method != Method::Copy) || (move_step && r.method != Method::Move) {
             return Err(format!("state {:?} does not belong to a {} conversion", r.step, r.method));
@@ -415,6 +510,29 @@ impl TryFrom<RawJournal> for Journal {
             if round >= MAX_ROUNDS {
                 return Err(format!("copy round {round} is beyond the limit of {MAX_ROUNDS}"));
             }
+        }
+        match (&r.live, r.step) {
+            (None, Step::CatchingUp { .. } | Step::CaughtUp { .. }) => {
+                return Err("a catch-up state in a conversion that is not live".into())
+            }
+            (Some(_), _) if r.method != Method::Copy => return Err("a live conversion that moves".into()),
+            (Some(l), step) => {
+                let bad = |t: &Option<Time>| t.is_some_and(|t| t.nsec >= 1_000_000_000);
+                if bad(&l.verified_from) || l.passes.iter().any(|p| bad(&p.clock)) {
+                    return Err("a live time has 1e9 or more nanoseconds".into());
+                }
+                if l.passes.len() > MAX_PASS_RECORDS {
+                    return Err("too many pass records".into());
+                }
+                match (l.commit_from, step) {
+                    (Some(from), Step::CatchingUp { pass }) if from > pass || pass - from >= MAX_ROUNDS => {
+                        return Err(format!("commit pass {pass} is out of range (the commit began at pass {from})"))
+                    }
+                    (Some(_), Step::CaughtUp { .. }) => return Err("a commit recorded in a caught-up state".into()),
+                    _ => {}
+                }
+            }
+            (None, _) => {}
         }
         Ok(Journal {
             version: r.version,
@@ -438,6 +556,7 @@ impl TryFrom<RawJournal> for Journal {
             method: r.method,
             inflight: r.inflight,
             direction: r.direction,
+            live: r.live,
         })
     }
 }
@@ -642,25 +761,67 @@ impl Workdir {
     /// Durably replaces the journal: when this returns, a crash leaves exactly `j` on disk.
     pub(crate) fn write(&self, j: &Journal) -> Result<(), MigrateError> {
         let jpath = self.path.join(JOURNAL);
-        let err = |e: io::Error| wd_io(&jpath, "writing the journal", e);
-        let data = serde_json::to_vec_pretty(j).map_err(|e| err(io::Error::other(e)))?;
-        match rustix::fs::unlinkat(&self.fd, JOURNAL_TMP, AtFlags::empty()) {
+        let data =
+            serde_json::to_vec_pretty(j).map_err(|e| wd_io(&jpath, "writing the journal", io::Error::other(e)))?;
+        self.replace(JOURNAL, JOURNAL_TMP, &data, "writing the journal")
+    }
+
+    /// Durably replaces the work dir's file `name` with `data` (through `tmp`: a crash leaves
+    /// the old file or the new one, whole).
+    pub(crate) fn replace(&self, name: &str, tmp: &str, data: &[u8], what: &'static str) -> Result<(), MigrateError> {
+        let jpath = self.path.join(name);
+        let err = |e: io::Error| wd_io(&jpath, what, e);
+        match rustix::fs::unlinkat(&self.fd, tmp, AtFlags::empty()) {
             Ok(()) | Err(Errno::NOENT) => {}
             Err(e) => return Err(err(e.into())),
         }
         let fd = rustix::fs::openat(
             &self.fd,
-            JOURNAL_TMP,
+            tmp,
             OFlags::CREATE | OFlags::EXCL | OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
             Mode::from_raw_mode(0o600),
         )
         .map_err(|e| err(e.into()))?;
         let mut f = std::fs::File::from(fd);
-        f.write_all(&data).map_err(err)?;
+        f.write_all(data).map_err(err)?;
         f.sync_all().map_err(err)?;
         drop(f);
-        rustix::fs::renameat(&self.fd, JOURNAL_TMP, &self.fd, JOURNAL).map_err(|e| err(e.into()))?;
+        rustix::fs::renameat(&self.fd, tmp, &self.fd, name).map_err(|e| err(e.into()))?;
         fsx::fsync(&self.fd).map_err(err)?;
+        Ok(())
+    }
+
+    /// The work dir's file `name`, up to `limit` bytes, or `None` if there is none.
+    pub(crate) fn read_file(&self, name: &str, limit: u64) -> Result<Option<Vec<u8>>, MigrateError> {
+        let path = self.path.join(name);
+        let fd = match rustix::fs::openat(
+            &self.fd,
+            name,
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        ) {
+            Ok(fd) => fd,
+            Err(Errno::NOENT) => return Ok(None),
+            Err(e) => return Err(wd_io(&path, "reading", e.into())),
+        };
+        let mut data = Vec::new();
+        std::fs::File::from(fd).take(limit).read_to_end(&mut data).map_err(|e| wd_io(&path, "reading", e))?;
+        Ok(Some(data))
+    }
+
+    /// Removes the work dir's entries whose names `which` picks (synced). Repeatable.
+    pub(crate) fn remove_files(&self, which: &dyn Fn(&[u8]) -> bool) -> Result<(), MigrateError> {
+        let names = fsx::list_names(&self.fd).map_err(|e| wd_io(&self.path, "listing", e))?;
+        let mut any = false;
+        for n in names.iter().filter(|n| which(n.as_bytes())) {
+            match rustix::fs::unlinkat(&self.fd, n.as_os_str(), AtFlags::empty()) {
+                Ok(()) | Err(Errno::NOENT) => any = true,
+                Err(e) => return Err(wd_io(&self.path.join(n), "removing", e.into())),
+            }
+        }
+        if any {
+            self.sync()?;
+        }
         Ok(())
     }
 
@@ -778,6 +939,7 @@ mod tests {
             method: Method::Copy,
             inflight: None,
             direction: Direction::Encrypt,
+            live: None,
         }
     }
 
@@ -858,6 +1020,43 @@ mod tests {
         let mut old = v.clone();
         old.as_object_mut().unwrap().remove("copy_started");
         assert_eq!(serde_json::from_value::<Journal>(old).unwrap().copy_started, None, "journals from before it");
+    }
+
+    fn live(step: Step) -> Journal {
+        let mut l = Live { verified_from: Some(Time { sec: 1_700_000_001, nsec: 7 }), ..Live::default() };
+        l.started(0);
+        l.passes[0].finished_unix = Some(1_700_000_100);
+        l.passes[0].clock = Some(Time { sec: 1_700_000_000, nsec: 9 });
+        l.started(1);
+        if let Step::CatchingUp { pass } = step {
+            l.commit_from = Some(pass);
+        }
+        Journal { live: Some(l), ..sample(step) }
+    }
+
+    #[test]
+    fn live_states_round_trip_and_bad_ones_do_not_parse() {
+        for step in [Step::CatchingUp { pass: 3 }, Step::CaughtUp { pass: 1 }, Step::Copied { round: 0 }, Step::Done] {
+            let j = live(step);
+            let text = serde_json::to_string(&j).unwrap();
+            assert_eq!(serde_json::from_str::<Journal>(&text).unwrap(), j);
+        }
+        let v = serde_json::to_value(live(Step::CaughtUp { pass: 2 })).unwrap();
+        assert_eq!(v["step"], serde_json::json!({"name": "caught_up", "pass": 2}));
+        assert_eq!(v["live"]["passes"][0]["pass"], 0);
+        // Other journals do not name it.
+        assert!(!serde_json::to_string(&sample(Step::Verified)).unwrap().contains("live"));
+        let bad = |f: &dyn Fn(&mut serde_json::Value)| parse_error(&v, f);
+        assert!(bad(&|v| v["step"]["pass"] = 0.into()).contains("out of range"));
+        assert!(bad(&|v| v["step"] = serde_json::json!({"name": "caught_up"})).contains("missing or extra"));
+        assert!(bad(&|v| v["live"] = serde_json::Value::Null).contains("not live"));
+        assert!(bad(&|v| v["live"]["commit_from"] = 1.into()).contains("caught-up"));
+        assert!(bad(&|v| v["live"]["surprise"] = 1.into()).contains("unknown field"));
+        assert!(bad(&|v| v["live"]["passes"][0]["clock"]["nsec"] = 1_000_000_000u64.into()).contains("nanoseconds"));
+        let c = serde_json::to_value(live(Step::CatchingUp { pass: 3 })).unwrap();
+        let bad = |f: &dyn Fn(&mut serde_json::Value)| parse_error(&c, f);
+        assert!(bad(&|v| v["live"]["commit_from"] = 4.into()).contains("out of range"));
+        assert!(bad(&|v| v["step"]["pass"] = (3 + MAX_ROUNDS).into()).contains("out of range"));
     }
 
     /// The error of parsing `good` changed by `f` (which must make it unparsable).

@@ -12,6 +12,9 @@
 //! States: `Prepared → Copying → Copied → Verified → Swapped → Done`, plus `Aborted` (before the
 //! swap), `RollingBack → RolledBack` (after a swap kept with `keep_backup`). Move mode:
 //! `Prepared → Moving → Moved → Swapped → Done`, and `MovingBack → Aborted` for an abort.
+//! Live ([`Schedule::Live`], the directory in use; copying only): `Prepared → Copying → Copied →
+//! CatchingUp… → CaughtUp`, stopped there; run again `Now` (nothing uses the directory):
+//! `CaughtUp → CatchingUp → Copied → Verified → Swapped → Done` (see catchup.rs).
 //!
 //! The same machine runs the other way ([`Direction::Decrypt`]): the source is the unlocked root
 //! of an encrypted tree, the staging directory stays plain (and root-only, in the work dir) until
@@ -23,6 +26,7 @@
 //! - finish.rs: [`status`], [`abort`] (with moving back), [`rollback`], [`commit`];
 //! - trees.rs: the source and staging trees: opening them, where they are, the swap;
 //! - copy.rs, verify.rs, mv.rs, remove.rs, scan.rs: the passes over a tree; fsx.rs the syscalls;
+//!   catchup.rs what a live conversion's catch-up passes decide by (identities, manifests);
 //!   pass.rs what the passes share (the worker pool, the record of a pass that stopped early);
 //! - journal.rs: the journal and the work dir, and [`fault`] the crash points;
 //! - types.rs, host.rs, state.rs, error.rs: the public types the caller sees.
@@ -31,6 +35,7 @@
 //! bottom, machine.rs at the top (docs/architecture.md lists the layers).
 #![forbid(unsafe_code)]
 
+mod catchup;
 mod copy;
 mod ctx;
 mod error;
@@ -60,4 +65,4 @@ pub use plan::{preflight, Census, Plan, Request};
 pub use scan::census_dirs_listed;
 pub use state::{Outcome, State, StatusView, Timings};
 pub use trees::staging_path;
-pub use types::{Direction, Method, Mode, UnknownWord};
+pub use types::{Direction, Method, Mode, Schedule, UnknownWord};

@@ -6,6 +6,7 @@
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::Ordering::Relaxed;
 
+use crate::catchup::{self, Manifest, Pass, MAX_LIVE_PASSES};
 use crate::ctx::Ctx;
 use crate::error::{host_err, io_err, move_err, other_direction, other_source};
 use crate::fault::{self, Point};
@@ -17,13 +18,16 @@ use crate::trees::{
     check_encrypted, clear_leftovers, exchange, open_pair, open_staging, place, restore_root_times, sync_swap, Place,
     Source,
 };
-use crate::types::{Method, MAX_ROUNDS};
+use crate::types::{Method, Schedule, MAX_ROUNDS};
 use crate::{copy, fsx, mv, verify};
 use crate::{Census, Host, HostError, MigrateError, Outcome, Phase, Plan, Request, State, Timings};
 
 /// Starts a conversion (running the [`preflight`] checks itself) or resumes the unfinished one
 /// recorded in the work dir, from whatever state it is in. Returns when the conversion is `Done`,
-/// or `Swapped` with a backup. A resumed conversion keeps its recorded `keep_backup` and `wipe`;
+/// or `Swapped` with a backup, or (a live one, run [`Schedule::Live`]) `CaughtUp`. A live
+/// conversion run `Now` is committed: unless forced, nothing may use the directory
+/// ([`MigrateError::StillInUse`], and it stays `CaughtUp`), then a last catch-up pass, the
+/// verification of what changed, the swap and the disposal. A resumed conversion keeps its recorded `keep_backup` and `wipe`;
 /// `force` and `threads` apply to this run. A finished journal (done, aborted, rolled back) is
 /// replaced by a new conversion.
 pub fn convert(req: &Request, host: &dyn Host) -> Result<Outcome, MigrateError> {
@@ -106,6 +110,7 @@ fn begin(
         }
     }
     clear_leftovers(&wd, old.as_ref(), Point::LeftoverEntry)?;
+    catchup::forget_all(&wd)?;
     fsx::mkdir(&wd.fd, STAGING.as_ref()).map_err(io_err("creating", &wd.staging_path()))?;
     wd.sync()?;
     fault::point(Point::AfterStagingCreated);
@@ -151,6 +156,7 @@ fn begin(
         method: census.method,
         inflight: None,
         direction: req.direction,
+        live: (req.schedule == Schedule::Live).then(journal::Live::default),
     };
     wd.record(&mut j, Step::Prepared, Point::AfterPrepare)?;
     timings.add("prepare", prepared.elapsed());
@@ -190,12 +196,42 @@ fn run(
         pass_recorded_here: false,
         notes: Vec::new(),
         t,
+        passes_here: 0,
+        verified_here: false,
+        commit_started: None,
     };
+    if req.schedule == Schedule::Live && !r.j.step.is_final() {
+        if r.j.live.is_none() {
+            return Err(MigrateError::WrongState {
+                op: "resume live",
+                state: r.j.step.public(),
+                hint: "it was started to run now; run it again without live (or abort it)",
+            });
+        }
+        r.back_to_live()?;
+    }
+    if r.j.live.as_ref().is_some_and(|l| l.commit_from.is_some()) {
+        // A commit resumed: this run's part of it is timed too.
+        r.commit_started = Some(std::time::Instant::now());
+    }
     loop {
         match r.j.step {
             Step::Prepared => r.prepared()?,
             Step::Copying { round } => r.copying(round)?,
+            Step::Copied { round } if r.j.live.is_some() => r.live_verifying(round)?,
             Step::Copied { round } => r.verifying(round)?,
+            Step::CatchingUp { pass } => r.catching_up(pass)?,
+            Step::CaughtUp { .. } if r.req.schedule == Schedule::Live && r.passes_here > 0 => return Ok(r.outcome()),
+            Step::CaughtUp { pass } if r.req.schedule == Schedule::Live => {
+                // Caught up earlier: catch up again, from here.
+                r.next_pass(pass + 1, Point::AfterRecordCatchingUp)?
+            }
+            Step::CaughtUp { pass } => r.committing(pass)?,
+            // A commit verified in an earlier run and not swapped yet (a crash can come between
+            // the exchange and its record): the directory may have changed since.
+            Step::Verified if r.j.live.is_some() && !r.verified_here && place(&r.j, r.wd)? == Place::Original => {
+                r.committing(r.last_pass())?
+            }
             Step::Moving => r.moving()?,
             Step::Settling => r.settling()?,
             Step::Verified | Step::Moved => r.swapping()?,
@@ -243,6 +279,13 @@ struct Run<'r> {
     pass_recorded_here: bool,
     notes: Vec<String>,
     t: Timings,
+    /// Live: catch-up passes this run made (a live run makes at most [`MAX_LIVE_PASSES`]).
+    passes_here: u32,
+    /// Live: this run verified the commit (a `Verified` found on resuming was verified before
+    /// the directory may have changed again).
+    verified_here: bool,
+    /// Live: when this run began committing (its users check), for the `commit` timing.
+    commit_started: Option<std::time::Instant>,
 }
 
 /// The two trees a step works on, opened and checked against the journal.
@@ -300,6 +343,9 @@ impl<'r> Run<'r> {
     }
 
     fn outcome(&mut self) -> Outcome {
+        if let Some(t) = self.commit_started.take() {
+            self.t.add("commit", t.elapsed());
+        }
         Outcome { timings: std::mem::take(&mut self.t), ..outcome(&self.j, self.wd, std::mem::take(&mut self.notes)) }
     }
 
@@ -309,6 +355,9 @@ impl<'r> Run<'r> {
             return self.record(Step::Moving, Point::AfterRecordMoving);
         }
         self.j.copy_started = Some(self.wd.clock()?);
+        if let Some(l) = &mut self.j.live {
+            l.started(0);
+        }
         self.record(Step::Copying { round: 0 }, Point::AfterRecordCopying)?;
         self.pass_recorded_here = true;
         Ok(())
@@ -324,8 +373,20 @@ impl<'r> Run<'r> {
         let save = checkpoint(self.wd, &self.j);
         let ctx = self.ctx(&trees, Phase::Copying).saving(&save);
         ctx.tick(true);
+        // A live conversion's first copy records what it saw, for the catch-up passes.
+        let live = match self.j.live {
+            Some(_) => {
+                let p = Pass::new(true, None, self.wd.clock()?);
+                self.flush_source(&trees.src)?;
+                Some(p)
+            }
+            None => None,
+        };
         let pool = &self.pool;
-        if let Err(e) = self.t.time("copy", || copy::copy_tree(&ctx, pool, &trees.src.fd, &trees.stg)) {
+        let copied = self.t.time("copy", || {
+            copy::copy_tree(&ctx, pool, &trees.src.fd, &trees.stg, live.as_ref().map(|p| p as &dyn copy::Catchup))
+        });
+        if let Err(e) = copied {
             return Err(self.failed(&ctx, e));
         }
         fault::point(Point::BeforeRecordCopied);
@@ -333,7 +394,205 @@ impl<'r> Run<'r> {
         ctx.tick(true);
         self.all_done();
         self.j.recopied += ctx.recopied.load(Relaxed);
+        if let Some(p) = live {
+            self.pass_done(0, p)?;
+        }
         self.record(Step::Copied { round }, Point::AfterRecordCopied)
+    }
+
+    /// Before a live pass (after its clock is read): writes out the source's dirty pages. A page
+    /// of a file mapped shared and writable can be written again without a fault, so without
+    /// moving the file's ctime, only while it stays dirty; written out, it is write-protected, and
+    /// the next write through the mapping moves the ctime (ext4's and f2fs's `page_mkwrite`). So
+    /// a file whose ctime is older than the pass's clock was not changed through a mapping after
+    /// the pass began without its ctime saying so.
+    fn flush_source(&mut self, src: &Source) -> Result<(), MigrateError> {
+        self.t.time("sync", || rustix::fs::syncfs(&src.fd)).map_err(|e| io_err("syncing", &src.path)(e.into()))
+    }
+
+    /// Writes a finished pass's manifest (the copy is synced) and notes the pass in the journal
+    /// (written with the next record).
+    fn pass_done(&mut self, pass: u32, p: Pass) -> Result<(), MigrateError> {
+        let clock = p.clock();
+        let counts = p.store(self.wd, pass)?;
+        fault::point(Point::AfterManifestWritten);
+        if let Some(r) = self.j.live.as_mut().and_then(|l| l.passes.iter_mut().find(|r| r.pass == pass)) {
+            r.finished_unix = Some(journal::unix_now());
+            r.clock = Some(clock);
+            (r.copied, r.removed, r.entries) = (counts.copied, counts.removed, counts.entries);
+        }
+        Ok(())
+    }
+
+    fn live(&mut self) -> Result<&mut journal::Live, MigrateError> {
+        self.j.live.as_mut().ok_or(MigrateError::Internal("a live step in a conversion that is not live"))
+    }
+
+    /// The last pass that finished (0 if only the first copy was under way).
+    fn last_pass(&self) -> u32 {
+        self.j.live.as_ref().and_then(|l| l.last_finished()).map_or(0, |p| p.pass)
+    }
+
+    /// Records catch-up pass `pass` as begun.
+    fn next_pass(&mut self, pass: u32, then: Point) -> Result<(), MigrateError> {
+        self.live()?.started(pass);
+        self.record(Step::CatchingUp { pass }, then)
+    }
+
+    /// A live run of a conversion whose commit had begun: the directory is in use again, so the
+    /// commit is dropped and the conversion catches up again (nothing was swapped).
+    fn back_to_live(&mut self) -> Result<(), MigrateError> {
+        // (A crash may have come between the exchange and its record: then the commit finishes.)
+        if !self.j.step.public().before_swap() || place(&self.j, self.wd)? != Place::Original {
+            return Ok(());
+        }
+        let Some(l) = &mut self.j.live else { return Ok(()) };
+        if l.commit_from.take().is_none() {
+            return Ok(());
+        }
+        match self.j.step {
+            Step::Copied { .. } | Step::Verified => {
+                let pass = self.last_pass() + 1;
+                self.next_pass(pass, Point::AfterRecordCatchingUp)
+            }
+            // A pass under way goes on as a live one (recorded when it ends).
+            _ => Ok(()),
+        }
+    }
+
+    /// `CatchingUp`: brings into staging what changed since the previous pass (see catchup.rs),
+    /// then goes on catching up, stops `CaughtUp`, or (committing) verifies.
+    fn catching_up(&mut self, pass: u32) -> Result<(), MigrateError> {
+        let trees = self.open(true)?;
+        let clock = self.wd.clock()?;
+        // The previous pass's manifest, unless the clock went back since that pass began (a
+        // change now could then get an old ctime): without it everything is copied again.
+        let prev = self.j.live.as_ref().and_then(|l| l.passes.iter().find(|p| p.pass == pass - 1));
+        let reference = match prev.and_then(|p| p.clock) {
+            Some(c) if clock >= c => Manifest::load(self.wd, pass - 1)?,
+            _ => None,
+        };
+        let p = Pass::new(false, reference.as_ref(), clock);
+        self.flush_source(&trees.src)?;
+        let save = checkpoint(self.wd, &self.j);
+        let ctx = self.ctx(&trees, Phase::Copying).saving(&save);
+        ctx.tick(true);
+        let pool = &self.pool;
+        let copied = self.t.time("catch-up", || copy::copy_tree(&ctx, pool, &trees.src.fd, &trees.stg, Some(&p)));
+        if let Err(e) = copied {
+            return Err(self.failed(&ctx, e));
+        }
+        self.sync_staging(&trees.stg)?;
+        ctx.tick(true);
+        self.all_done();
+        self.j.recopied += ctx.recopied.load(Relaxed);
+        self.passes_here += 1;
+        self.pass_done(pass, p)?;
+        let little = self
+            .j
+            .live
+            .as_ref()
+            .and_then(|l| l.last_finished())
+            .is_some_and(|r| catchup::Counts { copied: r.copied, removed: r.removed, entries: r.entries }.little());
+        let commit_from = self.live()?.commit_from;
+        match commit_from {
+            Some(from) => self.record(Step::Copied { round: pass - from }, Point::AfterRecordCopied)?,
+            None if little || self.passes_here >= MAX_LIVE_PASSES => {
+                self.record(Step::CaughtUp { pass }, Point::AfterRecordCaughtUp)?
+            }
+            None => self.next_pass(pass + 1, Point::AfterRecordCatchingUp)?,
+        }
+        catchup::forget_before(self.wd, pass)
+    }
+
+    /// `CaughtUp`, run `Now`: unless forced, nothing may use the directory; then the last
+    /// catch-up pass begins (the commit).
+    fn committing(&mut self, pass: u32) -> Result<(), MigrateError> {
+        self.commit_started.get_or_insert_with(std::time::Instant::now);
+        if !self.req.force {
+            self.check_free()?;
+        }
+        self.live()?.commit_from = Some(pass + 1);
+        self.next_pass(pass + 1, Point::AfterRecordCommitting)
+    }
+
+    /// Refuses with [`MigrateError::StillInUse`] while a process uses the directory; a commit
+    /// under way goes back to `CaughtUp` (nothing was swapped).
+    fn check_free(&mut self) -> Result<(), MigrateError> {
+        match check_not_in_use(&self.j.source.0) {
+            Err(MigrateError::InUse { path, users }) => {
+                if matches!(self.j.step, Step::Copied { .. } | Step::Verified | Step::CatchingUp { .. }) {
+                    let pass = self.last_pass();
+                    self.live()?.commit_from = None;
+                    self.record(Step::CaughtUp { pass }, None)?;
+                }
+                Err(MigrateError::StillInUse { path, users })
+            }
+            other => other,
+        }
+    }
+
+    /// `Copied`, live: after the first copy, its full verification (the directory in use: a
+    /// difference in an entry that changed since it was copied is left to the catch-up passes);
+    /// committing, the verification of what changed since that one (a difference there sends it
+    /// back to one more pass, up to [`MAX_ROUNDS`]). A difference in an entry that did not change
+    /// since its pass recorded it means the copy is wrong: an error.
+    fn live_verifying(&mut self, round: u32) -> Result<(), MigrateError> {
+        let trees = self.open(false)?;
+        let now = self.wd.clock()?;
+        let l = self.j.live.clone().ok_or(MigrateError::Internal("live verification of a conversion not live"))?;
+        let (from, pass, trusted) = match l.commit_from {
+            None => (self.j.copy_started, 0, self.j.copy_started.is_some()),
+            Some(first) => (l.verified_from, first + round, true),
+        };
+        // A clock that went back makes every file compared (as in `verifying`).
+        let started = from.filter(|t0| now >= *t0);
+        let manifest = Manifest::load(self.wd, pass)?;
+        // The manifest of a resumed first copy was made by a pass that kept what matched by
+        // metadata alone (as any resumed copy): its differences are not taken for corruption.
+        let settled = |rel: &std::path::Path, m: &fsx::Meta| manifest.as_ref().is_some_and(|mf| mf.unchanged(rel, m));
+        let save = checkpoint(self.wd, &self.j);
+        let ctx = self.ctx(&trees, Phase::Verifying).saving(&save);
+        ctx.tick(true);
+        let pool = &self.pool;
+        let verified = self.t.time("verify", || {
+            verify::verify_tree_with(
+                &ctx,
+                pool,
+                &trees.src.fd,
+                &trees.stg,
+                started,
+                trusted.then_some(&settled as verify::Settled),
+            )
+        });
+        let diff = verified.map_err(|e| self.failed(&ctx, e))?;
+        ctx.tick(true);
+        fault::point(Point::AfterVerify);
+        if let Some((path, reason)) = diff.fatal {
+            return Err(MigrateError::CopyCorrupt { path, reason });
+        }
+        if diff.count > 0 {
+            self.sync_staging(&trees.stg)?;
+        }
+        let Some(first) = l.commit_from else {
+            self.live()?.verified_from = Some(now);
+            return self.next_pass(1, Point::AfterRecordCatchingUp);
+        };
+        if diff.count > 0 {
+            if round + 1 >= MAX_ROUNDS {
+                // Back to caught up: a later commit starts afresh.
+                self.live()?.commit_from = None;
+                self.record(Step::CaughtUp { pass }, None)?;
+                let (path, reason) = diff.first.unwrap_or_default();
+                return Err(MigrateError::VerifyFailed { path, reason });
+            }
+            debug_assert_eq!(pass, first + round);
+            return self.next_pass(pass + 1, Point::AfterRecordCatchingUp);
+        }
+        let root = fsx::stat_fd(&trees.src.fd).map_err(io_err("inspecting", &self.j.source.0))?;
+        self.j.root_times = Some(journal::RootTimes { atime: root.atime, mtime: root.mtime });
+        self.verified_here = true;
+        self.record(Step::Verified, Point::AfterRecordVerified)
     }
 
     /// `Copied`: compares the copy with the original; differences send it back to copying,
@@ -410,15 +669,21 @@ impl<'r> Run<'r> {
 
     /// `Verified` or `Moved`: swaps the staging tree (encrypted, or plain for a decrypt) into place.
     fn swapping(&mut self) -> Result<(), MigrateError> {
+        if self.j.live.is_some() && !self.req.force && place(&self.j, self.wd)? == Place::Original {
+            // Taken since the last pass: the conversion is caught up, no more.
+            self.check_free()?;
+        }
         let (req, host, wd, j) = (&self.req, self.host, self.wd, &self.j);
         self.t.time("swap", || swap(req, host, wd, j))?;
-        self.record(Step::Swapped { disposing: false }, Point::AfterRecordSwapped)
+        self.record(Step::Swapped { disposing: false }, Point::AfterRecordSwapped)?;
+        catchup::forget_all(self.wd)
     }
 
     /// `Swapped`, disposing: removes (or wipes) the old tree.
     fn disposing(&mut self) -> Result<(), MigrateError> {
         let (host, wd, j, notes, pool) = (self.host, self.wd, &self.j, &mut self.notes, &self.pool);
         self.t.time("dispose", || dispose(host, wd, j, notes, Some(pool)))?;
+        catchup::forget_all(self.wd)?;
         self.record(Step::Done, Point::AfterRecordDone)
     }
 }

@@ -8,7 +8,7 @@ use crate::error::{host_err, io_err, other_direction, other_source};
 use crate::journal::Workdir;
 use crate::pass::pool;
 use crate::trees::Source;
-use crate::types::{Direction, Method, Mode};
+use crate::types::{Direction, Method, Mode, Schedule};
 use crate::{find_users, fsx, mv, scan, Host, MigrateError, Phase, State};
 
 /// What to convert and how.
@@ -36,6 +36,9 @@ pub struct Request<'a> {
     /// Encrypt (convert) or decrypt. A recorded conversion going the other way is neither
     /// resumed nor replaced: it must be finished by its own command first.
     pub direction: Direction,
+    /// Now (nothing may use the directory) or live (it stays in use until a later run `Now`
+    /// swaps it). A live conversion is a copy: `Mode::Move` is refused, `Mode::Auto` copies.
+    pub schedule: Schedule,
 }
 
 /// What a new conversion will copy and need, as counted by [`preflight`], and how it will put
@@ -87,7 +90,7 @@ impl Plan {
 }
 
 /// Checks everything that can be checked without writing: the source, the work dir location,
-/// free space and inodes, and (unless forced) that no process uses the directory; decides
+/// free space and inodes, and (unless forced or live) that no process uses the directory; decides
 /// between copying and moving. Walks the tree once, for the census the plan carries.
 pub fn preflight(req: &Request, host: &dyn Host) -> Result<Plan, MigrateError> {
     let src = Source::resolve(req.source)?;
@@ -116,6 +119,14 @@ fn choose_method(
     let move_needed = move_needed(census);
     let auto = req.mode == Mode::Auto;
     let path = || src.path.clone();
+    if req.schedule == Schedule::Live {
+        // The directory stays in use: its files cannot leave it.
+        return match req.mode {
+            Mode::Move => Err(MigrateError::LiveMove { path: path() }),
+            _ if available >= copy_needed => Ok((Method::Copy, auto, copy_needed, move_needed)),
+            _ => Err(MigrateError::NoSpace { path: path(), needed: copy_needed, available }),
+        };
+    }
     match req.mode {
         Mode::Copy | Mode::Auto if available >= copy_needed => Ok((Method::Copy, auto, copy_needed, move_needed)),
         Mode::Copy => Err(MigrateError::NoSpace { path: path(), needed: copy_needed, available }),
@@ -149,7 +160,7 @@ pub(crate) fn quick_checks(req: &Request, host: &dyn Host, src: &Source) -> Resu
             }
         }
     }
-    if !req.force {
+    if !req.force && req.schedule == Schedule::Now {
         check_not_in_use(&src.path)?;
     }
     Ok(())

@@ -12,6 +12,12 @@ pub enum State {
     Copying,
     Copied,
     Verified,
+    /// A live conversion: a catch-up pass brings what changed in the directory meanwhile into
+    /// the copy (or, committing, the last one before the swap).
+    CatchingUp,
+    /// A live conversion stopped before the swap, its copy up to date as of its last pass: run it
+    /// again `Now` (when nothing uses the directory) to swap, `Live` to catch up again, or abort.
+    CaughtUp,
     /// Move mode: files are moving into the staging directory (the directory is unusable).
     Moving,
     /// Move mode: everything is in the staging directory, not yet swapped into place.
@@ -36,6 +42,8 @@ impl State {
                 | State::Copying
                 | State::Copied
                 | State::Verified
+                | State::CatchingUp
+                | State::CaughtUp
                 | State::Moving
                 | State::Moved
                 | State::MovingBack
@@ -68,6 +76,8 @@ impl fmt::Display for State {
             State::Copying => "copying",
             State::Copied => "copied",
             State::Verified => "verified",
+            State::CatchingUp => "catching up",
+            State::CaughtUp => "caught up",
             State::Moving => "moving",
             State::Moved => "moved",
             State::MovingBack => "moving back",
@@ -100,7 +110,10 @@ pub struct Outcome {
 
 /// Wall time per part of a run, in the order the parts first ran: `scan` (the census), `copy`,
 /// `verify`, `move`, `sync` (making the copy durable), `journal` (recording transitions),
-/// `swap`, `dispose` (removing the old tree, with its sync). For benchmarks and `--json`.
+/// `swap`, `dispose` (removing the old tree, with its sync). A live conversion adds `catch-up`
+/// (its catch-up passes) and, for the run that finishes it, `commit`: the whole last step, from
+/// the check that nothing uses the directory to the end of the run (it overlaps the others).
+/// For benchmarks and `--json`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Timings(Vec<(&'static str, std::time::Duration)>);
 
@@ -155,4 +168,8 @@ pub struct StatusView {
     pub running: bool,
     /// Encrypting (`convert`) or decrypting.
     pub direction: Direction,
+    /// Whether the conversion was started live ([`Schedule::Live`](crate::Schedule::Live)).
+    pub live: bool,
+    /// A live conversion's catch-up passes finished so far (the first copy not counted).
+    pub passes: u32,
 }

@@ -65,6 +65,21 @@ pub enum Mode {
     Auto,
 }
 
+/// When a conversion may take the directory away from its users.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Schedule {
+    /// Nothing may use the directory: refused while a process does (unless forced); the
+    /// conversion runs to the end.
+    #[default]
+    Now,
+    /// The directory stays in use: the first copy, its verification and catch-up passes run
+    /// meanwhile, and the conversion stops `CaughtUp`, before the swap. Copying only (a move
+    /// empties the directory). Running the conversion again `Now` (when nothing uses the
+    /// directory) makes a last catch-up pass, verifies what changed and swaps; again `Live`
+    /// catches up once more.
+    Live,
+}
+
 /// A word that names none of an enum's values; the message lists the accepted words.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("unknown {what} {given:?}; use {}", one_of(accepted))]
@@ -121,6 +136,7 @@ words! {
     Direction("direction") { Encrypt = "encrypt", Decrypt = "decrypt" }
     Method("method") { Copy = "copy", Move = "move" }
     Mode("mode") { Copy = "copy", Move = "move", Auto = "auto" }
+    Schedule("schedule") { Now = "now", Live = "live" }
 }
 
 #[cfg(test)]

@@ -33,12 +33,20 @@ const PAR_ENTRIES: usize = 256;
 pub(crate) struct Diff {
     pub count: u64,
     pub first: Option<(PathBuf, String)>,
+    /// A difference in an entry that `settled` says did not change since it was copied: the copy
+    /// itself is wrong (counted in `count` too).
+    pub fatal: Option<(PathBuf, String)>,
 }
+
+/// Whether the source entry at a path, as it is now, is unchanged since its copy was made (a live
+/// conversion's manifest says so, see catchup.rs).
+pub(crate) type Settled<'s> = &'s (dyn Fn(&Path, &Meta) -> bool + Sync);
 
 struct Verifier<'c, 'a> {
     ctx: &'c Ctx<'a>,
     /// See `Journal::copy_started`; `None` compares every file's content.
     copy_started: Option<Time>,
+    settled: Option<Settled<'c>>,
     /// Source inode → staging inode and back, for multiply-linked inodes only.
     fwd: Mutex<HashMap<u64, u64>>,
     back: Mutex<HashMap<u64, u64>>,
@@ -65,9 +73,22 @@ pub(crate) fn verify_tree(
     stg_root: &OwnedFd,
     copy_started: Option<Time>,
 ) -> Result<Diff, MigrateError> {
+    verify_tree_with(ctx, pool, src_root, stg_root, copy_started, None)
+}
+
+/// [`verify_tree`], telling apart with `settled` the differences of entries that did not change.
+pub(crate) fn verify_tree_with(
+    ctx: &Ctx,
+    pool: &rayon::ThreadPool,
+    src_root: &OwnedFd,
+    stg_root: &OwnedFd,
+    copy_started: Option<Time>,
+    settled: Option<Settled<'_>>,
+) -> Result<Diff, MigrateError> {
     let v = Verifier {
         ctx,
         copy_started,
+        settled,
         fwd: Mutex::new(HashMap::new()),
         back: Mutex::new(HashMap::new()),
         diff: Mutex::new(Diff::default()),
@@ -170,6 +191,15 @@ impl Verifier<'_, '_> {
                 Cmp::Dir => subdirs.push(n),
                 Cmp::Differs(why) => {
                     let r = rel.join(&n);
+                    if let Some(settled) = self.settled {
+                        if let Ok(Some(m)) = fsx::stat_at(src, &n) {
+                            if settled(&r, &m) {
+                                if let Ok(mut d) = self.diff.lock() {
+                                    d.fatal.get_or_insert_with(|| (ctx.display(&r), why.clone()));
+                                }
+                            }
+                        }
+                    }
                     // Drop the stale copy so the next copy pass redoes it.
                     remove::remove_tree(stg.as_fd(), &n, false, &|_| Ok(())).map_err(|e| ctx.dst_err(&r, e))?;
                     self.differs(&r, why);

@@ -79,6 +79,10 @@ enum Op {
     Rollback,
     /// A conversion that keeps its backup, a commit, then the commit again.
     Commit,
+    /// A live conversion (it stops caught up), then a resume or an abort.
+    Live,
+    /// A live conversion caught up, changed, then committed (run `Now`), then a resume.
+    LiveCommit,
     /// A move, then a resume.
     Move,
     /// A move stopped with a large file moved and one in flight, an abort, then the abort again.
@@ -118,9 +122,13 @@ fn crashes(p: Point) -> Vec<Crash> {
         | AfterPolicyForgotten
         | CleanupKeyRemoved => vec![],
         AfterStagingCreated | BeforeRecordPrepared | AfterPrepare | AfterRecordCopying | BeforeRecordCopied
-        | AfterRecordCopied | AfterVerify | AfterRecordVerified | AfterSwap | AfterRecordSwapped => {
+        | AfterVerify | AfterRecordSwapped => {
             vec![at(Convert, 1)]
         }
+        AfterRecordCopied | AfterRecordVerified | AfterSwap => vec![at(Convert, 1), at(LiveCommit, 1)],
+        AfterRecordCatchingUp | AfterRecordCaughtUp => vec![at(Live, 1)],
+        AfterManifestWritten => vec![at(Live, 1), at(Live, 2), at(LiveCommit, 1)],
+        AfterRecordCommitting => vec![at(LiveCommit, 1)],
         CopyFile => vec![at(Convert, 1), at(Convert, 7)],
         CopySpecialMade => vec![at(Convert, 1)],
         CopySpecial => vec![at(Convert, 3)],
@@ -131,7 +139,7 @@ fn crashes(p: Point) -> Vec<Crash> {
         MidDispose => vec![Crash { op: Convert, at: 1, flags: WIPE }],
         DisposeEntry => vec![at(Convert, 20), at(Commit, 10)],
         BeforeTrim => vec![Crash { op: Convert, at: 1, flags: WIPE }],
-        AfterRecordDone => vec![at(Convert, 1), at(Commit, 1)],
+        AfterRecordDone => vec![at(Convert, 1), at(Commit, 1), at(LiveCommit, 1)],
         AfterRecordAborted => vec![at(Abort, 1), at(MoveAbort, 1)],
         AfterRecordMoving | AfterRecordSettling | AfterRecordMoved => vec![at(Move, 1)],
         MoveEntryCopied => vec![at(Move, 1), at(Move, 40), at(MoveAbort, 1), at(MoveAbort, 10)],
@@ -175,6 +183,71 @@ fn a_crash_at_every_fault_point_of_a_conversion_loses_nothing_and_resumes() {
         faults("convert", &src, &wd, flags, point);
         assert_same(&manifest(&src), &before, &format!("right after the crash at {point}"));
         finishes("convert", &src, &wd, flags, "done");
+        assert_same(&manifest(&src), &before, &format!("after resuming from {point}"));
+        assert_eq!(wd_names(&wd), ["journal.json", "lock"], "{point}");
+    }
+}
+
+/// A live conversion killed at each of its steps: the directory is as it was, and it resumes (live,
+/// then committed) or aborts, leaving only the journal and the lock. Its commit killed at each of
+/// its steps resumes and swaps the directory as it was when the commit began.
+#[test]
+fn a_crash_at_every_step_of_a_live_conversion_loses_nothing() {
+    dirseal_testfs::needs_root!();
+    let c = Case::new();
+    const LIVE: &[&str] = &["--live"];
+    for (i, (point, _)) in points_of(Op::Live).iter().enumerate() {
+        for abort in [false, true] {
+            let (src, wd) = c.other(&format!("lv{i}-{abort}"));
+            build_tree(&src);
+            let before = manifest(&src);
+            faults("convert", &src, &wd, LIVE, point);
+            assert_same(&manifest(&src), &before, &format!("right after the crash at {point}"));
+            if abort {
+                finishes("abort", &src, &wd, &[], "aborted");
+            } else {
+                finishes("convert", &src, &wd, LIVE, "caught up");
+                finishes("convert", &src, &wd, &[], "done");
+            }
+            assert_same(&manifest(&src), &before, &format!("after the crash at {point} (abort: {abort})"));
+            assert_eq!(wd_names(&wd), ["journal.json", "lock"], "{point}");
+        }
+    }
+    // Killed half way through a catch-up pass (at its 5th file copied), and through the commit's:
+    // each redone, and the copy is the source.
+    for commit in [false, true] {
+        let (src, wd) = c.other(&format!("lmid-{commit}"));
+        build_tree(&src);
+        add_bulk(&src, 40, 0);
+        finishes("convert", &src, &wd, LIVE, "caught up");
+        for i in 0..20 {
+            let f = src.join(format!("bulk/f{i:04}"));
+            let mut data = fs::read(&f).unwrap();
+            data.extend_from_slice(b"changed");
+            fs::write(&f, data).unwrap();
+        }
+        let before = manifest(&src);
+        let flags: &[&str] = if commit { &[] } else { LIVE };
+        faults("convert", &src, &wd, flags, &format!("{}:5", Point::CopyFile));
+        assert_same(&manifest(&src), &before, "right after the kill");
+        if !commit {
+            finishes("convert", &src, &wd, LIVE, "caught up");
+            assert_same(&manifest(&wd.join("staging")), &before, "staging after the pass was redone");
+        }
+        finishes("convert", &src, &wd, &[], "done");
+        assert_same(&manifest(&src), &before, "after the commit");
+        assert_eq!(wd_names(&wd), ["journal.json", "lock"]);
+    }
+    for (i, (point, _)) in points_of(Op::LiveCommit).iter().enumerate() {
+        let (src, wd) = c.other(&format!("lc{i}"));
+        build_tree(&src);
+        finishes("convert", &src, &wd, LIVE, "caught up");
+        // Something for the commit's pass to copy.
+        fs::write(src.join("a/new"), b"written after it caught up").unwrap();
+        let before = manifest(&src);
+        faults("convert", &src, &wd, &[], point);
+        assert_same(&manifest(&src), &before, &format!("right after the crash at {point}"));
+        finishes("convert", &src, &wd, &[], "done");
         assert_same(&manifest(&src), &before, &format!("after resuming from {point}"));
         assert_eq!(wd_names(&wd), ["journal.json", "lock"], "{point}");
     }

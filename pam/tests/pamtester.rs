@@ -688,6 +688,7 @@ fn interrupted_conversion(home: &Path, mode: dirseal_migrate::Mode) {
         threads: std::num::NonZeroUsize::MIN,
         mode,
         direction: dirseal_migrate::Direction::Encrypt,
+        schedule: dirseal_migrate::Schedule::Now,
     };
     let e = dirseal_migrate::convert(&req, &Stopped(Default::default())).unwrap_err();
     assert!(matches!(e, dirseal_migrate::MigrateError::Interrupted { .. }), "{e:?}");

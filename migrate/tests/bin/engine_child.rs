@@ -2,7 +2,7 @@
 //! with the plain test host so tests can kill it at exact moments and resume in a new process.
 //!
 //! `dirseal-migrate-test-child <convert|abort|rollback|commit> SOURCE WORKDIR [--keep-backup]
-//! [--wipe] [--force] [--threads N] [--mode copy|move|auto]`
+//! [--wipe] [--force] [--threads N] [--mode copy|move|auto] [--live]`
 //!
 //! Environment (besides `DIRSEAL_FAULT`, read by the engine):
 //! - `TEST_KILL=<event>`: SIGKILL this process at the first host event matching (see
@@ -20,7 +20,7 @@ mod host;
 use std::io::{Read, Write};
 use std::path::PathBuf;
 
-use dirseal_migrate::{self as migrate, Mode, Request};
+use dirseal_migrate::{self as migrate, Mode, Request, Schedule};
 use host::PlainHost;
 
 fn main() {
@@ -51,6 +51,7 @@ fn main() {
             _ => Mode::Copy,
         },
         direction: dirseal_migrate::Direction::Encrypt,
+        schedule: if flag("--live") { Schedule::Live } else { Schedule::Now },
     };
     let kill = std::env::var("TEST_KILL").ok();
     let hold = std::env::var("TEST_HOLD").ok();

@@ -25,6 +25,7 @@ pub fn req<'a>(src: &'a Path, wd: &'a Path) -> Request<'a> {
         threads: std::num::NonZeroUsize::new(2).unwrap(),
         mode: dirseal_migrate::Mode::Copy,
         direction: dirseal_migrate::Direction::Encrypt,
+        schedule: dirseal_migrate::Schedule::Now,
     }
 }
 
