@@ -368,7 +368,7 @@ pub fn run(cmd: Cmd, keystore: Option<&Path>) -> Result<i32> {
                     (p.id.clone(), p.name.clone(), s)
                 }
                 None => {
-                    let name = new.protector_name.clone().unwrap_or_else(|| super::user_name(me()));
+                    let name = new.protector_name.clone().unwrap_or_else(|| dirseal::account::user_name(me()));
                     let s = ui.secret(&SecretPrompt::NewPassword { name: &name, uid: Some(me()) })?;
                     (String::new(), name, s)
                 }
@@ -569,7 +569,7 @@ fn recovery(bus: &Service, cmd: RecoveryCmd, ui: &mut TermUi) -> Result<i32> {
                     (p.id.clone(), String::new(), s)
                 }
                 None => {
-                    let name = protector.protector_name.clone().unwrap_or_else(|| super::user_name(me()));
+                    let name = protector.protector_name.clone().unwrap_or_else(|| dirseal::account::user_name(me()));
                     let s = ui.secret(&SecretPrompt::NewPassword { name: &name, uid: Some(me()) })?;
                     (String::new(), name, s)
                 }
@@ -689,7 +689,7 @@ fn convert(a: ConvertArgs, ui: &mut TermUi) -> Result<i32> {
         Some(n) => ask_current(&own_protector(&bus, n)?, ui)?,
         // A new run makes a password protector for the owner; a resumed one reloads its key.
         None if new => {
-            let name = a.protector.protector_name.clone().unwrap_or_else(|| super::user_name(me()));
+            let name = a.protector.protector_name.clone().unwrap_or_else(|| dirseal::account::user_name(me()));
             ui.secret(&SecretPrompt::NewPassword { name: &name, uid: Some(me()) })?
         }
         None => super::term::ask(&format!("Password for {}: ", clean(&dir.display().to_string())))?,
