@@ -586,10 +586,7 @@ impl NewPlan {
         } else {
             ds.keystore().clone()
         };
-        let want_key = match self.options.recovery_key {
-            Some(w) => w,
-            None => ui.confirm(&Question::CreateRecoveryKey { dir: &source })?,
-        };
+        let want_key = ds.wants_recovery_key(&source, self.options.recovery_key, ui)?;
         let recovery = if want_key {
             let key = RecoveryKey::generate();
             ui.show_recovery_key(&source, &key)?;
@@ -885,7 +882,14 @@ impl Host for KeyHost<'_> {
         self.ds.save_new_policy(&policy, store).map_err(host_err)?;
         migrate::fault::point(migrate::fault::Point::AfterPolicySaved);
         if let Some(key) = self.recovery {
-            crate::recovery::install_at(staging, path, &policy.id, &master, key).map_err(host_err)?;
+            // The record names the directory converted, owned by its owner (the staging dir
+            // is root's until the swap). A record that could not be written (escrow not
+            // required) shows in `recovery escrow --check` and the report.
+            let owner = std::fs::symlink_metadata(self.source).ok().map(|m| std::os::unix::fs::MetadataExt::uid(&m));
+            let _ = self
+                .ds
+                .save_recovery_key_at((staging, path), self.source, &policy.id, &master, key, owner)
+                .map_err(host_err)?;
         }
         Ok(policy.id.to_string())
     }

@@ -779,7 +779,9 @@ impl Service {
             drop(one);
             write_secret(out, line.as_bytes(), "out")?;
             let _one = ctx.one_at_a_time();
-            dirseal::recovery::install(&path, &policy.id, &master, &key)?;
+            // Escrowed first; a record that could not be written (escrow not required) is listed
+            // by `recovery escrow --check`.
+            let _ = ds.save_recovery_key(&path, &policy.id, &master, &key, None)?;
             Ok(())
         })
         .await
@@ -830,8 +832,8 @@ impl Service {
     /// Deletes the directory's recovery key (it stops working).
     async fn recovery_remove(&self, #[zbus(header)] hdr: Header<'_>, dir: String) -> Result<()> {
         self.on_dir("RecoveryRemove", dir, &hdr, move |ctx, _caller, path| {
-            let _one = ctx.one_at_a_time();
-            if !dirseal::recovery::remove_blob(&path)? {
+            let (_one, ds) = ctx.open_alone()?;
+            if !ds.remove_recovery_key(&path)? {
                 return Err(Error::new(
                     Kind::NotFound,
                     format!("{} has no recovery key; nothing to remove", path.display()),
