@@ -245,7 +245,8 @@ fn a_symlinked_or_world_writable_record_dir_is_refused() {
         assert!(names(&real).is_empty() && names(&open).is_empty());
         let (ok, said_check) = escrow_check(&env);
         assert!(!ok && said_check.contains(p(&home)) && said_check.contains("no record"), "{said_check}");
-        let err = env.fails(&["recovery", "escrow", p(&home)], &format!("{}\n", key_in(&String::from_utf8_lossy(&out.stdout))));
+        let err = env
+            .fails(&["recovery", "escrow", p(&home)], &format!("{}\n", key_in(&String::from_utf8_lossy(&out.stdout))));
         assert!(err.contains(said), "{err}");
         env.ok(&["decrypt", p(&home), "--yes"], "pw\n");
     }

@@ -53,7 +53,10 @@ fn report_json_covers_every_state() {
     let env = Env::new();
     let keys = tempfile::tempdir().unwrap();
     let recipient = age_recipient(keys.path());
-    append_config(&env, &format!("[tpm2]\ntcti = \"device:/nonexistent/tpmrm0\"\n\n[escrow]\nrecipients = [\"{recipient}\"]"));
+    append_config(
+        &env,
+        &format!("[tpm2]\ntcti = \"device:/nonexistent/tpmrm0\"\n\n[escrow]\nrecipients = [\"{recipient}\"]"),
+    );
 
     // unlocked, with a recovery key, escrowed.
     let open = env.mnt().join("open");

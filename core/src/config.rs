@@ -5,8 +5,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-pub use crate::kdf::{Argon2Params, KdfError, MIN_MEMORY_KIB};
 pub use crate::escrow::EscrowConfig;
+pub use crate::kdf::{Argon2Params, KdfError, MIN_MEMORY_KIB};
 use crate::securefile::{self, SecureFileError};
 use crate::tpm2::Tcti;
 

@@ -74,7 +74,9 @@ impl FromStr for Recipient {
         let t = s.trim();
         let bad = |why: &str| format!("[escrow] recipient {t:?} {why}");
         if t.starts_with("age1") {
-            let r = t.parse::<age::x25519::Recipient>().map_err(|e| bad(&format!("is not a valid age X25519 recipient ({e})")))?;
+            let r = t
+                .parse::<age::x25519::Recipient>()
+                .map_err(|e| bad(&format!("is not a valid age X25519 recipient ({e})")))?;
             return Ok(Recipient { key: Key::X25519(r) });
         }
         if t.starts_with("ssh-") {
@@ -446,9 +448,13 @@ impl Escrow {
             };
         };
         let bad = |reason: String| EscrowError::Record { path: json_path.clone(), reason };
-        let header: Header = serde_json::from_slice(&text).map_err(|e| bad(format!("its header does not parse: {e}")))?;
+        let header: Header =
+            serde_json::from_slice(&text).map_err(|e| bad(format!("its header does not parse: {e}")))?;
         if header.format != HEADER_FORMAT || header.version != VERSION {
-            return Err(bad(format!("it is {} version {}, not {HEADER_FORMAT} version {VERSION}", header.format, header.version)));
+            return Err(bad(format!(
+                "it is {} version {}, not {HEADER_FORMAT} version {VERSION}",
+                header.format, header.version
+            )));
         }
         if header.context.policy != *policy {
             return Err(bad(format!("it is named for policy {policy} but says {}", header.context.policy)));
@@ -484,7 +490,10 @@ impl Escrow {
         let bad = |reason: String| EscrowError::Record { path: age_path.clone(), reason };
         let dec = age::Decryptor::new(&sealed[..]).map_err(|e| bad(e.to_string()))?;
         let mut r = dec.decrypt(identity.ids.iter().map(|i| i.as_ref() as &dyn age::Identity)).map_err(|e| {
-            EscrowError::Identity { path: identity.path.clone(), reason: format!("cannot open {}: {e}", age_path.display()) }
+            EscrowError::Identity {
+                path: identity.path.clone(),
+                reason: format!("cannot open {}: {e}", age_path.display()),
+            }
         })?;
         let mut plain = Zeroizing::new(Vec::new());
         r.read_to_end(&mut plain).map_err(|e| bad(e.to_string()))?;
@@ -515,7 +524,9 @@ impl Identity {
             }
         }
         match age::ssh::Identity::from_buffer(&bytes[..], Some(path.display().to_string())) {
-            Ok(i @ age::ssh::Identity::Unencrypted(_)) => Ok(Identity { path: path.to_path_buf(), ids: vec![Box::new(i)] }),
+            Ok(i @ age::ssh::Identity::Unencrypted(_)) => {
+                Ok(Identity { path: path.to_path_buf(), ids: vec![Box::new(i)] })
+            }
             Ok(age::ssh::Identity::Encrypted(_)) => {
                 Err(bad("the ssh key has a passphrase; give a copy without one (`ssh-keygen -p`), kept root's".into()))
             }

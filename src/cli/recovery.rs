@@ -106,7 +106,9 @@ pub fn run(ds: &mut Dirseal, cmd: RecoveryCmd, ui: &mut TermUi) -> Result<i32> {
             let identity = Identity::load(&path)?;
             let (dirs, _) = dirseal::report::directories(ds)?;
             let mut left = 0;
-            for d in dirs.iter().filter(|d| matches!(d.escrow, Some(ref s) if !matches!(s, RecordStatus::Current { .. }))) {
+            for d in
+                dirs.iter().filter(|d| matches!(d.escrow, Some(ref s) if !matches!(s, RecordStatus::Current { .. })))
+            {
                 let Some(dir) = &d.path else { continue };
                 let shown = clean(&dir.display().to_string());
                 match escrow.open(&d.policy, &identity).map_err(anyhow::Error::from).and_then(|key| {

@@ -102,7 +102,7 @@ impl Dirseal {
             None => Escrowed::NotConfigured,
             Some(e) => {
                 let uid = owner.unwrap_or_else(|| owner_of(at.0));
-                match e.write(&Context::now(*policy, dir, uid, &e.recipients()), key) {
+                match e.write(&Context::now(*policy, dir, uid, e.recipients()), key) {
                     Ok(()) => Escrowed::Written,
                     Err(err) if e.required() => return Err(err.into()),
                     Err(err) => Escrowed::Failed(err),
@@ -125,7 +125,7 @@ impl Dirseal {
         let escrow = self.escrow().ok_or(EscrowError::NotConfigured)?;
         let (id, _) = recovery::master_key(dir, key)?;
         let fd = recovery::open_dir(dir)?;
-        escrow.write(&Context::now(id, dir, owner_of(fd.as_fd()), &escrow.recipients()), key)?;
+        escrow.write(&Context::now(id, dir, owner_of(fd.as_fd()), escrow.recipients()), key)?;
         Ok(id)
     }
 
