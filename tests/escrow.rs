@@ -187,6 +187,16 @@ fn required_escrow_into_an_unwritable_dir_refuses_before_anything_is_written() {
     let key = key_in(&out);
     let policy = policy_of(&env, &home);
     assert_eq!(age_decrypt(&admin.age_identity, &records.join(format!("{policy}.age")))["recovery_key"], key);
+    // `recovery add` into a record dir that refuses files: refused before a key is shown.
+    env.ok(&["recovery", "remove", p(&home)], "");
+    assert!(names(&records).is_empty());
+    assert!(Command::new("chattr").args(["+i", p(&records)]).status().unwrap().success());
+    let out = env.run(&["recovery", "add", p(&home)], "pw\n");
+    assert!(Command::new("chattr").args(["-i", p(&records)]).status().unwrap().success());
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(!out.status.success() && stderr.contains("cannot write escrow records in"), "{stderr}");
+    assert!(!stdout.contains("Recovery key"), "a key was shown: {stdout}");
+    assert_eq!(env.status_json(&home)["recovery_key"], false);
 }
 
 #[test]
@@ -241,7 +251,9 @@ fn a_symlinked_or_world_writable_record_dir_is_refused() {
         fs::write(env.config(), &base).unwrap();
         escrow_config(&env, &[&admin.age_recipient], &format!("dir = {:?}", p(dir)));
         let out = env.run(&["convert", p(&home), "--yes", "--recovery-key"], "pw\n");
+        let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(stdout.contains("will not be escrowed") && stdout.contains(said), "{stdout}");
         assert!(names(&real).is_empty() && names(&open).is_empty());
         let (ok, said_check) = escrow_check(&env);
         assert!(!ok && said_check.contains(p(&home)) && said_check.contains("no record"), "{said_check}");

@@ -234,10 +234,28 @@ pub struct Context {
     pub recipients: Vec<String>,
 }
 
+fn read_trimmed(p: &str) -> Option<String> {
+    std::fs::read_to_string(p).ok().map(|s| s.trim().to_string()).filter(|s| !s.is_empty())
+}
+
+/// This machine's host name, as records and the report name it.
+pub fn host_name() -> String {
+    read_trimmed("/proc/sys/kernel/hostname").unwrap_or_default()
+}
+
+/// `/etc/machine-id`, if the machine has one.
+pub fn machine_id() -> Option<String> {
+    read_trimmed("/etc/machine-id")
+}
+
+/// Seconds since the epoch, now.
+pub(crate) fn now_unix() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
 impl Context {
     /// The context of `dir` (policy `policy`, owned by `uid`) on this machine, now, for `recipients`.
     pub fn now(policy: KeyIdentifier, dir: &Path, uid: u32, recipients: &[Recipient]) -> Context {
-        let read = |p: &str| std::fs::read_to_string(p).ok().map(|s| s.trim().to_string()).filter(|s| !s.is_empty());
         let mut fps: Vec<String> = recipients.iter().map(Recipient::fingerprint).collect();
         fps.sort();
         fps.dedup();
@@ -246,12 +264,9 @@ impl Context {
             directory: dir.to_path_buf(),
             uid,
             user: nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)).ok().flatten().map(|u| u.name),
-            host: read("/proc/sys/kernel/hostname").unwrap_or_default(),
-            machine_id: read("/etc/machine-id"),
-            created_unix: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_secs())
-                .unwrap_or(0),
+            host: host_name(),
+            machine_id: machine_id(),
+            created_unix: now_unix(),
             recipients: fps,
         }
     }

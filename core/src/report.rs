@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use crate::escrow::RecordStatus;
+use crate::escrow::{self, RecordStatus};
 use crate::ids::KeyIdentifier;
 use crate::keystore::PolicyRecord;
 use crate::ops::{Dirseal, OpsError};
@@ -116,10 +116,6 @@ pub struct Unfinished {
     pub started_unix: u64,
 }
 
-fn read_trimmed(p: &str) -> Option<String> {
-    std::fs::read_to_string(p).ok().map(|s| s.trim().to_string()).filter(|s| !s.is_empty())
-}
-
 /// The TPM's state; no TPM (no device node) is an answer, and the helper is not even started.
 pub fn tpm_state(tcti: &Tcti) -> TpmState {
     let mut t = TpmState {
@@ -221,12 +217,9 @@ pub fn report(ds: &Dirseal) -> Result<Report, OpsError> {
         format: FORMAT,
         version: VERSION,
         product_version: env!("CARGO_PKG_VERSION"),
-        host: read_trimmed("/proc/sys/kernel/hostname").unwrap_or_default(),
-        machine_id: read_trimmed("/etc/machine-id"),
-        generated_unix: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0),
+        host: escrow::host_name(),
+        machine_id: escrow::machine_id(),
+        generated_unix: escrow::now_unix(),
         keystore: ds.keystore().root().to_path_buf(),
         escrow: ds.escrow().map(|e| EscrowSettings {
             dir: e.dir().to_path_buf(),

@@ -393,6 +393,8 @@ impl Service {
                 };
             }
             let policy = ds.policy_of(&path)?;
+            // With escrow required, a key that could not be escrowed is never handed out.
+            ds.wants_recovery_key(&path, Some(true), &mut Secrets::of(caller))?;
             let pick = choose(&ds, caller, &policy, &protector, &path)?;
             pin_try(&ds, caller, pick.protector)?;
             ds.unlock(&path, pick, &mut Secrets { current: vec![(pick.protector, secret)], ..Secrets::of(caller) })?;
@@ -764,6 +766,8 @@ impl Service {
                 return Err(dirseal::recovery::RecoveryError::Exists { path }.into());
             }
             let policy = ds.policy_of(&path)?;
+            // With escrow required, a key that could not be escrowed is never handed out.
+            ds.wants_recovery_key(&path, Some(true), &mut Secrets::of(caller))?;
             let pick = choose(&ds, caller, &policy, &protector, &path)?;
             pin_try(&ds, caller, pick.protector)?;
             let (policy, master) = ds.master_key_of_dir(

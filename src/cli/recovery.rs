@@ -47,6 +47,9 @@ pub fn run(ds: &mut Dirseal, cmd: RecoveryCmd, ui: &mut TermUi) -> Result<i32> {
                 return Err(RecoveryError::Exists { path: dir }.into());
             }
             let pick = super::ProtectorRef::pick_in(&protector, ds, &dir)?;
+            // The escrow dir is checked before a key is shown: with escrow required, a key that
+            // could not be escrowed is never shown.
+            ds.wants_recovery_key(&dir, Some(true), ui)?;
             let (policy, master) = super::forgiving(|| ds.master_key_of_dir(&dir, pick, ui))?;
             create(ds, &dir, &policy.id, &master, ui)?;
             println!("recovery key saved on {}", clean(&dir.display().to_string()));
