@@ -89,7 +89,10 @@ pub fn run(ds: &mut Dirseal, cmd: RecoveryCmd, ui: &mut TermUi) -> Result<i32> {
             let escrow = ds.escrow().ok_or(EscrowError::NotConfigured)?;
             let key = match identity {
                 Some(path) => {
-                    let policy = ds.policy_of(&dir)?.id;
+                    // From the kernel, so that it works when the keystore lost the policy record too.
+                    let policy = dirseal::fscrypt::get_policy(&dir)?
+                        .ok_or_else(|| dirseal::ops::OpsError::NotEncrypted { path: dir.clone() })?
+                        .identifier;
                     escrow.open(&policy, &Identity::load(&path)?)?
                 }
                 None => recovery::ask_key(&dir, ui)?,
