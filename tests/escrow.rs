@@ -1,6 +1,7 @@
 //! Escrow of recovery keys (`[escrow]`, docs/fleet.md) through the real binary on loop-mounted
 //! ext4, each record opened by the real `age` program (Debian's age 1.1.1) with an administrator's
-//! X25519 identity and with an ssh-ed25519 key made by `ssh-keygen`.
+//! X25519 identity and with an ssh-ed25519 key made by `ssh-keygen`. Creates a user (`home
+//! create`): run under the global suite lock (scripts/test.sh).
 mod common;
 
 use std::fs;
@@ -327,4 +328,27 @@ fn new_recipients_are_listed_then_escrowed_with_an_old_identity_and_a_removed_ke
     // Decrypting the directory removes the key, and so its record.
     env.ok(&["decrypt", p(&home), "--yes"], "pw\n");
     assert!(names(&env.keystore().join("escrow")).is_empty());
+}
+
+#[test]
+fn home_create_escrows_with_its_user() {
+    dirseal_testfs::needs_root!();
+    let env = Env::new();
+    let admin = Admin::new();
+    escrow_config(&env, &[&admin.age_recipient], "required = true");
+    let skel = env.mnt().join("skel");
+    fs::create_dir(&skel).unwrap();
+    fs::write(skel.join(".profile"), "# profile\n").unwrap();
+    let u = dirseal_testfs::User::new(env.mnt());
+    fs::remove_dir(&u.home).unwrap();
+    // Required escrow: a recovery key is made though none was asked for.
+    let out = env.ok(&["home", "create", &u.name, "--skel", p(&skel)], "pw-home\npw-home\n");
+    let key = key_in(&out);
+    let policy = policy_of(&env, &u.home);
+    let record = env.keystore().join("escrow").join(format!("{policy}.age"));
+    let payload = age_decrypt(&admin.age_identity, &record);
+    assert_eq!(payload["recovery_key"], key);
+    assert_eq!(payload["user"], u.name.as_str());
+    assert_eq!(payload["uid"], u.uid);
+    assert_eq!(payload["directory"], p(&u.home));
 }

@@ -608,6 +608,9 @@ impl NewPlan {
             ..KeyHost::new(ds, &source, hooks)
         };
         let outcome = self.start(&host)?;
+        if let Some(e) = host.escrow_failed.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            crate::ops::Escrowed::Failed(e).notice(&source, ui);
+        }
         let saved = recovery.map(|_| {
             !matches!(outcome.state, State::Done | State::Swapped)
                 || crate::recovery::read_blob(&source).is_ok_and(|b| b.is_some())
@@ -807,6 +810,9 @@ pub(crate) struct KeyHost<'a> {
     /// one a resume must find loaded), given by the plan as `source_key`.
     direction: Direction,
     source_key: Option<KeyIdentifier>,
+    /// Why the new recovery key's escrow record was not written (escrow not required), for the
+    /// Ui once the engine is done: the engine's host has no Ui.
+    escrow_failed: std::sync::Mutex<Option<crate::escrow::EscrowError>>,
 }
 
 impl<'a> KeyHost<'a> {
@@ -820,6 +826,7 @@ impl<'a> KeyHost<'a> {
             hooks,
             direction: Direction::Encrypt,
             source_key: None,
+            escrow_failed: std::sync::Mutex::new(None),
         }
     }
 
@@ -886,10 +893,13 @@ impl Host for KeyHost<'_> {
             // is root's until the swap). A record that could not be written (escrow not
             // required) shows in `recovery escrow --check` and the report.
             let owner = std::fs::symlink_metadata(self.source).ok().map(|m| std::os::unix::fs::MetadataExt::uid(&m));
-            let _ = self
+            let escrowed = self
                 .ds
                 .save_recovery_key_at((staging, path), self.source, &policy.id, &master, key, owner)
                 .map_err(host_err)?;
+            if let crate::ops::Escrowed::Failed(e) = escrowed {
+                *self.escrow_failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+            }
         }
         Ok(policy.id.to_string())
     }

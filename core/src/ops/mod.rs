@@ -28,6 +28,7 @@ mod unlock;
 pub use crate::census::ProtectorSummary;
 pub use errors::OpsError;
 pub use login::{lookup_user, opens_pin_login, opens_touch_login, Login};
+pub use recovery::Escrowed;
 pub use status::{public_dir_status, DirStatus, FsStatus};
 pub use unlock::{BusyProcess, LockReport};
 
