@@ -406,7 +406,9 @@ impl Escrow {
             recovery_key: key.to_display().to_string(),
             context: context.clone(),
         };
-        let plain = Zeroizing::new(serde_json::to_vec_pretty(&payload).expect("serialising a payload cannot fail"));
+        // Sized once, so that no copy of the key is left behind by a growing buffer.
+        let mut plain = Zeroizing::new(Vec::with_capacity(4096));
+        serde_json::to_writer_pretty(&mut *plain, &payload).expect("serialising a payload cannot fail");
         // The String inside the payload held the key too.
         drop(Zeroizing::new(payload.recovery_key));
         let enc = age::Encryptor::with_recipients(self.recipients.iter().map(Recipient::as_age))
@@ -456,11 +458,13 @@ impl Escrow {
     /// `policy`'s header and age file, checked against each other; `None` without a record.
     fn record(&self, policy: &KeyIdentifier) -> Result<Option<(Header, Vec<u8>)>, EscrowError> {
         let (age_path, json_path) = self.paths(policy);
-        let (Some(text), sealed) = (self.read(&json_path, MAX_HEADER)?, self.read(&age_path, MAX_RECORD)?) else {
-            return match self.read(&age_path, MAX_RECORD)? {
-                None => Ok(None),
-                Some(_) => Err(EscrowError::Record { path: json_path, reason: "its header is missing".into() }),
-            };
+        let (text, sealed) = match (self.read(&json_path, MAX_HEADER)?, self.read(&age_path, MAX_RECORD)?) {
+            (None, None) => return Ok(None),
+            // A write or removal cut short between its two files.
+            (None, Some(_)) => {
+                return Err(EscrowError::Record { path: json_path, reason: "its header is missing".into() })
+            }
+            (Some(text), sealed) => (text, sealed),
         };
         let bad = |reason: String| EscrowError::Record { path: json_path.clone(), reason };
         let header: Header =
