@@ -319,6 +319,11 @@ fn new_recipients_are_listed_then_escrowed_with_an_old_identity_and_a_removed_ke
     env.ok(&["recovery", "escrow", "--all", "--identity", p(&old.age_identity)], "");
     assert!(escrow_check(&env).0);
     assert_eq!(age_decrypt(&new.ssh_key, &record)["recovery_key"], key);
+    // One directory, its record opened with an ssh private key.
+    let before = fs::read(&record).unwrap();
+    env.ok(&["recovery", "escrow", p(&home), "--identity", p(&new.ssh_key)], "");
+    assert_ne!(fs::read(&record).unwrap(), before, "not written again");
+    assert_eq!(age_decrypt(&old.age_identity, &record)["recovery_key"], key);
     // `recovery remove` takes the record with the key.
     env.ok(&["recovery", "remove", p(&home)], "");
     assert!(names(&env.keystore().join("escrow")).is_empty());
@@ -351,4 +356,27 @@ fn home_create_escrows_with_its_user() {
     assert_eq!(payload["user"], u.name.as_str());
     assert_eq!(payload["uid"], u.uid);
     assert_eq!(payload["directory"], p(&u.home));
+}
+
+#[test]
+fn an_ssh_rsa_key_opens_its_record_and_a_short_one_is_refused() {
+    dirseal_testfs::needs_root!();
+    let env = Env::new();
+    let keys = tempfile::tempdir().unwrap();
+    let rsa = keys.path().join("id_rsa");
+    stdout_of("ssh-keygen", &["-q", "-t", "rsa", "-b", "3072", "-N", "", "-f", p(&rsa)]);
+    let short = keys.path().join("id_rsa_short");
+    stdout_of("ssh-keygen", &["-q", "-t", "rsa", "-b", "1024", "-N", "", "-f", p(&short)]);
+    let public = |k: &Path| fs::read_to_string(k.with_extension("pub")).unwrap().trim().to_string();
+    let base = fs::read_to_string(env.config()).unwrap();
+    escrow_config(&env, &[&public(&short)], "");
+    let err = env.fails(&["status"], "");
+    assert!(err.contains("shorter than 2048 bits"), "{err}");
+    fs::write(env.config(), &base).unwrap();
+    escrow_config(&env, &[&public(&rsa)], "");
+    let d = env.mnt().join("vault");
+    fs::create_dir(&d).unwrap();
+    let key = key_in(&env.ok(&["encrypt", p(&d), "--recovery-key"], "pw\n"));
+    let record = env.keystore().join("escrow").join(format!("{}.age", policy_of(&env, &d)));
+    assert_eq!(age_decrypt(&rsa, &record)["recovery_key"], key);
 }
