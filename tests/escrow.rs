@@ -238,15 +238,26 @@ fn a_symlinked_or_world_writable_record_dir_is_refused() {
     let open = env.mnt().join("open");
     fs::create_dir(&open).unwrap();
     fs::set_permissions(&open, fs::Permissions::from_mode(0o777)).unwrap();
+    // A user's directory above the records: they could swap theirs in.
+    let users = env.mnt().join("users");
+    fs::create_dir(&users).unwrap();
+    let uid = fresh_uid();
+    std::os::unix::fs::chown(&users, Some(uid), Some(uid)).unwrap();
+    let below = users.join("escrow");
     let base = fs::read_to_string(env.config()).unwrap();
-    for (dir, said) in [(&link, "symbolic link"), (&open, "lets group or others write it")] {
+    for (dir, said) in [
+        (&link, "symbolic link".to_string()),
+        (&open, "lets group or others write it".to_string()),
+        (&below, format!("{}: a directory above the records is owned by uid {uid}", p(&users))),
+    ] {
+        let said = said.as_str();
         fs::write(env.config(), &base).unwrap();
         escrow_config(&env, &[&admin.age_recipient], &format!("dir = {:?}\nrequired = true", p(dir)));
         let (home, _) = home_of(&env, &format!("h{}", dir.file_name().unwrap().to_str().unwrap()));
         let err = env.fails(&["convert", p(&home), "--yes", "--recovery-key"], "pw\n");
         assert!(err.contains("cannot keep escrow records in") && err.contains(said), "{err}");
         assert_eq!(env.status_json(&home)["encrypted"], false);
-        assert!(names(&real).is_empty() && names(&open).is_empty());
+        assert!(names(&real).is_empty() && names(&open).is_empty() && !below.exists());
         // Not required: the conversion goes on, says the key was not escrowed, and the check
         // lists the directory.
         fs::write(env.config(), &base).unwrap();

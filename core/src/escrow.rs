@@ -377,8 +377,24 @@ impl Escrow {
     }
 
     fn checked_dir(&self) -> Result<(), EscrowError> {
-        securefile::ensure_dir(&self.dir, Privacy::NotWritable)
-            .map_err(|source| EscrowError::Dir { dir: self.dir.clone(), source })
+        let refuse = |source| EscrowError::Dir { dir: self.dir.clone(), source };
+        // Above it too: whoever may rename a directory on the way could swap in their own
+        // between the check and the write. A sticky directory (/tmp) lets nobody rename root's.
+        for up in self.dir.ancestors().skip(1) {
+            use std::os::unix::fs::MetadataExt;
+            let Ok(m) = std::fs::symlink_metadata(up) else { continue };
+            let insecure = |reason: String| refuse(SecureFileError::Insecure { path: up.to_path_buf(), reason });
+            if m.uid() != 0 && m.uid() != nix::unistd::geteuid().as_raw() {
+                return Err(insecure(format!("a directory above the records is owned by uid {}", m.uid())));
+            }
+            if !m.file_type().is_symlink() && m.mode() & 0o022 != 0 && m.mode() & 0o1000 == 0 {
+                return Err(insecure(format!(
+                    "a directory above the records has mode {:o}: group or others may write it",
+                    m.mode() & 0o7777
+                )));
+            }
+        }
+        securefile::ensure_dir(&self.dir, Privacy::NotWritable).map_err(refuse)
     }
 
     /// Whether a record could be written now: the directory is safe (made if missing) and takes
