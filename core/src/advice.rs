@@ -85,6 +85,7 @@ impl HasRemedy for OpsError {
             }
             // Their messages say what to do, or there is nothing a front end could add.
             OpsError::Config(_)
+            | OpsError::Escrow(_)
             | OpsError::Ui(_)
             | OpsError::Account(_)
             | OpsError::BadDirectory { .. }

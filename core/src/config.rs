@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::escrow::EscrowConfig;
 pub use crate::kdf::{Argon2Params, KdfError, MIN_MEMORY_KIB};
 use crate::securefile::{self, SecureFileError};
 use crate::tpm2::Tcti;
@@ -33,6 +34,9 @@ pub struct Config {
     /// `[fido2]`: touch timeout and software authenticators.
     #[serde(default, skip_serializing_if = "Fido2Config::is_default")]
     pub fido2: Fido2Config,
+    /// `[escrow]`: recovery keys encrypted to an organisation's public keys (docs/fleet.md).
+    #[serde(default, skip_serializing_if = "EscrowConfig::is_default")]
+    pub escrow: EscrowConfig,
 }
 
 /// The `[fido2]` section.
@@ -134,6 +138,9 @@ impl Config {
         if let Some(p) = c.fido2.socket_devices.iter().find(|p| !p.is_absolute()) {
             return Err(invalid(format!("[fido2] socket device {} is not an absolute path", p.display())));
         }
+        if let Some(p) = c.escrow.problem() {
+            return Err(invalid(p));
+        }
         if let Some(k) = &c.keystore {
             if !k.is_absolute() {
                 return Err(invalid(format!("keystore path {} is not absolute", k.display())));
@@ -177,6 +184,11 @@ mod tests {
                 min_local_tries: Some(3),
             },
             fido2: Fido2Config { touch_timeout_secs: Some(10), socket_devices: vec!["/run/soft.sock".into()] },
+            escrow: EscrowConfig {
+                recipients: vec![age::x25519::Identity::generate().to_public().to_string().parse().unwrap()],
+                dir: Some("/srv/escrow".into()),
+                required: true,
+            },
         };
         c.save(&p).unwrap();
         assert_eq!(Config::load(&p).unwrap(), c);
@@ -194,6 +206,10 @@ mod tests {
             "[tpm2]\ntcti = \"nonsense\"",
             "[fido2]\ntouch_timeout_secs = 0",
             "[fido2]\nsocket_devices = [\"rel.sock\"]",
+            "[escrow]\nrecipients = [\"age1notakey\"]",
+            "[escrow]\nrecipients = [\"ssh-dss AAAAB3NzaC1kc3M\"]",
+            "[escrow]\nrequired = true",
+            "[escrow]\ndir = \"rel\"\nrecipients = [\"ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIANtin3QKWTgY8VUewknNNNaUswoYBZprtZX+WXH/y8t\"]",
         ] {
             securefile::write_atomic(&p, bad.as_bytes()).unwrap();
             let e = Config::load(&p).unwrap_err();

@@ -583,10 +583,7 @@ impl NewPlan {
         } else {
             ds.keystore().clone()
         };
-        let want_key = match self.options.recovery_key {
-            Some(w) => w,
-            None => ui.confirm(&Question::CreateRecoveryKey { dir: &source })?,
-        };
+        let want_key = ds.wants_recovery_key(&source, self.options.recovery_key, ui)?;
         let recovery = if want_key {
             let key = RecoveryKey::generate();
             ui.show_recovery_key(&source, &key)?;
@@ -626,6 +623,9 @@ impl NewPlan {
         }
         let outcome = started?;
         forget_on_medium(ds, &source, &workdir, outcome.state);
+        if let Some(e) = host.escrow_failed.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            crate::ops::Escrowed::Failed(e).notice(&source, ui);
+        }
         let saved = recovery.map(|_| {
             !matches!(outcome.state, State::Done | State::Swapped)
                 || crate::recovery::read_blob(&source).is_ok_and(|b| b.is_some())
@@ -843,6 +843,9 @@ pub(crate) struct KeyHost<'a> {
     /// one a resume must find loaded), given by the plan as `source_key`.
     direction: Direction,
     source_key: Option<KeyIdentifier>,
+    /// Why the new recovery key's escrow record was not written (escrow not required), for the
+    /// Ui once the engine is done: the engine's host has no Ui.
+    escrow_failed: std::sync::Mutex<Option<crate::escrow::EscrowError>>,
 }
 
 impl<'a> KeyHost<'a> {
@@ -856,6 +859,7 @@ impl<'a> KeyHost<'a> {
             hooks,
             direction: Direction::Encrypt,
             source_key: None,
+            escrow_failed: std::sync::Mutex::new(None),
         }
     }
 
@@ -918,7 +922,17 @@ impl Host for KeyHost<'_> {
         self.ds.save_new_policy(&policy, store).map_err(host_err)?;
         migrate::fault::point(migrate::fault::Point::AfterPolicySaved);
         if let Some(key) = self.recovery {
-            crate::recovery::install_at(staging, path, &policy.id, &master, key).map_err(host_err)?;
+            // The record names the directory converted, owned by its owner (the staging dir
+            // is root's until the swap). A record that could not be written (escrow not
+            // required) shows in `recovery escrow --check` and the report.
+            let owner = std::fs::symlink_metadata(self.source).ok().map(|m| std::os::unix::fs::MetadataExt::uid(&m));
+            let escrowed = self
+                .ds
+                .save_recovery_key_at((staging, path), self.source, &policy.id, &master, key, owner)
+                .map_err(host_err)?;
+            if let crate::ops::Escrowed::Failed(e) = escrowed {
+                *self.escrow_failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+            }
         }
         Ok(policy.id.to_string())
     }

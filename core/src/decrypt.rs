@@ -376,6 +376,8 @@ fn forget(
     }
     f.recovery_removed = crate::recovery::remove_blob(source)
         .map_err(|e| ConvertError::Path { path: source.into(), reason: e.to_string() })?;
+    // The key is gone, and so goes its escrow record.
+    ds.forget_escrow(id)?;
     point(Point::CleanupRecoveryRemoved);
     let workdir = workdir_for(source)?;
     let _guard = ds.keystore().lock().map_err(OpsError::from)?;

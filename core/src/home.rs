@@ -17,7 +17,7 @@ use crate::ids::{KeyIdentifier, ProtectorId};
 use crate::ops::{Dirseal, NewProtector, OpsError, ProtectorChoice};
 use crate::protector::NewKind;
 use crate::recovery::RecoveryError;
-use crate::ui::{Question, Ui, UiError};
+use crate::ui::{Ui, UiError};
 
 /// The skeleton copied into a new home unless another is given (as useradd does).
 pub const DEFAULT_SKEL: &str = "/etc/skel";
@@ -310,7 +310,7 @@ pub fn create(
     // Nothing is created (directory, protector, policy) on a filesystem that cannot encrypt.
     let mp = crate::fscrypt::mount_point(parent).map_err(OpsError::from)?;
     crate::fscrypt::check_supported(&mp).map_err(OpsError::from)?;
-    let key = ask_recovery_key(home, options, ui)?;
+    let key = ask_recovery_key(ds, home, options, ui)?;
     // Root's, and closed to everyone, until it is complete: the user cannot write into it (or
     // plant a symlink) while it is being filled.
     let io = |what: &str, e: std::io::Error| HomeError::Path { path: home.clone(), reason: format!("{what}: {e}") };
@@ -344,18 +344,20 @@ pub fn create(
     let protector =
         *policy.wrapped.keys().next().ok_or_else(|| OpsError::NoProtector { what: home.display().to_string() })?;
     if let Some(key) = &key {
-        crate::recovery::install(home, &policy.id, &master, key)?;
+        ds.save_recovery_key(home, &policy.id, &master, key, Some(acct.uid))?.notice(home, ui);
     }
     fill_and_give(acct, options, &dir, (policy.id, protector), key.is_some(), ui)
 }
 
 /// Whether a recovery key is wanted (`options`, else the Ui is asked) and, if so, a new one
 /// shown through the Ui (typed back there): nothing is saved, and a cancel leaves nothing.
-fn ask_recovery_key(home: &Path, options: &Options, ui: &mut dyn Ui) -> Result<Option<RecoveryKey>, HomeError> {
-    let want_key = match options.recovery_key {
-        Some(w) => w,
-        None => ui.confirm(&Question::CreateRecoveryKey { dir: home })?,
-    };
+fn ask_recovery_key(
+    ds: &Dirseal,
+    home: &Path,
+    options: &Options,
+    ui: &mut dyn Ui,
+) -> Result<Option<RecoveryKey>, HomeError> {
+    let want_key = ds.wants_recovery_key(home, options.recovery_key, ui)?;
     if !want_key {
         return Ok(None);
     }
@@ -408,7 +410,7 @@ fn finish_half_made(
     let home = &acct.home;
     ui.notice(&format!("{} was encrypted but not finished: finishing it", home.display()));
     let has_key = crate::recovery::read_blob(home)?.is_some();
-    let key = if has_key { None } else { ask_recovery_key(home, options, ui)? };
+    let key = if has_key { None } else { ask_recovery_key(ds, home, options, ui)? };
     let mp = crate::fscrypt::mount_point(home).map_err(OpsError::from)?;
     let loaded =
         crate::fscrypt::key_status(&mp, &policy).map_err(OpsError::from)? == crate::fscrypt::KeyStatus::Present;
@@ -418,7 +420,7 @@ fn finish_half_made(
             ds.add_key(home, &master)?;
         }
         if let Some(key) = &key {
-            crate::recovery::install(home, &policy, &master, key)?;
+            ds.save_recovery_key(home, &policy, &master, key, Some(acct.uid))?.notice(home, ui);
         }
     }
     let io = |what: &str, e: std::io::Error| HomeError::Path { path: home.clone(), reason: format!("{what}: {e}") };

@@ -13,6 +13,8 @@
 //! - [`keystore`]: the root-only directory of protector and policy records.
 //! - [`portable`]: directories on removable media whose records travel with them.
 //! - [`recovery`]: recovery keys kept with the data, for when the keystore is gone.
+//! - [`escrow`]: recovery keys encrypted to an organisation's public keys (age).
+//! - [`report`]: what a fleet agent collects of this machine (`dirseal report`).
 //! - [`remedy`]: the way out of each error, as data each front end renders in its own terms.
 //! - [`fscrypt`]: the kernel's fscrypt v2 API, typed, with errors that say what they mean.
 //! - [`tpm2`], [`fido2`]: the devices behind the TPM2 and FIDO2 protector kinds.
@@ -37,6 +39,7 @@ pub mod census;
 pub mod config;
 pub mod convert;
 pub mod decrypt;
+pub mod escrow;
 pub mod fido2;
 mod format;
 pub mod fscrypt;
@@ -50,6 +53,7 @@ pub mod presence;
 pub mod protector;
 pub mod recovery;
 pub mod remedy;
+pub mod report;
 pub mod secret;
 pub mod securefile;
 mod sys;

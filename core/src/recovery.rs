@@ -1,7 +1,7 @@
 //! Recovery keys stored with the data: the master key sealed by a recovery key in a root-only
 //! `trusted.dirseal.recovery` xattr on the encrypted directory itself, so that a reinstall that
 //! wiped the keystore still leaves a way in (docs/recovery-format.md).
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use dirseal_recovery::{ParseError, Sealed};
@@ -88,7 +88,7 @@ pub enum RecoveryError {
     Ui(#[from] UiError),
 }
 
-fn open_dir(dir: &Path) -> Result<OwnedFd, RecoveryError> {
+pub(crate) fn open_dir(dir: &Path) -> Result<OwnedFd, RecoveryError> {
     use rustix::fs::{Mode, OFlags};
     rustix::fs::open(dir, OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC, Mode::empty())
         .map_err(|e| RecoveryError::Xattr { path: dir.to_path_buf(), op: "open the directory for", source: e.into() })
@@ -122,8 +122,9 @@ fn write_blob(fd: BorrowedFd<'_>, dir: &Path, blob: &Sealed) -> Result<(), Recov
     rustix::fs::fsync(fd).map_err(|e| RecoveryError::Xattr { path: dir.to_path_buf(), op: "sync", source: e.into() })
 }
 
-/// Deletes the recovery attribute; `false` if there was none.
-pub fn remove_blob(dir: &Path) -> Result<bool, RecoveryError> {
+/// Deletes the recovery attribute; `false` if there was none. Front ends remove a key through
+/// `Dirseal::remove_recovery_key`, which removes its escrow record too.
+pub(crate) fn remove_blob(dir: &Path) -> Result<bool, RecoveryError> {
     let fd = open_dir(dir)?;
     match rustix::fs::fremovexattr(&fd, XATTR) {
         Ok(()) => Ok(true),
@@ -136,12 +137,9 @@ fn metadata(policy: &KeyIdentifier) -> Vec<u8> {
     format!("{{\"version\":1,\"policy\":\"{policy}\"}}").into_bytes()
 }
 
-/// Seals `master` (the key of `policy`, on `dir`) under `key` and stores it on `dir`.
-pub fn install(dir: &Path, policy: &KeyIdentifier, master: &MasterKey, key: &RecoveryKey) -> Result<(), RecoveryError> {
-    install_at(open_dir(dir)?.as_fd(), dir, policy, master, key)
-}
-
-/// [`install`] on a directory already open (`path` only names it in errors).
+/// Seals `master` (the key of `policy`) under `key` and stores it on the directory open as `dir`
+/// (`path` only names it in errors). Only `Dirseal::save_recovery_key` calls it: every new key is
+/// escrowed there first.
 pub(crate) fn install_at(
     dir: BorrowedFd<'_>,
     path: &Path,

@@ -393,6 +393,8 @@ impl Service {
                 };
             }
             let policy = ds.policy_of(&path)?;
+            // With escrow required, a key that could not be escrowed is never handed out.
+            ds.wants_recovery_key(&path, Some(true), &mut Secrets::of(caller))?;
             let pick = choose(&ds, caller, &policy, &protector, &path)?;
             pin_try(&ds, caller, pick.protector)?;
             ds.unlock(&path, pick, &mut Secrets { current: vec![(pick.protector, secret)], ..Secrets::of(caller) })?;
@@ -764,6 +766,8 @@ impl Service {
                 return Err(dirseal::recovery::RecoveryError::Exists { path }.into());
             }
             let policy = ds.policy_of(&path)?;
+            // With escrow required, a key that could not be escrowed is never handed out.
+            ds.wants_recovery_key(&path, Some(true), &mut Secrets::of(caller))?;
             let pick = choose(&ds, caller, &policy, &protector, &path)?;
             pin_try(&ds, caller, pick.protector)?;
             let (policy, master) = ds.master_key_of_dir(
@@ -779,7 +783,9 @@ impl Service {
             drop(one);
             write_secret(out, line.as_bytes(), "out")?;
             let _one = ctx.one_at_a_time();
-            dirseal::recovery::install(&path, &policy.id, &master, &key)?;
+            // Escrowed first; a record that could not be written (escrow not required) is listed
+            // by `recovery escrow --check`.
+            let _ = ds.save_recovery_key(&path, &policy.id, &master, &key, None)?;
             Ok(())
         })
         .await
@@ -830,8 +836,8 @@ impl Service {
     /// Deletes the directory's recovery key (it stops working).
     async fn recovery_remove(&self, #[zbus(header)] hdr: Header<'_>, dir: String) -> Result<()> {
         self.on_dir("RecoveryRemove", dir, &hdr, move |ctx, _caller, path| {
-            let _one = ctx.one_at_a_time();
-            if !dirseal::recovery::remove_blob(&path)? {
+            let (_one, ds) = ctx.open_alone()?;
+            if !ds.remove_recovery_key(&path)? {
                 return Err(Error::new(
                     Kind::NotFound,
                     format!("{} has no recovery key; nothing to remove", path.display()),

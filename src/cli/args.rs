@@ -118,6 +118,13 @@ pub enum Cmd {
     Autologin(AutologinCmd),
     /// Overwrite a filesystem's free space (old plaintext of deleted or converted files), then TRIM
     Scrub(ScrubArgs),
+    /// What a fleet agent collects: every encrypted directory (owner, locked?, protector kinds,
+    /// recovery key, escrow), the TPM's lockout, unfinished conversions; asks nothing
+    Report {
+        /// Print one JSON object (stable field names, docs/formats.md)
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -395,6 +402,23 @@ pub enum RecoveryCmd {
         dir: PathBuf,
         #[command(flatten)]
         protector: ProtectorArgs,
+    },
+    /// Write DIR's escrow record again for the configured recipients (asks its recovery key, or
+    /// opens its old record with --identity); --all with --identity: every record that identity
+    /// opens; --check: list directories whose record is missing, damaged or for other recipients
+    #[command(group = clap::ArgGroup::new("which").required(true).args(["dir", "all", "check"]))]
+    Escrow {
+        /// The encrypted directory whose recovery key is escrowed
+        dir: Option<PathBuf>,
+        /// Every directory with a recovery key whose record is not current (needs --identity)
+        #[arg(long, requires = "identity")]
+        all: bool,
+        /// Only list what is not escrowed to the configured recipients (exit status 1 if any)
+        #[arg(long, conflicts_with = "identity")]
+        check: bool,
+        /// An age identity file or unencrypted ssh private key that opens the old records
+        #[arg(long, value_name = "FILE")]
+        identity: Option<PathBuf>,
     },
 }
 

@@ -344,6 +344,7 @@ pub fn run(cmd: Cmd, keystore: Option<&Path>) -> Result<i32> {
         Cmd::Protector(cmd) => protector(&Service::connect()?, cmd, &mut ui),
         Cmd::Recovery(cmd) => recovery(&Service::connect()?, cmd, &mut ui),
         Cmd::Policy(PolicyCmd::List { .. }) => needs_root("policy list"),
+        Cmd::Report { .. } => needs_root("report"),
         Cmd::Policy(PolicyCmd::RemoveProtector { target, protector }) => {
             let Some(dir) = target.dir else { return needs_root("policy remove-protector --policy") };
             let bus = Service::connect()?;
@@ -557,6 +558,7 @@ fn recovery(bus: &Service, cmd: RecoveryCmd, ui: &mut TermUi) -> Result<i32> {
             bus.call::<_, ()>("RecoveryRemove", &(path_arg(&dir),))?;
             println!("removed the recovery key of {}", clean(&dir.display().to_string()));
         }
+        RecoveryCmd::Escrow { .. } => return Err(BusError::NeedsRoot { command: "recovery escrow".into() }.into()),
         RecoveryCmd::Restore { dir, protector } => {
             if protector.user.as_deref().is_some_and(|u| ops::lookup_user(u).map(|(uid, _)| uid).ok() != Some(me())) {
                 return Err(BusError::NeedsRoot { command: "recovery restore --user".into() }.into());

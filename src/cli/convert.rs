@@ -83,14 +83,16 @@ pub fn run(ds: &mut Dirseal, args: ConvertArgs, ui: &mut TermUi) -> Result<i32> 
         return Err(ConvertError::NotInProgress { path: abs.clone() })
             .context(format!("start one with `dirseal convert {}`", abs.display()));
     }
+    let escrow_required = ds.escrow().is_some_and(|e| e.required());
     let options = Options {
         keep_backup: args.keep_backup,
         wipe: args.wipe,
         force: args.run.force,
         owner_asks: false,
         threads: args.run.threads,
-        // --yes asks nothing but secrets: no recovery key unless the flags say so.
-        recovery_key: args.recovery.decided().or(args.yes.then_some(false)),
+        // --yes asks nothing but secrets: no recovery key unless the flags say so, or escrow is
+        // required (every new directory then gets one: the library decides).
+        recovery_key: args.recovery.decided().or((args.yes && !escrow_required).then_some(false)),
         // The probe costs a few syncs: measured only when someone sees the estimate (the
         // question's summary, a bar, --json), not for a script's `--yes`.
         estimate: !args.yes || args.run.json || std::io::stderr().is_terminal(),
@@ -124,7 +126,7 @@ pub fn run(ds: &mut Dirseal, args: ConvertArgs, ui: &mut TermUi) -> Result<i32> 
     }
     if !args.run.json && done.outcome.state == State::Done {
         let d = clean(&abs.display().to_string());
-        if args.recovery.decided().is_none() && args.yes {
+        if args.recovery.decided().is_none() && args.yes && !escrow_required {
             println!("note: no recovery key was made (--yes makes one only with --recovery-key); `dirseal recovery add {d}` makes one");
         }
         if !args.wipe {

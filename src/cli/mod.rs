@@ -11,6 +11,7 @@ mod home;
 mod interrupt;
 mod progress;
 mod recovery;
+mod report;
 mod scrub;
 mod term;
 mod tpm2;
@@ -236,7 +237,8 @@ fn run(cli: Cli) -> Result<i32> {
             | Cmd::Unlock { .. }
             | Cmd::Protector(ProtectorCmd::List { .. } | ProtectorCmd::Verify { .. })
             | Cmd::Policy(PolicyCmd::List { .. })
-            | Cmd::Recovery(args::RecoveryCmd::Verify { .. })
+            | Cmd::Recovery(args::RecoveryCmd::Verify { .. } | args::RecoveryCmd::Escrow { check: true, .. })
+            | Cmd::Report { .. }
             | Cmd::Autologin(_)
     );
     let mut ds = if read_only {
@@ -251,6 +253,7 @@ fn run(cli: Cli) -> Result<i32> {
             | Cmd::Unlock { json: true, .. }
             | Cmd::Protector(ProtectorCmd::List { json: true })
             | Cmd::Policy(PolicyCmd::List { json: true })
+            | Cmd::Report { json: true }
     ) || matches!(&cli.cmd, Cmd::Convert(a) if a.run.json)
         || matches!(&cli.cmd, Cmd::Decrypt(a) if a.run.json);
     let mut ui = TermUi { json, assume_yes: false };
@@ -261,13 +264,13 @@ fn run(cli: Cli) -> Result<i32> {
             // Asked, shown and typed back before anything is encrypted (as convert does): a
             // cancel at any question leaves the directory as it was. Saved once the master key
             // exists.
-            let want_recovery = offer.wanted(&dir, &mut ui)?;
+            let want_recovery = ds.wants_recovery_key(&dir, offer.decided(), &mut ui)?;
             let choice = protector.choice(&ds, Some(&dir))?;
             let key = want_recovery.then(|| recovery::show_new(&dir, &mut ui)).transpose()?;
             let (policy, master) =
                 if portable { ds.encrypt_portable(&dir, choice, &mut ui)? } else { ds.encrypt(&dir, choice, &mut ui)? };
             if let Some(key) = key {
-                dirseal::recovery::install(&dir, &policy.id, &master, &key)?;
+                ds.save_recovery_key(&dir, &policy.id, &master, &key, None)?.notice(&dir, &mut ui);
             }
         }
         Cmd::Convert(args) => return convert::run(&mut ds, args, &mut ui),
@@ -306,7 +309,8 @@ fn run(cli: Cli) -> Result<i32> {
         }
         Cmd::Protector(cmd) => protector(&mut ds, cmd, &mut ui)?,
         Cmd::Policy(cmd) => policy(&mut ds, cmd, &mut ui)?,
-        Cmd::Recovery(cmd) => recovery::run(&mut ds, cmd, &mut ui)?,
+        Cmd::Recovery(cmd) => return recovery::run(&mut ds, cmd, &mut ui),
+        Cmd::Report { json } => return report::run(&ds, json),
         Cmd::PinLogin(PinLoginCmd::Enable { user }) => {
             let rec = ds.enable_pin_login(&user)?;
             println!(

@@ -3,6 +3,7 @@ use std::path::PathBuf;
 
 use crate::census::ProtectorSummary;
 use crate::config::ConfigError;
+use crate::escrow::EscrowError;
 use crate::fscrypt::FscryptError;
 use crate::ids::{KeyIdentifier, ProtectorId};
 use crate::keystore::KeystoreError;
@@ -31,6 +32,9 @@ pub enum OpsError {
     /// A recovery key could not be made, read or used.
     #[error(transparent)]
     Recovery(#[from] RecoveryError),
+    /// A recovery key could not be escrowed, or its record read.
+    #[error(transparent)]
+    Escrow(#[from] EscrowError),
     /// An operation that needs an encrypted directory was given a plain one.
     #[error("{path} is not encrypted")]
     NotEncrypted {

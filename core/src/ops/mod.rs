@@ -29,6 +29,7 @@ mod unlock;
 pub use crate::census::ProtectorSummary;
 pub use errors::OpsError;
 pub use login::{lookup_user, opens_pin_login, opens_touch_login, Login};
+pub use recovery::Escrowed;
 pub use status::{public_dir_status, DirStatus, FsStatus, PortableDir};
 pub(crate) use undo::Undo;
 pub use unlock::{BusyProcess, LockReport};
