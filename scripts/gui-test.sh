@@ -7,7 +7,8 @@
 #
 # Environment: BIN_DIR=<dir> takes dirseal, dirsealed and dirseal-settings from there instead of
 # building them; OUT=<dir> keeps the screenshots there (default: a fresh directory, kept);
-# SAMPLE_MIB (default 40) and SAMPLE_FILES (default 2000) size the home.
+# SAMPLE_MIB (default 40) and SAMPLE_FILES (default 12000: small files make the copy last long
+# enough for the cancel scenario to press Cancel while it runs) size the home.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "$(id -u)" -eq 0 ] || { echo "scripts/gui-test.sh must run as root (loop mounts, a test user, kernel keys)" >&2; exit 1; }
@@ -20,7 +21,7 @@ bin_dir=$(realpath "$BIN_DIR")
 for f in dirseal dirsealed dirseal-settings; do
   [ -x "$bin_dir/$f" ] || { echo "gui-test: $bin_dir/$f is missing (cargo build -p dirseal-cli -p dirsealed -p dirseal-settings)" >&2; exit 1; }
 done
-sample_mib=${SAMPLE_MIB:-40} sample_files=${SAMPLE_FILES:-2000}
+sample_mib=${SAMPLE_MIB:-40} sample_files=${SAMPLE_FILES:-12000}
 out=${OUT:-$(mktemp -d /tmp/dirseal-gui-shots.XXXXXX)}
 mkdir -p "$out"
 
@@ -46,7 +47,7 @@ export DBUS_SYSTEM_BUS_ADDRESS=unix:path=$work/bus
 
 # The scratch ext4 and the user's home on it, with data enough to watch a progress bar move.
 truncate -s 512M "$work/fs.img"
-mkfs.ext4 -q -F -O encrypt "$work/fs.img"
+mkfs.ext4 -q -F -O encrypt -N 65536 "$work/fs.img"
 mkdir "$mnt"
 loopdev=$(losetup --find --show "$work/fs.img")
 mount "$loopdev" "$mnt"
@@ -84,15 +85,24 @@ fi
 # settings in memory. A desktop session would be logged out of the home for the same reason.
 app_home=$work/app-home
 install -d -m 700 -o "$user" -g "$user" "$app_home" "$app_home/run"
+as_user() { (cd / && setpriv --reuid="$user" --regid="$user" --clear-groups -- "$@"); }
+# The display answers the user before the app is started (Xvfb writes its number when it listens).
+x_ok=''
+for i in $(seq 50); do
+  if as_user env -i DISPLAY="$display" /usr/bin/python3 -c 'import gi, sys; gi.require_version("Gdk", "4.0"); from gi.repository import Gdk; sys.exit(Gdk.Display.open(sys.argv[1]) is None)' "$display" 2>>"$work/xprobe.log"; then x_ok=1; break; fi
+  echo "probe $i failed" >> "$work/xprobe.log"
+  sleep 0.2
+done
+cat "$work/xprobe.log" >&2 || true
+[ -n "$x_ok" ] || { echo "gui-test: display $display does not answer the test user" >&2; cat "$work/xvfb.log" >&2; exit 1; }
 chown "$user:$user" "$out"
 rc=0 repo=$PWD
-(cd / && setpriv --reuid="$user" --regid="$user" --clear-groups -- env -i \
+as_user env -i \
   PATH=/usr/bin:/bin HOME="$app_home" XDG_RUNTIME_DIR="$app_home/run" XDG_CONFIG_HOME="$app_home/config" \
   XDG_CACHE_HOME="$app_home/cache" XDG_DATA_HOME="$app_home/data" DISPLAY="$display" \
   DBUS_SYSTEM_BUS_ADDRESS="$DBUS_SYSTEM_BUS_ADDRESS" GSETTINGS_BACKEND=memory GDK_BACKEND=x11 \
   GSK_RENDERER=cairo NO_AT_BRIDGE=0 GTK_A11Y=atspi LANG=C.UTF-8 \
-  dbus-run-session -- /usr/bin/python3 "$repo/scripts/gui/driver.py" --app "$bin_dir/dirseal-settings" --home "$home" --out "$out" \
-  ) || rc=$?
+  dbus-run-session -- /usr/bin/python3 "$repo/scripts/gui/driver.py" --app "$bin_dir/dirseal-settings" --home "$home" --out "$out" || rc=$?
 if [ "$rc" -ne 0 ]; then
   echo "gui-test: the driver failed ($rc) on display $display; Xvfb said:" >&2; cat "$work/xvfb.log" >&2; ls -la /tmp/.X11-unix >&2
   echo "dirsealed's log:" >&2

@@ -383,7 +383,7 @@ impl Ui {
         switch(&views, "overview");
         switch(&wizard, PLAN);
         switch(&main, "views");
-        let ui = Ui {
+        Ui {
             tabs,
             t_overview,
             t_manage,
@@ -435,8 +435,7 @@ impl Ui {
             recovery: RefCell::new(None),
             group_index: Cell::new(0),
             job: RefCell::new(None),
-        };
-        ui
+        }
     }
 
     /// Wires the buttons whose handlers need the shared state.
