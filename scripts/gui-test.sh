@@ -31,7 +31,11 @@ mnt=$work/mnt loopdev='' bus_pid='' svc_pid='' x_pid='' user=dsgui$$
 cleanup() {
   for p in $svc_pid $x_pid $bus_pid; do kill "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
-  userdel "$user" 2>/dev/null || true
+  # The accessibility bus and its registry (the session's, started for the user) end with the
+  # session bus, a moment after the driver: userdel refuses a user who still runs something.
+  for _ in $(seq 50); do pgrep -u "$user" >/dev/null 2>&1 || break; sleep 0.1; done
+  for p in $(pgrep -u "$user" 2>/dev/null); do kill "$p" 2>/dev/null || true; done
+  userdel "$user" 2>/dev/null || { sleep 1; userdel "$user" 2>/dev/null; } || echo "gui-test: could not remove user $user" >&2
   umount "$mnt" 2>/dev/null || umount -l "$mnt" 2>/dev/null || true
   if [ -n "$loopdev" ]; then losetup -d "$loopdev" 2>/dev/null || true; fi
   rm -rf "$work"

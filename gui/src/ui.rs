@@ -190,7 +190,6 @@ fn row(into: &gtk::Box, name: &str, value: &str) {
     n.set_wrap(false);
     let v = label(value);
     v.set_hexpand(true);
-    v.set_selectable(true);
     r.append(&n);
     r.append(&v);
     into.append(&r);

@@ -326,7 +326,8 @@ def encrypt_home(app, svc, home):
     type_password_and_start(app)
     # The bar moving: the job's Progress signals, in the copy phase (if the copy is too quick to
     # catch, whichever phase shows; the cancel scenario proves the copy phase is shown).
-    watch_phase(app, "Copying into the encrypted folder")
+    if watch_phase(app, "Copying into the encrypted folder"):
+        time.sleep(0.5)  # the bar a little way along
     app.shot("5-progress")
     # The bar moves through the job's Progress signals; it ends on the recovery key page.
     key = app.label_matching(r"^[0-9A-Za-z]{2,}(-[0-9A-Za-z]{2,}){3,}$", 300)
