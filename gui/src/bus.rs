@@ -19,6 +19,7 @@ pub trait Dirseal {
     fn convert(&self, dir: &str, secret: Fd<'_>, options: HashMap<&str, Value<'_>>) -> zbus::Result<OwnedObjectPath>;
     fn recovery_add(&self, dir: &str, protector: &str, secret: Fd<'_>, out: Fd<'_>) -> zbus::Result<()>;
     fn change_secret(&self, protector: &str, old: Fd<'_>, new: Fd<'_>) -> zbus::Result<()>;
+    fn recovery_verify(&self, dir: &str, key: Fd<'_>) -> zbus::Result<bool>;
 }
 
 #[zbus::proxy(interface = "org.dirseal.Dirseal1.Job", default_service = "org.dirseal.Dirseal1")]

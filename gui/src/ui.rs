@@ -79,6 +79,9 @@ struct Ui {
     new2: gtk::PasswordEntry,
     change: gtk::Button,
     manage_message: gtk::Label,
+    recovery_check: gtk::PasswordEntry,
+    check_key: gtk::Button,
+    recovery_message: gtk::Label,
 
     /// The new password, kept from its page until the recovery key is made with it.
     password: RefCell<Option<Zeroizing<String>>>,
@@ -262,6 +265,11 @@ impl Ui {
         let manage_message = label("");
         manage_message.set_selectable(true);
         manage_message.set_visible(false);
+        let recovery_check = password_entry("Recovery key to check");
+        let check_key = button("Check the recovery key");
+        let recovery_message = label("");
+        recovery_message.set_selectable(true);
+        recovery_message.set_visible(false);
         let (p, _) = page(&[
             title("Change password").upcast_ref(),
             label("Current password").upcast_ref(),
@@ -272,6 +280,12 @@ impl Ui {
             new2.upcast_ref(),
             manage_message.upcast_ref(),
             buttons(&[&change]).upcast_ref(),
+            title("Recovery key").upcast_ref(),
+            label("Check that the recovery key you wrote down opens your home. Nothing is unlocked or changed.")
+                .upcast_ref(),
+            recovery_check.upcast_ref(),
+            recovery_message.upcast_ref(),
+            buttons(&[&check_key]).upcast_ref(),
         ]);
         views.add_named(&p, Some("manage"));
 
@@ -430,6 +444,9 @@ impl Ui {
             new2,
             change,
             manage_message,
+            recovery_check,
+            check_key,
+            recovery_message,
             password: RefCell::new(None),
             recovery: RefCell::new(None),
             group_index: Cell::new(0),
@@ -460,6 +477,7 @@ impl Ui {
         self.recovery_next.connect_clicked(clone(self, |ui, _| ui.confirm_recovery()));
         self.recovery_retry.connect_clicked(clone(self, |ui, _| ui.make_recovery_key()));
         self.change.connect_clicked(clone(self, |ui, _| ui.change_password()));
+        self.check_key.connect_clicked(clone(self, |ui, _| ui.check_recovery_key()));
         self.refresh.connect_clicked(clone(self, |ui, _| ui.refresh()));
         self.pw_next.connect_clicked(clone(self, |ui, _| ui.check_passwords()));
         self.pw_back.connect_clicked(clone(self, |ui, _| switch(&ui.wizard, PLAN)));
@@ -810,6 +828,31 @@ impl Ui {
                 say(&ui.progress_error, &bus::error_text(&e));
                 ui.cancel.set_sensitive(true);
             }
+        });
+    }
+
+    fn check_recovery_key(self: &Rc<Self>) {
+        let key = Zeroizing::new(self.recovery_check.text().to_string());
+        if key.trim().is_empty() {
+            say(&self.recovery_message, "Type the recovery key you wrote down.");
+            return;
+        }
+        self.check_key.set_sensitive(false);
+        say(&self.recovery_message, "Checking the recovery key");
+        self.spawn(|ui| async move {
+            let r = async {
+                let p = ui.proxy().await?;
+                let k = bus::secret_pipe(&key).map_err(|e| zbus::Error::InputOutput(e.into()))?;
+                p.recovery_verify(&ui.home, Fd::from(&k)).await
+            }
+            .await;
+            ui.check_key.set_sensitive(true);
+            let said = match r {
+                Ok(true) => "This recovery key opens your home.".to_owned(),
+                Ok(false) => "This recovery key does not open your home. Check what you wrote down.".to_owned(),
+                Err(e) => bus::error_text(&e),
+            };
+            say(&ui.recovery_message, &said);
         });
     }
 

@@ -23,6 +23,8 @@ from gi.repository import Gio, GLib  # noqa: E402
 import pyatspi  # noqa: E402
 
 PASSWORD = "correct horse battery"
+# What one scenario learns and a later one uses (the recovery key the window showed).
+RESULTS = {}
 NEW_PASSWORD = "staple gun 42"
 
 
@@ -336,6 +338,7 @@ def encrypt_home(app, svc, home):
     group = key.split("-")[n - 1]
     app.shot("6-recovery-key")
     # The key shown is the directory's: the service says it opens it.
+    RESULTS["recovery_key"] = key
     valid = svc.ok("RecoveryVerify", (home, 0), "(sh)", [secret_fd(key)])[0]
     if not valid:
         fail("the recovery key the window shows does not open the home (RecoveryVerify: false)")
@@ -396,6 +399,25 @@ def change_password(app, svc, home):
     app.shot("10-change-password-done")
 
 
+def check_recovery_key(app, svc, home):
+    """Manage → "Check the recovery key": a key with one digit changed is refused with the
+    service's own words (each group carries a check digit: it names the group to retype); the one
+    the wizard showed opens the home."""
+    key = RESULTS["recovery_key"]
+    wrong = key[:-1] + ("1" if key[-1] != "1" else "2")
+    reply, name, msg = svc.call("RecoveryVerify", (home, 0), "(sh)", [secret_fd(wrong)])
+    want = msg if name is not None else (
+        "This recovery key opens your home." if reply[0] else
+        "This recovery key does not open your home. Check what you wrote down.")
+    app.type("password text", "Recovery key to check", wrong)
+    app.click("push button", "Check the recovery key")
+    app.shows(want, 30)
+    app.shot("11-recovery-key-wrong")
+    app.type("password text", "Recovery key to check", key)
+    app.click("push button", "Check the recovery key")
+    app.shows("This recovery key opens your home.", 30)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--app", required=True)
@@ -404,7 +426,7 @@ def main():
     a = ap.parse_args()
     svc = Service()
     app = App(a.app, a.out)
-    scenarios = [overview_unencrypted, cancel_mid_copy, encrypt_home, change_password]
+    scenarios = [overview_unencrypted, cancel_mid_copy, encrypt_home, change_password, check_recovery_key]
     try:
         for s in scenarios:
             t = time.time()
