@@ -13,6 +13,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "$(id -u)" -eq 0 ] || { echo "scripts/gui-test.sh must run as root (loop mounts, a test user, kernel keys)" >&2; exit 1; }
 bash scripts/deps.sh --gui
+# The app's desktop entry and AppStream metainfo, as software centres read them.
+desktop-file-validate data/org.dirseal.Settings.desktop
+appstreamcli validate --no-net --pedantic data/org.dirseal.Settings.metainfo.xml >/dev/null ||
+  { appstreamcli validate --no-net data/org.dirseal.Settings.metainfo.xml; exit 1; }
 if [ -z "${BIN_DIR:-}" ]; then
   cargo build --quiet -p dirsealed -p dirseal-cli -p dirseal-settings
   BIN_DIR=${CARGO_TARGET_DIR:-target}/debug
