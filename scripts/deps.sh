@@ -4,12 +4,19 @@
 # alone (cargo build -p dirseal-cli / -p dirsealed), which compile against no C library's headers,
 # so no development package; no test tools (swtpm, pamtester, fscrypt, ...), no VM or system-test
 # packages and no qemu.
+# --gui: the demos' packages and the desktop app's (its build and scripts/gui-test.sh) only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-demo=
-[ "${1:-}" = --demo ] && demo=1
+demo='' gui=''
+case ${1:-} in --demo) demo=1 ;; --gui) demo=1 gui=1 ;; esac
 # The demos: scratch ext4 images, users, a private bus with gdbus and polkit.
 pkgs=(dbus libglib2.0-bin polkitd e2fsprogs util-linux passwd python3)
+# The desktop app (gui/, docs/gui.md): GTK 4 and libadwaita to build it; to test it
+# (scripts/gui-test.sh) an X server, the accessibility bus and its python client, screenshots, and
+# the validators of its .desktop and metainfo files.
+gui_pkgs=(libgtk-4-dev libadwaita-1-dev pkg-config xvfb at-spi2-core python3-pyatspi python3-gi dbus-x11
+          imagemagick desktop-file-utils appstream)
+if [ -z "$demo" ] || [ -n "$gui" ]; then pkgs+=("${gui_pkgs[@]}"); fi
 if [ -z "$demo" ]; then
   pkgs+=(# Building the whole workspace: the hardware helpers (hw/, package dirseal-hw) link the TPM
          # and FIDO2 libraries, found by pkg-config and bindgen (libclang), and libfido2-sys links

@@ -2,9 +2,11 @@
 # Installs (or with --uninstall removes) the whole product: the dirseal CLI, the D-Bus service
 # dirsealed with its unit, bus policy and activation file, the PAM module and its pam-config
 # profile, the autologin check run before display managers (dirseal-autologin.service, enabled),
-# man pages and shell completions.
+# man pages and shell completions. --with-gui adds the desktop app dirseal-settings ("Encryption",
+# docs/gui.md) with its .desktop file, AppStream metainfo and icon; without it nothing of GTK is
+# built or installed (servers and handhelds without a desktop).
 #
-#   sudo scripts/install.sh [--prefix /usr] [--destdir DIR] [--build-dir target/release]
+#   sudo scripts/install.sh [--with-gui] [--prefix /usr] [--destdir DIR] [--build-dir target/release]
 #   sudo scripts/install.sh --uninstall [--prefix /usr] [--destdir DIR]
 #
 # Files that only one place is read from go there whatever the prefix: the PAM module into the
@@ -20,7 +22,7 @@ cd "$(dirname "$0")/.."
 # shellcheck source=scripts/lib/programs.sh
 . scripts/lib/programs.sh
 
-prefix=/usr destdir='' build='' uninstall=0
+prefix=/usr destdir='' build='' uninstall=0 gui=0
 while [ $# -gt 0 ]; do
   case $1 in
     --prefix) prefix=${2:?--prefix needs a directory}; shift 2 ;;
@@ -30,7 +32,8 @@ while [ $# -gt 0 ]; do
     --build-dir) build=${2:?--build-dir needs a directory}; shift 2 ;;
     --build-dir=*) build=${1#*=}; shift ;;
     --uninstall) uninstall=1; shift ;;
-    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --with-gui) gui=1; shift ;;
+    -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "install.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -87,12 +90,17 @@ if [ "$uninstall" = 1 ]; then
 fi
 
 if [ -z "$build" ]; then
-  cargo build --release --workspace --quiet
+  # The desktop app links GTK 4: built only when asked for.
+  if [ "$gui" = 1 ]; then cargo build --release --workspace --quiet
+  else cargo build --release --workspace --exclude dirseal-settings --quiet; fi
   build=target/release
 fi
 for f in $(programs); do
   [ -f "$build/$f" ] || { echo "install.sh: $build/$f is missing; build the workspace first (cargo build --release --workspace)" >&2; exit 1; }
 done
+if [ "$gui" = 1 ] && [ ! -f "$build/dirseal-settings" ]; then
+  echo "install.sh: $build/dirseal-settings is missing; build it first (cargo build --release -p dirseal-settings)" >&2; exit 1
+fi
 
 # The man pages and completions build.rs wrote beside the binaries when it built dirseal.
 gen=$build/dirseal-docs
@@ -159,6 +167,12 @@ for m in "$gen"/man/*.8; do put 644 "$m" "$prefix/share/man/man8/$(basename "$m"
 put 644 "$gen/completions/dirseal.bash" "$prefix/share/bash-completion/completions/dirseal"
 put 644 "$gen/completions/_dirseal" "$prefix/share/zsh/vendor-completions/_dirseal"
 put 644 "$gen/completions/dirseal.fish" "$prefix/share/fish/vendor_completions.d/dirseal.fish"
+if [ "$gui" = 1 ]; then
+  put 755 "$build/dirseal-settings" "$prefix/bin/dirseal-settings"
+  put 644 data/org.dirseal.Settings.desktop "$prefix/share/applications/org.dirseal.Settings.desktop"
+  put 644 data/org.dirseal.Settings.metainfo.xml "$prefix/share/metainfo/org.dirseal.Settings.metainfo.xml"
+  put 644 data/org.dirseal.Settings.svg "$prefix/share/icons/hicolor/scalable/apps/org.dirseal.Settings.svg"
+fi
 # The config dir: root-only, kept on uninstall (it may hold the calibrated cost and settings).
 if [ ! -d "$destdir/etc/dirseal" ]; then mkdirs /etc; install -d -m 700 "$destdir/etc/dirseal"; fi
 
