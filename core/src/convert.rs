@@ -29,6 +29,7 @@ use crate::ids::KeyIdentifier;
 use crate::keystore::Keystore;
 use crate::ops::{Dirseal, OpsError, Pick, ProtectorChoice};
 use crate::protector::ProtectorRecord;
+use crate::scheduled::{self, BootState, Schedule, Schedules};
 use crate::secret::ProtectorKey;
 use crate::ui::{Progress, Question, Ui, UiError};
 
@@ -167,6 +168,12 @@ pub struct Options {
     /// Keep the policy record and the protector's on the directory's own filesystem (a portable
     /// directory, crate::portable); the protector must travel.
     pub portable: bool,
+    /// Schedule it for the next boot instead of running it now ([`NewPlan::run`]): everything a
+    /// person chooses is asked now, the protector, policy and staging directory are made, the
+    /// journal is started and the staging key held ([`crate::scheduled`]); the copy or move runs
+    /// in `dirseal-convert-boot.service` ([`run_scheduled`]). The owner's session and programs
+    /// using the directory are no reason to refuse: nothing of them runs at that point of a boot.
+    pub at_next_boot: bool,
 }
 
 /// A checked run of the engine, either way: a new one, or one that stopped part-way (interrupted,
@@ -244,6 +251,9 @@ pub struct Converted {
     pub outcome: Outcome,
     /// Whether the recovery key shown is saved on the directory; `None` when none was made.
     pub recovery_key_saved: Option<bool>,
+    /// It was scheduled for the next boot ([`Options::at_next_boot`]): `outcome` is where the
+    /// journal stands until then (nothing copied yet).
+    pub scheduled: bool,
 }
 
 /// The copy threads of a run whose options name none: two per CPU, at least 4, at most 32. A
@@ -263,7 +273,9 @@ pub(crate) fn request<'a>(plan_source: &'a Path, workdir: &'a Path, o: &Options,
         workdir,
         keep_backup: o.keep_backup,
         wipe: o.wipe,
-        force: o.force,
+        // Scheduling starts the journal while the owner's session still runs; the copy itself
+        // runs at boot, before any session.
+        force: o.force || o.at_next_boot,
         threads,
         mode: o.mode,
         direction,
@@ -286,6 +298,17 @@ pub fn plan(ds: &Dirseal, dir: &Path, options: Options, hooks: &Hooks<'_>) -> Re
         if v.direction != Direction::Encrypt {
             return Err(other_direction(&v, Direction::Encrypt).into());
         }
+        if options.at_next_boot {
+            return Err(ConvertError::Path {
+                path: source,
+                reason: format!(
+                    "a conversion of it is already under way ({}); resume it now with `dirseal convert {}`, or cancel it with `dirseal convert --abort {}` before scheduling one",
+                    v.state,
+                    v.source.display(),
+                    v.source.display()
+                ),
+            });
+        }
         let staging_key = staging_key_needed(&source, &v)?;
         return Ok(Plan::Resume(ResumePlan { source, workdir, options, state: v.state, key: staging_key }));
     }
@@ -298,7 +321,7 @@ pub fn plan(ds: &Dirseal, dir: &Path, options: Options, hooks: &Hooks<'_>) -> Re
 /// The owner of `source`, refused while they run processes (unless forced, or asking themselves).
 pub(crate) fn owner_idle(source: &Path, options: &Options) -> Result<Owner, ConvertError> {
     let owner = owner_of(source)?;
-    if !options.force && !options.owner_asks && !owner.pids.is_empty() {
+    if !options.force && !options.owner_asks && !options.at_next_boot && !owner.pids.is_empty() {
         // Named by program too: a pid alone tells a person nothing.
         let program = |pid: u32| std::fs::read_to_string(format!("/proc/{pid}/comm")).map(|c| c.trim().to_string());
         let mut pids: Vec<String> = owner
@@ -575,6 +598,12 @@ impl NewPlan {
     ) -> Result<Converted, ConvertError> {
         // The host borrows the path for as long as the engine runs, which takes the plan.
         let source = self.source.clone();
+        if self.options.portable && self.options.at_next_boot {
+            return Err(ConvertError::Path {
+                path: source,
+                reason: "a portable directory cannot be converted at the next boot (its medium may not be there then); convert it now, without --at-next-boot".into(),
+            });
+        }
         if self.options.portable {
             // Refused before anything is asked.
             ds.check_travels(&choice)?;
@@ -598,12 +627,29 @@ impl NewPlan {
             None
         };
         drop_orphan_policy(ds, &source, &self.workdir)?;
+        let made = matches!(choice, ProtectorChoice::New(_));
         let chosen = match choice {
             ProtectorChoice::New(n) => ds.adopt_or_create_protector(&n, &store, ui)?,
             existing if self.options.portable => ds.resolve_protector_into(existing, &store, ui)?,
             existing => ds.resolve_protector(existing, ui)?,
         };
         migrate::fault::point(migrate::fault::Point::AfterProtectorSaved);
+        if self.options.at_next_boot {
+            // The engine starts with its stop flag already set: it makes the staging directory
+            // (the host encrypts it, saves the policy and holds its key), records the journal and
+            // stops before copying or moving anything.
+            let protector = chosen.0.id;
+            let stopped = AtomicBool::new(true);
+            let hooks = Hooks { progress: hooks.progress, stop: &stopped };
+            let host = KeyHost {
+                protector: Some(chosen),
+                recovery: recovery.as_ref(),
+                store: Some(store),
+                hold: true,
+                ..KeyHost::new(ds, &source, &hooks)
+            };
+            return self.schedule(ds, &host, protector, made, recovery.is_some());
+        }
         let host = KeyHost {
             protector: Some(chosen),
             recovery: recovery.as_ref(),
@@ -611,11 +657,53 @@ impl NewPlan {
             ..KeyHost::new(ds, &source, hooks)
         };
         let outcome = self.start(&host)?;
+        settle(ds, &source, &outcome)?;
         let saved = recovery.map(|_| {
             !matches!(outcome.state, State::Done | State::Swapped)
                 || crate::recovery::read_blob(&source).is_ok_and(|b| b.is_some())
         });
-        Ok(Converted { outcome, recovery_key_saved: saved })
+        Ok(Converted { outcome, recovery_key_saved: saved, scheduled: false })
+    }
+
+    /// The scheduling part of [`NewPlan::run`] ([`Options::at_next_boot`]), with a `host` whose
+    /// stop flag is set: the engine prepares and stops, then the schedule is recorded. Until that
+    /// record exists this is an ordinary interrupted conversion (resumed, or aborted, as any).
+    fn schedule(
+        self,
+        ds: &Dirseal,
+        host: &KeyHost<'_>,
+        protector: crate::ids::ProtectorId,
+        protector_made: bool,
+        recovery: bool,
+    ) -> Result<Converted, ConvertError> {
+        let (source, workdir, census) = (self.source.clone(), self.workdir.clone(), self.census);
+        let state = match self.start(host) {
+            Err(ConvertError::Migrate(MigrateError::Interrupted { state })) => state,
+            // Nothing to copy (an empty tree) may finish before the first stop check: done now.
+            Ok(outcome) => {
+                settle(ds, &source, &outcome)?;
+                return Ok(Converted { outcome, recovery_key_saved: recovery.then_some(true), scheduled: false });
+            }
+            Err(e) => return Err(e),
+        };
+        let view = migrate::status(&workdir)?.ok_or_else(|| ConvertError::NotInProgress { path: source.clone() })?;
+        let policy: KeyIdentifier = view
+            .token
+            .parse()
+            .map_err(|_| ConvertError::BadToken { path: source.clone(), token: view.token.clone() })?;
+        let record = Schedule::new(source.clone(), policy, view.method, protector, protector_made);
+        Schedules::of(ds.keystore()).save(&record).map_err(OpsError::from)?;
+        let outcome = Outcome {
+            state,
+            method: view.method,
+            token: view.token,
+            files: census.entries,
+            bytes: census.data,
+            backup: None,
+            notes: Vec::new(),
+            timings: Default::default(),
+        };
+        Ok(Converted { outcome, recovery_key_saved: recovery.then_some(true), scheduled: true })
     }
 }
 
@@ -647,7 +735,8 @@ impl ResumePlan {
             load_staging_key(ds, &source, &id, pick, ui)?;
         }
         let outcome = resume(&KeyHost::new(ds, &source, hooks), &workdir, &options, state, ui)?;
-        Ok(Converted { outcome, recovery_key_saved: None })
+        settle(ds, &source, &outcome)?;
+        Ok(Converted { outcome, recovery_key_saved: None, scheduled: false })
     }
 }
 
@@ -694,6 +783,11 @@ pub(crate) fn load_staging_key(
     pick: Pick,
     ui: &mut dyn Ui,
 ) -> Result<(), ConvertError> {
+    // A conversion scheduled for the boot holds its key: no one is asked.
+    if let Some(master) = Schedules::of(ds.keystore()).held(id).map_err(OpsError::from)? {
+        ds.add_key(source, &master)?;
+        return Ok(());
+    }
     let policy = ds.store_of_policy(source, id)?.policy(id).map_err(OpsError::from)?;
     let what = format!("the conversion of {}", source.display());
     let (pid, pkey) = ds.unlock_policy_protector(&policy, pick, &what, ui)?;
@@ -742,11 +836,136 @@ pub(crate) fn finish_going(host: &KeyHost<'_>, how: Finish, ui: &mut dyn Ui) -> 
             }
         }
     }
-    Ok(match how {
+    let outcome = match how {
         Finish::Abort => migrate::abort(&workdir, host)?,
         Finish::Rollback => migrate::rollback(&workdir, host)?,
         Finish::Commit => migrate::commit(&workdir, host)?,
-    })
+    };
+    if direction == Direction::Encrypt {
+        settle(ds, source, &outcome)?;
+    }
+    Ok(outcome)
+}
+
+/// After any run or end of a conversion of `source`: once the staging key is no longer needed
+/// ([`scheduled::key_needed`]) the key held for it is destroyed, and a conversion scheduled for
+/// the boot is recorded as run (its outcome kept for the front ends), or, aborted, cancelled (its
+/// policy, and the protector scheduling made, removed: nothing of it is left). Whichever front
+/// end ran it (the boot-time run, a resume or an abort by hand, the service).
+fn settle(ds: &Dirseal, source: &Path, outcome: &Outcome) -> Result<(), ConvertError> {
+    if scheduled::key_needed(outcome.state) {
+        return Ok(());
+    }
+    let schedules = Schedules::of(ds.keystore());
+    if let Ok(id) = outcome.token.parse::<KeyIdentifier>() {
+        schedules.forget(&id).map_err(OpsError::from)?;
+    }
+    match schedules.state_of(source).map_err(OpsError::from)? {
+        Some(BootState::Pending(s)) if outcome.state == State::Aborted => drop_cancelled(ds, &s),
+        Some(BootState::Pending(s)) => {
+            let secs = outcome.timings.parts().iter().map(|(_, d)| d.as_secs()).sum();
+            Ok(schedules.ran(&s, outcome.state, secs).map_err(OpsError::from)?)
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Removes what scheduling `s` made, after its conversion was aborted (the staging directory is
+/// gone with the abort): the held key, the policy (record and kernel key), the protector if
+/// scheduling made it and no other policy uses it, and the schedule.
+fn drop_cancelled(ds: &Dirseal, s: &Schedule) -> Result<(), ConvertError> {
+    let schedules = Schedules::of(ds.keystore());
+    schedules.forget(&s.policy).map_err(OpsError::from)?;
+    if let Ok(mp) = fscrypt::mount_point(&s.source) {
+        let _ = fscrypt::remove_key(&mp, &s.policy, false);
+    }
+    {
+        let store = ds.keystore();
+        let _guard = store.lock().map_err(OpsError::from)?;
+        match store.remove_policy(&s.policy) {
+            Ok(()) | Err(crate::keystore::KeystoreError::NotFound { .. }) => {}
+            Err(e) => return Err(OpsError::from(e).into()),
+        }
+    }
+    if s.protector_made && ds.keystore().policies_using(&s.protector).is_ok_and(|p| p.is_empty()) {
+        match ds.remove_protector(&s.protector) {
+            Ok(()) => {}
+            Err(OpsError::Keystore(crate::keystore::KeystoreError::NotFound { .. })) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    schedules.remove(&s.source).map_err(OpsError::from)?;
+    Ok(())
+}
+
+/// Where `source` stands with the next boot, read from the machine's keystore: scheduled (and
+/// whether its last boot-time run failed), or run (and how it ended), or nothing.
+pub fn boot_state(ds: &Dirseal, source: &Path) -> Result<Option<BootState>, ConvertError> {
+    Ok(Schedules::of(ds.keystore()).state_of(&absolute(source)?).map_err(OpsError::from)?)
+}
+
+/// One scheduled conversion the boot-time run took up, and how it went.
+#[derive(Debug)]
+pub struct BootRun {
+    /// The record it ran from.
+    pub schedule: Schedule,
+    /// The run's result: converted (done, or swapped with a backup kept), or why not (it stays
+    /// scheduled and is resumed at the next boot).
+    pub result: Result<Converted, ConvertError>,
+}
+
+/// The boot-time run (`dirseal convert --scheduled`, `dirseal-convert-boot.service`): resumes
+/// every conversion scheduled for the boot, one after the other, with the key held for it, so
+/// nothing is asked of `ui` (a Ui that can only refuse is right). Each ends recorded as run, or
+/// stays scheduled with its failure recorded (a stop or a power cut: the next boot resumes it).
+/// A schedule whose conversion was finished or aborted by hand meanwhile is settled as that.
+pub fn run_scheduled(ds: &Dirseal, ui: &mut dyn Ui, hooks: &Hooks<'_>) -> Result<Vec<BootRun>, ConvertError> {
+    let schedules = Schedules::of(ds.keystore());
+    let mut runs = Vec::new();
+    for s in schedules.pending().map_err(OpsError::from)? {
+        let result = run_one_scheduled(ds, &s, ui, hooks);
+        if let Err(e) = &result {
+            schedules.failed(&s, e.to_string()).map_err(OpsError::from)?;
+        }
+        runs.push(BootRun { schedule: s, result });
+        if hooks.stop.load(Ordering::Relaxed) {
+            break;
+        }
+    }
+    Ok(runs)
+}
+
+fn run_one_scheduled(ds: &Dirseal, s: &Schedule, ui: &mut dyn Ui, hooks: &Hooks<'_>) -> Result<Converted, ConvertError> {
+    let source = &s.source;
+    let view = status(source)?;
+    match view.as_ref().filter(|v| v.direction == Direction::Encrypt && v.token == s.policy.to_string()) {
+        Some(v) if unfinished(v.state) => {
+            let staging_key = staging_key_needed(source, v)?;
+            let workdir = workdir_for(source)?;
+            let plan = ResumePlan { source: source.clone(), workdir, options: Options::default(), state: v.state, key: staging_key };
+            plan.run(ds, Pick::default(), ui, hooks)
+        }
+        // Finished by hand meanwhile (or a power cut right after the end): settled as it ended.
+        Some(v) => {
+            let outcome = Outcome {
+                state: v.state,
+                method: v.method,
+                token: v.token.clone(),
+                files: v.files_total,
+                bytes: v.bytes_total,
+                backup: v.backup.clone(),
+                notes: Vec::new(),
+                timings: Default::default(),
+            };
+            settle(ds, source, &outcome)?;
+            Ok(Converted { outcome, recovery_key_saved: None, scheduled: false })
+        }
+        // The journal is gone or names another conversion: nothing of this schedule can run.
+        None => {
+            drop_cancelled(ds, s)?;
+            Err(ConvertError::NotInProgress { path: source.clone() })
+        }
+    }
 }
 
 /// The engine's refusal of a conversion recorded going the other way than `asked`.
@@ -810,6 +1029,8 @@ pub(crate) struct KeyHost<'a> {
     /// one a resume must find loaded), given by the plan as `source_key`.
     direction: Direction,
     source_key: Option<KeyIdentifier>,
+    /// Scheduling for the boot: the new staging key is held ([`Schedules::hold`]) when made.
+    hold: bool,
 }
 
 impl<'a> KeyHost<'a> {
@@ -823,6 +1044,7 @@ impl<'a> KeyHost<'a> {
             hooks,
             direction: Direction::Encrypt,
             source_key: None,
+            hold: false,
         }
     }
 
@@ -883,6 +1105,9 @@ impl Host for KeyHost<'_> {
         let store =
             self.store.as_ref().ok_or_else(|| HostError("internal: no keystore chosen for a new conversion".into()))?;
         self.ds.save_new_policy(&policy, store).map_err(host_err)?;
+        if self.hold {
+            Schedules::of(self.ds.keystore()).hold(&policy.id, &master).map_err(host_err)?;
+        }
         migrate::fault::point(migrate::fault::Point::AfterPolicySaved);
         if let Some(key) = self.recovery {
             crate::recovery::install_at(staging, path, &policy.id, &master, key).map_err(host_err)?;
@@ -907,6 +1132,11 @@ impl Host for KeyHost<'_> {
         let mp = fscrypt::mount_point(staging).map_err(host_err)?;
         match fscrypt::key_status(&mp, &id).map_err(host_err)? {
             KeyStatus::Present => Ok(()),
+            _ if self.direction == Direction::Encrypt && Schedules::of(self.ds.keystore()).holds(&id) => {
+                let master = Schedules::of(self.ds.keystore()).held(&id).map_err(host_err)?;
+                let master = master.ok_or_else(|| HostError(format!("the key held for policy {id} went away")))?;
+                self.ds.add_key(self.source, &master).map_err(host_err)
+            }
             _ if self.direction == Direction::Decrypt => Err(HostError(format!(
                 "the key {id} of {} is not loaded (was the machine restarted?); resuming the decrypt loads it with a protector's secret",
                 self.source.display()

@@ -81,19 +81,35 @@ pub(super) fn status_out(v: &StatusView) -> StatusOut<'_> {
 
 /// `convert --status [DIR]`: reads the work dirs only, so it runs before (and without) the
 /// keystore, which a look at the state must never create.
-pub fn status_only(args: &ConvertArgs) -> Option<Result<i32>> {
+/// A conversion scheduled for the next boot (or run by it) is said so; that record is read from
+/// the keystore named by `config` and `keystore`, only if it exists.
+pub fn status_only(args: &ConvertArgs, config: &Path, keystore: Option<&Path>) -> Option<Result<i32>> {
     if !args.end.status {
         return None;
     }
     Some(match &args.dir {
         None => status_all(args.run.json),
-        Some(dir) => convert::absolute(dir)
-            .map_err(anyhow::Error::from)
-            .and_then(|abs| show_status(&abs, convert::status(&abs)?.as_ref(), args.run.json)),
+        Some(dir) => convert::absolute(dir).map_err(anyhow::Error::from).and_then(|abs| {
+            let at_boot = Dirseal::open_existing(config, keystore).ok().and_then(|ds| super::boot::state_line(&ds, &abs));
+            match at_boot {
+                Some(line) if args.run.json => {
+                    println!("{}", serde_json::json!({ "path": abs, "state": line }));
+                    Ok(0)
+                }
+                Some(line) => {
+                    println!("{}: {}", clean(&abs.display().to_string()), clean(&line));
+                    Ok(0)
+                }
+                None => show_status(&abs, convert::status(&abs)?.as_ref(), args.run.json),
+            }
+        }),
     })
 }
 
 pub fn run(ds: &mut Dirseal, args: ConvertArgs, ui: &mut TermUi) -> Result<i32> {
+    if args.scheduled {
+        return super::boot::run(ds, args.run.json);
+    }
     let Some(dir) = args.dir.clone() else {
         bail!("name the directory to convert: `dirseal convert DIR`");
     };
@@ -131,11 +147,12 @@ pub fn run(ds: &mut Dirseal, args: ConvertArgs, ui: &mut TermUi) -> Result<i32> 
         estimate: !args.yes || args.run.json || std::io::stderr().is_terminal(),
         portable: args.portable,
         mode: args.run.data_mode.into(),
+        at_next_boot: args.at_next_boot,
     };
     let steps = Steps {
         finish: |ds: &mut Dirseal, ui: &mut TermUi, how, hooks: &Hooks<'_>| {
             let outcome = convert::finish(ds, &abs, how, ui, hooks)?;
-            Ok(Converted { outcome, recovery_key_saved: None })
+            Ok(Converted { outcome, recovery_key_saved: None, scheduled: false })
         },
         plan: |ds: &mut Dirseal, _: &mut TermUi, hooks: &Hooks<'_>| Ok(convert::plan(ds, &abs, options, hooks)?),
         run: |ds: &mut Dirseal, ui: &mut TermUi, plan: Plan, hooks: &Hooks<'_>| {
@@ -152,6 +169,9 @@ pub fn run(ds: &mut Dirseal, args: ConvertArgs, ui: &mut TermUi) -> Result<i32> 
             "dirseal: the recovery key shown above was not saved on {d}; create a new one with `dirseal recovery add {d}`",
             d = clean(&abs.display().to_string())
         );
+    }
+    if done.scheduled {
+        return report_scheduled(&abs, &done.outcome, args.run.json);
     }
     report(&abs, &done.outcome, summary.as_ref().map(|s| s.apparent_bytes), args.run.json)?;
     if args.scrub {
@@ -170,6 +190,28 @@ pub fn run(ds: &mut Dirseal, args: ConvertArgs, ui: &mut TermUi) -> Result<i32> 
             );
         }
     }
+    Ok(0)
+}
+
+/// A conversion scheduled for the next boot: what happens then, and how to cancel it.
+fn report_scheduled(abs: &Path, o: &Outcome, json: bool) -> Result<i32> {
+    if json {
+        let out = serde_json::json!({ "result": {
+            "path": abs, "state": "scheduled", "method": o.method.to_string(), "policy": o.token,
+            "files": o.files, "data_bytes": o.bytes,
+        }});
+        println!("{out}");
+        return Ok(0);
+    }
+    let d = clean(&abs.display().to_string());
+    let how = if o.method == Method::Move { "moved" } else { "copied" };
+    println!(
+        "{d} is scheduled for encryption at the next boot (policy {}): {} ({}) will be {how} before the login screen, asking nothing",
+        o.token,
+        super::term::entries(o.files),
+        HumanBytes(o.bytes)
+    );
+    println!("  until then nothing changes; `dirseal convert --abort {d}` cancels it");
     Ok(0)
 }
 

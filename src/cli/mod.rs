@@ -1,6 +1,7 @@
 //! The `dirseal` command line: thin glue from clap to [`dirseal::ops`].
 mod args;
 mod autologin;
+mod boot;
 mod convert;
 mod decrypt;
 mod drive;
@@ -226,7 +227,7 @@ fn run(cli: Cli) -> Result<i32> {
         return fido2::run(&dirseal::config::Config::load(&cli.config)?, cmd);
     }
     if let Some(code) = match &cli.cmd {
-        Cmd::Convert(a) => convert::status_only(a),
+        Cmd::Convert(a) => convert::status_only(a, &cli.config, cli.keystore.as_deref()),
         _ => None,
     } {
         return code;
@@ -493,7 +494,9 @@ fn status_dir(ds: Option<&Dirseal>, dir: &Path, json: bool) -> Result<()> {
     // A conversion is recorded for the top of the tree: a subdirectory reports its tree's.
     let top = status.encrypted_root.as_deref().unwrap_or(dir);
     let view = dirseal::convert::absolute(top).ok().and_then(|abs| dirseal::convert::status(&abs).ok().flatten());
-    let conversion = view.as_ref().map(|v| v.state.to_string());
+    // Scheduled for the next boot, or run by the boot: said instead of the journal's state.
+    let at_boot = ds.and_then(|ds| boot::state_line(ds, top));
+    let conversion = at_boot.clone().or_else(|| view.as_ref().map(|v| v.state.to_string()));
     // The recovery key is stored on the top of the encrypted tree, whichever directory was asked.
     let recovery_key = status
         .encrypted_root
@@ -569,8 +572,10 @@ fn status_dir(ds: Option<&Dirseal>, dir: &Path, json: bool) -> Result<()> {
             }
         );
     }
-    if let Some(v) = &view {
-        println!("  conversion: {}", convert::status_text(v));
+    match (&at_boot, &view) {
+        (Some(b), _) => println!("  conversion: {}", clean(b)),
+        (None, Some(v)) => println!("  conversion: {}", convert::status_text(v)),
+        (None, None) => {}
     }
     for a in &out.autologin {
         println!(
