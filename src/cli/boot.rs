@@ -163,8 +163,8 @@ pub fn state_text(state: &dirseal::scheduled::BootState) -> String {
             format!("scheduled for the next boot ({}){failed}", s.method)
         }
         BootState::Ran(s) => match &s.ran {
-            Some(r) => format!("converted at boot ({}, {} s)", r.state, r.seconds),
-            None => "converted at boot".into(),
+            Some(r) => format!("the conversion scheduled for the boot finished: {} ({} s)", r.state, r.seconds),
+            None => "the conversion scheduled for the boot finished".into(),
         },
     }
 }

@@ -1,0 +1,238 @@
+//! `dirseal convert DIR --at-next-boot` and the boot-time run (`dirseal convert --scheduled`, what
+//! dirseal-convert-boot.service runs), through the real binary on a loop ext4: a remount stands
+//! for the reboot (it drops every key of the filesystem), and the boot-time run gets no input, so
+//! it can only use the key held for the conversion.
+mod common;
+
+use std::fs;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::Path;
+use std::time::Duration;
+
+use common::{fresh_uid, names, p, Env};
+use dirseal_testfs::tree::entries_manifest as manifest;
+
+/// A small home owned by `uid`, with `bulk` MiB of data in 64 KiB files (a run long enough to
+/// be killed part-way).
+fn build_home(root: &Path, uid: u32, bulk: usize) {
+    fs::create_dir_all(root.join("Documents/deep")).unwrap();
+    fs::write(root.join("Documents/plan.txt"), b"meet at noon").unwrap();
+    fs::write(root.join("Documents/deep/big.bin"), (0..300_000u32).map(|i| (i % 251) as u8).collect::<Vec<_>>())
+        .unwrap();
+    fs::create_dir(root.join("bulk")).unwrap();
+    for i in 0..bulk * 16 {
+        fs::write(root.join(format!("bulk/{i}")), vec![(i % 251) as u8; 64 * 1024]).unwrap();
+    }
+    std::os::unix::fs::symlink("Documents/plan.txt", root.join("plan-link")).unwrap();
+    let st = std::process::Command::new("chown").args(["-hR", &format!("{uid}:{uid}"), p(root)]).status().unwrap();
+    assert!(st.success());
+}
+
+fn schedule(env: &Env, home: &Path, extra: &[&str]) -> String {
+    let mut args = vec!["convert", p(home), "--at-next-boot", "--yes", "--protector-name", "owner"];
+    args.extend_from_slice(extra);
+    env.ok(&args, "pw\n")
+}
+
+/// The files of a keystore subdirectory (none if it does not exist).
+fn files(env: &Env, sub: &str) -> Vec<String> {
+    let dir = env.keystore().join(sub);
+    if !dir.exists() {
+        return Vec::new();
+    }
+    names(&dir).into_iter().filter(|n| !n.starts_with('.')).collect()
+}
+
+/// What the keystore holds: protectors, policies, held keys, schedules.
+fn keystore_files(env: &Env) -> [Vec<String>; 4] {
+    [files(env, "protectors"), files(env, "policies"), files(env, "held"), files(env, "scheduled")]
+}
+
+#[test]
+fn scheduled_then_run_at_boot_with_nothing_typed() {
+    dirseal_testfs::needs_root!();
+    let mut env = Env::new();
+    let home = env.mnt().join("home/alice");
+    build_home(&home, fresh_uid(), 2);
+    let before = manifest(&home);
+    let out = schedule(&env, &home, &[]);
+    assert!(out.contains("scheduled for encryption at the next boot"), "{out}");
+    // Until the boot nothing of the home changed, and status says where it stands.
+    assert_eq!(manifest(&home), before);
+    let st = env.status_json(&home);
+    assert_eq!(st["encrypted"], false, "{st}");
+    assert!(st["conversion"].as_str().unwrap().starts_with("scheduled for the next boot"), "{st}");
+    let text = env.ok(&["status", p(&home)], "");
+    assert!(text.contains("conversion: scheduled for the next boot (copy)"), "{text}");
+    // The held key: one root-only 0600 file, in the 0700 keystore.
+    let held = files(&env, "held");
+    assert_eq!(held.len(), 1, "{held:?}");
+    let meta = fs::symlink_metadata(env.keystore().join("held").join(&held[0])).unwrap();
+    assert_eq!((meta.uid(), meta.permissions().mode() & 0o7777), (0, 0o600));
+    let dir = fs::symlink_metadata(env.keystore().join("held")).unwrap();
+    assert_eq!(dir.permissions().mode() & 0o7777, 0o700);
+
+    // The reboot drops the staging key; the boot-time run asks nothing (no input at all).
+    env.fs.remount();
+    let out = env.ok(&["convert", "--scheduled"], "");
+    assert!(out.contains(&format!("{} is encrypted", home.display())), "{out}");
+    assert!(out.contains("copying"), "progress is shown: {out}");
+    assert_eq!(manifest(&home), before);
+    let [protectors, policies, held, scheduled] = keystore_files(&env);
+    assert_eq!((protectors.len(), policies.len()), (1, 1));
+    assert!(held.is_empty() && scheduled.is_empty(), "held {held:?}, scheduled {scheduled:?}");
+    // After the boot the outcome is found.
+    let text = env.ok(&["status", p(&home)], "");
+    assert!(text.contains("conversion: the conversion scheduled for the boot finished: done ("), "{text}");
+    // The home opens with the password chosen when it was scheduled.
+    env.fs.remount();
+    assert!(!names(&home).contains(&"Documents".to_string()));
+    env.ok(&["unlock", p(&home)], "pw\n");
+    assert_eq!(manifest(&home), before);
+    // Nothing left to run: the boot-time run says so, successfully.
+    let out = env.ok(&["convert", "--scheduled"], "");
+    assert!(out.contains("no conversion is scheduled"), "{out}");
+}
+
+/// Without its held key (gone), the boot-time run cannot ask for the secret: it fails, says so,
+/// and the conversion stays scheduled with the failure in its status; resumed by hand with the
+/// password, it finishes and the schedule is settled.
+#[test]
+fn without_its_held_key_the_boot_run_fails_and_stays_scheduled() {
+    dirseal_testfs::needs_root!();
+    let mut env = Env::new();
+    let home = env.mnt().join("home/erin");
+    build_home(&home, fresh_uid(), 1);
+    let before = manifest(&home);
+    schedule(&env, &home, &[]);
+    let held = files(&env, "held");
+    fs::remove_file(env.keystore().join("held").join(&held[0])).unwrap();
+    env.fs.remount();
+    let out = env.run(&["convert", "--scheduled"], "");
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(said.contains("failed; it is tried again at the next boot"), "{said}");
+    assert_eq!(manifest(&home), before);
+    let text = env.ok(&["status", p(&home)], "");
+    assert!(text.contains("scheduled for the next boot (copy); the last boot's run failed"), "{text}");
+    env.ok(&["convert", p(&home)], "pw\n");
+    assert!(files(&env, "scheduled").is_empty());
+    let text = env.ok(&["status", p(&home)], "");
+    assert!(text.contains("the conversion scheduled for the boot finished: done"), "{text}");
+    assert_eq!(manifest(&home), before);
+}
+
+/// A power cut (SIGKILL) during the boot-time run of a move, at many moments: the next boot's run
+/// finishes it with nothing lost, the key still held until then.
+#[test]
+fn a_boot_run_killed_part_way_finishes_at_the_next_boot() {
+    dirseal_testfs::needs_root!();
+    let mut env = Env::new();
+    let home = env.mnt().join("home/bob");
+    build_home(&home, fresh_uid(), 24);
+    let before = manifest(&home);
+    let out = schedule(&env, &home, &["--mode", "move"]);
+    assert!(out.contains("will be moved"), "{out}");
+    let mut kills = 0;
+    for delay_ms in [30u64, 120, 300, 600, 1000] {
+        env.fs.remount();
+        let mut child = env
+            .cmd(&["convert", "--scheduled"])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(delay_ms));
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        child.kill().unwrap();
+        child.wait().unwrap();
+        kills += 1;
+        if files(&env, "scheduled").is_empty() {
+            break;
+        }
+        assert_eq!(files(&env, "held").len(), 1, "the key is held until the conversion is past its swap");
+    }
+    assert!(kills > 0, "the run was never killed part-way");
+    env.fs.remount();
+    if !files(&env, "scheduled").is_empty() {
+        let out = env.ok(&["convert", "--scheduled"], "");
+        assert!(out.contains(&format!("{} is encrypted", home.display())), "{out}");
+    }
+    let [_, policies, held, scheduled] = keystore_files(&env);
+    assert_eq!(policies.len(), 1);
+    assert!(held.is_empty() && scheduled.is_empty(), "held {held:?}, scheduled {scheduled:?}");
+    env.fs.remount();
+    env.ok(&["unlock", p(&home)], "pw\n");
+    assert_eq!(manifest(&home), before);
+}
+
+/// A cancel after scheduling (and a reboot, with nothing typed: the held key reads the staging
+/// directory back) leaves the home and the keystore as they were.
+#[test]
+fn cancel_after_scheduling_leaves_everything_as_it_was() {
+    dirseal_testfs::needs_root!();
+    let mut env = Env::new();
+    let home = env.mnt().join("home/carol");
+    build_home(&home, fresh_uid(), 1);
+    let before = manifest(&home);
+    let mode = fs::metadata(&home).unwrap().permissions().mode();
+    for data_mode in ["move", "copy"] {
+        schedule(&env, &home, &["--mode", data_mode]);
+        assert_eq!(files(&env, "held").len(), 1);
+        env.fs.remount();
+        let out = env.ok(&["convert", "--abort", p(&home)], "");
+        assert!(out.contains("aborted"), "{out}");
+        assert_eq!(manifest(&home), before, "{data_mode}");
+        assert_eq!(fs::metadata(&home).unwrap().permissions().mode(), mode);
+        let [protectors, policies, held, scheduled] = keystore_files(&env);
+        assert!(
+            protectors.is_empty() && policies.is_empty() && held.is_empty() && scheduled.is_empty(),
+            "{data_mode}: left {protectors:?} {policies:?} {held:?} {scheduled:?}"
+        );
+        let st = env.status_json(&home);
+        assert_eq!(st["encrypted"], false, "{st}");
+        assert!(!env.ok(&["status", p(&home)], "").contains("scheduled"));
+        // Nothing is left for the boot either.
+        let out = env.ok(&["convert", "--scheduled"], "");
+        assert!(out.contains("no conversion is scheduled"), "{out}");
+    }
+}
+
+/// Scheduling twice is refused, and so is scheduling a directory whose conversion is under way.
+#[test]
+fn scheduling_twice_is_refused() {
+    dirseal_testfs::needs_root!();
+    let env = Env::new();
+    let home = env.mnt().join("home/dave");
+    build_home(&home, fresh_uid(), 0);
+    schedule(&env, &home, &[]);
+    let err = env.fails(&["convert", p(&home), "--at-next-boot", "--yes"], "pw\n");
+    assert!(err.contains("already under way") && err.contains("--abort"), "{err}");
+    assert_eq!(files(&env, "policies").len(), 1);
+}
+
+/// The unit file is valid (`systemd-analyze verify`, when there is one), with ExecStart pointing
+/// at a binary that exists here.
+#[test]
+fn the_boot_unit_verifies() {
+    let Ok(out) = std::process::Command::new("systemd-analyze").arg("--version").output() else {
+        eprintln!("skipped: no systemd-analyze");
+        return;
+    };
+    assert!(out.status.success());
+    let unit = fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/data/systemd/dirseal-convert-boot.service"))
+        .unwrap();
+    assert!(unit.contains("ExecStart=/usr/sbin/dirseal convert --scheduled"), "{unit}");
+    assert!(unit.contains("ConditionDirectoryNotEmpty=/var/lib/dirseal/scheduled"));
+    let before = unit.lines().find(|l| l.starts_with("Before=dirseal-autologin.service")).unwrap_or("");
+    assert!(before.contains("display-manager.service") && before.contains("systemd-user-sessions.service"), "{unit}");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("dirseal-convert-boot.service");
+    fs::write(&path, unit.replace("/usr/sbin/dirseal", env!("CARGO_BIN_EXE_dirseal"))).unwrap();
+    let out = std::process::Command::new("systemd-analyze").args(["verify", "--man=no"]).arg(&path).output().unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && said.trim().is_empty(), "{said}");
+}
