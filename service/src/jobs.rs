@@ -436,8 +436,9 @@ fn run(
         audience.send(|e| zbus::block_on(Job::finished(e, word, files, bytes, token)));
     };
     match result {
-        Ok(Converted { outcome, .. }) => {
-            let word = outcome.state.to_string();
+        Ok(Converted { outcome, scheduled, .. }) => {
+            // Scheduled for the next boot: the journal waits there, nothing was copied.
+            let word = if scheduled { "scheduled".to_string() } else { outcome.state.to_string() };
             set(&word);
             log(&word);
             remove_marker(ctx, &source);
