@@ -223,8 +223,8 @@ fn the_boot_unit_verifies() {
         return;
     };
     assert!(out.status.success());
-    let unit = fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/data/systemd/dirseal-convert-boot.service"))
-        .unwrap();
+    let unit =
+        fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/data/systemd/dirseal-convert-boot.service")).unwrap();
     assert!(unit.contains("ExecStart=/usr/sbin/dirseal convert --scheduled"), "{unit}");
     assert!(unit.contains("ConditionDirectoryNotEmpty=/var/lib/dirseal/scheduled"));
     let before = unit.lines().find(|l| l.starts_with("Before=dirseal-autologin.service")).unwrap_or("");

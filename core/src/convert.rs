@@ -935,14 +935,25 @@ pub fn run_scheduled(ds: &Dirseal, ui: &mut dyn Ui, hooks: &Hooks<'_>) -> Result
     Ok(runs)
 }
 
-fn run_one_scheduled(ds: &Dirseal, s: &Schedule, ui: &mut dyn Ui, hooks: &Hooks<'_>) -> Result<Converted, ConvertError> {
+fn run_one_scheduled(
+    ds: &Dirseal,
+    s: &Schedule,
+    ui: &mut dyn Ui,
+    hooks: &Hooks<'_>,
+) -> Result<Converted, ConvertError> {
     let source = &s.source;
     let view = status(source)?;
     match view.as_ref().filter(|v| v.direction == Direction::Encrypt && v.token == s.policy.to_string()) {
         Some(v) if unfinished(v.state) => {
             let staging_key = staging_key_needed(source, v)?;
             let workdir = workdir_for(source)?;
-            let plan = ResumePlan { source: source.clone(), workdir, options: Options::default(), state: v.state, key: staging_key };
+            let plan = ResumePlan {
+                source: source.clone(),
+                workdir,
+                options: Options::default(),
+                state: v.state,
+                key: staging_key,
+            };
             plan.run(ds, Pick::default(), ui, hooks)
         }
         // Finished by hand meanwhile (or a power cut right after the end): settled as it ended.

@@ -423,7 +423,8 @@ fn run(
     let progress = |p: &Progress| reporter.report(p);
     let hooks = Hooks { progress: &progress, stop };
     let decrypting = matches!(work, Work::Decrypt(..));
-    let decrypted = |d: decrypt::Decrypted| Converted { outcome: d.outcome, recovery_key_saved: None, scheduled: false };
+    let decrypted =
+        |d: decrypt::Decrypted| Converted { outcome: d.outcome, recovery_key_saved: None, scheduled: false };
     let result = match work {
         Work::Convert(plan, enrol) => plan.run(&mut ds, enrol.choice(), &mut secrets, &hooks),
         Work::Decrypt(plan, pick, keep) => plan.run(&mut ds, pick, keep, &mut secrets, &hooks).map(decrypted),

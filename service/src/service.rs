@@ -338,10 +338,8 @@ impl Service {
             let ds = ctx.open_existing()?;
             let st = ds.dir_status(&path)?;
             // Scheduled for the next boot reads so (its journal would say an interrupted copy).
-            let scheduled = matches!(
-                dirseal::convert::boot_state(&ds, &path),
-                Ok(Some(dirseal::scheduled::BootState::Pending(_)))
-            );
+            let scheduled =
+                matches!(dirseal::convert::boot_state(&ds, &path), Ok(Some(dirseal::scheduled::BootState::Pending(_))));
             let conversion = dirseal::convert::absolute(&path)
                 .ok()
                 .and_then(|abs| dirseal::convert::status(&abs).ok().flatten())

@@ -134,9 +134,8 @@ pub fn run(ds: &Dirseal, json: bool) -> Result<i32> {
         }
         match (state, error) {
             (Some(State::Done), _) => console.say(&format!("{d} is encrypted")),
-            (Some(State::Swapped), _) => console.say(&format!(
-                "{d} is encrypted; the old plaintext is kept until `dirseal convert --commit {d}`"
-            )),
+            (Some(State::Swapped), _) => console
+                .say(&format!("{d} is encrypted; the old plaintext is kept until `dirseal convert --commit {d}`")),
             (Some(s), _) => console.say(&format!("{d}: {s}")),
             (None, Some(e)) => {
                 console.say(&format!("the conversion of {d} failed; it is tried again at the next boot: {}", clean(&e)))

@@ -90,7 +90,8 @@ pub fn status_only(args: &ConvertArgs, config: &Path, keystore: Option<&Path>) -
     Some(match &args.dir {
         None => status_all(args.run.json),
         Some(dir) => convert::absolute(dir).map_err(anyhow::Error::from).and_then(|abs| {
-            let at_boot = Dirseal::open_existing(config, keystore).ok().and_then(|ds| super::boot::state_line(&ds, &abs));
+            let at_boot =
+                Dirseal::open_existing(config, keystore).ok().and_then(|ds| super::boot::state_line(&ds, &abs));
             match at_boot {
                 Some(line) if args.run.json => {
                     println!("{}", serde_json::json!({ "path": abs, "state": line }));
