@@ -61,7 +61,11 @@ fn scheduled_then_run_at_boot_with_nothing_typed() {
     assert_eq!(manifest(&home), before);
     let st = env.status_json(&home);
     assert_eq!(st["encrypted"], false, "{st}");
-    assert!(st["conversion"].as_str().unwrap().starts_with("scheduled for the next boot"), "{st}");
+    assert_eq!(st["conversion"], "scheduled", "{st}");
+    let st: serde_json::Value =
+        serde_json::from_str(&env.ok(&["convert", "--status", "--json", p(&home)], "")).unwrap();
+    assert_eq!(st["state"], "scheduled", "{st}");
+    assert_eq!(st["at_next_boot"], "scheduled for the next boot (copy)", "{st}");
     let text = env.ok(&["status", p(&home)], "");
     assert!(text.contains("conversion: scheduled for the next boot (copy)"), "{text}");
     // The held key: one root-only 0600 file, in the 0700 keystore.

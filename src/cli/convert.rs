@@ -92,16 +92,25 @@ pub fn status_only(args: &ConvertArgs, config: &Path, keystore: Option<&Path>) -
         Some(dir) => convert::absolute(dir).map_err(anyhow::Error::from).and_then(|abs| {
             let at_boot =
                 Dirseal::open_existing(config, keystore).ok().and_then(|ds| super::boot::state_line(&ds, &abs));
+            let view = convert::status(&abs)?;
             match at_boot {
+                // JSON readers get the journal's view; its state says "scheduled" while it waits.
                 Some(line) if args.run.json => {
-                    println!("{}", serde_json::json!({ "path": abs, "state": line }));
+                    let mut out = serde_json::to_value(view.as_ref().map(status_out))?;
+                    if let Some(o) = out.as_object_mut() {
+                        if line.starts_with("scheduled") {
+                            o.insert("state".into(), "scheduled".into());
+                        }
+                        o.insert("at_next_boot".into(), line.into());
+                    }
+                    println!("{out}");
                     Ok(0)
                 }
                 Some(line) => {
                     println!("{}: {}", clean(&abs.display().to_string()), clean(&line));
                     Ok(0)
                 }
-                None => show_status(&abs, convert::status(&abs)?.as_ref(), args.run.json),
+                None => show_status(&abs, view.as_ref(), args.run.json),
             }
         }),
     })

@@ -495,8 +495,10 @@ fn status_dir(ds: Option<&Dirseal>, dir: &Path, json: bool) -> Result<()> {
     let top = status.encrypted_root.as_deref().unwrap_or(dir);
     let view = dirseal::convert::absolute(top).ok().and_then(|abs| dirseal::convert::status(&abs).ok().flatten());
     // Scheduled for the next boot, or run by the boot: said instead of the journal's state.
-    let at_boot = ds.and_then(|ds| boot::state_line(ds, top));
-    let conversion = at_boot.clone().or_else(|| view.as_ref().map(|v| v.state.to_string()));
+    let at_boot = ds.and_then(|ds| dirseal::convert::boot_state(ds, top).ok().flatten());
+    let scheduled = matches!(at_boot, Some(dirseal::scheduled::BootState::Pending(_)));
+    let conversion = if scheduled { Some("scheduled".to_string()) } else { view.as_ref().map(|v| v.state.to_string()) };
+    let at_boot = at_boot.as_ref().map(boot::state_text);
     // The recovery key is stored on the top of the encrypted tree, whichever directory was asked.
     let recovery_key = status
         .encrypted_root
