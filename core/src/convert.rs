@@ -90,6 +90,12 @@ pub enum ConvertError {
         /// The directory.
         path: PathBuf,
     },
+    /// A cancel of a conversion scheduled for the next boot where none is scheduled.
+    #[error("no conversion of {path} is scheduled for the next boot")]
+    NotScheduled {
+        /// The directory.
+        path: PathBuf,
+    },
     /// Resume or abort was asked where no conversion was started.
     #[error("no conversion of {path} is in progress")]
     NotInProgress {
@@ -902,6 +908,17 @@ fn drop_cancelled(ds: &Dirseal, s: &Schedule) -> Result<(), ConvertError> {
 /// whether its last boot-time run failed), or run (and how it ended), or nothing.
 pub fn boot_state(ds: &Dirseal, source: &Path) -> Result<Option<BootState>, ConvertError> {
     Ok(Schedules::of(ds.keystore()).state_of(&absolute(source)?).map_err(OpsError::from)?)
+}
+
+/// Cancels the conversion of `dir` scheduled for the next boot, before or after a boot-time run
+/// that did not finish it: aborted with the held key (nothing is asked of `ui` while it is
+/// held), then what scheduling made is removed ([`finish`] settles it). The directory is as it
+/// was. Refused when nothing is scheduled for it.
+pub fn cancel_scheduled(ds: &Dirseal, dir: &Path, ui: &mut dyn Ui, hooks: &Hooks<'_>) -> Result<Outcome, ConvertError> {
+    match boot_state(ds, dir)? {
+        Some(BootState::Pending(_)) => finish(ds, dir, Finish::Abort, ui, hooks),
+        _ => Err(ConvertError::NotScheduled { path: absolute(dir)? }),
+    }
 }
 
 /// One scheduled conversion the boot-time run took up, and how it went.

@@ -669,6 +669,21 @@ impl Service {
         .await
     }
 
+    /// Cancels a conversion scheduled for the next boot (`Convert` with `at_next_boot`) that has
+    /// not finished: the schedule, the held staging key, the staging directory, the new policy and
+    /// the protector scheduling made are removed, and the directory is as it was. Returns the
+    /// state reached ("aborted"). Refused (NotFound) when none is scheduled.
+    #[zbus(out_args("state"))]
+    async fn cancel_scheduled(&self, #[zbus(header)] hdr: Header<'_>, dir: String) -> Result<String> {
+        self.on_dir("CancelScheduled", dir, &hdr, move |ctx, _caller, path| {
+            let _one = ctx.one_at_a_time();
+            let ds = ctx.open()?;
+            let o = dirseal::convert::cancel_scheduled(&ds, &path, &mut Secrets::default(), &jobs::quiet())?;
+            Ok(o.state.to_string())
+        })
+        .await
+    }
+
     /// What converting the directory involves, as the CLI shows it before asking (`dirseal convert
     /// --json`'s `plan`): entries, data_bytes, apparent_bytes, space_needed, space_available,
     /// owner_uid, owner_name, recovery_key, keep_backup, wipe, method ("copy"/"move"), auto

@@ -912,3 +912,38 @@ fn a_user_schedules_their_home_for_the_next_boot_from_their_session() {
     h.ok(Some(&alice), "Unlock", &[s(alice.home_str()), s(""), fd(3)], &[(3, "pw-a")]);
     assert!(contents(&alice.home) == original, "the converted home holds the same files");
 }
+
+/// A conversion scheduled for the next boot is cancelled over D-Bus (after a "reboot": the held
+/// key reads back what is needed): the home and the keystore are as they were; a second cancel,
+/// or another user's, is refused.
+#[test]
+fn a_user_cancels_the_conversion_scheduled_for_the_next_boot() {
+    dirseal_testfs::needs_root!();
+    let mut h = Harness::new();
+    let alice = h.user();
+    let bob = h.user();
+    sample_home(&alice, 2, 50);
+    let original = contents(&alice.home);
+    let ks = h.keystore();
+    let listing = |sub: &str| std::fs::read_dir(ks.join(sub)).map(|d| d.count()).unwrap_or(0);
+    let rx = watch_jobs(&h.bus);
+    let mut seen = Vec::new();
+    let args = [s(alice.home_str()), fd(3), "{'at_next_boot': <true>, 'mode': <'move'>}".into()];
+    let job = job_path(&h.ok(Some(&alice), "Convert", &args, &[(3, "pw-a")]));
+    let state = wait_for(&rx, &mut seen, "the scheduling job", |sig| match sig {
+        JobSignal::Finished { path, state } if *path == job => Some(state.clone()),
+        JobSignal::Failed { path, name, message } if *path == job => panic!("{name}: {message}"),
+        _ => None,
+    });
+    assert_eq!(state, "scheduled");
+    assert_eq!((listing("policies"), listing("held"), listing("scheduled")), (1, 1, 1));
+    h.daemon.kill();
+    h.fs.remount();
+    h.restart();
+    h.fails(Some(&bob), "CancelScheduled", &[s(alice.home_str())], &[], DENIED);
+    assert_eq!(h.ok(Some(&alice), "CancelScheduled", &[s(alice.home_str())], &[]), "('aborted',)");
+    assert!(contents(&alice.home) == original, "the home is as it was");
+    assert_eq!((listing("protectors"), listing("policies"), listing("held"), listing("scheduled")), (0, 0, 0, 0));
+    assert_eq!(String::try_from(h.status(&alice.home)["conversion"].try_clone().unwrap()).unwrap(), "aborted");
+    h.fails(Some(&alice), "CancelScheduled", &[s(alice.home_str())], &[], "org.dirseal.Dirseal1.Error.NotFound");
+}
