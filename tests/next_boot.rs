@@ -240,3 +240,33 @@ fn the_boot_unit_verifies() {
     let said = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success() && said.trim().is_empty(), "{said}");
 }
+
+/// Scheduling killed right after the new policy was saved (its key already held, no journal
+/// yet), then asked again: the second leaves one policy and one held key, as one uninterrupted
+/// run does; the orphans of the first are gone.
+#[cfg(feature = "fault-injection")]
+#[test]
+fn scheduling_killed_before_its_journal_leaves_no_orphan_key() {
+    dirseal_testfs::needs_root!();
+    use dirseal_migrate::fault::Point;
+    let env = Env::new();
+    let home = env.mnt().join("home/fay");
+    build_home(&home, fresh_uid(), 0);
+    use std::io::Write;
+    let mut child = env
+        .cmd(&["convert", p(&home), "--at-next-boot", "--yes", "--protector-name", "owner"])
+        .env("DIRSEAL_FAULT", Point::AfterPolicySaved.to_string())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(b"pw\n").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(99), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!((files(&env, "policies").len(), files(&env, "held").len()), (1, 1));
+    schedule(&env, &home, &[]);
+    let [protectors, policies, held, scheduled] = keystore_files(&env);
+    assert_eq!((protectors.len(), policies.len(), held.len(), scheduled.len()), (1, 1, 1, 1));
+    assert_eq!(held[0].trim_end_matches(".key"), policies[0].trim_end_matches(".json"));
+}

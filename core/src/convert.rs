@@ -773,6 +773,8 @@ fn drop_orphan_policy(ds: &Dirseal, source: &Path, workdir: &Path) -> Result<(),
         let _guard = store.lock().map_err(OpsError::from)?;
         store.remove_policy(&id).map_err(OpsError::from)?;
     }
+    // Scheduling that crashed there held the key already.
+    Schedules::of(ds.keystore()).forget(&id).map_err(OpsError::from)?;
     if let Ok(mp) = fscrypt::mount_point(source) {
         // The staging dir is empty: nothing of it is in use, so the key goes too.
         let _ = fscrypt::remove_key(&mp, &id, false);
