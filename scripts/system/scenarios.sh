@@ -489,9 +489,10 @@ scenario_next-boot() {
   done
   step "a power cut during the boot-time run"
   systemctl start --no-block dirseal-convert-boot.service
-  for ((i = 0; i < 120; i++)); do
-    journalctl -u dirseal-convert-boot -b --no-pager -o cat | grep -q "dirseal: moving [0-9]" && break
-    sleep 0.5
+  # Part-way: once some of the data has moved.
+  for ((i = 0; i < 240; i++)); do
+    journalctl -u dirseal-convert-boot -b --no-pager -o cat | grep -qE "dirseal: moving [1-9][0-9]? %" && break
+    sleep 0.25
   done
   systemctl kill -s KILL dirseal-convert-boot.service || true
   sleep 2

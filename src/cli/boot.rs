@@ -69,6 +69,12 @@ impl Console {
 
 /// "copying 42 % (1.2 GiB of 2.9 GiB, 5120 of 12000 files)".
 fn progress_text(p: &Progress) -> String {
+    // As the bar shows them (progress.rs): the swap counts nothing, the disposal only files.
+    let p = &match p.phase.as_str() {
+        "swapping" => Progress { bytes_done: 0, bytes_total: 0, files_done: 0, files_total: 0, ..p.clone() },
+        "disposing" => Progress { bytes_done: 0, bytes_total: 0, ..p.clone() },
+        _ => p.clone(),
+    };
     let share = |done: u64, total: u64| (done.min(total) * 100).checked_div(total);
     let percent = share(p.bytes_done, p.bytes_total).or_else(|| share(p.files_done, p.files_total));
     let mut parts = Vec::new();
