@@ -270,3 +270,39 @@ fn scheduling_killed_before_its_journal_leaves_no_orphan_key() {
     assert_eq!((protectors.len(), policies.len(), held.len(), scheduled.len()), (1, 1, 1, 1));
     assert_eq!(held[0].trim_end_matches(".key"), policies[0].trim_end_matches(".json"));
 }
+
+/// With a TPM (a software one) the held key is sealed to it: the file holds no key, only one
+/// wrapped under a TPM-sealed key; the boot-time run unseals it with nothing typed. Without the
+/// TPM the file opens nothing: the run fails and the conversion stays scheduled.
+#[test]
+fn with_a_tpm_the_held_key_is_sealed_to_it() {
+    dirseal_testfs::needs_root!();
+    use std::io::Write;
+    let tpm = dirseal_testfs::Swtpm::start();
+    let mut env = Env::new();
+    let mut f = fs::OpenOptions::new().append(true).open(env.config()).unwrap();
+    writeln!(f, "[tpm2]\ntcti = \"{}\"", tpm.tcti()).unwrap();
+    let home = env.mnt().join("home/gus");
+    build_home(&home, fresh_uid(), 1);
+    let before = manifest(&home);
+    schedule(&env, &home, &[]);
+    let held = files(&env, "held");
+    let record: serde_json::Value =
+        serde_json::from_slice(&fs::read(env.keystore().join("held").join(&held[0])).unwrap()).unwrap();
+    assert!(record.get("key").is_none() && record["tpm2"].is_object() && record["wrapped"].is_object(), "{record}");
+    // Another TPM (this one's state gone) cannot give it back: nothing is guessed or asked.
+    let other = dirseal_testfs::Swtpm::start();
+    let config = fs::read_to_string(env.config()).unwrap();
+    fs::write(env.config(), config.replace(&tpm.tcti(), &other.tcti())).unwrap();
+    env.fs.remount();
+    let out = env.run(&["convert", "--scheduled"], "");
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stdout));
+    assert_eq!(manifest(&home), before);
+    fs::write(env.config(), config).unwrap();
+    let out = env.ok(&["convert", "--scheduled"], "");
+    assert!(out.contains(&format!("{} is encrypted", home.display())), "{out}");
+    assert!(files(&env, "held").is_empty());
+    env.fs.remount();
+    env.ok(&["unlock", p(&home)], "pw\n");
+    assert_eq!(manifest(&home), before);
+}

@@ -698,7 +698,7 @@ impl NewPlan {
             .parse()
             .map_err(|_| ConvertError::BadToken { path: source.clone(), token: view.token.clone() })?;
         let record = Schedule::new(source.clone(), policy, view.method, protector, protector_made);
-        Schedules::of(ds.keystore()).save(&record).map_err(OpsError::from)?;
+        schedules(ds).save(&record).map_err(OpsError::from)?;
         let outcome = Outcome {
             state,
             method: view.method,
@@ -774,7 +774,7 @@ fn drop_orphan_policy(ds: &Dirseal, source: &Path, workdir: &Path) -> Result<(),
         store.remove_policy(&id).map_err(OpsError::from)?;
     }
     // Scheduling that crashed there held the key already.
-    Schedules::of(ds.keystore()).forget(&id).map_err(OpsError::from)?;
+    schedules(ds).forget(&id).map_err(OpsError::from)?;
     if let Ok(mp) = fscrypt::mount_point(source) {
         // The staging dir is empty: nothing of it is in use, so the key goes too.
         let _ = fscrypt::remove_key(&mp, &id, false);
@@ -792,7 +792,7 @@ pub(crate) fn load_staging_key(
     ui: &mut dyn Ui,
 ) -> Result<(), ConvertError> {
     // A conversion scheduled for the boot holds its key: no one is asked.
-    if let Some(master) = Schedules::of(ds.keystore()).held(id).map_err(OpsError::from)? {
+    if let Some(master) = schedules(ds).held(id).map_err(OpsError::from)? {
         ds.add_key(source, &master)?;
         return Ok(());
     }
@@ -864,7 +864,7 @@ fn settle(ds: &Dirseal, source: &Path, outcome: &Outcome) -> Result<(), ConvertE
     if scheduled::key_needed(outcome.state) {
         return Ok(());
     }
-    let schedules = Schedules::of(ds.keystore());
+    let schedules = schedules(ds);
     if let Ok(id) = outcome.token.parse::<KeyIdentifier>() {
         schedules.forget(&id).map_err(OpsError::from)?;
     }
@@ -882,7 +882,7 @@ fn settle(ds: &Dirseal, source: &Path, outcome: &Outcome) -> Result<(), ConvertE
 /// gone with the abort): the held key, the policy (record and kernel key), the protector if
 /// scheduling made it and no other policy uses it, and the schedule.
 fn drop_cancelled(ds: &Dirseal, s: &Schedule) -> Result<(), ConvertError> {
-    let schedules = Schedules::of(ds.keystore());
+    let schedules = schedules(ds);
     schedules.forget(&s.policy).map_err(OpsError::from)?;
     if let Ok(mp) = fscrypt::mount_point(&s.source) {
         let _ = fscrypt::remove_key(&mp, &s.policy, false);
@@ -909,7 +909,7 @@ fn drop_cancelled(ds: &Dirseal, s: &Schedule) -> Result<(), ConvertError> {
 /// Where `source` stands with the next boot, read from the machine's keystore: scheduled (and
 /// whether its last boot-time run failed), or run (and how it ended), or nothing.
 pub fn boot_state(ds: &Dirseal, source: &Path) -> Result<Option<BootState>, ConvertError> {
-    Ok(Schedules::of(ds.keystore()).state_of(&absolute(source)?).map_err(OpsError::from)?)
+    Ok(schedules(ds).state_of(&absolute(source)?).map_err(OpsError::from)?)
 }
 
 /// Cancels the conversion of `dir` scheduled for the next boot, before or after a boot-time run
@@ -921,6 +921,11 @@ pub fn cancel_scheduled(ds: &Dirseal, dir: &Path, ui: &mut dyn Ui, hooks: &Hooks
         Some(BootState::Pending(_)) => finish(ds, dir, Finish::Abort, ui, hooks),
         _ => Err(ConvertError::NotScheduled { path: absolute(dir)? }),
     }
+}
+
+/// The machine's scheduled conversions and held keys, sealed to the configured TPM.
+fn schedules(ds: &Dirseal) -> Schedules {
+    Schedules::of(ds.keystore(), Some(ds.config().tpm2.tcti()))
 }
 
 /// One scheduled conversion the boot-time run took up, and how it went.
@@ -939,7 +944,7 @@ pub struct BootRun {
 /// stays scheduled with its failure recorded (a stop or a power cut: the next boot resumes it).
 /// A schedule whose conversion was finished or aborted by hand meanwhile is settled as that.
 pub fn run_scheduled(ds: &Dirseal, ui: &mut dyn Ui, hooks: &Hooks<'_>) -> Result<Vec<BootRun>, ConvertError> {
-    let schedules = Schedules::of(ds.keystore());
+    let schedules = schedules(ds);
     let mut runs = Vec::new();
     for s in schedules.pending().map_err(OpsError::from)? {
         let result = run_one_scheduled(ds, &s, ui, hooks);
@@ -1136,7 +1141,7 @@ impl Host for KeyHost<'_> {
             self.store.as_ref().ok_or_else(|| HostError("internal: no keystore chosen for a new conversion".into()))?;
         self.ds.save_new_policy(&policy, store).map_err(host_err)?;
         if self.hold {
-            Schedules::of(self.ds.keystore()).hold(&policy.id, &master).map_err(host_err)?;
+            schedules(self.ds).hold(&policy.id, &master).map_err(host_err)?;
         }
         migrate::fault::point(migrate::fault::Point::AfterPolicySaved);
         if let Some(key) = self.recovery {
@@ -1162,8 +1167,8 @@ impl Host for KeyHost<'_> {
         let mp = fscrypt::mount_point(staging).map_err(host_err)?;
         match fscrypt::key_status(&mp, &id).map_err(host_err)? {
             KeyStatus::Present => Ok(()),
-            _ if self.direction == Direction::Encrypt && Schedules::of(self.ds.keystore()).holds(&id) => {
-                let master = Schedules::of(self.ds.keystore()).held(&id).map_err(host_err)?;
+            _ if self.direction == Direction::Encrypt && schedules(self.ds).holds(&id) => {
+                let master = schedules(self.ds).held(&id).map_err(host_err)?;
                 let master = master.ok_or_else(|| HostError(format!("the key held for policy {id} went away")))?;
                 self.ds.add_key(self.source, &master).map_err(host_err)
             }

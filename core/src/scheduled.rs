@@ -7,7 +7,10 @@
 //! - `scheduled-ran/<hash>.json`: the same record once the boot-time run finished it, with the
 //!   outcome, for `status` and the service's GetStatus to find after the reboot;
 //! - `held/<policy>.key`: the staging master key of a conversion in progress, so the boot-time run
-//!   and any resume load it without anyone typing (0600, root's, in the 0700 keystore). It is
+//!   and any resume load it without anyone typing (0600, root's, in the 0700 keystore). With a TPM
+//!   the file holds the key wrapped (AES-256-GCM) under a random key sealed to the TPM (no PIN,
+//!   no PCRs: the boot-time run asks nothing), so the file, or what of it a filesystem keeps after
+//!   its deletion, is useless away from this machine's TPM; without one, the key itself. It is
 //!   kept exactly while the conversion is before its swap ([`key_needed`]) and destroyed after.
 //!
 //! `<hash>` is the first 8 bytes of SHA-256 of the directory's absolute path, hex, as its work
@@ -25,8 +28,10 @@ use crate::format::{check_header, FORMAT_VERSION};
 use crate::fscrypt;
 use crate::ids::{KeyIdentifier, ProtectorId};
 use crate::keystore::{Keystore, KeystoreError};
-use crate::secret::MasterKey;
+use crate::secret::{MasterKey, ProtectorKey, MASTER_KEY_LEN};
 use crate::securefile::{self, Privacy, SecureFileError};
+use crate::tpm2::{self, SealedKey, Tcti, Tpm};
+use crate::wrap::{self, Kek, Wrapped};
 
 const SCHEDULE_FORMAT: &str = "dirseal-scheduled";
 const HELD_FORMAT: &str = "dirseal-held-key";
@@ -140,12 +145,46 @@ fn name_of(source: &Path) -> String {
 #[derive(Clone, Debug)]
 pub struct Schedules {
     root: PathBuf,
+    /// The TPM held keys are sealed to, when there is one.
+    tpm: Option<Tcti>,
+}
+
+/// How a held key is kept.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HeldForm {
+    /// Wrapped under a key sealed to the TPM.
+    Tpm2,
+    /// The key itself, in the root-only file (no TPM here, or it refused).
+    Record,
+}
+
+/// A held key's file.
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HeldFile {
+    format: String,
+    version: u32,
+    policy: KeyIdentifier,
+    /// The key, hex ([`HeldForm::Record`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    key: Option<String>,
+    /// The wrapping key, sealed to the TPM, and the key wrapped by it ([`HeldForm::Tpm2`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    tpm2: Option<SealedKey>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    wrapped: Option<Wrapped>,
+}
+
+/// What a wrapped held key is bound to: the policy it opens.
+fn held_aad(id: &KeyIdentifier) -> Vec<u8> {
+    format!("dirseal:{FORMAT_VERSION}:held:{id}").into_bytes()
 }
 
 impl Schedules {
-    /// The records kept in `store`'s directory.
-    pub fn of(store: &Keystore) -> Schedules {
-        Schedules { root: store.root().to_path_buf() }
+    /// The records kept in `store`'s directory; held keys are sealed to the TPM at `tpm` when it
+    /// answers.
+    pub fn of(store: &Keystore, tpm: Option<Tcti>) -> Schedules {
+        Schedules { root: store.root().to_path_buf(), tpm }
     }
 
     fn dir(&self, which: &str) -> PathBuf {
@@ -239,17 +278,59 @@ impl Schedules {
         self.dir(HELD_DIR).join(format!("{id}.key"))
     }
 
-    /// Holds `key` (the staging policy `id`'s master key) until [`Schedules::forget`]: a root-only
-    /// 0600 file in the keystore.
-    pub(crate) fn hold(&self, id: &KeyIdentifier, key: &MasterKey) -> Result<(), KeystoreError> {
+    /// Holds `key` (the staging policy `id`'s master key) until [`Schedules::forget`], in a
+    /// root-only 0600 file in the keystore: wrapped under a key sealed to the TPM when there is
+    /// one that seals, else the key itself. Says which.
+    pub(crate) fn hold(&self, id: &KeyIdentifier, key: &MasterKey) -> Result<HeldForm, KeystoreError> {
         let dir = self.dir(HELD_DIR);
         securefile::ensure_dir(&dir, Privacy::OwnerOnly)?;
-        let json = Zeroizing::new(format!(
-            "{{\"format\":\"{HELD_FORMAT}\",\"version\":{FORMAT_VERSION},\"policy\":\"{id}\",\"key\":\"{}\"}}\n",
-            Zeroizing::new(hex::encode(key.as_bytes())).as_str()
-        ));
-        securefile::write_atomic(&self.held_path(id), json.as_bytes())?;
-        Ok(())
+        let mut file = HeldFile {
+            format: HELD_FORMAT.into(),
+            version: FORMAT_VERSION,
+            policy: *id,
+            key: None,
+            tpm2: None,
+            wrapped: None,
+        };
+        let form = match self.seal(id, key) {
+            Some((sealed, wrapped)) => {
+                (file.tpm2, file.wrapped) = (Some(sealed), Some(wrapped));
+                HeldForm::Tpm2
+            }
+            None => {
+                file.key = Some(hex::encode(key.as_bytes()));
+                HeldForm::Record
+            }
+        };
+        let json = Zeroizing::new(serde_json::to_vec(&file).map_err(|e| KeystoreError::Corrupt {
+            path: self.held_path(id),
+            reason: format!("cannot serialize: {e}"),
+        })?);
+        if let Some(k) = file.key.as_mut() {
+            zeroize::Zeroize::zeroize(k);
+        }
+        securefile::write_atomic(&self.held_path(id), &json)?;
+        Ok(form)
+    }
+
+    /// `key` wrapped under a new random key, and that key sealed to the TPM (none: no TPM here, or
+    /// it would not seal; the caller keeps the key itself then).
+    fn seal(&self, id: &KeyIdentifier, key: &MasterKey) -> Option<(SealedKey, Wrapped)> {
+        let tcti = self.tpm.as_ref()?;
+        let mut tpm = Tpm::open(tcti).ok()?;
+        let wrapping = ProtectorKey::random();
+        // The cost is for a PIN's stretching; there is none.
+        let unused = crate::kdf::Argon2Params { time_cost: 1, memory_kib: crate::kdf::MIN_MEMORY_KIB, parallelism: 1 };
+        let sealed = tpm.seal(&wrapping, None, &tpm2::PcrSet::default(), unused).ok()?;
+        let wrapped = wrap::seal(&Kek::from_slice(wrapping.as_bytes()), &held_aad(id), key.as_bytes());
+        Some((sealed, wrapped))
+    }
+
+    /// How the key held for policy `id` is kept, if one is.
+    pub fn held_form(&self, id: &KeyIdentifier) -> Option<HeldForm> {
+        let bytes = securefile::read_file(&self.held_path(id), MAX_RECORD_BYTES, Privacy::OwnerOnly).ok()?;
+        let h: HeldFile = serde_json::from_slice(&Zeroizing::new(bytes)).ok()?;
+        Some(if h.tpm2.is_some() { HeldForm::Tpm2 } else { HeldForm::Record })
     }
 
     /// Whether a key is held for policy `id`.
@@ -267,23 +348,33 @@ impl Schedules {
             Err(e) => return Err(e.into()),
         };
         let corrupt = |reason: String| KeystoreError::Corrupt { path: path.clone(), reason };
-        #[derive(Deserialize)]
-        #[serde(deny_unknown_fields)]
-        struct Held {
-            format: String,
-            version: u32,
-            policy: KeyIdentifier,
-            key: String,
-        }
-        let h: Held = serde_json::from_slice(&bytes).map_err(|e| corrupt(e.to_string()))?;
+        let h: HeldFile = serde_json::from_slice(&bytes).map_err(|e| corrupt(e.to_string()))?;
         check_header(&h.format, h.version, HELD_FORMAT).map_err(corrupt)?;
-        let hex_key = Zeroizing::new(h.key);
-        let raw = Zeroizing::new(hex::decode(hex_key.as_bytes()).map_err(|e| corrupt(format!("key: {e}")))?);
+        let raw = match (h.key, h.tpm2, h.wrapped) {
+            (Some(hex_key), None, None) => {
+                let hex_key = Zeroizing::new(hex_key);
+                Zeroizing::new(hex::decode(hex_key.as_bytes()).map_err(|e| corrupt(format!("key: {e}")))?)
+            }
+            (None, Some(sealed), Some(wrapped)) => {
+                let unsealed = self.unseal(&sealed).map_err(|e| {
+                    corrupt(format!("its key is sealed to a TPM that does not give it back ({e}); resume the conversion with a protector's secret (`dirseal convert DIR`), or abort it"))
+                })?;
+                wrap::open(&Kek::from_slice(unsealed.as_bytes()), &held_aad(id), &wrapped, MASTER_KEY_LEN)
+                    .map_err(|e| corrupt(format!("its wrapped key does not open: {e}")))?
+            }
+            _ => return Err(corrupt("it holds neither a key nor a TPM-sealed one".into())),
+        };
         let key = MasterKey::from_slice(&raw).ok_or_else(|| corrupt("the key has the wrong length".into()))?;
         if h.policy != *id || fscrypt::key_identifier(&key) != *id {
             return Err(corrupt(format!("it does not hold the key of policy {id}")));
         }
         Ok(Some(key))
+    }
+
+    fn unseal(&self, sealed: &SealedKey) -> Result<ProtectorKey, tpm2::Tpm2Error> {
+        let tcti = self.tpm.clone().unwrap_or_default();
+        // No PIN: nothing is spent, wherever the caller is.
+        Tpm::open(&tcti)?.unseal(sealed, None, crate::presence::Presence::Elsewhere, 0)
     }
 
     /// Destroys the key held for policy `id` (none held: nothing to do). The file's bytes are
