@@ -57,6 +57,7 @@ fn scheduled_then_run_at_boot_with_nothing_typed() {
     let before = manifest(&home);
     let out = schedule(&env, &home, &[]);
     assert!(out.contains("scheduled for encryption at the next boot"), "{out}");
+    assert!(out.contains("held in a root-only file"), "{out}");
     // Until the boot nothing of the home changed, and status says where it stands.
     assert_eq!(manifest(&home), before);
     let st = env.status_json(&home);
@@ -285,7 +286,8 @@ fn with_a_tpm_the_held_key_is_sealed_to_it() {
     let home = env.mnt().join("home/gus");
     build_home(&home, fresh_uid(), 1);
     let before = manifest(&home);
-    schedule(&env, &home, &[]);
+    let out = schedule(&env, &home, &[]);
+    assert!(out.contains("held sealed to this machine's TPM"), "{out}");
     let held = files(&env, "held");
     let record: serde_json::Value =
         serde_json::from_slice(&fs::read(env.keystore().join("held").join(&held[0])).unwrap()).unwrap();

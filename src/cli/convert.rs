@@ -181,7 +181,7 @@ pub fn run(ds: &mut Dirseal, args: ConvertArgs, ui: &mut TermUi) -> Result<i32> 
         );
     }
     if done.scheduled {
-        return report_scheduled(&abs, &done.outcome, args.run.json);
+        return report_scheduled(ds, &abs, &done.outcome, args.run.json);
     }
     report(&abs, &done.outcome, summary.as_ref().map(|s| s.apparent_bytes), args.run.json)?;
     if args.scrub {
@@ -204,11 +204,18 @@ pub fn run(ds: &mut Dirseal, args: ConvertArgs, ui: &mut TermUi) -> Result<i32> 
 }
 
 /// A conversion scheduled for the next boot: what happens then, and how to cancel it.
-fn report_scheduled(abs: &Path, o: &Outcome, json: bool) -> Result<i32> {
+fn report_scheduled(ds: &Dirseal, abs: &Path, o: &Outcome, json: bool) -> Result<i32> {
+    use dirseal::scheduled::{HeldForm, Schedules};
+    let held = o.token.parse().ok().and_then(|id| Schedules::of(ds.keystore(), None).held_form(&id));
+    let held_in = match held {
+        Some(HeldForm::Tpm2) => "tpm2",
+        Some(HeldForm::Record) => "record",
+        None => "none",
+    };
     if json {
         let out = serde_json::json!({ "result": {
             "path": abs, "state": "scheduled", "method": o.method.to_string(), "policy": o.token,
-            "files": o.files, "data_bytes": o.bytes,
+            "files": o.files, "data_bytes": o.bytes, "key_held": held_in,
         }});
         println!("{out}");
         return Ok(0);
@@ -221,6 +228,12 @@ fn report_scheduled(abs: &Path, o: &Outcome, json: bool) -> Result<i32> {
         super::term::entries(o.files),
         HumanBytes(o.bytes)
     );
+    match held {
+        Some(HeldForm::Tpm2) => println!("  until it is done its key is held sealed to this machine's TPM"),
+        _ => println!(
+            "  until it is done its key is held in a root-only file of the keystore (no TPM here); `dirseal scrub` of that filesystem afterwards removes what may remain of it"
+        ),
+    }
     println!("  until then nothing changes; `dirseal convert --abort {d}` cancels it");
     Ok(0)
 }
