@@ -477,6 +477,8 @@ scenario_next-boot() {
     fail "convert --at-next-boot: $(cat "$W/out")"
   { grep -q "scheduled for encryption at the next boot" "$W/out" && grep -q "will be moved" "$W/out"; } ||
     fail "not scheduled as a move: $(cat "$W/out")"
+  # The guest has a TPM (swtpm): the staging key is held sealed to it.
+  grep -q "held sealed to this machine's TPM" "$W/out" || fail "the key is not held by the TPM: $(cat "$W/out")"
   dirseal status /home/nina >"$W/out"; grep -q "scheduled for the next boot (move)" "$W/out" || fail "status: $(cat "$W/out")"
   cmp -s "$W/nina-before" <(nb_files) || fail "the home changed before the boot"
   pkill -u nina -x sleep || true
