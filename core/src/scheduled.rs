@@ -412,3 +412,63 @@ fn read_record(path: &Path) -> Result<Schedule, KeystoreError> {
     }
     Ok(s)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store() -> (tempfile::TempDir, Schedules) {
+        let d = tempfile::tempdir().unwrap();
+        let ks = Keystore::open(&d.path().join("ks")).unwrap();
+        // No TPM: the key itself is held.
+        (d, Schedules::of(&ks, None))
+    }
+
+    #[test]
+    fn a_held_key_comes_back_only_for_its_policy_and_is_gone_once_forgotten() {
+        let (_d, s) = store();
+        let key = MasterKey::random();
+        let id = fscrypt::key_identifier(&key);
+        assert_eq!(s.hold(&id, &key).unwrap(), HeldForm::Record);
+        assert!(s.held(&id).unwrap().is_some_and(|k| k == key));
+        let path = s.held_path(&id);
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+        // Another policy's key put in its place (a swapped file) is refused, never loaded.
+        let other = MasterKey::random();
+        let other_id = fscrypt::key_identifier(&other);
+        s.hold(&other_id, &other).unwrap();
+        std::fs::rename(s.held_path(&other_id), &path).unwrap();
+        assert!(matches!(s.held(&id), Err(KeystoreError::Corrupt { .. })));
+        s.forget(&id).unwrap();
+        assert!(s.held(&id).unwrap().is_none() && !s.holds(&id));
+        s.forget(&id).unwrap();
+    }
+
+    #[test]
+    fn a_schedule_is_pending_then_ran_and_a_misnamed_record_is_refused() {
+        let (_d, s) = store();
+        let key = MasterKey::random();
+        let id = fscrypt::key_identifier(&key);
+        let rec = Schedule::new("/home/a".into(), id, Method::Move, ProtectorId([1; 8]), true);
+        s.save(&rec).unwrap();
+        assert!(matches!(s.state_of(Path::new("/home/a")).unwrap(), Some(BootState::Pending(_))));
+        assert!(s.state_of(Path::new("/home/b")).unwrap().is_none());
+        s.failed(&rec, "it broke".into()).unwrap();
+        let pending = s.pending().unwrap();
+        assert_eq!(pending.len(), 1);
+        assert_eq!(pending[0].last_failure.as_ref().map(|f| f.error.as_str()), Some("it broke"));
+        s.ran(&pending[0], State::Done, 3).unwrap();
+        assert!(s.pending().unwrap().is_empty());
+        match s.state_of(Path::new("/home/a")).unwrap() {
+            Some(BootState::Ran(r)) => assert_eq!(r.ran.map(|r| (r.state, r.seconds)), Some(("done".into(), 3))),
+            other => panic!("{other:?}"),
+        }
+        // A record copied under another directory's name is not taken for that directory's.
+        s.save(&rec).unwrap();
+        let dir = s.dir(PENDING_DIR);
+        std::fs::rename(dir.join(name_of(Path::new("/home/a"))), dir.join(name_of(Path::new("/home/b")))).unwrap();
+        assert!(matches!(s.pending(), Err(KeystoreError::Corrupt { .. })));
+        s.remove(Path::new("/home/a")).unwrap();
+    }
+}
