@@ -308,3 +308,35 @@ fn with_a_tpm_the_held_key_is_sealed_to_it() {
     env.ok(&["unlock", p(&home)], "pw\n");
     assert_eq!(manifest(&home), before);
 }
+
+/// While plymouth runs (`plymouth --ping` succeeds) the boot-time run's progress and outcome go to
+/// its message line too. A stand-in `plymouth` on PATH records the calls (no plymouthd can run
+/// here).
+#[test]
+fn progress_goes_to_plymouth_when_it_runs() {
+    dirseal_testfs::needs_root!();
+    let mut env = Env::new();
+    let home = env.mnt().join("home/hal");
+    build_home(&home, fresh_uid(), 8);
+    schedule(&env, &home, &[]);
+    env.fs.remount();
+    let bin = tempfile::tempdir().unwrap();
+    let log = bin.path().join("calls");
+    let stub = bin.path().join("plymouth");
+    fs::write(&stub, format!("#!/bin/sh\nprintf '%s\\n' \"$*\" >>{}\n", log.display())).unwrap();
+    fs::set_permissions(&stub, fs::Permissions::from_mode(0o755)).unwrap();
+    let path = format!("{}:{}", bin.path().display(), std::env::var("PATH").unwrap_or_default());
+    let out = env.cmd(&["convert", "--scheduled"]).env("PATH", path).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let calls = fs::read_to_string(&log).unwrap();
+    let lines: Vec<&str> = calls.lines().collect();
+    assert_eq!(lines[0], "--ping", "{calls}");
+    assert!(lines.iter().any(|l| l.starts_with("display-message --text=dirseal: copying")), "{calls}");
+    assert!(lines.last().unwrap().ends_with(&format!("{} is encrypted", home.display())), "{calls}");
+    // Without plymouth (its ping fails) nothing more is sent to it.
+    fs::write(&stub, format!("#!/bin/sh\nprintf '%s\\n' \"$*\" >>{}\nexit 1\n", log.display())).unwrap();
+    fs::write(&log, "").unwrap();
+    let path = format!("{}:{}", bin.path().display(), std::env::var("PATH").unwrap_or_default());
+    env.cmd(&["convert", "--scheduled"]).env("PATH", path).output().unwrap();
+    assert_eq!(fs::read_to_string(&log).unwrap(), "--ping\n");
+}
