@@ -67,6 +67,8 @@ fn scheduled_then_run_at_boot_with_nothing_typed() {
         serde_json::from_str(&env.ok(&["convert", "--status", "--json", p(&home)], "")).unwrap();
     assert_eq!(st["state"], "scheduled", "{st}");
     assert_eq!(st["at_next_boot"], "scheduled for the next boot (copy)", "{st}");
+    let all = env.ok(&["convert", "--status"], "");
+    assert!(all.contains(&format!("{}: scheduled for the next boot (copy)", home.display())), "{all}");
     let text = env.ok(&["status", p(&home)], "");
     assert!(text.contains("conversion: scheduled for the next boot (copy)"), "{text}");
     // The held key: one root-only 0600 file, in the 0700 keystore.

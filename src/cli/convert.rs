@@ -88,7 +88,7 @@ pub fn status_only(args: &ConvertArgs, config: &Path, keystore: Option<&Path>) -
         return None;
     }
     Some(match &args.dir {
-        None => status_all(args.run.json),
+        None => status_all(Dirseal::open_existing(config, keystore).ok().as_ref(), args.run.json),
         Some(dir) => convert::absolute(dir).map_err(anyhow::Error::from).and_then(|abs| {
             let at_boot =
                 Dirseal::open_existing(config, keystore).ok().and_then(|ds| super::boot::state_line(&ds, &abs));
@@ -394,15 +394,33 @@ fn moved_to(v: &StatusView) -> String {
 }
 
 /// Every conversion recorded on any mounted filesystem.
-fn status_all(json: bool) -> Result<i32> {
+/// Every conversion recorded on any mounted filesystem; one scheduled for the next boot says so
+/// (read from the keystore of `ds`, when there is one).
+fn status_all(ds: Option<&Dirseal>, json: bool) -> Result<i32> {
     let found = convert::recorded()?;
+    let at_boot = |v: &StatusView| ds.and_then(|ds| super::boot::state_line(ds, &v.source));
     if json {
-        let list: Vec<StatusOut<'_>> = found.iter().map(status_out).collect();
+        let mut list = Vec::new();
+        for v in &found {
+            let mut out = serde_json::to_value(status_out(v))?;
+            if let (Some(line), Some(o)) = (at_boot(v), out.as_object_mut()) {
+                if line.starts_with("scheduled") {
+                    o.insert("state".into(), "scheduled".into());
+                }
+                o.insert("at_next_boot".into(), line.into());
+            }
+            list.push(out);
+        }
         println!("{}", serde_json::to_string(&serde_json::json!({ "conversions": list }))?);
     } else if found.is_empty() {
         println!("no conversions recorded");
     } else {
-        found.iter().for_each(print_status);
+        for v in &found {
+            match at_boot(v).filter(|l| l.starts_with("scheduled")) {
+                Some(line) => println!("{}: {}", clean(&v.source.display().to_string()), clean(&line)),
+                None => print_status(v),
+            }
+        }
     }
     Ok(0)
 }
