@@ -116,6 +116,8 @@ if [ "$1" = configure ]; then
   # The autologin check before the display manager (docs/pam.md); it changes nothing where no
   # autologin is configured.
   if command -v systemctl >/dev/null; then systemctl enable dirseal-autologin.service || true; fi
+  # Conversions scheduled with --at-next-boot; it starts only while one is scheduled.
+  if command -v systemctl >/dev/null; then systemctl enable dirseal-convert-boot.service || true; fi
   if [ -d /run/systemd/system ] && systemctl is-active --quiet dbus; then systemctl reload dbus || true; fi
 fi
 EOF
@@ -131,6 +133,7 @@ if [ "$1" = remove ] || [ "$1" = deconfigure ]; then
   if [ -d /run/systemd/system ]; then systemctl stop dirsealed.service 2>/dev/null || true; fi
   # Its drop-ins and runtime copies go while the binary that knows them is still here.
   if command -v systemctl >/dev/null; then systemctl disable dirseal-autologin.service || true; fi
+  if command -v systemctl >/dev/null; then systemctl disable dirseal-convert-boot.service || true; fi
   dirseal autologin clear >/dev/null || true
 fi
 EOF

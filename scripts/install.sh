@@ -163,6 +163,16 @@ wants=/etc/systemd/system/graphical.target.wants
 mkdirs "$wants"
 ln -sfn "$prefix/lib/systemd/system/dirseal-autologin.service" "$destdir$wants/dirseal-autologin.service"
 files+=("$wants/dirseal-autologin.service")
+# The boot-time run of conversions scheduled with --at-next-boot, enabled the same way; its
+# condition keeps it from starting while nothing is scheduled.
+unit=$docs/dirseal-convert-boot.service
+sed "s|/usr/sbin/dirseal|$prefix/sbin/dirseal|" data/systemd/dirseal-convert-boot.service > "$unit"
+put 644 "$unit" "$prefix/lib/systemd/system/dirseal-convert-boot.service"
+for target in graphical multi-user; do
+  mkdirs "/etc/systemd/system/$target.target.wants"
+  ln -sfn "$prefix/lib/systemd/system/dirseal-convert-boot.service" "$destdir/etc/systemd/system/$target.target.wants/dirseal-convert-boot.service"
+  files+=("/etc/systemd/system/$target.target.wants/dirseal-convert-boot.service")
+done
 for m in "$gen"/man/*.8; do put 644 "$m" "$prefix/share/man/man8/$(basename "$m")"; done
 put 644 "$gen/completions/dirseal.bash" "$prefix/share/bash-completion/completions/dirseal"
 put 644 "$gen/completions/_dirseal" "$prefix/share/zsh/vendor-completions/_dirseal"

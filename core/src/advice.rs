@@ -48,7 +48,7 @@ impl HasRemedy for ConvertError {
             ConvertError::Ops(o) => o.remedy(),
             // The engine's messages say what to do in its own terms (resume, abort, free space).
             ConvertError::Migrate(_) | ConvertError::Ui(_) | ConvertError::Path { .. } => None,
-            ConvertError::NotInProgress { .. } => None,
+            ConvertError::NotInProgress { .. } | ConvertError::NotScheduled { .. } => None,
             ConvertError::PinLoginOnly { .. } | ConvertError::WipeOnDecrypt { .. } => None,
         }
     }

@@ -29,6 +29,7 @@ use crate::ids::KeyIdentifier;
 use crate::keystore::Keystore;
 use crate::ops::{Dirseal, OpsError, Pick, ProtectorChoice, Undo};
 use crate::protector::ProtectorRecord;
+use crate::scheduled::{self, BootState, Schedule, Schedules};
 use crate::secret::ProtectorKey;
 use crate::ui::{Progress, Question, Ui, UiError};
 
@@ -86,6 +87,12 @@ pub enum ConvertError {
     /// is no plaintext to overwrite ([`Options::wipe`] is a conversion's).
     #[error("{path}: wiping is for a conversion (a decrypt's old tree is ciphertext, its key removed)")]
     WipeOnDecrypt {
+        /// The directory.
+        path: PathBuf,
+    },
+    /// A cancel of a conversion scheduled for the next boot where none is scheduled.
+    #[error("no conversion of {path} is scheduled for the next boot")]
+    NotScheduled {
         /// The directory.
         path: PathBuf,
     },
@@ -167,6 +174,12 @@ pub struct Options {
     /// Keep the policy record and the protector's on the directory's own filesystem (a portable
     /// directory, crate::portable); the protector must travel.
     pub portable: bool,
+    /// Schedule it for the next boot instead of running it now ([`NewPlan::run`]): everything a
+    /// person chooses is asked now, the protector, policy and staging directory are made, the
+    /// journal is started and the staging key held ([`crate::scheduled`]); the copy or move runs
+    /// in `dirseal-convert-boot.service` ([`run_scheduled`]). The owner's session and programs
+    /// using the directory are no reason to refuse: nothing of them runs at that point of a boot.
+    pub at_next_boot: bool,
 }
 
 /// A checked run of the engine, either way: a new one, or one that stopped part-way (interrupted,
@@ -244,6 +257,9 @@ pub struct Converted {
     pub outcome: Outcome,
     /// Whether the recovery key shown is saved on the directory; `None` when none was made.
     pub recovery_key_saved: Option<bool>,
+    /// It was scheduled for the next boot ([`Options::at_next_boot`]): `outcome` is where the
+    /// journal stands until then (nothing copied yet).
+    pub scheduled: bool,
 }
 
 /// The copy threads of a run whose options name none: two per CPU, at least 4, at most 32. A
@@ -263,7 +279,9 @@ pub(crate) fn request<'a>(plan_source: &'a Path, workdir: &'a Path, o: &Options,
         workdir,
         keep_backup: o.keep_backup,
         wipe: o.wipe,
-        force: o.force,
+        // Scheduling starts the journal while the owner's session still runs; the copy itself
+        // runs at boot, before any session.
+        force: o.force || o.at_next_boot,
         threads,
         mode: o.mode,
         direction,
@@ -287,6 +305,17 @@ pub fn plan(ds: &Dirseal, dir: &Path, options: Options, hooks: &Hooks<'_>) -> Re
         if v.direction != Direction::Encrypt {
             return Err(other_direction(&v, Direction::Encrypt).into());
         }
+        if options.at_next_boot {
+            return Err(ConvertError::Path {
+                path: source,
+                reason: format!(
+                    "a conversion of it is already under way ({}); resume it now with `dirseal convert {}`, or cancel it with `dirseal convert --abort {}` before scheduling one",
+                    v.state,
+                    v.source.display(),
+                    v.source.display()
+                ),
+            });
+        }
         let staging_key = staging_key_needed(&source, &v)?;
         return Ok(Plan::Resume(ResumePlan { source, workdir, options, state: v.state, key: staging_key }));
     }
@@ -299,7 +328,7 @@ pub fn plan(ds: &Dirseal, dir: &Path, options: Options, hooks: &Hooks<'_>) -> Re
 /// The owner of `source`, refused while they run processes (unless forced, or asking themselves).
 pub(crate) fn owner_idle(source: &Path, options: &Options) -> Result<Owner, ConvertError> {
     let owner = owner_of(source)?;
-    if !options.force && !options.owner_asks && !owner.pids.is_empty() {
+    if !options.force && !options.owner_asks && !options.at_next_boot && !owner.pids.is_empty() {
         // Named by program too: a pid alone tells a person nothing.
         let program = |pid: u32| std::fs::read_to_string(format!("/proc/{pid}/comm")).map(|c| c.trim().to_string());
         let mut pids: Vec<String> = owner
@@ -572,6 +601,12 @@ impl NewPlan {
     ) -> Result<Converted, ConvertError> {
         // The host borrows the path for as long as the engine runs, which takes the plan.
         let source = self.source.clone();
+        if self.options.portable && self.options.at_next_boot {
+            return Err(ConvertError::Path {
+                path: source,
+                reason: "a portable directory cannot be converted at the next boot (its medium may not be there then); convert it now, without --at-next-boot".into(),
+            });
+        }
         if self.options.portable {
             // Refused before anything is asked.
             ds.check_travels(&choice)?;
@@ -594,6 +629,7 @@ impl NewPlan {
         drop_orphan_policy(ds, &source, &self.workdir)?;
         // Until the engine's first journal record, a failure takes back what was made for it.
         let mut undo = Undo::watching(&[ds.keystore(), &store]);
+        let made = matches!(choice, ProtectorChoice::New(_));
         let chosen = match choice {
             ProtectorChoice::New(n) => ds.adopt_or_create_protector(&n, &store, ui)?,
             existing if self.options.portable => ds.resolve_protector_into(existing, &store, ui)?,
@@ -602,6 +638,24 @@ impl NewPlan {
         undo.protector(&chosen.0.id);
         migrate::fault::point(migrate::fault::Point::AfterProtectorSaved);
         let workdir = self.workdir.clone();
+        if self.options.at_next_boot {
+            // The engine starts with its stop flag already set: it makes the staging directory
+            // (the host encrypts it, saves the policy and holds its key), records the journal and
+            // stops before copying or moving anything.
+            let protector = chosen.0.id;
+            let stopped = AtomicBool::new(true);
+            let hooks = Hooks { progress: hooks.progress, stop: &stopped };
+            let host = KeyHost {
+                protector: Some(chosen),
+                recovery: recovery.as_ref(),
+                store: Some(store.clone()),
+                hold: true,
+                ..KeyHost::new(ds, &source, &hooks)
+            };
+            let scheduled = self.schedule(ds, &host, protector, made, recovery.is_some());
+            take_back(undo, scheduled.is_err(), &workdir, &store, &source);
+            return scheduled;
+        }
         let host = KeyHost {
             protector: Some(chosen),
             recovery: recovery.as_ref(),
@@ -609,20 +663,9 @@ impl NewPlan {
             ..KeyHost::new(ds, &source, hooks)
         };
         let started = self.start(&host);
-        match migrate::status(&workdir) {
-            // No journal of this run: the staging dir's policy, if the host made it, goes too.
-            Ok(v) if started.is_err() && !v.as_ref().is_some_and(|v| unfinished(v.state)) => {
-                let staged = fscrypt::get_policy(&migrate::staging_path(&workdir)).ok().flatten();
-                let ours =
-                    |id: &KeyIdentifier| store.policy(id).is_ok_and(|r| r.path_hint.as_deref() == Some(&*source));
-                if let (Some(p), Ok(mp)) = (staged.filter(|p| ours(&p.identifier)), fscrypt::mount_point(&source)) {
-                    undo.policy(p.identifier, &store, mp);
-                }
-            }
-            _ => undo.keep(),
-        }
+        take_back(undo, started.is_err(), &workdir, &store, &source);
         let outcome = started?;
-        forget_on_medium(ds, &source, &workdir, outcome.state);
+        settle(ds, &source, &outcome)?;
         if let Some(e) = host.escrow_failed.lock().unwrap_or_else(|p| p.into_inner()).take() {
             crate::ops::Escrowed::Failed(e).notice(&source, ui);
         }
@@ -630,7 +673,48 @@ impl NewPlan {
             !matches!(outcome.state, State::Done | State::Swapped)
                 || crate::recovery::read_blob(&source).is_ok_and(|b| b.is_some())
         });
-        Ok(Converted { outcome, recovery_key_saved: saved })
+        Ok(Converted { outcome, recovery_key_saved: saved, scheduled: false })
+    }
+
+    /// The scheduling part of [`NewPlan::run`] ([`Options::at_next_boot`]), with a `host` whose
+    /// stop flag is set: the engine prepares and stops, then the schedule is recorded. Until that
+    /// record exists this is an ordinary interrupted conversion (resumed, or aborted, as any).
+    fn schedule(
+        self,
+        ds: &Dirseal,
+        host: &KeyHost<'_>,
+        protector: crate::ids::ProtectorId,
+        protector_made: bool,
+        recovery: bool,
+    ) -> Result<Converted, ConvertError> {
+        let (source, workdir, census) = (self.source.clone(), self.workdir.clone(), self.census);
+        let state = match self.start(host) {
+            Err(ConvertError::Migrate(MigrateError::Interrupted { state })) => state,
+            // Nothing to copy (an empty tree) may finish before the first stop check: done now.
+            Ok(outcome) => {
+                settle(ds, &source, &outcome)?;
+                return Ok(Converted { outcome, recovery_key_saved: recovery.then_some(true), scheduled: false });
+            }
+            Err(e) => return Err(e),
+        };
+        let view = migrate::status(&workdir)?.ok_or_else(|| ConvertError::NotInProgress { path: source.clone() })?;
+        let policy: KeyIdentifier = view
+            .token
+            .parse()
+            .map_err(|_| ConvertError::BadToken { path: source.clone(), token: view.token.clone() })?;
+        let record = Schedule::new(source.clone(), policy, view.method, protector, protector_made);
+        schedules(ds).save(&record).map_err(OpsError::from)?;
+        let outcome = Outcome {
+            state,
+            method: view.method,
+            token: view.token,
+            files: census.entries,
+            bytes: census.data,
+            backup: None,
+            notes: Vec::new(),
+            timings: Default::default(),
+        };
+        Ok(Converted { outcome, recovery_key_saved: recovery.then_some(true), scheduled: true })
     }
 }
 
@@ -662,8 +746,8 @@ impl ResumePlan {
             load_staging_key(ds, &source, &id, pick, ui)?;
         }
         let outcome = resume(&KeyHost::new(ds, &source, hooks), &workdir, &options, state, ui)?;
-        forget_on_medium(ds, &source, &workdir, outcome.state);
-        Ok(Converted { outcome, recovery_key_saved: None })
+        settle(ds, &source, &outcome)?;
+        Ok(Converted { outcome, recovery_key_saved: None, scheduled: false })
     }
 }
 
@@ -694,6 +778,8 @@ fn drop_orphan_policy(ds: &Dirseal, source: &Path, workdir: &Path) -> Result<(),
         let _guard = store.lock().map_err(OpsError::from)?;
         store.remove_policy(&id).map_err(OpsError::from)?;
     }
+    // Scheduling that crashed there held the key already.
+    schedules(ds).forget(&id).map_err(OpsError::from)?;
     if let Ok(mp) = fscrypt::mount_point(source) {
         // The staging dir is empty: nothing of it is in use, so the key goes too.
         let _ = fscrypt::remove_key(&mp, &id, false);
@@ -710,6 +796,11 @@ pub(crate) fn load_staging_key(
     pick: Pick,
     ui: &mut dyn Ui,
 ) -> Result<(), ConvertError> {
+    // A conversion scheduled for the boot holds its key: no one is asked.
+    if let Some(master) = schedules(ds).held(id).map_err(OpsError::from)? {
+        ds.add_key(source, &master)?;
+        return Ok(());
+    }
     let policy = ds.store_of_policy(source, id)?.policy(id).map_err(OpsError::from)?;
     let what = format!("the conversion of {}", source.display());
     let (pid, pkey) = ds.unlock_policy_protector(&policy, pick, &what, ui)?;
@@ -758,17 +849,183 @@ pub(crate) fn finish_going(host: &KeyHost<'_>, how: Finish, ui: &mut dyn Ui) -> 
             }
         }
     }
-    Ok(match how {
+    let outcome = match how {
         Finish::Abort => migrate::abort(&workdir, host)?,
         Finish::Rollback => migrate::rollback(&workdir, host)?,
-        Finish::Commit => {
-            let outcome = migrate::commit(&workdir, host)?;
-            if direction == Direction::Encrypt {
-                forget_on_medium(ds, source, &workdir, outcome.state);
-            }
-            outcome
+        Finish::Commit => migrate::commit(&workdir, host)?,
+    };
+    if direction == Direction::Encrypt {
+        settle(ds, source, &outcome)?;
+    }
+    Ok(outcome)
+}
+
+/// After any run or end of a conversion of `source`: once the staging key is no longer needed
+/// ([`scheduled::key_needed`]) the key held for it is destroyed, and a conversion scheduled for
+/// the boot is recorded as run (its outcome kept for the front ends), or, aborted, cancelled (its
+/// policy, and the protector scheduling made, removed: nothing of it is left). Whichever front
+/// end ran it (the boot-time run, a resume or an abort by hand, the service).
+fn settle(ds: &Dirseal, source: &Path, outcome: &Outcome) -> Result<(), ConvertError> {
+    if scheduled::key_needed(outcome.state) {
+        return Ok(());
+    }
+    if let Ok(workdir) = workdir_for(source) {
+        forget_on_medium(ds, source, &workdir, outcome.state);
+    }
+    let schedules = schedules(ds);
+    if let Ok(id) = outcome.token.parse::<KeyIdentifier>() {
+        schedules.forget(&id).map_err(OpsError::from)?;
+    }
+    match schedules.state_of(source).map_err(OpsError::from)? {
+        Some(BootState::Pending(s)) if outcome.state == State::Aborted => drop_cancelled(ds, &s),
+        Some(BootState::Pending(s)) => {
+            let secs = outcome.timings.parts().iter().map(|(_, d)| d.as_secs()).sum();
+            Ok(schedules.ran(&s, outcome.state, secs).map_err(OpsError::from)?)
         }
-    })
+        _ => Ok(()),
+    }
+}
+
+/// Removes what scheduling `s` made, after its conversion was aborted (the staging directory is
+/// gone with the abort): the held key, the policy (record and kernel key), the protector if
+/// scheduling made it and no other policy uses it, and the schedule.
+fn drop_cancelled(ds: &Dirseal, s: &Schedule) -> Result<(), ConvertError> {
+    let schedules = schedules(ds);
+    schedules.forget(&s.policy).map_err(OpsError::from)?;
+    if let Ok(mp) = fscrypt::mount_point(&s.source) {
+        let _ = fscrypt::remove_key(&mp, &s.policy, false);
+    }
+    {
+        let store = ds.keystore();
+        let _guard = store.lock().map_err(OpsError::from)?;
+        match store.remove_policy(&s.policy) {
+            Ok(()) | Err(crate::keystore::KeystoreError::NotFound { .. }) => {}
+            Err(e) => return Err(OpsError::from(e).into()),
+        }
+    }
+    if s.protector_made && ds.keystore().policies_using(&s.protector).is_ok_and(|p| p.is_empty()) {
+        match ds.remove_protector(&s.protector) {
+            Ok(()) => {}
+            Err(OpsError::Keystore(crate::keystore::KeystoreError::NotFound { .. })) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    schedules.remove(&s.source).map_err(OpsError::from)?;
+    Ok(())
+}
+
+/// Where `source` stands with the next boot, read from the machine's keystore: scheduled (and
+/// whether its last boot-time run failed), or run (and how it ended), or nothing.
+pub fn boot_state(ds: &Dirseal, source: &Path) -> Result<Option<BootState>, ConvertError> {
+    Ok(schedules(ds).state_of(&absolute(source)?).map_err(OpsError::from)?)
+}
+
+/// Cancels the conversion of `dir` scheduled for the next boot, before or after a boot-time run
+/// that did not finish it: aborted with the held key (nothing is asked of `ui` while it is
+/// held), then what scheduling made is removed ([`finish`] settles it). The directory is as it
+/// was. Refused when nothing is scheduled for it.
+pub fn cancel_scheduled(ds: &Dirseal, dir: &Path, ui: &mut dyn Ui, hooks: &Hooks<'_>) -> Result<Outcome, ConvertError> {
+    match boot_state(ds, dir)? {
+        Some(BootState::Pending(_)) => finish(ds, dir, Finish::Abort, ui, hooks),
+        _ => Err(ConvertError::NotScheduled { path: absolute(dir)? }),
+    }
+}
+
+/// The machine's scheduled conversions and held keys, sealed to the configured TPM.
+fn schedules(ds: &Dirseal) -> Schedules {
+    Schedules::of(ds.keystore(), Some(ds.config().tpm2.tcti()))
+}
+
+/// One scheduled conversion the boot-time run took up, and how it went.
+#[derive(Debug)]
+pub struct BootRun {
+    /// The record it ran from.
+    pub schedule: Schedule,
+    /// The run's result: converted (done, or swapped with a backup kept), or why not (it stays
+    /// scheduled and is resumed at the next boot).
+    pub result: Result<Converted, ConvertError>,
+}
+
+/// The boot-time run (`dirseal convert --scheduled`, `dirseal-convert-boot.service`): resumes
+/// every conversion scheduled for the boot, one after the other, with the key held for it, so
+/// nothing is asked of `ui` (a Ui that can only refuse is right). Each ends recorded as run, or
+/// stays scheduled with its failure recorded (a stop or a power cut: the next boot resumes it).
+/// A schedule whose conversion was finished or aborted by hand meanwhile is settled as that.
+pub fn run_scheduled(ds: &Dirseal, ui: &mut dyn Ui, hooks: &Hooks<'_>) -> Result<Vec<BootRun>, ConvertError> {
+    let schedules = schedules(ds);
+    let mut runs = Vec::new();
+    for s in schedules.pending().map_err(OpsError::from)? {
+        let result = run_one_scheduled(ds, &s, ui, hooks);
+        if let Err(e) = &result {
+            schedules.failed(&s, e.to_string()).map_err(OpsError::from)?;
+        }
+        runs.push(BootRun { schedule: s, result });
+        if hooks.stop.load(Ordering::Relaxed) {
+            break;
+        }
+    }
+    Ok(runs)
+}
+
+fn run_one_scheduled(
+    ds: &Dirseal,
+    s: &Schedule,
+    ui: &mut dyn Ui,
+    hooks: &Hooks<'_>,
+) -> Result<Converted, ConvertError> {
+    let source = &s.source;
+    let view = status(source)?;
+    match view.as_ref().filter(|v| v.direction == Direction::Encrypt && v.token == s.policy.to_string()) {
+        Some(v) if unfinished(v.state) => {
+            let staging_key = staging_key_needed(source, v)?;
+            let workdir = workdir_for(source)?;
+            let plan = ResumePlan {
+                source: source.clone(),
+                workdir,
+                options: Options::default(),
+                state: v.state,
+                key: staging_key,
+            };
+            plan.run(ds, Pick::default(), ui, hooks)
+        }
+        // Finished by hand meanwhile (or a power cut right after the end): settled as it ended.
+        Some(v) => {
+            let outcome = Outcome {
+                state: v.state,
+                method: v.method,
+                token: v.token.clone(),
+                files: v.files_total,
+                bytes: v.bytes_total,
+                backup: v.backup.clone(),
+                notes: Vec::new(),
+                timings: Default::default(),
+            };
+            settle(ds, source, &outcome)?;
+            Ok(Converted { outcome, recovery_key_saved: None, scheduled: false })
+        }
+        // The journal is gone or names another conversion: nothing of this schedule can run.
+        None => {
+            drop_cancelled(ds, s)?;
+            Err(ConvertError::NotInProgress { path: source.clone() })
+        }
+    }
+}
+
+/// After a new conversion's start (or its scheduling) failed with no journal of its run, what was
+/// made for it goes ([`Undo`]): the new protector, and the staging dir's policy if the host made it.
+/// With a journal, everything stays for the resume.
+fn take_back(undo: Undo, failed: bool, workdir: &Path, store: &Keystore, source: &Path) {
+    match migrate::status(workdir) {
+        Ok(v) if failed && !v.as_ref().is_some_and(|v| unfinished(v.state)) => {
+            let mut undo = undo;
+            let staged = fscrypt::get_policy(&migrate::staging_path(workdir)).ok().flatten();
+            let ours = |id: &KeyIdentifier| store.policy(id).is_ok_and(|r| r.path_hint.as_deref() == Some(source));
+            if let (Some(p), Ok(mp)) = (staged.filter(|p| ours(&p.identifier)), fscrypt::mount_point(source)) {
+                undo.policy(p.identifier, store, mp);
+            }
+        }
+        _ => undo.keep(),
+    }
 }
 
 /// A finished conversion of a portable directory leaves no journal on its medium: the journal
@@ -846,6 +1103,8 @@ pub(crate) struct KeyHost<'a> {
     /// Why the new recovery key's escrow record was not written (escrow not required), for the
     /// Ui once the engine is done: the engine's host has no Ui.
     escrow_failed: std::sync::Mutex<Option<crate::escrow::EscrowError>>,
+    /// Scheduling for the boot: the new staging key is held ([`Schedules::hold`]) when made.
+    hold: bool,
 }
 
 impl<'a> KeyHost<'a> {
@@ -860,6 +1119,7 @@ impl<'a> KeyHost<'a> {
             direction: Direction::Encrypt,
             source_key: None,
             escrow_failed: std::sync::Mutex::new(None),
+            hold: false,
         }
     }
 
@@ -920,6 +1180,9 @@ impl Host for KeyHost<'_> {
         let store =
             self.store.as_ref().ok_or_else(|| HostError("internal: no keystore chosen for a new conversion".into()))?;
         self.ds.save_new_policy(&policy, store).map_err(host_err)?;
+        if self.hold {
+            schedules(self.ds).hold(&policy.id, &master).map_err(host_err)?;
+        }
         migrate::fault::point(migrate::fault::Point::AfterPolicySaved);
         if let Some(key) = self.recovery {
             // The record names the directory converted, owned by its owner (the staging dir
@@ -954,6 +1217,11 @@ impl Host for KeyHost<'_> {
         let mp = fscrypt::mount_point(staging).map_err(host_err)?;
         match fscrypt::key_status(&mp, &id).map_err(host_err)? {
             KeyStatus::Present => Ok(()),
+            _ if self.direction == Direction::Encrypt && schedules(self.ds).holds(&id) => {
+                let master = schedules(self.ds).held(&id).map_err(host_err)?;
+                let master = master.ok_or_else(|| HostError(format!("the key held for policy {id} went away")))?;
+                self.ds.add_key(self.source, &master).map_err(host_err)
+            }
             _ if self.direction == Direction::Decrypt => Err(HostError(format!(
                 "the key {id} of {} is not loaded (was the machine restarted?); resuming the decrypt loads it with a protector's secret",
                 self.source.display()

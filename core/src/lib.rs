@@ -23,6 +23,7 @@
 //! - [`secret`], [`ids`]: zeroizing secret types; key and protector identifiers.
 //! - [`securefile`]: root-owned private files (no-follow reads, atomic durable writes).
 //! - [`ui`]: the trait through which the library asks a person things and reports progress.
+//! - [`scheduled`]: conversions scheduled for the next boot, and the staging keys held for them.
 //! - [`home`]: new homes encrypted from birth (`home create`, PAM `mkhome`, D-Bus CreateHome).
 //!
 //! Beside the key library, in their own tree (core/src/aside/), what manages no keys:
@@ -54,6 +55,7 @@ pub mod protector;
 pub mod recovery;
 pub mod remedy;
 pub mod report;
+pub mod scheduled;
 pub mod secret;
 pub mod securefile;
 mod sys;

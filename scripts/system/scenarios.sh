@@ -1,7 +1,7 @@
 # The scenarios of the system test (sourced by scripts/system/guest.sh, which provides step, fail,
 # check, $R, $B, $S, $W). They build on each other in this order: `install` first.
 # shellcheck shell=bash disable=SC2034,SC2154 # SCENARIOS is read, and $scenario set, by guest.sh
-SCENARIOS="install activation login logout polkit demo autologin uninstall deb"
+SCENARIOS="install activation login logout polkit demo autologin next-boot uninstall deb"
 
 PW_ALICE=alice-pw-1 PW_ALICE2=alice-pw-2 PW_BOB=bob-pw-1
 SSH_OPTS=(-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR -o ConnectTimeout=30)
@@ -440,6 +440,86 @@ scenario_autologin() {
   rm -f "$AUTOLOGIN_HANG"
   systemctl daemon-reload
   step "autologin: $(( $(date +%s) - t0 )) s"
+}
+
+# `dirseal convert --at-next-boot` on a nearly full disk (auto picks move), asked from the owner's
+# running session; the boot's part is dirseal-convert-boot.service, started as systemd starts it
+# at boot (this harness does not reboot the guest: the host tests drop the keys between the two,
+# tests/next_boot.rs). A power cut (SIGKILL) mid-run, then the next start finishes; the login
+# unlocks the home with the password chosen when scheduling, every file intact.
+NB_PW=nina-pw-1
+nb_files() { (cd /home/nina && sha256sum numbers data/*) | sort; }
+next_boot_undo() {
+  rm -f /var/tmp/filler
+  pkill -KILL -u nina 2>/dev/null || true
+  loginctl terminate-user nina 2>/dev/null || true
+}
+scenario_next-boot() {
+  local i free t0; t0=$(date +%s)
+  trap next_boot_undo EXIT
+  step "nina: a home of 96 MiB"
+  id nina >/dev/null 2>&1 || useradd -m -s /bin/bash nina
+  echo "nina:$NB_PW" | chpasswd
+  mkdir -p /home/nina/data
+  for i in $(seq 1 96); do head -c 1M /dev/urandom >"/home/nina/data/f$i"; done
+  seq 100000 >/home/nina/numbers
+  chown -R nina: /home/nina
+  nb_files >"$W/nina-before"
+  step "the disk nearly full: no room for a second copy"
+  free=$(df --output=avail -BM / | tail -1 | tr -dc 0-9)
+  fallocate -l "$((free - 60))M" /var/tmp/filler
+  step "scheduled from nina's running session"
+  sshpass -p "$NB_PW" ssh "${SSH_OPTS[@]}" -o PreferredAuthentications=password -o PubkeyAuthentication=no \
+    nina@localhost 'echo SESSION; exec sleep 600' >"$W/nina-session" 2>&1 &
+  for ((i = 0; i < 60; i++)); do grep -q SESSION "$W/nina-session" && break; sleep 1; done
+  grep -q SESSION "$W/nina-session" || fail "nina's session did not start: $(cat "$W/nina-session")"
+  printf '%s\n' "$NB_PW" | dirseal convert /home/nina --at-next-boot --yes >"$W/out" 2>&1 ||
+    fail "convert --at-next-boot: $(cat "$W/out")"
+  { grep -q "scheduled for encryption at the next boot" "$W/out" && grep -q "will be moved" "$W/out"; } ||
+    fail "not scheduled as a move: $(cat "$W/out")"
+  # The guest has a TPM (swtpm): the staging key is held sealed to it.
+  grep -q "held sealed to this machine's TPM" "$W/out" || fail "the key is not held by the TPM: $(cat "$W/out")"
+  dirseal status /home/nina >"$W/out"; grep -q "scheduled for the next boot (move)" "$W/out" || fail "status: $(cat "$W/out")"
+  cmp -s "$W/nina-before" <(nb_files) || fail "the home changed before the boot"
+  pkill -u nina -x sleep || true
+  wait_gone nina
+  step "the unit: enabled, before logins, the autologin check and the display manager"
+  systemctl is-enabled -q dirseal-convert-boot.service || fail "dirseal-convert-boot.service is not enabled"
+  systemctl show -p Before --value dirseal-convert-boot.service >"$W/out"
+  for u in display-manager.service dirseal-autologin.service systemd-user-sessions.service; do
+    grep -qw "$u" "$W/out" || fail "not ordered before $u: $(cat "$W/out")"
+  done
+  step "a power cut during the boot-time run"
+  systemctl start --no-block dirseal-convert-boot.service
+  # Part-way: once some of the data has moved.
+  for ((i = 0; i < 240; i++)); do
+    journalctl -u dirseal-convert-boot -b --no-pager -o cat | grep -qE "dirseal: moving [1-9][0-9]? %" && break
+    sleep 0.25
+  done
+  systemctl kill -s KILL dirseal-convert-boot.service || true
+  sleep 2
+  if [ -n "$(ls -A /var/lib/dirseal/scheduled 2>/dev/null)" ]; then
+    step "cut part-way; the next boot's run resumes"
+    [ -n "$(ls -A /var/lib/dirseal/held)" ] || fail "the held key is gone before the conversion ended"
+    systemctl reset-failed dirseal-convert-boot.service 2>/dev/null || true
+    systemctl stop dirseal-convert-boot.service 2>/dev/null || true
+  else
+    step "the run finished before the cut could land"
+  fi
+  systemctl start dirseal-convert-boot.service ||
+    fail "the boot-time run: $(journalctl -u dirseal-convert-boot -b --no-pager -o cat | tail -5 | tr '\n' ' ')"
+  journalctl -u dirseal-convert-boot -b --no-pager -o cat >"$R/next-boot.unit.log"
+  [ -z "$(ls -A /var/lib/dirseal/scheduled)" ] || fail "still scheduled: $(tail -5 "$R/next-boot.unit.log")"
+  [ -z "$(ls -A /var/lib/dirseal/held)" ] || fail "a held key is left: $(ls /var/lib/dirseal/held)"
+  dirseal status /home/nina >"$W/out"
+  grep -q "the conversion scheduled for the boot finished: done" "$W/out" || fail "status after the boot: $(cat "$W/out")"
+  rm -f /var/tmp/filler
+  dirseal lock /home/nina >/dev/null
+  step "login unlocks it with the password chosen when scheduling"
+  ssh_pw nina "$NB_PW" 'sha256sum numbers data/* | sort' >"$W/nina-after" 2>&1 || fail "ssh login: $(cat "$W/nina-after")"
+  cmp -s "$W/nina-before" "$W/nina-after" || fail "the files differ after the conversion: $(diff "$W/nina-before" "$W/nina-after" | head -5)"
+  wait_gone nina; wait_key nina locked 30
+  step "next-boot: $(( $(date +%s) - t0 )) s"
 }
 
 scenario_uninstall() {

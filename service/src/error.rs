@@ -255,6 +255,7 @@ impl From<dirseal::convert::ConvertError> for Error {
             | C::Path { .. }
             | C::WipeOnDecrypt { .. } => Kind::InvalidArgs,
             C::Ui(UiError::Empty) => Kind::InvalidArgs,
+            C::NotScheduled { .. } => Kind::NotFound,
             _ => Kind::Failed,
         };
         Error::new(kind, message(&e))

@@ -423,7 +423,8 @@ fn run(
     let progress = |p: &Progress| reporter.report(p);
     let hooks = Hooks { progress: &progress, stop };
     let decrypting = matches!(work, Work::Decrypt(..));
-    let decrypted = |d: decrypt::Decrypted| Converted { outcome: d.outcome, recovery_key_saved: None };
+    let decrypted =
+        |d: decrypt::Decrypted| Converted { outcome: d.outcome, recovery_key_saved: None, scheduled: false };
     let result = match work {
         Work::Convert(plan, enrol) => plan.run(&mut ds, enrol.choice(), &mut secrets, &hooks),
         Work::Decrypt(plan, pick, keep) => plan.run(&mut ds, pick, keep, &mut secrets, &hooks).map(decrypted),
@@ -436,8 +437,9 @@ fn run(
         audience.send(|e| zbus::block_on(Job::finished(e, word, files, bytes, token)));
     };
     match result {
-        Ok(Converted { outcome, .. }) => {
-            let word = outcome.state.to_string();
+        Ok(Converted { outcome, scheduled, .. }) => {
+            // Scheduled for the next boot: the journal waits there, nothing was copied.
+            let word = if scheduled { "scheduled".to_string() } else { outcome.state.to_string() };
             set(&word);
             log(&word);
             remove_marker(ctx, &source);

@@ -75,7 +75,8 @@ pub struct Status {
     /// Works, but should be known (a local record shadowed by the medium's, a weak TPM PIN).
     warnings: Vec<String>,
     recovery_key: bool,
-    /// State of a recorded conversion ("copying", "done", ...); empty when none.
+    /// State of a recorded conversion ("copying", "done", ...; "scheduled" for the next boot);
+    /// empty when none.
     conversion: String,
     /// When the directory is the home of a display manager's autologin user: `MANAGER:CASE`
     /// ("sddm:1", "lightdm:2", "gdm:3"), what the next boot does (docs/pam.md); empty otherwise.
@@ -218,9 +219,11 @@ fn convert_options(options: &Dict, caller: &Caller, what: &str) -> Result<(dirse
                 let m = String::try_from(v.try_clone().map_err(|_| bad(k, "s"))?).map_err(|_| bad(k, "s"))?;
                 o.mode = m.parse().map_err(|e| Error::invalid(format!("option mode: {e}")))?
             }
+            "at_next_boot" if what == "conversion" => o.at_next_boot = bool::try_from(v).map_err(|_| bad(k, "b"))?,
             other => {
                 return Err(Error::invalid(format!(
-                    "unknown option {other:?}; known: protector, keep_backup, wipe, force, mode"
+                    "unknown option {other:?}; known: protector, keep_backup, wipe, force, mode{}",
+                    if what == "conversion" { ", at_next_boot" } else { "" }
                 )))
             }
         }
@@ -334,10 +337,13 @@ impl Service {
         self.on_dir("GetStatus", dir, &hdr, move |ctx, _caller, path| {
             let ds = ctx.open_existing()?;
             let st = ds.dir_status(&path)?;
+            // Scheduled for the next boot reads so (its journal would say an interrupted copy).
+            let scheduled =
+                matches!(dirseal::convert::boot_state(&ds, &path), Ok(Some(dirseal::scheduled::BootState::Pending(_))));
             let conversion = dirseal::convert::absolute(&path)
                 .ok()
                 .and_then(|abs| dirseal::convert::status(&abs).ok().flatten())
-                .map(|v| v.state.to_string())
+                .map(|v| if scheduled { "scheduled".to_string() } else { v.state.to_string() })
                 .unwrap_or_default();
             let recovery_key = st.encrypted && dirseal::recovery::read_blob(&path).is_ok_and(|b| b.is_some());
             Ok(Status {
@@ -635,7 +641,9 @@ impl Service {
     /// then reloads the staging key after a reboot). Options: `protector` (s), `keep_backup` (b),
     /// `wipe` (b), `mode` (s: "copy", "move" — chunk by chunk, for a nearly full disk — or "auto",
     /// the default), `force` (b, root only: convert although the owner is logged in or files are
-    /// open). A user's own home must not be in use by any process, theirs included.
+    /// open), `at_next_boot` (b: ask and prepare everything now, convert at the next boot before
+    /// the login screen; the job finishes at once with state "scheduled"). A user's own home must
+    /// not be in use by any process, theirs included, unless it is converted at the next boot.
     #[zbus(out_args("job"))]
     async fn convert(
         &self,
@@ -659,6 +667,21 @@ impl Service {
                 let work = jobs::Work::Convert(plan, enrol);
                 Ok((work, secrets))
             })
+        })
+        .await
+    }
+
+    /// Cancels a conversion scheduled for the next boot (`Convert` with `at_next_boot`) that has
+    /// not finished: the schedule, the held staging key, the staging directory, the new policy and
+    /// the protector scheduling made are removed, and the directory is as it was. Returns the
+    /// state reached ("aborted"). Refused (NotFound) when none is scheduled.
+    #[zbus(out_args("state"))]
+    async fn cancel_scheduled(&self, #[zbus(header)] hdr: Header<'_>, dir: String) -> Result<String> {
+        self.on_dir("CancelScheduled", dir, &hdr, move |ctx, _caller, path| {
+            let _one = ctx.one_at_a_time();
+            let ds = ctx.open()?;
+            let o = dirseal::convert::cancel_scheduled(&ds, &path, &mut Secrets::default(), &jobs::quiet())?;
+            Ok(o.state.to_string())
         })
         .await
     }

@@ -851,3 +851,99 @@ fn root_decrypts_a_converted_home_as_a_job_and_its_owner_needs_the_polkit_action
     assert!(!bool::try_from(h.status(&alice.home)["encrypted"].try_clone().unwrap()).unwrap());
     assert!(contents(&alice.home) == original, "the decrypted home holds the same files");
 }
+
+/// The boot-time run's Ui: nothing can be asked at boot.
+struct Refuses;
+
+impl dirseal::Ui for Refuses {
+    fn secret(&mut self, _: &dirseal::ui::SecretPrompt<'_>) -> Result<dirseal::Passphrase, dirseal::ui::UiError> {
+        panic!("the boot-time run asked for a secret")
+    }
+}
+
+/// A user asks, from inside their running session (a process of theirs works in the home), for
+/// their home to be encrypted at the next boot: the job finishes at once as "scheduled" and
+/// GetStatus says so, nothing of the home changed. At the "boot" (the service gone, the
+/// filesystem remounted: every key dropped) the boot-time run converts it with nothing asked;
+/// GetStatus then says "done" and the password chosen when scheduling unlocks it.
+#[test]
+fn a_user_schedules_their_home_for_the_next_boot_from_their_session() {
+    dirseal_testfs::needs_root!();
+    let mut h = Harness::new();
+    let alice = h.user();
+    sample_home(&alice, 4, 300);
+    let original = contents(&alice.home);
+    let rx = watch_jobs(&h.bus);
+    let mut seen = Vec::new();
+    let session = Running(
+        std::os::unix::process::CommandExt::uid(std::process::Command::new("sleep").arg("60"), alice.uid)
+            .current_dir(&alice.home)
+            .spawn()
+            .expect("sleep"),
+    );
+    let args = [s(alice.home_str()), fd(3), "{'at_next_boot': <true>, 'mode': <'move'>}".into()];
+    let job = job_path(&h.ok(Some(&alice), "Convert", &args, &[(3, "pw-a")]));
+    let state = wait_for(&rx, &mut seen, "the end of the scheduling job", |sig| match sig {
+        JobSignal::Finished { path, state } if *path == job => Some(state.clone()),
+        JobSignal::Failed { path, name, message } if *path == job => panic!("{name}: {message}"),
+        _ => None,
+    });
+    assert_eq!(state, "scheduled");
+    let st = h.status(&alice.home);
+    assert_eq!(String::try_from(st["conversion"].try_clone().unwrap()).unwrap(), "scheduled");
+    assert!(!bool::try_from(st["encrypted"].try_clone().unwrap()).unwrap());
+    assert!(contents(&alice.home) == original, "nothing changes before the boot");
+    drop(session);
+
+    h.daemon.kill();
+    h.fs.remount();
+    let ds = dirseal::Dirseal::open(&h.config(), Some(&h.keystore())).expect("keystore");
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let hooks = dirseal::convert::Hooks { progress: &|_| {}, stop: &stop };
+    let runs = dirseal::convert::run_scheduled(&ds, &mut Refuses, &hooks).expect("boot-time run");
+    assert_eq!(runs.len(), 1);
+    let done = runs[0].result.as_ref().expect("converted");
+    assert_eq!(done.outcome.state, dirseal::convert::State::Done);
+    h.restart();
+    let st = h.status(&alice.home);
+    assert_eq!(String::try_from(st["conversion"].try_clone().unwrap()).unwrap(), "done");
+    assert!(bool::try_from(st["encrypted"].try_clone().unwrap()).unwrap());
+    h.ok(Some(&alice), "Lock", &[s(alice.home_str()), "false".into()], &[]);
+    h.ok(Some(&alice), "Unlock", &[s(alice.home_str()), s(""), fd(3)], &[(3, "pw-a")]);
+    assert!(contents(&alice.home) == original, "the converted home holds the same files");
+}
+
+/// A conversion scheduled for the next boot is cancelled over D-Bus (after a "reboot": the held
+/// key reads back what is needed): the home and the keystore are as they were; a second cancel,
+/// or another user's, is refused.
+#[test]
+fn a_user_cancels_the_conversion_scheduled_for_the_next_boot() {
+    dirseal_testfs::needs_root!();
+    let mut h = Harness::new();
+    let alice = h.user();
+    let bob = h.user();
+    sample_home(&alice, 2, 50);
+    let original = contents(&alice.home);
+    let ks = h.keystore();
+    let listing = |sub: &str| std::fs::read_dir(ks.join(sub)).map(|d| d.count()).unwrap_or(0);
+    let rx = watch_jobs(&h.bus);
+    let mut seen = Vec::new();
+    let args = [s(alice.home_str()), fd(3), "{'at_next_boot': <true>, 'mode': <'move'>}".into()];
+    let job = job_path(&h.ok(Some(&alice), "Convert", &args, &[(3, "pw-a")]));
+    let state = wait_for(&rx, &mut seen, "the scheduling job", |sig| match sig {
+        JobSignal::Finished { path, state } if *path == job => Some(state.clone()),
+        JobSignal::Failed { path, name, message } if *path == job => panic!("{name}: {message}"),
+        _ => None,
+    });
+    assert_eq!(state, "scheduled");
+    assert_eq!((listing("policies"), listing("held"), listing("scheduled")), (1, 1, 1));
+    h.daemon.kill();
+    h.fs.remount();
+    h.restart();
+    h.fails(Some(&bob), "CancelScheduled", &[s(alice.home_str())], &[], DENIED);
+    assert_eq!(h.ok(Some(&alice), "CancelScheduled", &[s(alice.home_str())], &[]), "('aborted',)");
+    assert!(contents(&alice.home) == original, "the home is as it was");
+    assert_eq!((listing("protectors"), listing("policies"), listing("held"), listing("scheduled")), (0, 0, 0, 0));
+    assert_eq!(String::try_from(h.status(&alice.home)["conversion"].try_clone().unwrap()).unwrap(), "aborted");
+    h.fails(Some(&alice), "CancelScheduled", &[s(alice.home_str())], &[], "org.dirseal.Dirseal1.Error.NotFound");
+}

@@ -278,7 +278,7 @@ pub struct ProtectorArgs {
 )]
 pub struct ConvertArgs {
     /// The directory to encrypt in place
-    #[arg(required_unless_present = "status")]
+    #[arg(required_unless_present_any = ["status", "scheduled"])]
     pub dir: Option<PathBuf>,
     #[command(flatten)]
     pub protector: ProtectorArgs,
@@ -306,6 +306,15 @@ pub struct ConvertArgs {
     /// Resume an interrupted conversion (what a plain re-run does too)
     #[arg(long, group = "mode")]
     pub resume: bool,
+    /// Convert at the next boot, before the display manager: the password (or other protector)
+    /// and the recovery key are asked now, nothing at boot; the home may stay in use until then.
+    /// `--abort` cancels it
+    #[arg(long, conflicts_with_all = ["portable", "scrub", "mode"])]
+    pub at_next_boot: bool,
+    /// Run every conversion scheduled with --at-next-boot, with their held keys (what
+    /// dirseal-convert-boot.service runs at boot); progress on stdout and through plymouth
+    #[arg(long, group = "mode", conflicts_with_all = ["dir", "at_next_boot"])]
+    pub scheduled: bool,
     #[command(flatten)]
     pub end: EndArgs,
 }

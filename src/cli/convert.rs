@@ -46,19 +46,45 @@ pub(super) struct OutcomeOut<'a> {
 
 /// `convert --status [DIR]`: reads the work dirs only, so it runs before (and without) the
 /// keystore, which a look at the state must never create.
-pub fn status_only(args: &ConvertArgs) -> Option<Result<i32>> {
+/// A conversion scheduled for the next boot (or run by it) is said so; that record is read from
+/// the keystore named by `config` and `keystore`, only if it exists.
+pub fn status_only(args: &ConvertArgs, config: &Path, keystore: Option<&Path>) -> Option<Result<i32>> {
     if !args.end.status {
         return None;
     }
     Some(match &args.dir {
-        None => status_all(args.run.json),
-        Some(dir) => convert::absolute(dir)
-            .map_err(anyhow::Error::from)
-            .and_then(|abs| show_status(&abs, convert::status(&abs)?.as_ref(), args.run.json)),
+        None => status_all(Dirseal::open_existing(config, keystore).ok().as_ref(), args.run.json),
+        Some(dir) => convert::absolute(dir).map_err(anyhow::Error::from).and_then(|abs| {
+            let at_boot =
+                Dirseal::open_existing(config, keystore).ok().and_then(|ds| super::boot::state_line(&ds, &abs));
+            let view = convert::status(&abs)?;
+            match at_boot {
+                // JSON readers get the journal's view; its state says "scheduled" while it waits.
+                Some(line) if args.run.json => {
+                    let mut out = serde_json::to_value(view.as_ref())?;
+                    if let Some(o) = out.as_object_mut() {
+                        if line.starts_with("scheduled") {
+                            o.insert("state".into(), "scheduled".into());
+                        }
+                        o.insert("at_next_boot".into(), line.into());
+                    }
+                    println!("{out}");
+                    Ok(0)
+                }
+                Some(line) => {
+                    println!("{}: {}", clean(&abs.display().to_string()), clean(&line));
+                    Ok(0)
+                }
+                None => show_status(&abs, view.as_ref(), args.run.json),
+            }
+        }),
     })
 }
 
 pub fn run(ds: &mut Dirseal, args: ConvertArgs, ui: &mut TermUi) -> Result<i32> {
+    if args.scheduled {
+        return super::boot::run(ds, args.run.json);
+    }
     let Some(dir) = args.dir.clone() else {
         bail!("name the directory to convert: `dirseal convert DIR`");
     };
@@ -98,11 +124,12 @@ pub fn run(ds: &mut Dirseal, args: ConvertArgs, ui: &mut TermUi) -> Result<i32> 
         estimate: !args.yes || args.run.json || std::io::stderr().is_terminal(),
         portable: args.portable,
         mode: args.run.data_mode.into(),
+        at_next_boot: args.at_next_boot,
     };
     let steps = Steps {
         finish: |ds: &mut Dirseal, ui: &mut TermUi, how, hooks: &Hooks<'_>| {
             let outcome = convert::finish(ds, &abs, how, ui, hooks)?;
-            Ok(Converted { outcome, recovery_key_saved: None })
+            Ok(Converted { outcome, recovery_key_saved: None, scheduled: false })
         },
         plan: |ds: &mut Dirseal, _: &mut TermUi, hooks: &Hooks<'_>| Ok(convert::plan(ds, &abs, options, hooks)?),
         run: |ds: &mut Dirseal, ui: &mut TermUi, plan: Plan, hooks: &Hooks<'_>| {
@@ -119,6 +146,9 @@ pub fn run(ds: &mut Dirseal, args: ConvertArgs, ui: &mut TermUi) -> Result<i32> 
             "dirseal: the recovery key shown above was not saved on {d}; create a new one with `dirseal recovery add {d}`",
             d = clean(&abs.display().to_string())
         );
+    }
+    if done.scheduled {
+        return report_scheduled(ds, &abs, &done.outcome, args.run.json);
     }
     report(&abs, &done.outcome, summary.as_ref().map(|s| s.apparent_bytes), args.run.json)?;
     if args.scrub {
@@ -137,6 +167,41 @@ pub fn run(ds: &mut Dirseal, args: ConvertArgs, ui: &mut TermUi) -> Result<i32> 
             );
         }
     }
+    Ok(0)
+}
+
+/// A conversion scheduled for the next boot: what happens then, and how to cancel it.
+fn report_scheduled(ds: &Dirseal, abs: &Path, o: &Outcome, json: bool) -> Result<i32> {
+    use dirseal::scheduled::{HeldForm, Schedules};
+    let held = o.token.parse().ok().and_then(|id| Schedules::of(ds.keystore(), None).held_form(&id));
+    let held_in = match held {
+        Some(HeldForm::Tpm2) => "tpm2",
+        Some(HeldForm::Record) => "record",
+        None => "none",
+    };
+    if json {
+        let out = serde_json::json!({ "result": {
+            "path": abs, "state": "scheduled", "method": o.method.to_string(), "policy": o.token,
+            "files": o.files, "data_bytes": o.bytes, "key_held": held_in,
+        }});
+        println!("{out}");
+        return Ok(0);
+    }
+    let d = clean(&abs.display().to_string());
+    let how = if o.method == Method::Move { "moved" } else { "copied" };
+    println!(
+        "{d} is scheduled for encryption at the next boot (policy {}): {} ({}) will be {how} before the login screen, asking nothing",
+        o.token,
+        super::term::entries(o.files),
+        HumanBytes(o.bytes)
+    );
+    match held {
+        Some(HeldForm::Tpm2) => println!("  until it is done its key is held sealed to this machine's TPM"),
+        _ => println!(
+            "  until it is done its key is held in a root-only file of the keystore (no TPM here); `dirseal scrub` of that filesystem afterwards removes what may remain of it"
+        ),
+    }
+    println!("  until then nothing changes; `dirseal convert --abort {d}` cancels it");
     Ok(0)
 }
 
@@ -296,14 +361,33 @@ fn moved_to(v: &StatusView) -> String {
 }
 
 /// Every conversion recorded on any mounted filesystem.
-fn status_all(json: bool) -> Result<i32> {
+/// Every conversion recorded on any mounted filesystem; one scheduled for the next boot says so
+/// (read from the keystore of `ds`, when there is one).
+fn status_all(ds: Option<&Dirseal>, json: bool) -> Result<i32> {
     let found = convert::recorded()?;
+    let at_boot = |v: &StatusView| ds.and_then(|ds| super::boot::state_line(ds, &v.source));
     if json {
-        println!("{}", serde_json::to_string(&serde_json::json!({ "conversions": found }))?);
+        let mut list = Vec::new();
+        for v in &found {
+            let mut out = serde_json::to_value(v)?;
+            if let (Some(line), Some(o)) = (at_boot(v), out.as_object_mut()) {
+                if line.starts_with("scheduled") {
+                    o.insert("state".into(), "scheduled".into());
+                }
+                o.insert("at_next_boot".into(), line.into());
+            }
+            list.push(out);
+        }
+        println!("{}", serde_json::to_string(&serde_json::json!({ "conversions": list }))?);
     } else if found.is_empty() {
         println!("no conversions recorded");
     } else {
-        found.iter().for_each(print_status);
+        for v in &found {
+            match at_boot(v).filter(|l| l.starts_with("scheduled")) {
+                Some(line) => println!("{}: {}", clean(&v.source.display().to_string()), clean(&line)),
+                None => print_status(v),
+            }
+        }
     }
     Ok(0)
 }

@@ -1,6 +1,7 @@
 //! The `dirseal` command line: thin glue from clap to [`dirseal::ops`].
 mod args;
 mod autologin;
+mod boot;
 mod bus;
 mod convert;
 mod decrypt;
@@ -216,7 +217,7 @@ fn run(cli: Cli) -> Result<i32> {
         return fido2::run(&dirseal::config::Config::load(&cli.config)?, cmd);
     }
     if let Some(code) = match &cli.cmd {
-        Cmd::Convert(a) => convert::status_only(a),
+        Cmd::Convert(a) => convert::status_only(a, &cli.config, cli.keystore.as_deref()),
         _ => None,
     } {
         return code;
@@ -482,6 +483,10 @@ struct DirStatusOut {
 /// Root's view of a directory: the keystore's facts and the root-only recovery key attribute too.
 fn status_dir(ds: &Dirseal, dir: &Path, json: bool) -> Result<()> {
     let status = ds.dir_status(dir)?;
+    // A conversion scheduled for the next boot, or run by the boot (the keystore's record, of the
+    // top of the tree).
+    let top = status.encrypted_root.clone().unwrap_or_else(|| dir.to_path_buf());
+    let at_boot = dirseal::convert::boot_state(ds, &top).ok().flatten();
     // The recovery key is stored on the top of the encrypted tree, whichever directory was asked.
     let recovery_key = status
         .encrypted_root
@@ -497,7 +502,7 @@ fn status_dir(ds: &Dirseal, dir: &Path, json: bool) -> Result<()> {
             .collect(),
         None => Vec::new(),
     };
-    print_dir_status(status, Some(recovery_key), autologin, json)
+    print_dir_status(status, Some(recovery_key), autologin, at_boot, json)
 }
 
 /// A directory's status; `recovery_key` is `None` where the keystore's facts are hidden (a user
@@ -506,13 +511,17 @@ fn print_dir_status(
     status: ops::DirStatus,
     recovery_key: Option<bool>,
     autologin: Vec<dirseal::autologin::Status>,
+    at_boot: Option<dirseal::scheduled::BootState>,
     json: bool,
 ) -> Result<()> {
     let hidden = recovery_key.is_none();
     // A conversion is recorded for the top of the tree: a subdirectory reports its tree's.
     let top = status.encrypted_root.as_deref().unwrap_or(&status.path);
     let view = dirseal::convert::absolute(top).ok().and_then(|abs| dirseal::convert::status(&abs).ok().flatten());
-    let conversion = view.as_ref().map(|v| v.state.to_string());
+    // Scheduled for the next boot, or run by the boot: said instead of the journal's state.
+    let scheduled = matches!(at_boot, Some(dirseal::scheduled::BootState::Pending(_)));
+    let conversion = if scheduled { Some("scheduled".to_string()) } else { view.as_ref().map(|v| v.state.to_string()) };
+    let at_boot = at_boot.as_ref().map(boot::state_text);
     let out = DirStatusOut { status, conversion, recovery_key, hidden, autologin };
     if json {
         return print_json(&out);
@@ -573,8 +582,10 @@ fn print_dir_status(
             }
         );
     }
-    if let Some(v) = &view {
-        println!("  conversion: {}", convert::status_text(v));
+    match (&at_boot, &view) {
+        (Some(b), _) => println!("  conversion: {}", clean(b)),
+        (None, Some(v)) => println!("  conversion: {}", convert::status_text(v)),
+        (None, None) => {}
     }
     for a in &out.autologin {
         println!(
