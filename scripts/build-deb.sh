@@ -24,7 +24,8 @@ while [ $# -gt 0 ]; do
     *) echo "build-deb.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
-if [ -z "$build" ]; then cargo build --release --workspace --quiet; build=target/release; fi
+# The desktop app is not in this package (it would pull GTK onto servers and handhelds).
+if [ -z "$build" ]; then cargo build --release --workspace --exclude dirseal-settings --quiet; build=target/release; fi
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 arch=$(dpkg --print-architecture)
 stage=$(mktemp -d)

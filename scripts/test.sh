@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: system packages, format, lints, build, shellcheck and lintian on the .deb
 # (scripts/lint.sh), unit + integration tests on real loop-mounted ext4, a short kill soak
-# (scripts/soak.sh), then power cuts, disk faults and f2fs in a qemu guest (scripts/vm-test.sh,
+# (scripts/soak.sh), the desktop app driven through AT-SPI (scripts/gui-test.sh), then power cuts, disk faults and f2fs in a qemu guest (scripts/vm-test.sh,
 # ~10 min), and the installed product on a booted Debian guest
 # (scripts/system-test.sh --quick: one boot, the scenarios of docs/architecture.md's "System test";
 # SYSTEM_TEST=full runs them all, SYSTEM_TEST=0 none).
@@ -45,6 +45,12 @@ bash scripts/soak.sh 20 2>&1 | tee "$soak_log"
 soak_rc=${PIPESTATUS[0]}
 [ "$rc" -ne 0 ] || rc=$soak_rc
 [ "$rc" -ne 0 ] || rc=$lint_rc
+# The desktop front end (dirseal-settings) driven through AT-SPI under Xvfb against dirsealed on a
+# private bus and a scratch ext4: the overview, encrypt, cancel, errors, with screenshots.
+gui_log=$(mktemp)
+BIN_DIR=${CARGO_TARGET_DIR:-target}/debug bash scripts/gui-test.sh 2>&1 | tee "$gui_log"
+gui_rc=${PIPESTATUS[0]}
+[ "$rc" -ne 0 ] || rc=$gui_rc
 # Power cuts (dm-log-writes replays) and f2fs, in a qemu guest: a sample of crash points.
 vm_log=$(mktemp)
 bash scripts/vm-test.sh --no-deps 2>&1 | tee "$vm_log"
@@ -64,6 +70,8 @@ grep -E '^(shellcheck|lintian): ' "$lint_log"
 rm -f "$lint_log"
 grep -E '^soak: [0-9]+ kills' "$soak_log"
 rm -f "$soak_log"
+grep -E '^gui: [0-9]+ scenarios' "$gui_log" || echo "gui: FAILED (no result line)"
+rm -f "$gui_log"
 grep -E '^(powercut: [0-9]+ points|faults: [0-9]+ scenarios|(f2fs|tpm2): (ok|FAILED)|vm-test: (ok|FAILED))' "$vm_log"
 rm -f "$vm_log"
 grep -E '^system: ([a-z0-9]+ (ok|FAILED)|[0-9]+ scenarios|ok|FAILED)' "$sys_log" || true
