@@ -227,6 +227,30 @@ fn a_user_unlocks_locks_and_changes_their_password_through_the_service() {
     assert!(t.contains("dirseal: error:") && t.contains("sudo dirseal lock"), "{t}");
     assert_eq!(key(&env, &home), "unlocked", "nothing changed");
 
+    // But she unlocks it once encrypted with a protector of hers (issue 44's `dirseal unlock
+    // ~/Private`): an unlock opens only what her own protectors open, so a path she could swap gains
+    // her nothing. Locking it stays root's (a swapped path would lock someone else's directory).
+    // (Her home is encrypted already, so the directory is in another one of hers: a `Private` in it.)
+    let own = env.mnt().join(format!("{}-files", alice.name));
+    let private = own.join("Private");
+    std::fs::create_dir_all(&private).unwrap();
+    for d in [&own, &private] {
+        std::os::unix::fs::chown(d, Some(alice.uid), Some(alice.uid)).unwrap();
+    }
+    let p = private.to_str().unwrap();
+    env.ok(&["encrypt", p, "--user", &alice.name, "--protector-name", "private", "--no-recovery-key"], "pw-p\n");
+    env.ok(&["lock", p], "");
+    assert_eq!(key(&env, &private), "locked");
+    let o = user(&["unlock", p], "wrong\n");
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert_eq!(key(&env, &private), "locked");
+    let o = user(&["unlock", p], "pw-p\n");
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(key(&env, &private), "unlocked");
+    let o = user(&["lock", p], "");
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert_eq!(key(&env, &private), "unlocked");
+
     // No service: said plainly, with what to do.
     bus.stop_service();
     let o = user(&["lock", h], "");

@@ -130,6 +130,21 @@ impl Caller {
     /// no unprivileged user can change: otherwise the caller could swap in another directory
     /// between this check and the operation. A home under root-owned `/home` qualifies.
     pub fn directory(&self, dir: &str) -> Result<PathBuf> {
+        self.directory_under(dir, None)
+    }
+
+    /// A directory to unlock: as [`Caller::directory`], but its parent directories may also be
+    /// the caller's own (`~/Private`), not writable by others. The caller can then swap in another
+    /// directory between this check and the unlock, and gains nothing by it: an unlock opens a
+    /// directory only with the caller's own protectors, so only a directory they can open anyway.
+    /// (Lock and every method that writes keep [`Caller::directory`]'s rule: a swapped path
+    /// would lock or change someone else's directory.)
+    pub fn directory_to_unlock(&self, dir: &str) -> Result<PathBuf> {
+        self.directory_under(dir, Some(self.uid))
+    }
+
+    /// `directory`'s rule, with ancestors owned by `also` (the caller) accepted too.
+    fn directory_under(&self, dir: &str, also: Option<u32>) -> Result<PathBuf> {
         let path = PathBuf::from(dir);
         // By the string: `Path::components` silently drops inner `.` components.
         if !path.is_absolute() || dir.split('/').any(|c| c == "." || c == "..") {
@@ -163,17 +178,17 @@ impl Caller {
                 real.display()
             )));
         }
-        match check_ancestors(&path) {
+        match check_ancestors(&path, also) {
             Err(_) if self.may_administer() => Ok(path),
             r => r.map(|()| path),
         }
     }
 }
 
-/// Every proper ancestor of `path` must be owned by root and not writable by group or others —
-/// or, like /tmp, sticky with the next component owned by root — so no unprivileged user can
-/// rename or replace any component of `path`.
-fn check_ancestors(path: &Path) -> Result<()> {
+/// Every proper ancestor of `path` must be owned by root (or by `also`) and not writable by group
+/// or others — or, like /tmp, sticky with the next component owned by root — so no unprivileged
+/// user (but `also`) can rename or replace any component of `path`.
+fn check_ancestors(path: &Path, also: Option<u32>) -> Result<()> {
     let mut child = path;
     while let Some(parent) = child.parent() {
         let pm = std::fs::symlink_metadata(parent)
@@ -182,7 +197,8 @@ fn check_ancestors(path: &Path) -> Result<()> {
             .map_err(|e| Error::failed(format!("cannot inspect {}: {e}", child.display())))?;
         let group_or_other_write = pm.mode() & 0o022 != 0;
         let sticky_guarded = pm.mode() & 0o1000 != 0 && cm.uid() == 0;
-        if pm.uid() != 0 || (group_or_other_write && !sticky_guarded) {
+        let trusted_owner = pm.uid() == 0 || Some(pm.uid()) == also;
+        if !trusted_owner || (group_or_other_write && !sticky_guarded) {
             return Err(Error::denied(format!(
                 "{} is reached through {}, which {} can change; the service acts for users only on directories \
                  whose parent directories belong to root and are not writable by others (a home such as /home/NAME); \

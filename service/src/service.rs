@@ -373,39 +373,53 @@ impl Service {
         protector: String,
         secret: zvariant::OwnedFd,
     ) -> Result<()> {
-        self.on_dir("Unlock", dir, &hdr, move |ctx, caller, path| {
-            let secret = read_secret(secret.into(), "secret")?;
-            let (_one, ds) = ctx.open_alone()?;
-            if protector.is_empty() && !caller.is_root() {
-                // The caller's own protectors, in the login order for their uid. A TPM PIN the
-                // rule refuses a try now is skipped (the next one is tried); when none could be
-                // tried at all, the refusal is the answer.
-                let (mut refused, mut tried) = (None, 0);
-                let keep = |rec: &dirseal::protector::ProtectorRecord| match pin_try(&ds, caller, Some(rec.id)) {
-                    Ok(()) => {
-                        tried += 1;
-                        true
-                    }
-                    Err(e) => {
-                        refused.get_or_insert(e);
-                        false
-                    }
-                };
-                let mut secrets = Secrets { current: vec![(None, secret)], ..Secrets::of(caller) };
-                return match ds.unlock_as_where(&path, caller.uid, &mut secrets, keep) {
-                    Ok(()) => Ok(()),
-                    Err(e @ ops::OpsError::OpensNone { .. }) if tried == 0 => Err(refused.unwrap_or_else(|| e.into())),
-                    Err(e) => Err(e.into()),
-                };
-            }
-            let policy = ds.policy_of(&path)?;
-            // With escrow required, a key that could not be escrowed is never handed out.
-            ds.wants_recovery_key(&path, Some(true), &mut Secrets::of(caller))?;
-            let pick = choose(&ds, caller, &policy, &protector, &path)?;
-            pin_try(&ds, caller, pick.protector)?;
-            ds.unlock(&path, pick, &mut Secrets { current: vec![(pick.protector, secret)], ..Secrets::of(caller) })?;
-            Ok(())
-        })
+        let target = dir.clone();
+        // A directory under one of the caller's own (`~/Private`) may be unlocked too.
+        self.checked(
+            "Unlock",
+            target,
+            &hdr,
+            move |caller| caller.directory_to_unlock(&dir),
+            move |ctx, caller, path| {
+                let secret = read_secret(secret.into(), "secret")?;
+                let (_one, ds) = ctx.open_alone()?;
+                if protector.is_empty() && !caller.is_root() {
+                    // The caller's own protectors, in the login order for their uid. A TPM PIN the
+                    // rule refuses a try now is skipped (the next one is tried); when none could be
+                    // tried at all, the refusal is the answer.
+                    let (mut refused, mut tried) = (None, 0);
+                    let keep = |rec: &dirseal::protector::ProtectorRecord| match pin_try(&ds, caller, Some(rec.id)) {
+                        Ok(()) => {
+                            tried += 1;
+                            true
+                        }
+                        Err(e) => {
+                            refused.get_or_insert(e);
+                            false
+                        }
+                    };
+                    let mut secrets = Secrets { current: vec![(None, secret)], ..Secrets::of(caller) };
+                    return match ds.unlock_as_where(&path, caller.uid, &mut secrets, keep) {
+                        Ok(()) => Ok(()),
+                        Err(e @ ops::OpsError::OpensNone { .. }) if tried == 0 => {
+                            Err(refused.unwrap_or_else(|| e.into()))
+                        }
+                        Err(e) => Err(e.into()),
+                    };
+                }
+                let policy = ds.policy_of(&path)?;
+                // With escrow required, a key that could not be escrowed is never handed out.
+                ds.wants_recovery_key(&path, Some(true), &mut Secrets::of(caller))?;
+                let pick = choose(&ds, caller, &policy, &protector, &path)?;
+                pin_try(&ds, caller, pick.protector)?;
+                ds.unlock(
+                    &path,
+                    pick,
+                    &mut Secrets { current: vec![(pick.protector, secret)], ..Secrets::of(caller) },
+                )?;
+                Ok(())
+            },
+        )
         .await
     }
 

@@ -287,18 +287,28 @@ pub fn run(cmd: Cmd, keystore: Option<&Path>) -> Result<i32> {
             }
             let named = protector.as_ref().map(|p| p.0.as_str());
             if before.key != Some("unlocked") {
-                let st = bus.status(&dir)?;
-                // Several of the user's own: the service tries them all with the one secret (the
-                // login order), so the prompt names the directory, not one of them.
+                // A directory under one of the user's own (`~/Private`): the service unlocks it
+                // with the user's own protectors but tells nothing else about it, so no status.
+                let st = match named {
+                    Some(_) => Some(bus.status(&dir)?),
+                    None => bus.status(&dir).ok(),
+                };
+                // Several of the user's own (or unknown): the service tries them all with the one
+                // secret (the login order), so the prompt names the directory, not one of them.
                 let one = named.is_some()
-                    || st.protectors.as_deref().unwrap_or_default().iter().filter(|p| p.uid == Some(me())).count() == 1;
+                    || st.as_ref().is_some_and(|st| {
+                        st.protectors.as_deref().unwrap_or_default().iter().filter(|p| p.uid == Some(me())).count() == 1
+                    });
                 forgiving(|| {
-                    let (arg, secret) = if one {
-                        let p = pick(&st, &dir, named)?;
-                        (p.id.clone(), ask_current(&p, &mut ui)?)
-                    } else {
-                        let prompt = format!("Password or PIN for {}: ", clean(&dir.display().to_string()));
-                        (String::new(), super::term::ask(&prompt)?)
+                    let (arg, secret) = match (&st, one) {
+                        (Some(st), true) => {
+                            let p = pick(st, &dir, named)?;
+                            (p.id.clone(), ask_current(&p, &mut ui)?)
+                        }
+                        _ => {
+                            let prompt = format!("Password or PIN for {}: ", clean(&dir.display().to_string()));
+                            (String::new(), super::term::ask(&prompt)?)
+                        }
                     };
                     let fd = pipe_of(&secret)?;
                     bus.call::<_, ()>("Unlock", &(path_arg(&dir), arg, Fd::from(fd.as_fd())))?;
