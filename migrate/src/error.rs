@@ -81,6 +81,8 @@ pub enum MigrateError {
     EncryptedInside { path: PathBuf },
     #[error("{} is immutable or append-only, which a copy cannot keep and which blocks removing the old tree; clear the flag (chattr -i -a) and try again, then set it again after the conversion", path.display())]
     ImmutableInside { path: PathBuf },
+    #[error("{} holds entries with the inode flag {flag}, which the copy cannot keep: {reason}; nothing was written", path.display())]
+    FlagNotKept { path: PathBuf, flag: &'static str, reason: String },
     #[error("{} is a mount point inside the directory; unmount it (or move it out) and try again", path.display())]
     MountPointInside { path: PathBuf },
     #[error("not enough free space for a copy of {}: it needs about {}, {} is free; free about {} more and try again", path.display(), mib(*needed), free(*available), shortfall(*needed, *available))]

@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::MigrateError;
 use crate::fault::{self, Point};
+use crate::flags::Attrs;
 use crate::fsx;
 use crate::fsx::Time;
 use crate::state::State;
@@ -140,6 +141,10 @@ pub(crate) struct InFlight {
     /// once the data is there, before any original name is removed. Absent for a single file.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub links: Vec<HexRel>,
+    /// Its inode flags and project id, set on the destination when the data is there. Absent:
+    /// none.
+    #[serde(default, skip_serializing_if = "Attrs::is_none")]
+    pub attrs: Attrs,
 }
 
 #[derive(Deserialize)]
@@ -157,6 +162,8 @@ struct RawInFlight {
     xattrs: Vec<(HexBytes, HexBytes)>,
     #[serde(default)]
     links: Vec<HexRel>,
+    #[serde(default)]
+    attrs: Attrs,
 }
 
 impl InFlight {
@@ -190,6 +197,7 @@ impl TryFrom<RawInFlight> for InFlight {
             mtime: r.mtime,
             xattrs: r.xattrs,
             links: r.links,
+            attrs: r.attrs,
         })
     }
 }
@@ -811,6 +819,7 @@ mod tests {
                 mtime: t,
                 xattrs: vec![(HexBytes(b"user.a".to_vec()), HexBytes(vec![0, 1, 255]))],
                 links: Vec::new(),
+                attrs: Attrs { flags: 0x40, project: 7 },
             }),
             copy_started: None,
             ..sample(step)

@@ -18,7 +18,7 @@ use crate::trees::{
     Source,
 };
 use crate::types::{Method, MAX_ROUNDS};
-use crate::{copy, fsx, mv, verify};
+use crate::{copy, flags, fsx, mv, verify};
 use crate::{Census, Host, HostError, MigrateError, Outcome, Phase, Plan, Request, State, Timings};
 
 /// Starts a conversion (running the [`preflight`] checks itself) or resumes the unfinished one
@@ -110,6 +110,9 @@ fn begin(
     wd.sync()?;
     fault::point(Point::AfterStagingCreated);
     let stg_fd = fsx::open_dir(&wd.fd, STAGING.as_ref()).map_err(io_err("opening", &wd.staging_path()))?;
+    // Casefold goes onto the empty staging root, before the host makes it encrypted.
+    let root_attrs = flags::read(src.fd.as_fd()).map_err(io_err("reading the inode flags of", &src.path))?;
+    flags::set_early(stg_fd.as_fd(), &root_attrs).map_err(io_err("setting the inode flags of", &wd.staging_path()))?;
     let token = host
         .prepare_staging(stg_fd.as_fd(), &wd.staging_path())
         .map_err(host_err("preparing the staging directory"))?;

@@ -39,6 +39,7 @@ use rustix::io::Errno;
 use crate::copy;
 use crate::ctx::Ctx;
 use crate::fault::{self, Point};
+use crate::flags;
 use crate::fsx::{self, Kind, Meta, Time};
 use crate::journal::{HexBytes, HexRel, InFlight, Journal, Workdir};
 use crate::{remove, MigrateError};
@@ -432,6 +433,7 @@ impl<'c, 'a> Mover<'c, 'a> {
                 }
             };
             let to = Arc::new(fsx::open_dir(&*top.to, &name).map_err(|e| self.dest_err(&rel, e))?);
+            self.early_flags(&from, &to, &rel, fresh)?;
             self.prepare_dir(&from, &to, &rel, fresh)?;
             self.ctx.file_done();
             let subdirs = self.entries(s, copying, &from, &to, &rel, fresh)?;
@@ -507,6 +509,27 @@ impl<'c, 'a> Mover<'c, 'a> {
             None => {}
         }
         fsx::link_fd(file, &dir, name).map_err(|e| self.dest_err(rel, e))
+    }
+
+    /// A destination directory gets the flags of an empty one (casefold) before anything is
+    /// made in it. One made before a crash that holds nothing yet gets them now; one that holds
+    /// entries without them cannot (a move cannot remake it: its entries are the only copy).
+    fn early_flags(&self, from: &OwnedFd, to: &OwnedFd, rel: &Path, fresh: bool) -> Result<(), MigrateError> {
+        let want = flags::read(from.as_fd()).map_err(|e| self.origin_err(rel, e))?;
+        if !fresh {
+            let have = flags::read(to.as_fd()).map_err(|e| self.dest_err(rel, e))?;
+            if !want.early_differs(&have) {
+                return Ok(());
+            }
+            if !fsx::list_names(to).map_err(|e| self.dest_err(rel, e))?.is_empty() {
+                return Err(MigrateError::MoveInconsistent {
+                    path: self.ctx.display(rel),
+                    reason: "its staging copy holds entries but lacks the inode flags of the original (casefold)"
+                        .into(),
+                });
+            }
+        }
+        flags::set_early(to.as_fd(), &want).map_err(|e| self.dest_err(rel, e))
     }
 
     /// Moving in: before anything leaves a source directory, its staging copy records the
@@ -657,6 +680,7 @@ impl<'c, 'a> Mover<'c, 'a> {
     ) -> Result<(), MigrateError> {
         let fd = fsx::open_path(from, name).map_err(|e| self.origin_err(rel, e))?;
         let x = fsx::xattrs(fd.as_fd()).map_err(|e| self.origin_err(rel, e))?;
+        let attrs = flags::read_handle(fd.as_fd()).map_err(|e| self.origin_err(rel, e))?;
         let f = InFlight {
             rel: HexRel(rel.to_path_buf()),
             size: m.size,
@@ -669,6 +693,7 @@ impl<'c, 'a> Mover<'c, 'a> {
             mtime: m.mtime,
             xattrs: x.into_iter().map(|(n, v)| (HexBytes(n), HexBytes(v))).collect(),
             links: links.into_iter().map(HexRel).collect(),
+            attrs,
         };
         self.save(Some(f.clone()), Point::MoveFileStarted)?;
         self.large(f)
@@ -722,6 +747,8 @@ impl<'c, 'a> Mover<'c, 'a> {
                 rustix::fs::Mode::from_raw_mode(0o600),
             )
             .map_err(|e| self.dest_err(&rel, e.into()))?;
+            // Compression and no-COW only go onto an empty file.
+            flags::set_early(fd.as_fd(), &f.attrs).map_err(|e| self.dest_err(&rel, e))?;
             drop(fd);
         }
         let dst_path = fsx::open_path(&to_dir, &name).map_err(|e| self.dest_err(&rel, e))?;
@@ -836,8 +863,9 @@ impl<'c, 'a> Mover<'c, 'a> {
         }
         let want = Meta { perm: f.perm, uid: f.uid, gid: f.gid, atime: f.atime, mtime: f.mtime, ..m };
         let x: Vec<(Vec<u8>, Vec<u8>)> = f.xattrs.iter().map(|(n, v)| (n.0.clone(), v.0.clone())).collect();
-        fsx::apply_meta(p.as_fd(), &want, &x).map_err(|e| self.dest_err(rel, e))?;
         let r = fsx::reopen(p.as_fd(), OFlags::RDONLY | OFlags::NOATIME).map_err(|e| self.dest_err(rel, e))?;
+        flags::apply(r.as_fd(), &f.attrs).map_err(|e| self.dest_err(rel, e))?;
+        fsx::apply_meta(p.as_fd(), &want, &x).map_err(|e| self.dest_err(rel, e))?;
         fsx::fsync(&r).map_err(|e| self.dest_err(rel, e))?;
         // A group: every other name is linked at the destination (durably) before any original
         // name goes, and the recorded name goes last, so a resumed run finds the file by it.
@@ -956,6 +984,8 @@ pub(crate) fn settle(ctx: &Ctx, src_root: &OwnedFd, stg_root: &OwnedFd) -> Resul
         // record first left a resumed run taking a half-set directory for settled).
         x.retain(|(n, _)| n != TIMES);
         x.extend(have.into_iter().filter(|(n, _)| n == TIMES));
+        let attrs = flags::read(s.as_fd()).map_err(|e| ctx.src_err(rel, e))?;
+        flags::apply(t.as_fd(), &attrs).map_err(|e| ctx.dst_err(rel, e))?;
         fsx::apply_meta(t.as_fd(), &Meta { atime, mtime, ..sm }, &x).map_err(|e| ctx.dst_err(rel, e))?;
         fault::point(Point::SettleTimesKept);
         remove_times_xattr(t.as_fd()).map_err(|e| ctx.dst_err(rel, e))?;

@@ -9,7 +9,7 @@ use crate::journal::Workdir;
 use crate::pass::pool;
 use crate::trees::Source;
 use crate::types::{Direction, Method, Mode};
-use crate::{find_users, fsx, mv, scan, Host, MigrateError, Phase, State};
+use crate::{find_users, flags, fsx, mv, scan, Host, MigrateError, Phase, State};
 
 /// What to convert and how.
 #[derive(Clone, Copy, Debug)]
@@ -63,6 +63,12 @@ pub struct Census {
     pub inodes_available: u64,
     /// Files with hard links outside the tree (they stop being shared: see the outcome's notes).
     pub outside_links: u64,
+    /// Regular files and directories (the root included) whose inode flags or project id the
+    /// copy keeps, and which flags they have ([`flag_names`](crate::flag_names) names them).
+    pub flagged: u64,
+    pub flag_bits: u32,
+    /// Casefolded directories (`+F`), kept casefolded.
+    pub casefolded: u64,
 }
 
 /// A new conversion that passed [`preflight`]: the resolved source and its census. [`start`]
@@ -163,6 +169,13 @@ pub(crate) fn preflight_source(req: &Request, host: &dyn Host, src: &Source) -> 
         MigrateError::Interrupted { .. } => MigrateError::Interrupted { state: State::Prepared },
         e => e,
     })?;
+    if req.direction == Direction::Encrypt && census.casefolded > 0 {
+        flags::check_casefold_encryption(&src.fd).map_err(|reason| MigrateError::FlagNotKept {
+            path: src.path.clone(),
+            flag: "casefold (+F)",
+            reason,
+        })?;
+    }
     let vfs = rustix::fs::fstatvfs(&src.fd).map_err(|e| io_err("checking free space on", &src.path)(e.into()))?;
     let available = vfs.f_bavail.saturating_mul(vfs.f_frsize);
     let (method, auto, copy_needed, move_needed) = choose_method(req, src, &census, available)?;
@@ -186,6 +199,9 @@ pub(crate) fn preflight_source(req: &Request, host: &dyn Host, src: &Source) -> 
         inodes_needed: inodes,
         inodes_available: vfs.f_favail,
         outside_links: census.outside_links,
+        flagged: census.flagged,
+        flag_bits: census.flag_bits,
+        casefolded: census.casefolded,
     })
 }
 

@@ -3,13 +3,14 @@
 
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use crate::ctx::Ctx;
 use crate::fsx::{self, Kind};
+use crate::flags;
 use crate::walk::{self, Visitor};
 use crate::MigrateError;
 
@@ -29,6 +30,21 @@ pub(crate) struct Census {
     pub outside_alloc: u64,
     /// Directories below the root.
     pub dirs: u64,
+    /// Regular files and directories (the root included) with inode flags or a project id the
+    /// copy keeps, the flags seen, and the casefolded directories among them.
+    pub flagged: u64,
+    pub flag_bits: u32,
+    pub casefolded: u64,
+}
+
+impl Census {
+    fn count_flags(&mut self, a: &flags::Attrs) {
+        if !a.is_none() {
+            self.flagged += 1;
+            self.flag_bits |= a.flags;
+        }
+        self.casefolded += u64::from(a.casefold());
+    }
 }
 
 /// Directories the census has listed, in this process: a test checks that a conversion walks
@@ -94,6 +110,7 @@ impl Visitor for Scanner<'_, '_> {
         ctx.check_stop()?;
         DIRS_LISTED.fetch_add(1, Ordering::Relaxed);
         let mut c = Census::default();
+        c.count_flags(&flags::read(d.fd.as_fd()).map_err(|e| ctx.src_err(&d.rel, e))?);
         let (mut subdirs, mut linked) = (Vec::new(), Vec::new());
         for n in fsx::list_names(&d.fd).map_err(|e| ctx.src_err(&d.rel, e))? {
             let Some(m) = fsx::stat_at(&d.fd, &n).map_err(|e| ctx.src_err(&d.rel.join(&n), e))? else {
@@ -110,6 +127,10 @@ impl Visitor for Scanner<'_, '_> {
                 Kind::File => {
                     c.bytes += m.size;
                     c.data += m.data();
+                    let rel = || d.rel.join(&n);
+                    if let Some(a) = flags::read_at(&d.fd, &n).map_err(|e| ctx.src_err(&rel(), e))? {
+                        c.count_flags(&a);
+                    }
                 }
                 _ => {}
             }
@@ -129,6 +150,9 @@ impl Visitor for Scanner<'_, '_> {
         t.dirs += c.dirs;
         t.bytes += c.bytes;
         t.data += c.data;
+        t.flagged += c.flagged;
+        t.flag_bits |= c.flag_bits;
+        t.casefolded += c.casefolded;
         ctx.files_done.store(t.entries, Ordering::Relaxed);
         drop(t);
         ctx.tick(false);

@@ -21,6 +21,7 @@ use rustix::fs::OFlags;
 
 use crate::ctx::Ctx;
 use crate::fault::{self, Point};
+use crate::flags;
 use crate::fsx::{self, Kind, Meta, On, Time};
 use crate::walk::{self, Visitor};
 use crate::{remove, MigrateError};
@@ -133,6 +134,12 @@ impl Verifier<'_, '_> {
         let same = if is_root { sx.iter().all(|a| dx.contains(a)) } else { sx == dx };
         if !same {
             self.differs(rel, "directory extended attributes differ".into());
+            return Ok(());
+        }
+        let sa = flags::read(src.as_fd()).map_err(|e| ctx.src_err(rel, e))?;
+        let da = flags::read(stg.as_fd()).map_err(|e| ctx.dst_err(rel, e))?;
+        if let Some(why) = sa.difference(&da) {
+            self.differs(rel, format!("directory {why}"));
         }
         Ok(())
     }
@@ -279,6 +286,10 @@ impl Verifier<'_, '_> {
                 let open = |h: &OwnedFd| fsx::reopen(h.as_fd(), OFlags::RDONLY | OFlags::NOATIME);
                 let a = open(&fd).map_err(|err| ctx.src_err(rel, err))?;
                 let b = open(&efd).map_err(|err| ctx.dst_err(rel, err))?;
+                let sa = flags::read(a.as_fd()).map_err(|err| ctx.src_err(rel, err))?;
+                if let Some(why) = sa.difference(&flags::read(b.as_fd()).map_err(|err| ctx.dst_err(rel, err))?) {
+                    return Ok(Some(why));
+                }
                 // The copy is compared as the disk has it, not as its pages in memory do: a write
                 // the device failed (reported to a run that then stopped) leaves clean pages
                 // holding data the disk never got, and a resumed verification reading those would
