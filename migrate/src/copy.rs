@@ -163,6 +163,7 @@ impl Copier<'_, '_> {
             None => {
                 fsx::mkdir(stg_dir, name).map_err(|e| ctx.dst_err(&rel, e))?;
                 let stg = fsx::open_dir(stg_dir, name).map_err(|e| ctx.dst_err(&rel, e))?;
+                fault::point(Point::CopyDirMade);
                 // While it is empty: a crash before this leaves an empty directory without the
                 // flags, which the resumed pass makes again (above).
                 flags::set_early(stg.as_fd(), &attrs).map_err(|e| ctx.dst_err(&rel, e))?;

@@ -433,6 +433,9 @@ impl<'c, 'a> Mover<'c, 'a> {
                 }
             };
             let to = Arc::new(fsx::open_dir(&*top.to, &name).map_err(|e| self.dest_err(&rel, e))?);
+            if fresh {
+                fault::point(Point::MoveDirMade);
+            }
             self.early_flags(&from, &to, &rel, fresh)?;
             self.prepare_dir(&from, &to, &rel, fresh)?;
             self.ctx.file_done();

@@ -63,8 +63,9 @@ pub struct Census {
     pub inodes_available: u64,
     /// Files with hard links outside the tree (they stop being shared: see the outcome's notes).
     pub outside_links: u64,
-    /// Regular files and directories (the root included) whose inode flags or project id the
-    /// copy keeps, and which flags they have ([`flag_names`](crate::flag_names) names them).
+    /// Regular files and directories (the root included) whose inode flags (other than
+    /// casefold) or project id the copy keeps, and which flags they have
+    /// ([`flag_names`](crate::flag_names) names them).
     pub flagged: u64,
     pub flag_bits: u32,
     /// Casefolded directories (`+F`), kept casefolded.

@@ -30,18 +30,20 @@ pub(crate) struct Census {
     pub outside_alloc: u64,
     /// Directories below the root.
     pub dirs: u64,
-    /// Regular files and directories (the root included) with inode flags or a project id the
-    /// copy keeps, the flags seen, and the casefolded directories among them.
+    /// Regular files and directories (the root included) with inode flags other than casefold
+    /// or a project id the copy keeps, and the flags seen; the casefolded directories.
     pub flagged: u64,
     pub flag_bits: u32,
     pub casefolded: u64,
 }
 
 impl Census {
+    /// Casefold is counted on its own (a casefolded tree has it on every directory).
     fn count_flags(&mut self, a: &flags::Attrs) {
-        if !a.is_none() {
+        let others = a.flags & !flags::FS_CASEFOLD_FL;
+        if others != 0 || a.project != 0 {
             self.flagged += 1;
-            self.flag_bits |= a.flags;
+            self.flag_bits |= others;
         }
         self.casefolded += u64::from(a.casefold());
     }

@@ -123,6 +123,9 @@ fn crashes(p: Point) -> Vec<Crash> {
         }
         CopyFile => vec![at(Convert, 1), at(Convert, 7)],
         CopySpecialMade => vec![at(Convert, 1)],
+        // Dies before the flags of an empty directory (compression on a/b) are set.
+        CopyDirMade => vec![at(Convert, 1), at(Convert, 3), at(Convert, 6)],
+        MoveDirMade => vec![at(Move, 1), at(Move, 3), at(Move, 6)],
         CopySpecial => vec![at(Convert, 3)],
         CopyDir => vec![at(Convert, 2)],
         VerifyEntry => vec![at(Convert, 5)],

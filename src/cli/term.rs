@@ -417,6 +417,9 @@ pub fn summary_text_for(s: &dirseal::convert::Summary, way: Way) -> String {
         data.push_str(&format!(" ({} apparent: sparse files count only their data)", HumanBytes(s.apparent_bytes)));
     }
     out.push_str(&format!("  contents:     {data}\n"));
+    if let Some(kept) = kept_flags_text(s) {
+        out.push_str(&format!("  inode flags:  {kept}\n"));
+    }
     out.push_str(&format!(
         "  free space:   needs {}, has {}\n",
         HumanBytes(s.space_needed),
@@ -461,6 +464,35 @@ pub fn summary_text_for(s: &dirseal::convert::Summary, way: Way) -> String {
         "  afterwards:   the old plaintext's blocks are freed, not overwritten; `--scrub` (or `dirseal scrub`) overwrites them"
             .to_string()
     });
+    out
+}
+
+/// What the summary says of inode flags: "3 entries with kept inode flags (nodump, noatime);
+/// 1,204 casefolded directories (kept)", or nothing when there are none.
+pub fn kept_flags_text(s: &dirseal::convert::Summary) -> Option<String> {
+    let mut parts = Vec::new();
+    if s.flagged_entries > 0 {
+        let what = if s.kept_flags.is_empty() { "project ids".to_string() } else { s.kept_flags.join(", ") };
+        let noun = if s.flagged_entries == 1 { "entry" } else { "entries" };
+        parts.push(format!("{} {noun} with kept inode flags ({what})", thousands(s.flagged_entries)));
+    }
+    if s.casefolded_dirs > 0 {
+        let noun = if s.casefolded_dirs == 1 { "directory" } else { "directories" };
+        parts.push(format!("{} casefolded {noun} (kept)", thousands(s.casefolded_dirs)));
+    }
+    (!parts.is_empty()).then(|| parts.join("; "))
+}
+
+/// 1204 as "1,204".
+fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
     out
 }
 

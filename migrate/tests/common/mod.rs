@@ -218,6 +218,7 @@ pub fn build_tree(root: &Path) {
     chattr(root, &["+S"], "a/linked");
     chattr(root, &["+c", "+s", "+u"], "a/b/c/deep.bin");
     chattr(root, &["+D", "+d", "+T"], "a");
+    chattr(root, &["+c"], "a/b");
     chattr(root, &["+P", "+S"], "empty");
     chattr(root, &["+t"], "sparse.img");
     chattr(root, &["+A"], ".");
