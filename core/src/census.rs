@@ -50,6 +50,7 @@ pub struct Summary {
     /// than casefold) or project id the conversion keeps, and the names of those flags
     /// ("nodump", "noatime", ...).
     pub flagged_entries: u64,
+    /// The names of the flags [`Summary::flagged_entries`] have.
     pub kept_flags: Vec<&'static str>,
     /// Casefolded directories among them (kept casefolded).
     pub casefolded_dirs: u64,

@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use crate::ctx::Ctx;
-use crate::fsx::{self, Kind};
 use crate::flags;
+use crate::fsx::{self, Kind};
 use crate::walk::{self, Visitor};
 use crate::MigrateError;
 

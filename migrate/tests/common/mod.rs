@@ -30,8 +30,20 @@ pub fn req<'a>(src: &'a Path, wd: &'a Path) -> Request<'a> {
 
 /// The inode flags a conversion keeps (`lsattr`'s s u S D d A c t T C F P m j); the others are the
 /// filesystem's own (extents, an index, encryption).
-const KEPT_FLAGS: u32 = 0x1 | 0x2 | 0x8 | 0x1_0000 | 0x40 | 0x80 | 0x4 | 0x8000 | 0x2_0000 | 0x80_0000 | 0x4000_0000
-    | 0x2000_0000 | 0x400 | 0x4000;
+const KEPT_FLAGS: u32 = 0x1
+    | 0x2
+    | 0x8
+    | 0x1_0000
+    | 0x40
+    | 0x80
+    | 0x4
+    | 0x8000
+    | 0x2_0000
+    | 0x80_0000
+    | 0x4000_0000
+    | 0x2000_0000
+    | 0x400
+    | 0x4000;
 
 /// dirseal-testfs's manifest of everything a conversion keeps, and the inode flags of every
 /// regular file and directory (read with the ioctl itself, not through the engine).
