@@ -275,6 +275,31 @@ pub(crate) fn apply(fd: BorrowedFd<'_>, a: &Attrs) -> io::Result<()> {
 mod tests {
     use super::*;
 
+    /// docs/formats.md lists every flag of the table (by its `lsattr` letter) in the row of how a
+    /// copy treats it.
+    #[test]
+    fn the_documented_flags_are_the_table() {
+        let doc = include_str!("../../docs/formats.md");
+        let start = doc.find("<!-- inode-flags -->").expect("start marker in docs/formats.md");
+        let end = doc.find("<!-- /inode-flags -->").expect("end marker in docs/formats.md");
+        let rows: Vec<&str> = doc[start..end].lines().filter(|l| l.starts_with("| `") && !l.contains("`lsattr`")).collect();
+        let row_of = |letter: char| {
+            let tick = format!("`{letter}`");
+            rows.iter().position(|r| r.split('|').nth(1).is_some_and(|c| c.contains(&tick)))
+        };
+        for f in TABLE.iter().filter(|f| f.letter != '?') {
+            let want = match f.when {
+                When::Last => 0,
+                When::Empty => 1,
+                When::Own(_) if f.bit == FS_DAX_FL || f.bit == FS_VERITY_FL => 3,
+                When::Own(_) => 2,
+            };
+            assert_eq!(row_of(f.letter), Some(want), "docs/formats.md lists +{} ({}) elsewhere", f.letter, f.name);
+        }
+        assert_eq!(row_of('i'), Some(4));
+        assert_eq!(row_of('a'), Some(4));
+    }
+
     #[test]
     fn every_bit_is_listed_once_and_the_masks_follow_the_table() {
         let mut seen = 0u32;

@@ -1,6 +1,7 @@
 //! Verification before the swap: both trees walked side by side (directories in parallel, see
 //! walk.rs), every entry compared by type, permissions, owner, size, device number, symlink
-//! target, mtime, xattrs, hard-link grouping and (regular files) content. Staging entries that
+//! target, mtime, xattrs, inode flags and project id (directories, and files compared by
+//! content), hard-link grouping and (regular files) content. Staging entries that
 //! differ are removed so the next copy pass redoes exactly them.
 //!
 //! A regular file whose source ctime is older than the start of the copy has not changed since
