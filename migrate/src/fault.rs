@@ -59,6 +59,8 @@ points! {
     AfterVerify = "after-verify",
     AfterRecordRecopy = "after-record-recopy",
     AfterRecordVerified = "after-record-verified",
+    /// After each verified copy made immutable or append-only, before the swap.
+    SealEntry = "seal-entry",
     AfterSwap = "after-swap",
     AfterRecordSwapped = "after-record-swapped",
     AfterRecordDisposing = "after-record-disposing",

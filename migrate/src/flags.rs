@@ -5,8 +5,9 @@
 //! Only regular files and directories have flags a copy can read: the ioctls need an open file,
 //! and symlinks, sockets and device nodes cannot be opened safely (`lsattr` skips them too).
 //!
-//! Immutable and append-only (`+i`, `+a`) are not in the table: a tree holding them is refused
-//! before anything is written (`MigrateError::ImmutableInside`).
+//! Immutable and append-only (`+i`, `+a`, [`When::Sealed`]) are kept by a copy too, at the end;
+//! a move, the directory itself or a special file with them is refused before anything is
+//! written.
 
 use std::ffi::OsStr;
 use std::io;
@@ -30,6 +31,10 @@ pub(crate) enum When {
     Last,
     /// Not carried: the filesystem decides it for the copy (why, for the docs).
     Own(&'static str),
+    /// Immutable and append-only: set on the copies once they are verified, just before the
+    /// swap (nothing could be written into them before), cleared on the originals only when
+    /// they are disposed of. Copy mode only (a move takes the originals apart as it goes).
+    Sealed,
 }
 
 /// One inode flag: its bit, `lsattr` letter, name and how a copy treats it.
@@ -62,6 +67,8 @@ pub(crate) const TABLE: &[Flag] = &[
     flag(IFlags::SECURE_REMOVAL.bits(), 's', "secure deletion", When::Last),
     flag(IFlags::UNRM.bits(), 'u', "undelete", When::Last),
     flag(IFlags::SYNC.bits(), 'S', "sync", When::Last),
+    flag(IFlags::IMMUTABLE.bits(), 'i', "immutable", When::Sealed),
+    flag(IFlags::APPEND.bits(), 'a', "append-only", When::Sealed),
     flag(IFlags::DIRSYNC.bits(), 'D', "dirsync", When::Last),
     flag(IFlags::NODUMP.bits(), 'd', "nodump", When::Last),
     flag(IFlags::NOATIME.bits(), 'A', "noatime", When::Last),
@@ -98,8 +105,10 @@ const fn mask(empty: bool) -> u32 {
     m
 }
 
-/// The flags a copy carries.
+/// The flags a copy carries while it is made.
 pub(crate) const CARRIED: u32 = mask(false);
+/// Immutable and append-only.
+pub(crate) const SEALED: u32 = IFlags::IMMUTABLE.bits() | IFlags::APPEND.bits();
 /// Of those, the ones set on the empty inode.
 pub(crate) const EARLY: u32 = mask(true);
 
@@ -164,6 +173,16 @@ pub(crate) fn read_at(dir: impl AsFd, name: &OsStr) -> io::Result<Option<Attrs>>
 /// The attributes of the regular file an `O_PATH` handle holds (reopened for reading).
 pub(crate) fn read_handle(fd: BorrowedFd<'_>) -> io::Result<Attrs> {
     read(fsx::reopen(fd, OFlags::RDONLY | OFlags::NOATIME)?.as_fd())
+}
+
+/// Adds immutable and append-only (`bits`, of [`SEALED`]) to an open file or directory.
+pub(crate) fn seal(fd: BorrowedFd<'_>, bits: u32) -> io::Result<()> {
+    set_flags(fd, bits & SEALED, bits & SEALED)
+}
+
+/// Clears immutable and append-only on an open file or directory, so it can be removed.
+pub(crate) fn unseal(fd: BorrowedFd<'_>) -> io::Result<()> {
+    set_flags(fd, 0, SEALED)
 }
 
 /// Whether this kernel keeps casefolded directories inside an encrypted one on the filesystem
@@ -282,7 +301,8 @@ mod tests {
         let doc = include_str!("../../docs/formats.md");
         let start = doc.find("<!-- inode-flags -->").expect("start marker in docs/formats.md");
         let end = doc.find("<!-- /inode-flags -->").expect("end marker in docs/formats.md");
-        let rows: Vec<&str> = doc[start..end].lines().filter(|l| l.starts_with("| `") && !l.contains("`lsattr`")).collect();
+        let rows: Vec<&str> =
+            doc[start..end].lines().filter(|l| l.starts_with("| `") && !l.contains("`lsattr`")).collect();
         let row_of = |letter: char| {
             let tick = format!("`{letter}`");
             rows.iter().position(|r| r.split('|').nth(1).is_some_and(|c| c.contains(&tick)))
@@ -293,11 +313,10 @@ mod tests {
                 When::Empty => 1,
                 When::Own(_) if f.bit == FS_DAX_FL || f.bit == FS_VERITY_FL => 3,
                 When::Own(_) => 2,
+                When::Sealed => 4,
             };
             assert_eq!(row_of(f.letter), Some(want), "docs/formats.md lists +{} ({}) elsewhere", f.letter, f.name);
         }
-        assert_eq!(row_of('i'), Some(4));
-        assert_eq!(row_of('a'), Some(4));
     }
 
     #[test]
@@ -314,8 +333,8 @@ mod tests {
         for own in [FS_ENCRYPT_FL, FS_EXTENT_FL, FS_INDEX_FL, FS_VERITY_FL, FS_DAX_FL, FS_INLINE_DATA_FL] {
             assert_eq!(CARRIED & own, 0);
         }
-        // Immutable and append-only are refused, not carried.
-        assert_eq!(CARRIED & (IFlags::IMMUTABLE | IFlags::APPEND).bits(), 0);
+        // Immutable and append-only are set at the end, not while the copy is made.
+        assert_eq!(CARRIED & SEALED, 0);
         assert_eq!(names(IFlags::NODUMP.bits() | IFlags::NOATIME.bits()), ["nodump", "noatime"]);
     }
 }

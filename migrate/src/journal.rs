@@ -341,6 +341,18 @@ pub(crate) struct Journal {
     /// was before (and a dirseal without decrypt refuses a decrypt's journal: an unknown field).
     #[serde(skip_serializing_if = "Direction::is_encrypt")]
     pub direction: Direction,
+    /// From `Verified` on: the source's immutable and append-only entries (their flags), which
+    /// their copies get right before the swap. Absent: none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sealed: Vec<Sealed>,
+}
+
+/// An immutable or append-only entry: its path below the root and which of the two flags.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Sealed {
+    pub rel: HexRel,
+    pub flags: u32,
 }
 
 /// Access and modification time of a tree's root.
@@ -381,6 +393,8 @@ struct RawJournal {
     inflight: Option<InFlight>,
     #[serde(default)]
     direction: Direction,
+    #[serde(default)]
+    sealed: Vec<Sealed>,
 }
 
 /// Longest token a host may hand out (a policy id is 32 hex digits).
@@ -419,6 +433,9 @@ impl TryFrom<RawJournal> for Journal {
         if r.copy_started.is_some() && r.method != Method::Copy {
             return Err("a copy start time in a move".into());
         }
+        if r.sealed.iter().any(|s| s.flags == 0 || s.flags & !crate::flags::SEALED != 0) {
+            return Err("a sealed entry with flags other than immutable and append-only".into());
+        }
         if let Step::Copying { round } | Step::Copied { round } = r.step {
             if round >= MAX_ROUNDS {
                 return Err(format!("copy round {round} is beyond the limit of {MAX_ROUNDS}"));
@@ -446,6 +463,7 @@ impl TryFrom<RawJournal> for Journal {
             method: r.method,
             inflight: r.inflight,
             direction: r.direction,
+            sealed: r.sealed,
         })
     }
 }
@@ -786,6 +804,7 @@ mod tests {
             method: Method::Copy,
             inflight: None,
             direction: Direction::Encrypt,
+            sealed: Vec::new(),
         }
     }
 

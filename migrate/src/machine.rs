@@ -10,7 +10,7 @@ use crate::ctx::Ctx;
 use crate::error::{host_err, io_err, move_err, other_direction, other_source};
 use crate::fault::{self, Point};
 use crate::finish::{dispose, outcome};
-use crate::journal::{self, HexPath, Journal, Step, Version, Workdir, STAGING};
+use crate::journal::{self, HexPath, HexRel, Journal, Step, Version, Workdir, STAGING};
 use crate::pass::{after_pass, pool};
 use crate::plan::{check_not_in_use, preflight_source, quick_checks};
 use crate::trees::{
@@ -154,6 +154,7 @@ fn begin(
         method: census.method,
         inflight: None,
         direction: req.direction,
+        sealed: Vec::new(),
     };
     wd.record(&mut j, Step::Prepared, Point::AfterPrepare)?;
     timings.add("prepare", prepared.elapsed());
@@ -374,6 +375,8 @@ impl<'r> Run<'r> {
         }
         let root = fsx::stat_fd(&trees.src.fd).map_err(io_err("inspecting", &self.j.source.0))?;
         self.j.root_times = Some(journal::RootTimes { atime: root.atime, mtime: root.mtime });
+        self.j.sealed =
+            diff.sealed.into_iter().map(|(rel, flags)| journal::Sealed { rel: HexRel(rel), flags }).collect();
         self.record(Step::Verified, Point::AfterRecordVerified)
     }
 
@@ -433,7 +436,10 @@ fn swap(req: &Request, host: &dyn Host, wd: &Workdir, j: &Journal) -> Result<(),
             if !req.force {
                 check_not_in_use(&j.source.0)?;
             }
-            check_encrypted(host, j, wd, &open_staging(j, wd)?)?;
+            let stg = open_staging(j, wd)?;
+            check_encrypted(host, j, wd, &stg)?;
+            let sealed: Vec<_> = j.sealed.iter().map(|s| (s.rel.0.clone(), s.flags)).collect();
+            verify::seal_copies(&stg, &sealed, &j.source.0)?;
             exchange(host, j, wd, (j.source_ino, j.staging_ino), "swapping the copy into place")?;
             fault::point(Point::AfterSwap);
             if place(j, wd)? != Place::Exchanged {

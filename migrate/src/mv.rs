@@ -581,6 +581,9 @@ impl<'c, 'a> Mover<'c, 'a> {
             let Some(m) = fsx::stat_at(&**from, &name).map_err(|e| self.origin_err(&r, e))? else { continue };
             if !self.back {
                 self.ctx.check_entry(&m, &r)?;
+                if m.sealed != 0 {
+                    return Err(MigrateError::ImmutableInMove { path: self.ctx.display(&r) });
+                }
             }
             if m.kind == Kind::Dir {
                 subdirs.push(name);

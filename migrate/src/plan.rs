@@ -70,6 +70,8 @@ pub struct Census {
     pub flag_bits: u32,
     /// Casefolded directories (`+F`), kept casefolded.
     pub casefolded: u64,
+    /// Immutable or append-only entries, made so on the copy once it is verified.
+    pub sealed: u64,
 }
 
 /// A new conversion that passed [`preflight`]: the resolved source and its census. [`start`]
@@ -142,6 +144,10 @@ pub(crate) fn quick_checks(req: &Request, host: &dyn Host, src: &Source) -> Resu
         Direction::Decrypt if !encrypted => return Err(MigrateError::NotEncrypted { path: src.path.clone() }),
         _ => {}
     }
+    if src.meta.sealed != 0 {
+        // The swap renames the directory itself, which these flags forbid.
+        return Err(MigrateError::ImmutableInside { path: src.path.clone() });
+    }
     check_workdir_location(req.workdir, src)?;
     if let Some(wd) = Workdir::open(req.workdir, false)? {
         // A running converter holds the source open: without this it would be reported as a
@@ -180,6 +186,9 @@ pub(crate) fn preflight_source(req: &Request, host: &dyn Host, src: &Source) -> 
     let vfs = rustix::fs::fstatvfs(&src.fd).map_err(|e| io_err("checking free space on", &src.path)(e.into()))?;
     let available = vfs.f_bavail.saturating_mul(vfs.f_frsize);
     let (method, auto, copy_needed, move_needed) = choose_method(req, src, &census, available)?;
+    if let (Method::Move, Some(rel)) = (method, &census.first_sealed) {
+        return Err(MigrateError::ImmutableInMove { path: src.path.join(rel) });
+    }
     let inodes = match method {
         Method::Copy => census.entries + 1 + census.entries / 20 + 16,
         Method::Move => census.dirs + census.outside_links + mv::BATCH_FILES as u64 + 16,
@@ -203,6 +212,7 @@ pub(crate) fn preflight_source(req: &Request, host: &dyn Host, src: &Source) -> 
         flagged: census.flagged,
         flag_bits: census.flag_bits,
         casefolded: census.casefolded,
+        sealed: census.sealed,
     })
 }
 

@@ -14,7 +14,7 @@ use crate::fsx::{self, Kind};
 use crate::walk::{self, Visitor};
 use crate::MigrateError;
 
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub(crate) struct Census {
     /// Entries below the root.
     pub entries: u64,
@@ -35,17 +35,25 @@ pub(crate) struct Census {
     pub flagged: u64,
     pub flag_bits: u32,
     pub casefolded: u64,
+    /// Immutable or append-only entries below the root, and one of them to name.
+    pub sealed: u64,
+    pub first_sealed: Option<PathBuf>,
 }
 
 impl Census {
-    /// Casefold is counted on its own (a casefolded tree has it on every directory).
-    fn count_flags(&mut self, a: &flags::Attrs) {
-        let others = a.flags & !flags::FS_CASEFOLD_FL;
+    /// Casefold is counted on its own (a casefolded tree has it on every directory). `sealed`:
+    /// immutable and append-only, as statx says (`rel`: below the root).
+    fn count_flags(&mut self, a: &flags::Attrs, sealed: u32, rel: &Path) {
+        let others = (a.flags & !flags::FS_CASEFOLD_FL) | sealed;
         if others != 0 || a.project != 0 {
             self.flagged += 1;
             self.flag_bits |= others;
         }
         self.casefolded += u64::from(a.casefold());
+        if sealed != 0 && !rel.as_os_str().is_empty() {
+            self.sealed += 1;
+            self.first_sealed.get_or_insert_with(|| rel.to_path_buf());
+        }
     }
 }
 
@@ -112,7 +120,8 @@ impl Visitor for Scanner<'_, '_> {
         ctx.check_stop()?;
         DIRS_LISTED.fetch_add(1, Ordering::Relaxed);
         let mut c = Census::default();
-        c.count_flags(&flags::read(d.fd.as_fd()).map_err(|e| ctx.src_err(&d.rel, e))?);
+        let dm = fsx::stat_fd(&d.fd).map_err(|e| ctx.src_err(&d.rel, e))?;
+        c.count_flags(&flags::read(d.fd.as_fd()).map_err(|e| ctx.src_err(&d.rel, e))?, dm.sealed, &d.rel);
         let (mut subdirs, mut linked) = (Vec::new(), Vec::new());
         for n in fsx::list_names(&d.fd).map_err(|e| ctx.src_err(&d.rel, e))? {
             let Some(m) = fsx::stat_at(&d.fd, &n).map_err(|e| ctx.src_err(&d.rel.join(&n), e))? else {
@@ -131,7 +140,7 @@ impl Visitor for Scanner<'_, '_> {
                     c.data += m.data();
                     let rel = || d.rel.join(&n);
                     if let Some(a) = flags::read_at(&d.fd, &n).map_err(|e| ctx.src_err(&rel(), e))? {
-                        c.count_flags(&a);
+                        c.count_flags(&a, m.sealed, &rel());
                     }
                 }
                 _ => {}
@@ -155,6 +164,10 @@ impl Visitor for Scanner<'_, '_> {
         t.flagged += c.flagged;
         t.flag_bits |= c.flag_bits;
         t.casefolded += c.casefolded;
+        t.sealed += c.sealed;
+        if t.first_sealed.is_none() {
+            t.first_sealed = c.first_sealed;
+        }
         ctx.files_done.store(t.entries, Ordering::Relaxed);
         drop(t);
         ctx.tick(false);

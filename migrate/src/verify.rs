@@ -30,11 +30,13 @@ use crate::{remove, MigrateError};
 /// A directory with at least this many entries has them compared by several threads.
 const PAR_ENTRIES: usize = 256;
 
-/// The differences found; `first` names one for the error message.
+/// The differences found; `first` names one for the error message. `sealed`: the immutable and
+/// append-only entries of the source (their flags), which the copy gets once verified.
 #[derive(Default)]
 pub(crate) struct Diff {
     pub count: u64,
     pub first: Option<(PathBuf, String)>,
+    pub sealed: Vec<(PathBuf, u32)>,
 }
 
 struct Verifier<'c, 'a> {
@@ -100,6 +102,7 @@ impl Visitor for Verifier<'_, '_> {
         let stg = fsx::open_dir(&parent.stg, name).map_err(|e| ctx.dst_err(&rel, e))?;
         let m = fsx::stat_fd(&src).map_err(|e| ctx.src_err(&rel, e))?;
         ctx.check_entry(&m, &rel)?;
+        self.note_sealed(&rel, &m);
         self.compare_dir_meta(&src, &stg, &rel, false)?;
         ctx.file_done();
         Ok(Some(Dir { src, stg, rel }))
@@ -117,6 +120,14 @@ impl Verifier<'_, '_> {
             d.count += 1;
             if d.first.is_none() {
                 d.first = Some((self.ctx.display(rel), why));
+            }
+        }
+    }
+
+    fn note_sealed(&self, rel: &Path, m: &Meta) {
+        if m.sealed != 0 {
+            if let Ok(mut d) = self.diff.lock() {
+                d.sealed.push((rel.to_path_buf(), m.sealed));
             }
         }
     }
@@ -204,6 +215,7 @@ impl Verifier<'_, '_> {
             return Ok(Cmp::Dir);
         }
         ctx.check_entry(&m, &rel)?;
+        self.note_sealed(&rel, &m);
         if let Some(why) = self.meta_differs(&m, &e)? {
             return Ok(Cmp::Differs(why));
         }
@@ -311,4 +323,26 @@ impl Verifier<'_, '_> {
         }
         Ok(None)
     }
+}
+
+/// Makes the verified copies of the source's immutable and append-only entries so (`sealed`, as
+/// the journal recorded them at `Verified`), then makes that durable: the last change to staging
+/// before the swap. Repeatable: a resumed swap seals again.
+pub(crate) fn seal_copies(stg_root: &OwnedFd, sealed: &[(PathBuf, u32)], source: &Path) -> Result<(), MigrateError> {
+    let err = |rel: &Path, e: std::io::Error| MigrateError::CopyFailed { path: source.join(rel), source: e };
+    for (rel, bits) in sealed {
+        let p = fsx::open_beneath(stg_root, rel).map_err(|e| err(rel, e))?;
+        let m = fsx::stat_fd(&p).map_err(|e| err(rel, e))?;
+        let dir = if m.kind == Kind::Dir { OFlags::DIRECTORY } else { OFlags::empty() };
+        if m.kind != Kind::Dir && m.kind != Kind::File {
+            return Err(err(rel, std::io::Error::other("the verified copy is no longer a file or directory")));
+        }
+        let fd = fsx::reopen(p.as_fd(), OFlags::RDONLY | OFlags::NOATIME | dir).map_err(|e| err(rel, e))?;
+        flags::seal(fd.as_fd(), *bits).map_err(|e| err(rel, e))?;
+        fault::point(Point::SealEntry);
+    }
+    if !sealed.is_empty() {
+        rustix::fs::syncfs(stg_root).map_err(|e| err(Path::new(""), e.into()))?;
+    }
+    Ok(())
 }

@@ -30,7 +30,9 @@ pub fn req<'a>(src: &'a Path, wd: &'a Path) -> Request<'a> {
 
 /// The inode flags a conversion keeps (`lsattr`'s s u S D d A c t T C F P m j); the others are the
 /// filesystem's own (extents, an index, encryption).
-const KEPT_FLAGS: u32 = 0x1
+const KEPT_FLAGS: u32 = 0x10 // immutable
+    | 0x20 // append-only
+    | 0x1
     | 0x2
     | 0x8
     | 0x1_0000
@@ -242,6 +244,17 @@ pub fn build_tree(root: &Path) {
         let i = i as i64;
         set_times(&root.join(rel), (1_000_000_000 + i, 111_111_111 + i), (1_500_000_000 + i, 987_654_321 - i));
     }
+}
+
+/// Makes entries of a [`build_tree`] tree immutable or append-only: files, a directory, and one
+/// inside an append-only directory (set last: nothing could be changed in them after).
+pub fn add_sealed(root: &Path) {
+    chattr(root, &["+i"], "a/plain.txt");
+    chattr(root, &["+a"], "a/b/c/deep.bin");
+    chattr(root, &["+i"], "ro-dir/inside");
+    chattr(root, &["+a"], "ro-dir");
+    chattr(root, &["+i"], "sticky");
+    chattr(root, &["+i"], "a/linked");
 }
 
 /// Adds `n` small files (and one of `big_mib` MiB) under `root/bulk`, owned like `root`.
