@@ -171,3 +171,35 @@ fn a_crash_at_every_flag_step_then_a_resume_keeps_the_flags() {
         assert_eq!(lsattr(&home), before, "after resuming from {point} ({cmd} {mode})");
     }
 }
+
+/// Immutable and append-only entries through the binary: kept by an encrypted conversion and its
+/// decrypt (copy mode), the originals disposed of; a move is refused before anything is written.
+#[test]
+fn immutable_and_append_only_entries_are_kept_by_copying_and_refused_by_moving() {
+    dirseal_testfs::needs_root!();
+    let env = Env::new();
+    let home = env.mnt().join("home");
+    flagged_home(&home);
+    fs::write(home.join("Mail/archive.mbox"), b"From a\n").unwrap();
+    chattr(&["+a"], &home.join("Mail/archive.mbox"));
+    chattr(&["+i"], &home.join("notes.txt"));
+    chattr(&["+i"], &home.join("Games/Data"));
+    let before = lsattr(&home);
+    assert!(before.contains("----i---") && before.contains("-----a-A"), "{before}");
+    let err = env.fails(&["convert", p(&home), "--yes", "--protector-name", "o", "--mode", "move"], "pw\n");
+    assert!(err.contains("Games/Data") || err.contains("archive.mbox") || err.contains("notes.txt"), "{err}");
+    assert!(err.contains("--mode copy"), "{err}");
+    assert_eq!(lsattr(&home), before, "after the refused move");
+    let (out, _) = run_ok(&env, &["convert", p(&home), "--yes", "--json", "--protector-name", "o", "--mode", "copy"]);
+    assert!(out.contains(r#""immutable""#) && out.contains(r#""append-only""#), "the plan names them: {out}");
+    assert_eq!(lsattr(&home), before, "after convert");
+    assert_eq!(env.status_json(&home)["encrypted"], true);
+    run_ok(&env, &["decrypt", p(&home), "--yes", "--mode", "copy"]);
+    assert_eq!(lsattr(&home), before, "after decrypt");
+    // The originals were removed (their flags cleared first): only the journal and lock remain.
+    for e in fs::read_dir(env.mnt().join(".dirseal/convert")).unwrap() {
+        let mut left = common::names(&e.unwrap().path());
+        left.sort();
+        assert_eq!(left, ["journal.json", "lock"]);
+    }
+}
