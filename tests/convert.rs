@@ -209,6 +209,7 @@ fn crash_at_every_fault_point_then_resume() {
             CopyFile => &[3, 30],
             CopySpecialMade
             | CopyDirMade
+            | SealEntry
             | CopySpecial
             | CopyDir
             | VerifyEntry
