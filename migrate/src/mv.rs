@@ -871,6 +871,13 @@ impl<'c, 'a> Mover<'c, 'a> {
         let x: Vec<(Vec<u8>, Vec<u8>)> = f.xattrs.iter().map(|(n, v)| (n.0.clone(), v.0.clone())).collect();
         let r = fsx::reopen(p.as_fd(), OFlags::RDONLY | OFlags::NOATIME).map_err(|e| self.dest_err(rel, e))?;
         flags::apply(r.as_fd(), &f.attrs).map_err(|e| self.dest_err(rel, e))?;
+        // Read back: a move has no verification pass to find a flag the filesystem dropped.
+        if let Some(why) = f.attrs.difference(&flags::read(r.as_fd()).map_err(|e| self.dest_err(rel, e))?) {
+            return Err(MigrateError::MoveInconsistent {
+                path: self.ctx.display(rel),
+                reason: format!("the moved file's {why}"),
+            });
+        }
         fsx::apply_meta(p.as_fd(), &want, &x).map_err(|e| self.dest_err(rel, e))?;
         fsx::fsync(&r).map_err(|e| self.dest_err(rel, e))?;
         // A group: every other name is linked at the destination (durably) before any original
@@ -992,6 +999,12 @@ pub(crate) fn settle(ctx: &Ctx, src_root: &OwnedFd, stg_root: &OwnedFd) -> Resul
         x.extend(have.into_iter().filter(|(n, _)| n == TIMES));
         let attrs = flags::read(s.as_fd()).map_err(|e| ctx.src_err(rel, e))?;
         flags::apply(t.as_fd(), &attrs).map_err(|e| ctx.dst_err(rel, e))?;
+        if let Some(why) = attrs.difference(&flags::read(t.as_fd()).map_err(|e| ctx.dst_err(rel, e))?) {
+            return Err(MigrateError::MoveInconsistent {
+                path: ctx.display(rel),
+                reason: format!("the settled directory's {why}"),
+            });
+        }
         fsx::apply_meta(t.as_fd(), &Meta { atime, mtime, ..sm }, &x).map_err(|e| ctx.dst_err(rel, e))?;
         fault::point(Point::SettleTimesKept);
         remove_times_xattr(t.as_fd()).map_err(|e| ctx.dst_err(rel, e))?;
