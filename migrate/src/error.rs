@@ -83,7 +83,7 @@ pub enum MigrateError {
     ImmutableInside { path: PathBuf },
     #[error("{} is immutable or append-only, which a conversion by moving cannot keep (it takes the originals apart as it goes); free room for a copy and convert with --mode copy, or clear the flag (chattr -i -a), convert, then set it again", path.display())]
     ImmutableInMove { path: PathBuf },
-    #[error("{} holds entries with the inode flag {flag}, which the copy cannot keep: {reason}; nothing was written", path.display())]
+    #[error("{} has the inode flag {flag}, which the conversion cannot keep: {reason}; nothing was written", path.display())]
     FlagNotKept { path: PathBuf, flag: &'static str, reason: String },
     #[error("{} is a mount point inside the directory; unmount it (or move it out) and try again", path.display())]
     MountPointInside { path: PathBuf },

@@ -198,15 +198,19 @@ pub(crate) fn check_casefold_encryption(fd: impl AsFd) -> Result<(), String> {
         _ => return Err("only ext4 and f2fs keep casefolded directories encrypted".into()),
     };
     let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    let mut nums = release.trim().split(|c: char| !c.is_ascii_digit()).map(|n| n.parse::<u32>().unwrap_or(0));
+    casefold_release(release.trim(), name, needs)
+}
+
+/// Whether kernel `release` ("6.1.0-57-amd64") is at least `needs` (major, minor) for
+/// encrypted casefolded directories on `fs`; if not, what to do.
+fn casefold_release(release: &str, fs: &str, needs: (u32, u32)) -> Result<(), String> {
+    let mut nums = release.split(|c: char| !c.is_ascii_digit()).map(|n| n.parse::<u32>().unwrap_or(0));
     let have = (nums.next().unwrap_or(0), nums.next().unwrap_or(0));
     if have < needs {
         return Err(format!(
-            "this kernel ({}) cannot encrypt casefolded directories on {name} (Linux {}.{} or later can); \
+            "this kernel ({release}) cannot encrypt casefolded directories on {fs} (Linux {}.{} or later can); \
              boot a newer kernel and run the conversion again",
-            release.trim(),
-            needs.0,
-            needs.1
+            needs.0, needs.1
         ));
     }
     Ok(())
@@ -293,6 +297,17 @@ pub(crate) fn apply(fd: BorrowedFd<'_>, a: &Attrs) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn casefold_under_encryption_needs_5_13_on_ext4_and_5_11_on_f2fs() {
+        assert!(casefold_release("6.1.0-57-amd64", "ext4", (5, 13)).is_ok());
+        assert!(casefold_release("5.13.0", "ext4", (5, 13)).is_ok());
+        assert!(casefold_release("5.11.22-arch1", "f2fs", (5, 11)).is_ok());
+        let e = casefold_release("5.10.0-28-amd64", "ext4", (5, 13)).unwrap_err();
+        assert!(e.contains("5.10.0-28-amd64") && e.contains("Linux 5.13") && e.contains("newer kernel"), "{e}");
+        assert!(casefold_release("4.19.0", "f2fs", (5, 11)).is_err());
+        assert!(casefold_release("", "ext4", (5, 13)).is_err(), "an unreadable release is not taken as new enough");
+    }
 
     /// docs/formats.md lists every flag of the table (by its `lsattr` letter) in the row of how a
     /// copy treats it.

@@ -176,9 +176,9 @@ pub(crate) fn preflight_source(req: &Request, host: &dyn Host, src: &Source) -> 
         MigrateError::Interrupted { .. } => MigrateError::Interrupted { state: State::Prepared },
         e => e,
     })?;
-    if req.direction == Direction::Encrypt && census.casefolded > 0 {
+    if let (Direction::Encrypt, Some(rel)) = (req.direction, &census.first_casefolded) {
         flags::check_casefold_encryption(&src.fd).map_err(|reason| MigrateError::FlagNotKept {
-            path: src.path.clone(),
+            path: if rel.as_os_str().is_empty() { src.path.clone() } else { src.path.join(rel) },
             flag: "casefold (+F)",
             reason,
         })?;

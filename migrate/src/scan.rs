@@ -38,6 +38,8 @@ pub(crate) struct Census {
     /// Immutable or append-only entries below the root, and one of them to name.
     pub sealed: u64,
     pub first_sealed: Option<PathBuf>,
+    /// A casefolded directory to name (the root's path is empty).
+    pub first_casefolded: Option<PathBuf>,
 }
 
 impl Census {
@@ -50,6 +52,9 @@ impl Census {
             self.flag_bits |= others;
         }
         self.casefolded += u64::from(a.casefold());
+        if a.casefold() {
+            self.first_casefolded.get_or_insert_with(|| rel.to_path_buf());
+        }
         if sealed != 0 && !rel.as_os_str().is_empty() {
             self.sealed += 1;
             self.first_sealed.get_or_insert_with(|| rel.to_path_buf());
@@ -167,6 +172,9 @@ impl Visitor for Scanner<'_, '_> {
         t.sealed += c.sealed;
         if t.first_sealed.is_none() {
             t.first_sealed = c.first_sealed;
+        }
+        if t.first_casefolded.is_none() {
+            t.first_casefolded = c.first_casefolded;
         }
         ctx.files_done.store(t.entries, Ordering::Relaxed);
         drop(t);
