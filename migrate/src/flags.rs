@@ -80,11 +80,11 @@ pub(crate) const TABLE: &[Flag] = &[
     flag(IFlags::TOPDIR.bits(), 'T', "top of directory hierarchy", When::Last),
     flag(FS_EXTENT_FL, 'e', "extents", When::Own("ext4 gives every new file extents")),
     flag(IFlags::NOCOW.bits(), 'C', "no copy-on-write", When::Empty),
-    flag(FS_DAX_FL, 'x', "DAX", When::Own("direct access cannot be combined with encryption")),
+    flag(FS_DAX_FL, 'x', "DAX", When::Own("refused: direct access cannot be combined with encryption")),
     flag(FS_CASEFOLD_FL, 'F', "casefold", When::Empty),
     flag(FS_INLINE_DATA_FL, 'N', "inline data", When::Own("ext4 stores small files inline by itself")),
     flag(IFlags::PROJECT_INHERIT.bits(), 'P', "project inheritance", When::Last),
-    flag(FS_VERITY_FL, 'V', "verity", When::Own("fs-verity is enabled on a finished file, not copied")),
+    flag(FS_VERITY_FL, 'V', "verity", When::Own("refused: fs-verity is enabled on a finished file, not copied")),
     flag(FS_NOCOMP_FL, 'm', "no compression", When::Empty),
     flag(FS_HUGE_FILE_FL, 'h', "huge file", When::Own("set by ext4 for files over 2 TiB")),
     flag(FS_EA_INODE_FL, '?', "xattr inode", When::Own("ext4's own, for large extended attributes")),
@@ -107,10 +107,27 @@ const fn mask(empty: bool) -> u32 {
 
 /// The flags a copy carries while it is made.
 pub(crate) const CARRIED: u32 = mask(false);
-/// Immutable and append-only.
-pub(crate) const SEALED: u32 = IFlags::IMMUTABLE.bits() | IFlags::APPEND.bits();
 /// Of those, the ones set on the empty inode.
 pub(crate) const EARLY: u32 = mask(true);
+/// Immutable and append-only.
+pub(crate) const SEALED: u32 = IFlags::IMMUTABLE.bits() | IFlags::APPEND.bits();
+
+/// A flag no copy can have (`fsx::Meta::unkept`, from statx): which, and what to do about it.
+pub(crate) fn unkept(bit: u32) -> (&'static str, &'static str) {
+    if bit & FS_VERITY_FL != 0 {
+        (
+            "verity (+V)",
+            "fs-verity is enabled on a finished file and cannot be copied; move the file out of the \
+             directory, convert, move it back (or copy it back and enable it again with `fsverity enable`)",
+        )
+    } else {
+        (
+            "DAX (+x)",
+            "direct access cannot be combined with encryption; clear it (`chattr -x`), convert, and \
+             keep files that need it outside the encrypted directory",
+        )
+    }
+}
 
 /// The flags of an inode a copy carries, and its project id (0: none).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -89,6 +89,9 @@ pub(crate) struct Meta {
     /// `chattr +i` and `+a` as statx reports them (`FS_IMMUTABLE_FL`, `FS_APPEND_FL`): a copy
     /// gets them only once verified, an original loses them only when it is disposed of.
     pub sealed: u32,
+    /// fs-verity and DAX as statx reports them (`FS_VERITY_FL`, `FS_DAX_FL`): no copy can have
+    /// them, so a tree holding them is refused (see flags.rs).
+    pub unkept: u32,
 }
 
 impl Meta {
@@ -147,6 +150,8 @@ fn to_meta(x: rustix::fs::Statx) -> io::Result<Meta> {
         mount_root: x.stx_attributes.contains(StatxAttributes::MOUNT_ROOT),
         sealed: if x.stx_attributes.contains(StatxAttributes::IMMUTABLE) { 0x10 } else { 0 }
             | if x.stx_attributes.contains(StatxAttributes::APPEND) { 0x20 } else { 0 },
+        unkept: if x.stx_attributes.contains(StatxAttributes::VERITY) { 0x10_0000 } else { 0 }
+            | if x.stx_attributes.contains(StatxAttributes::DAX) { 0x200_0000 } else { 0 },
     })
 }
 

@@ -1172,7 +1172,7 @@ def tpm2(summary):
 # The filesystems a Steam Deck's SD card or home may be: mkfs (both features at once; ext4 with
 # project quotas too, for project ids), fsck that changes nothing.
 CASEFOLD_FS = {
-    "ext4": (["mkfs.ext4", "-q", "-F", "-O", "casefold,encrypt,project,quota"], ["e2fsck", "-fn"]),
+    "ext4": (["mkfs.ext4", "-q", "-F", "-O", "casefold,encrypt,project,quota,verity"], ["e2fsck", "-fn"]),
     "f2fs": (["mkfs.f2fs", "-q", "-f", "-O", "encrypt,casefold", "-C", "utf8"], ["fsck.f2fs", "-f", "--dry-run"]),
 }
 
@@ -1229,6 +1229,16 @@ def case_insensitive(home, what):
             raise Failure(f"{what}: {p} reads differently")
 
 
+def enable_verity(path):
+    """FS_IOC_ENABLE_VERITY (sha256, 4 KiB blocks) on a file: what `fsverity enable` does."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        arg = struct.pack("<IIIIQIIQ11Q", 1, 1, 4096, 0, 0, 0, 0, 0, *([0] * 11))
+        fcntl.ioctl(fd, 0x40806685, arg)
+    finally:
+        os.close(fd)
+
+
 def casefold(summary):
     """A casefold+encrypt ext4 (with project ids) and a casefold f2fs: a Proton prefix goes
     through convert (crashed once, resumed), decrypt and a portable convert; after each,
@@ -1248,6 +1258,20 @@ def casefold(summary):
             ds = Dirseal(os.path.join(work, "keystore"), os.path.join(work, "etc"))
             home = os.path.join(mnt, "deck")
             proton_prefix(home, fs)
+            if fs == "ext4":
+                # A flag no copy can have (fs-verity) stops the conversion before anything is
+                # written, naming the file.
+                sealed = os.path.join(home, "compatdata/123/pfx/drive_c/Signed.EXE")
+                with open(sealed, "w") as f:
+                    f.write("signed")
+                enable_verity(sealed)
+                p = ds("convert", home, "--yes", "--protector-name", "deck", stdin="deck pw\n", check=False)
+                if p.returncode == 0 or "verity (+V)" not in p.stderr or "Signed.EXE" not in p.stderr:
+                    raise Failure(f"ext4: a file with fs-verity was not refused by name: {p.stderr.strip()}")
+                if os.path.exists(os.path.join(mnt, ".dirseal/convert")) and any(
+                        os.scandir(os.path.join(mnt, ".dirseal/convert"))):
+                    raise Failure("ext4: the refusal of a verity file wrote a work dir")
+                os.remove(sealed)
             want, flags = manifest(home), lsattr_of(home)
             case_insensitive(home, f"{fs} before")
 
