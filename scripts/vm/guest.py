@@ -1172,7 +1172,7 @@ def tpm2(summary):
 # The filesystems a Steam Deck's SD card or home may be: mkfs (both features at once; ext4 with
 # project quotas too, for project ids), fsck that changes nothing.
 CASEFOLD_FS = {
-    "ext4": (["mkfs.ext4", "-q", "-F", "-O", "casefold,encrypt,project,quota,verity"], ["e2fsck", "-fn"]),
+    "ext4": (["mkfs.ext4", "-q", "-F", "-b", "4096", "-O", "casefold,encrypt,project,quota,verity"], ["e2fsck", "-fn"]),
     "f2fs": (["mkfs.f2fs", "-q", "-f", "-O", "encrypt,casefold", "-C", "utf8"], ["fsck.f2fs", "-f", "--dry-run"]),
 }
 
