@@ -72,7 +72,7 @@ grep -E '^soak: [0-9]+ kills' "$soak_log"
 rm -f "$soak_log"
 grep -E '^gui: [0-9]+ scenarios' "$gui_log" || echo "gui: FAILED (no result line)"
 rm -f "$gui_log"
-grep -E '^(powercut: [0-9]+ points|faults: [0-9]+ scenarios|(f2fs|tpm2): (ok|FAILED)|vm-test: (ok|FAILED))' "$vm_log"
+grep -E '^(powercut: [0-9]+ points|faults: [0-9]+ scenarios|(f2fs|tpm2|casefold): (ok|FAILED)|vm-test: (ok|FAILED))' "$vm_log"
 rm -f "$vm_log"
 grep -E '^system: ([a-z0-9]+ (ok|FAILED)|[0-9]+ scenarios|ok|FAILED)' "$sys_log" || true
 rm -f "$sys_log"

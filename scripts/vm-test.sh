@@ -3,7 +3,8 @@
 # recording of a conversion (copy, move, and one with a TPM2 protector), disk faults under a
 # conversion (device-mapper: a bad block in the original, failing writes, the device vanishing
 # and coming back, the filesystem full at each phase; ext4 and f2fs, copy and move),
-# the main flows on f2fs, and TPM2 protectors through the guest
+# the main flows on f2fs, casefolded directories kept through convert, decrypt and portable (ext4
+# and f2fs; the host kernel has no casefold), and TPM2 protectors through the guest
 # kernel's resource manager (a host swtpm). The guest runs a Debian 6.1 kernel from
 # the package archive (cached under the target dir) and the host's own userland, shared read-only
 # over 9p, so it tests the binaries of this checkout. Prints a summary; exits non-zero on failure.
@@ -32,7 +33,7 @@ own_arg() {
     *) return 1 ;;
   esac
 }
-guest_args "usage: scripts/vm-test.sh [--full] [--only powercut|faults|f2fs|tpm2] [--cmd CMD] [--no-deps]" own_arg "$@"
+guest_args "usage: scripts/vm-test.sh [--full] [--only powercut|faults|f2fs|tpm2|casefold] [--cmd CMD] [--no-deps]" own_arg "$@"
 
 guest_workdir vm
 vm=$target/vm
@@ -45,7 +46,7 @@ tmp=$(mktemp -d)
 swtpm_pid="" qemu_pid="" tail_pid=""
 # shellcheck disable=SC2154 # p is the loop's own variable (shellcheck does not see it in a trap)
 trap 'for p in $qemu_pid $tail_pid $swtpm_pid; do kill "$p" 2>/dev/null || true; done; rm -rf "$tmp"' EXIT
-guest_initramfs "$tmp/initrd.img" scripts/vm/init dm-mod dm-log-writes dm-flakey ext4 f2fs loop virtio_pci virtio_blk \
+guest_initramfs "$tmp/initrd.img" scripts/vm/init dm-mod dm-log-writes dm-flakey ext4 f2fs quota_v2 loop virtio_pci virtio_blk \
   9p 9pnet_virtio aesni_intel xts cts ecb sha512_ssse3 sha512_generic crc32c_intel crc32c_generic
 
 out=${VM_OUT:-$vm/out}

@@ -208,6 +208,8 @@ fn crash_at_every_fault_point_then_resume() {
             | AfterSwap | AfterRecordSwapped | MidDispose => &[1],
             CopyFile => &[3, 30],
             CopySpecialMade
+            | CopyDirMade
+            | SealEntry
             | CopySpecial
             | CopyDir
             | VerifyEntry
@@ -225,6 +227,7 @@ fn crash_at_every_fault_point_then_resume() {
             | RollbackBeforeRecord => &[],
             // Move mode: tests/move_mode.rs crashes a real encrypted move; crash.rs reaches each.
             AfterRecordMoving
+            | MoveDirMade
             | MoveEntryCopied
             | MoveBatchSynced
             | MoveEntryRemoved

@@ -46,6 +46,14 @@ pub struct Summary {
     pub move_needed: u64,
     /// The measured time estimate, if asked for and the probe could run.
     pub estimate: Option<Estimate>,
+    /// Regular files and directories (the directory itself included) whose inode flags (other
+    /// than casefold) or project id the conversion keeps, and the names of those flags
+    /// ("nodump", "noatime", ...).
+    pub flagged_entries: u64,
+    /// The names of the flags [`Summary::flagged_entries`] have.
+    pub kept_flags: Vec<&'static str>,
+    /// Casefolded directories among them (kept casefolded).
+    pub casefolded_dirs: u64,
 }
 
 /// A time estimate from rates measured on the filesystem itself, not constants.

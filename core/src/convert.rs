@@ -430,6 +430,9 @@ impl<K> NewRun<K> {
             copy_needed: census.copy_needed,
             move_needed: census.move_needed,
             estimate: self.estimate,
+            flagged_entries: census.flagged,
+            kept_flags: migrate::flag_names(census.flag_bits),
+            casefolded_dirs: census.casefolded,
         }
     }
 

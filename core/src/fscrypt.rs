@@ -153,11 +153,11 @@ fn not_supported_message(mountpoint: &Path, fstype: Option<&str>, device: Option
     let dev = device.unwrap_or("/dev/...");
     match fstype {
         Some("ext4") | None => format!(
-            "the filesystem at {} does not have the encrypt feature; enable it with `tune2fs -O encrypt {dev}` (ext4 allows this while mounted) and retry (the kernel also needs CONFIG_FS_ENCRYPTION)",
+            "the filesystem at {} does not have the encrypt feature; enable it with `tune2fs -O encrypt {dev}` (ext4 allows this while mounted, and on a casefold filesystem such as a SteamOS SD card with e2fsprogs 1.46 or later) and retry (the kernel also needs CONFIG_FS_ENCRYPTION; casefolded directories inside an encrypted one need Linux 5.13)",
             mountpoint.display()
         ),
         Some("f2fs") => format!(
-            "the f2fs filesystem at {} does not have the encrypt feature; enable it with `fsck.f2fs -O encrypt {dev}` (f2fs needs it unmounted) and retry",
+            "the f2fs filesystem at {} does not have the encrypt feature; enable it with `fsck.f2fs -O encrypt {dev}` (f2fs needs it unmounted; a casefold f2fs takes it too) and retry (casefolded directories inside an encrypted one need Linux 5.11)",
             mountpoint.display()
         ),
         Some(t) => format!(

@@ -22,6 +22,7 @@ use rustix::io::Errno;
 
 use crate::ctx::Ctx;
 use crate::fault::{self, Point};
+use crate::flags;
 use crate::fsx::{self, Kind, Meta, On};
 use crate::walk::{self, Visitor};
 use crate::{remove, MigrateError};
@@ -156,16 +157,38 @@ impl Copier<'_, '_> {
         }
         let src = fsx::reopen(pfd.as_fd(), OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOATIME)
             .map_err(|e| ctx.src_err(&rel, e))?;
-        match fsx::stat_at(stg_dir, name).map_err(|e| ctx.dst_err(&rel, e))? {
-            Some(d) if d.kind == Kind::Dir => {}
-            other => {
-                if other.is_some() {
+        let attrs = flags::read(src.as_fd()).map_err(|e| ctx.src_err(&rel, e))?;
+        let existing = match fsx::stat_at(stg_dir, name).map_err(|e| ctx.dst_err(&rel, e))? {
+            Some(d) if d.kind == Kind::Dir => {
+                let stg = fsx::open_dir(stg_dir, name).map_err(|e| ctx.dst_err(&rel, e))?;
+                // Casefold (and the other flags of an empty directory) cannot be set on one that
+                // holds entries: a copy made without them is made again.
+                let have = flags::read(stg.as_fd()).map_err(|e| ctx.dst_err(&rel, e))?;
+                if attrs.early_differs(&have) {
                     remove::remove_tree(stg_dir.as_fd(), name, false, &|_| Ok(())).map_err(|e| ctx.dst_err(&rel, e))?;
+                    None
+                } else {
+                    Some(stg)
                 }
-                fsx::mkdir(stg_dir, name).map_err(|e| ctx.dst_err(&rel, e))?;
             }
-        }
-        let stg = fsx::open_dir(stg_dir, name).map_err(|e| ctx.dst_err(&rel, e))?;
+            None => None,
+            Some(_) => {
+                remove::remove_tree(stg_dir.as_fd(), name, false, &|_| Ok(())).map_err(|e| ctx.dst_err(&rel, e))?;
+                None
+            }
+        };
+        let stg = match existing {
+            Some(stg) => stg,
+            None => {
+                fsx::mkdir(stg_dir, name).map_err(|e| ctx.dst_err(&rel, e))?;
+                let stg = fsx::open_dir(stg_dir, name).map_err(|e| ctx.dst_err(&rel, e))?;
+                fault::point(Point::CopyDirMade);
+                // While it is empty: a crash before this leaves an empty directory without the
+                // flags, which the resumed pass makes again (above).
+                flags::set_early(stg.as_fd(), &attrs).map_err(|e| ctx.dst_err(&rel, e))?;
+                stg
+            }
+        };
         ctx.file_done();
         Ok(Some(Dir { src, stg, rel }))
     }
@@ -185,6 +208,8 @@ impl Copier<'_, '_> {
                 }
             }
         }
+        let attrs = flags::read(src.as_fd()).map_err(|e| ctx.src_err(rel, e))?;
+        flags::apply(stg.as_fd(), &attrs).map_err(|e| ctx.dst_err(rel, e))?;
         fsx::apply_meta_on(On::Open(stg.as_fd()), &m, &x).map_err(|e| ctx.dst_err(rel, e))?;
         fault::point(Point::CopyDir);
         Ok(())
@@ -397,8 +422,16 @@ impl Copier<'_, '_> {
         {
             return Ok(false);
         }
-        Ok(fsx::xattrs(fd.as_fd()).map_err(|err| ctx.src_err(rel, err))?
-            == fsx::xattrs(efd.as_fd()).map_err(|err| ctx.dst_err(rel, err))?)
+        if fsx::xattrs(fd.as_fd()).map_err(|err| ctx.src_err(rel, err))?
+            != fsx::xattrs(efd.as_fd()).map_err(|err| ctx.dst_err(rel, err))?
+        {
+            return Ok(false);
+        }
+        if m.kind != Kind::File {
+            return Ok(true);
+        }
+        Ok(flags::read_handle(fd.as_fd()).map_err(|err| ctx.src_err(rel, err))?
+            == flags::read_handle(efd.as_fd()).map_err(|err| ctx.dst_err(rel, err))?)
     }
 }
 
@@ -455,6 +488,8 @@ pub(crate) fn create(
                 None => fsx::reopen(fd.as_fd(), OFlags::RDONLY | OFlags::NOATIME).map_err(serr)?,
             };
             let tmp = Arc::new(fsx::tmpfile(stg_dir).map_err(derr)?);
+            let attrs = flags::read(rfd.as_fd()).map_err(serr)?;
+            flags::set_early(tmp.as_fd(), &attrs).map_err(derr)?;
             let (mut copied, mut handed) = (0u64, 0u64);
             let mut on_chunk = |n: u64| {
                 copied += n;
@@ -485,6 +520,7 @@ pub(crate) fn create(
             // has the size the source had (copy_sparse sets it), which the after-stat checks.
             let same = fsx::same_content(rfd.as_fd(), tmp.as_fd(), before.size, &mut |_| {}).map_err(derr)?;
             let x = fsx::xattrs_on(On::Open(rfd.as_fd())).map_err(serr)?;
+            flags::apply(tmp.as_fd(), &attrs).map_err(derr)?;
             fsx::apply_meta_on(On::Open(tmp.as_fd()), &before, &x).map_err(derr)?;
             let after = fsx::stat_fd(fd).map_err(serr)?;
             if after.changed_since(&before) {
@@ -495,6 +531,11 @@ pub(crate) fn create(
                     path: ctx.display(rel),
                     reason: "the copy read back differs from the original, which did not change".into(),
                 });
+            }
+            // Read back like the data: verification trusts an unchanged file's copy on this.
+            let kept = flags::read(tmp.as_fd()).map_err(derr)?;
+            if let Some(why) = attrs.difference(&kept) {
+                return Err(MigrateError::VerifyFailed { path: ctx.display(rel), reason: format!("the copy's {why}") });
             }
             // No fsync per file: a killed process loses nothing from the page cache, and after
             // a power loss ext4 shows an unsynced file short (its on-disk size grows only with

@@ -146,7 +146,9 @@ impl<'a> Ctx<'a> {
     }
 
     /// Refuses entries that cannot be converted faithfully: other mounts, encrypted inodes (when
-    /// encrypting; a decrypt's source is encrypted throughout) and immutable or append-only ones.
+    /// encrypting; a decrypt's source is encrypted throughout), entries with fs-verity or DAX
+    /// (no copy can have them) and special files that are immutable or append-only (their flags
+    /// cannot be read or set through an open file).
     pub(crate) fn check_entry(&self, m: &Meta, rel: &Path) -> Result<(), MigrateError> {
         if m.mnt_id != self.root_mnt {
             return Err(MigrateError::MountPointInside { path: self.display(rel) });
@@ -154,7 +156,11 @@ impl<'a> Ctx<'a> {
         if m.encrypted && !self.decrypting {
             return Err(MigrateError::EncryptedInside { path: self.display(rel) });
         }
-        if m.immutable {
+        if m.unkept != 0 {
+            let (flag, reason) = crate::flags::unkept(m.unkept);
+            return Err(MigrateError::FlagNotKept { path: self.display(rel), flag, reason: reason.into() });
+        }
+        if m.sealed != 0 && m.kind != crate::fsx::Kind::File && m.kind != crate::fsx::Kind::Dir {
             return Err(MigrateError::ImmutableInside { path: self.display(rel) });
         }
         Ok(())

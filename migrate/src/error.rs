@@ -79,8 +79,12 @@ pub enum MigrateError {
     OtherDirection { path: PathBuf, running: &'static str, asked: &'static str },
     #[error("{} is encrypted on its own; move it out of the directory, convert, then move it back", path.display())]
     EncryptedInside { path: PathBuf },
-    #[error("{} is immutable or append-only, which a copy cannot keep and which blocks removing the old tree; clear the flag (chattr -i -a) and try again, then set it again after the conversion", path.display())]
+    #[error("{} is immutable or append-only, which a conversion keeps only on regular files and directories inside the directory; clear the flag (chattr -i -a) and try again, then set it again after the conversion", path.display())]
     ImmutableInside { path: PathBuf },
+    #[error("{} is immutable or append-only, which a conversion by moving cannot keep (it takes the originals apart as it goes); free room for a copy and convert with --mode copy, or clear the flag (chattr -i -a), convert, then set it again", path.display())]
+    ImmutableInMove { path: PathBuf },
+    #[error("{} has the inode flag {flag}, which the conversion cannot keep: {reason}; nothing was written", path.display())]
+    FlagNotKept { path: PathBuf, flag: &'static str, reason: String },
     #[error("{} is a mount point inside the directory; unmount it (or move it out) and try again", path.display())]
     MountPointInside { path: PathBuf },
     #[error("not enough free space for a copy of {}: it needs about {}, {} is free; free about {} more and try again", path.display(), mib(*needed), free(*available), shortfall(*needed, *available))]

@@ -42,6 +42,9 @@ points! {
     BeforeRecordPrepared = "before-record-prepared",
     AfterPrepare = "after-prepare",
     AfterRecordCopying = "after-record-copying",
+    /// After each staging directory made by a copy, before the flags of an empty directory
+    /// (casefold) are set on it.
+    CopyDirMade = "copy-dir-made",
     /// After each regular file linked into staging.
     CopyFile = "copy-file",
     CopySpecialMade = "copy-special-made",
@@ -64,6 +67,8 @@ points! {
     /// the commit recorded (its last catch-up pass begins).
     AfterRecordCommitting = "after-record-committing",
     AfterRecordVerified = "after-record-verified",
+    /// After each verified copy made immutable or append-only, before the swap.
+    SealEntry = "seal-entry",
     AfterSwap = "after-swap",
     AfterRecordSwapped = "after-record-swapped",
     AfterRecordDisposing = "after-record-disposing",
@@ -73,6 +78,9 @@ points! {
     BeforeTrim = "before-trim",
     AfterRecordDone = "after-record-done",
     AfterRecordMoving = "after-record-moving",
+    /// After each staging directory made by a move, before the flags of an empty directory are
+    /// set on it.
+    MoveDirMade = "move-dir-made",
     /// After each small file or special file copied by a move (in or back).
     MoveEntryCopied = "move-entry-copied",
     /// After each batch of a move made durable, before its originals are removed.

@@ -86,9 +86,12 @@ pub(crate) struct Meta {
     pub mnt_id: u64,
     pub encrypted: bool,
     pub mount_root: bool,
-    /// `chattr +i` or `+a`: such an inode cannot be removed after the swap, and the copy could
-    /// not carry the flag (inode flags are not copied).
-    pub immutable: bool,
+    /// `chattr +i` and `+a` as statx reports them (`FS_IMMUTABLE_FL`, `FS_APPEND_FL`): a copy
+    /// gets them only once verified, an original loses them only when it is disposed of.
+    pub sealed: u32,
+    /// fs-verity and DAX as statx reports them (`FS_VERITY_FL`, `FS_DAX_FL`): no copy can have
+    /// them, so a tree holding them is refused (see flags.rs).
+    pub unkept: u32,
 }
 
 impl Meta {
@@ -145,7 +148,10 @@ fn to_meta(x: rustix::fs::Statx) -> io::Result<Meta> {
         mnt_id: x.stx_mnt_id,
         encrypted: x.stx_attributes.contains(StatxAttributes::ENCRYPTED),
         mount_root: x.stx_attributes.contains(StatxAttributes::MOUNT_ROOT),
-        immutable: x.stx_attributes.intersects(StatxAttributes::IMMUTABLE | StatxAttributes::APPEND),
+        sealed: if x.stx_attributes.contains(StatxAttributes::IMMUTABLE) { 0x10 } else { 0 }
+            | if x.stx_attributes.contains(StatxAttributes::APPEND) { 0x20 } else { 0 },
+        unkept: if x.stx_attributes.contains(StatxAttributes::VERITY) { 0x10_0000 } else { 0 }
+            | if x.stx_attributes.contains(StatxAttributes::DAX) { 0x200_0000 } else { 0 },
     })
 }
 

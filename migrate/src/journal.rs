@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::MigrateError;
 use crate::fault::{self, Point};
+use crate::flags::Attrs;
 use crate::fsx;
 use crate::fsx::Time;
 use crate::state::State;
@@ -140,6 +141,10 @@ pub(crate) struct InFlight {
     /// once the data is there, before any original name is removed. Absent for a single file.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub links: Vec<HexRel>,
+    /// Its inode flags and project id, set on the destination when the data is there. Absent:
+    /// none.
+    #[serde(default, skip_serializing_if = "Attrs::is_none")]
+    pub attrs: Attrs,
 }
 
 #[derive(Deserialize)]
@@ -157,6 +162,8 @@ struct RawInFlight {
     xattrs: Vec<(HexBytes, HexBytes)>,
     #[serde(default)]
     links: Vec<HexRel>,
+    #[serde(default)]
+    attrs: Attrs,
 }
 
 impl InFlight {
@@ -190,6 +197,7 @@ impl TryFrom<RawInFlight> for InFlight {
             mtime: r.mtime,
             xattrs: r.xattrs,
             links: r.links,
+            attrs: r.attrs,
         })
     }
 }
@@ -352,6 +360,18 @@ pub(crate) struct Journal {
     /// A live conversion's record (absent otherwise, so other journals read as before).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub live: Option<Live>,
+    /// From `Verified` on: the source's immutable and append-only entries (their flags), which
+    /// their copies get right before the swap. Absent: none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sealed: Vec<Sealed>,
+}
+
+/// An immutable or append-only entry: its path below the root and which of the two flags.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Sealed {
+    pub rel: HexRel,
+    pub flags: u32,
 }
 
 /// Most pass records a live journal keeps (the oldest go first): a conversion caught up again and
@@ -461,6 +481,7 @@ struct RawJournal {
     direction: Direction,
     #[serde(default)]
     live: Option<Live>,
+    sealed: Vec<Sealed>,
 }
 
 /// Longest token a host may hand out (a policy id is 32 hex digits).
@@ -505,6 +526,9 @@ impl TryFrom<RawJournal> for Journal {
         }
         if r.copy_started.is_some() && r.method != Method::Copy {
             return Err("a copy start time in a move".into());
+        }
+        if r.sealed.iter().any(|s| s.flags == 0 || s.flags & !crate::flags::SEALED != 0) {
+            return Err("a sealed entry with flags other than immutable and append-only".into());
         }
         if let Step::Copying { round } | Step::Copied { round } = r.step {
             if round >= MAX_ROUNDS {
@@ -557,6 +581,7 @@ impl TryFrom<RawJournal> for Journal {
             inflight: r.inflight,
             direction: r.direction,
             live: r.live,
+            sealed: r.sealed,
         })
     }
 }
@@ -940,6 +965,7 @@ mod tests {
             inflight: None,
             direction: Direction::Encrypt,
             live: None,
+            sealed: Vec::new(),
         }
     }
 
@@ -973,6 +999,7 @@ mod tests {
                 mtime: t,
                 xattrs: vec![(HexBytes(b"user.a".to_vec()), HexBytes(vec![0, 1, 255]))],
                 links: Vec::new(),
+                attrs: Attrs { flags: 0x40, project: 7 },
             }),
             copy_started: None,
             ..sample(step)

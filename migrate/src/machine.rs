@@ -11,7 +11,7 @@ use crate::ctx::Ctx;
 use crate::error::{host_err, io_err, move_err, other_direction, other_source};
 use crate::fault::{self, Point};
 use crate::finish::{dispose, outcome};
-use crate::journal::{self, HexPath, Journal, Step, Version, Workdir, STAGING};
+use crate::journal::{self, HexPath, HexRel, Journal, Step, Version, Workdir, STAGING};
 use crate::pass::{after_pass, pool};
 use crate::plan::{check_not_in_use, preflight_source, quick_checks};
 use crate::trees::{
@@ -19,7 +19,7 @@ use crate::trees::{
     Source,
 };
 use crate::types::{Method, Schedule, MAX_ROUNDS};
-use crate::{copy, fsx, mv, verify};
+use crate::{copy, flags, fsx, mv, verify};
 use crate::{Census, Host, HostError, MigrateError, Outcome, Phase, Plan, Request, State, Timings};
 
 /// Starts a conversion (running the [`preflight`] checks itself) or resumes the unfinished one
@@ -115,6 +115,9 @@ fn begin(
     wd.sync()?;
     fault::point(Point::AfterStagingCreated);
     let stg_fd = fsx::open_dir(&wd.fd, STAGING.as_ref()).map_err(io_err("opening", &wd.staging_path()))?;
+    // Casefold goes onto the empty staging root, before the host makes it encrypted.
+    let root_attrs = flags::read(src.fd.as_fd()).map_err(io_err("reading the inode flags of", &src.path))?;
+    flags::set_early(stg_fd.as_fd(), &root_attrs).map_err(io_err("setting the inode flags of", &wd.staging_path()))?;
     let token = host
         .prepare_staging(stg_fd.as_fd(), &wd.staging_path())
         .map_err(host_err("preparing the staging directory"))?;
@@ -157,6 +160,7 @@ fn begin(
         inflight: None,
         direction: req.direction,
         live: (req.schedule == Schedule::Live).then(journal::Live::default),
+        sealed: Vec::new(),
     };
     wd.record(&mut j, Step::Prepared, Point::AfterPrepare)?;
     timings.add("prepare", prepared.elapsed());
@@ -630,6 +634,8 @@ impl<'r> Run<'r> {
         }
         let root = fsx::stat_fd(&trees.src.fd).map_err(io_err("inspecting", &self.j.source.0))?;
         self.j.root_times = Some(journal::RootTimes { atime: root.atime, mtime: root.mtime });
+        self.j.sealed =
+            diff.sealed.into_iter().map(|(rel, flags)| journal::Sealed { rel: HexRel(rel), flags }).collect();
         self.record(Step::Verified, Point::AfterRecordVerified)
     }
 
@@ -695,7 +701,10 @@ fn swap(req: &Request, host: &dyn Host, wd: &Workdir, j: &Journal) -> Result<(),
             if !req.force {
                 check_not_in_use(&j.source.0)?;
             }
-            check_encrypted(host, j, wd, &open_staging(j, wd)?)?;
+            let stg = open_staging(j, wd)?;
+            check_encrypted(host, j, wd, &stg)?;
+            let sealed: Vec<_> = j.sealed.iter().map(|s| (s.rel.0.clone(), s.flags)).collect();
+            verify::seal_copies(&stg, &sealed, &j.source.0)?;
             exchange(host, j, wd, (j.source_ino, j.staging_ino), "swapping the copy into place")?;
             fault::point(Point::AfterSwap);
             if place(j, wd)? != Place::Exchanged {

@@ -39,6 +39,7 @@ use rustix::io::Errno;
 use crate::copy;
 use crate::ctx::Ctx;
 use crate::fault::{self, Point};
+use crate::flags;
 use crate::fsx::{self, Kind, Meta, Time};
 use crate::journal::{HexBytes, HexRel, InFlight, Journal, Workdir};
 use crate::{remove, MigrateError};
@@ -432,6 +433,10 @@ impl<'c, 'a> Mover<'c, 'a> {
                 }
             };
             let to = Arc::new(fsx::open_dir(&*top.to, &name).map_err(|e| self.dest_err(&rel, e))?);
+            if fresh {
+                fault::point(Point::MoveDirMade);
+            }
+            self.early_flags(&from, &to, &rel, fresh)?;
             self.prepare_dir(&from, &to, &rel, fresh)?;
             self.ctx.file_done();
             let subdirs = self.entries(s, copying, &from, &to, &rel, fresh)?;
@@ -509,6 +514,27 @@ impl<'c, 'a> Mover<'c, 'a> {
         fsx::link_fd(file, &dir, name).map_err(|e| self.dest_err(rel, e))
     }
 
+    /// A destination directory gets the flags of an empty one (casefold) before anything is
+    /// made in it. One made before a crash that holds nothing yet gets them now; one that holds
+    /// entries without them cannot (a move cannot remake it: its entries are the only copy).
+    fn early_flags(&self, from: &OwnedFd, to: &OwnedFd, rel: &Path, fresh: bool) -> Result<(), MigrateError> {
+        let want = flags::read(from.as_fd()).map_err(|e| self.origin_err(rel, e))?;
+        if !fresh {
+            let have = flags::read(to.as_fd()).map_err(|e| self.dest_err(rel, e))?;
+            if !want.early_differs(&have) {
+                return Ok(());
+            }
+            if !fsx::list_names(to).map_err(|e| self.dest_err(rel, e))?.is_empty() {
+                return Err(MigrateError::MoveInconsistent {
+                    path: self.ctx.display(rel),
+                    reason: "its staging copy holds entries but lacks the inode flags of the original (casefold)"
+                        .into(),
+                });
+            }
+        }
+        flags::set_early(to.as_fd(), &want).map_err(|e| self.dest_err(rel, e))
+    }
+
     /// Moving in: before anything leaves a source directory, its staging copy records the
     /// directory's times, since moving entries out changes them. Made durable by the `syncfs`
     /// that precedes every removal from the source ([`Mover::flush`]), not by an fsync each: a
@@ -555,6 +581,9 @@ impl<'c, 'a> Mover<'c, 'a> {
             let Some(m) = fsx::stat_at(&**from, &name).map_err(|e| self.origin_err(&r, e))? else { continue };
             if !self.back {
                 self.ctx.check_entry(&m, &r)?;
+                if m.sealed != 0 {
+                    return Err(MigrateError::ImmutableInMove { path: self.ctx.display(&r) });
+                }
             }
             if m.kind == Kind::Dir {
                 subdirs.push(name);
@@ -657,6 +686,7 @@ impl<'c, 'a> Mover<'c, 'a> {
     ) -> Result<(), MigrateError> {
         let fd = fsx::open_path(from, name).map_err(|e| self.origin_err(rel, e))?;
         let x = fsx::xattrs(fd.as_fd()).map_err(|e| self.origin_err(rel, e))?;
+        let attrs = flags::read_handle(fd.as_fd()).map_err(|e| self.origin_err(rel, e))?;
         let f = InFlight {
             rel: HexRel(rel.to_path_buf()),
             size: m.size,
@@ -669,6 +699,7 @@ impl<'c, 'a> Mover<'c, 'a> {
             mtime: m.mtime,
             xattrs: x.into_iter().map(|(n, v)| (HexBytes(n), HexBytes(v))).collect(),
             links: links.into_iter().map(HexRel).collect(),
+            attrs,
         };
         self.save(Some(f.clone()), Point::MoveFileStarted)?;
         self.large(f)
@@ -722,6 +753,8 @@ impl<'c, 'a> Mover<'c, 'a> {
                 rustix::fs::Mode::from_raw_mode(0o600),
             )
             .map_err(|e| self.dest_err(&rel, e.into()))?;
+            // Compression and no-COW only go onto an empty file.
+            flags::set_early(fd.as_fd(), &f.attrs).map_err(|e| self.dest_err(&rel, e))?;
             drop(fd);
         }
         let dst_path = fsx::open_path(&to_dir, &name).map_err(|e| self.dest_err(&rel, e))?;
@@ -836,8 +869,16 @@ impl<'c, 'a> Mover<'c, 'a> {
         }
         let want = Meta { perm: f.perm, uid: f.uid, gid: f.gid, atime: f.atime, mtime: f.mtime, ..m };
         let x: Vec<(Vec<u8>, Vec<u8>)> = f.xattrs.iter().map(|(n, v)| (n.0.clone(), v.0.clone())).collect();
-        fsx::apply_meta(p.as_fd(), &want, &x).map_err(|e| self.dest_err(rel, e))?;
         let r = fsx::reopen(p.as_fd(), OFlags::RDONLY | OFlags::NOATIME).map_err(|e| self.dest_err(rel, e))?;
+        flags::apply(r.as_fd(), &f.attrs).map_err(|e| self.dest_err(rel, e))?;
+        // Read back: a move has no verification pass to find a flag the filesystem dropped.
+        if let Some(why) = f.attrs.difference(&flags::read(r.as_fd()).map_err(|e| self.dest_err(rel, e))?) {
+            return Err(MigrateError::MoveInconsistent {
+                path: self.ctx.display(rel),
+                reason: format!("the moved file's {why}"),
+            });
+        }
+        fsx::apply_meta(p.as_fd(), &want, &x).map_err(|e| self.dest_err(rel, e))?;
         fsx::fsync(&r).map_err(|e| self.dest_err(rel, e))?;
         // A group: every other name is linked at the destination (durably) before any original
         // name goes, and the recorded name goes last, so a resumed run finds the file by it.
@@ -956,6 +997,14 @@ pub(crate) fn settle(ctx: &Ctx, src_root: &OwnedFd, stg_root: &OwnedFd) -> Resul
         // record first left a resumed run taking a half-set directory for settled).
         x.retain(|(n, _)| n != TIMES);
         x.extend(have.into_iter().filter(|(n, _)| n == TIMES));
+        let attrs = flags::read(s.as_fd()).map_err(|e| ctx.src_err(rel, e))?;
+        flags::apply(t.as_fd(), &attrs).map_err(|e| ctx.dst_err(rel, e))?;
+        if let Some(why) = attrs.difference(&flags::read(t.as_fd()).map_err(|e| ctx.dst_err(rel, e))?) {
+            return Err(MigrateError::MoveInconsistent {
+                path: ctx.display(rel),
+                reason: format!("the settled directory's {why}"),
+            });
+        }
         fsx::apply_meta(t.as_fd(), &Meta { atime, mtime, ..sm }, &x).map_err(|e| ctx.dst_err(rel, e))?;
         fault::point(Point::SettleTimesKept);
         remove_times_xattr(t.as_fd()).map_err(|e| ctx.dst_err(rel, e))?;

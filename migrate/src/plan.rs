@@ -9,7 +9,7 @@ use crate::journal::Workdir;
 use crate::pass::pool;
 use crate::trees::Source;
 use crate::types::{Direction, Method, Mode, Schedule};
-use crate::{find_users, fsx, mv, scan, Host, MigrateError, Phase, State};
+use crate::{find_users, flags, fsx, mv, scan, Host, MigrateError, Phase, State};
 
 /// What to convert and how.
 #[derive(Clone, Copy, Debug)]
@@ -66,6 +66,15 @@ pub struct Census {
     pub inodes_available: u64,
     /// Files with hard links outside the tree (they stop being shared: see the outcome's notes).
     pub outside_links: u64,
+    /// Regular files and directories (the root included) whose inode flags (other than
+    /// casefold) or project id the copy keeps, and which flags they have
+    /// ([`flag_names`](crate::flag_names) names them).
+    pub flagged: u64,
+    pub flag_bits: u32,
+    /// Casefolded directories (`+F`), kept casefolded.
+    pub casefolded: u64,
+    /// Immutable or append-only entries, made so on the copy once it is verified.
+    pub sealed: u64,
 }
 
 /// A new conversion that passed [`preflight`]: the resolved source and its census. [`start`]
@@ -146,6 +155,10 @@ pub(crate) fn quick_checks(req: &Request, host: &dyn Host, src: &Source) -> Resu
         Direction::Decrypt if !encrypted => return Err(MigrateError::NotEncrypted { path: src.path.clone() }),
         _ => {}
     }
+    if src.meta.sealed != 0 {
+        // The swap renames the directory itself, which these flags forbid.
+        return Err(MigrateError::ImmutableInside { path: src.path.clone() });
+    }
     check_workdir_location(req.workdir, src)?;
     if let Some(wd) = Workdir::open(req.workdir, false)? {
         // A running converter holds the source open: without this it would be reported as a
@@ -174,9 +187,19 @@ pub(crate) fn preflight_source(req: &Request, host: &dyn Host, src: &Source) -> 
         MigrateError::Interrupted { .. } => MigrateError::Interrupted { state: State::Prepared },
         e => e,
     })?;
+    if let (Direction::Encrypt, Some(rel)) = (req.direction, &census.first_casefolded) {
+        flags::check_casefold_encryption(&src.fd).map_err(|reason| MigrateError::FlagNotKept {
+            path: if rel.as_os_str().is_empty() { src.path.clone() } else { src.path.join(rel) },
+            flag: "casefold (+F)",
+            reason,
+        })?;
+    }
     let vfs = rustix::fs::fstatvfs(&src.fd).map_err(|e| io_err("checking free space on", &src.path)(e.into()))?;
     let available = vfs.f_bavail.saturating_mul(vfs.f_frsize);
     let (method, auto, copy_needed, move_needed) = choose_method(req, src, &census, available)?;
+    if let (Method::Move, Some(rel)) = (method, &census.first_sealed) {
+        return Err(MigrateError::ImmutableInMove { path: src.path.join(rel) });
+    }
     let inodes = match method {
         Method::Copy => census.entries + 1 + census.entries / 20 + 16,
         Method::Move => census.dirs + census.outside_links + mv::BATCH_FILES as u64 + 16,
@@ -197,6 +220,10 @@ pub(crate) fn preflight_source(req: &Request, host: &dyn Host, src: &Source) -> 
         inodes_needed: inodes,
         inodes_available: vfs.f_favail,
         outside_links: census.outside_links,
+        flagged: census.flagged,
+        flag_bits: census.flag_bits,
+        casefolded: census.casefolded,
+        sealed: census.sealed,
     })
 }
 

@@ -9,6 +9,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use rustix::fs::OFlags;
 use rustix::io::Errno;
 
+use crate::flags;
 use crate::fsx::{self, Kind, Meta};
 use crate::walk::{self, Visitor};
 
@@ -65,6 +66,11 @@ impl Visitor for Remover<'_> {
     /// Hands over the subdirectories the listing names, then removes the non-directories (and
     /// hands over any that turn out to be directories).
     fn visit(&self, d: &Dir, subdirs: &mut dyn FnMut(Vec<OsString>)) -> io::Result<()> {
+        // An immutable or append-only directory lets nothing in it go, nor itself: cleared now
+        // (an original is disposed of, or a copy that was sealed is given up).
+        if fsx::stat_fd(&d.fd)?.sealed != 0 {
+            flags::unseal(d.fd.as_fd())?;
+        }
         let (mut dirs, mut rest) = (Vec::new(), Vec::new());
         for (n, kind) in fsx::list(&d.fd)? {
             if kind == Some(Kind::Dir) {
@@ -103,6 +109,11 @@ fn sole_file(m: &Meta) -> bool {
 }
 
 fn remove_file(dir: BorrowedFd<'_>, name: &OsStr, m: &Meta, wipe: bool, on_removed: OnRemoved<'_>) -> io::Result<()> {
+    if m.sealed != 0 && m.kind == Kind::File {
+        let pfd = fsx::open_path(dir, name)?;
+        let fd = fsx::reopen(pfd.as_fd(), OFlags::RDONLY | OFlags::NOATIME)?;
+        flags::unseal(fd.as_fd())?;
+    }
     // Other links (possibly outside the tree) still need the contents. The link count is
     // checked again on the handle that is written: the name may lead to another inode by now.
     if wipe && m.kind == Kind::File && m.nlink == 1 {

@@ -3,17 +3,18 @@
 
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use crate::ctx::Ctx;
+use crate::flags;
 use crate::fsx::{self, Kind};
 use crate::walk::{self, Visitor};
 use crate::MigrateError;
 
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub(crate) struct Census {
     /// Entries below the root.
     pub entries: u64,
@@ -29,6 +30,36 @@ pub(crate) struct Census {
     pub outside_alloc: u64,
     /// Directories below the root.
     pub dirs: u64,
+    /// Regular files and directories (the root included) with inode flags other than casefold
+    /// or a project id the copy keeps, and the flags seen; the casefolded directories.
+    pub flagged: u64,
+    pub flag_bits: u32,
+    pub casefolded: u64,
+    /// Immutable or append-only entries below the root, and one of them to name.
+    pub sealed: u64,
+    pub first_sealed: Option<PathBuf>,
+    /// A casefolded directory to name (the root's path is empty).
+    pub first_casefolded: Option<PathBuf>,
+}
+
+impl Census {
+    /// Casefold is counted on its own (a casefolded tree has it on every directory). `sealed`:
+    /// immutable and append-only, as statx says (`rel`: below the root).
+    fn count_flags(&mut self, a: &flags::Attrs, sealed: u32, rel: &Path) {
+        let others = (a.flags & !flags::FS_CASEFOLD_FL) | sealed;
+        if others != 0 || a.project != 0 {
+            self.flagged += 1;
+            self.flag_bits |= others;
+        }
+        self.casefolded += u64::from(a.casefold());
+        if a.casefold() {
+            self.first_casefolded.get_or_insert_with(|| rel.to_path_buf());
+        }
+        if sealed != 0 && !rel.as_os_str().is_empty() {
+            self.sealed += 1;
+            self.first_sealed.get_or_insert_with(|| rel.to_path_buf());
+        }
+    }
 }
 
 /// Directories the census has listed, in this process: a test checks that a conversion walks
@@ -94,6 +125,8 @@ impl Visitor for Scanner<'_, '_> {
         ctx.check_stop()?;
         DIRS_LISTED.fetch_add(1, Ordering::Relaxed);
         let mut c = Census::default();
+        let dm = fsx::stat_fd(&d.fd).map_err(|e| ctx.src_err(&d.rel, e))?;
+        c.count_flags(&flags::read(d.fd.as_fd()).map_err(|e| ctx.src_err(&d.rel, e))?, dm.sealed, &d.rel);
         let (mut subdirs, mut linked) = (Vec::new(), Vec::new());
         for n in fsx::list_names(&d.fd).map_err(|e| ctx.src_err(&d.rel, e))? {
             let Some(m) = fsx::stat_at(&d.fd, &n).map_err(|e| ctx.src_err(&d.rel.join(&n), e))? else {
@@ -110,6 +143,10 @@ impl Visitor for Scanner<'_, '_> {
                 Kind::File => {
                     c.bytes += m.size;
                     c.data += m.data();
+                    let rel = || d.rel.join(&n);
+                    if let Some(a) = flags::read_at(&d.fd, &n).map_err(|e| ctx.src_err(&rel(), e))? {
+                        c.count_flags(&a, m.sealed, &rel());
+                    }
                 }
                 _ => {}
             }
@@ -129,6 +166,16 @@ impl Visitor for Scanner<'_, '_> {
         t.dirs += c.dirs;
         t.bytes += c.bytes;
         t.data += c.data;
+        t.flagged += c.flagged;
+        t.flag_bits |= c.flag_bits;
+        t.casefolded += c.casefolded;
+        t.sealed += c.sealed;
+        if t.first_sealed.is_none() {
+            t.first_sealed = c.first_sealed;
+        }
+        if t.first_casefolded.is_none() {
+            t.first_casefolded = c.first_casefolded;
+        }
         ctx.files_done.store(t.entries, Ordering::Relaxed);
         drop(t);
         ctx.tick(false);

@@ -1,6 +1,7 @@
 //! Verification before the swap: both trees walked side by side (directories in parallel, see
 //! walk.rs), every entry compared by type, permissions, owner, size, device number, symlink
-//! target, mtime, xattrs, hard-link grouping and (regular files) content. Staging entries that
+//! target, mtime, xattrs, inode flags and project id (directories, and files compared by
+//! content), hard-link grouping and (regular files) content. Staging entries that
 //! differ are removed so the next copy pass redoes exactly them.
 //!
 //! A regular file whose source ctime is older than the start of the copy has not changed since
@@ -21,6 +22,7 @@ use rustix::fs::OFlags;
 
 use crate::ctx::Ctx;
 use crate::fault::{self, Point};
+use crate::flags;
 use crate::fsx::{self, Kind, Meta, On, Time};
 use crate::walk::{self, Visitor};
 use crate::{remove, MigrateError};
@@ -28,7 +30,8 @@ use crate::{remove, MigrateError};
 /// A directory with at least this many entries has them compared by several threads.
 const PAR_ENTRIES: usize = 256;
 
-/// The differences found; `first` names one for the error message.
+/// The differences found; `first` names one for the error message. `sealed`: the immutable and
+/// append-only entries of the source (their flags), which the copy gets once verified.
 #[derive(Default)]
 pub(crate) struct Diff {
     pub count: u64,
@@ -36,6 +39,7 @@ pub(crate) struct Diff {
     /// A difference in an entry that `settled` says did not change since it was copied: the copy
     /// itself is wrong (counted in `count` too).
     pub fatal: Option<(PathBuf, String)>,
+    pub sealed: Vec<(PathBuf, u32)>,
 }
 
 /// Whether the source entry at a path, as it is now, is unchanged since its copy was made (a live
@@ -119,6 +123,7 @@ impl Visitor for Verifier<'_, '_> {
         let stg = fsx::open_dir(&parent.stg, name).map_err(|e| ctx.dst_err(&rel, e))?;
         let m = fsx::stat_fd(&src).map_err(|e| ctx.src_err(&rel, e))?;
         ctx.check_entry(&m, &rel)?;
+        self.note_sealed(&rel, &m);
         self.compare_dir_meta(&src, &stg, &rel, false)?;
         ctx.file_done();
         Ok(Some(Dir { src, stg, rel }))
@@ -140,6 +145,14 @@ impl Verifier<'_, '_> {
         }
     }
 
+    fn note_sealed(&self, rel: &Path, m: &Meta) {
+        if m.sealed != 0 {
+            if let Ok(mut d) = self.diff.lock() {
+                d.sealed.push((rel.to_path_buf(), m.sealed));
+            }
+        }
+    }
+
     fn compare_dir_meta(&self, src: &OwnedFd, stg: &OwnedFd, rel: &Path, is_root: bool) -> Result<(), MigrateError> {
         let ctx = self.ctx;
         let m = fsx::stat_fd(src).map_err(|e| ctx.src_err(rel, e))?;
@@ -154,6 +167,12 @@ impl Verifier<'_, '_> {
         let same = if is_root { sx.iter().all(|a| dx.contains(a)) } else { sx == dx };
         if !same {
             self.differs(rel, "directory extended attributes differ".into());
+            return Ok(());
+        }
+        let sa = flags::read(src.as_fd()).map_err(|e| ctx.src_err(rel, e))?;
+        let da = flags::read(stg.as_fd()).map_err(|e| ctx.dst_err(rel, e))?;
+        if let Some(why) = sa.difference(&da) {
+            self.differs(rel, format!("directory {why}"));
         }
         Ok(())
     }
@@ -226,6 +245,7 @@ impl Verifier<'_, '_> {
             return Ok(Cmp::Dir);
         }
         ctx.check_entry(&m, &rel)?;
+        self.note_sealed(&rel, &m);
         if let Some(why) = self.meta_differs(&m, &e)? {
             return Ok(Cmp::Differs(why));
         }
@@ -309,6 +329,10 @@ impl Verifier<'_, '_> {
                 let open = |h: &OwnedFd| fsx::reopen(h.as_fd(), OFlags::RDONLY | OFlags::NOATIME);
                 let a = open(&fd).map_err(|err| ctx.src_err(rel, err))?;
                 let b = open(&efd).map_err(|err| ctx.dst_err(rel, err))?;
+                let sa = flags::read(a.as_fd()).map_err(|err| ctx.src_err(rel, err))?;
+                if let Some(why) = sa.difference(&flags::read(b.as_fd()).map_err(|err| ctx.dst_err(rel, err))?) {
+                    return Ok(Some(why));
+                }
                 // The copy is compared as the disk has it, not as its pages in memory do: a write
                 // the device failed (reported to a run that then stopped) leaves clean pages
                 // holding data the disk never got, and a resumed verification reading those would
@@ -329,4 +353,26 @@ impl Verifier<'_, '_> {
         }
         Ok(None)
     }
+}
+
+/// Makes the verified copies of the source's immutable and append-only entries so (`sealed`, as
+/// the journal recorded them at `Verified`), then makes that durable: the last change to staging
+/// before the swap. Repeatable: a resumed swap seals again.
+pub(crate) fn seal_copies(stg_root: &OwnedFd, sealed: &[(PathBuf, u32)], source: &Path) -> Result<(), MigrateError> {
+    let err = |rel: &Path, e: std::io::Error| MigrateError::CopyFailed { path: source.join(rel), source: e };
+    for (rel, bits) in sealed {
+        let p = fsx::open_beneath(stg_root, rel).map_err(|e| err(rel, e))?;
+        let m = fsx::stat_fd(&p).map_err(|e| err(rel, e))?;
+        let dir = if m.kind == Kind::Dir { OFlags::DIRECTORY } else { OFlags::empty() };
+        if m.kind != Kind::Dir && m.kind != Kind::File {
+            return Err(err(rel, std::io::Error::other("the verified copy is no longer a file or directory")));
+        }
+        let fd = fsx::reopen(p.as_fd(), OFlags::RDONLY | OFlags::NOATIME | dir).map_err(|e| err(rel, e))?;
+        flags::seal(fd.as_fd(), *bits).map_err(|e| err(rel, e))?;
+        fault::point(Point::SealEntry);
+    }
+    if !sealed.is_empty() {
+        rustix::fs::syncfs(stg_root).map_err(|e| err(Path::new(""), e.into()))?;
+    }
+    Ok(())
 }

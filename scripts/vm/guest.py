@@ -14,6 +14,9 @@ faults:   a failing disk under a conversion (device-mapper: a bad block, failing
           clear message, nothing is lost, and the same command finishes once the fault is gone.
 f2fs:     encrypt, convert (with a crash and a resume), lock/unlock and recovery keys on f2fs.
 tpm2:     TPM2 protectors through /dev/tpmrm0 (swtpm on the host), on f2fs.
+casefold: a Proton prefix in casefolded directories on a casefold+encrypt ext4 (with project ids)
+          and a casefold f2fs, through convert (crashed, resumed), decrypt and a portable convert:
+          case-insensitive lookups, lsattr and fsck after each (the host kernel has no casefold).
 
 Writes a line per result to OUT/summary and details to OUT/guest.log; exits non-zero on failure.
 """
@@ -1163,13 +1166,169 @@ def tpm2(summary):
         return True
 
 
+# ---------------------------------------------------------------- casefold
+
+
+# The filesystems a Steam Deck's SD card or home may be: mkfs (both features at once; ext4 with
+# project quotas too, for project ids), fsck that changes nothing.
+CASEFOLD_FS = {
+    "ext4": (["mkfs.ext4", "-q", "-F", "-b", "4096", "-O", "casefold,encrypt,project,quota,verity"], ["e2fsck", "-fn"]),
+    "f2fs": (["mkfs.f2fs", "-q", "-f", "-O", "encrypt,casefold", "-C", "utf8"], ["fsck.f2fs", "-f", "--dry-run"]),
+}
+
+PAK = "compatdata/123/pfx/drive_c/Program Files/Game/Data.PAK"
+
+
+def lsattr_of(root):
+    """`lsattr -R -a -p` of the tree and `-d` of its root, sorted, the filesystem's own flags
+    (E encrypted, I indexed, N inline data) blanked: what a conversion must keep."""
+    text = run(["lsattr", "-d", "-p", root]).stdout + run(["lsattr", "-R", "-a", "-p", root]).stdout
+    lines = []
+    for line in text.splitlines():
+        parts = line.split(None, 2)
+        if len(parts) != 3 or parts[2].endswith("/.") or parts[2].endswith("/.."):
+            continue
+        flags = "".join("-" if c in "EIN" else c for c in parts[1])
+        lines.append(f"{parts[0]} {flags} {parts[2]}")
+    return sorted(lines)
+
+
+def proton_prefix(home, fs):
+    """A Proton-like prefix in a casefolded directory (+F set while it is empty, as Steam does),
+    names in mixed case; a nodump cache; on ext4 a project id inherited by the prefix."""
+    pfx = os.path.join(home, "compatdata/123/pfx")
+    os.makedirs(pfx)
+    run(["chattr", "+F", pfx])
+    game = os.path.join(pfx, "drive_c/Program Files/Game")
+    os.makedirs(game)
+    with open(os.path.join(home, PAK), "wb") as f:
+        f.write(bytes(range(256)) * 4096)
+    with open(os.path.join(game, "Config.INI"), "w") as f:
+        f.write("[Video]\nWidth=1280\n")
+    os.makedirs(os.path.join(pfx, "drive_c/users/steamuser/Saved Games"))
+    with open(os.path.join(pfx, "drive_c/users/steamuser/Saved Games/Slot1.SAV"), "w") as f:
+        f.write("level 3")
+    os.makedirs(os.path.join(home, ".cache"))
+    run(["chattr", "+d", os.path.join(home, ".cache")])
+    if fs == "ext4":
+        run(["chattr", "-p", "123", "+P", os.path.join(home, "compatdata/123")])
+        run(["chattr", "-R", "-p", "123", os.path.join(home, "compatdata/123")])
+
+
+def case_insensitive(home, what):
+    """Every casefolded directory still finds names whatever their case."""
+    for p, want in ((PAK.lower(), bytes(range(256)) * 4096),
+                    ("compatdata/123/pfx/DRIVE_C/program files/GAME/config.ini", b"[Video]\nWidth=1280\n"),
+                    ("compatdata/123/pfx/drive_c/USERS/SteamUser/saved games/slot1.sav", b"level 3")):
+        try:
+            with open(os.path.join(home, p), "rb") as f:
+                got = f.read()
+        except OSError as e:
+            raise Failure(f"{what}: {p} is not found case-insensitively ({e})")
+        if got != want:
+            raise Failure(f"{what}: {p} reads differently")
+
+
+def enable_verity(path):
+    """FS_IOC_ENABLE_VERITY (sha256, 4 KiB blocks) on a file: what `fsverity enable` does."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        arg = struct.pack("<IIIIQIIQ11Q", 1, 1, 4096, 0, 0, 0, 0, 0, *([0] * 11))
+        fcntl.ioctl(fd, 0x40806685, arg)
+    finally:
+        os.close(fd)
+
+
+def casefold(summary):
+    """A casefold+encrypt ext4 (with project ids) and a casefold f2fs: a Proton prefix goes
+    through convert (crashed once, resumed), decrypt and a portable convert; after each,
+    case-insensitive lookups work, lsattr (flags and project ids) and the manifest match, and
+    fsck is clean."""
+    for fs, (mkfs, fsck) in CASEFOLD_FS.items():
+        work = f"/tmp/casefold-{fs}"
+        os.makedirs(work)
+        img = os.path.join(work, "fs.img")
+        with open(img, "wb") as f:
+            f.truncate(256 << 20)
+        dev = losetup(img)
+        mnt = os.path.join(work, "mnt")
+        try:
+            run([*mkfs, dev])
+            mount(dev, mnt, fs)
+            ds = Dirseal(os.path.join(work, "keystore"), os.path.join(work, "etc"))
+            home = os.path.join(mnt, "deck")
+            proton_prefix(home, fs)
+            if fs == "ext4":
+                # A flag no copy can have (fs-verity) stops the conversion before anything is
+                # written, naming the file.
+                sealed = os.path.join(home, "compatdata/123/pfx/drive_c/Signed.EXE")
+                with open(sealed, "w") as f:
+                    f.write("signed")
+                enable_verity(sealed)
+                p = ds("convert", home, "--yes", "--protector-name", "deck", stdin="deck pw\n", check=False)
+                if p.returncode == 0 or "verity (+V)" not in p.stderr or "Signed.EXE" not in p.stderr:
+                    raise Failure(f"ext4: a file with fs-verity was not refused by name: {p.stderr.strip()}")
+                if os.path.exists(os.path.join(mnt, ".dirseal/convert")) and any(
+                        os.scandir(os.path.join(mnt, ".dirseal/convert"))):
+                    raise Failure("ext4: the refusal of a verity file wrote a work dir")
+                os.remove(sealed)
+            want, flags = manifest(home), lsattr_of(home)
+            case_insensitive(home, f"{fs} before")
+
+            def same(what):
+                case_insensitive(home, what)
+                if lsattr_of(home) != flags:
+                    got = lsattr_of(home)
+                    raise Failure(f"{what}: lsattr differs: {[l for l in got if l not in flags][:3]} "
+                                  f"instead of {[l for l in flags if l not in got][:3]}")
+                if manifest(home) != want:
+                    raise Failure(f"{what}: {diff(want, manifest(home))}")
+
+            env = dict(ds.env, DIRSEAL_FAULT="copy-dir-made:3")
+            crashed = run([ds.bin, "convert", home, "--yes", "--protector-name", "deck"], check=False,
+                          stdin="deck pw\n", env=env)
+            if crashed.returncode != 99:
+                raise Failure(f"{fs}: the fault point did not stop the conversion ({crashed.returncode})")
+            ds("convert", home, "--yes", "--protector-name", "deck", stdin="deck pw\n")
+            if "E" not in run(["lsattr", "-d", home]).stdout.split()[0]:
+                raise Failure(f"{fs}: not encrypted after convert")
+            same(f"{fs} convert")
+            ds("lock", home)
+            ds("unlock", home, stdin="deck pw\n")
+            same(f"{fs} lock and unlock")
+            ds("decrypt", home, "--yes")
+            same(f"{fs} decrypt")
+            ds("convert", home, "--yes", "--portable", "--protector-name", "card", stdin="card pw\n")
+            same(f"{fs} convert --portable")
+            # A new casefolded, encrypted directory made empty, then filled.
+            fresh = os.path.join(mnt, "fresh")
+            os.mkdir(fresh)
+            run(["chattr", "+F", fresh])
+            ds("encrypt", fresh, "--portable", "--protector-name", "fresh", stdin="fresh pw\n")
+            with open(os.path.join(fresh, "Save.DAT"), "w") as f:
+                f.write("new")
+            if open(os.path.join(fresh, "save.dat")).read() != "new":
+                raise Failure(f"{fs}: encrypt --portable lost casefolding")
+            umount(mnt)
+            p = run([*fsck, dev], check=False)
+            if p.returncode != 0:
+                raise Failure(f"{fs}: fsck failed: {(p.stdout + p.stderr).strip()[-400:]}")
+        finally:
+            if os.path.ismount(mnt):
+                run(["umount", "-l", mnt], check=False)
+            run(["losetup", "-d", dev], check=False)
+        say(f"casefold: {fs}: convert (crash, resume), lock, unlock, decrypt, portable: lookups, lsattr, fsck ok")
+    summary.append("casefold: ok")
+    return True
+
+
 def main():
     global ARGS, LOG
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", required=True, help="where dirseal and replay-log are")
     ap.add_argument("--out", required=True)
     ap.add_argument("--mode", choices=["sampled", "full"], default="sampled")
-    ap.add_argument("--only", choices=["powercut", "faults", "f2fs", "tpm2"])
+    ap.add_argument("--only", choices=["powercut", "faults", "f2fs", "tpm2", "casefold"])
     ap.add_argument("--min-points", type=int, default=3,
                     help="sampled: fixed flush points per ext4 recording (half on f2fs), always replayed")
     ap.add_argument("--budget", type=int, default=240,
@@ -1182,7 +1341,7 @@ def main():
     summary = []
     ok = True
     t0 = time.time()
-    for name, fn in (("powercut", powercut), ("faults", faults), ("f2fs", f2fs), ("tpm2", tpm2)):
+    for name, fn in (("powercut", powercut), ("faults", faults), ("f2fs", f2fs), ("tpm2", tpm2), ("casefold", casefold)):
         if ARGS.only and ARGS.only != name:
             continue
         say(f"{name}: starting")  # the host's watchdog hears from the guest at each suite

@@ -417,6 +417,9 @@ pub fn summary_text_for(s: &dirseal::convert::Summary, way: Way) -> String {
         data.push_str(&format!(" ({} apparent: sparse files count only their data)", HumanBytes(s.apparent_bytes)));
     }
     out.push_str(&format!("  contents:     {data}\n"));
+    if let Some(kept) = kept_flags_text(s) {
+        out.push_str(&format!("  inode flags:  {kept}\n"));
+    }
     out.push_str(&format!(
         "  free space:   needs {}, has {}\n",
         HumanBytes(s.space_needed),
@@ -461,6 +464,35 @@ pub fn summary_text_for(s: &dirseal::convert::Summary, way: Way) -> String {
         "  afterwards:   the old plaintext's blocks are freed, not overwritten; `--scrub` (or `dirseal scrub`) overwrites them"
             .to_string()
     });
+    out
+}
+
+/// What the summary says of inode flags: "3 entries with kept inode flags (nodump, noatime);
+/// 1,204 casefolded directories (kept)", or nothing when there are none.
+pub fn kept_flags_text(s: &dirseal::convert::Summary) -> Option<String> {
+    let mut parts = Vec::new();
+    if s.flagged_entries > 0 {
+        let what = if s.kept_flags.is_empty() { "project ids".to_string() } else { s.kept_flags.join(", ") };
+        let noun = if s.flagged_entries == 1 { "entry" } else { "entries" };
+        parts.push(format!("{} {noun} with kept inode flags ({what})", thousands(s.flagged_entries)));
+    }
+    if s.casefolded_dirs > 0 {
+        let noun = if s.casefolded_dirs == 1 { "directory" } else { "directories" };
+        parts.push(format!("{} casefolded {noun} (kept)", thousands(s.casefolded_dirs)));
+    }
+    (!parts.is_empty()).then(|| parts.join("; "))
+}
+
+/// 1204 as "1,204".
+fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
     out
 }
 
@@ -552,6 +584,41 @@ fn method_text(c: &dirseal::convert::Summary, way: Way) -> String {
 
 #[cfg(test)]
 mod tests {
+    /// Issue 43: the confirmation says which flags are kept, and how many casefolded directories.
+    #[test]
+    fn the_summary_names_kept_flags_and_casefolded_directories() {
+        let mut s = dirseal::convert::Summary {
+            path: "/home/deck".into(),
+            entries: 5000,
+            data_bytes: 1,
+            apparent_bytes: 1,
+            space_needed: 1,
+            space_available: 2,
+            owner_uid: 1000,
+            owner_name: None,
+            recovery_key: None,
+            keep_backup: false,
+            wipe: false,
+            method: dirseal::convert::Method::Copy,
+            auto: false,
+            copy_needed: 1,
+            move_needed: 1,
+            estimate: None,
+            flagged_entries: 3,
+            kept_flags: vec!["nodump", "noatime"],
+            casefolded_dirs: 1204,
+        };
+        assert_eq!(
+            super::kept_flags_text(&s).as_deref(),
+            Some("3 entries with kept inode flags (nodump, noatime); 1,204 casefolded directories (kept)")
+        );
+        let text = super::summary_text_for(&s, super::Way::CONVERT);
+        assert!(text.contains("  inode flags:  3 entries with kept inode flags (nodump, noatime)"), "{text}");
+        (s.flagged_entries, s.casefolded_dirs) = (0, 0);
+        assert_eq!(super::kept_flags_text(&s), None);
+        assert!(!super::summary_text_for(&s, super::Way::CONVERT).contains("inode flags"));
+    }
+
     #[test]
     fn yes_no_answers_and_non_answers() {
         use super::yes_no;

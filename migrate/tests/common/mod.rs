@@ -11,7 +11,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use dirseal_migrate::Request;
-pub use dirseal_testfs::tree::{assert_same, manifest, walk};
+pub use dirseal_testfs::tree::{assert_same, walk};
 use dirseal_testfs::{Options, TestFs};
 use rustix::fs::{AtFlags, Timespec, Timestamps, CWD};
 
@@ -27,6 +27,52 @@ pub fn req<'a>(src: &'a Path, wd: &'a Path) -> Request<'a> {
         direction: dirseal_migrate::Direction::Encrypt,
         schedule: dirseal_migrate::Schedule::Now,
     }
+}
+
+/// The inode flags a conversion keeps (`lsattr`'s s u S D d A c t T C F P m j); the others are the
+/// filesystem's own (extents, an index, encryption).
+const KEPT_FLAGS: u32 = 0x10 // immutable
+    | 0x20 // append-only
+    | 0x1
+    | 0x2
+    | 0x8
+    | 0x1_0000
+    | 0x40
+    | 0x80
+    | 0x4
+    | 0x8000
+    | 0x2_0000
+    | 0x80_0000
+    | 0x4000_0000
+    | 0x2000_0000
+    | 0x400
+    | 0x4000;
+
+/// dirseal-testfs's manifest of everything a conversion keeps, and the inode flags of every
+/// regular file and directory (read with the ioctl itself, not through the engine).
+pub fn manifest(root: &Path) -> std::collections::BTreeMap<Vec<u8>, String> {
+    use rustix::fs::{Mode, OFlags};
+    let mut m = dirseal_testfs::tree::manifest(root);
+    for (k, v) in m.iter_mut() {
+        let path = if k.as_slice() == b"." { root.to_path_buf() } else { root.join(OsStr::from_bytes(k)) };
+        let ft = fs::symlink_metadata(&path).unwrap().file_type();
+        if !ft.is_file() && !ft.is_dir() {
+            continue;
+        }
+        let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NOATIME | OFlags::CLOEXEC | OFlags::NONBLOCK;
+        let fd = rustix::fs::open(&path, flags, Mode::empty()).unwrap();
+        let f = rustix::fs::ioctl_getflags(&fd).unwrap().bits() & KEPT_FLAGS;
+        v.push_str(&format!(" iflags={f:#x}"));
+    }
+    m
+}
+
+/// `chattr` with `args` on `rel` below `root`.
+pub fn chattr(root: &Path, args: &[&str], rel: &str) {
+    let mut all: Vec<&OsStr> = args.iter().map(OsStr::new).collect();
+    let p = root.join(rel);
+    all.push(p.as_os_str());
+    run("chattr", &all);
 }
 
 pub fn run(cmd: &str, args: &[&OsStr]) {
@@ -181,6 +227,16 @@ pub fn build_tree(root: &Path) {
         "security.capability",
         &[0, 0, 0, 2, 0, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
     );
+    // Inode flags the copy keeps (issue 43): on files, directories and the root, on one with
+    // hard links, on one set while empty (compression), on a directory with entries.
+    chattr(root, &["+d", "+A"], "a/plain.txt");
+    chattr(root, &["+S"], "a/linked");
+    chattr(root, &["+c", "+s", "+u"], "a/b/c/deep.bin");
+    chattr(root, &["+D", "+d", "+T"], "a");
+    chattr(root, &["+c"], "a/b");
+    chattr(root, &["+P", "+S"], "empty");
+    chattr(root, &["+t"], "sparse.img");
+    chattr(root, &["+A"], ".");
     // Nanosecond times, atime apart from mtime, directories after their children.
     let mut entries = walk(root);
     entries.sort_by_key(|e| std::cmp::Reverse(e.components().count()));
@@ -189,6 +245,17 @@ pub fn build_tree(root: &Path) {
         let i = i as i64;
         set_times(&root.join(rel), (1_000_000_000 + i, 111_111_111 + i), (1_500_000_000 + i, 987_654_321 - i));
     }
+}
+
+/// Makes entries of a [`build_tree`] tree immutable or append-only: files, a directory, and one
+/// inside an append-only directory (set last: nothing could be changed in them after).
+pub fn add_sealed(root: &Path) {
+    chattr(root, &["+i"], "a/plain.txt");
+    chattr(root, &["+a"], "a/b/c/deep.bin");
+    chattr(root, &["+i"], "ro-dir/inside");
+    chattr(root, &["+a"], "ro-dir");
+    chattr(root, &["+i"], "sticky");
+    chattr(root, &["+i"], "a/linked");
 }
 
 /// Adds `n` small files (and one of `big_mib` MiB) under `root/bulk`, owned like `root`.
@@ -248,6 +315,8 @@ pub fn add_large(root: &Path) {
     fs::set_permissions(&sparse, fs::Permissions::from_mode(0o4755)).unwrap();
     xattr(&sparse, "security.capability", &[0, 0, 0, 2, 0, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
     xattr(&dense, "user.big", b"dense");
+    // Moved in chunks: its flags travel in the journal's record of the file in flight.
+    chattr(root, &["+d", "+c"], "large/sparse-5m");
     set_times(&sparse, (1_100_000_000, 1), (1_600_000_000, 2));
     set_times(&dense, (1_100_000_001, 3), (1_600_000_001, 4));
     set_times(&dir, (1_100_000_002, 5), (1_600_000_002, 6));
