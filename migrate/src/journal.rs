@@ -481,6 +481,7 @@ struct RawJournal {
     direction: Direction,
     #[serde(default)]
     live: Option<Live>,
+    #[serde(default)]
     sealed: Vec<Sealed>,
 }
 
