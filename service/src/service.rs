@@ -286,13 +286,17 @@ fn plan_reply(summary: Option<Summary>, source: &Path, state: Option<State>) -> 
     }
 }
 
-/// A JSON value (the library's serialized summary) as D-Bus values: objects become `a{sv}`,
-/// nulls are left out.
+/// A JSON value (the library's serialized summary) as D-Bus values: objects become `a{sv}`, lists
+/// of words `as` (e.g. `kept_flags`), nulls and other lists are left out.
 fn to_dbus(v: &serde_json::Value) -> Option<OwnedValue> {
     use serde_json::Value as J;
     use zvariant::Value as V;
     let v = match v {
-        J::Null | J::Array(_) => return None,
+        J::Array(a) => {
+            let words: Option<Vec<String>> = a.iter().map(|w| w.as_str().map(str::to_owned)).collect();
+            V::from(words?)
+        }
+        J::Null => return None,
         J::Bool(b) => V::from(*b),
         J::Number(n) => match (n.as_u64(), n.as_i64()) {
             (Some(u), _) => V::from(u),

@@ -286,6 +286,9 @@ fn plan_convert_is_the_clis_plan() {
     let h = Harness::new();
     let alice = h.user();
     fill(&alice.home, 4, 1 << 20, alice.uid);
+    // An inode flag the copy keeps: listed by both (`kept_flags`, a list: `as` on the bus).
+    let flagged = std::fs::read_dir(&alice.home).unwrap().flatten().find(|e| e.path().is_file()).unwrap().path();
+    assert!(Command::new("chattr").arg("+d").arg(&flagged).status().unwrap().success());
     let reply = h
         .root
         .call_method(
@@ -331,6 +334,14 @@ fn plan_convert_is_the_clis_plan() {
             serde_json::Value::Number(n) => assert_eq!(u64::try_from(got.expect(k)).ok(), n.as_u64(), "{k}"),
             serde_json::Value::String(s) => {
                 assert_eq!(String::try_from(got.expect(k).try_clone().unwrap()).ok().as_ref(), Some(s), "{k}")
+            }
+            serde_json::Value::Array(a) => {
+                let words: Vec<String> = a.iter().map(|w| w.as_str().expect("a word").to_owned()).collect();
+                let got = <Vec<String>>::try_from(got.expect(k).try_clone().unwrap()).expect("as");
+                assert_eq!(got, words, "{k}");
+                if k == "kept_flags" {
+                    assert_eq!(words, ["nodump"], "the +d file's flag");
+                }
             }
             other => panic!("{k}: unexpected {other}"),
         }
