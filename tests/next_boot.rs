@@ -4,6 +4,7 @@
 //! it can only use the key held for the conversion.
 mod common;
 
+use dirseal::convert::LoginDuring;
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
@@ -43,6 +44,12 @@ fn files(env: &Env, sub: &str) -> Vec<String> {
     names(&dir).into_iter().filter(|n| !n.starts_with('.')).collect()
 }
 
+/// What PAM's rule says of a login to `home` now.
+fn login_during(env: &Env, home: &Path) -> LoginDuring {
+    let ds = dirseal::Dirseal::open(&env.config(), Some(&env.keystore())).unwrap();
+    dirseal::convert::login_during(Some(&ds), home).unwrap()
+}
+
 /// What the keystore holds: protectors, policies, held keys, schedules.
 fn keystore_files(env: &Env) -> [Vec<String>; 4] {
     [files(env, "protectors"), files(env, "policies"), files(env, "held"), files(env, "scheduled")]
@@ -71,6 +78,8 @@ fn scheduled_then_run_at_boot_with_nothing_typed() {
     assert!(all.contains(&format!("{}: scheduled for the next boot (copy)", home.display())), "{all}");
     let text = env.ok(&["status", p(&home)], "");
     assert!(text.contains("conversion: scheduled for the next boot (copy)"), "{text}");
+    // Its owner goes on logging in until the boot (PAM asks the one rule): the home is as it was.
+    assert_eq!(login_during(&env, &home), LoginDuring::Open);
     // The held key: one root-only 0600 file, in the 0700 keystore.
     let held = files(&env, "held");
     assert_eq!(held.len(), 1, "{held:?}");
@@ -161,6 +170,10 @@ fn a_boot_run_killed_part_way_finishes_at_the_next_boot() {
             break;
         }
         assert_eq!(files(&env, "held").len(), 1, "the key is held until the conversion is past its swap");
+        // Files on their way into the staging directory: no login may use the home.
+        if dirseal::convert::status(&home).unwrap().is_some_and(|v| v.state != dirseal::convert::State::Prepared) {
+            assert_eq!(login_during(&env, &home), LoginDuring::Closed);
+        }
     }
     assert!(kills > 0, "the run was never killed part-way");
     env.fs.remount();

@@ -866,8 +866,39 @@ pub fn in_progress(dir: &Path) -> Result<bool, ConvertError> {
     Ok(status(&absolute(dir)?)?.is_some_and(|v| v.state.before_swap()))
 }
 
-/// Whether `dir` is mid-conversion by moving: part of it may already be in the staging directory,
-/// so no login may use it, whatever the configuration allows during a copy.
-pub fn moving(dir: &Path) -> Result<bool, ConvertError> {
-    Ok(status(&absolute(dir)?)?.is_some_and(|v| v.method == Method::Move && unfinished(v.state)))
+/// Whether a login may use a home while a conversion of it is recorded: the one rule, for PAM.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LoginDuring {
+    /// No conversion before its swap: the home is what it looks like.
+    NoConversion,
+    /// The conversion expects its owner at work: a live copy (its commit waits for the last
+    /// logout, and is put off by a new login), or one scheduled for the next boot and not started
+    /// (the home stays as it is till then).
+    Open,
+    /// A copy under way: the home is intact, but what is written now is caught only by a live
+    /// copy; the configuration decides (`pam.allow_login_during_conversion`).
+    IfAllowed,
+    /// A move under way: part of the home may already be in the staging directory.
+    Closed,
+}
+
+/// Whether and how a login may use `dir` while it is being converted ([`LoginDuring`]); `ds`
+/// (when it opens) tells whether a conversion is the one scheduled for the next boot.
+pub fn login_during(ds: Option<&Dirseal>, dir: &Path) -> Result<LoginDuring, ConvertError> {
+    let Some(v) = status(&absolute(dir)?)?.filter(|v| v.state.before_swap()) else {
+        return Ok(LoginDuring::NoConversion);
+    };
+    // Scheduled and not yet taken up by a boot-time run: nothing has moved or been copied.
+    let scheduled = || {
+        ds.is_some_and(
+            |ds| matches!(boot_state(ds, dir), Ok(Some(scheduled::BootState::Pending(s))) if s.began_unix.is_none()),
+        )
+    };
+    Ok(if v.live || scheduled() {
+        LoginDuring::Open
+    } else if v.method == Method::Move {
+        LoginDuring::Closed
+    } else {
+        LoginDuring::IfAllowed
+    })
 }

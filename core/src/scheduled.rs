@@ -67,6 +67,11 @@ pub struct Schedule {
     pub protector_made: bool,
     /// When it was scheduled (seconds since the epoch).
     pub scheduled_unix: u64,
+    /// When a boot-time run first took it up (seconds since the epoch): from then on part of the
+    /// directory may be on its way into staging, so logins are no longer let through
+    /// ([`crate::convert::login_during`]). Written, durably, before that run touches anything.
+    #[serde(default)]
+    pub began_unix: Option<u64>,
     /// The last boot-time run that failed: when, and why (it is tried again at the next boot).
     #[serde(default)]
     pub last_failure: Option<Attempt>,
@@ -115,6 +120,7 @@ impl Schedule {
             protector,
             protector_made,
             scheduled_unix: now(),
+            began_unix: None,
             last_failure: None,
             ran: None,
         }
@@ -235,6 +241,17 @@ impl Schedules {
     pub(crate) fn save(&self, s: &Schedule) -> Result<(), KeystoreError> {
         self.write(PENDING_DIR, s)?;
         self.remove_from(RAN_DIR, &s.source)
+    }
+
+    /// Records that a boot-time run takes `s` up now (the first one only: a later one keeps the
+    /// first time); returns the schedule as recorded.
+    pub(crate) fn began(&self, s: &Schedule) -> Result<Schedule, KeystoreError> {
+        if s.began_unix.is_some() {
+            return Ok(s.clone());
+        }
+        let s = Schedule { began_unix: Some(now()), ..s.clone() };
+        self.write(PENDING_DIR, &s)?;
+        Ok(s)
     }
 
     /// Records a failed boot-time run of `s`: it stays scheduled, for the next boot.

@@ -20,6 +20,7 @@ mod ffi;
 mod remedy;
 mod session;
 
+use dirseal::convert::LoginDuring;
 use std::ffi::{c_int, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
@@ -239,7 +240,7 @@ fn session_home(pam: &Pam, args: &Args, acct: &Account) -> Result<Option<(Box<Di
 
 fn home_state(pam: &Pam, args: &Args, acct: &Account) -> Result<Home, String> {
     // A conversion in progress leaves the home plaintext until the swap: check it first.
-    if dirseal::convert::in_progress(&acct.home).unwrap_or(false) {
+    if dirseal::convert::login_during(None, &acct.home).map_or(true, |d| d != LoginDuring::NoConversion) {
         return Ok(Home::Converting);
     }
     let kernel = match fscrypt::get_policy(&acct.home) {
@@ -563,13 +564,20 @@ fn presence(pam: &Pam) -> Presence {
     .presence()
 }
 
-/// A login while the home is being converted: `refused` unless the config allows it, then
-/// `allowed` (the home is still plaintext: nothing to unlock, so the rest of the stack decides).
-/// A home being moved (part of it may already be in the staging directory) is always refused.
+/// A login while the home is being converted, as [`dirseal::convert::login_during`] decides:
+/// `allowed` (the home is still plaintext: nothing to unlock, so the rest of the stack decides)
+/// for a live copy or one not started, for a copy only if the config allows it; a home being
+/// moved (part of it may already be in the staging directory) is always `refused`.
 fn converting(pam: &Pam, args: &Args, acct: &Account, flags: c_int, (allowed, refused): (c_int, c_int)) -> c_int {
-    let moving = dirseal::convert::moving(&acct.home).unwrap_or(true);
-    if !moving && args.open().is_ok_and(|ds| ds.config().pam.allow_login_during_conversion) {
-        return allowed;
+    let ds = args.open().ok();
+    let during = dirseal::convert::login_during(ds.as_ref(), &acct.home).unwrap_or(LoginDuring::Closed);
+    let moving = during == LoginDuring::Closed;
+    match during {
+        LoginDuring::NoConversion | LoginDuring::Open => return allowed,
+        LoginDuring::IfAllowed if ds.as_ref().is_some_and(|ds| ds.config().pam.allow_login_during_conversion) => {
+            return allowed;
+        }
+        LoginDuring::IfAllowed | LoginDuring::Closed => {}
     }
     pam.log(LOG_NOTICE, &format!("refusing login of {}: conversion of {} in progress", acct.name, acct.home.display()));
     if flags & PAM_SILENT == 0 {
@@ -1049,7 +1057,7 @@ pub(crate) fn setcred(_pam: &Pam, _args: &Args, _flags: c_int) -> c_int {
 /// converted. Everything else is ignored.
 pub(crate) fn acct_mgmt(pam: &Pam, args: &Args, flags: c_int) -> c_int {
     let Some(acct) = account(pam) else { return PAM_IGNORE };
-    if dirseal::convert::in_progress(&acct.home).unwrap_or(false) {
+    if dirseal::convert::login_during(None, &acct.home).map_or(true, |d| d != LoginDuring::NoConversion) {
         return converting(pam, args, &acct, flags, (PAM_IGNORE, PAM_PERM_DENIED));
     }
     PAM_IGNORE

@@ -97,6 +97,7 @@ pub fn run_scheduled(ds: &Dirseal, ui: &mut dyn Ui, hooks: &Hooks<'_>) -> Result
     let schedules = schedules(ds);
     let mut runs = Vec::new();
     for s in schedules.pending().map_err(OpsError::from)? {
+        let s = schedules.began(&s).map_err(OpsError::from)?;
         let result = run_one_scheduled(ds, &s, ui, hooks);
         if let Err(e) = &result {
             schedules.failed(&s, e.to_string()).map_err(OpsError::from)?;
