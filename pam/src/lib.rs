@@ -240,7 +240,7 @@ fn session_home(pam: &Pam, args: &Args, acct: &Account) -> Result<Option<(Box<Di
 
 fn home_state(pam: &Pam, args: &Args, acct: &Account) -> Result<Home, String> {
     // A conversion in progress leaves the home plaintext until the swap: check it first.
-    if dirseal::convert::login_during(None, &acct.home).map_or(true, |d| d != LoginDuring::NoConversion) {
+    if dirseal::convert::login_during(None, &acct.home).is_ok_and(|d| d != LoginDuring::NoConversion) {
         return Ok(Home::Converting);
     }
     let kernel = match fscrypt::get_policy(&acct.home) {
@@ -1057,7 +1057,7 @@ pub(crate) fn setcred(_pam: &Pam, _args: &Args, _flags: c_int) -> c_int {
 /// converted. Everything else is ignored.
 pub(crate) fn acct_mgmt(pam: &Pam, args: &Args, flags: c_int) -> c_int {
     let Some(acct) = account(pam) else { return PAM_IGNORE };
-    if dirseal::convert::login_during(None, &acct.home).map_or(true, |d| d != LoginDuring::NoConversion) {
+    if dirseal::convert::login_during(None, &acct.home).is_ok_and(|d| d != LoginDuring::NoConversion) {
         return converting(pam, args, &acct, flags, (PAM_IGNORE, PAM_PERM_DENIED));
     }
     PAM_IGNORE
