@@ -16,7 +16,7 @@ use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use dirseal::convert::{State, Summary};
+use dirseal::convert::{State, Summary, When};
 use dirseal::keystore::{KeystoreError, PolicyRecord};
 use dirseal::ops::{self, Dirseal, NewProtector, Pick};
 use dirseal::protector::{KindOptions, NewKind};
@@ -219,7 +219,11 @@ fn convert_options(options: &Dict, caller: &Caller, what: &str) -> Result<(dirse
                 let m = String::try_from(v.try_clone().map_err(|_| bad(k, "s"))?).map_err(|_| bad(k, "s"))?;
                 o.mode = m.parse().map_err(|e| Error::invalid(format!("option mode: {e}")))?
             }
-            "at_next_boot" if what == "conversion" => o.at_next_boot = bool::try_from(v).map_err(|_| bad(k, "b"))?,
+            "at_next_boot" if what == "conversion" => {
+                if bool::try_from(v).map_err(|_| bad(k, "b"))? {
+                    o.when = When::AtNextBoot
+                }
+            }
             other => {
                 return Err(Error::invalid(format!(
                     "unknown option {other:?}; known: protector, keep_backup, wipe, force, mode{}",

@@ -412,7 +412,7 @@ fn status(dir: &Path, json: bool) -> Result<i32> {
         public.problems.extend(known.problems.unwrap_or_default());
         public.warnings.extend(known.warnings.unwrap_or_default());
     }
-    super::print_dir_status(public, recovery_key, Vec::new(), None, json)?;
+    super::print_dir_status(public, recovery_key, Vec::new(), None, None, json)?;
     Ok(0)
 }
 

@@ -17,6 +17,67 @@ const CATCH_UP_EVERY: Duration = Duration::from_secs(15 * 60);
 /// Where logind says which users have sessions (one file per uid, while they have any).
 const LOGIND_USERS: &str = "/run/systemd/users";
 
+/// Where the lock of each live run is (root's, 0700, as the TPM PIN lock's): held while a run of
+/// [`run_live`] goes on, so there is one per directory and a look at it can tell it runs.
+const RUN_DIR: &str = "/run/dirseal";
+
+/// The held lock of a live run of one directory.
+struct RunLock {
+    _lock: nix::fcntl::Flock<std::fs::File>,
+}
+
+fn lock_path(source: &Path) -> Result<PathBuf, ConvertError> {
+    let name = workdir_for(source)?.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    Ok(Path::new(RUN_DIR).join(format!("live-{name}.lock")))
+}
+
+/// Takes the live-run lock of `source` (`None`: another run holds it); the lock file then names
+/// this process, for [`stop_live`].
+fn run_lock(source: &Path) -> Result<Option<RunLock>, ConvertError> {
+    use crate::securefile::{self, Privacy, SecureFileError};
+    use std::io::{Seek, Write};
+    let path = lock_path(source)?;
+    let failed = |e: SecureFileError| ConvertError::Path {
+        path: source.to_path_buf(),
+        reason: format!("cannot take the lock of its live run: {e}"),
+    };
+    securefile::ensure_private_dir(Path::new(RUN_DIR)).map_err(failed)?;
+    match securefile::lock_file_within(&path, Privacy::OwnerOnly, Some(Duration::ZERO)) {
+        Ok(mut lock) => {
+            let named = lock.set_len(0).and_then(|()| lock.rewind()).and_then(|()| write!(lock, "{}", std::process::id()));
+            named.map_err(|e| failed(SecureFileError::Io { path: path.clone(), op: "write", source: e }))?;
+            Ok(Some(RunLock { _lock: lock }))
+        }
+        Err(SecureFileError::Held { .. }) => Ok(None),
+        Err(e) => Err(failed(e)),
+    }
+}
+
+/// Stops the background run of `dir`'s live conversion, if one goes on in another process
+/// (SIGTERM: it stops at its next safe point), and waits up to a minute for it to end; an abort
+/// or a commit by hand comes after. Whether one was running.
+pub fn stop_live(dir: &Path) -> Result<bool, ConvertError> {
+    let source = absolute(dir)?;
+    if run_lock(&source)?.is_some() {
+        return Ok(false);
+    }
+    let path = lock_path(&source)?;
+    let pid = std::fs::read_to_string(&path).ok().and_then(|p| p.trim().parse::<i32>().ok());
+    let stuck = |why: String| ConvertError::Path { path: source.clone(), reason: why };
+    let Some(pid) = pid.filter(|&p| p > 1 && p as u32 != std::process::id()) else {
+        return Err(stuck(format!("its live run goes on, but {} names no process to stop", path.display())));
+    };
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGTERM);
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(60) {
+        if run_lock(&source)?.is_some() {
+            return Ok(true);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Err(stuck(format!("its live run (pid {pid}) did not stop within a minute; stop it, then try again")))
+}
+
 /// What a live run reports as it goes (besides the engine's progress).
 #[derive(Clone, Copy, Debug)]
 pub enum LiveEvent<'a> {
@@ -56,8 +117,22 @@ pub fn background_priority() -> Result<(), ConvertError> {
 /// `CaughtUp`, or the commit), with its held key: nothing is asked of `ui`.
 fn resume_as(ds: &Dirseal, source: &Path, when: When, ui: &mut dyn Ui, hooks: &Hooks<'_>) -> Result<Converted, ConvertError> {
     let v = status(source)?
-        .filter(|v| unfinished(v.state) && v.direction == Direction::Encrypt)
+        .filter(|v| v.direction == Direction::Encrypt)
         .ok_or_else(|| ConvertError::NotInProgress { path: source.to_path_buf() })?;
+    if !unfinished(v.state) {
+        // Ended meanwhile (committed or aborted by hand, or by a boot).
+        let outcome = Outcome {
+            state: v.state,
+            method: v.method,
+            token: v.token.clone(),
+            files: v.files_total,
+            bytes: v.bytes_total,
+            backup: v.backup.clone(),
+            notes: Vec::new(),
+            timings: Default::default(),
+        };
+        return Ok(Converted { outcome, recovery_key_saved: None, scheduled: false });
+    }
     let key = staging_key_needed(source, &v)?;
     let options = Options { when, ..Options::default() };
     let plan = ResumePlan { source: source.to_path_buf(), workdir: workdir_for(source)?, options, state: v.state, key };
@@ -92,7 +167,34 @@ pub fn run_live(
     on: &dyn Fn(LiveEvent<'_>),
 ) -> Result<Converted, ConvertError> {
     let source = absolute(dir)?;
+    let Some(_running) = run_lock(&source)? else {
+        return Err(ConvertError::Path {
+            path: source,
+            reason: "its live conversion already runs in the background; `dirseal convert --status DIR` shows where it stands".into(),
+        });
+    };
     let uid = owner_of(&source)?.uid;
+    let result = live_loop(ds, &source, uid, ui, hooks, on);
+    if let Err(e) = &result {
+        // Said by status until a run goes on (an interrupted run is no failure).
+        if !matches!(e, ConvertError::Migrate(MigrateError::Interrupted { .. })) {
+            if let Some(s) = live_schedule(ds, &source)? {
+                schedules(ds).failed(&s, e.to_string()).map_err(OpsError::from)?;
+            }
+        }
+    }
+    result
+}
+
+fn live_loop(
+    ds: &Dirseal,
+    source: &Path,
+    uid: u32,
+    ui: &mut dyn Ui,
+    hooks: &Hooks<'_>,
+    on: &dyn Fn(LiveEvent<'_>),
+) -> Result<Converted, ConvertError> {
+    let source = source.to_path_buf();
     let stopped = || -> Result<(), ConvertError> {
         match hooks.stop.load(Ordering::Relaxed) {
             true => Err(MigrateError::Interrupted { state: State::CaughtUp }.into()),
@@ -175,6 +277,14 @@ pub enum LiveStatus {
     Done,
     /// Ended otherwise (aborted, or a state a person finishes by hand).
     Ended(State),
+    /// Unfinished, and no live run goes on (stopped, failed, or the machine restarted): the
+    /// next boot commits it, or `dirseal convert --live DIR` runs it again.
+    NotRunning {
+        /// Where its journal stands.
+        state: State,
+        /// Why the last run stopped, when it failed.
+        error: Option<String>,
+    },
 }
 
 impl std::fmt::Display for LiveStatus {
@@ -187,6 +297,13 @@ impl std::fmt::Display for LiveStatus {
             LiveStatus::Committing => write!(f, "live: committing"),
             LiveStatus::Done => write!(f, "live: done"),
             LiveStatus::Ended(s) => write!(f, "live: {s}"),
+            LiveStatus::NotRunning { state, error } => {
+                write!(f, "live: {state}, not running")?;
+                if let Some(e) = error {
+                    write!(f, " (it failed: {e})")?;
+                }
+                write!(f, "; the next boot commits it, or `dirseal convert --live DIR` runs it again")
+            }
         }
     }
 }
@@ -198,9 +315,12 @@ pub fn live_status(ds: &Dirseal, dir: &Path) -> Result<Option<LiveStatus>, Conve
     let Some(v) = status(&source)?.filter(|v| v.live) else { return Ok(None) };
     let s = live_schedule(ds, &source)?;
     let committing = s.as_ref().is_some_and(|s| s.committing_unix.is_some());
+    // A run goes on when its lock is held (or the engine's, by a resume by hand).
+    let running = v.running || run_lock(&source)?.is_none();
     Ok(Some(match v.state {
         State::Done => LiveStatus::Done,
         s if !unfinished(s) => LiveStatus::Ended(s),
+        state if !running => LiveStatus::NotRunning { state, error: s.and_then(|s| s.last_failure).map(|f| f.error) },
         State::Verified | State::Swapped => LiveStatus::Committing,
         State::CaughtUp => match s.and_then(|s| s.deferred) {
             Some(d) => LiveStatus::Deferred { reason: d.error },
