@@ -39,11 +39,11 @@ mod live;
 mod probe;
 
 pub use boot::{boot_state, cancel_scheduled, run_scheduled, BootRun};
+use boot::{schedules, settle};
+pub(crate) use host::KeyHost;
 pub use live::{
     background_priority, commit_live, live_status, owner_logged_in, run_live, stop_live, LiveEvent, LiveStatus,
 };
-use boot::{schedules, settle};
-pub(crate) use host::KeyHost;
 pub(crate) use probe::estimate;
 
 /// Why a conversion could not be planned, run, resumed or aborted.

@@ -263,7 +263,9 @@ impl Schedules {
     pub(crate) fn live_commit(&self, s: &Schedule, deferred: Option<String>) -> Result<Schedule, KeystoreError> {
         let s = match deferred {
             None => Schedule { committing_unix: Some(now()), ..s.clone() },
-            Some(error) => Schedule { committing_unix: None, deferred: Some(Attempt { unix: now(), error }), ..s.clone() },
+            Some(error) => {
+                Schedule { committing_unix: None, deferred: Some(Attempt { unix: now(), error }), ..s.clone() }
+            }
         };
         self.write(PENDING_DIR, &s)?;
         Ok(s)

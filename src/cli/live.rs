@@ -29,7 +29,13 @@ pub fn start(abs: &Path) -> Result<()> {
         let name = convert::workdir_for(abs)?;
         let unit = format!("dirseal-live-{}", name.file_name().map(|n| n.to_string_lossy()).unwrap_or_default());
         Command::new("systemd-run")
-            .args([&format!("--unit={unit}"), "--property=Nice=19", "--property=IOSchedulingClass=idle", "--collect", "--quiet"])
+            .args([
+                &format!("--unit={unit}"),
+                "--property=Nice=19",
+                "--property=IOSchedulingClass=idle",
+                "--collect",
+                "--quiet",
+            ])
             .arg(&exe)
             .args(["convert", "--live-worker"])
             .arg(abs)

@@ -44,7 +44,8 @@ fn run_lock(source: &Path) -> Result<Option<RunLock>, ConvertError> {
     securefile::ensure_private_dir(Path::new(RUN_DIR)).map_err(failed)?;
     match securefile::lock_file_within(&path, Privacy::OwnerOnly, Some(Duration::ZERO)) {
         Ok(mut lock) => {
-            let named = lock.set_len(0).and_then(|()| lock.rewind()).and_then(|()| write!(lock, "{}", std::process::id()));
+            let named =
+                lock.set_len(0).and_then(|()| lock.rewind()).and_then(|()| write!(lock, "{}", std::process::id()));
             named.map_err(|e| failed(SecureFileError::Io { path: path.clone(), op: "write", source: e }))?;
             Ok(Some(RunLock { _lock: lock }))
         }
@@ -115,7 +116,13 @@ pub fn background_priority() -> Result<(), ConvertError> {
 
 /// Runs the unfinished live conversion of `source` once more as `when` says (a catch-up to
 /// `CaughtUp`, or the commit), with its held key: nothing is asked of `ui`.
-fn resume_as(ds: &Dirseal, source: &Path, when: When, ui: &mut dyn Ui, hooks: &Hooks<'_>) -> Result<Converted, ConvertError> {
+fn resume_as(
+    ds: &Dirseal,
+    source: &Path,
+    when: When,
+    ui: &mut dyn Ui,
+    hooks: &Hooks<'_>,
+) -> Result<Converted, ConvertError> {
     let v = status(source)?
         .filter(|v| v.direction == Direction::Encrypt)
         .ok_or_else(|| ConvertError::NotInProgress { path: source.to_path_buf() })?;

@@ -326,7 +326,8 @@ pub(crate) fn ioprio_idle() -> Result<(), Errno> {
     const IOPRIO_CLASS_IDLE: libc::c_long = 3;
     const IOPRIO_CLASS_SHIFT: u32 = 13;
     // SAFETY: ioprio_set takes three integers and touches no memory of ours.
-    let r = unsafe { libc::syscall(libc::SYS_ioprio_set, IOPRIO_WHO_PROCESS, 0, IOPRIO_CLASS_IDLE << IOPRIO_CLASS_SHIFT) };
+    let r =
+        unsafe { libc::syscall(libc::SYS_ioprio_set, IOPRIO_WHO_PROCESS, 0, IOPRIO_CLASS_IDLE << IOPRIO_CLASS_SHIFT) };
     if r == -1 {
         return Err(Errno::last());
     }

@@ -1,0 +1,203 @@
+//! `dirseal convert DIR --live` through the real binary on a loop ext4: the password is asked in
+//! the foreground, the command returns while the home is in use, the background run (its own
+//! process) copies and catches up, then commits once the owner has no login session (logind's
+//! `/run/systemd/users/<uid>`: no systemd runs here, so the test writes it as logind would) and
+//! no process uses the home.
+mod common;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use common::{fresh_uid, names, p, Env};
+use dirseal_testfs::tree::entries_manifest as manifest;
+
+/// A small home owned by `uid`, with `bulk` MiB of data in 64 KiB files.
+fn build_home(root: &Path, uid: u32, bulk: usize) {
+    fs::create_dir_all(root.join("Documents/deep")).unwrap();
+    fs::write(root.join("Documents/plan.txt"), b"meet at noon").unwrap();
+    fs::write(root.join("Documents/deep/big.bin"), (0..300_000u32).map(|i| (i % 251) as u8).collect::<Vec<_>>())
+        .unwrap();
+    fs::create_dir(root.join("bulk")).unwrap();
+    for i in 0..bulk * 16 {
+        fs::write(root.join(format!("bulk/{i}")), vec![(i % 251) as u8; 64 * 1024]).unwrap();
+    }
+    let st = Command::new("chown").args(["-hR", &format!("{uid}:{uid}"), p(root)]).status().unwrap();
+    assert!(st.success());
+}
+
+/// The end of a test, passed or not: the session's processes killed, the background run stopped
+/// (an abort stops it first; after a commit it finds nothing to abort), logind's record gone.
+struct Cleanup<'a> {
+    env: &'a Env,
+    home: PathBuf,
+    session: Option<Child>,
+    logind: Option<PathBuf>,
+}
+
+impl Drop for Cleanup<'_> {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.session.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        if let Some(f) = self.logind.take() {
+            let _ = fs::remove_file(f);
+        }
+        let _ = self.env.run(&["convert", "--abort", p(&self.home)], "");
+    }
+}
+
+/// A process of the "session": a shell whose cwd is the home, appending a line every 0.1 s.
+fn session(home: &Path) -> Child {
+    Command::new("sh")
+        .args(["-c", "while :; do echo tick >> session.log; sleep 0.1; done"])
+        .current_dir(home)
+        .spawn()
+        .unwrap()
+}
+
+/// logind's record of `uid`, in `state` ("active": logged in; "lingering": no session).
+fn logind(uid: u32, state: &str) -> PathBuf {
+    let f = Path::new("/run/systemd/users").join(uid.to_string());
+    fs::create_dir_all(f.parent().unwrap()).unwrap();
+    fs::write(&f, format!("# This is private data. Do not parse.\nNAME=u{uid}\nSTATE={state}\n")).unwrap();
+    f
+}
+
+/// `convert --status DIR`'s line, without the path.
+fn live_line(env: &Env, home: &Path) -> String {
+    let out = env.ok(&["convert", "--status", p(home)], "");
+    out.trim().strip_prefix(&format!("{}: ", home.display())).unwrap_or(out.trim()).to_string()
+}
+
+/// Waits (up to `secs`) for the status line to start with `want`; every line seen, in order.
+#[track_caller]
+fn wait_for(env: &Env, home: &Path, want: &str, secs: u64) -> Vec<String> {
+    let start = Instant::now();
+    let mut seen: Vec<String> = Vec::new();
+    loop {
+        let line = live_line(env, home);
+        if seen.last() != Some(&line) {
+            seen.push(line.clone());
+        }
+        if line.starts_with(want) {
+            return seen;
+        }
+        assert!(start.elapsed() < Duration::from_secs(secs), "no {want:?} within {secs} s: {seen:#?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn start_live(env: &Env, home: &Path) -> Duration {
+    let t = Instant::now();
+    let out = env.ok(&["convert", p(home), "--live", "--yes", "--protector-name", "owner"], "pw\n");
+    assert!(out.contains("is being encrypted in the background"), "{out}");
+    t.elapsed()
+}
+
+/// Keystore subdirectory `sub`'s files (none if it does not exist).
+fn files(env: &Env, sub: &str) -> Vec<String> {
+    let dir = env.keystore().join(sub);
+    if !dir.exists() {
+        return Vec::new();
+    }
+    names(&dir).into_iter().filter(|n| !n.starts_with('.')).collect()
+}
+
+#[test]
+fn a_live_conversion_commits_once_nothing_uses_the_home() {
+    dirseal_testfs::needs_root!();
+    let mut env = Env::new();
+    let home = env.mnt().join("home/alice");
+    build_home(&home, fresh_uid(), 16);
+    let mut c = Cleanup { env: &env, home: home.clone(), session: Some(session(&home)), logind: None };
+    let returned = start_live(&env, &home);
+    let t = Instant::now();
+    let seen = wait_for(&env, &home, "live: caught up, waiting for logout", 180);
+    let caught_up = t.elapsed();
+    // Still plaintext, still in use: the session changes the home (renames, appends, deletes).
+    assert_eq!(env.status_json(&home)["encrypted"], false);
+    fs::rename(home.join("Documents/plan.txt"), home.join("Documents/plan-v2.txt")).unwrap();
+    std::io::Write::write_all(
+        &mut fs::OpenOptions::new().append(true).open(home.join("Documents/deep/big.bin")).unwrap(),
+        b"appended",
+    )
+    .unwrap();
+    fs::remove_file(home.join("bulk/3")).unwrap();
+    fs::write(home.join("Documents/new.txt"), b"written while caught up").unwrap();
+    // While the session's shell has its cwd there, nothing is committed.
+    std::thread::sleep(Duration::from_secs(7));
+    let line = live_line(&env, &home);
+    assert!(line.starts_with("live: caught up, waiting for logout"), "{line}");
+    assert_eq!(env.status_json(&home)["encrypted"], false);
+    // The session ends: the background run commits what the home is now.
+    let mut s = c.session.take().unwrap();
+    s.kill().unwrap();
+    s.wait().unwrap();
+    let at_commit = manifest(&home);
+    let t = Instant::now();
+    let end = wait_for(&env, &home, "live: done", 120);
+    let committed = t.elapsed();
+    eprintln!(
+        "live: returned in {returned:?}, caught up after {caught_up:?}, committed {committed:?} after the session ended; lines {seen:?} {end:?}"
+    );
+    assert_eq!(manifest(&home), at_commit);
+    let st = env.status_json(&home);
+    assert_eq!(st["encrypted"], true, "{st}");
+    assert!(files(&env, "held").is_empty() && files(&env, "scheduled").is_empty());
+    drop(c);
+    // It opens with the password asked at the start.
+    env.fs.remount();
+    assert!(!names(&home).contains(&"Documents".to_string()));
+    env.ok(&["unlock", p(&home)], "pw\n");
+    assert_eq!(manifest(&home), at_commit);
+}
+
+#[test]
+fn a_live_conversion_waits_for_the_owner_logout() {
+    dirseal_testfs::needs_root!();
+    let env = Env::new();
+    let home = env.mnt().join("home/bob");
+    let uid = fresh_uid();
+    build_home(&home, uid, 1);
+    let before = manifest(&home);
+    let c = Cleanup { env: &env, home: home.clone(), session: None, logind: Some(logind(uid, "active")) };
+    start_live(&env, &home);
+    wait_for(&env, &home, "live: caught up, waiting for logout", 120);
+    // Nothing uses the home, but its owner is logged in: no commit.
+    std::thread::sleep(Duration::from_secs(7));
+    let line = live_line(&env, &home);
+    assert!(line.starts_with("live: caught up, waiting for logout"), "{line}");
+    // The owner logs out (logind keeps a lingering user's record): the commit follows.
+    logind(uid, "lingering");
+    wait_for(&env, &home, "live: done", 60);
+    assert_eq!(env.status_json(&home)["encrypted"], true);
+    assert_eq!(manifest(&home), before);
+    drop(c);
+}
+
+#[test]
+fn a_live_conversion_cancelled_while_caught_up_leaves_nothing() {
+    dirseal_testfs::needs_root!();
+    let env = Env::new();
+    let home = env.mnt().join("home/carol");
+    let uid = fresh_uid();
+    build_home(&home, uid, 1);
+    let before = manifest(&home);
+    let c = Cleanup { env: &env, home: home.clone(), session: None, logind: Some(logind(uid, "active")) };
+    start_live(&env, &home);
+    wait_for(&env, &home, "live: caught up, waiting for logout", 120);
+    let out = env.run(&["convert", "--abort", p(&home)], "");
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{said} {}", String::from_utf8_lossy(&out.stderr));
+    assert!(said.contains("the original is untouched"), "{said}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("stopped the background run"));
+    assert_eq!(manifest(&home), before);
+    assert_eq!(env.status_json(&home)["encrypted"], false);
+    for sub in ["held", "scheduled", "policies", "protectors"] {
+        assert!(files(&env, sub).is_empty(), "{sub}: {:?}", files(&env, sub));
+    }
+    drop(c);
+}
