@@ -18,7 +18,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use dirseal::convert::{self, Cancelled, ConvertError, Converted, Direction, Hooks, LiveEvent, MigrateError, Plan, When};
+use dirseal::convert::{
+    self, Cancelled, ConvertError, Converted, Direction, Hooks, LiveEvent, MigrateError, Plan, When,
+};
 use dirseal::decrypt;
 use dirseal::ops::{Dirseal, Pick};
 use dirseal::ui::{Eta, Progress};

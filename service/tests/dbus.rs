@@ -951,7 +951,14 @@ fn a_user_cancels_the_conversion_scheduled_for_the_next_boot() {
 /// The Job's State property, as its owner reads it.
 fn job_state(h: &Harness, who: &User, job: &str) -> String {
     let r = h
-        .call_at(Some(who), job, "org.freedesktop.DBus.Properties.Get", &[s("org.dirseal.Dirseal1.Job"), s("State")], &[], None)
+        .call_at(
+            Some(who),
+            job,
+            "org.freedesktop.DBus.Properties.Get",
+            &[s("org.dirseal.Dirseal1.Job"), s("State")],
+            &[],
+            None,
+        )
         .expect("State");
     r.trim_start_matches("(<'").trim_end_matches("'>,)").to_string()
 }
@@ -1004,7 +1011,9 @@ fn a_user_converts_their_home_live_and_it_commits_when_the_session_ends() {
         _ => None,
     });
     assert_eq!(state, "done");
-    assert!(seen.iter().any(|s| matches!(s, JobSignal::Progress { path, phase, .. } if *path == job && phase == "copying")));
+    assert!(seen
+        .iter()
+        .any(|s| matches!(s, JobSignal::Progress { path, phase, .. } if *path == job && phase == "copying")));
     assert!(bool::try_from(h.status(&alice.home)["encrypted"].try_clone().unwrap()).unwrap());
     assert_eq!(conversion(), "live: done");
     assert!(contents(&alice.home) == original, "the converted home holds the same files");
