@@ -201,3 +201,46 @@ fn a_live_conversion_cancelled_while_caught_up_leaves_nothing() {
     }
     drop(c);
 }
+
+/// The background run's pid, from its lock file (the one whose process names `home`).
+fn worker_pid(home: &Path) -> i32 {
+    for e in fs::read_dir("/run/dirseal").unwrap().flatten() {
+        let Ok(pid) = fs::read_to_string(e.path()) else { continue };
+        let Ok(pid) = pid.trim().parse::<i32>() else { continue };
+        let cmdline = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        if String::from_utf8_lossy(&cmdline).contains(p(home)) {
+            return pid;
+        }
+    }
+    panic!("no background run of {} found", home.display())
+}
+
+/// The owner never logs out: the background run is gone with the shutdown (SIGKILL), the reboot
+/// drops every key; the boot-time run, before any login, commits it with the held key, nothing
+/// typed.
+#[test]
+fn a_live_conversion_never_committed_is_committed_by_the_next_boot() {
+    dirseal_testfs::needs_root!();
+    let mut env = Env::new();
+    let home = env.mnt().join("home/dave");
+    let uid = fresh_uid();
+    build_home(&home, uid, 2);
+    let logind = logind(uid, "active");
+    start_live(&env, &home);
+    wait_for(&env, &home, "live: caught up, waiting for logout", 120);
+    let pid = worker_pid(&home);
+    assert!(Command::new("kill").args(["-KILL", &pid.to_string()]).status().unwrap().success());
+    let line = wait_for(&env, &home, "live: caught up, not running", 10);
+    assert!(line.last().unwrap().contains("the next boot commits it"), "{line:?}");
+    fs::write(home.join("Documents/late.txt"), b"written after the run was gone").unwrap();
+    let before = manifest(&home);
+    env.fs.remount();
+    let out = env.ok(&["convert", "--scheduled"], "");
+    assert!(out.contains(&format!("{} is encrypted", home.display())), "{out}");
+    assert_eq!(manifest(&home), before);
+    assert!(files(&env, "held").is_empty() && files(&env, "scheduled").is_empty());
+    let _ = fs::remove_file(logind);
+    env.fs.remount();
+    env.ok(&["unlock", p(&home)], "pw\n");
+    assert_eq!(manifest(&home), before);
+}

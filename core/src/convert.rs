@@ -882,9 +882,12 @@ pub fn finished(source: &Path) -> Result<Option<KeyIdentifier>, ConvertError> {
 }
 
 /// Whether `dir` is mid-conversion (before the swap): logging in would work on plaintext that is
-/// about to be replaced, so the PAM module refuses unless the admin allowed it.
+/// about to be replaced, so the PAM module refuses unless the admin allowed it. Not a live
+/// conversion ([`When::Live`]): it is made to run while the owner works, catches up with what
+/// they change, and commits only when no process uses the directory (checked again before the
+/// swap), so a login just puts the commit off.
 pub fn in_progress(dir: &Path) -> Result<bool, ConvertError> {
-    Ok(status(&absolute(dir)?)?.is_some_and(|v| v.state.before_swap()))
+    Ok(status(&absolute(dir)?)?.is_some_and(|v| v.state.before_swap() && !v.live))
 }
 
 /// Whether `dir` is mid-conversion by moving: part of it may already be in the staging directory,
