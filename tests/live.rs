@@ -244,3 +244,49 @@ fn a_live_conversion_never_committed_is_committed_by_the_next_boot() {
     env.ok(&["unlock", p(&home)], "pw\n");
     assert_eq!(manifest(&home), before);
 }
+
+/// A commit put off: held just after it began (a fault-injection hold), a process of the session
+/// starts using the home; the engine's check before the swap refuses, the run records the
+/// deferral (status says why) and catches up again; once the process is gone it commits.
+#[cfg(feature = "fault-injection")]
+#[test]
+fn a_commit_put_off_by_a_returning_session_is_deferred_then_done() {
+    dirseal_testfs::needs_root!();
+    let env = Env::new();
+    let home = env.mnt().join("home/erin");
+    build_home(&home, fresh_uid(), 1);
+    let hold = env.etc.path().join("hold");
+    let mut c = Cleanup { env: &env, home: home.clone(), session: None, logind: None };
+    let out = env
+        .cmd(&["convert", p(&home), "--live", "--yes", "--protector-name", "owner"])
+        .env("DIRSEAL_FAULT", "after-record-committing")
+        .env("DIRSEAL_FAULT_HOLD", &hold)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut ch| {
+            std::io::Write::write_all(&mut ch.stdin.take().unwrap(), b"pw\n")?;
+            ch.wait_with_output()
+        })
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+    let start = Instant::now();
+    while !hold.exists() {
+        assert!(start.elapsed() < Duration::from_secs(60), "the commit never began");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(live_line(&env, &home).starts_with("live: committing"));
+    c.session = Some(session(&home));
+    fs::remove_file(&hold).unwrap();
+    let seen = wait_for(&env, &home, "live: deferred (", 60);
+    assert!(seen.last().unwrap().contains("is still in use"), "{seen:?}");
+    assert_eq!(env.status_json(&home)["encrypted"], false);
+    let mut s = c.session.take().unwrap();
+    s.kill().unwrap();
+    s.wait().unwrap();
+    let at_commit = manifest(&home);
+    wait_for(&env, &home, "live: done", 60);
+    assert_eq!(manifest(&home), at_commit);
+    assert_eq!(env.status_json(&home)["encrypted"], true);
+    drop(c);
+}
