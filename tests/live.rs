@@ -290,3 +290,23 @@ fn a_commit_put_off_by_a_returning_session_is_deferred_then_done() {
     assert_eq!(env.status_json(&home)["encrypted"], true);
     drop(c);
 }
+
+/// `--wait`: the command returns once the background run has committed (nothing uses the home,
+/// its owner has no session), having said each stage on stderr.
+#[test]
+fn live_with_wait_returns_after_the_commit() {
+    dirseal_testfs::needs_root!();
+    let env = Env::new();
+    let home = env.mnt().join("home/frank");
+    build_home(&home, fresh_uid(), 1);
+    let before = manifest(&home);
+    let c = Cleanup { env: &env, home: home.clone(), session: None, logind: None };
+    let out = env.run(&["convert", p(&home), "--live", "--wait", "--yes", "--protector-name", "owner"], "pw\n");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{said}");
+    assert!(said.contains("live: caught up, waiting for logout") || said.contains("live: committing"), "{said}");
+    assert!(said.trim_end().ends_with("live: done"), "{said}");
+    assert_eq!(env.status_json(&home)["encrypted"], true);
+    assert_eq!(manifest(&home), before);
+    drop(c);
+}
