@@ -158,7 +158,7 @@ pub fn run(ds: &mut Dirseal, args: ConvertArgs, ui: &mut TermUi) -> Result<i32> 
         );
     }
     if args.live && convert::unfinished(done.outcome.state) {
-        super::live::start(&abs)?;
+        super::live::start(ds, &abs)?;
         if args.wait {
             return super::live::wait(ds, &abs);
         }

@@ -22,9 +22,17 @@ fn systemd_runs() -> bool {
     Path::new("/run/systemd/system").is_dir()
 }
 
-/// Starts the background run of `abs`'s live conversion and returns at once.
-pub fn start(abs: &Path) -> Result<()> {
+/// Starts the background run of `abs`'s live conversion and returns at once; it uses the
+/// configuration and keystore of `ds` (named on its command line: a systemd unit gets none of
+/// this process's environment).
+pub fn start(ds: &Dirseal, abs: &Path) -> Result<()> {
     let exe = std::fs::read_link("/proc/self/exe").context("cannot find this program to start the background run")?;
+    let global = [
+        std::ffi::OsString::from("--config"),
+        ds.config_path().into(),
+        "--keystore".into(),
+        ds.keystore().root().into(),
+    ];
     let status = if systemd_runs() {
         let name = convert::workdir_for(abs)?;
         let unit = format!("dirseal-live-{}", name.file_name().map(|n| n.to_string_lossy()).unwrap_or_default());
@@ -37,6 +45,7 @@ pub fn start(abs: &Path) -> Result<()> {
                 "--quiet",
             ])
             .arg(&exe)
+            .args(&global)
             .args(["convert", "--live-worker"])
             .arg(abs)
             .stdin(Stdio::null())
@@ -46,9 +55,12 @@ pub fn start(abs: &Path) -> Result<()> {
     } else {
         // Its own session (it calls setsid), so the terminal's hangup at logout does not reach
         // it; reparented to init once this process exits.
+        // Its cwd is never the directory, which it waits to see unused.
         Command::new(&exe)
+            .args(&global)
             .args(["convert", "--live-worker"])
             .arg(abs)
+            .current_dir("/")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
