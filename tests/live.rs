@@ -263,6 +263,7 @@ fn a_commit_put_off_by_a_returning_session_is_deferred_then_done() {
         .env("DIRSEAL_FAULT_HOLD", &hold)
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
         .spawn()
         .and_then(|mut ch| {
             std::io::Write::write_all(&mut ch.stdin.take().unwrap(), b"pw\n")?;
