@@ -117,6 +117,8 @@ fn a_live_conversion_commits_once_nothing_uses_the_home() {
     let t = Instant::now();
     let seen = wait_for(&env, &home, "live: caught up, waiting for logout", 180);
     let caught_up = t.elapsed();
+    // The command returned with the background run going.
+    assert!(!seen.iter().any(|l| l.contains("not running")), "{seen:?}");
     // Still plaintext, still in use: the session changes the home (renames, appends, deletes).
     assert_eq!(env.status_json(&home)["encrypted"], false);
     fs::rename(home.join("Documents/plan.txt"), home.join("Documents/plan-v2.txt")).unwrap();

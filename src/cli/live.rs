@@ -69,6 +69,18 @@ pub fn start(ds: &Dirseal, abs: &Path) -> Result<()> {
             .map(drop)
             .is_ok()
     };
+    // Returned once the run holds its lock (status then says it runs), or said when it could not
+    // start at all.
+    let started = Instant::now();
+    while status && started.elapsed() < Duration::from_secs(15) {
+        match convert::live_status(ds, abs)? {
+            Some(LiveStatus::NotRunning { error: Some(e), .. }) => {
+                bail!("the background run of {} failed: {}", clean(&abs.display().to_string()), clean(&e))
+            }
+            Some(LiveStatus::NotRunning { .. }) => std::thread::sleep(Duration::from_millis(100)),
+            _ => return Ok(()),
+        }
+    }
     if !status {
         bail!(
             "the background run of {d} did not start; the conversion is prepared: start it again with `dirseal convert --live {d}`, or the next boot converts it",
