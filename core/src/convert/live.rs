@@ -223,15 +223,12 @@ fn live_loop(
                 stopped()?;
                 std::thread::sleep(Duration::from_millis(200));
             }
-            if owner_logged_in(uid) {
-                if since.elapsed() >= CATCH_UP_EVERY {
-                    break false;
-                }
-                continue;
+            let free = !owner_logged_in(uid) && migrate::find_users(&source).is_ok_and(|u| u.is_empty());
+            if free {
+                break true;
             }
-            match migrate::find_users(&source) {
-                Ok(users) if users.is_empty() => break true,
-                _ => continue,
+            if since.elapsed() >= CATCH_UP_EVERY {
+                break false;
             }
         };
         if !commit {
