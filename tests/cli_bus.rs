@@ -350,3 +350,44 @@ fn ctrl_c_cancels_the_users_conversion_in_the_service() {
     assert_eq!(env.status_json(&carol.home)["encrypted"], false);
     assert_eq!(std::fs::read(carol.home.join("f7")).unwrap(), vec![7u8; 4096]);
 }
+
+/// A user converts their own home live from inside their session (a process of theirs has its
+/// cwd there): `convert --live` returns once the service's job runs; status says it waits for
+/// the logout; when the process ends, the job commits.
+#[test]
+fn a_user_converts_their_home_live_through_the_service() {
+    dirseal_testfs::needs_root!();
+    let env = Env::new();
+    for a in env.mnt().ancestors().take_while(|a| a.starts_with(std::env::temp_dir()) && *a != std::env::temp_dir()) {
+        std::fs::set_permissions(a, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let bus = Bus::start(&env);
+    let bob = User::new(env.mnt());
+    let h = bob.home_str();
+    for i in 0..20 {
+        let f = bob.home.join(format!("f{i}"));
+        std::fs::write(&f, vec![i as u8; 10_000]).unwrap();
+        std::os::unix::fs::chown(&f, Some(bob.uid), Some(bob.uid)).unwrap();
+    }
+    let mut session = std::os::unix::process::CommandExt::uid(std::process::Command::new("sleep").arg("600"), bob.uid)
+        .current_dir(&bob.home)
+        .spawn()
+        .unwrap();
+    let o = as_user(&bob, &bus.address, &["convert", "--live", "--yes", h], "pw-b\n");
+    assert!(o.status.success(), "{}\nservice log:\n{}", text(&o), bus.log());
+    assert!(text(&o).contains("in the background"), "{}", text(&o));
+    let conversion = || env.status_json(&bob.home)["conversion"].as_str().unwrap_or_default().to_string();
+    let start = std::time::Instant::now();
+    while conversion() != "live: caught up, waiting for logout" {
+        assert!(start.elapsed() < std::time::Duration::from_secs(60), "{}", conversion());
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    session.kill().unwrap();
+    session.wait().unwrap();
+    while conversion() != "live: done" {
+        assert!(start.elapsed() < std::time::Duration::from_secs(120), "{}", conversion());
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    assert_eq!(env.status_json(&bob.home)["encrypted"], true);
+    assert_eq!(std::fs::read(bob.home.join("f7")).unwrap(), vec![7u8; 10_000]);
+}

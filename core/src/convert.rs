@@ -35,11 +35,15 @@ use crate::ui::{Progress, Question, Ui, UiError};
 
 mod boot;
 mod host;
+mod live;
 mod probe;
 
 pub use boot::{boot_state, cancel_scheduled, run_scheduled, BootRun};
 use boot::{schedules, settle};
 pub(crate) use host::KeyHost;
+pub use live::{
+    background_priority, commit_live, live_status, owner_logged_in, run_live, stop_live, LiveEvent, LiveStatus,
+};
 pub(crate) use probe::estimate;
 
 /// Why a conversion could not be planned, run, resumed or aborted.
@@ -183,12 +187,28 @@ pub struct Options {
     /// Keep the policy record and the protector's on the directory's own filesystem (a portable
     /// directory, crate::portable); the protector must travel.
     pub portable: bool,
+    /// When the copy runs: now, live (in the background while the directory is in use,
+    /// committed once the owner has logged out), or at the next boot.
+    pub when: When,
+}
+
+/// When a conversion runs: the one place [`request`] and [`NewPlan::run`] read.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum When {
+    /// Copy, verify and swap now; the directory must not be in use (unless forced).
+    #[default]
+    Now,
+    /// Live ([`live`]): everything a person chooses is asked now and the staging key held, as for
+    /// [`When::AtNextBoot`] (whose schedule it records too, so a boot commits it if nothing else
+    /// did); then [`run_live`] copies and catches up while the directory is in use and commits
+    /// once the owner has logged out and nothing uses it.
+    Live,
     /// Schedule it for the next boot instead of running it now ([`NewPlan::run`]): everything a
     /// person chooses is asked now, the protector, policy and staging directory are made, the
     /// journal is started and the staging key held ([`crate::scheduled`]); the copy or move runs
     /// in `dirseal-convert-boot.service` ([`run_scheduled`]). The owner's session and programs
     /// using the directory are no reason to refuse: nothing of them runs at that point of a boot.
-    pub at_next_boot: bool,
+    AtNextBoot,
 }
 
 /// A checked run of the engine, either way: a new one, or one that stopped part-way (interrupted,
@@ -266,8 +286,8 @@ pub struct Converted {
     pub outcome: Outcome,
     /// Whether the recovery key shown is saved on the directory; `None` when none was made.
     pub recovery_key_saved: Option<bool>,
-    /// It was scheduled for the next boot ([`Options::at_next_boot`]): `outcome` is where the
-    /// journal stands until then (nothing copied yet).
+    /// It was scheduled for the next boot, or prepared for a live run ([`Options::when`]):
+    /// `outcome` is where the journal stands (nothing copied yet).
     pub scheduled: bool,
 }
 
@@ -290,11 +310,14 @@ pub(crate) fn request<'a>(plan_source: &'a Path, workdir: &'a Path, o: &Options,
         wipe: o.wipe,
         // Scheduling starts the journal while the owner's session still runs; the copy itself
         // runs at boot, before any session.
-        force: o.force || o.at_next_boot,
+        force: o.force || o.when == When::AtNextBoot,
         threads,
         mode: o.mode,
         direction,
-        schedule: dirseal_migrate::Schedule::Now,
+        schedule: match o.when {
+            When::Live => dirseal_migrate::Schedule::Live,
+            When::Now | When::AtNextBoot => dirseal_migrate::Schedule::Now,
+        },
     }
 }
 
@@ -314,7 +337,7 @@ pub fn plan(ds: &Dirseal, dir: &Path, options: Options, hooks: &Hooks<'_>) -> Re
         if v.direction != Direction::Encrypt {
             return Err(other_direction(&v, Direction::Encrypt).into());
         }
-        if options.at_next_boot {
+        if options.when == When::AtNextBoot {
             return Err(ConvertError::Path {
                 path: source,
                 reason: format!(
@@ -337,7 +360,7 @@ pub fn plan(ds: &Dirseal, dir: &Path, options: Options, hooks: &Hooks<'_>) -> Re
 /// The owner of `source`, refused while they run processes (unless forced, or asking themselves).
 pub(crate) fn owner_idle(source: &Path, options: &Options) -> Result<Owner, ConvertError> {
     let owner = owner_of(source)?;
-    if !options.force && !options.owner_asks && !options.at_next_boot && !owner.pids.is_empty() {
+    if !options.force && !options.owner_asks && options.when == When::Now && !owner.pids.is_empty() {
         // Named by program too: a pid alone tells a person nothing.
         let program = |pid: u32| std::fs::read_to_string(format!("/proc/{pid}/comm")).map(|c| c.trim().to_string());
         let mut pids: Vec<String> = owner
@@ -483,10 +506,10 @@ impl NewPlan {
     ) -> Result<Converted, ConvertError> {
         // The host borrows the path for as long as the engine runs, which takes the plan.
         let source = self.source.clone();
-        if self.options.portable && self.options.at_next_boot {
+        if self.options.portable && self.options.when != When::Now {
             return Err(ConvertError::Path {
                 path: source,
-                reason: "a portable directory cannot be converted at the next boot (its medium may not be there then); convert it now, without --at-next-boot".into(),
+                reason: "a portable directory cannot be converted live or at the next boot (its medium may be gone by then); convert it now, without --live or --at-next-boot".into(),
             });
         }
         if self.options.portable {
@@ -520,7 +543,7 @@ impl NewPlan {
         undo.protector(&chosen.0.id);
         migrate::fault::point(migrate::fault::Point::AfterProtectorSaved);
         let workdir = self.workdir.clone();
-        if self.options.at_next_boot {
+        if self.options.when != When::Now {
             // The engine starts with its stop flag already set: it makes the staging directory
             // (the host encrypts it, saves the policy and holds its key), records the journal and
             // stops before copying or moving anything.
@@ -558,7 +581,7 @@ impl NewPlan {
         Ok(Converted { outcome, recovery_key_saved: saved, scheduled: false })
     }
 
-    /// The scheduling part of [`NewPlan::run`] ([`Options::at_next_boot`]), with a `host` whose
+    /// The scheduling part of [`NewPlan::run`] ([`When::AtNextBoot`], [`When::Live`]), with a `host` whose
     /// stop flag is set: the engine prepares and stops, then the schedule is recorded. Until that
     /// record exists this is an ordinary interrupted conversion (resumed, or aborted, as any).
     fn schedule(
@@ -570,6 +593,7 @@ impl NewPlan {
         recovery: bool,
     ) -> Result<Converted, ConvertError> {
         let (source, workdir, census) = (self.source.clone(), self.workdir.clone(), self.census);
+        let live = self.options.when == When::Live;
         let state = match self.start(host) {
             Err(ConvertError::Migrate(MigrateError::Interrupted { state })) => state,
             // Nothing to copy (an empty tree) may finish before the first stop check: done now.
@@ -584,7 +608,7 @@ impl NewPlan {
             .token
             .parse()
             .map_err(|_| ConvertError::BadToken { path: source.clone(), token: view.token.clone() })?;
-        let record = Schedule::new(source.clone(), policy, view.method, protector, protector_made);
+        let record = Schedule::new(source.clone(), policy, view.method, protector, protector_made, live);
         schedules(ds).save(&record).map_err(OpsError::from)?;
         let outcome = Outcome {
             state,
@@ -861,9 +885,12 @@ pub fn finished(source: &Path) -> Result<Option<KeyIdentifier>, ConvertError> {
 }
 
 /// Whether `dir` is mid-conversion (before the swap): logging in would work on plaintext that is
-/// about to be replaced, so the PAM module refuses unless the admin allowed it.
+/// about to be replaced, so the PAM module refuses unless the admin allowed it. Not a live
+/// conversion ([`When::Live`]): it is made to run while the owner works, catches up with what
+/// they change, and commits only when no process uses the directory (checked again before the
+/// swap), so a login just puts the commit off.
 pub fn in_progress(dir: &Path) -> Result<bool, ConvertError> {
-    Ok(status(&absolute(dir)?)?.is_some_and(|v| v.state.before_swap()))
+    Ok(status(&absolute(dir)?)?.is_some_and(|v| v.state.before_swap() && !v.live))
 }
 
 /// Whether a login may use a home while a conversion of it is recorded: the one rule, for PAM.

@@ -78,6 +78,18 @@ pub struct Schedule {
     /// How the boot-time run ended (only in `scheduled-ran/`).
     #[serde(default)]
     pub ran: Option<Ran>,
+    /// A live conversion (`convert --live`): its background run commits it once the owner has
+    /// logged out; the boot-time run commits it only if that never happened.
+    #[serde(default)]
+    pub live: bool,
+    /// A live conversion's commit under way since then (seconds since the epoch); cleared when
+    /// it is put off.
+    #[serde(default)]
+    pub committing_unix: Option<u64>,
+    /// A live conversion's last commit put off: when, and why (the owner logged back in, a
+    /// program used the directory).
+    #[serde(default)]
+    pub deferred: Option<Attempt>,
 }
 
 /// A boot-time run that failed.
@@ -110,6 +122,7 @@ impl Schedule {
         method: Method,
         protector: ProtectorId,
         protector_made: bool,
+        live: bool,
     ) -> Schedule {
         Schedule {
             format: SCHEDULE_FORMAT.into(),
@@ -123,6 +136,9 @@ impl Schedule {
             began_unix: None,
             last_failure: None,
             ran: None,
+            live,
+            committing_unix: None,
+            deferred: None,
         }
     }
 }
@@ -258,6 +274,18 @@ impl Schedules {
     pub(crate) fn failed(&self, s: &Schedule, error: String) -> Result<(), KeystoreError> {
         let s = Schedule { last_failure: Some(Attempt { unix: now(), error }), ..s.clone() };
         self.write(PENDING_DIR, &s)
+    }
+
+    /// Records that a live conversion's commit begins (`true`) or was put off for `reason`.
+    pub(crate) fn live_commit(&self, s: &Schedule, deferred: Option<String>) -> Result<Schedule, KeystoreError> {
+        let s = match deferred {
+            None => Schedule { committing_unix: Some(now()), ..s.clone() },
+            Some(error) => {
+                Schedule { committing_unix: None, deferred: Some(Attempt { unix: now(), error }), ..s.clone() }
+            }
+        };
+        self.write(PENDING_DIR, &s)?;
+        Ok(s)
     }
 
     /// Records that the boot-time run finished `s`: it leaves the schedule, its outcome is kept.
@@ -467,7 +495,7 @@ mod tests {
         let (_d, s) = store();
         let key = MasterKey::random();
         let id = fscrypt::key_identifier(&key);
-        let rec = Schedule::new("/home/a".into(), id, Method::Move, ProtectorId([1; 8]), true);
+        let rec = Schedule::new("/home/a".into(), id, Method::Move, ProtectorId([1; 8]), true, false);
         s.save(&rec).unwrap();
         assert!(matches!(s.state_of(Path::new("/home/a")).unwrap(), Some(BootState::Pending(_))));
         assert!(s.state_of(Path::new("/home/b")).unwrap().is_none());

@@ -18,7 +18,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use dirseal::convert::{self, Cancelled, ConvertError, Converted, Direction, Hooks, MigrateError, Plan};
+use dirseal::convert::{
+    self, Cancelled, ConvertError, Converted, Direction, Hooks, LiveEvent, MigrateError, Plan, When,
+};
 use dirseal::decrypt;
 use dirseal::ops::{Dirseal, Pick};
 use dirseal::ui::{Eta, Progress};
@@ -119,6 +121,8 @@ impl Job {
 
     /// "running", then the final state: "done", "swapped" (backup kept), "aborted" (cancelled:
     /// the directory is as it was), "interrupted" (the service stopped; it resumes), "failed".
+    /// A live conversion passes through "caught up" (waiting for the owner's logout),
+    /// "committing" and "deferred" (a commit put off; it catches up and waits again).
     #[zbus(property)]
     fn state(&self) -> String {
         self.state.lock().unwrap_or_else(|e| e.into_inner()).clone()
@@ -169,6 +173,11 @@ impl Job {
         bytes: u64,
         policy: &str,
     ) -> zbus::Result<()>;
+
+    /// A live conversion's commit was put off (`reason`: the owner logged back in, a program
+    /// used the directory): the job catches up and waits for the next logout.
+    #[zbus(signal)]
+    async fn deferred(emitter: &SignalEmitter<'_>, reason: &str) -> zbus::Result<()>;
 
     /// The conversion stopped on an error: its D-Bus error name and the message, which says what
     /// to do next (nothing is lost; `Convert` again resumes).
@@ -368,6 +377,14 @@ impl Work {
     }
 }
 
+/// When a conversion's plan runs.
+fn when(plan: &Plan) -> When {
+    match plan {
+        Plan::New(p) => p.options.when,
+        Plan::Resume(p) => p.options.when,
+    }
+}
+
 /// Puts the job object on the bus and starts its thread; returns the object path.
 pub fn spawn(ctx: &Arc<Ctx>, conn: &Connection, start: Start) -> Result<OwnedObjectPath> {
     let n = ctx.jobs.number();
@@ -425,12 +442,29 @@ fn run(
     let decrypting = matches!(work, Work::Decrypt(..));
     let decrypted =
         |d: decrypt::Decrypted| Converted { outcome: d.outcome, recovery_key_saved: None, scheduled: false };
+    let set = |s: &str| *state.lock().unwrap_or_else(|e| e.into_inner()) = s.to_string();
+    let live = matches!(&work, Work::Convert(plan, _) if when(plan) == When::Live);
     let result = match work {
         Work::Convert(plan, enrol) => plan.run(&mut ds, enrol.choice(), &mut secrets, &hooks),
         Work::Decrypt(plan, pick, keep) => plan.run(&mut ds, pick, keep, &mut secrets, &hooks).map(decrypted),
     };
+    // Live: prepared (or caught up again); the background part runs in this thread, the
+    // service being long-lived, until the commit.
+    let result = match result {
+        Ok(c) if live && convert::unfinished(c.outcome.state) => {
+            let on = |e: LiveEvent<'_>| match e {
+                LiveEvent::CaughtUp { .. } => set("caught up"),
+                LiveEvent::Committing => set("committing"),
+                LiveEvent::Deferred(reason) => {
+                    set("deferred");
+                    audience.send(|e| zbus::block_on(Job::deferred(e, reason)));
+                }
+            };
+            convert::run_live(&ds, &source, &mut secrets, &hooks, &on)
+        }
+        other => other,
+    };
     let call = if decrypting { "Decrypt" } else { "Convert" };
-    let set = |s: &str| *state.lock().unwrap_or_else(|e| e.into_inner()) = s.to_string();
     let log =
         |what: &str| crate::log::line(&format!("job {} ({}, uid {owner}): {what}", path.as_str(), source.display()));
     let finished = |word: &str, files: u64, bytes: u64, token: &str| {
@@ -506,7 +540,10 @@ fn resumable(ds: &Dirseal, m: &Marker) -> Result<Work> {
         };
         (ready, "Decrypt")
     } else {
-        let ready = match convert::plan(ds, &m.source, Default::default(), &quiet())? {
+        // A live one goes on live (its background part), not straight to a commit.
+        let live = convert::status(&m.source)?.is_some_and(|v| v.live);
+        let options = convert::Options { when: if live { When::Live } else { When::Now }, ..Default::default() };
+        let ready = match convert::plan(ds, &m.source, options, &quiet())? {
             Plan::Resume(p) => p.key.is_none().then(|| Work::Convert(Plan::Resume(p), Enrol::none_named())),
             Plan::New(_) => return Err(Error::new(Kind::NotFound, "no unfinished conversion is recorded")),
         };

@@ -16,7 +16,7 @@ use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use dirseal::convert::{State, Summary};
+use dirseal::convert::{State, Summary, When};
 use dirseal::keystore::{KeystoreError, PolicyRecord};
 use dirseal::ops::{self, Dirseal, NewProtector, Pick};
 use dirseal::protector::{KindOptions, NewKind};
@@ -75,7 +75,8 @@ pub struct Status {
     /// Works, but should be known (a local record shadowed by the medium's, a weak TPM PIN).
     warnings: Vec<String>,
     recovery_key: bool,
-    /// State of a recorded conversion ("copying", "done", ...; "scheduled" for the next boot);
+    /// State of a recorded conversion ("copying", "done", ...; "scheduled" for the next boot;
+    /// "live: ..." for a live one: "live: caught up, waiting for logout", "live: deferred (...)");
     /// empty when none.
     conversion: String,
     /// When the directory is the home of a display manager's autologin user: `MANAGER:CASE`
@@ -219,11 +220,19 @@ fn convert_options(options: &Dict, caller: &Caller, what: &str) -> Result<(dirse
                 let m = String::try_from(v.try_clone().map_err(|_| bad(k, "s"))?).map_err(|_| bad(k, "s"))?;
                 o.mode = m.parse().map_err(|e| Error::invalid(format!("option mode: {e}")))?
             }
-            "at_next_boot" if what == "conversion" => o.at_next_boot = bool::try_from(v).map_err(|_| bad(k, "b"))?,
+            "at_next_boot" | "live" if what == "conversion" => {
+                let when = if k == "live" { When::Live } else { When::AtNextBoot };
+                if bool::try_from(v).map_err(|_| bad(k, "b"))? {
+                    if o.when != When::Now && o.when != when {
+                        return Err(Error::invalid("options at_next_boot and live exclude each other"));
+                    }
+                    o.when = when
+                }
+            }
             other => {
                 return Err(Error::invalid(format!(
                     "unknown option {other:?}; known: protector, keep_backup, wipe, force, mode{}",
-                    if what == "conversion" { ", at_next_boot" } else { "" }
+                    if what == "conversion" { ", at_next_boot, live" } else { "" }
                 )))
             }
         }
@@ -344,10 +353,16 @@ impl Service {
             // Scheduled for the next boot reads so (its journal would say an interrupted copy).
             let scheduled =
                 matches!(dirseal::convert::boot_state(&ds, &path), Ok(Some(dirseal::scheduled::BootState::Pending(_))));
+            // A live conversion says where it stands ("live: caught up, waiting for logout").
+            let live = dirseal::convert::live_status(&ds, &path).ok().flatten();
             let conversion = dirseal::convert::absolute(&path)
                 .ok()
                 .and_then(|abs| dirseal::convert::status(&abs).ok().flatten())
-                .map(|v| if scheduled { "scheduled".to_string() } else { v.state.to_string() })
+                .map(|v| match &live {
+                    Some(l) => l.to_string(),
+                    None if scheduled => "scheduled".to_string(),
+                    None => v.state.to_string(),
+                })
                 .unwrap_or_default();
             let recovery_key = st.encrypted && dirseal::recovery::read_blob(&path).is_ok_and(|b| b.is_some());
             Ok(Status {
@@ -660,8 +675,13 @@ impl Service {
     /// `wipe` (b), `mode` (s: "copy", "move" — chunk by chunk, for a nearly full disk — or "auto",
     /// the default), `force` (b, root only: convert although the owner is logged in or files are
     /// open), `at_next_boot` (b: ask and prepare everything now, convert at the next boot before
-    /// the login screen; the job finishes at once with state "scheduled"). A user's own home must
-    /// not be in use by any process, theirs included, unless it is converted at the next boot.
+    /// the login screen; the job finishes at once with state "scheduled"), `live` (b: convert
+    /// while the directory is in use: the job copies and catches up in the background, its State
+    /// turns "caught up" and it waits for the owner's logout; once they have no session and
+    /// nothing uses the directory it commits and finishes "done"; a commit put off emits
+    /// Deferred and the job catches up and waits again; Cancel aborts it in every state before
+    /// the swap). A user's own home must not be in use by any process, theirs included, unless it
+    /// is converted at the next boot or live.
     #[zbus(out_args("job"))]
     async fn convert(
         &self,

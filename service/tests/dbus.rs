@@ -947,3 +947,111 @@ fn a_user_cancels_the_conversion_scheduled_for_the_next_boot() {
     assert_eq!(String::try_from(h.status(&alice.home)["conversion"].try_clone().unwrap()).unwrap(), "aborted");
     h.fails(Some(&alice), "CancelScheduled", &[s(alice.home_str())], &[], "org.dirseal.Dirseal1.Error.NotFound");
 }
+
+/// The Job's State property, as its owner reads it.
+fn job_state(h: &Harness, who: &User, job: &str) -> String {
+    let r = h
+        .call_at(
+            Some(who),
+            job,
+            "org.freedesktop.DBus.Properties.Get",
+            &[s("org.dirseal.Dirseal1.Job"), s("State")],
+            &[],
+            None,
+        )
+        .expect("State");
+    r.trim_start_matches("(<'").trim_end_matches("'>,)").to_string()
+}
+
+/// Waits (up to a minute) for the job's State to be `want`.
+fn wait_state(h: &Harness, who: &User, job: &str, want: &str) {
+    let start = Instant::now();
+    loop {
+        let now = job_state(h, who, job);
+        if now == want {
+            return;
+        }
+        assert!(start.elapsed() < Duration::from_secs(60), "State {now:?}, not {want:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// A user converts their home live from inside their session (a process of theirs works in it):
+/// the job copies and catches up, its State turns "caught up" and GetStatus says it waits for the
+/// logout; while the process runs nothing is committed; once it ends the job commits and finishes
+/// "done", and the home opens with the password given.
+#[test]
+fn a_user_converts_their_home_live_and_it_commits_when_the_session_ends() {
+    dirseal_testfs::needs_root!();
+    let h = Harness::new();
+    let alice = h.user();
+    sample_home(&alice, 4, 300);
+    let original = contents(&alice.home);
+    let rx = watch_jobs(&h.bus);
+    let mut seen = Vec::new();
+    let session = Running(
+        std::os::unix::process::CommandExt::uid(std::process::Command::new("sleep").arg("600"), alice.uid)
+            .current_dir(&alice.home)
+            .spawn()
+            .expect("sleep"),
+    );
+    let args = [s(alice.home_str()), fd(3), "{'live': <true>}".into()];
+    let job = job_path(&h.ok(Some(&alice), "Convert", &args, &[(3, "pw-a")]));
+    wait_state(&h, &alice, &job, "caught up");
+    let conversion = || String::try_from(h.status(&alice.home)["conversion"].try_clone().unwrap()).unwrap();
+    assert_eq!(conversion(), "live: caught up, waiting for logout");
+    check_against_shipped(&h.introspect(&job), "org.dirseal.Dirseal1.Job");
+    std::thread::sleep(Duration::from_secs(6));
+    assert_eq!(job_state(&h, &alice, &job), "caught up", "nothing is committed while the session uses the home");
+    assert!(!bool::try_from(h.status(&alice.home)["encrypted"].try_clone().unwrap()).unwrap());
+    drop(session);
+    let state = wait_for(&rx, &mut seen, "the commit", |sig| match sig {
+        JobSignal::Finished { path, state } if *path == job => Some(state.clone()),
+        JobSignal::Failed { path, name, message } if *path == job => panic!("{name}: {message}"),
+        _ => None,
+    });
+    assert_eq!(state, "done");
+    assert!(seen
+        .iter()
+        .any(|s| matches!(s, JobSignal::Progress { path, phase, .. } if *path == job && phase == "copying")));
+    assert!(bool::try_from(h.status(&alice.home)["encrypted"].try_clone().unwrap()).unwrap());
+    assert_eq!(conversion(), "live: done");
+    assert!(contents(&alice.home) == original, "the converted home holds the same files");
+    h.ok(Some(&alice), "Lock", &[s(alice.home_str()), "false".into()], &[]);
+    h.ok(Some(&alice), "Unlock", &[s(alice.home_str()), s(""), fd(3)], &[(3, "pw-a")]);
+}
+
+/// A live conversion cancelled while it waits for the logout: the job ends "aborted", the home is
+/// as it was, and nothing of the conversion is left in the keystore (no held key, no schedule).
+#[test]
+fn a_live_conversion_cancelled_while_caught_up_leaves_nothing() {
+    dirseal_testfs::needs_root!();
+    let h = Harness::new();
+    let alice = h.user();
+    sample_home(&alice, 2, 50);
+    let original = contents(&alice.home);
+    let ks = h.keystore();
+    let listing = |sub: &str| std::fs::read_dir(ks.join(sub)).map(|d| d.count()).unwrap_or(0);
+    let rx = watch_jobs(&h.bus);
+    let mut seen = Vec::new();
+    let _session = Running(
+        std::os::unix::process::CommandExt::uid(std::process::Command::new("sleep").arg("600"), alice.uid)
+            .current_dir(&alice.home)
+            .spawn()
+            .expect("sleep"),
+    );
+    let args = [s(alice.home_str()), fd(3), "{'live': <true>}".into()];
+    let job = job_path(&h.ok(Some(&alice), "Convert", &args, &[(3, "pw-a")]));
+    wait_state(&h, &alice, &job, "caught up");
+    assert_eq!((listing("held"), listing("scheduled")), (1, 1));
+    h.call_at(Some(&alice), &job, "org.dirseal.Dirseal1.Job.Cancel", &[], &[], None).expect("Cancel");
+    let state = wait_for(&rx, &mut seen, "the cancelled job", |sig| match sig {
+        JobSignal::Finished { path, state } if *path == job => Some(state.clone()),
+        JobSignal::Failed { path, name, message } if *path == job => panic!("{name}: {message}"),
+        _ => None,
+    });
+    assert_eq!(state, "aborted");
+    assert!(contents(&alice.home) == original, "the home is as it was");
+    assert!(!bool::try_from(h.status(&alice.home)["encrypted"].try_clone().unwrap()).unwrap());
+    assert_eq!((listing("protectors"), listing("policies"), listing("held"), listing("scheduled")), (0, 0, 0, 0));
+}

@@ -311,6 +311,19 @@ pub struct ConvertArgs {
     /// `--abort` cancels it
     #[arg(long, conflicts_with_all = ["portable", "scrub", "mode"])]
     pub at_next_boot: bool,
+    /// Convert while the directory is in use (a logged-in home): the password (or other
+    /// protector) and the recovery key are asked now; a background run (idle priority) copies
+    /// and catches up with the changes, then commits once the owner has logged out and nothing
+    /// uses the directory (a commit put off is retried after the next logout; the next boot
+    /// commits it if none came). `--status DIR` shows where it stands, `--abort` cancels it
+    #[arg(long, conflicts_with_all = ["portable", "scrub", "at_next_boot", "mode"])]
+    pub live: bool,
+    /// With --live: wait for the commit (after the owner's logout) before returning
+    #[arg(long, requires = "live")]
+    pub wait: bool,
+    /// The background run of a conversion started with --live (what `convert --live` starts)
+    #[arg(long, hide = true, conflicts_with_all = ["live", "at_next_boot", "mode"], requires = "dir")]
+    pub live_worker: bool,
     /// Run every conversion scheduled with --at-next-boot, with their held keys (what
     /// dirseal-convert-boot.service runs at boot); progress on stdout and through plymouth
     #[arg(long, group = "mode", conflicts_with_all = ["dir", "at_next_boot"])]

@@ -174,7 +174,20 @@ pub fn state_text(state: &dirseal::scheduled::BootState) -> String {
     }
 }
 
-/// The boot-state line for `dir`, when anything is recorded (root with a keystore only).
+/// The boot-state line for `dir`, when anything is recorded (root with a keystore only); a live
+/// conversion's ("live: ...") instead, whose schedule is only its fallback.
 pub fn state_line(ds: &Dirseal, dir: &Path) -> Option<String> {
+    if let Some(live) = convert::live_status(ds, dir).ok().flatten() {
+        return Some(live.to_string());
+    }
     convert::boot_state(ds, dir).ok().flatten().map(|s| state_text(&s))
+}
+
+/// The JSON key a [`state_line`] goes under.
+pub fn line_key(line: &str) -> &'static str {
+    if line.starts_with("live:") {
+        "live"
+    } else {
+        "at_next_boot"
+    }
 }

@@ -422,7 +422,7 @@ fn status(dir: &Path, json: bool) -> Result<i32> {
         public.problems.extend(known.problems.unwrap_or_default());
         public.warnings.extend(known.warnings.unwrap_or_default());
     }
-    super::print_dir_status(public, recovery_key, Vec::new(), None, json)?;
+    super::print_dir_status(public, recovery_key, Vec::new(), None, None, json)?;
     Ok(0)
 }
 
@@ -688,6 +688,7 @@ fn convert(a: ConvertArgs, ui: &mut TermUi) -> Result<i32> {
         ("--recovery-key", a.recovery.recovery_key),
         ("--user", a.protector.user.is_some()),
         ("--protector-type", a.protector.protector_type != dirseal::protector::DEFAULT_KIND),
+        ("--live-worker", a.live_worker),
     ];
     refused_flags("convert", &a.run, &a.end, &more)?;
     let Some(dir) = a.dir else { anyhow::bail!("name the directory to convert: `dirseal convert DIR`") };
@@ -695,6 +696,9 @@ fn convert(a: ConvertArgs, ui: &mut TermUi) -> Result<i32> {
     let named = a.protector.protector.as_ref().map(|p| p.0.as_str());
     let mut options = job_options(&a.run, a.keep_backup, named);
     options.insert("wipe".into(), OwnedValue::from(a.wipe));
+    if a.live {
+        options.insert("live".into(), OwnedValue::from(true));
+    }
     let plan: Dict = bus.call("PlanConvert", &(path_arg(&dir), &options))?;
     let new = confirm_plan(&plan, &dir, "Convert", a.yes)?;
     let secret = match named {
@@ -706,7 +710,9 @@ fn convert(a: ConvertArgs, ui: &mut TermUi) -> Result<i32> {
         }
         None => super::term::ask(&format!("Password for {}: ", clean(&dir.display().to_string())))?,
     };
-    follow(&bus, "Convert", &dir, &secret, options)
+    // Live, the job goes on in the service until the commit (after the logout): followed only
+    // with --wait.
+    follow(&bus, "Convert", &dir, &secret, options, a.live && !a.wait)
 }
 
 /// `decrypt` of the user's own directory (polkit's `decrypt-own` decides).
@@ -728,12 +734,12 @@ fn decrypt(a: DecryptArgs, ui: &mut TermUi) -> Result<i32> {
     } else {
         unused()
     };
-    follow(&bus, "Decrypt", &a.dir, &secret, options)
+    follow(&bus, "Decrypt", &a.dir, &secret, options, false)
 }
 
 /// Starts the job (`Convert` or `Decrypt`) and follows its signals to the end: progress as root's
 /// command shows it; Ctrl-C cancels the job (the service aborts it where it can: `Cancel`).
-fn follow(bus: &Service, method: &str, dir: &Path, secret: &Passphrase, options: Dict) -> Result<i32> {
+fn follow(bus: &Service, method: &str, dir: &Path, secret: &Passphrase, options: Dict, detach: bool) -> Result<i32> {
     // Subscribed before the call: a small job may end before its path is known here.
     let rule = zbus::MatchRule::builder()
         .msg_type(zbus::message::Type::Signal)
@@ -757,6 +763,12 @@ fn follow(bus: &Service, method: &str, dir: &Path, secret: &Passphrase, options:
     // From the call on, Ctrl-C cancels the job (once its path is known) rather than leaving it.
     let _catch = super::interrupt::catching();
     let job: zbus::zvariant::OwnedObjectPath = bus.call(method, &(&path, Fd::from(fd.as_fd()), options))?;
+    if detach {
+        let d = clean(&path);
+        println!("{d} is being encrypted in the background by the dirseal service; it switches once you have logged out and nothing uses it");
+        println!("  `dirseal status {d}` shows where it stands");
+        return Ok(0);
+    }
     let reporter = super::progress::Reporter::new(false);
     let mut cancelled = false;
     loop {
@@ -783,6 +795,11 @@ fn follow(bus: &Service, method: &str, dir: &Path, secret: &Passphrase, options:
                     m.body().deserialize::<(String, u64, u64, u64, u64, i64)>()
                 {
                     reporter.report(&dirseal::ui::Progress { phase, bytes_done, bytes_total, files_done, files_total });
+                }
+            }
+            Some("Deferred") => {
+                if let Ok(reason) = m.body().deserialize::<String>() {
+                    eprintln!("dirseal: the switch is put off ({}); it waits for the next logout", clean(&reason));
                 }
             }
             Some("Finished") => {

@@ -8,7 +8,7 @@ use anyhow::{bail, Context, Result};
 use indicatif::HumanBytes;
 use serde::Serialize;
 
-use dirseal::convert::{self, ConvertError, Converted, Hooks, Mode, Options, Plan};
+use dirseal::convert::{self, ConvertError, Converted, Hooks, Mode, Options, Plan, When};
 use dirseal::convert::{Direction, Method, Outcome, State, StatusView};
 use dirseal::ops::Dirseal;
 
@@ -66,7 +66,7 @@ pub fn status_only(args: &ConvertArgs, config: &Path, keystore: Option<&Path>) -
                         if line.starts_with("scheduled") {
                             o.insert("state".into(), "scheduled".into());
                         }
-                        o.insert("at_next_boot".into(), line.into());
+                        o.insert(super::boot::line_key(&line).into(), line.into());
                     }
                     println!("{out}");
                     Ok(0)
@@ -89,7 +89,13 @@ pub fn run(ds: &mut Dirseal, args: ConvertArgs, ui: &mut TermUi) -> Result<i32> 
         bail!("name the directory to convert: `dirseal convert DIR`");
     };
     let abs = convert::absolute(&dir)?;
+    if args.live_worker {
+        return super::live::worker(ds, &abs);
+    }
     let how = args.end.finish();
+    if how == Some(convert::Finish::Abort) && convert::stop_live(&abs)? && !args.run.json {
+        eprintln!("dirseal: stopped the background run of {}", clean(&abs.display().to_string()));
+    }
     // Run again after it finished (a power cut just past "done"): said, not an error.
     if how.is_none() && !args.end.status {
         if let Some(policy) = convert::finished(&abs)? {
@@ -124,7 +130,11 @@ pub fn run(ds: &mut Dirseal, args: ConvertArgs, ui: &mut TermUi) -> Result<i32> 
         estimate: !args.yes || args.run.json || std::io::stderr().is_terminal(),
         portable: args.portable,
         mode: args.run.data_mode.into(),
-        at_next_boot: args.at_next_boot,
+        when: match (args.live, args.at_next_boot) {
+            (true, _) => When::Live,
+            (false, true) => When::AtNextBoot,
+            (false, false) => When::Now,
+        },
     };
     let steps = Steps {
         finish: |ds: &mut Dirseal, ui: &mut TermUi, how, hooks: &Hooks<'_>| {
@@ -146,6 +156,13 @@ pub fn run(ds: &mut Dirseal, args: ConvertArgs, ui: &mut TermUi) -> Result<i32> 
             "dirseal: the recovery key shown above was not saved on {d}; create a new one with `dirseal recovery add {d}`",
             d = clean(&abs.display().to_string())
         );
+    }
+    if args.live && convert::unfinished(done.outcome.state) {
+        super::live::start(ds, &abs)?;
+        if args.wait {
+            return super::live::wait(ds, &abs);
+        }
+        return report_live(&abs, &done.outcome, args.run.json);
     }
     if done.scheduled {
         return report_scheduled(ds, &abs, &done.outcome, args.run.json);
@@ -202,6 +219,27 @@ fn report_scheduled(ds: &Dirseal, abs: &Path, o: &Outcome, json: bool) -> Result
         ),
     }
     println!("  until then nothing changes; `dirseal convert --abort {d}` cancels it");
+    Ok(0)
+}
+
+/// A live conversion whose background run was started.
+fn report_live(abs: &Path, o: &Outcome, json: bool) -> Result<i32> {
+    if json {
+        let out = serde_json::json!({ "result": {
+            "path": abs, "state": "live", "method": o.method.to_string(), "policy": o.token,
+            "files": o.files, "data_bytes": o.bytes,
+        }});
+        println!("{out}");
+        return Ok(0);
+    }
+    let d = clean(&abs.display().to_string());
+    println!(
+        "{d} is being encrypted in the background (policy {}): {} ({}) are copied while it stays in use; the switch happens once its owner has logged out and nothing uses it",
+        o.token,
+        super::term::entries(o.files),
+        HumanBytes(o.bytes)
+    );
+    println!("  `dirseal convert --status {d}` shows where it stands; `dirseal convert --abort {d}` cancels it");
     Ok(0)
 }
 
@@ -374,7 +412,7 @@ fn status_all(ds: Option<&Dirseal>, json: bool) -> Result<i32> {
                 if line.starts_with("scheduled") {
                     o.insert("state".into(), "scheduled".into());
                 }
-                o.insert("at_next_boot".into(), line.into());
+                o.insert(super::boot::line_key(&line).into(), line.into());
             }
             list.push(out);
         }
@@ -383,7 +421,7 @@ fn status_all(ds: Option<&Dirseal>, json: bool) -> Result<i32> {
         println!("no conversions recorded");
     } else {
         for v in &found {
-            match at_boot(v).filter(|l| l.starts_with("scheduled")) {
+            match at_boot(v).filter(|l| l.starts_with("scheduled") || l.starts_with("live:")) {
                 Some(line) => println!("{}: {}", clean(&v.source.display().to_string()), clean(&line)),
                 None => print_status(v),
             }

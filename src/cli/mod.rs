@@ -10,6 +10,7 @@ mod fido2;
 mod hint;
 mod home;
 mod interrupt;
+mod live;
 mod progress;
 mod recovery;
 mod report;
@@ -487,6 +488,7 @@ fn status_dir(ds: &Dirseal, dir: &Path, json: bool) -> Result<()> {
     // top of the tree).
     let top = status.encrypted_root.clone().unwrap_or_else(|| dir.to_path_buf());
     let at_boot = dirseal::convert::boot_state(ds, &top).ok().flatten();
+    let live = dirseal::convert::live_status(ds, &top).ok().flatten().map(|l| l.to_string());
     // The recovery key is stored on the top of the encrypted tree, whichever directory was asked.
     let recovery_key = status
         .encrypted_root
@@ -502,7 +504,7 @@ fn status_dir(ds: &Dirseal, dir: &Path, json: bool) -> Result<()> {
             .collect(),
         None => Vec::new(),
     };
-    print_dir_status(status, Some(recovery_key), autologin, at_boot, json)
+    print_dir_status(status, Some(recovery_key), autologin, at_boot, live, json)
 }
 
 /// A directory's status; `recovery_key` is `None` where the keystore's facts are hidden (a user
@@ -512,6 +514,7 @@ fn print_dir_status(
     recovery_key: Option<bool>,
     autologin: Vec<dirseal::autologin::Status>,
     at_boot: Option<dirseal::scheduled::BootState>,
+    live: Option<String>,
     json: bool,
 ) -> Result<()> {
     let hidden = recovery_key.is_none();
@@ -520,8 +523,13 @@ fn print_dir_status(
     let view = dirseal::convert::absolute(top).ok().and_then(|abs| dirseal::convert::status(&abs).ok().flatten());
     // Scheduled for the next boot, or run by the boot: said instead of the journal's state.
     let scheduled = matches!(at_boot, Some(dirseal::scheduled::BootState::Pending(_)));
-    let conversion = if scheduled { Some("scheduled".to_string()) } else { view.as_ref().map(|v| v.state.to_string()) };
-    let at_boot = at_boot.as_ref().map(boot::state_text);
+    let conversion = match (&live, scheduled) {
+        (Some(l), _) => Some(l.clone()),
+        (None, true) => Some("scheduled".to_string()),
+        (None, false) => view.as_ref().map(|v| v.state.to_string()),
+    };
+    // A live conversion's line says more than its schedule (only its fallback).
+    let at_boot = live.or_else(|| at_boot.as_ref().map(boot::state_text));
     let out = DirStatusOut { status, conversion, recovery_key, hidden, autologin };
     if json {
         return print_json(&out);

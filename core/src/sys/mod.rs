@@ -317,3 +317,19 @@ pub(crate) fn fexecve(fd: BorrowedFd<'_>, argv0: &std::ffi::CStr) -> Errno {
     unsafe { libc::fexecve(fd.as_raw_fd(), argv.as_ptr(), envp.as_ptr()) };
     Errno::last()
 }
+
+/// Puts the calling process into the idle I/O scheduling class (`ioprio_set(IOPRIO_WHO_PROCESS,
+/// 0, IOPRIO_CLASS_IDLE)`; neither libc nor rustix wraps it): a background conversion's reads and
+/// writes then yield to everything else.
+pub(crate) fn ioprio_idle() -> Result<(), Errno> {
+    const IOPRIO_WHO_PROCESS: libc::c_long = 1;
+    const IOPRIO_CLASS_IDLE: libc::c_long = 3;
+    const IOPRIO_CLASS_SHIFT: u32 = 13;
+    // SAFETY: ioprio_set takes three integers and touches no memory of ours.
+    let r =
+        unsafe { libc::syscall(libc::SYS_ioprio_set, IOPRIO_WHO_PROCESS, 0, IOPRIO_CLASS_IDLE << IOPRIO_CLASS_SHIFT) };
+    if r == -1 {
+        return Err(Errno::last());
+    }
+    Ok(())
+}
