@@ -92,6 +92,9 @@ fn install_lays_out_every_file_and_uninstall_restores_the_tree() {
         ("usr/lib/systemd/system/dirseal-autologin.service".into(), 0o644),
         // The unit's enable link (a symlink: its mode is 0777).
         ("etc/systemd/system/graphical.target.wants/dirseal-autologin.service".into(), 0o777),
+        ("usr/lib/systemd/system/dirseal-convert-boot.service".into(), 0o644),
+        ("etc/systemd/system/graphical.target.wants/dirseal-convert-boot.service".into(), 0o777),
+        ("etc/systemd/system/multi-user.target.wants/dirseal-convert-boot.service".into(), 0o777),
         ("usr/share/bash-completion/completions/dirseal".into(), 0o644),
         ("usr/share/zsh/vendor-completions/_dirseal".into(), 0o644),
         ("usr/share/fish/vendor_completions.d/dirseal.fish".into(), 0o644),
