@@ -533,6 +533,8 @@ live_undo() {
   loginctl terminate-user liv 2>/dev/null || true
 }
 live_status() { dirseal status /home/liv 2>&1 | grep -o 'live: .*' || true; }
+# Not `| grep -q`: under pipefail, grep leaving early can fail dirseal's write (EPIPE).
+liv_encrypted() { dirseal status /home/liv --json >"$W/live.json" 2>&1; grep -q '"encrypted": *true' "$W/live.json"; }
 scenario_live() {
   local i t0 t1 r0 st seen unit; t0=$(date +%s)
   trap live_undo EXIT
@@ -585,7 +587,8 @@ EXP
   local dialog=$!
   for ((i = 0; i < 120; i++)); do [ -e "$LV/churn.sh.started" ] && break; sleep 1; done
   [ -e "$LV/churn.sh.started" ] || fail "the churn did not start: $(tr -d '\r' <"$W/live-console" | tail -c 400)"
-  loginctl list-sessions --no-legend | grep -w liv | grep -q ttyS1 ||
+  loginctl list-sessions --no-legend >"$W/sessions"
+  awk '$3 == "liv" && / ttyS1/ { f = 1 } END { exit !f }' "$W/sessions" ||
     fail "no console session of liv: $(loginctl list-sessions --no-legend)"
   sleep 2
   step "root: dirseal convert /home/liv --live"
@@ -612,7 +615,7 @@ EXP
     sleep 1
   done
   [[ $st == "live: caught up"* || $st == "live: catching up"* ]] || fail "not catching up after 180 s: $seen"
-  dirseal status /home/liv --json | grep -q '"encrypted": *true' && fail "committed while liv is logged in"
+  ! liv_encrypted || fail "committed while liv is logged in"
   step "liv's process stops; the tree at logout"
   touch "$LV/stop"
   for ((i = 0; i < 60; i++)); do [ -e "$LV/churned" ] && break; sleep 1; done
@@ -629,11 +632,11 @@ EXP
   for ((i = 0; i < 120; i++)); do
     st=$(live_status); [ "$st" = "${seen##*|}" ] || seen+="|$st"
     [ "$st" = "live: done" ] && break
-    dirseal status /home/liv --json 2>/dev/null | grep -q '"encrypted": *true' && [ -z "$st" ] && break
+    [ -z "$st" ] && liv_encrypted && break
     sleep 1
   done
   dirseal status /home/liv >"$R/live.status" 2>&1 || true
-  dirseal status /home/liv --json | grep -q '"encrypted": *true' ||
+  liv_encrypted ||
     fail "not encrypted 120 s after the logout: $seen ($(tr '\n' ' ' <"$R/live.status"); $(journalctl -u "$unit" -b --no-pager -o cat | tail -5 | tr '\n' ' '))"
   step "committed $(( $(date +%s) - t1 )) s after the logout; status $seen"
   journalctl -u "$unit" -b --no-pager -o cat >"$R/live.unit.log"
