@@ -1,7 +1,7 @@
 # The scenarios of the system test (sourced by scripts/system/guest.sh, which provides step, fail,
 # check, $R, $B, $S, $W). They build on each other in this order: `install` first.
 # shellcheck shell=bash disable=SC2034,SC2154 # SCENARIOS is read, and $scenario set, by guest.sh
-SCENARIOS="install activation login logout polkit demo autologin next-boot uninstall deb"
+SCENARIOS="install activation login logout polkit demo autologin next-boot live uninstall deb"
 
 PW_ALICE=alice-pw-1 PW_ALICE2=alice-pw-2 PW_BOB=bob-pw-1
 SSH_OPTS=(-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR -o ConnectTimeout=30)
@@ -520,6 +520,139 @@ scenario_next-boot() {
   cmp -s "$W/nina-before" "$W/nina-after" || fail "the files differ after the conversion: $(diff "$W/nina-before" "$W/nina-after" | head -5)"
   wait_gone nina; wait_key nina locked 30
   step "next-boot: $(( $(date +%s) - t0 )) s"
+}
+
+# `dirseal convert --live` on the home of a user logged in at the console, whose own process keeps
+# appending, rewriting in place, creating, renaming (across directories) and deleting files in it
+# while the background run (a transient unit at idle priority) copies. The commit waits for the
+# logout; the tree as the user left it is the tree the next password login unlocks.
+LV_PW=liv-pw-1 LV=/var/tmp/live-ctl
+live_undo() {
+  touch "$LV/stop" "$LV/go" 2>/dev/null || true
+  pkill -KILL -u liv 2>/dev/null || true
+  loginctl terminate-user liv 2>/dev/null || true
+}
+live_status() { dirseal status /home/liv 2>&1 | grep -o 'live: .*' || true; }
+# Not `| grep -q`: under pipefail, grep leaving early can fail dirseal's write (EPIPE).
+liv_encrypted() { dirseal status /home/liv --json >"$W/live.json" 2>&1; grep -q '"encrypted": *true' "$W/live.json"; }
+scenario_live() {
+  local i t0 t1 r0 st seen unit; t0=$(date +%s)
+  trap live_undo EXIT
+  step "liv: a home of 4 MiB"
+  id liv >/dev/null 2>&1 || useradd -m -s /bin/bash liv
+  echo "liv:$LV_PW" | chpasswd
+  mkdir -p /home/liv/data/sub /home/liv/churn
+  for i in $(seq 1 40); do head -c 100K /dev/urandom >"/home/liv/data/f$i"; done
+  for i in $(seq 1 20); do seq "$i" 5000 >"/home/liv/data/sub/s$i"; done
+  seq 100000 >/home/liv/numbers
+  chown -R liv: /home/liv
+  rm -rf "$LV"; mkdir -p "$LV"; chmod 1777 "$LV"
+  # The tree a person sees (not the dotfiles a login and its shell write as it ends).
+  cat >"$LV/manifest.sh" <<'SH'
+cd "${1:-$HOME}" || exit 1
+find data churn numbers -printf '%y %m %u %p\n' | sort
+find data churn numbers -type f -print0 | sort -z | xargs -0 sha256sum
+SH
+  # The user's process: until told to stop, every 0.2 s a new file, the previous one renamed
+  # (every third into another directory), an older one deleted, an append, a same-size rewrite in
+  # place, a directory made and removed. Then it says how far it got and waits to be let go.
+  cat >"$LV/churn.sh" <<'SH'
+cd ~ || exit 1
+n=0
+echo CHURN-STARTED >"$0.started"
+while [ ! -e /var/tmp/live-ctl/stop ]; do
+  n=$((n + 1))
+  head -c 8K /dev/urandom >"churn/new$n"
+  if [ $n -gt 1 ]; then
+    if [ $((n % 3)) = 0 ]; then mv "churn/new$((n - 1))" "data/sub/moved$((n - 1))"; else mv "churn/new$((n - 1))" "churn/old$((n - 1))"; fi
+  fi
+  rm -f "churn/old$((n - 4))" "data/f$n"
+  echo "line $n" >>churn/log
+  printf '%05d' "$n" | dd of=numbers bs=1 seek=0 conv=notrunc status=none
+  mkdir -p "churn/d$n"; echo "$n" >"churn/d$n/x"; [ $n -gt 2 ] && rm -rf "churn/d$((n - 2))"
+  echo "$n" >/var/tmp/live-ctl/round
+  sleep 0.2
+done
+echo "$n" >/var/tmp/live-ctl/churned
+while [ ! -e /var/tmp/live-ctl/go ]; do sleep 0.2; done
+SH
+  step "liv logs in at the console; her process churns the home"
+  U=liv P=$LV_PW C="cd; bash $LV/churn.sh" console 900 >"$W/live-console" 2>&1 <<'EXP' &
+set timeout 600
+login_as $env(U)
+expect "Password: "; answer $env(P)
+shell_prompt
+run_and_logout $env(C)
+EXP
+  local dialog=$!
+  for ((i = 0; i < 120; i++)); do [ -e "$LV/churn.sh.started" ] && break; sleep 1; done
+  [ -e "$LV/churn.sh.started" ] || fail "the churn did not start: $(tr -d '\r' <"$W/live-console" | tail -c 400)"
+  loginctl list-sessions --no-legend >"$W/sessions"
+  awk '$3 == "liv" && / ttyS1/ { f = 1 } END { exit !f }' "$W/sessions" ||
+    fail "no console session of liv: $(loginctl list-sessions --no-legend)"
+  sleep 2
+  step "root: dirseal convert /home/liv --live"
+  t1=$(date +%s) r0=$(cat "$LV/round" 2>/dev/null || echo 0)
+  printf '%s\n' "$LV_PW" | timeout 120 dirseal convert /home/liv --live --yes --no-recovery-key >"$W/out" 2>&1 ||
+    fail "convert --live: $(cat "$W/out")"
+  cp "$W/out" "$R/live.convert.out"
+  step "convert --live returned in $(( $(date +%s) - t1 )) s"
+  [ $(( $(date +%s) - t1 )) -le 60 ] || fail "convert --live took $(( $(date +%s) - t1 )) s to return"
+  st=$(live_status)
+  case $st in "live: copying"* | "live: catching up"* | "live: caught up"*) ;; *) fail "status after convert --live: '$st' ($(dirseal status /home/liv 2>&1 | tr '\n' ' '))" ;; esac
+  [ -e "$LV/churned" ] && fail "the churn stopped while the copy started"
+  step "the unit"
+  unit=$(systemctl list-units --no-legend --plain 'dirseal-live-*' | awk '{print $1}' | head -1)
+  [ -n "$unit" ] || fail "no dirseal-live-* unit runs: $(systemctl list-units --all --no-legend 'dirseal-*')"
+  systemctl show -p Nice -p IOSchedulingClass -p ActiveState "$unit" >"$W/out"
+  { grep -qx Nice=19 "$W/out" && grep -Eqx "IOSchedulingClass=(idle|3)" "$W/out" && grep -qx ActiveState=active "$W/out"; } ||
+    fail "$unit: $(tr '\n' ' ' <"$W/out")"
+  step "the churn goes on; the run copies and catches up"
+  seen="$st"
+  for ((i = 0; i < 180; i++)); do
+    st=$(live_status); [ "$st" = "${seen##*|}" ] || seen+="|$st"
+    [ $i -ge 8 ] && [[ $st == "live: caught up"* || $st == "live: catching up"* ]] && break
+    sleep 1
+  done
+  [[ $st == "live: caught up"* || $st == "live: catching up"* ]] || fail "not catching up after 180 s: $seen"
+  ! liv_encrypted || fail "committed while liv is logged in"
+  step "liv's process stops; the tree at logout"
+  touch "$LV/stop"
+  for ((i = 0; i < 60; i++)); do [ -e "$LV/churned" ] && break; sleep 1; done
+  [ -e "$LV/churned" ] || fail "the churn did not stop"
+  [ "$(cat "$LV/churned")" -ge $((r0 + 10)) ] || fail "the churn made only $(( $(cat "$LV/churned") - r0 )) rounds during the live run"
+  bash "$LV/manifest.sh" /home/liv >"$W/live-before"
+  cp "$W/live-before" "$R/live.manifest"
+  step "liv churned $(( $(cat "$LV/churned") - r0 )) rounds during the live run; status $seen; she logs out"
+  touch "$LV/go"
+  wait "$dialog" || fail "the console dialog: $(tr -d '\r' <"$W/live-console" | tail -c 400)"
+  wait_gone liv
+  step "the commit after the logout"
+  t1=$(date +%s)
+  for ((i = 0; i < 120; i++)); do
+    st=$(live_status); [ "$st" = "${seen##*|}" ] || seen+="|$st"
+    [ "$st" = "live: done" ] && break
+    [ -z "$st" ] && liv_encrypted && break
+    sleep 1
+  done
+  dirseal status /home/liv >"$R/live.status" 2>&1 || true
+  liv_encrypted ||
+    fail "not encrypted 120 s after the logout: $seen ($(tr '\n' ' ' <"$R/live.status"); $(journalctl -u "$unit" -b --no-pager -o cat | tail -5 | tr '\n' ' '))"
+  step "committed $(( $(date +%s) - t1 )) s after the logout; status $seen"
+  journalctl -u "$unit" -b --no-pager -o cat >"$R/live.unit.log"
+  grep -q "is encrypted" "$R/live.unit.log" || fail "the unit's log does not say it ended: $(tail -5 "$R/live.unit.log")"
+  for ((i = 0; i < 30; i++)); do [ -z "$(systemctl list-units --all --no-legend 'dirseal-live-*')" ] && break; sleep 1; done
+  [ -z "$(systemctl list-units --all --no-legend 'dirseal-live-*')" ] ||
+    fail "the unit is still there: $(systemctl list-units --all --no-legend 'dirseal-live-*')"
+  [ "$(home_key liv)" = locked ] || check "dirseal lock" dirseal lock /home/liv
+  wait_key liv locked 30
+  [ ! -e /home/liv/numbers ] || fail "numbers readable by name while locked"
+  step "liv's password login unlocks it: the tree as she left it"
+  ssh_pw liv "$LV_PW" "bash $LV/manifest.sh" >"$W/live-after" 2>&1 || fail "ssh login: $(head -c 300 "$W/live-after")"
+  cmp -s "$W/live-before" "$W/live-after" ||
+    fail "the tree differs from the one at logout: $(diff "$W/live-before" "$W/live-after" | head -6 | tr '\n' ' ')"
+  wait_gone liv; wait_key liv locked 30
+  step "live: $(( $(date +%s) - t0 )) s"
 }
 
 scenario_uninstall() {
