@@ -8,7 +8,8 @@ powercut: records a conversion with dm-log-writes (the tree, the keystore and th
           opened through the keystore. `dirseal decrypt` (copy and move) is recorded the same
           way, the tree converted before the marks: encrypted before, the plaintext after. Move
           recordings add small files in several batches and a large hard-link group; one more
-          recording uses a TPM2 protector with a PIN.
+          recording uses a TPM2 protector with a PIN, and one a casefold+encrypt ext4 with a
+          Proton-like prefix in a casefolded directory (lookups by wrong case, lsattr after each).
 faults:   a failing disk under a conversion (device-mapper: a bad block, failing writes, the
           device vanishing) and the filesystem full at each phase (ENOSPC): the run stops with a
           clear message, nothing is lost, and the same command finishes once the fault is gone.
@@ -286,6 +287,8 @@ def is_encrypted(path):
 class Recording:
     """A conversion recorded with dm-log-writes, and the state before it started."""
 
+    TAG = ""  # what names a subclass's recordings (and --cases matches): fs/mode/TAG
+
     def __init__(self, work, fstype, mode):
         self.work = work
         self.fstype = fstype
@@ -522,6 +525,7 @@ class TpmRecording(Recording):
     """A recorded conversion whose protector is a TPM2 protector with a PIN (through the guest's
     /dev/tpmrm0): after each replay the same command must finish and the PIN must unlock."""
 
+    TAG = "/tpm2"
     # Of the sampled points, half an ext4 recording's share (the TPM's steps are the password's).
     SHARE = 0.5
 
@@ -537,6 +541,40 @@ class TpmRecording(Recording):
         if not os.path.exists("/dev/tpmrm0"):
             raise Failure("the guest has no /dev/tpmrm0 (is swtpm attached?)")
         tpm_owned(self.ds)
+
+
+class CasefoldRecording(Recording):
+    """A copy conversion recorded on a casefold+encrypt ext4, the tree holding a Proton-like
+    prefix in a casefolded directory (issue 43): after each replay and resume, names are found
+    in the wrong case and lsattr (the casefold flag F on the prefix's directories) is unchanged."""
+
+    TAG = "/casefold"
+    # Of the sampled points, half an ext4 recording's share (the copy's steps are the plain
+    # recording's; only what the directories are made with differs).
+    SHARE = 0.5
+
+    def __init__(self, work, fstype, mode):
+        super().__init__(work, fstype, mode)
+        self.share = self.SHARE
+        self.mkfs = ["mkfs.ext4", "-q", "-b", "4096", "-O", "casefold,encrypt", "-E", "nodiscard"]
+
+    def before_recording(self):
+        proton_prefix(self.src, project_ids=False)
+        self.flags = lsattr_of(self.src)
+        pfx = os.path.join(self.src, "compatdata/123/pfx")
+        casefolded = [l for l in self.flags if l.split(" ", 2)[2].startswith(pfx) and "F" in l.split()[1]]
+        # The prefix and its 6 directories below: without them the checks after would prove nothing.
+        if len(casefolded) < 7:
+            raise Failure(f"the casefolded prefix was not made: {casefolded}")
+        case_insensitive(self.src, "before the recording")
+
+    def check_done(self, mnt, what):
+        super().check_done(mnt, what)
+        case_insensitive(self.src, what)
+        got = lsattr_of(self.src)
+        if got != self.flags:
+            raise Failure(f"{what}: lsattr differs: {[l for l in got if l not in self.flags][:3]} "
+                          f"instead of {[l for l in self.flags if l not in got][:3]}")
 
 
 def spread(items, k, rnd):
@@ -612,13 +650,14 @@ def powercut(summary):
         # both filesystems record), so its f2fs recordings are replayed with --full only.
         runs = [r for r in runs if not (r[0] == "f2fs" and r[1] in DECRYPT_MODES)]
     runs.append(("ext4", "copy", TpmRecording))
+    runs.append(("ext4", "copy", CasefoldRecording))
     if ARGS.cases:
-        runs = [r for r in runs if ARGS.cases in f"{r[0]}/{r[1]}" + ("/tpm2" if r[2] is TpmRecording else "")]
+        runs = [r for r in runs if ARGS.cases in f"{r[0]}/{r[1]}{r[2].TAG}"]
     t_all = time.time()
     deadline = t_all + ARGS.budget
     progress = Progress()
     for idx, (fstype, mode, kind) in enumerate(runs):
-        tag = "/tpm2" if kind is TpmRecording else ""
+        tag = kind.TAG
         name = f"{fstype}/{mode}{tag}"
         work = f"/tmp/powercut-{fstype}-{mode}{tag.replace('/', '-')}"
         rec = kind(work, fstype, mode)
@@ -1193,9 +1232,10 @@ def lsattr_of(root):
     return sorted(lines)
 
 
-def proton_prefix(home, fs):
+def proton_prefix(home, project_ids):
     """A Proton-like prefix in a casefolded directory (+F set while it is empty, as Steam does),
-    names in mixed case; a nodump cache; on ext4 a project id inherited by the prefix."""
+    names in mixed case; a nodump cache; with `project_ids` (an ext4 with project quotas) a
+    project id inherited by the prefix."""
     pfx = os.path.join(home, "compatdata/123/pfx")
     os.makedirs(pfx)
     run(["chattr", "+F", pfx])
@@ -1210,7 +1250,7 @@ def proton_prefix(home, fs):
         f.write("level 3")
     os.makedirs(os.path.join(home, ".cache"))
     run(["chattr", "+d", os.path.join(home, ".cache")])
-    if fs == "ext4":
+    if project_ids:
         run(["chattr", "-p", "123", "+P", os.path.join(home, "compatdata/123")])
         run(["chattr", "-R", "-p", "123", os.path.join(home, "compatdata/123")])
 
@@ -1257,7 +1297,7 @@ def casefold(summary):
             mount(dev, mnt, fs)
             ds = Dirseal(os.path.join(work, "keystore"), os.path.join(work, "etc"))
             home = os.path.join(mnt, "deck")
-            proton_prefix(home, fs)
+            proton_prefix(home, project_ids=fs == "ext4")
             if fs == "ext4":
                 # A flag no copy can have (fs-verity) stops the conversion before anything is
                 # written, naming the file.
@@ -1333,7 +1373,7 @@ def main():
                     help="sampled: fixed flush points per ext4 recording (half on f2fs), always replayed")
     ap.add_argument("--budget", type=int, default=240,
                     help="sampled: seconds for the power-cut replays; more points are replayed while it lasts")
-    ap.add_argument("--cases", help="only the recordings (fs/mode[/tpm2]) and fault scenarios (fs/mode/kind) whose name contains this (debugging)")
+    ap.add_argument("--cases", help="only the recordings (fs/mode[/tpm2|/casefold]) and fault scenarios (fs/mode/kind) whose name contains this (debugging)")
     ap.add_argument("--seed", type=int, default=int(time.time()))
     ARGS = ap.parse_args()
     LOG = open(os.path.join(ARGS.out, "guest.log"), "w")
