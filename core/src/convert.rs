@@ -893,6 +893,21 @@ pub fn in_progress(dir: &Path) -> Result<bool, ConvertError> {
     Ok(status(&absolute(dir)?)?.is_some_and(|v| v.state.before_swap() && !v.live))
 }
 
+/// The outcome of a conversion that ended (done, aborted, rolled back) as its journal records it,
+/// for a run that finds it ended by another (a boot-time run, a hand, a live worker).
+pub(crate) fn ended(v: &StatusView) -> Outcome {
+    Outcome {
+        state: v.state,
+        method: v.method,
+        token: v.token.clone(),
+        files: v.files_total,
+        bytes: v.bytes_total,
+        backup: v.backup.clone(),
+        notes: Vec::new(),
+        timings: Default::default(),
+    }
+}
+
 /// Whether a login may use a home while a conversion of it is recorded: the one rule, for PAM.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LoginDuring {

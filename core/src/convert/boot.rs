@@ -133,16 +133,7 @@ fn run_one_scheduled(
         }
         // Finished by hand meanwhile (or a power cut right after the end): settled as it ended.
         Some(v) => {
-            let outcome = Outcome {
-                state: v.state,
-                method: v.method,
-                token: v.token.clone(),
-                files: v.files_total,
-                bytes: v.bytes_total,
-                backup: v.backup.clone(),
-                notes: Vec::new(),
-                timings: Default::default(),
-            };
+            let outcome = ended(v);
             settle(ds, source, &outcome)?;
             Ok(Converted { outcome, recovery_key_saved: None, scheduled: false })
         }

@@ -128,16 +128,7 @@ fn resume_as(
         .ok_or_else(|| ConvertError::NotInProgress { path: source.to_path_buf() })?;
     if !unfinished(v.state) {
         // Ended meanwhile (committed or aborted by hand, or by a boot).
-        let outcome = Outcome {
-            state: v.state,
-            method: v.method,
-            token: v.token.clone(),
-            files: v.files_total,
-            bytes: v.bytes_total,
-            backup: v.backup.clone(),
-            notes: Vec::new(),
-            timings: Default::default(),
-        };
+        let outcome = ended(&v);
         return Ok(Converted { outcome, recovery_key_saved: None, scheduled: false });
     }
     let key = staging_key_needed(source, &v)?;
