@@ -250,6 +250,17 @@ fn a_user_unlocks_locks_and_changes_their_password_through_the_service() {
     let o = user(&["lock", p], "");
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert_eq!(key(&env, &private), "unlocked");
+    // Under her directory, but another account's, with its protector: her knowing its password gets
+    // her nothing (the service opens only what her own protectors open, in what she owns).
+    let theirs = own.join("theirs");
+    std::fs::create_dir(&theirs).unwrap();
+    std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+    let t = theirs.to_str().unwrap();
+    env.ok(&["encrypt", t, "--user", "nobody", "--protector-name", "theirs", "--no-recovery-key"], "pw-t\n");
+    env.ok(&["lock", t], "");
+    let o = user(&["unlock", t], "pw-t\n");
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert_eq!(key(&env, &theirs), "locked", "{}", text(&o));
 
     // No service: said plainly, with what to do.
     bus.stop_service();
