@@ -8,24 +8,36 @@
 # Purging removes /etc/dirseal but keeps the keystore /var/lib/dirseal: it holds the only keys to
 # the encrypted homes, and a reinstall opens them again.
 #
-#   scripts/build-deb.sh [--build-dir target/release] [--out DIR] [--fast]
+# With --gui it also builds dirseal-settings_VERSION_ARCH.deb, the desktop app ("Encryption") in a
+# package of its own, so that servers and handhelds without a desktop never pull GTK in.
+# Prints the path of each package built, one a line, dirseal's first.
+#
+#   scripts/build-deb.sh [--build-dir target/release] [--out DIR] [--fast] [--gui]
 #   --fast: gzip -1 instead of xz (tests: a debug build's package is large and xz takes minutes)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=scripts/lib/programs.sh
 . scripts/lib/programs.sh
-build="" out=$PWD compress=(-Zxz)
+build="" out=$PWD compress=(-Zxz) gui=0
 while [ $# -gt 0 ]; do
   case $1 in
     --build-dir) build=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --fast) compress=(-Zgzip -z1); shift ;;
-    -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --gui) gui=1; shift ;;
+    -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "build-deb.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
-# The desktop app is not in this package (it would pull GTK onto servers and handhelds).
-if [ -z "$build" ]; then cargo build --release --workspace --exclude dirseal-settings --quiet; build=target/release; fi
+# The desktop app is not in dirseal's package (it would pull GTK onto servers and handhelds).
+if [ -z "$build" ]; then
+  if [ "$gui" = 1 ]; then cargo build --release --workspace --quiet
+  else cargo build --release --workspace --exclude dirseal-settings --quiet; fi
+  build=target/release
+fi
+if [ "$gui" = 1 ] && [ ! -x "$build/dirseal-settings" ]; then
+  echo "build-deb.sh: $build/dirseal-settings is missing; build it first (cargo build -p dirseal-settings)" >&2; exit 1
+fi
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 arch=$(dpkg --print-architecture)
 stage=$(mktemp -d)
@@ -36,29 +48,42 @@ bash scripts/install.sh --destdir "$root" --build-dir "$build" >/dev/null
 rm -rf "${root:?}/usr/share/dirseal" "${root:?}/etc"
 # Debian 12 still reads units from /lib/systemd/system first; /usr/lib is the same directory there.
 
-# What debhelper would do (lintian checks it: scripts/test.sh runs lintian on this package).
-# dh_strip: the symbols go (a tenth of the size); no -dbgsym package is made.
-find "$root" -type f | while read -r f; do
-  [ "$(head -c4 "$f" | tr -d '\177')" = ELF ] || continue
-  case $f in
-    *.so) strip --remove-section=.comment --remove-section=.note --strip-unneeded "$f" ;;
-    *) strip --remove-section=.comment --remove-section=.note "$f" ;;
-  esac
-done
-# dh_compress: man pages gzip'd, without a name or time in the header (reproducible).
-find "$root/usr/share/man" -type f ! -name '*.gz' -exec gzip -9n {} +
-# dh_installdocs, dh_installchangelogs: the copyright file and, this being a native package (no
-# Debian revision in the version), changelog.gz in Debian's format; the date is the commit's.
-doc=$root/usr/share/doc/dirseal
-install -d "$doc" "$root/usr/share/lintian/overrides"
-install -m 644 data/debian/copyright "$doc/copyright"
-install -m 644 data/debian/lintian-overrides "$root/usr/share/lintian/overrides/dirseal"
+# What debhelper would do, for the package tree ROOT of package NAME (lintian checks it:
+# scripts/test.sh runs lintian on each package).
+# dh_strip: the symbols go (a tenth of the size); no -dbgsym package is made. dh_compress: man pages
+# gzip'd, without a name or time in the header (reproducible). dh_installdocs, dh_installchangelogs:
+# the copyright file and, this being a native package (no Debian revision in the version),
+# changelog.gz in Debian's format; the date is the commit's.
 maintainer="${DEBFULLNAME:-dirseal maintainers} <${DEBEMAIL:-maintainers@users.noreply.a-seed-00d09919.example}>"
 when=$(date -R -u -d "@${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || date +%s)}")
-printf 'dirseal (%s) unstable; urgency=medium\n\n  * Built from %s.\n\n -- %s  %s\n' \
-  "$version" "$(git describe --always --dirty 2>/dev/null || echo "a source tree")" "$maintainer" "$when" |
-  gzip -9n >"$doc/changelog.gz"
-chmod 644 "$doc/changelog.gz"
+debhelper() { # ROOT NAME
+  local root=$1 name=$2 f doc
+  find "$root" -type f | while read -r f; do
+    [ "$(head -c4 "$f" | tr -d '\177')" = ELF ] || continue
+    case $f in
+      *.so) strip --remove-section=.comment --remove-section=.note --strip-unneeded "$f" ;;
+      *) strip --remove-section=.comment --remove-section=.note "$f" ;;
+    esac
+  done
+  [ ! -d "$root/usr/share/man" ] || find "$root/usr/share/man" -type f ! -name '*.gz' -exec gzip -9n {} +
+  doc=$root/usr/share/doc/$name
+  install -d "$doc"
+  install -m 644 data/debian/copyright "$doc/copyright"
+  printf '%s (%s) unstable; urgency=medium\n\n  * Built from %s.\n\n -- %s  %s\n' \
+    "$name" "$version" "$(git describe --always --dirty 2>/dev/null || echo "a source tree")" "$maintainer" "$when" |
+    gzip -9n >"$doc/changelog.gz"
+  chmod 644 "$doc/changelog.gz"
+}
+# dh_md5sums (what `dpkg --verify` and debsums check the installed files against), then the package.
+pack() { # ROOT NAME
+  (cd "$1" && find . -type f ! -path './DEBIAN/*' -printf '%P\0' | LC_ALL=C sort -z | xargs -0 md5sum >DEBIAN/md5sums)
+  chmod 644 "$1/DEBIAN/md5sums"
+  dpkg-deb --root-owner-group "${compress[@]}" --build "$1" "$out/${2}_${version}_${arch}.deb" >/dev/null
+  echo "$out/${2}_${version}_${arch}.deb"
+}
+debhelper "$root" dirseal
+install -d "$root/usr/share/lintian/overrides"
+install -m 644 data/debian/lintian-overrides "$root/usr/share/lintian/overrides/dirseal"
 
 # The packages that ship the libraries FILES link, one a line.
 packages_of() {
@@ -160,9 +185,36 @@ fi
 EOF
 } >"$root/DEBIAN/postrm"
 chmod 755 "$root/DEBIAN/postinst" "$root/DEBIAN/prerm" "$root/DEBIAN/postrm"
-# dh_md5sums: what `dpkg --verify` and debsums check the installed files against.
-(cd "$root" && find . -type f ! -path './DEBIAN/*' -printf '%P\0' | LC_ALL=C sort -z | xargs -0 md5sum >DEBIAN/md5sums)
-chmod 644 "$root/DEBIAN/md5sums"
-deb=$out/dirseal_${version}_${arch}.deb
-dpkg-deb --root-owner-group "${compress[@]}" --build "$root" "$deb" >/dev/null
-echo "$deb"
+pack "$root" dirseal
+
+[ "$gui" = 1 ] || exit 0
+# The desktop app: what install.sh --with-gui adds to dirseal's files, and nothing else.
+full=$stage/full groot=$stage/settings
+bash scripts/install.sh --with-gui --destdir "$full" --build-dir "$build" >/dev/null
+for f in usr/bin/dirseal-settings usr/share/applications/org.dirseal.Settings.desktop \
+         usr/share/metainfo/org.dirseal.Settings.metainfo.xml \
+         usr/share/icons/hicolor/scalable/apps/org.dirseal.Settings.svg usr/share/man/man1/dirseal-settings.1; do
+  install -D -m "$(stat -c %a "$full/$f")" "$full/$f" "$groot/$f"
+done
+debhelper "$groot" dirseal-settings
+install -D -m 644 data/debian/lintian-overrides-settings "$groot/usr/share/lintian/overrides/dirseal-settings"
+gdeps=$(packages_of "$groot/usr/bin/dirseal-settings" | paste -sd, | sed 's/,/, /g')
+mkdir -p "$groot/DEBIAN"
+cat >"$groot/DEBIAN/control" <<EOF
+Package: dirseal-settings
+Version: $version
+Architecture: $arch
+Maintainer: $maintainer
+Installed-Size: $(du -sk --exclude=DEBIAN "$groot" | cut -f1)
+Depends: dirseal (= $version), $gdeps
+Recommends: polkitd
+Section: utils
+Priority: optional
+Description: desktop app to encrypt your home folder in place with dirseal
+ "Encryption" shows whether your home folder is encrypted, locked or unlocked,
+ what opens it and whether it has a recovery key. One button encrypts it in
+ place through the dirseal service (dirsealed), now, in the background while
+ you keep working, or at the next boot, with progress you can watch and
+ cancel. Usable with touch screens and game controllers.
+EOF
+pack "$groot" dirseal-settings

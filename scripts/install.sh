@@ -182,6 +182,7 @@ if [ "$gui" = 1 ]; then
   put 644 data/org.dirseal.Settings.desktop "$prefix/share/applications/org.dirseal.Settings.desktop"
   put 644 data/org.dirseal.Settings.metainfo.xml "$prefix/share/metainfo/org.dirseal.Settings.metainfo.xml"
   put 644 data/org.dirseal.Settings.svg "$prefix/share/icons/hicolor/scalable/apps/org.dirseal.Settings.svg"
+  put 644 data/dirseal-settings.1 "$prefix/share/man/man1/dirseal-settings.1"
 fi
 # The config dir: root-only, kept on uninstall (it may hold the calibrated cost and settings).
 if [ ! -d "$destdir/etc/dirseal" ]; then mkdirs /etc; install -d -m 700 "$destdir/etc/dirseal"; fi
