@@ -168,3 +168,29 @@ fn report_reads_the_tpm_lockout_without_asking_anything() {
     assert_eq!(r["tpm"]["max_tries"], 5);
     assert_eq!(r["tpm"]["in_lockout"], false);
 }
+
+#[test]
+fn report_lists_portable_directories_of_mounted_media_apart() {
+    dirseal_testfs::needs_root!();
+    let env = Env::new();
+    let games = env.mnt().join("games");
+    fs::create_dir(&games).unwrap();
+    env.ok(&["encrypt", p(&games), "--portable", "--no-recovery-key", "--protector-name", "card"], "pw\n");
+    let policy = env.status_json(&games)["policy"].as_str().expect("policy").to_string();
+    let r = report(&env);
+    // Not the keystore's: its records are on the medium.
+    assert!(r["directories"].as_array().unwrap().iter().all(|d| d["policy"] != policy.as_str()), "{r}");
+    // Other mounted test filesystems may have portable directories too: this one is among them.
+    let ours = r["portable_directories"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{r}"))
+        .iter()
+        .find(|d| d["policy"] == policy.as_str())
+        .unwrap_or_else(|| panic!("{policy} not among the portable directories: {r}"));
+    assert_eq!((ours["key"].as_str(), ours["path_hint"].as_str()), (Some("unlocked"), Some(p(&games))), "{r}");
+    assert_eq!(ours["protectors"].as_array().map(Vec::len), Some(1), "{r}");
+    assert!(ours["records"].as_str().unwrap().ends_with(".dirseal/portable"), "{r}");
+    env.ok(&["lock", p(&games)], "");
+    let text = env.ok(&["report"], "");
+    assert!(text.lines().any(|l| l.starts_with(&format!("portable {}: locked", p(&games)))), "{text}");
+}

@@ -10,7 +10,7 @@ use serde::Serialize;
 use crate::escrow::{self, RecordStatus};
 use crate::ids::KeyIdentifier;
 use crate::keystore::PolicyRecord;
-use crate::ops::{Dirseal, OpsError};
+use crate::ops::{Dirseal, OpsError, PortableDir};
 use crate::tpm2::{Tcti, Tpm};
 
 /// The report's `format`.
@@ -40,6 +40,9 @@ pub struct Report {
     pub escrow: Option<EscrowSettings>,
     /// Every encrypted directory the keystore has a policy for.
     pub directories: Vec<Directory>,
+    /// Portable directories on mounted media: their records travel with the medium, and this
+    /// machine's keystore does not know them (docs/portable.md).
+    pub portable_directories: Vec<PortableDir>,
     /// The TPM.
     pub tpm: TpmState,
     /// Conversions and decrypts recorded and not finished (interrupted, or kept for a commit).
@@ -196,6 +199,8 @@ pub fn directories(ds: &Dirseal) -> Result<(Vec<Directory>, Vec<String>), OpsErr
 /// The report of this machine.
 pub fn report(ds: &Dirseal) -> Result<Report, OpsError> {
     let (directories, mut problems) = directories(ds)?;
+    let (portable_directories, portable_problems) = ds.portable_dirs();
+    problems.extend(portable_problems);
     let unfinished_conversions = match crate::convert::recorded() {
         Ok(v) => v
             .into_iter()
@@ -227,6 +232,7 @@ pub fn report(ds: &Dirseal) -> Result<Report, OpsError> {
             recipients: e.fingerprints(),
         }),
         directories,
+        portable_directories,
         tpm: tpm_state(&ds.config().tpm2.tcti()),
         unfinished_conversions,
         problems,

@@ -64,6 +64,15 @@ fn print(r: &Report) {
     } else {
         println!("TPM at {}: none ({})", t.tcti, clean(t.reason.as_deref().unwrap_or("not found")));
     }
+    for d in &r.portable_directories {
+        println!(
+            "portable {}: {} on {} ({} protectors)",
+            clean(&d.path_hint.as_ref().map_or("(path not recorded)".into(), |h| h.display().to_string())),
+            d.key.unwrap_or("unknown"),
+            clean(&d.records.display().to_string()),
+            d.protectors.len()
+        );
+    }
     for u in &r.unfinished_conversions {
         println!(
             "unfinished {}: {} ({}{})",
