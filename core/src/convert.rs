@@ -489,7 +489,19 @@ pub(crate) fn resume(
     ui: &mut dyn Ui,
 ) -> Result<Outcome, ConvertError> {
     let what = if host.direction == Direction::Decrypt { "decrypt" } else { "conversion" };
-    ui.notice(&format!("resuming the {what} of {} ({state})", host.source.display()));
+    let source = host.source.display();
+    // A prepared run (scheduled, or a live worker's first start) has nothing to resume yet, and a
+    // live one's later runs catch up or commit: each is said as what it does.
+    ui.notice(&match (state, options.when) {
+        (State::Prepared, _) => format!("starting the {what} of {source}"),
+        (State::CatchingUp | State::CaughtUp, When::Live) => {
+            format!("catching up the {what} of {source} with the changes since its last pass")
+        }
+        (State::CatchingUp | State::CaughtUp, _) => {
+            format!("committing the {what} of {source}: a last catch-up pass, then the swap")
+        }
+        _ => format!("resuming the {what} of {source} ({state})"),
+    });
     Ok(migrate::convert(&request(host.source, workdir, options, host.direction), host)?)
 }
 

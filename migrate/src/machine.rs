@@ -583,6 +583,12 @@ impl<'r> Run<'r> {
             return self.next_pass(1, Point::AfterRecordCatchingUp);
         };
         if diff.count > 0 {
+            // Changes while committing: something uses the directory again (its owner logged back
+            // in). The commit is put off (`StillInUse`, back to caught up) rather than chasing
+            // the changes until the passes run out and the run fails.
+            if !self.req.force {
+                self.check_free()?;
+            }
             if round + 1 >= MAX_ROUNDS {
                 // Back to caught up: a later commit starts afresh.
                 self.live()?.commit_from = None;
