@@ -241,6 +241,15 @@ pub struct KdfArgs {
     /// FIDO2: require the security key's built-in user verification (fingerprint)
     #[arg(long)]
     pub uv: bool,
+    /// tang: the tang server's URL (http://HOST[:PORT]); unlocking works only while it answers
+    #[arg(long, value_name = "URL")]
+    pub url: Option<String>,
+    /// tang: the SHA-256 thumbprint of the server's signing key, as its tang-show-keys prints it (without it, the keys are shown for confirmation)
+    #[arg(long, value_name = "THP")]
+    pub thumbprint: Option<String>,
+    /// tang: make the protector from this JWE made by `clevis encrypt tang` (its plaintext, 32 bytes, is the key)
+    #[arg(long, value_name = "FILE")]
+    pub import: Option<std::path::PathBuf>,
     /// tpm2: accept a PIN equal to the user's login password (its hash in /etc/shadow then lets anyone with the disk test the PIN offline)
     #[arg(long)]
     pub allow_password_pin: bool,
