@@ -176,7 +176,8 @@ fn a_tang_protector_unlocks_only_while_its_server_answers_with_its_key() {
     assert!(err.contains("needs confirmation") && err.contains("--thumbprint") && err.contains(&thp), "{err}");
     // A thumbprint that did not sign the advertisement is refused.
     let other = "A".repeat(43);
-    let err = env.fails(&["protector", "create", "--name", "lab", "--type", "tang", "--url", &url, "--thumbprint", &other], "");
+    let err = env
+        .fails(&["protector", "create", "--name", "lab", "--type", "tang", "--url", &url, "--thumbprint", &other], "");
     assert!(err.contains(&format!("not signed by the trusted key {other}")) && err.contains(&thp), "{err}");
     assert_eq!(protectors(&env).len(), 1, "nothing saved by a refused create");
 
@@ -221,13 +222,22 @@ fn a_tang_protector_unlocks_only_while_its_server_answers_with_its_key() {
     assert!(said.contains("is unreachable"), "{said}");
     env.ok(&["lock", p(&d)], "");
 
-    // The server back with other keys: its answer cannot open the protector, and the old
+    // The server back, its keys rotated (`tangd-rotate-keys` keeps the old ones, hidden): the
+    // protector still opens, and the new signing key is the one advertised.
+    tang.restart();
+    let out = Command::new("/usr/libexec/tangd-rotate-keys").args(["-d", p(tang.keys.path())]).output().unwrap();
+    assert!(out.status.success(), "tangd-rotate-keys: {}", String::from_utf8_lossy(&out.stderr));
+    assert_ne!(tang.thumbprint(), thp);
+    env.ok(&["unlock", p(&d), "--protector", &lab], "");
+    env.ok(&["lock", p(&d)], "");
+
+    // The server with other keys only: its answer cannot open the protector, and the old
     // thumbprint no longer signs its advertisement.
     tang.new_keys();
-    tang.restart();
     let err = env.fails(&["unlock", p(&d), "--protector", &lab], "");
     assert!(err.contains("no longer has the key this protector was made with"), "{err}");
-    let err = env.fails(&["protector", "create", "--name", "lab2", "--type", "tang", "--url", &url, "--thumbprint", &thp], "");
+    let err = env
+        .fails(&["protector", "create", "--name", "lab2", "--type", "tang", "--url", &url, "--thumbprint", &thp], "");
     assert!(err.contains(&format!("not signed by the trusted key {thp}")), "{err}");
     // The password still opens it.
     env.ok(&["unlock", p(&d), "--protector", &pw], "pw\n");
@@ -312,7 +322,18 @@ fn a_tang_protector_opens_no_login_and_no_portable_directory() {
     fs::create_dir(&d).unwrap();
     let (url, thp) = (tang.url(), tang.thumbprint());
     let err = env.fails(
-        &["encrypt", p(&d), "--portable", "--protector-type", "tang", "--url", &url, "--thumbprint", &thp, "--no-recovery-key"],
+        &[
+            "encrypt",
+            p(&d),
+            "--portable",
+            "--protector-type",
+            "tang",
+            "--url",
+            &url,
+            "--thumbprint",
+            &thp,
+            "--no-recovery-key",
+        ],
         "",
     );
     assert!(err.contains("bound to this machine"), "{err}");

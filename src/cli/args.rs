@@ -128,6 +128,8 @@ pub enum Cmd {
 }
 
 #[derive(Subcommand)]
+// Parsed once per run: the kind options' size costs nothing, and boxing them would hide them from clap.
+#[allow(clippy::large_enum_variant)]
 pub enum ProtectorCmd {
     /// List every protector and the policies it protects
     List {
@@ -181,6 +183,8 @@ pub enum PinLoginCmd {
 }
 
 #[derive(Subcommand)]
+// Parsed once per run: the kind options' size costs nothing, and boxing them would hide them from clap.
+#[allow(clippy::large_enum_variant)]
 pub enum PolicyCmd {
     /// List every policy, its key status and protectors
     List {
@@ -408,6 +412,8 @@ pub struct DecryptArgs {
 }
 
 #[derive(Subcommand)]
+// Parsed once per run: the kind options' size costs nothing, and boxing them would hide them from clap.
+#[allow(clippy::large_enum_variant)]
 pub enum RecoveryCmd {
     /// Create a recovery key for DIR: shown once, to write down (asks for a protector's secret)
     Add {

@@ -18,7 +18,8 @@ use crate::wrap::Kek;
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(try_from = "TangFile", into = "TangFile")]
 pub struct Tang {
-    jwe: TangJwe,
+    // Boxed: a parsed JWE holds its points, and a kind's record stays small in `ProtectorKind`.
+    jwe: Box<TangJwe>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -34,7 +35,7 @@ impl TryFrom<TangFile> for Tang {
         if jwe.plaintext_len() != KEY_LEN {
             return Err(TangError::BadJwe { reason: format!("it does not hold a {KEY_LEN}-byte key") });
         }
-        Ok(Tang { jwe })
+        Ok(Tang { jwe: Box::new(jwe) })
     }
 }
 
@@ -63,7 +64,7 @@ enum Source {
     /// yet: shown and confirmed through the Ui, [`NewKindOf::confirm`]).
     Server { url: TangUrl, thumbprint: Option<String> },
     /// A JWE made by `clevis encrypt tang` (its plaintext is the key).
-    Import(TangJwe),
+    Import(Box<TangJwe>),
 }
 
 /// How to make a new tang protector.
@@ -131,7 +132,7 @@ impl NewKindOf for NewTang {
         let import: Option<String> = opts.parse_privileged("import")?;
         let source = match (url, thumbprint, import) {
             (None, None, Some(jwe)) => {
-                Source::Import(TangJwe::parse(&jwe).map_err(|e| opts.bad_value("import", e.to_string()))?)
+                Source::Import(Box::new(TangJwe::parse(&jwe).map_err(|e| opts.bad_value("import", e.to_string()))?))
             }
             (Some(_), _, Some(_)) | (None, Some(_), Some(_)) => {
                 return Err(
@@ -199,7 +200,7 @@ impl NewKindOf for NewTang {
                 if back.as_slice() != key.as_bytes() {
                     return Err(TangError::WrongKey { url: url.as_str().to_string() }.into());
                 }
-                Ok((Tang { jwe }, Kek::from_slice(key.as_bytes())))
+                Ok((Tang { jwe: Box::new(jwe) }, Kek::from_slice(key.as_bytes())))
             }
         }
     }
