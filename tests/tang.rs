@@ -3,9 +3,10 @@
 //! does, by a listener in this test; its keys are made by `tangd-keygen` in a temporary directory.
 //! Proves: create (pinned thumbprint; unpinned refused off a terminal; a wrong one refused),
 //! unlock while the server answers and a clear "unreachable" error naming the other ways in when it
-//! does not, changed server keys refused, `clevis decrypt` of the record's JWE gives the key that
-//! wraps the protector key, a JWE made by `clevis encrypt tang` imports and unlocks, no login tries
-//! it, and a portable directory refuses it.
+//! does not, an impostor's answer and changed server keys refused (rotated ones kept working),
+//! `clevis decrypt` of the record's JWE gives the key that wraps the protector key, a JWE made by
+//! `clevis encrypt tang` imports and unlocks, no login tries it, and a portable directory refuses
+//! it.
 mod common;
 
 use std::fs;
@@ -126,6 +127,34 @@ impl Drop for Tang {
     }
 }
 
+/// A server on `port` that answers one request with a fresh P-521 public key of its own, as a
+/// tang server's exchange reply looks.
+fn impostor(port: u16) -> JoinHandle<()> {
+    use std::io::{Read, Write};
+    let gen = Command::new("jose").args(["jwk", "gen", "-i", r#"{"alg":"ECMR","crv":"P-521"}"#]).output().unwrap();
+    let mut key: serde_json::Value = serde_json::from_slice(&gen.stdout).unwrap();
+    key.as_object_mut().unwrap().remove("d");
+    let body = key.to_string();
+    let listener = TcpListener::bind(("127.0.0.1", port)).unwrap();
+    std::thread::spawn(move || {
+        let (mut conn, _) = listener.accept().unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        // The request's headers and its JWK body (the body ends with the JSON's closing brace).
+        while !got.ends_with(b"}") {
+            let n = conn.read(&mut buf).unwrap();
+            assert!(n > 0, "the client closed early");
+            got.extend_from_slice(&buf[..n]);
+        }
+        assert!(got.starts_with(b"POST /rec/"), "{}", String::from_utf8_lossy(&got));
+        let reply = format!(
+            "HTTP/1.1 200 OK\r\nContent-Type: application/jwk+json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        conn.write_all(reply.as_bytes()).unwrap();
+    })
+}
+
 fn protectors(env: &Env) -> Vec<serde_json::Value> {
     let v: serde_json::Value = serde_json::from_str(&env.ok(&["protector", "list", "--json"], "")).unwrap();
     v["protectors"].as_array().unwrap().clone()
@@ -221,6 +250,12 @@ fn a_tang_protector_unlocks_only_while_its_server_answers_with_its_key() {
     let said = String::from_utf8_lossy(&out.stdout);
     assert!(said.contains("is unreachable"), "{said}");
     env.ok(&["lock", p(&d)], "");
+
+    // Something else answers on the server's port, with a point of its own: refused.
+    let fake = impostor(tang.port);
+    let err = env.fails(&["unlock", p(&d), "--protector", &lab], "");
+    assert!(err.contains("answered with a key that does not open this protector"), "{err}");
+    fake.join().unwrap();
 
     // The server back, its keys rotated (`tangd-rotate-keys` keeps the old ones, hidden): the
     // protector still opens, and the new signing key is the one advertised.

@@ -539,9 +539,11 @@ fn content_key(z: &AffinePoint) -> Zeroizing<[u8; 32]> {
     Zeroizing::new(h.finalize().into())
 }
 
-fn random_scalar() -> Scalar {
+/// A random nonzero scalar, wiped when dropped (the ephemeral keys e and x: either, with the
+/// record, gives the key away).
+fn random_scalar() -> Zeroizing<Scalar> {
     loop {
-        let s = Scalar::random(&mut rand::rngs::OsRng);
+        let s = Zeroizing::new(Scalar::random(&mut rand::rngs::OsRng));
         if !bool::from(s.is_zero()) {
             return s;
         }
@@ -566,8 +568,8 @@ impl TangJwe {
     pub fn encrypt(url: &TangUrl, adv: &Advertisement, key: &[u8]) -> TangJwe {
         let server = adv.exchange.point().expect("checked when parsed");
         let e = random_scalar();
-        let epk = Jwk::of(&(ProjectivePoint::GENERATOR * e).to_affine());
-        let z = (ProjectivePoint::from(server) * e).to_affine();
+        let epk = Jwk::of(&(ProjectivePoint::GENERATOR * *e).to_affine());
+        let z = (ProjectivePoint::from(server) * *e).to_affine();
         let kid = adv.exchange.thumbprint();
         let header = json!({
             "alg": "ECDH-ES",
@@ -664,12 +666,12 @@ impl TangJwe {
         let epk = ProjectivePoint::from(self.epk.point().expect("checked"));
         let server = ProjectivePoint::from(self.server.point().expect("checked"));
         let x = random_scalar();
-        let sent = (epk + ProjectivePoint::GENERATOR * x).to_affine();
+        let sent = (epk + ProjectivePoint::GENERATOR * *x).to_affine();
         if bool::from(sent.is_identity()) {
             return Err(self.url.bad_reply("the exchange drew the identity point; try again"));
         }
         let reply = self.url.recover(&self.kid, &sent)?;
-        let z = (ProjectivePoint::from(reply) - server * x).to_affine();
+        let z = (ProjectivePoint::from(reply) - server * *x).to_affine();
         if bool::from(z.is_identity()) {
             return Err(TangError::WrongKey { url: self.url.text.clone() });
         }
