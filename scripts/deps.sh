@@ -24,8 +24,9 @@ if [ -z "$demo" ]; then
          libtss2-dev libfido2-dev libudev-dev libclang-dev pkg-config libssl-dev zlib1g-dev libpam0g-dev
          # The tests: a software TPM and an independent TPM client, PAM through pamtester, google's
          # fscrypt beside dirseal, xattrs and ACLs in test trees, python's fido2 (pip), benchmarks, age
-         # (escrow records opened by the real age, tests/escrow.rs).
-         swtpm swtpm-tools tpm2-tools pamtester fscrypt acl attr rsync time python3-pip age
+         # (escrow records opened by the real age, tests/escrow.rs), tang and clevis (tang protectors
+         # against a real tangd, their JWEs read by the real clevis, tests/tang.rs).
+         swtpm swtpm-tools tpm2-tools pamtester fscrypt acl attr rsync time python3-pip age tang clevis
          # The VM tests (scripts/vm-test.sh): guest userland comes from the host root over 9p.
          busybox-static dmsetup f2fs-tools kmod cpio zstd
          # The system test (scripts/system-test.sh): its guest's root filesystem.

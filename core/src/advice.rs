@@ -12,6 +12,7 @@ use crate::protector::fido2::SeveralKeys;
 use crate::protector::{KindError, ProtectorError, UnlockError};
 use crate::recovery::RecoveryError;
 use crate::remedy::{HasRemedy, Remedy};
+use crate::tang::TangError;
 use crate::tpm2::Tpm2Error;
 
 impl Remedy {
@@ -34,7 +35,8 @@ impl Remedy {
             FscryptError,
             ProtectorError,
             Tpm2Error,
-            Fido2Error
+            Fido2Error,
+            TangError
         );
         known.and_then(HasRemedy::remedy)
     }
@@ -285,6 +287,25 @@ impl HasRemedy for Fido2Error {
             | Fido2Error::Other { .. }
             | Fido2Error::NotInstalled { .. }
             | Fido2Error::Helper(_) => None,
+        }
+    }
+}
+
+impl HasRemedy for TangError {
+    // Each message says what to do; an unlock that fails "not now" (unreachable, the key gone)
+    // gets the directory's other ways in from the operation (`OpsError::UseAnother`).
+    fn remedy(&self) -> Option<Remedy> {
+        match self {
+            TangError::BadUrl { .. }
+            | TangError::Unreachable { .. }
+            | TangError::Status { .. }
+            | TangError::KeyGone { .. }
+            | TangError::BadReply { .. }
+            | TangError::BadSignature { .. }
+            | TangError::Untrusted { .. }
+            | TangError::NotTrusted { .. }
+            | TangError::WrongKey { .. }
+            | TangError::BadJwe { .. } => None,
         }
     }
 }

@@ -59,6 +59,7 @@ pub mod scheduled;
 pub mod secret;
 pub mod securefile;
 mod sys;
+pub mod tang;
 /// The hardware helpers' process and framing (for `dirseal-tpm2` and `dirseal-fido2`).
 #[doc(hidden)]
 pub use sys::helper;

@@ -80,6 +80,14 @@ pub enum Question<'a> {
         /// The directory the key would open.
         dir: &'a Path,
     },
+    /// Trust the tang server at `url`, whose advertisement these signing keys signed (their
+    /// SHA-256 thumbprints, as the server's `tang-show-keys` prints them), as clevis asks.
+    TrustTangServer {
+        /// The server's URL.
+        url: &'a str,
+        /// The signing keys' thumbprints.
+        thumbprints: &'a [String],
+    },
 }
 
 /// Why no secret or answer came back.

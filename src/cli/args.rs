@@ -128,6 +128,8 @@ pub enum Cmd {
 }
 
 #[derive(Subcommand)]
+// Parsed once per run: the kind options' size costs nothing, and boxing them would hide them from clap.
+#[allow(clippy::large_enum_variant)]
 pub enum ProtectorCmd {
     /// List every protector and the policies it protects
     List {
@@ -181,6 +183,8 @@ pub enum PinLoginCmd {
 }
 
 #[derive(Subcommand)]
+// Parsed once per run: the kind options' size costs nothing, and boxing them would hide them from clap.
+#[allow(clippy::large_enum_variant)]
 pub enum PolicyCmd {
     /// List every policy, its key status and protectors
     List {
@@ -241,6 +245,15 @@ pub struct KdfArgs {
     /// FIDO2: require the security key's built-in user verification (fingerprint)
     #[arg(long)]
     pub uv: bool,
+    /// tang: the tang server's URL (http://HOST[:PORT]); unlocking works only while it answers
+    #[arg(long, value_name = "URL")]
+    pub url: Option<String>,
+    /// tang: the SHA-256 thumbprint of the server's signing key, as its tang-show-keys prints it (without it, the keys are shown for confirmation)
+    #[arg(long, value_name = "THP")]
+    pub thumbprint: Option<String>,
+    /// tang: make the protector from this JWE made by `clevis encrypt tang` (its plaintext, 32 bytes, is the key)
+    #[arg(long, value_name = "FILE")]
+    pub import: Option<std::path::PathBuf>,
     /// tpm2: accept a PIN equal to the user's login password (its hash in /etc/shadow then lets anyone with the disk test the PIN offline)
     #[arg(long)]
     pub allow_password_pin: bool,
@@ -399,6 +412,8 @@ pub struct DecryptArgs {
 }
 
 #[derive(Subcommand)]
+// Parsed once per run: the kind options' size costs nothing, and boxing them would hide them from clap.
+#[allow(clippy::large_enum_variant)]
 pub enum RecoveryCmd {
     /// Create a recovery key for DIR: shown once, to write down (asks for a protector's secret)
     Add {

@@ -493,7 +493,7 @@ fn protector(bus: &Service, cmd: ProtectorCmd, ui: &mut TermUi) -> Result<i32> {
             let secret = dirseal::protector::ask_new(kind.ask(), &name, Some(me()), ui)?.unwrap_or_else(unused);
             let mut options: std::collections::HashMap<String, OwnedValue> = std::collections::HashMap::new();
             options.insert("kind".into(), OwnedValue::from(zbus::zvariant::Str::from(protector_type.clone())));
-            for (k, v) in kdf.pairs() {
+            for (k, v) in kdf.pairs()? {
                 options.insert(k, OwnedValue::from(zbus::zvariant::Str::from(v)));
             }
             let fd = pipe_of(&secret)?;

@@ -61,8 +61,8 @@ impl KdfArgs {
     /// The kind's options as (key, value) pairs: flag `--a-b` gives option `a_b`, which is how
     /// an error about an option is shown with the flag that gave it. The kind sorts them out.
     fn kind(&self, name: &str) -> Result<NewKind> {
-        let given: Vec<String> = self.flags().into_iter().map(|(k, _)| k).collect();
-        NewKind::named(name, KindOptions::new(self.pairs())).map_err(|e| match e {
+        let given: Vec<String> = self.flags()?.into_iter().map(|(k, _)| k).collect();
+        NewKind::named(name, KindOptions::new(self.pairs()?)).map_err(|e| match e {
             ProtectorError::BadOption { option, kind } if given.contains(&option) => {
                 anyhow::anyhow!("option --{} does not apply to {kind} protectors", option.replace('_', "-"))
             }
@@ -71,18 +71,26 @@ impl KdfArgs {
     }
 
     /// The options given, flags and `--protector-opt`s, as (key, value) pairs.
-    fn pairs(&self) -> Vec<(String, String)> {
-        let mut pairs = self.flags();
+    fn pairs(&self) -> Result<Vec<(String, String)>> {
+        let mut pairs = self.flags()?;
         pairs.extend(self.protector_opt.iter().map(|o| match o.split_once('=') {
             Some((k, v)) => (k.to_string(), v.to_string()),
             None => (o.clone(), "true".into()),
         }));
-        pairs
+        Ok(pairs)
     }
 
     /// The flags given, as options.
-    fn flags(&self) -> Vec<(String, String)> {
+    fn flags(&self) -> Result<Vec<(String, String)>> {
         let yes = |b: bool| b.then(|| "true".to_string());
+        // `--import FILE` gives the file's text: the kind takes the JWE, never a path.
+        let import = match &self.import {
+            Some(f) => Some(
+                std::fs::read_to_string(f)
+                    .map_err(|e| anyhow::anyhow!("cannot read the JWE to import from {}: {e}", f.display()))?,
+            ),
+            None => None,
+        };
         let flags = [
             ("kdf_time_ms", self.kdf_time_ms.map(|v| v.to_string())),
             ("kdf_memory_mib", self.kdf_memory_mib.map(|v| v.to_string())),
@@ -92,8 +100,11 @@ impl KdfArgs {
             ("pin", yes(self.pin)),
             ("uv", yes(self.uv)),
             ("allow_password_pin", yes(self.allow_password_pin)),
+            ("url", self.url.clone()),
+            ("thumbprint", self.thumbprint.clone()),
+            ("import", import),
         ];
-        flags.into_iter().filter_map(|(k, v)| Some((k.to_string(), v?))).collect()
+        Ok(flags.into_iter().filter_map(|(k, v)| Some((k.to_string(), v?))).collect())
     }
 }
 

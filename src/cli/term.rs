@@ -284,6 +284,25 @@ impl Ui for TermUi {
             Question::CreateRecoveryKey { .. } => confirm(
                 "Create a recovery key (the way back in if every password is forgotten or the keystore is lost)?",
             ),
+            // As clevis asks; a script pins the key with --thumbprint instead (`--yes` trusts no
+            // server: a key it was not told to trust could be anyone's).
+            Question::TrustTangServer { url, thumbprints } => {
+                if !io::stdin().is_terminal() {
+                    return Err(UiError::Unconfirmed {
+                        what: format!("trusting the tang server at {}", clean(url)),
+                        hint: format!(
+                            "pass --thumbprint with the key its tang-show-keys prints (it offers {})",
+                            thumbprints.join(", ")
+                        ),
+                    });
+                }
+                eprintln!("The advertisement of the tang server at {} is signed by these keys:\n", clean(url));
+                for t in thumbprints.iter() {
+                    eprintln!("    {t}");
+                }
+                eprintln!("\nCompare them with what tang-show-keys prints on the server.");
+                confirm("Trust these keys?")
+            }
         }
     }
 

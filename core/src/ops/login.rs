@@ -23,7 +23,7 @@ impl Dirseal {
     /// into the directory by someone else opens it with the CLI but never logs anyone in.
     pub fn login_protectors(&self, policy: &PolicyRecord, uid: u32) -> Vec<ProtectorRecord> {
         let (mut list, _) = self.protectors_of(policy);
-        list.retain(|r| r.uid == Some(uid));
+        list.retain(|r| r.uid == Some(uid) && r.kind.opens_login());
         protector::login_order(&mut list, uid);
         list
     }

@@ -31,6 +31,14 @@ impl Dirseal {
         ui: &mut dyn Ui,
         store: &Keystore,
     ) -> Result<(ProtectorRecord, ProtectorKey), OpsError> {
+        let settled;
+        let n = match n.kind.confirm(&self.config, ui)? {
+            Some(kind) => {
+                settled = NewProtector { name: n.name.clone(), uid: n.uid, kind };
+                &settled
+            }
+            None => n,
+        };
         let ask = n.kind.ask();
         n.kind.check_ready(&self.config)?;
         let secret = protector::ask_new(ask, &n.name, n.uid, ui)?;

@@ -16,6 +16,7 @@
 mod dummy;
 pub mod fido2;
 pub mod password;
+pub mod tang;
 pub mod tpm2;
 
 use std::fmt;
@@ -42,6 +43,9 @@ pub(crate) trait Kind: Sized {
     /// its owner), so its record may be kept on a portable directory's medium; a kind bound to one
     /// machine (a TPM) says `false`.
     const TRAVELS: bool = true;
+    /// Whether a protector of this kind, belonging to a user, is among the ones their login
+    /// tries; a machine's key (a tang server's) says `false`: it opens directories, never a login.
+    const OPENS_LOGIN: bool = true;
     /// What unlocking asks for.
     fn ask(&self) -> Ask;
     /// Whether a protector of this kind may log its user in on its own, with nothing but what
@@ -88,6 +92,11 @@ pub(crate) trait NewKindOf: Sized {
     fn from_options(opts: &mut KindOptions) -> Result<Self, ProtectorError>;
     /// What creating one asks for (a new password or PIN is asked twice; a key's PIN once).
     fn ask(&self) -> Ask;
+    /// Settles through the Ui what a person must confirm before one is made (a tang server's
+    /// signing key), before any secret is asked: `Some(settled)` is made instead of `self`.
+    fn confirm(&self, _config: &Config, _ui: &mut dyn Ui) -> Result<Option<Self>, UnlockError> {
+        Ok(None)
+    }
     /// Refuses, before any secret is asked, a protector that could not be made safely now.
     fn check_ready(&self, _config: &Config) -> Result<(), ProtectorError> {
         Ok(())
@@ -176,6 +185,15 @@ macro_rules! kinds {
                 match self { $( $(#[cfg($cfg)])? NewKind::$Variant(n) => n, )* }
             }
 
+            /// What [`NewKindOf::confirm`] settles: `Some` kind to make instead.
+            pub(crate) fn confirm(&self, config: &Config, ui: &mut dyn Ui) -> Result<Option<NewKind>, UnlockError> {
+                match self {
+                    $( $(#[cfg($cfg)])? NewKind::$Variant(n) => {
+                        Ok(n.confirm(config, ui)?.map(NewKind::$Variant))
+                    } )*
+                }
+            }
+
             fn create(
                 &self,
                 config: &mut Config,
@@ -200,6 +218,8 @@ kinds! {
     "tpm2" => Tpm2(tpm2::Tpm2, tpm2::NewTpm2),
     /// A security key's hmac-secret (through HKDF) wraps the protector key.
     "fido2" => Fido2(fido2::Fido2, fido2::NewFido2),
+    /// A tang server's McCallum–Relyea exchange (a clevis JWE) wraps the protector key.
+    "tang" => Tang(tang::Tang, tang::NewTang),
     /// A test-only kind that follows docs/architecture.md, proving it.
     #[cfg(test)]
     "dummy" => Dummy(dummy::Dummy, dummy::NewDummy),
@@ -221,6 +241,7 @@ impl NewKind {
 /// The object-safe part of [`Kind`], for dispatch without a `match` per method.
 trait KindDyn {
     fn travels(&self) -> bool;
+    fn opens_login(&self) -> bool;
     fn ask(&self) -> Ask;
     fn standalone_login(&self) -> Option<Standalone>;
     fn aad(&self) -> String;
@@ -233,6 +254,9 @@ trait KindDyn {
 impl<K: Kind> KindDyn for K {
     fn travels(&self) -> bool {
         K::TRAVELS
+    }
+    fn opens_login(&self) -> bool {
+        K::OPENS_LOGIN
     }
     fn ask(&self) -> Ask {
         Kind::ask(self)
@@ -598,6 +622,11 @@ impl ProtectorKind {
     /// What unlocking asks for.
     pub fn ask(&self) -> Ask {
         self.kind().ask()
+    }
+
+    /// Whether its owner's login may try it (a machine's key, a tang server's, never is).
+    pub fn opens_login(&self) -> bool {
+        self.kind().opens_login()
     }
 
     /// How the protector may log its user in on its own, if its kind declares it may
