@@ -163,6 +163,10 @@ wants=/etc/systemd/system/graphical.target.wants
 mkdirs "$wants"
 ln -sfn "$prefix/lib/systemd/system/dirseal-autologin.service" "$destdir$wants/dirseal-autologin.service"
 files+=("$wants/dirseal-autologin.service")
+# Network-bound unlock at boot: installed, not enabled (opt-in, docs/fleet.md).
+unit=$docs/dirseal-unlock-boot.service
+sed "s|/usr/sbin/dirseal|$prefix/sbin/dirseal|" data/systemd/dirseal-unlock-boot.service > "$unit"
+put 644 "$unit" "$prefix/lib/systemd/system/dirseal-unlock-boot.service"
 # The boot-time run of conversions scheduled with --at-next-boot, enabled the same way; its
 # condition keeps it from starting while nothing is scheduled.
 unit=$docs/dirseal-convert-boot.service

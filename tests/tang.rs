@@ -374,3 +374,62 @@ fn a_tang_protector_opens_no_login_and_no_portable_directory() {
     assert!(err.contains("bound to this machine"), "{err}");
     assert_eq!(env.status_json(&d)["encrypted"], false);
 }
+
+/// The opt-in boot unit's command: `unlock-at-boot` opens the directories `[tang] unlock_at_boot`
+/// names with their tang protectors only, asking nothing; one without a tang protector, or whose
+/// server does not answer, stays locked with its reason, and the exit status tells the unit to
+/// try again.
+#[test]
+fn unlock_at_boot_opens_the_marked_directories_with_their_tang_protectors_only() {
+    dirseal_testfs::needs_root!();
+    let mut tang = Tang::start();
+    let env = Env::new();
+    let lab = encrypted(&env);
+    let (url, thp) = (tang.url(), tang.thumbprint());
+    env.ok(&["protector", "create", "--name", "net", "--type", "tang", "--url", &url, "--thumbprint", &thp], "");
+    env.ok(&["policy", "add-protector", p(&lab), "--protector", "net"], "pw\n");
+    let home = env.mnt().join("home");
+    fs::create_dir(&home).unwrap();
+    env.ok(&["encrypt", p(&home), "--protector-name", "hers", "--no-recovery-key"], "pw2\n");
+    let out = env.ok(&["unlock-at-boot"], "");
+    assert!(out.contains("no directory is marked"), "{out}");
+    let mut config = fs::read_to_string(env.config()).unwrap();
+    config.push_str(&format!("\n[tang]\nunlock_at_boot = [\"{}\", \"{}\"]\n", p(&lab), p(&home)));
+    fs::write(env.config(), &config).unwrap();
+    env.ok(&["lock", p(&lab)], "");
+    env.ok(&["lock", p(&home)], "");
+
+    // A password is typed in the input, and never read: only machine keys are tried.
+    let out = env.run(&["unlock-at-boot"], "pw2\n");
+    let (said, err) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(1), "{said}{err}");
+    assert!(said.contains(&format!("{}: unlocked", p(&lab))), "{said}");
+    assert!(
+        err.contains(&format!("{}: still locked", p(&home))) && err.contains("no network (tang) protector"),
+        "{err}"
+    );
+    assert_eq!(fs::read(lab.join("f")).unwrap(), b"lab data");
+    assert_eq!(env.status_json(&home)["key"], "locked");
+    assert_eq!(env.status_json(&lab)["key"], "unlocked");
+
+    // Again: nothing asked of the server for an open directory.
+    tang.stop();
+    let out = env.run(&["unlock-at-boot"], "");
+    assert!(String::from_utf8_lossy(&out.stdout).contains(&format!("{}: already unlocked", p(&lab))));
+    // The server gone: still locked, said why, exit 1 (the unit tries again).
+    env.ok(&["lock", p(&lab)], "");
+    let out = env.run(&["unlock-at-boot"], "");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains(&format!("{}: still locked", p(&lab))) && err.contains("is unreachable"), "{err}");
+    assert_eq!(env.status_json(&lab)["key"], "locked");
+    tang.restart();
+    let out = env.run(&["unlock-at-boot"], "");
+    assert!(String::from_utf8_lossy(&out.stdout).contains(&format!("{}: unlocked", p(&lab))));
+    assert_eq!(fs::read(lab.join("f")).unwrap(), b"lab data");
+
+    // Only absolute paths mark a directory.
+    fs::write(env.config(), config.replace(&format!("\"{}\"", p(&lab)), "\"srv/lab\"")).unwrap();
+    let err = env.fails(&["unlock-at-boot"], "");
+    assert!(err.contains("[tang] unlock_at_boot: srv/lab is not an absolute path"), "{err}");
+}

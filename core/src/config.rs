@@ -37,6 +37,26 @@ pub struct Config {
     /// `[escrow]`: recovery keys encrypted to an organisation's public keys (docs/fleet.md).
     #[serde(default, skip_serializing_if = "EscrowConfig::is_default")]
     pub escrow: EscrowConfig,
+    /// `[tang]`: directories unlocked at boot by their network (tang) protectors.
+    #[serde(default, skip_serializing_if = "TangConfig::is_default")]
+    pub tang: TangConfig,
+}
+
+/// The `[tang]` section.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TangConfig {
+    /// Directories `dirseal unlock --marked` opens with their tang protectors, asking nothing:
+    /// what the opt-in `dirseal-unlock-boot.service` runs once the network is up. Only this
+    /// root-owned file marks a directory so.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unlock_at_boot: Vec<PathBuf>,
+}
+
+impl TangConfig {
+    fn is_default(&self) -> bool {
+        *self == TangConfig::default()
+    }
 }
 
 /// The `[fido2]` section.
@@ -138,6 +158,9 @@ impl Config {
         if let Some(p) = c.fido2.socket_devices.iter().find(|p| !p.is_absolute()) {
             return Err(invalid(format!("[fido2] socket device {} is not an absolute path", p.display())));
         }
+        if let Some(p) = c.tang.unlock_at_boot.iter().find(|p| !p.is_absolute()) {
+            return Err(invalid(format!("[tang] unlock_at_boot: {} is not an absolute path", p.display())));
+        }
         if let Some(p) = c.escrow.problem() {
             return Err(invalid(p));
         }
@@ -189,6 +212,7 @@ mod tests {
                 dir: Some("/srv/escrow".into()),
                 required: true,
             },
+            tang: TangConfig { unlock_at_boot: vec!["/srv/lab".into()] },
         };
         c.save(&p).unwrap();
         assert_eq!(Config::load(&p).unwrap(), c);

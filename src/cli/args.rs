@@ -125,6 +125,9 @@ pub enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Unlock the directories `[tang] unlock_at_boot` names with their network (tang)
+    /// protectors, asking nothing (what the opt-in dirseal-unlock-boot.service runs)
+    UnlockAtBoot,
 }
 
 #[derive(Subcommand)]

@@ -355,6 +355,7 @@ pub fn run(cmd: Cmd, keystore: Option<&Path>) -> Result<i32> {
         Cmd::Recovery(cmd) => recovery(&Service::connect()?, cmd, &mut ui),
         Cmd::Policy(PolicyCmd::List { .. }) => needs_root("policy list"),
         Cmd::Report { .. } => needs_root("report"),
+        Cmd::UnlockAtBoot => needs_root("unlock-at-boot"),
         Cmd::Policy(PolicyCmd::RemoveProtector { target, protector }) => {
             let Some(dir) = target.dir else { return needs_root("policy remove-protector --policy") };
             let bus = Service::connect()?;

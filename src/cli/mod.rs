@@ -324,6 +324,7 @@ fn run(cli: Cli) -> Result<i32> {
         Cmd::Policy(cmd) => policy(&mut ds, cmd, &mut ui)?,
         Cmd::Recovery(cmd) => return recovery::run(&mut ds, cmd, &mut ui),
         Cmd::Report { json } => return report::run(&ds, json),
+        Cmd::UnlockAtBoot => return unlock_at_boot(&ds, &mut ui),
         Cmd::PinLogin(PinLoginCmd::Enable { user }) => {
             let rec = ds.enable_pin_login(&user)?;
             println!(
@@ -434,6 +435,28 @@ fn choose(ds: &Dirseal, dir: &Path, ui: &mut TermUi) -> Result<Chosen> {
             _ => eprintln!("type a number from 1 to {}", typed.len()),
         }
     }
+}
+
+/// One line per marked directory; exit 1 if any stays locked (the unit retries: a network server
+/// may answer later in the boot).
+fn unlock_at_boot(ds: &Dirseal, ui: &mut TermUi) -> Result<i32> {
+    let results = ds.unlock_marked(ui);
+    if results.is_empty() {
+        println!("no directory is marked to unlock at boot ([tang] unlock_at_boot in {})", ds.config_path().display());
+    }
+    let mut rc = 0;
+    for (dir, r) in results {
+        let dir = clean(&dir.display().to_string());
+        match r {
+            Ok(ops::Marked::Unlocked) => println!("{dir}: unlocked"),
+            Ok(ops::Marked::AlreadyUnlocked) => println!("{dir}: already unlocked"),
+            Err(e) => {
+                eprintln!("{dir}: still locked: {}", clean(&e.to_string()));
+                rc = 1;
+            }
+        }
+    }
+    Ok(rc)
 }
 
 fn lock(ds: &Dirseal, dir: &Path, all_users: bool, json: bool) -> Result<i32> {

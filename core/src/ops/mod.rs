@@ -32,7 +32,7 @@ pub use login::{lookup_user, opens_pin_login, opens_touch_login, Login};
 pub use recovery::Escrowed;
 pub use status::{public_dir_status, DirStatus, FsStatus, PortableDir};
 pub(crate) use undo::Undo;
-pub use unlock::{BusyProcess, LockReport};
+pub use unlock::{BusyProcess, LockReport, Marked};
 
 /// Which protector to use when a policy has several.
 #[derive(Clone, Copy, Debug, Default)]

@@ -13,6 +13,15 @@ use crate::protector::{self, ProtectorError, ProtectorRecord};
 use crate::secret::{MasterKey, ProtectorKey};
 use crate::ui::Ui;
 
+/// What [`Dirseal::unlock_marked`] did for one directory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Marked {
+    /// Its key was loaded.
+    Unlocked,
+    /// It was unlocked already: nothing was asked of its server.
+    AlreadyUnlocked,
+}
+
 /// What `dirseal lock` achieved.
 #[derive(Clone, Debug, Serialize)]
 pub struct LockReport {
@@ -253,6 +262,51 @@ impl Dirseal {
         self.add_key(dir, &master)?;
         ui.notice(&format!("unlocked {}", dir.display()));
         Ok(())
+    }
+
+    /// Unlocks each directory `[tang] unlock_at_boot` names ([`crate::config::TangConfig`]) with
+    /// its machine keys only (protectors that open no login and ask nothing: a tang server's),
+    /// asking nothing: what `dirseal-unlock-boot.service` runs. Each directory has its own answer;
+    /// one that fails (its server unreachable, no such protector) does not stop the others.
+    pub fn unlock_marked(&self, ui: &mut dyn Ui) -> Vec<(PathBuf, Result<Marked, OpsError>)> {
+        let dirs = self.config().tang.unlock_at_boot.clone();
+        dirs.into_iter()
+            .map(|dir| {
+                let r = self.unlock_with_machine_keys(&dir, ui);
+                (dir, r)
+            })
+            .collect()
+    }
+
+    fn unlock_with_machine_keys(&self, dir: &Path, ui: &mut dyn Ui) -> Result<Marked, OpsError> {
+        if self.is_unlocked(dir)? {
+            return Ok(Marked::AlreadyUnlocked);
+        }
+        let st = self.dir_status(dir)?;
+        let machine: Vec<ProtectorId> = st
+            .protectors
+            .iter()
+            .filter(|p| {
+                self.keystore()
+                    .protector(&p.id)
+                    .is_ok_and(|r| !r.kind.opens_login() && r.kind.ask().secret.is_none() && !r.kind.ask().touch)
+            })
+            .map(|p| p.id)
+            .collect();
+        let mut last = None;
+        for id in machine {
+            match self.unlock(dir, Pick { protector: Some(id) }, ui) {
+                Ok(()) => return Ok(Marked::Unlocked),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| OpsError::BadDirectory {
+            path: dir.to_path_buf(),
+            reason: "it has no network (tang) protector to unlock it at boot; add one (`dirseal policy add-protector` \
+                     with a protector made by `dirseal protector create --type tang --url URL`) or take it out of \
+                     [tang] unlock_at_boot in the configuration"
+                .into(),
+        }))
     }
 
     /// Removes the key. Busy files keep their inodes unlocked until closed: the report names the
