@@ -737,9 +737,11 @@ impl Ui {
             "Encrypts when the computer starts next, before anyone logs in. Restart when it suits you.",
         ];
         for ((b, l), (ok, what)) in self.starts.iter().zip(allowed.iter().zip(what)) {
+            // An empty reason: not a start at all (a resumed conversion goes on as it began).
+            let offered = !matches!(ok, Err(m) if m.is_empty());
             b.set_sensitive(ok.is_ok());
-            b.set_visible(!matches!(ok, Err(m) if m.is_empty()));
-            l.set_visible(b.is_visible());
+            b.set_visible(offered);
+            l.set_visible(offered);
             match ok {
                 Ok(()) => l.set_text(what),
                 Err(why) => l.set_text(&format!("Not possible now: {why}")),

@@ -254,12 +254,15 @@ def start_encryption(app):
 NOW, LIVE, NEXT_BOOT = "Now", "In the background while I keep working", "At the next boot"
 
 
-def type_password_and_start(app, start=NOW):
-    """The password twice, then the start chosen: the recovery key page follows (the service
-    writes the key as the job starts)."""
+def type_password_and_start(app, start=NOW, check=None):
+    """The password twice, then the start chosen (after `check`, if given, looked at the start
+    page): the recovery key page follows (the service writes the key as the job starts)."""
     app.type("password text", "Encryption password", PASSWORD)
     app.type("password text", "Repeat the password", PASSWORD)
     app.click("push button", "Next")
+    app.node("push button", start)
+    if check:
+        check()
     app.click("push button", start)
     app.shows("Your recovery key", 30)
 
@@ -438,7 +441,20 @@ def background_reopened_then_cancelled(app, svc, home):
     try:
         start_encryption(app)
         app.click("push button", "Next")
-        type_password_and_start(app, LIVE)
+        def now_as_the_service_says():
+            # The home is in use: "Now" is offered exactly as PlanConvert answers, with its words.
+            _, name, msg = svc.call("PlanConvert", (home, {}), "(sa{sv})")
+            now = app.node("push button", NOW)
+            enabled = now.getState().contains(pyatspi.STATE_SENSITIVE)
+            if name is None and not enabled:
+                fail("“Now” is disabled though PlanConvert accepts it")
+            if name is not None:
+                if enabled:
+                    fail(f"“Now” is offered though PlanConvert says {name}: {msg}")
+                app.shows(f"Not possible now: {msg}", 10)
+            print(f"gui: “Now” with the home in use: {'refused: ' + msg if name else 'offered'}")
+            app.shot("15-start-home-in-use")
+        type_password_and_start(app, LIVE, now_as_the_service_says)
         confirm_key(app)
         app.shows("Encrypting", 30)
         phase = app.label_after("Encrypting").name
