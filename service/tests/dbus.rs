@@ -1038,29 +1038,7 @@ fn a_live_conversion_given_recovery_key_out_makes_the_key_first() {
             .spawn()
             .expect("sleep"),
     );
-    // gdbus passes only top-level descriptors: the call is made by this test binary itself, run
-    // as alice (`convert_with_recovery_key_out`), with zbus.
-    let o = std::os::unix::process::CommandExt::uid(
-        &mut std::process::Command::new(std::env::current_exe().unwrap()),
-        alice.uid,
-    )
-    .args(["--exact", "convert_with_recovery_key_out", "--ignored", "--nocapture", "--test-threads=1"])
-    .env("DBUS_SYSTEM_BUS_ADDRESS", &h.bus.address)
-    .env("DS_HELPER_HOME", alice.home_str())
-    .current_dir("/")
-    .output()
-    .expect("the helper");
-    let out = String::from_utf8_lossy(&o.stdout).to_string();
-    assert!(o.status.success(), "{out}{}\n{}", String::from_utf8_lossy(&o.stderr), h.daemon.log_text());
-    let field = |name: &str| {
-        out.lines()
-            .find_map(|l| l.split_once(name).map(|(_, v)| v))
-            .unwrap_or_else(|| panic!("no {name} in {out}"))
-            .trim()
-            .to_string()
-    };
-    let (job, key) = (field("job="), field("key="));
-    assert!(key.len() > 30, "the key was written as the job started: {key:?}");
+    let (job, key) = convert_as(&h, &alice, "live");
     wait_state(&h, &alice, &job, "caught up");
     assert!(!bool::try_from(h.status(&alice.home)["encrypted"].try_clone().unwrap()).unwrap());
     drop(session);
@@ -1080,9 +1058,69 @@ fn a_live_conversion_given_recovery_key_out_makes_the_key_first() {
     assert!(msg.contains("recovery_key_out"), "{msg}");
 }
 
-/// Not a test of its own: `a_live_conversion_given_recovery_key_out_makes_the_key_first` runs it
-/// as the home's owner (`DS_HELPER_HOME`): `Convert` live with `recovery_key_out`, then prints the
-/// job's path and the key read from the descriptor.
+/// `Convert` of `who`'s home with option `when` (b) and `recovery_key_out`, as `who`: gdbus passes
+/// only top-level descriptors, so the call is made by this test binary itself
+/// (`convert_with_recovery_key_out`), with zbus. Returns the job's path and the key written.
+fn convert_as(h: &Harness, who: &User, when: &str) -> (String, String) {
+    let o = std::os::unix::process::CommandExt::uid(
+        &mut std::process::Command::new(std::env::current_exe().unwrap()),
+        who.uid,
+    )
+    .args(["--exact", "convert_with_recovery_key_out", "--ignored", "--nocapture", "--test-threads=1"])
+    .env("DBUS_SYSTEM_BUS_ADDRESS", &h.bus.address)
+    .env("DS_HELPER_HOME", who.home_str())
+    .env("DS_HELPER_WHEN", when)
+    .current_dir("/")
+    .output()
+    .expect("the helper");
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(o.status.success(), "{out}{}\n{}", String::from_utf8_lossy(&o.stderr), h.daemon.log_text());
+    let field = |name: &str| {
+        out.lines()
+            .find_map(|l| l.split_once(name).map(|(_, v)| v))
+            .unwrap_or_else(|| panic!("no {name} in {out}"))
+            .trim()
+            .to_string()
+    };
+    let (job, key) = (field("job="), field("key="));
+    assert!(key.len() > 30, "the key was written as the job started: {key:?}");
+    (job, key)
+}
+
+/// Scheduled for the next boot with `recovery_key_out`: the key is written at once, while the home
+/// is still plaintext, and after the boot-time run that key opens the converted home.
+#[test]
+fn a_conversion_scheduled_with_recovery_key_out_opens_with_that_key_after_the_boot() {
+    dirseal_testfs::needs_root!();
+    let mut h = Harness::new();
+    let alice = h.user();
+    sample_home(&alice, 1, 20);
+    let rx = watch_jobs(&h.bus);
+    let mut seen = Vec::new();
+    let (job, key) = convert_as(&h, &alice, "at_next_boot");
+    let state = wait_for(&rx, &mut seen, "the scheduling job", |sig| match sig {
+        JobSignal::Finished { path, state } if *path == job => Some(state.clone()),
+        JobSignal::Failed { path, name, message } if *path == job => panic!("{name}: {message}"),
+        _ => None,
+    });
+    assert_eq!(state, "scheduled");
+    let st = h.status(&alice.home);
+    assert!(!bool::try_from(st["encrypted"].try_clone().unwrap()).unwrap());
+    h.daemon.kill();
+    h.fs.remount();
+    let ds = dirseal::Dirseal::open(&h.config(), Some(&h.keystore())).expect("keystore");
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let hooks = dirseal::convert::Hooks { progress: &|_| {}, stop: &stop };
+    let runs = dirseal::convert::run_scheduled(&ds, &mut Refuses, &hooks).expect("boot-time run");
+    assert_eq!(runs[0].result.as_ref().expect("converted").outcome.state, dirseal::convert::State::Done);
+    h.restart();
+    assert!(bool::try_from(h.status(&alice.home)["recovery_key"].try_clone().unwrap()).unwrap());
+    assert_eq!(h.ok(Some(&alice), "RecoveryVerify", &[s(alice.home_str()), fd(3)], &[(3, &key)]), "(true,)");
+}
+
+/// Not a test of its own: [`convert_as`] runs it as the home's owner (`DS_HELPER_HOME`): `Convert`
+/// with option `DS_HELPER_WHEN` and `recovery_key_out`, then prints the job's path and the key read
+/// from the descriptor.
 #[test]
 #[ignore = "a helper, run by another test as a user"]
 fn convert_with_recovery_key_out() {
@@ -1093,7 +1131,8 @@ fn convert_with_recovery_key_out() {
     std::fs::File::from(secret_w).write_all(b"pw-a").unwrap();
     let (key_r, key_w) = rustix::pipe::pipe().unwrap();
     let mut options = std::collections::HashMap::new();
-    options.insert("live", zbus::zvariant::Value::from(true));
+    let when = std::env::var("DS_HELPER_WHEN").expect("DS_HELPER_WHEN");
+    options.insert(when.as_str(), zbus::zvariant::Value::from(true));
     options.insert("recovery_key_out", zbus::zvariant::Value::from(zbus::zvariant::Fd::from(&key_w)));
     let reply = conn
         .call_method(
