@@ -430,6 +430,14 @@ def scheduled_then_cancelled(app, svc, home):
         fail(f"after the cancel GetStatus says {svc.status(home)}")
     if app.value("Encryption") != "Not encrypted" or tree_digest(home) != before:
         fail("the home changed after a cancelled schedule")
+    # Scheduled elsewhere (as `dirseal convert --at-next-boot` would, through the service): the
+    # overview follows the job's Finished signal by itself, nothing pressed.
+    svc.ok("Convert", (home, 0, {"at_next_boot": GLib.Variant("b", True)}), "(sha{sv})", [secret_fd(PASSWORD)])
+    app.shows("Scheduled for the next boot: restart the computer to encrypt", 15)
+    app.click("push button", "Cancel the scheduled encryption")
+    app.shows("Cancelled; nothing was changed", 30)
+    if conversion(svc, home) != "aborted" or tree_digest(home) != before:
+        fail("the home changed after the second cancelled schedule")
 
 
 def background_reopened_then_cancelled(app, svc, home):
