@@ -46,7 +46,8 @@ soak_rc=${PIPESTATUS[0]}
 [ "$rc" -ne 0 ] || rc=$soak_rc
 [ "$rc" -ne 0 ] || rc=$lint_rc
 # The desktop front end (dirseal-settings) driven through AT-SPI under Xvfb against dirsealed on a
-# private bus and a scratch ext4: the overview, encrypt, cancel, errors, with screenshots.
+# private bus and a scratch ext4: the overview, encrypt now, in the background (found again after
+# closing the window) and at the next boot, cancel, errors, with screenshots.
 gui_log=$(mktemp)
 BIN_DIR=${CARGO_TARGET_DIR:-target}/debug bash scripts/gui-test.sh 2>&1 | tee "$gui_log"
 gui_rc=${PIPESTATUS[0]}

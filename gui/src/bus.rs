@@ -2,11 +2,10 @@
 //! structs, secrets passed as pipes, and a service error as the sentence shown to the user.
 
 use std::collections::HashMap;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::os::fd::OwnedFd;
 
 use zbus::zvariant::{DeserializeDict, Fd, OwnedObjectPath, Type, Value};
-use zeroize::Zeroizing;
 
 #[zbus::proxy(
     interface = "org.dirseal.Dirseal1",
@@ -17,7 +16,7 @@ pub trait Dirseal {
     fn get_status(&self, dir: &str) -> zbus::Result<Status>;
     fn plan_convert(&self, dir: &str, options: HashMap<&str, Value<'_>>) -> zbus::Result<Plan>;
     fn convert(&self, dir: &str, secret: Fd<'_>, options: HashMap<&str, Value<'_>>) -> zbus::Result<OwnedObjectPath>;
-    fn recovery_add(&self, dir: &str, protector: &str, secret: Fd<'_>, out: Fd<'_>) -> zbus::Result<()>;
+    fn cancel_scheduled(&self, dir: &str) -> zbus::Result<String>;
     fn change_secret(&self, protector: &str, old: Fd<'_>, new: Fd<'_>) -> zbus::Result<()>;
     fn recovery_verify(&self, dir: &str, key: Fd<'_>) -> zbus::Result<bool>;
 }
@@ -27,6 +26,40 @@ pub trait Job {
     fn cancel(&self) -> zbus::Result<()>;
     #[zbus(property)]
     fn state(&self) -> zbus::Result<String>;
+    #[zbus(property)]
+    fn dir(&self) -> zbus::Result<String>;
+}
+
+/// Where the service keeps its job objects (docs/dbus.md, "Conversions").
+const JOBS: &str = "/org/dirseal/Dirseal1/jobs";
+
+/// The caller's running job for `dir`, if the service has one: its job objects, by introspection
+/// (each answers its properties to its owner and root only, so the others are skipped), the
+/// newest whose Dir is `dir` and whose State is not final.
+pub async fn running_job(conn: &zbus::Connection, dir: &str) -> zbus::Result<Option<OwnedObjectPath>> {
+    let intro =
+        zbus::fdo::IntrospectableProxy::builder(conn).destination("org.dirseal.Dirseal1")?.path(JOBS)?.build().await?;
+    let xml = match intro.introspect().await {
+        Ok(x) => x,
+        // No job yet: the node does not exist.
+        Err(_) => return Ok(None),
+    };
+    let mut ids: Vec<u64> =
+        xml.split("<node name=\"").skip(1).filter_map(|rest| rest.split('"').next()?.parse().ok()).collect();
+    ids.sort_unstable_by(|a, b| b.cmp(a));
+    for id in ids {
+        let path = OwnedObjectPath::try_from(format!("{JOBS}/{id}"))?;
+        let job = JobProxy::builder(conn)
+            .path(path.clone())?
+            .cache_properties(zbus::proxy::CacheProperties::No)
+            .build()
+            .await?;
+        let (Ok(d), Ok(state)) = (job.dir().await, job.state().await) else { continue };
+        if d == dir && matches!(state.as_str(), "running" | "caught up" | "deferred" | "committing") {
+            return Ok(Some(path));
+        }
+    }
+    Ok(None)
 }
 
 /// `GetStatus`'s reply. Every field is optional so that a newer service's additions, or a key it
@@ -84,20 +117,6 @@ pub fn secret_pipe(secret: &str) -> std::io::Result<OwnedFd> {
     let (read, write) = rustix::pipe::pipe()?;
     std::fs::File::from(write).write_all(secret.as_bytes())?;
     Ok(read)
-}
-
-/// Creates the directory's recovery key, proved by the caller's own protector with `secret`, and
-/// returns it as the service wrote it (one line).
-pub async fn recovery_add(p: &DirsealProxy<'_>, dir: &str, secret: &str) -> zbus::Result<Zeroizing<String>> {
-    let pass = secret_pipe(secret).map_err(|e| zbus::Error::InputOutput(e.into()))?;
-    let (read, write) = rustix::pipe::pipe().map_err(|e| zbus::Error::InputOutput(std::io::Error::from(e).into()))?;
-    p.recovery_add(dir, "", Fd::from(&pass), Fd::from(&write)).await?;
-    // Our copy of the write end must close, or the read below never sees the end of the key.
-    drop(write);
-    let mut key = Zeroizing::new(String::new());
-    std::fs::File::from(read).read_to_string(&mut key).map_err(|e| zbus::Error::InputOutput(e.into()))?;
-    let trimmed = Zeroizing::new(key.trim().to_owned());
-    Ok(trimmed)
 }
 
 /// What the user reads when a call fails: the service's message, which says what happened and

@@ -42,15 +42,74 @@ pub fn key_state(k: &str) -> &str {
     }
 }
 
-/// A recorded conversion's state (`GetStatus`'s `conversion`, the engine's state words) for a
-/// person, and whether it is unfinished: `Convert` resumes or completes it. The finished states are
-/// the engine's `State::is_final` ones.
-pub fn conversion(state: &str) -> (String, bool) {
+/// What `GetStatus`'s `conversion` means for the buttons the overview offers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Recorded {
+    /// Ended (or none): a new conversion may start.
+    Finished,
+    /// Stopped midway: `Convert` resumes or completes it.
+    Unfinished,
+    /// Waits for the next boot: `CancelScheduled` takes it back.
+    Scheduled,
+    /// Runs in the background (a live conversion): its job shows progress and cancels.
+    Live,
+}
+
+/// A recorded conversion's state (`GetStatus`'s `conversion`, the engine's state words, "scheduled"
+/// and "live: ...") for a person, and what it means. The finished states are the engine's
+/// `State::is_final` ones.
+pub fn conversion(state: &str) -> (String, Recorded) {
+    if let Some(rest) = state.strip_prefix("live: ") {
+        // A live one that ended reads as any ended one.
+        return match conversion(rest) {
+            ended @ (_, Recorded::Finished) => ended,
+            _ => (format!("In the background: {rest}"), Recorded::Live),
+        };
+    }
     match state {
-        "done" => ("Finished".to_owned(), false),
-        "aborted" => ("Cancelled; nothing was changed".to_owned(), false),
-        "rolled back" => ("Undone; the folder is as it was".to_owned(), false),
-        other => (format!("Unfinished ({other})"), true),
+        "done" => ("Finished".to_owned(), Recorded::Finished),
+        "aborted" => ("Cancelled; nothing was changed".to_owned(), Recorded::Finished),
+        "rolled back" => ("Undone; the folder is as it was".to_owned(), Recorded::Finished),
+        "scheduled" => ("Scheduled for the next boot: restart the computer to encrypt".to_owned(), Recorded::Scheduled),
+        other => (format!("Unfinished ({other})"), Recorded::Unfinished),
+    }
+}
+
+/// A running job's State property, when it says more than its Progress signals: a live
+/// conversion waiting for the logout, put off, or committing.
+pub fn job_state(state: &str) -> Option<String> {
+    match state {
+        "caught up" => Some("Caught up: log out to finish".to_owned()),
+        "deferred" => Some("Put off: it finishes at your next logout".to_owned()),
+        "committing" => Some("Finishing: putting the encrypted folder in place".to_owned()),
+        _ => None,
+    }
+}
+
+/// The line under [`job_state`]'s.
+pub fn job_state_note(state: &str) -> String {
+    match state {
+        "committing" => "Almost done".to_owned(),
+        _ => "Your files are copied and kept up to date; the encrypted folder takes their place once you have logged out. Restarting also finishes it.".to_owned(),
+    }
+}
+
+/// The result page for a job's final state (`Finished`): title and note.
+pub fn ending(state: &str) -> (&'static str, &'static str) {
+    match state {
+        "aborted" => ("Encryption cancelled", "Your home is as it was: nothing was encrypted and nothing was lost."),
+        "scheduled" => (
+            "Encryption scheduled for the next boot",
+            "Restart the computer when it suits you: your home is encrypted before the login screen. \
+             Until then nothing changes, and the overview can cancel it.",
+        ),
+        _ => (
+            "Your data is encrypted",
+            "Only your password or your recovery key opens it. \
+             The old unencrypted files were deleted, but a disk keeps deleted data until it is written over: \
+             until then it could be read by someone who takes the disk. An administrator can overwrite the free space \
+             with “dirseal scrub”.",
+        ),
     }
 }
 
@@ -89,14 +148,16 @@ mod tests {
 
     #[test]
     fn only_the_engines_final_states_are_finished() {
-        for s in ["done", "aborted", "rolled back"] {
-            assert!(!conversion(s).1, "{s}");
+        for s in ["done", "aborted", "rolled back", "live: done", "live: aborted"] {
+            assert_eq!(conversion(s).1, Recorded::Finished, "{s}");
         }
         for s in
             ["prepared", "copying", "copied", "verified", "moving", "moved", "moving back", "swapped", "rolling back"]
         {
-            assert!(conversion(s).1, "{s}");
+            assert_eq!(conversion(s).1, Recorded::Unfinished, "{s}");
         }
+        assert_eq!(conversion("scheduled").1, Recorded::Scheduled);
+        assert_eq!(conversion("live: caught up, waiting for logout").1, Recorded::Live);
     }
 
     #[test]

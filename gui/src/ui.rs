@@ -16,7 +16,7 @@ use zbus::zvariant::Fd;
 use zeroize::Zeroizing;
 
 use crate::bus::{self, DirsealProxy, JobProxy, Plan, Status};
-use crate::text;
+use crate::text::{self, Recorded};
 
 /// Pages of the wizard, in order.
 const PLAN: &str = "plan";
@@ -48,6 +48,8 @@ struct Ui {
     overview: gtk::Box,
     overview_error: gtk::Label,
     encrypt: gtk::Button,
+    show_progress: gtk::Button,
+    cancel_scheduled: gtk::Button,
 
     wizard: gtk::Stack,
     plan_rows: gtk::Box,
@@ -57,7 +59,10 @@ struct Ui {
     pw2: gtk::PasswordEntry,
     pw_error: gtk::Label,
     start_error: gtk::Label,
-    start: gtk::Button,
+    /// The three starts, each with the line under it (what it does, or why it is not offered).
+    starts: [(gtk::Button, gtk::Label); 3],
+    key_phase: gtk::Label,
+    key_cancel: gtk::Button,
     phase: gtk::Label,
     bar: gtk::ProgressBar,
     eta: gtk::Label,
@@ -69,7 +74,6 @@ struct Ui {
     group_prompt: gtk::Label,
     group: gtk::Entry,
     recovery_error: gtk::Label,
-    recovery_retry: gtk::Button,
     recovery_next: gtk::Button,
     result_title: gtk::Label,
     result_note: gtk::Label,
@@ -88,6 +92,46 @@ struct Ui {
     recovery: RefCell<Option<Zeroizing<String>>>,
     group_index: Cell<usize>,
     job: RefCell<Option<JobProxy<'static>>>,
+    /// The plan's starts the service accepts, with the reason for each it refuses.
+    allowed: RefCell<[Result<(), String>; 3]>,
+    /// The recovery key was confirmed (or none is to be): the job's end may be shown.
+    key_done: Cell<bool>,
+    /// How the job ended, kept while the recovery key is still being confirmed.
+    ended: RefCell<Option<Ended>>,
+    /// A running job was looked for once, when the window opened.
+    looked: Cell<bool>,
+}
+
+/// When the conversion runs: `Convert`'s options (docs/dbus.md, "Conversions").
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Start {
+    Now,
+    Live,
+    NextBoot,
+}
+
+impl Start {
+    const ALL: [Start; 3] = [Start::Now, Start::Live, Start::NextBoot];
+
+    fn option(self) -> Option<&'static str> {
+        match self {
+            Start::Now => None,
+            Start::Live => Some("live"),
+            Start::NextBoot => Some("at_next_boot"),
+        }
+    }
+
+    fn options(self) -> HashMap<&'static str, zbus::zvariant::Value<'static>> {
+        self.option().map(|o| (o, zbus::zvariant::Value::from(true))).into_iter().collect()
+    }
+}
+
+/// How a followed job ended.
+enum Ended {
+    /// `Finished`'s state: "done", "swapped", "aborted", "scheduled".
+    State(String),
+    /// `Failed`'s message.
+    Failed(String),
 }
 
 pub fn build(app: &adw::Application) {
@@ -116,6 +160,7 @@ pub fn build(app: &adw::Application) {
         .build();
     window.present();
     ui.refresh();
+    ui.listen();
 }
 
 /// The caller's uid and home directory from the password database.
@@ -249,11 +294,17 @@ impl Ui {
         encrypt.add_css_class("suggested-action");
         encrypt.set_visible(false);
         let refresh = button("Refresh");
+        let show_progress = button("Show progress");
+        show_progress.add_css_class("suggested-action");
+        show_progress.set_visible(false);
+        let cancel_scheduled = button("Cancel the scheduled encryption");
+        cancel_scheduled.add_css_class("destructive-action");
+        cancel_scheduled.set_visible(false);
         let (p, _) = page(&[
             title("Your data").upcast_ref(),
             overview.upcast_ref(),
             overview_error.upcast_ref(),
-            buttons(&[&refresh, &encrypt]).upcast_ref(),
+            buttons(&[&refresh, &cancel_scheduled, &show_progress, &encrypt]).upcast_ref(),
         ]);
         views.add_named(&p, Some("overview"));
 
@@ -324,15 +375,26 @@ impl Ui {
 
         let start_error = error_label();
         let start_back = button("Back");
-        let start = button("Encrypt now");
-        start.add_css_class("suggested-action");
-        let (p, _) = page(&[
-            title("Ready to encrypt").upcast_ref(),
-            label("Encryption starts now. Keep the computer on; you can close this window, the work goes on. Nothing may use your home meanwhile: log out of other sessions and close programs that have files open in it.").upcast_ref(),
-            label("When it is done you get a recovery key: it opens your data if you forget the password.").upcast_ref(),
-            start_error.upcast_ref(),
-            buttons(&[&start_back, &start]).upcast_ref(),
-        ]);
+        let starts = [
+            (button("Now"), label("")),
+            (button("In the background while I keep working"), label("")),
+            (button("At the next boot"), label("")),
+        ];
+        let (start_title, start_intro) = (
+            title("When to encrypt"),
+            label("Then you get a recovery key to write down: it opens your data if you forget the password. You can close this window at any time; the work goes on."),
+        );
+        let mut children: Vec<&gtk::Widget> = vec![start_title.upcast_ref(), start_intro.upcast_ref()];
+        for (b, l) in &starts {
+            b.set_halign(gtk::Align::Start);
+            l.add_css_class("dim-label");
+            children.push(b.upcast_ref());
+            children.push(l.upcast_ref());
+        }
+        let back_row = buttons(&[&start_back]);
+        children.push(start_error.upcast_ref());
+        children.push(back_row.upcast_ref());
+        let (p, _) = page(&children);
         wizard.add_named(&p, Some(START));
 
         let phase = label("Starting");
@@ -369,8 +431,10 @@ impl Ui {
         group.set_height_request(44);
         group.update_property(&[Property::Label("Group of the recovery key")]);
         let recovery_error = error_label();
-        let recovery_retry = button("Try again");
-        recovery_retry.set_visible(false);
+        let key_phase = label("");
+        key_phase.add_css_class("dim-label");
+        let key_cancel = button("Cancel encryption");
+        key_cancel.add_css_class("destructive-action");
         let recovery_next = button("Continue");
         recovery_next.add_css_class("suggested-action");
         recovery_next.set_sensitive(false);
@@ -382,7 +446,9 @@ impl Ui {
             group_prompt.upcast_ref(),
             group.upcast_ref(),
             recovery_error.upcast_ref(),
-            buttons(&[&recovery_retry, &recovery_next]).upcast_ref(),
+            buttons(&[&recovery_next]).upcast_ref(),
+            key_phase.upcast_ref(),
+            buttons(&[&key_cancel]).upcast_ref(),
         ]);
         wizard.add_named(&p, Some(RECOVERY));
 
@@ -415,6 +481,8 @@ impl Ui {
             overview,
             overview_error,
             encrypt,
+            show_progress,
+            cancel_scheduled,
             wizard,
             plan_rows,
             plan_error,
@@ -423,7 +491,9 @@ impl Ui {
             pw2,
             pw_error,
             start_error,
-            start,
+            starts,
+            key_phase,
+            key_cancel,
             phase,
             bar,
             eta,
@@ -435,7 +505,6 @@ impl Ui {
             group_prompt,
             group,
             recovery_error,
-            recovery_retry,
             recovery_next,
             result_title,
             result_note,
@@ -451,6 +520,10 @@ impl Ui {
             recovery: RefCell::new(None),
             group_index: Cell::new(0),
             job: RefCell::new(None),
+            allowed: RefCell::new([Ok(()), Ok(()), Ok(())]),
+            key_done: Cell::new(true),
+            ended: RefCell::new(None),
+            looked: Cell::new(false),
         }
     }
 
@@ -470,12 +543,16 @@ impl Ui {
         }));
         self.encrypt.connect_clicked(clone(self, |ui, _| ui.open_wizard()));
         self.plan_next.connect_clicked(clone(self, |ui, _| switch(&ui.wizard, PASSWORD)));
-        self.start.connect_clicked(clone(self, |ui, _| ui.begin()));
+        for (start, (b, _)) in Start::ALL.into_iter().zip(&self.starts) {
+            b.connect_clicked(clone(self, move |ui, _| ui.begin(start)));
+        }
         self.cancel.connect_clicked(clone(self, |ui, _| ui.cancel_job()));
+        self.key_cancel.connect_clicked(clone(self, |ui, _| ui.cancel_job()));
+        self.show_progress.connect_clicked(clone(self, |ui, _| ui.find_job()));
+        self.cancel_scheduled.connect_clicked(clone(self, |ui, _| ui.cancel_schedule()));
         self.written.connect_toggled(clone(self, |ui, _| ui.check_group()));
         self.group.connect_changed(clone(self, |ui, _| ui.check_group()));
         self.recovery_next.connect_clicked(clone(self, |ui, _| ui.confirm_recovery()));
-        self.recovery_retry.connect_clicked(clone(self, |ui, _| ui.make_recovery_key()));
         self.change.connect_clicked(clone(self, |ui, _| ui.change_password()));
         self.check_key.connect_clicked(clone(self, |ui, _| ui.check_recovery_key()));
         self.refresh.connect_clicked(clone(self, |ui, _| ui.refresh()));
@@ -510,6 +587,25 @@ impl Ui {
         DirsealProxy::new(&self.connection().await?).await
     }
 
+    /// The overview follows the service: a job's Finished, Failed or Deferred (sent to each of the
+    /// owner's connections, docs/dbus.md) means the home's state changed, whoever started the job.
+    fn listen(self: &Rc<Self>) {
+        self.spawn(|ui| async move {
+            let Ok(conn) = ui.connection().await else { return };
+            let mut messages = zbus::MessageStream::from(&conn);
+            while let Some(m) = messages.next().await {
+                let Ok(m) = m else { continue };
+                let h = m.header();
+                if h.message_type() == zbus::message::Type::Signal
+                    && h.interface().map(|i| i.as_str()) == Some("org.dirseal.Dirseal1.Job")
+                    && matches!(h.member().map(|m| m.as_str()), Some("Finished" | "Failed" | "Deferred"))
+                {
+                    ui.refresh();
+                }
+            }
+        });
+    }
+
     fn refresh(self: &Rc<Self>) {
         self.spawn(|ui| async move {
             let r = match ui.proxy().await {
@@ -520,7 +616,13 @@ impl Ui {
                 Ok(s) => {
                     say(&ui.overview_error, "");
                     ui.show_status(&s);
+                    let recorded = text::conversion(s.conversion.as_deref().unwrap_or("")).1;
                     *ui.status.borrow_mut() = s;
+                    // Opened while a conversion runs (after closing the window, or a restart):
+                    // its progress is shown again, once.
+                    if !ui.looked.replace(true) && recorded == Recorded::Live {
+                        ui.find_job();
+                    }
                 }
                 Err(e) => say(&ui.overview_error, &bus::error_text(&e)),
             }
@@ -551,8 +653,8 @@ impl Ui {
             row(b, "Opened by", &if mine.is_empty() { "Nothing".to_owned() } else { mine.join(", ") });
             row(b, "Recovery key", if s.recovery_key.unwrap_or(false) { "Present" } else { "None" });
         }
-        let (said, unfinished) =
-            if conversion.is_empty() { (String::new(), false) } else { text::conversion(&conversion) };
+        let (said, recorded) =
+            if conversion.is_empty() { (String::new(), Recorded::Finished) } else { text::conversion(&conversion) };
         if !said.is_empty() {
             row(b, "Last encryption", &said);
         }
@@ -565,8 +667,11 @@ impl Ui {
             row(b, "Warning", w);
         }
         // A conversion left unfinished is finished by the same button: Convert resumes it.
+        let unfinished = recorded == Recorded::Unfinished;
         self.encrypt.set_label(if unfinished { "Finish encrypting" } else { "Encrypt my data" });
-        self.encrypt.set_visible(!encrypted || unfinished);
+        self.encrypt.set_visible((!encrypted && matches!(recorded, Recorded::Finished)) || unfinished);
+        self.show_progress.set_visible(recorded == Recorded::Live);
+        self.cancel_scheduled.set_visible(recorded == Recorded::Scheduled);
     }
 
     fn open_wizard(self: &Rc<Self>) {
@@ -583,19 +688,65 @@ impl Ui {
         switch(&self.main, "wizard");
         self.tabs.set_visible(false);
         self.spawn(|ui| async move {
-            let r = match ui.proxy().await {
-                Ok(p) => p.plan_convert(&ui.home, HashMap::new()).await,
-                Err(e) => Err(e),
-            };
+            // The service says which starts it accepts: each is planned with its option, and a
+            // refusal (a home in use cannot be converted now, a move cannot run live) is its
+            // reason not to offer it.
+            let mut shown = None;
+            let mut allowed = [Ok(()), Ok(()), Ok(())];
+            let mut first_error = None;
+            for (i, start) in Start::ALL.into_iter().enumerate() {
+                let r = match ui.proxy().await {
+                    Ok(p) => p.plan_convert(&ui.home, start.options()).await,
+                    Err(e) => Err(e),
+                };
+                match r {
+                    Ok(plan) => {
+                        // An unfinished conversion is resumed as it was started: only "Now".
+                        let resume = plan.state.is_some();
+                        shown.get_or_insert(plan);
+                        if resume {
+                            allowed = [Ok(()), Err(String::new()), Err(String::new())];
+                            break;
+                        }
+                    }
+                    Err(e) => {
+                        let msg = bus::error_text(&e);
+                        first_error.get_or_insert(msg.clone());
+                        allowed[i] = Err(msg);
+                    }
+                }
+            }
             clear(&ui.plan_rows);
-            match r {
-                Ok(plan) => {
+            match shown {
+                Some(plan) => {
                     ui.show_plan(&plan);
+                    ui.show_starts(&allowed);
+                    *ui.allowed.borrow_mut() = allowed;
                     ui.plan_next.set_sensitive(true);
                 }
-                Err(e) => say(&ui.plan_error, &bus::error_text(&e)),
+                None => say(&ui.plan_error, &first_error.unwrap_or_default()),
             }
         });
+    }
+
+    /// The start page's buttons: those the service refused are shown disabled with its reason.
+    fn show_starts(&self, allowed: &[Result<(), String>; 3]) {
+        let what = [
+            "Encrypts now. Nothing may use your home meanwhile: log out of other sessions and close programs that have files open in it.",
+            "Copies your files in the background while you keep working; it finishes when you log out.",
+            "Encrypts when the computer starts next, before anyone logs in. Restart when it suits you.",
+        ];
+        for ((b, l), (ok, what)) in self.starts.iter().zip(allowed.iter().zip(what)) {
+            // An empty reason: not a start at all (a resumed conversion goes on as it began).
+            let offered = !matches!(ok, Err(m) if m.is_empty());
+            b.set_sensitive(ok.is_ok());
+            b.set_visible(offered);
+            l.set_visible(offered);
+            match ok {
+                Ok(()) => l.set_text(what),
+                Err(why) => l.set_text(&format!("Not possible now: {why}")),
+            }
+        }
     }
 
     fn show_plan(&self, p: &Plan) {
@@ -640,6 +791,7 @@ impl Ui {
         } else {
             say(&self.pw_error, "");
             *self.password.borrow_mut() = Some(a);
+            self.show_starts(&self.allowed.borrow());
             switch(&self.wizard, START);
         }
     }
@@ -656,14 +808,17 @@ impl Ui {
         self.refresh();
     }
 
-    /// Starts the conversion and follows its job to the end.
-    fn begin(self: &Rc<Self>) {
+    /// Starts the conversion as chosen, with its recovery key made first (`recovery_key_out`):
+    /// the key page shows it while the job runs, and the job's end is shown once it is confirmed.
+    fn begin(self: &Rc<Self>, start: Start) {
         let Some(password) = self.password.borrow().clone() else { return };
-        self.start.set_sensitive(false);
+        for (b, _) in &self.starts {
+            b.set_sensitive(false);
+        }
         say(&self.start_error, "");
-        self.spawn(|ui| async move {
-            let r = ui.run_job(&password).await;
-            ui.start.set_sensitive(true);
+        self.spawn(move |ui| async move {
+            let r = ui.start_job(&password, start).await;
+            ui.show_starts(&ui.allowed.borrow());
             if let Err(e) = r {
                 say(&ui.start_error, &bus::error_text(&e));
                 switch(&ui.wizard, START);
@@ -671,30 +826,87 @@ impl Ui {
         });
     }
 
-    async fn run_job(self: &Rc<Self>, password: &str) -> zbus::Result<()> {
+    async fn start_job(self: &Rc<Self>, password: &str, start: Start) -> zbus::Result<()> {
+        let io = |e: std::io::Error| zbus::Error::InputOutput(e.into());
         let conn = self.connection().await?;
         let proxy = DirsealProxy::new(&conn).await?;
         // Listening starts before the job exists: its signals come to this connection by name
         // (docs/dbus.md) from its first moment, and a stream made later would miss the first.
-        let mut messages = zbus::MessageStream::from(&conn);
-        let secret = bus::secret_pipe(password).map_err(|e| zbus::Error::InputOutput(e.into()))?;
-        let path = proxy.convert(&self.home, Fd::from(&secret), HashMap::new()).await?;
-        drop(secret);
-        let job = JobProxy::builder(&conn)
-            .path(path.clone())?
-            .cache_properties(zbus::proxy::CacheProperties::No)
-            .build()
-            .await?;
-        *self.job.borrow_mut() = Some(job);
+        let messages = zbus::MessageStream::from(&conn);
+        let secret = bus::secret_pipe(password).map_err(io)?;
+        let (key_r, key_w) = rustix::pipe::pipe().map_err(|e| io(e.into()))?;
+        let mut options = start.options();
+        options.insert("recovery_key_out", zbus::zvariant::Value::from(Fd::from(&key_w)));
+        let path = proxy.convert(&self.home, Fd::from(&secret), options).await?;
+        drop((secret, key_w));
+        // The service writes the key as the job starts (a resumed conversion makes none): read off
+        // the main loop, which must go on drawing.
+        let key = gtk::gio::spawn_blocking(move || {
+            let mut key = Zeroizing::new(String::new());
+            let _ = std::io::Read::read_to_string(&mut std::fs::File::from(key_r), &mut key);
+            Zeroizing::new(key.trim().to_owned())
+        })
+        .await
+        .unwrap_or_default();
+        self.key_done.set(key.is_empty());
+        *self.ended.borrow_mut() = None;
+        self.reset_progress();
+        if key.is_empty() {
+            switch(&self.wizard, PROGRESS);
+        } else {
+            self.show_key(key);
+        }
+        self.follow(&conn, messages, path).await
+    }
+
+    fn reset_progress(&self) {
         self.phase.set_text(&text::phase("scanning"));
+        self.key_phase.set_text(&format!("Meanwhile: {}", text::phase("scanning")));
         self.bar.set_fraction(0.0);
         self.bar.set_text(None);
         self.eta.set_text("Time left: estimating");
         say(&self.progress_error, "");
-        self.cancel.set_visible(true);
-        self.cancel.set_sensitive(true);
+        for b in [&self.cancel, &self.key_cancel] {
+            b.set_visible(true);
+            b.set_sensitive(true);
+        }
         self.progress_back.set_visible(false);
-        switch(&self.wizard, PROGRESS);
+    }
+
+    /// Follows job `path` to its end: Progress, Deferred, Finished, Failed, and its State (a live
+    /// conversion's "caught up" is a state, not a signal), looked at every second.
+    async fn follow(
+        self: &Rc<Self>,
+        conn: &zbus::Connection,
+        mut messages: zbus::MessageStream,
+        path: zbus::zvariant::OwnedObjectPath,
+    ) -> zbus::Result<()> {
+        let job = JobProxy::builder(conn)
+            .path(path.clone())?
+            .cache_properties(zbus::proxy::CacheProperties::No)
+            .build()
+            .await?;
+        *self.job.borrow_mut() = Some(job.clone());
+        let weak = Rc::downgrade(self);
+        let watched = path.clone();
+        glib::timeout_add_local(std::time::Duration::from_secs(1), move || {
+            let Some(ui) = weak.upgrade() else { return glib::ControlFlow::Break };
+            let current = ui.job.borrow().as_ref().map(|j| j.inner().path().to_owned());
+            if current.as_ref().map(|p| p.as_str()) != Some(watched.as_str()) {
+                return glib::ControlFlow::Break;
+            }
+            let job = job.clone();
+            ui.spawn(|ui| async move {
+                if let Ok(state) = job.state().await {
+                    if let Some(said) = text::job_state(&state) {
+                        ui.phase.set_text(&said);
+                        ui.key_phase.set_text(&format!("Meanwhile: {said}"));
+                        ui.eta.set_text(&text::job_state_note(&state));
+                    }
+                }
+            });
+            glib::ControlFlow::Continue
+        });
         while let Some(m) = messages.next().await {
             let Ok(m) = m else { continue };
             let h = m.header();
@@ -710,16 +922,21 @@ impl Ui {
                     };
                     self.progress(&phase, done, total, eta);
                 }
+                Some("Deferred") => {
+                    let reason = m.body().deserialize::<(String,)>().map(|t| t.0).unwrap_or_default();
+                    say(
+                        &self.progress_error,
+                        &format!("Finishing was put off ({reason}); it finishes at your next logout."),
+                    );
+                }
                 Some("Finished") => {
                     let state = m.body().deserialize::<(String, u64, u64, String)>().map(|t| t.0).unwrap_or_default();
-                    self.finished(&state);
+                    self.ended(Ended::State(state));
                     break;
                 }
                 Some("Failed") => {
                     let (_, msg) = m.body().deserialize::<(String, String)>().unwrap_or_default();
-                    self.cancel.set_visible(false);
-                    self.progress_back.set_visible(true);
-                    say(&self.progress_error, &msg);
+                    self.ended(Ended::Failed(msg));
                     break;
                 }
                 _ => {}
@@ -731,6 +948,7 @@ impl Ui {
 
     fn progress(&self, phase: &str, done: u64, total: u64, eta: i64) {
         self.phase.set_text(&text::phase(phase));
+        self.key_phase.set_text(&format!("Meanwhile: {}", text::phase(phase)));
         if total > 0 {
             self.bar.set_fraction((done as f64 / total as f64).clamp(0.0, 1.0));
             self.bar.set_text(Some(&format!("{} of {}", text::size(done), text::size(total))));
@@ -744,55 +962,49 @@ impl Ui {
         self.eta.set_text(&format!("Time left: {left}"));
     }
 
-    fn finished(self: &Rc<Self>, state: &str) {
-        self.cancel.set_visible(false);
-        if state == "aborted" {
-            self.result_title.set_text("Encryption cancelled");
-            self.result_note.set_text("Your home is as it was: nothing was encrypted and nothing was lost.");
-            switch(&self.wizard, RESULT);
-            return;
+    /// The job ended: shown now, or once the recovery key is confirmed (a cancelled job's key
+    /// opens nothing: that is shown at once).
+    fn ended(self: &Rc<Self>, how: Ended) {
+        let cancelled = matches!(&how, Ended::State(s) if s == "aborted");
+        if self.key_done.get() || cancelled {
+            self.key_done.set(true);
+            self.show_end(how);
+        } else {
+            *self.ended.borrow_mut() = Some(how);
         }
-        self.result_title.set_text("Your data is encrypted");
-        self.result_note.set_text(
-            "Only your password or your recovery key opens it. \
-             The old unencrypted files were deleted, but a disk keeps deleted data until it is written over: \
-             until then it could be read by someone who takes the disk. An administrator can overwrite the free space \
-             with “dirseal scrub”.",
-        );
-        self.make_recovery_key();
     }
 
-    /// The recovery key: made once the home is encrypted (the service makes it with the
-    /// password just set: `Convert` itself makes none), shown once, then confirmed.
-    fn make_recovery_key(self: &Rc<Self>) {
-        let Some(password) = self.password.borrow().clone() else { return };
+    fn show_end(self: &Rc<Self>, how: Ended) {
+        self.cancel.set_visible(false);
+        *self.recovery.borrow_mut() = None;
+        self.key.set_text("");
+        let state = match how {
+            Ended::Failed(msg) => {
+                self.progress_back.set_visible(true);
+                say(&self.progress_error, &msg);
+                switch(&self.wizard, PROGRESS);
+                return;
+            }
+            Ended::State(s) => s,
+        };
+        let (title, note) = text::ending(&state);
+        self.result_title.set_text(title);
+        self.result_note.set_text(note);
+        switch(&self.wizard, RESULT);
+    }
+
+    /// The recovery key, shown large until confirmed.
+    fn show_key(&self, key: Zeroizing<String>) {
         self.written.set_active(false);
         self.group.set_text("");
-        self.recovery_retry.set_visible(false);
         say(&self.recovery_error, "");
-        self.key.set_text("Making your recovery key");
+        let n = text::groups(&key).len().max(1);
+        let i = usize::try_from(glib::random_int_range(0, i32::try_from(n).unwrap_or(1))).unwrap_or(0);
+        self.group_index.set(i);
+        self.group_prompt.set_text(&format!("To check, type group {} of the key", i + 1));
+        self.key.set_text(&key);
+        *self.recovery.borrow_mut() = Some(key);
         switch(&self.wizard, RECOVERY);
-        self.spawn(|ui| async move {
-            let r = match ui.proxy().await {
-                Ok(p) => bus::recovery_add(&p, &ui.home, &password).await,
-                Err(e) => Err(e),
-            };
-            match r {
-                Ok(key) => {
-                    let n = text::groups(&key).len().max(1);
-                    let i = usize::try_from(glib::random_int_range(0, n as i32)).unwrap_or(0);
-                    ui.group_index.set(i);
-                    ui.group_prompt.set_text(&format!("To check, type group {} of the key", i + 1));
-                    ui.key.set_text(&key);
-                    *ui.recovery.borrow_mut() = Some(key);
-                }
-                Err(e) => {
-                    ui.key.set_text("");
-                    say(&ui.recovery_error, &bus::error_text(&e));
-                    ui.recovery_retry.set_visible(true);
-                }
-            }
-        });
     }
 
     fn check_group(&self) {
@@ -816,17 +1028,74 @@ impl Ui {
         *self.password.borrow_mut() = None;
         *self.recovery.borrow_mut() = None;
         self.key.set_text("");
-        switch(&self.wizard, RESULT);
+        self.key_done.set(true);
+        match self.ended.borrow_mut().take() {
+            Some(how) => self.show_end(how),
+            None => switch(&self.wizard, PROGRESS),
+        }
     }
 
     fn cancel_job(self: &Rc<Self>) {
         let Some(job) = self.job.borrow().clone() else { return };
         self.cancel.set_sensitive(false);
+        self.key_cancel.set_sensitive(false);
         self.phase.set_text(&text::phase("aborting"));
         self.spawn(|ui| async move {
             if let Err(e) = job.cancel().await {
                 say(&ui.progress_error, &bus::error_text(&e));
                 ui.cancel.set_sensitive(true);
+                ui.key_cancel.set_sensitive(true);
+            }
+        });
+    }
+
+    /// Finds the caller's running job for the home (the window was closed, or the app
+    /// restarted) and follows it on the progress page.
+    fn find_job(self: &Rc<Self>) {
+        self.spawn(|ui| async move {
+            let r = async {
+                let conn = ui.connection().await?;
+                let messages = zbus::MessageStream::from(&conn);
+                let found = bus::running_job(&conn, &ui.home).await?;
+                Ok::<_, zbus::Error>((conn, messages, found))
+            }
+            .await;
+            match r {
+                Ok((conn, messages, Some(path))) => {
+                    if ui.job.borrow().is_some() {
+                        switch(&ui.main, "wizard");
+                        ui.tabs.set_visible(false);
+                        return;
+                    }
+                    ui.key_done.set(true);
+                    *ui.ended.borrow_mut() = None;
+                    ui.reset_progress();
+                    ui.phase.set_text("Looking at the encryption under way");
+                    switch(&ui.wizard, PROGRESS);
+                    switch(&ui.main, "wizard");
+                    ui.tabs.set_visible(false);
+                    let _ = ui.follow(&conn, messages, path).await;
+                }
+                Ok((_, _, None)) => say(
+                    &ui.overview_error,
+                    "No encryption is running for your home now: the service is not working on it (it goes on at the next boot).",
+                ),
+                Err(e) => say(&ui.overview_error, &bus::error_text(&e)),
+            }
+        });
+    }
+
+    fn cancel_schedule(self: &Rc<Self>) {
+        self.cancel_scheduled.set_sensitive(false);
+        self.spawn(|ui| async move {
+            let r = match ui.proxy().await {
+                Ok(p) => p.cancel_scheduled(&ui.home).await,
+                Err(e) => Err(e),
+            };
+            ui.cancel_scheduled.set_sensitive(true);
+            match r {
+                Ok(_) => ui.refresh(),
+                Err(e) => say(&ui.overview_error, &bus::error_text(&e)),
             }
         });
     }

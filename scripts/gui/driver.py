@@ -91,17 +91,22 @@ def duration(s):
 class App:
     def __init__(self, path, out):
         self.out = out
+        self.path = path
         self.shots = []
-        env = dict(os.environ)
+        self.start()
+
+    def start(self):
         # Started from / : it must hold nothing open in the home it converts.
-        self.proc = subprocess.Popen([path], cwd="/", env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen([self.path], cwd="/", env=dict(os.environ), stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT)
         self.root = self.wait(self.find_app, "the app on the accessibility bus", 60)
 
     def find_app(self):
+        """This process's app: an app closed a moment ago may still be listed."""
         desktop = pyatspi.Registry.getDesktop(0)
         for i in range(desktop.childCount):
             a = desktop.getChildAtIndex(i)
-            if a is not None and a.name == "dirseal-settings":
+            if a is not None and a.name == "dirseal-settings" and a.get_process_id() == self.proc.pid:
                 return a
         return None
 
@@ -246,31 +251,61 @@ def start_encryption(app):
     app.shows("Size", 60)
 
 
-def type_password_and_start(app):
+NOW, LIVE, NEXT_BOOT = "Now", "In the background while I keep working", "At the next boot"
+
+
+def type_password_and_start(app, start=NOW, check=None):
+    """The password twice, then the start chosen (after `check`, if given, looked at the start
+    page): the recovery key page follows (the service writes the key as the job starts)."""
     app.type("password text", "Encryption password", PASSWORD)
     app.type("password text", "Repeat the password", PASSWORD)
     app.click("push button", "Next")
-    app.click("push button", "Encrypt now")
-    app.shows("Encrypting", 30)
+    app.node("push button", start)
+    if check:
+        check()
+    app.click("push button", start)
+    app.shows("Your recovery key", 30)
 
 
-def watch_phase(app, want, timeout=60):
-    """Whether the progress page's phase line comes to say `want`, watched closely (a phase can
-    last under a second); False once the page is gone or another phase follows the copy."""
-    phase = app.label_after("Encrypting")
-    later = {"Checking the copy", "Putting the encrypted folder in place", "Removing the unencrypted original"}
+def key_shown(app):
+    """The recovery key on screen and the group asked (numbered on screen)."""
+    key = app.label_matching(r"^[0-9A-Za-z]{2,}(-[0-9A-Za-z]{2,}){3,}$", 60)
+    prompt = app.label_matching(r"^To check, type group \d+ of the key$")
+    n = int(re.search(r"group (\d+)", prompt).group(1))
+    return key, n, key.split("-")[n - 1]
+
+
+def confirm_key(app):
+    key, _, group = key_shown(app)
+    app.toggle("I have written it down")
+    app.type("text", "Group of the recovery key", group)
+    app.click("push button", "Continue")
+    return key
+
+
+LATER = {"Checking the copy", "Putting the encrypted folder in place", "Removing the unencrypted original"}
+
+
+def watch_label(app, node, want, timeout=60):
+    """Whether label `node` comes to say `want`, watched closely (a phase can last under a
+    second); False once the page is gone or a phase after the copy shows."""
     end = time.time() + timeout
     while time.time() < end:
         try:
-            now = phase.name
+            now = node.name
         except Exception:  # the page is gone: the job ended
             return False
         if now == want:
             return True
-        if now in later:
+        if now.removeprefix("Meanwhile: ") in LATER:
             return False
         time.sleep(0.02)
     return False
+
+
+def watch_phase(app, want, timeout=60):
+    """The progress page's phase line (the line under its title)."""
+    return watch_label(app, app.label_after("Encrypting"), want, timeout)
 
 
 def cancel_mid_copy(app, svc, home):
@@ -278,10 +313,12 @@ def cancel_mid_copy(app, svc, home):
     start_encryption(app)
     app.click("push button", "Next")
     type_password_and_start(app)
-    # The copy lasts a few seconds: the button is found first, then only the phase label is
-    # watched (one call a look), and the button is pressed the moment copying shows.
+    # The job runs while the recovery key is shown; its page says the phase and can cancel. The
+    # copy lasts a few seconds: the button is found first, then only the phase label is watched
+    # (one call a look), and the button is pressed the moment copying shows.
     cancel = app.node("push button", "Cancel encryption")
-    if not watch_phase(app, "Copying into the encrypted folder"):
+    phase = next(n for n in app.nodes() if n.getRoleName() == "label" and n.name.startswith("Meanwhile: "))
+    if not watch_label(app, phase, "Meanwhile: Copying into the encrypted folder"):
         fail("the copy phase never showed before the conversion went past it")
     cancel.queryAction().doAction(0)
     app.shows("Encryption cancelled", 120)
@@ -326,22 +363,10 @@ def encrypt_home(app, svc, home):
     app.label_matching(r"^The passwords do not match")
     app.shot("4-password-mismatch")
     type_password_and_start(app)
-    # The bar moving: the job's Progress signals, in the copy phase (if the copy is too quick to
-    # catch, whichever phase shows; the cancel scenario proves the copy phase is shown).
-    if watch_phase(app, "Copying into the encrypted folder"):
-        time.sleep(0.5)  # the bar a little way along
-    app.shot("5-progress")
-    # The bar moves through the job's Progress signals; it ends on the recovery key page.
-    key = app.label_matching(r"^[0-9A-Za-z]{2,}(-[0-9A-Za-z]{2,}){3,}$", 300)
-    prompt = app.label_matching(r"^To check, type group \d+ of the key$")
-    n = int(re.search(r"group (\d+)", prompt).group(1))
-    group = key.split("-")[n - 1]
+    # The key comes first: the service made it as the job started, before encrypting anything.
+    key, n, group = key_shown(app)
     app.shot("6-recovery-key")
-    # The key shown is the directory's: the service says it opens it.
     RESULTS["recovery_key"] = key
-    valid = svc.ok("RecoveryVerify", (home, 0), "(sh)", [secret_fd(key)])[0]
-    if not valid:
-        fail("the recovery key the window shows does not open the home (RecoveryVerify: false)")
     # Continue needs the box ticked; a wrong group is refused in words.
     app.type("text", "Group of the recovery key", group)
     continue_btn = app.node("push button", "Continue")
@@ -354,7 +379,14 @@ def encrypt_home(app, svc, home):
     app.label_matching(rf"^That is not group {n} of the key")
     app.type("text", "Group of the recovery key", group.lower())
     app.click("push button", "Continue")
-    app.shows("Your data is encrypted", 30)
+    # Then the progress, if the job still runs (the bar moves through its Progress signals).
+    if "Encrypting" in app.texts():
+        app.shot("5-progress")
+    app.shows("Your data is encrypted", 300)
+    # The key shown is the directory's: the service says it opens it.
+    valid = svc.ok("RecoveryVerify", (home, 0), "(sh)", [secret_fd(key)])[0]
+    if not valid:
+        fail("the recovery key the window shows does not open the home (RecoveryVerify: false)")
     app.label_matching(r"deleted, but a disk keeps deleted data")
     app.shot("7-result")
     app.click("push button", "Done")
@@ -371,6 +403,87 @@ def encrypt_home(app, svc, home):
     with open(os.path.join(app.out, "overview-encrypted.json"), "w") as f:
         json.dump(shown, f)
     app.shot("8-overview-encrypted")
+
+
+def conversion(svc, home):
+    return svc.status(home)["conversion"]
+
+
+def scheduled_then_cancelled(app, svc, home):
+    """At the next boot: the key first, then the job ends at once "scheduled"; the overview says
+    so as GetStatus does; "Cancel the scheduled encryption" takes it back and the home is as it
+    was."""
+    before = tree_digest(home)
+    start_encryption(app)
+    app.click("push button", "Next")
+    type_password_and_start(app, NEXT_BOOT)
+    confirm_key(app)
+    app.shows("Encryption scheduled for the next boot", 30)
+    app.click("push button", "Done")
+    app.shows("Scheduled for the next boot: restart the computer to encrypt", 30)
+    if conversion(svc, home) != "scheduled":
+        fail(f"the overview says scheduled, GetStatus says {conversion(svc, home)!r}")
+    app.shot("12-overview-scheduled")
+    app.click("push button", "Cancel the scheduled encryption")
+    app.shows("Cancelled; nothing was changed", 30)
+    if conversion(svc, home) != "aborted" or svc.status(home)["encrypted"]:
+        fail(f"after the cancel GetStatus says {svc.status(home)}")
+    if app.value("Encryption") != "Not encrypted" or tree_digest(home) != before:
+        fail("the home changed after a cancelled schedule")
+    # Scheduled elsewhere (as `dirseal convert --at-next-boot` would, through the service): the
+    # overview follows the job's Finished signal by itself, nothing pressed.
+    svc.ok("Convert", (home, 0, {"at_next_boot": GLib.Variant("b", True)}), "(sha{sv})", [secret_fd(PASSWORD)])
+    app.shows("Scheduled for the next boot: restart the computer to encrypt", 15)
+    app.click("push button", "Cancel the scheduled encryption")
+    app.shows("Cancelled; nothing was changed", 30)
+    if conversion(svc, home) != "aborted" or tree_digest(home) != before:
+        fail("the home changed after the second cancelled schedule")
+
+
+def background_reopened_then_cancelled(app, svc, home):
+    """In the background while the user keeps working (a process of theirs in the home): the
+    key, then the progress; the window is closed and opened again mid-way and finds the job; it
+    says "caught up" as the job's State and GetStatus do; Cancel leaves the home as it was."""
+    before = tree_digest(home)
+    session = subprocess.Popen(["sleep", "600"], cwd=home)
+    try:
+        start_encryption(app)
+        app.click("push button", "Next")
+        def now_as_the_service_says():
+            # The home is in use: "Now" is offered exactly as PlanConvert answers, with its words.
+            _, name, msg = svc.call("PlanConvert", (home, {}), "(sa{sv})")
+            now = app.node("push button", NOW)
+            enabled = now.getState().contains(pyatspi.STATE_SENSITIVE)
+            if name is None and not enabled:
+                fail("“Now” is disabled though PlanConvert accepts it")
+            if name is not None:
+                if enabled:
+                    fail(f"“Now” is offered though PlanConvert says {name}: {msg}")
+                app.shows(f"Not possible now: {msg}", 10)
+            print(f"gui: “Now” with the home in use: {'refused: ' + msg if name else 'offered'}")
+            app.shot("15-start-home-in-use")
+        type_password_and_start(app, LIVE, now_as_the_service_says)
+        confirm_key(app)
+        app.shows("Encrypting", 30)
+        phase = app.label_after("Encrypting").name
+        print(f"gui: closed the window while it said “{phase}”")
+        app.shot("13-background-progress")
+        app.quit()
+        app.start()
+        # Opened again: the app finds the job and shows its state, as the service says it.
+        app.shows("Caught up: log out to finish", 120)
+        if conversion(svc, home) != "live: caught up, waiting for logout":
+            fail(f"the window says caught up, GetStatus says {conversion(svc, home)!r}")
+        app.shot("14-background-caught-up")
+        app.click("push button", "Cancel encryption")
+        app.shows("Encryption cancelled", 120)
+        app.click("push button", "Done")
+        app.shows("Not encrypted", 30)
+        if svc.status(home)["encrypted"] or tree_digest(home) != before:
+            fail("the home changed after a cancelled background encryption")
+    finally:
+        session.kill()
+        session.wait()
 
 
 def change_password(app, svc, home):
@@ -426,7 +539,8 @@ def main():
     a = ap.parse_args()
     svc = Service()
     app = App(a.app, a.out)
-    scenarios = [overview_unencrypted, cancel_mid_copy, encrypt_home, change_password, check_recovery_key]
+    scenarios = [overview_unencrypted, cancel_mid_copy, scheduled_then_cancelled, background_reopened_then_cancelled,
+                 encrypt_home, change_password, check_recovery_key]
     try:
         for s in scenarios:
             t = time.time()

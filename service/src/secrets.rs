@@ -1,7 +1,11 @@
 //! The secrets a call brought, handed to the library as its [`Ui`] asks for them: the service
 //! never prompts, so a secret the call did not carry is an error that says so.
+use std::os::fd::OwnedFd;
+use std::path::Path;
+
 use dirseal::ids::ProtectorId;
 use dirseal::presence::Presence;
+use dirseal::recovery::RecoveryKey;
 use dirseal::secret::Passphrase;
 use dirseal::ui::{Question, SecretPrompt, Ui, UiError};
 
@@ -17,12 +21,15 @@ pub struct Secrets {
     /// Where the caller is ([`crate::auth::Caller::presence`]); TPM PIN tries kept for the device
     /// are spent only there.
     pub presence: Presence,
+    /// Where a new conversion's recovery key goes (`Convert`'s `recovery_key_out`): written there
+    /// once, before anything is encrypted; without it no key is made.
+    pub recovery_out: Option<OwnedFd>,
 }
 
 /// No secrets, from a caller not known to be at the device.
 impl Default for Secrets {
     fn default() -> Secrets {
-        Secrets { current: Vec::new(), new: None, recovery: None, presence: Presence::Elsewhere }
+        Secrets { current: Vec::new(), new: None, recovery: None, presence: Presence::Elsewhere, recovery_out: None }
     }
 }
 
@@ -58,8 +65,22 @@ impl Ui for Secrets {
         self.presence
     }
 
+    /// A new conversion's recovery key, to the descriptor the call gave for it: the caller shows it
+    /// (and has it confirmed) while the conversion goes on; the library seals the new key under it
+    /// only once it was written. Without a descriptor none is shown, so none is made.
+    fn show_recovery_key(&mut self, _dir: &Path, key: &RecoveryKey) -> std::result::Result<(), UiError> {
+        let out = self.recovery_out.take().ok_or(UiError::Cancelled)?;
+        let shown = key.to_display();
+        // Sized up front: no reallocation leaves an unwiped copy.
+        let mut line = zeroize::Zeroizing::new(String::with_capacity(shown.len() + 1));
+        line.push_str(&shown);
+        line.push('\n');
+        crate::fdio::write_secret(out, line.as_bytes(), "recovery_key_out")
+            .map_err(|e| UiError::NoInput { hint: e.message })
+    }
+
     /// The call itself is the consent to a conversion or decrypt; recovery keys are made by
-    /// `RecoveryAdd`.
+    /// `RecoveryAdd`, or by `Convert` given `recovery_key_out`.
     fn confirm(&mut self, q: &Question<'_>) -> std::result::Result<bool, UiError> {
         Ok(matches!(q, Question::Convert { .. } | Question::Decrypt { .. }))
     }

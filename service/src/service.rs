@@ -246,6 +246,13 @@ fn convert_options(options: &Dict, caller: &Caller, what: &str) -> Result<(dirse
     Ok((o, protector))
 }
 
+/// An option holding a file descriptor (`h`).
+fn fd_option(v: OwnedValue, name: &str) -> Result<OwnedFd> {
+    let bad = || Error::invalid(format!("option {name} must be of type h (a file descriptor)"));
+    let fd = zvariant::Fd::try_from(v).map_err(|_| bad())?;
+    OwnedFd::try_from(fd).map_err(|_| bad())
+}
+
 /// `Decrypt`'s and `PlanDecrypt`'s options: convert's, `protector`, and `keep_protectors` (the
 /// library refuses `wipe` for a decrypt).
 fn decrypt_options(options: &Dict, caller: &Caller) -> Result<(dirseal::convert::Options, String, bool)> {
@@ -680,8 +687,11 @@ impl Service {
     /// turns "caught up" and it waits for the owner's logout; once they have no session and
     /// nothing uses the directory it commits and finishes "done"; a commit put off emits
     /// Deferred and the job catches up and waits again; Cancel aborts it in every state before
-    /// the swap). A user's own home must not be in use by any process, theirs included, unless it
-    /// is converted at the next boot or live.
+    /// the swap), `recovery_key_out` (h: a new conversion also gets a recovery key, written there,
+    /// one line, before anything is encrypted; saved on the directory with the conversion, so it
+    /// exists from the first copied file, whenever the conversion runs). A user's own home must
+    /// not be in use by any process, theirs included, unless it is converted at the next boot or
+    /// live.
     #[zbus(out_args("job"))]
     async fn convert(
         &self,
@@ -692,11 +702,19 @@ impl Service {
     ) -> Result<zvariant::OwnedObjectPath> {
         let bus = self.conn.clone();
         self.on_dir("Convert", dir, &hdr, move |ctx, caller, path| {
-            let (o, protector) = convert_options(&options, caller, "conversion")?;
+            let mut options = options;
+            let recovery_out = match options.remove("recovery_key_out") {
+                Some(v) => Some(fd_option(v, "recovery_key_out")?),
+                None => None,
+            };
+            let (mut o, protector) = convert_options(&options, caller, "conversion")?;
+            // A recovery key is made exactly when there is somewhere to show it.
+            o.recovery_key = Some(recovery_out.is_some());
             start_job(ctx, &bus, caller, &path, secret, |ds, secret| {
                 // A copy for a later step that needs the staging key again (aborting a cancelled
                 // move, with whichever protector it has).
-                let mut secrets = Secrets { current: vec![(None, secret.duplicate())], ..Secrets::of(caller) };
+                let mut secrets =
+                    Secrets { current: vec![(None, secret.duplicate())], recovery_out, ..Secrets::of(caller) };
                 let plan = dirseal::convert::plan(ds, &path, o, &jobs::quiet())?;
                 // A new conversion's protector; resuming makes none: the secret reloads the
                 // staging key (after a reboot) with the protector named, else the staging

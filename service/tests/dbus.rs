@@ -1021,6 +1021,135 @@ fn a_user_converts_their_home_live_and_it_commits_when_the_session_ends() {
     h.ok(Some(&alice), "Unlock", &[s(alice.home_str()), s(""), fd(3)], &[(3, "pw-a")]);
 }
 
+/// A settings page starts a live conversion with `recovery_key_out`: the key is written to the
+/// caller's descriptor as the job starts (before the commit, while the home is still plaintext), and
+/// once the job has committed that very key opens the home; GetStatus says a recovery key is there.
+#[test]
+fn a_live_conversion_given_recovery_key_out_makes_the_key_first() {
+    dirseal_testfs::needs_root!();
+    let h = Harness::new();
+    let alice = h.user();
+    sample_home(&alice, 2, 50);
+    let rx = watch_jobs(&h.bus);
+    let mut seen = Vec::new();
+    let session = Running(
+        std::os::unix::process::CommandExt::uid(std::process::Command::new("sleep").arg("600"), alice.uid)
+            .current_dir(&alice.home)
+            .spawn()
+            .expect("sleep"),
+    );
+    let (job, key) = convert_as(&h, &alice, "live");
+    wait_state(&h, &alice, &job, "caught up");
+    assert!(!bool::try_from(h.status(&alice.home)["encrypted"].try_clone().unwrap()).unwrap());
+    drop(session);
+    let state = wait_for(&rx, &mut seen, "the commit", |sig| match sig {
+        JobSignal::Finished { path, state } if *path == job => Some(state.clone()),
+        JobSignal::Failed { path, name, message } if *path == job => panic!("{name}: {message}"),
+        _ => None,
+    });
+    assert_eq!(state, "done");
+    assert!(bool::try_from(h.status(&alice.home)["recovery_key"].try_clone().unwrap()).unwrap());
+    assert_eq!(h.ok(Some(&alice), "RecoveryVerify", &[s(alice.home_str()), fd(3)], &[(3, &key)]), "(true,)");
+    // Not a descriptor: refused in words, nothing started.
+    let bob = h.user();
+    sample_home(&bob, 1, 5);
+    let args = [s(bob.home_str()), fd(3), "{'recovery_key_out': <'/tmp/key'>}".into()];
+    let msg = h.fails(Some(&bob), "Convert", &args, &[(3, "pw-b")], "org.freedesktop.DBus.Error.InvalidArgs");
+    assert!(msg.contains("recovery_key_out"), "{msg}");
+}
+
+/// `Convert` of `who`'s home with option `when` (b) and `recovery_key_out`, as `who`: gdbus passes
+/// only top-level descriptors, so the call is made by this test binary itself
+/// (`convert_with_recovery_key_out`), with zbus. Returns the job's path and the key written.
+fn convert_as(h: &Harness, who: &User, when: &str) -> (String, String) {
+    let o = std::os::unix::process::CommandExt::uid(
+        &mut std::process::Command::new(std::env::current_exe().unwrap()),
+        who.uid,
+    )
+    .args(["--exact", "convert_with_recovery_key_out", "--ignored", "--nocapture", "--test-threads=1"])
+    .env("DBUS_SYSTEM_BUS_ADDRESS", &h.bus.address)
+    .env("DS_HELPER_HOME", who.home_str())
+    .env("DS_HELPER_WHEN", when)
+    .current_dir("/")
+    .output()
+    .expect("the helper");
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(o.status.success(), "{out}{}\n{}", String::from_utf8_lossy(&o.stderr), h.daemon.log_text());
+    let field = |name: &str| {
+        out.lines()
+            .find_map(|l| l.split_once(name).map(|(_, v)| v))
+            .unwrap_or_else(|| panic!("no {name} in {out}"))
+            .trim()
+            .to_string()
+    };
+    let (job, key) = (field("job="), field("key="));
+    assert!(key.len() > 30, "the key was written as the job started: {key:?}");
+    (job, key)
+}
+
+/// Scheduled for the next boot with `recovery_key_out`: the key is written at once, while the home
+/// is still plaintext, and after the boot-time run that key opens the converted home.
+#[test]
+fn a_conversion_scheduled_with_recovery_key_out_opens_with_that_key_after_the_boot() {
+    dirseal_testfs::needs_root!();
+    let mut h = Harness::new();
+    let alice = h.user();
+    sample_home(&alice, 1, 20);
+    let rx = watch_jobs(&h.bus);
+    let mut seen = Vec::new();
+    let (job, key) = convert_as(&h, &alice, "at_next_boot");
+    let state = wait_for(&rx, &mut seen, "the scheduling job", |sig| match sig {
+        JobSignal::Finished { path, state } if *path == job => Some(state.clone()),
+        JobSignal::Failed { path, name, message } if *path == job => panic!("{name}: {message}"),
+        _ => None,
+    });
+    assert_eq!(state, "scheduled");
+    let st = h.status(&alice.home);
+    assert!(!bool::try_from(st["encrypted"].try_clone().unwrap()).unwrap());
+    h.daemon.kill();
+    h.fs.remount();
+    let ds = dirseal::Dirseal::open(&h.config(), Some(&h.keystore())).expect("keystore");
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let hooks = dirseal::convert::Hooks { progress: &|_| {}, stop: &stop };
+    let runs = dirseal::convert::run_scheduled(&ds, &mut Refuses, &hooks).expect("boot-time run");
+    assert_eq!(runs[0].result.as_ref().expect("converted").outcome.state, dirseal::convert::State::Done);
+    h.restart();
+    assert!(bool::try_from(h.status(&alice.home)["recovery_key"].try_clone().unwrap()).unwrap());
+    assert_eq!(h.ok(Some(&alice), "RecoveryVerify", &[s(alice.home_str()), fd(3)], &[(3, &key)]), "(true,)");
+}
+
+/// Not a test of its own: [`convert_as`] runs it as the home's owner (`DS_HELPER_HOME`): `Convert`
+/// with option `DS_HELPER_WHEN` and `recovery_key_out`, then prints the job's path and the key read
+/// from the descriptor.
+#[test]
+#[ignore = "a helper, run by another test as a user"]
+fn convert_with_recovery_key_out() {
+    use std::io::{Read, Write};
+    let Ok(home) = std::env::var("DS_HELPER_HOME") else { return };
+    let conn = zbus::blocking::Connection::system().expect("the bus");
+    let (secret_r, secret_w) = rustix::pipe::pipe().unwrap();
+    std::fs::File::from(secret_w).write_all(b"pw-a").unwrap();
+    let (key_r, key_w) = rustix::pipe::pipe().unwrap();
+    let mut options = std::collections::HashMap::new();
+    let when = std::env::var("DS_HELPER_WHEN").expect("DS_HELPER_WHEN");
+    options.insert(when.as_str(), zbus::zvariant::Value::from(true));
+    options.insert("recovery_key_out", zbus::zvariant::Value::from(zbus::zvariant::Fd::from(&key_w)));
+    let reply = conn
+        .call_method(
+            Some("org.dirseal.Dirseal1"),
+            "/org/dirseal/Dirseal1",
+            Some("org.dirseal.Dirseal1"),
+            "Convert",
+            &(home.as_str(), zbus::zvariant::Fd::from(&secret_r), options),
+        )
+        .expect("Convert");
+    let job: zbus::zvariant::OwnedObjectPath = reply.body().deserialize().expect("a job");
+    drop(key_w);
+    let mut key = String::new();
+    std::fs::File::from(key_r).read_to_string(&mut key).unwrap();
+    println!("job={}\nkey={}", job.as_str(), key.trim());
+}
+
 /// A live conversion cancelled while it waits for the logout: the job ends "aborted", the home is
 /// as it was, and nothing of the conversion is left in the keystore (no held key, no schedule).
 #[test]
