@@ -9,9 +9,11 @@ powercut: records a conversion with dm-log-writes (the tree, the keystore and th
           way, the tree converted before the marks: encrypted before, the plaintext after. Move
           recordings add small files in several batches and a large hard-link group; one more
           recording uses a TPM2 protector with a PIN, and one a casefold+encrypt ext4 with a
-          Proton-like prefix in a casefolded directory (lookups by wrong case, lsattr after each).
+          Proton-like prefix in a casefolded directory (lookups by wrong case, lsattr after each),
+          and one a live conversion (copied in use, changed, one catch-up pass, committed).
 faults:   a failing disk under a conversion (device-mapper: a bad block, failing writes, the
-          device vanishing) and the filesystem full at each phase (ENOSPC): the run stops with a
+          device vanishing, failing writes in a live catch-up pass) and the filesystem full at
+          each phase (ENOSPC): the run stops with a
           clear message, nothing is lost, and the same command finishes once the fault is gone.
 f2fs:     encrypt, convert (with a crash and a resume), lock/unlock and recovery keys on f2fs.
 tpm2:     TPM2 protectors through /dev/tpmrm0 (swtpm on the host), on f2fs.
@@ -1571,7 +1573,7 @@ def main():
                     help="sampled: fixed flush points per ext4 recording (half on f2fs), always replayed")
     ap.add_argument("--budget", type=int, default=240,
                     help="sampled: seconds for the power-cut replays; more points are replayed while it lasts")
-    ap.add_argument("--cases", help="only the recordings (fs/mode[/tpm2|/casefold]) and fault scenarios (fs/mode/kind) whose name contains this (debugging)")
+    ap.add_argument("--cases", help="only the recordings (fs/mode[/tpm2|/casefold|/live]) and fault scenarios (fs/mode/kind) whose name contains this (debugging)")
     ap.add_argument("--seed", type=int, default=int(time.time()))
     ARGS = ap.parse_args()
     LOG = open(os.path.join(ARGS.out, "guest.log"), "w")
