@@ -5,12 +5,21 @@
 # encrypted copy after the same command finished it, or the plaintext after an abort or a
 # rollback. Prints `soak: N kills, M lost`; exits non-zero on any loss.
 #
+# Then live rounds, for SOAK_LIVE_SECONDS (default 20; 0: none): `convert --live` while a writer
+# mutates the tree (appends, same-size rewrites, renames, a directory replaced by a file,
+# deletions, hard links, xattrs, modes); its background run (`--live-worker`) SIGKILLed at random
+# moments of its copy and its catch-up passes, then the commit (by that run, or the boot-time run
+# `convert --scheduled`) killed once the writer stopped; then finished by the boot-time run, or
+# aborted. The tree must end as it was when the commit began. Prints `soak live: N kills (where),
+# M lost`; its kills count in the summary.
+#
 # `decrypt` mode: each tree is converted (not interrupted), then `dirseal decrypt` is killed at
 # random moments (copy and move, and aborts), each resumed by the same command; a finished tree
 # must be the original in plaintext (no E flag, its policy record gone), an aborted one the
 # original still encrypted. Prints `soak decrypt: N kills, M lost`.
 #
-#   scripts/soak.sh [N] [convert|decrypt]   N kills (default 40); SOAK_SEED=S repeats a run
+#   scripts/soak.sh [N] [convert|decrypt]   N kills (default 40), then the live rounds' time;
+#                                           SOAK_SEED=S repeats a run
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "$(id -u)" -ne 0 ]; then echo "scripts/soak.sh must run as root (loop mounts, fscrypt keys)" >&2; exit 1; fi
@@ -238,8 +247,185 @@ def decrypt_soak():
     summary("soak decrypt", kills, lost, homes, "aborts")
 
 
+def lock_pid(home):
+    """The pid of the live run of `home` (its lock in /run/dirseal names it), or None."""
+    name = hashlib.sha256(home.encode()).hexdigest()[:16]
+    try:
+        return int(open(f"/run/dirseal/live-{name}.lock").read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+class Writer:
+    """Mutates a tree while a live conversion copies and catches up: appends, in-place rewrites
+    (same size and times), renames across directories, a directory replaced by a file, deletions,
+    new hard links, xattr and mode changes, new files. Never holds a file open between changes."""
+
+    def __init__(self, root, seed):
+        import threading
+        self.root, self.r, self.stop = root.encode(), random.Random(seed), threading.Event()
+        self.changes = 0
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def entries(self):
+        files, dirs = [], [self.root]
+        for dp, dn, fn in os.walk(self.root):
+            dirs += [os.path.join(dp, n) for n in dn if not os.path.islink(os.path.join(dp, n))]
+            files += [os.path.join(dp, n) for n in fn if os.path.isfile(os.path.join(dp, n))
+                      and not os.path.islink(os.path.join(dp, n))]
+        return files, dirs
+
+    def one(self):
+        r = self.r
+        files, dirs = self.entries()
+        f, d = r.choice(files), r.choice(dirs)
+        new = os.path.join(d, f"w{self.changes}".encode())
+        what = r.randrange(9)
+        if what == 0:
+            with open(f, "ab") as fh:
+                fh.write(r.randbytes(r.choice([1, 100, 5000])))
+        elif what == 1 and os.path.getsize(f) > 0:
+            st = os.lstat(f)
+            with open(f, "r+b") as fh:
+                fh.write(r.randbytes(min(3, st.st_size)))
+            os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+        elif what == 2:
+            os.rename(f, new)
+        elif what == 3 and d != self.root:
+            subprocess.run(["rm", "-rf", d], check=True)
+            with open(d, "wb") as fh:
+                fh.write(b"a file where a directory was")
+        elif what == 4:
+            os.unlink(f)
+        elif what == 5:
+            os.link(f, new)
+        elif what == 6:
+            os.setxattr(f, "user.w", r.randbytes(20))
+        elif what == 7:
+            os.chmod(f, r.choice([0o600, 0o644, 0o640]))
+        else:
+            with open(new, "wb") as fh:
+                fh.write(r.randbytes(r.choice([0, 10, 70000])))
+        self.changes += 1
+
+    def run(self):
+        while not self.stop.wait(0.02):
+            try:
+                self.one()
+            except (OSError, IndexError, subprocess.CalledProcessError):
+                pass  # raced with itself (an entry gone meanwhile): the next change
+
+    def end(self):
+        self.stop.set()
+        self.thread.join()
+
+
+def worker(home):
+    """Starts the background run of `home`'s live conversion in the foreground (as `convert
+    --live` starts it), its output read line by line: (process, queue of (time, line))."""
+    import queue, threading
+    p = subprocess.Popen([BIN, "convert", "--live-worker", home], stdin=subprocess.DEVNULL,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = queue.Queue()
+
+    def read():
+        for line in p.stdout:
+            lines.put((time.time(), line.strip()))
+        lines.put((time.time(), None))
+    threading.Thread(target=read, daemon=True).start()
+    return p, lines
+
+
+def kill_at(p, delay):
+    """SIGKILLs `p` after `delay` s unless it ended first; whether it was killed."""
+    try:
+        p.wait(timeout=delay)
+        return False
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+        return True
+
+
+def until(lines, word, timeout):
+    """Waits for a line of the run containing `word`; False if the run ended or time ran out."""
+    import queue
+    end = time.time() + timeout
+    while time.time() < end:
+        try:
+            _, line = lines.get(timeout=max(0.1, end - time.time()))
+        except queue.Empty:
+            return False
+        if line is None:
+            return False
+        if word in line:
+            return True
+    return False
+
+
+def live_rounds(budget, typical):
+    """Live conversions killed at random moments of their first copy and catch-up passes (while a
+    Writer mutates the tree) and of their commit, for `budget` seconds; each then resumed to the
+    end (or aborted) and checked against the tree as it was when the commit began: (kills,
+    lost, trees)."""
+    lost = homes = 0
+    kills = {"copy": 0, "passes": 0, "commit": 0}  # where the kills came
+    deadline = time.time() + budget
+    while time.time() < deadline:
+        homes += 1
+        home = os.path.join(MNT, f"live{homes}")
+        tree(home, rnd.randrange(1 << 30))
+        end = rnd.choice(["finish", "finish", "finish", "abort"])
+        w = None
+        try:
+            # Prepared in the foreground, then its background run starts (the changes with it).
+            ds("convert", "--live", home, "--yes", "--protector-name", f"live{homes}")
+            w = Writer(home, rnd.randrange(1 << 30))
+            pid = lock_pid(home)
+            time.sleep(rnd.uniform(0, typical * 1.2))
+            if pid and os.path.exists(f"/proc/{pid}"):
+                os.kill(pid, 9)
+                kills["copy"] += 1
+            for _ in range(rnd.randint(0, 2)):
+                p, _ = worker(home)
+                kills["passes"] += kill_at(p, rnd.uniform(0, typical * 1.2))
+            w.end()
+            want = manifest(home)  # the tree when the commit begins: nothing changes it after
+            if end == "abort":
+                ds("convert", "--abort", home)
+            else:
+                # The commit, killed in it: by the background run (it waits a few seconds, sees
+                # nobody, commits), or by the boot-time run (`--scheduled`, no wait); then the
+                # boot-time run finishes it.
+                if rnd.randrange(2):
+                    p, lines = worker(home)
+                    if until(lines, "committing", 120):
+                        kills["commit"] += kill_at(p, rnd.uniform(0, typical))
+                    else:
+                        p.kill()
+                    p.wait()
+                elif killed(["convert", "--scheduled"], rnd.uniform(0, typical * 1.2)):
+                    kills["commit"] += 1
+                ds("convert", "--scheduled")
+                if state(home) != "done":
+                    raise RuntimeError(f"{home}: {state(home)} after the last run")
+                ds("lock", home)
+                ds("unlock", home)
+        except (RuntimeError, subprocess.TimeoutExpired) as e:
+            if w:
+                w.end()
+            lost += 1
+            print(f"soak live: LOST {home} ({end}): {e}", flush=True)
+            continue
+        lost = judge("soak live", home, f"{end}, {w.changes} changes while live", differs(want, home), homes,
+                     sum(kills.values()), lost)
+    return kills, lost, homes
+
+
 if WHAT == "decrypt":
     decrypt_soak()
+LIVE_SECONDS = float(os.environ.get("SOAK_LIVE_SECONDS", "20"))
 
 kills = lost = homes = 0
 typical = None
@@ -298,5 +484,11 @@ while kills < WANT:
             print(f"soak: LOST {home} ({mode}): {e}", flush=True)
             continue
     lost = judge("soak", home, f"{mode}, {end}", differs(want, home), homes, kills, lost)
-summary("soak", kills, lost, homes, "aborts and rollbacks")
+if LIVE_SECONDS > 0:
+    where, m, trees = live_rounds(LIVE_SECONDS, typical or 1.5)
+    n = sum(where.values())
+    print(f"soak live: {n} kills ({', '.join(f'{v} in the {k}' for k, v in where.items())}), {m} lost "
+          f"({trees} live trees in {LIVE_SECONDS:.0f} s)", flush=True)
+    kills, lost, homes = kills + n, lost + m, homes + trees
+summary("soak", kills, lost, homes, "aborts and rollbacks, live")
 EOF

@@ -39,9 +39,10 @@ pass=$(grep -Eo '[0-9]+ passed' "$log" | awk '{s+=$1} END {print s+0}')
 fail=$(grep -Eo '[0-9]+ failed' "$log" | awk '{s+=$1} END {print s+0}')
 skip=$(grep -Eo '[0-9]+ ignored' "$log" | awk '{s+=$1} END {print s+0}')
 rm -f "$log"
-# SIGKILLs at random moments across copy, move, abort and rollback (a large run: docs/crash-safety.md).
+# SIGKILLs at random moments across copy, move, abort and rollback, then 20 s of live rounds (a
+# large run: docs/crash-safety.md); about a minute.
 soak_log=$(mktemp)
-bash scripts/soak.sh 20 2>&1 | tee "$soak_log"
+bash scripts/soak.sh 15 2>&1 | tee "$soak_log"
 soak_rc=${PIPESTATUS[0]}
 [ "$rc" -ne 0 ] || rc=$soak_rc
 [ "$rc" -ne 0 ] || rc=$lint_rc

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Privileged filesystem tests in a qemu guest (TCG): power cuts replayed from a dm-log-writes
-# recording of a conversion (copy, move, one with a TPM2 protector, one on a casefold ext4),
+# recording of a conversion (copy, move, one with a TPM2 protector, one on a casefold ext4, one
+# live: copied in use, changed, caught up, committed),
 # disk faults under a conversion (device-mapper: a bad block in the original, failing writes, the device vanishing
-# and coming back, the filesystem full at each phase; ext4 and f2fs, copy and move),
+# and coming back, the filesystem full at each phase, failing writes in a live catch-up pass; ext4
+# and f2fs, copy and move),
 # the main flows on f2fs, casefolded directories kept through convert, decrypt and portable (ext4
 # and f2fs; the host kernel has no casefold), and TPM2 protectors through the guest
 # kernel's resource manager (a host swtpm). The guest runs a Debian 6.1 kernel from

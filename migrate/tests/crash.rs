@@ -11,7 +11,7 @@ use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use common::{add_bulk, assert_same, build_tree, manifest, wd_names, Case};
+use common::{add_bulk, assert_same, build_tree, changes, manifest, wd_names, Case};
 use dirseal_migrate::{self as migrate, fault::Point, MigrateError, State};
 
 const CHILD: &str = env!("CARGO_BIN_EXE_dirseal-migrate-test-child");
@@ -257,6 +257,86 @@ fn a_crash_at_every_step_of_a_live_conversion_loses_nothing() {
         assert_same(&manifest(&src), &before, &format!("after resuming from {point}"));
         assert_eq!(wd_names(&wd), ["journal.json", "lock"], "{point}");
     }
+}
+
+/// Issue 42: each kind of change a catch-up pass brings into staging (tests/live.rs), and a file
+/// appended while the pass copies, with a crash at each step of the catch-up pass that finds it
+/// and, after one more change, at each step of the commit. Each crash is resumed; the committed
+/// directory is the source as it was when the commit began, byte for byte and in metadata.
+#[test]
+fn every_kind_of_change_survives_a_crash_at_every_live_step() {
+    dirseal_testfs::needs_root!();
+    use changes::{rewrite_known, EVERY_KIND};
+    const LIVE: &[&str] = &["--live"];
+    let c = Case::new();
+    // The steps of a catch-up pass run live from `CaughtUp`, then those of the commit.
+    let pass = [
+        format!("{}:1", Point::AfterRecordCatchingUp),
+        format!("{}:1", Point::CopyFile),
+        format!("{}:1", Point::AfterManifestWritten),
+        format!("{}:1", Point::AfterRecordCaughtUp),
+    ];
+    let commit: Vec<String> = [
+        Point::AfterRecordCommitting,
+        Point::CopyFile,
+        Point::AfterManifestWritten,
+        Point::AfterRecordCopied,
+        Point::AfterVerify,
+        Point::AfterRecordVerified,
+        Point::AfterSwap,
+        Point::AfterRecordSwapped,
+        Point::AfterRecordDone,
+    ]
+    .iter()
+    .map(|p| format!("{p}:1"))
+    .collect();
+    // Appended to while a pass copies (after it read its clock).
+    let during = |s: &Path| ("TEST_APPEND", format!("start-copying={}", s.join("a/linked").display()));
+    let kinds: Vec<(&str, Option<changes::Change>)> =
+        EVERY_KIND.iter().map(|(w, ch)| (*w, Some(*ch))).chain([("appended while a pass copies", None)]).collect();
+    let mut n = 0;
+    for (k, (what, change)) in kinds.iter().enumerate() {
+        for (i, at_commit) in commit.iter().enumerate() {
+            let at_pass = &pass[i % pass.len()];
+            let (src, wd) = c.other(&format!("k{k}-{i}"));
+            build_tree(&src);
+            let first: Vec<(&str, String)> = change.is_none().then(|| during(&src)).into_iter().collect();
+            let r = child("convert", &src, &wd, LIVE, &first);
+            assert!(r.code == Some(0) && r.stdout.contains("state=caught up"), "{what}: {}", r.show());
+            if let Some(change) = change {
+                change(&src);
+            }
+            rewrite_known(&src, b"ODD");
+            let env: Vec<(&str, String)> = [("DIRSEAL_FAULT", at_pass.clone())]
+                .into_iter()
+                .chain(change.is_none().then(|| during(&src)))
+                .collect();
+            let r = child("convert", &src, &wd, LIVE, &env);
+            assert_eq!(r.code, Some(99), "{what}: should die at {at_pass}: {}", r.show());
+            let before = manifest(&src);
+            finishes("convert", &src, &wd, LIVE, "caught up");
+            assert_same(&manifest(&src), &before, &format!("{what}: the source after the crash at {at_pass}"));
+            assert_same(
+                &manifest(&wd.join("staging")),
+                &before,
+                &format!("{what}: staging caught up after the crash at {at_pass}"),
+            );
+            // One more change, then the commit, killed.
+            rewrite_known(&src, b"EVE");
+            let at_commit_time = manifest(&src);
+            faults("convert", &src, &wd, &[], at_commit);
+            finishes("convert", &src, &wd, &[], "done");
+            assert_same(
+                &manifest(&src),
+                &at_commit_time,
+                &format!("{what}: committed after crashes at {at_pass} and {at_commit}"),
+            );
+            assert_eq!(wd_names(&wd), ["journal.json", "lock"], "{what}: {at_commit}");
+            fs::remove_dir_all(&src).unwrap();
+            n += 1;
+        }
+    }
+    eprintln!("{n} trees, each crashed in a catch-up pass and in its commit");
 }
 
 #[test]

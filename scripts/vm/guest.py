@@ -9,9 +9,11 @@ powercut: records a conversion with dm-log-writes (the tree, the keystore and th
           way, the tree converted before the marks: encrypted before, the plaintext after. Move
           recordings add small files in several batches and a large hard-link group; one more
           recording uses a TPM2 protector with a PIN, and one a casefold+encrypt ext4 with a
-          Proton-like prefix in a casefolded directory (lookups by wrong case, lsattr after each).
+          Proton-like prefix in a casefolded directory (lookups by wrong case, lsattr after each),
+          and one a live conversion (copied in use, changed, one catch-up pass, committed).
 faults:   a failing disk under a conversion (device-mapper: a bad block, failing writes, the
-          device vanishing) and the filesystem full at each phase (ENOSPC): the run stops with a
+          device vanishing, failing writes in a live catch-up pass) and the filesystem full at
+          each phase (ENOSPC): the run stops with a
           clear message, nothing is lost, and the same command finishes once the fault is gone.
 f2fs:     encrypt, convert (with a crash and a resume), lock/unlock and recovery keys on f2fs.
 tpm2:     TPM2 protectors through /dev/tpmrm0 (swtpm on the host), on f2fs.
@@ -318,6 +320,10 @@ class Recording:
     def before_recording(self):
         """Set-up outside the recorded window (a subclass's)."""
 
+    def workload(self):
+        """What is recorded (between the marks): the conversion."""
+        self.ds(*self.convert_args(), stdin=self.secret)
+
     def record(self):
         for img, size in ((self.data_img, self.size), (self.log_img, 1 << 30)):
             with open(img, "wb") as f:
@@ -340,7 +346,7 @@ class Recording:
         run(["sync"])
         run(["dmsetup", "message", "lw", "0", "mark", "convert-start"])
         t0 = time.time()
-        self.ds(*self.convert_args(), stdin=self.secret)
+        self.workload()
         self.convert_secs = time.time() - t0
         run(["dmsetup", "message", "lw", "0", "mark", "convert-end"])
         self.check_done(self.mnt, "the recorded run")
@@ -577,6 +583,151 @@ class CasefoldRecording(Recording):
                           f"instead of {[l for l in self.flags if l not in got][:3]}")
 
 
+class LiveRecording(Recording):
+    """A live conversion recorded (issue 42): `convert --live` copies while a program keeps the
+    directory in use (its cwd inside) and stops caught up; the tree changes (each kind a catch-up
+    pass must see); its background run, run again in the foreground, makes one catch-up pass; the
+    program ends and the run commits. After each replay the boot-time run (`convert --scheduled`,
+    the held key) finishes it, and the directory must hold the plaintext as the cut left it
+    (with the changes or without them, as far as they had reached the disk); one cut before the
+    conversion was prepared is converted anew."""
+
+    TAG = "/live"
+    # Of the sampled points, half an ext4 recording's share (the copy's steps are the plain
+    # recording's; the passes add their manifests and records).
+    SHARE = 0.5
+
+    def __init__(self, work, fstype, mode):
+        super().__init__(work, fstype, mode)
+        self.share = self.SHARE
+
+    def before_recording(self):
+        self.holder = subprocess.Popen(["sleep", "3600"], cwd=self.src)
+
+    def status(self):
+        p = self.ds("convert", "--status", "--json", self.src, check=False)
+        return json.loads(p.stdout) if p.returncode == 0 and p.stdout.strip() else {}
+
+    def wait_for(self, what, ok, seconds=1800):
+        end = time.time() + seconds
+        while not ok(self.status()):
+            if time.time() > end:
+                raise Failure(f"the live conversion never got {what}: {self.status()}")
+            time.sleep(1)
+
+    def workload(self):
+        self.original = self.manifest
+        self.ds("convert", "--live", self.src, "--yes", "--protector-name", "owner", stdin=self.secret)
+        self.wait_for("caught up", lambda st: st.get("state") == "caught up" and "waiting" in st.get("live", ""))
+        # Its background run waits for the program to end; stopped (SIGTERM: it stays resumable).
+        stop_live_run(self.src)
+        self.wait_for("stopped", lambda st: st.get("running") is False)
+        run(["dmsetup", "message", "lw", "0", "mark", "changing"])
+        live_changes(self.src)
+        self.manifest = manifest(self.src)
+        worker = subprocess.Popen([self.ds.bin, "convert", "--live-worker", self.src], env=self.ds.env,
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for line in worker.stdout:
+            log(f"  worker: {line.rstrip()}")
+            if "caught up" in line:
+                break
+        self.holder.kill()
+        self.holder.wait()
+        rest = worker.communicate(timeout=1800)[0]
+        log("  worker: " + rest.strip().replace("\n", "\n  worker: "))
+        if worker.returncode != 0 or "is encrypted" not in rest:
+            raise Failure(f"the live commit failed ({worker.returncode}): {rest.strip()[-400:]}")
+        if self.status().get("passes", 0) < 3:
+            raise Failure(f"no catch-up pass was recorded: {self.status()}")
+
+    def points(self):
+        flushes, between = super().points()
+        self.changing_at = next(int(e[0]) for e in self.entries if int(e[1]) & 8 and e[4] == "changing")
+        return flushes, between
+
+    def fixed_points(self, flushes):
+        """As many as the base class's, placed where a live conversion's steps are: the middle of
+        the first copy (before the changes), the middle of what came after them (the catch-up
+        pass and the commit), and the last point."""
+        k = max(2, round(ARGS.min_points * self.share))
+        before = [p for p in flushes if p <= self.changing_at]
+        after = [p for p in flushes if p > self.changing_at]
+        picks = {part[len(part) * i // (k // 2 + 1)] for part in (before, after) if part for i in range(1, k // 2 + 1)}
+        return sorted(picks | {self.end + 1})
+
+    def check_point(self, n):
+        what = f"point {n}"
+        log(f"== {what}")
+        run(["cp", "--sparse=always", self.replay_img, self.check_img])
+        dev = losetup(self.check_img)
+        changed = self.manifest
+        try:
+            mount(dev, self.mnt, self.fstype)
+            umount(self.mnt)
+            self.fsck(what)
+            mount(dev, self.mnt, self.fstype)
+            if not os.path.isdir(self.src):
+                raise Failure(f"{what}: {self.src} is gone")
+            if is_encrypted(self.src):
+                state, want = "encrypted", changed
+            else:
+                want = manifest(self.src)
+                state = {repr(self.original): "original", repr(changed): "changed"}.get(repr(want), "partly changed")
+                if n <= self.changing_at and state != "original":
+                    raise Failure(f"{what}: the plaintext was changed: {diff(self.original, want)}")
+            self.ds("convert", "--scheduled")
+            if not is_encrypted(self.src):
+                if self.status().get("state") not in (None, "aborted"):
+                    raise Failure(f"{what}: the boot-time run left it {self.status()}")
+                state += ", not prepared"
+                self.ds(*self.convert_args(), stdin=self.secret)
+            self.manifest = want
+            self.check_done(self.mnt, what)
+            umount(self.mnt)
+            self.fsck(what + " after the resume")
+            return state
+        finally:
+            self.manifest = changed
+            if os.path.ismount(self.mnt):
+                run(["umount", "-l", self.mnt], check=False)
+            run(["losetup", "-d", dev], check=False)
+
+
+def stop_live_run(src):
+    """SIGTERMs the background run of `src`'s live conversion (its lock names it): it stops at its
+    next safe point, resumable."""
+    lock = f"/run/dirseal/live-{hashlib.sha256(src.encode()).hexdigest()[:16]}.lock"
+    with open(lock) as f:
+        os.kill(int(f.read().strip()), 15)
+
+
+def live_changes(root):
+    """Each kind of change a catch-up pass must bring in, on a make_tree tree: an append, an
+    in-place rewrite (same size and times), a rename across directories, a directory replaced
+    by a file, a deletion, a new hard link, xattr and mode changes, a new file."""
+    dirs = sorted(os.path.join(dp, n) for dp, dn, _ in os.walk(root) for n in dn)
+    leaf = next(d for d in dirs if not any(os.path.isdir(os.path.join(d, n)) for n in os.listdir(d))
+                and not os.path.exists(os.path.join(d, "sparse.img")))
+    files = sorted(os.path.join(dp, n) for dp, _, fn in os.walk(root) for n in fn
+                   if n.startswith("file-") and not dp.startswith(leaf) and os.path.getsize(os.path.join(dp, n)) > 0)
+    with open(files[0], "ab") as f:
+        f.write(b"appended while live")
+    st = os.lstat(files[1])
+    with open(files[1], "r+b") as f:
+        f.write(b"X")
+    os.utime(files[1], ns=(st.st_atime_ns, st.st_mtime_ns))
+    elsewhere = root if os.path.dirname(files[2]) != root else next(d for d in dirs if not d.startswith(leaf))
+    os.rename(files[2], os.path.join(elsewhere, "moved-here"))
+    shutil.rmtree(leaf)
+    with open(leaf, "wb") as f:
+        f.write(b"a file where a directory was")
+    os.unlink(files[3])
+    os.link(files[4], os.path.join(root, "new-link"))
+    os.setxattr(files[5], "user.new", b"set while live")
+    os.chmod(files[6], 0o640)
+    with open(os.path.join(root, "new-file"), "wb") as f:
+        f.write(b"written while live")
+
 def spread(items, k, rnd):
     """Up to k items: evenly spaced, plus a few at random."""
     if len(items) <= k:
@@ -651,6 +802,7 @@ def powercut(summary):
         runs = [r for r in runs if not (r[0] == "f2fs" and r[1] in DECRYPT_MODES)]
     runs.append(("ext4", "copy", TpmRecording))
     runs.append(("ext4", "copy", CasefoldRecording))
+    runs.append(("ext4", "copy", LiveRecording))
     if ARGS.cases:
         runs = [r for r in runs if ARGS.cases in f"{r[0]}/{r[1]}{r[2].TAG}"]
     t_all = time.time()
@@ -881,6 +1033,51 @@ def fault_mid_run(d, table, what):
     d.finish(f"after the {what}")
 
 
+def fault_live(d):
+    """Writes fail during a live conversion's catch-up pass (after the tree changed): the run stops
+    with a clear message, the directory is untouched, and once the device is back the boot-time
+    run (`convert --scheduled`) commits it: the tree as it was when the pass began."""
+    holder = subprocess.Popen(["sleep", "3600"], cwd=d.src)  # so the background run cannot commit
+    try:
+        d.ds("convert", "--live", d.src, "--yes", "--protector-name", "owner", stdin=PASSWORD)
+        t0 = time.time()
+
+        def status():
+            return json.loads(d.ds("convert", "--status", "--json", d.src).stdout)
+        while not (status().get("state") == "caught up" and "waiting" in status().get("live", "")):
+            if time.time() - t0 > 1800:
+                raise Failure(f"the live conversion never caught up: {status()}")
+            time.sleep(1)
+        stop_live_run(d.src)
+        while status().get("running") is not False:
+            time.sleep(0.5)
+        live_changes(d.src)
+        run(["sync"])  # the changes on the disk before it fails (else the disk, not the run, loses them)
+        want = manifest(d.src)
+        hold = os.path.join(d.work, "hold")
+        rc, err = run_held(d, ["convert", "--live-worker", d.src], "after-record-catching-up", hold,
+                           lambda: d.table([f"0 {d.sectors} flakey {d.loop} 0 0 3600 1 error_writes"]))
+    finally:
+        holder.kill()
+        holder.wait()
+    if rc == 0 or rc == 99 or "panicked" in err:
+        raise Failure(f"the catch-up pass on failing writes did not stop with an error (status {rc}): {err.strip()[-300:]}")
+    if d.src not in err or "keystore" in err:
+        raise Failure(f"the error does not name the directory and what failed there: {err.strip()}")
+    d.replug()
+    got = manifest(d.src)
+    if is_encrypted(d.src) or got != want:
+        raise Lost(f"the directory changed when writes failed in the catch-up pass: {diff(want, got)}")
+    d.ds("convert", "--scheduled")
+    if not is_encrypted(d.src):
+        raise Lost(f"{d.src} is not encrypted after the boot-time run committed it")
+    d.ds("lock", d.src)
+    d.ds("unlock", d.src, stdin=PASSWORD)
+    got = manifest(d.src)
+    if got != want:
+        raise Lost(f"the committed tree differs from the tree when the pass began: {diff(want, got)}")
+
+
 def faults(summary):
     """Disk faults on ext4 and f2fs, copy and move: a bad block in the original, failing writes
     for a while, and the device vanishing mid-run then coming back. Sampled runs leave out the
@@ -890,6 +1087,7 @@ def faults(summary):
     if ARGS.mode != "full":
         cases = [c for c in cases if c[2] == "unreadable" or (c[2], c[1]) in (("write-eio", "copy"), ("vanish", "move"))]
     cases += [(f, ENOSPC_PHASES[p][0], f"enospc-{p}") for f, p in enospc_cases()]
+    cases.append(("ext4", "copy", "live-write-eio"))
     if ARGS.cases:
         cases = [c for c in cases if ARGS.cases in "/".join(c)]
     n = lost = failed = 0
@@ -903,6 +1101,8 @@ def faults(summary):
                 fault_enospc(d, kind[len("enospc-"):])
             elif kind == "unreadable":
                 fault_unreadable(d)
+            elif kind == "live-write-eio":
+                fault_live(d)
             elif kind == "write-eio":
                 fault_mid_run(d, [f"0 {d.sectors} flakey {d.loop} 0 0 3600 1 error_writes"], "failing writes")
             else:
@@ -1373,7 +1573,7 @@ def main():
                     help="sampled: fixed flush points per ext4 recording (half on f2fs), always replayed")
     ap.add_argument("--budget", type=int, default=240,
                     help="sampled: seconds for the power-cut replays; more points are replayed while it lasts")
-    ap.add_argument("--cases", help="only the recordings (fs/mode[/tpm2|/casefold]) and fault scenarios (fs/mode/kind) whose name contains this (debugging)")
+    ap.add_argument("--cases", help="only the recordings (fs/mode[/tpm2|/casefold|/live]) and fault scenarios (fs/mode/kind) whose name contains this (debugging)")
     ap.add_argument("--seed", type=int, default=int(time.time()))
     ARGS = ap.parse_args()
     LOG = open(os.path.join(ARGS.out, "guest.log"), "w")

@@ -174,10 +174,12 @@ pub fn run_live(
     let uid = owner_of(&source)?.uid;
     let result = live_loop(ds, &source, uid, ui, hooks, on);
     if let Err(e) = &result {
-        // Said by status until a run goes on (an interrupted run is no failure).
+        // Said by status until a run goes on (an interrupted run is no failure). The run's own
+        // error is what is returned even when this record cannot be written: a disk that fails
+        // a catch-up pass fails the record too, and its error would hide the first.
         if !matches!(e, ConvertError::Migrate(MigrateError::Interrupted { .. })) {
-            if let Some(s) = live_schedule(ds, &source)? {
-                schedules(ds).failed(&s, e.to_string()).map_err(OpsError::from)?;
+            if let Ok(Some(s)) = live_schedule(ds, &source) {
+                let _ = schedules(ds).failed(&s, e.to_string());
             }
         }
     }

@@ -2,6 +2,7 @@
 //! conversion must preserve is dirseal-testfs's (`tree`).
 #![allow(dead_code)]
 
+pub mod changes;
 pub mod host;
 
 use std::ffi::OsStr;
