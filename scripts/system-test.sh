@@ -102,55 +102,112 @@ printf '%s\n' "$cmd" >"$out/results/cmd"
 printf 'SYSTEM_DEMO_PIN=%q\n' "${SYSTEM_DEMO_PIN:-1}" >"$out/results/env"
 
 tmp=$(mktemp -d)
-swtpm_pid="" qemu_pid=""
+swtpm_pid="" qemu_pid="" cut_pid=""
 cleanup() {
-  [ -z "$qemu_pid" ] || kill "$qemu_pid" 2>/dev/null || true
-  [ -z "$swtpm_pid" ] || kill "$swtpm_pid" 2>/dev/null || true
+  for p in $cut_pid $qemu_pid $swtpm_pid; do kill "$p" 2>/dev/null || true; done
   rm -rf "$tmp"
 }
 trap cleanup EXIT
-guest_swtpm "$out/tpm"
 
 console=$out/console.log
 : >"$console"
 start=$(date +%s)
-# ttyS0: the console (kernel, systemd, the test's lines). ttyS1 and ttyS2 are wired to each other
-# through a unix socket: agetty serves ttyS1, the test types a login on ttyS2.
 guest_qemu_args "$out/tpm"
 # A virtual VGA for Xorg (bochs-drm in the guest).
 [ -z "$desktop" ] || qemu_args+=(-vga std)
-qemu-system-x86_64 "${qemu_args[@]}" -m 2048 \
-  -chardev file,id=con,path="$console" -serial chardev:con \
-  -chardev socket,id=s1,path="$tmp/serial",server=on,wait=off -serial chardev:s1 \
-  -chardev socket,id=s2,path="$tmp/serial" -serial chardev:s2 \
-  -kernel "$kroot/boot/vmlinuz-$kver" -initrd "$img/initrd.img" \
-  -append "console=ttyS0 quiet loglevel=3 panic=-1 no_timer_check systemd.show_status=false" \
-  -drive file="$out/root.qcow2",if=virtio,format=qcow2,cache=unsafe \
-  -virtfs local,path="$repo",mount_tag=repo,security_model=none,readonly=on \
-  -virtfs local,path="$out/bin",mount_tag=bin,security_model=none,readonly=on \
-  -virtfs local,path="$out/results",mount_tag=results,security_model=none \
-  >"$out/qemu.log" 2>&1 &
-qemu_pid=$!
+# boot_guest: qemu on the run's disk (the same overlay at every boot of the run). ttyS0: the
+# console (kernel, systemd, the test's lines), appended to across boots. ttyS1 and ttyS2 are wired
+# to each other through a unix socket: agetty serves ttyS1, the test types a login on ttyS2.
+boot_guest() {
+  rm -f "$tmp/serial"
+  qemu-system-x86_64 "${qemu_args[@]}" -m 2048 \
+    -chardev file,id=con,path="$console",append=on -serial chardev:con \
+    -chardev socket,id=s1,path="$tmp/serial",server=on,wait=off -serial chardev:s1 \
+    -chardev socket,id=s2,path="$tmp/serial" -serial chardev:s2 \
+    -kernel "$kroot/boot/vmlinuz-$kver" -initrd "$img/initrd.img" \
+    -append "console=ttyS0 quiet loglevel=3 panic=-1 no_timer_check systemd.show_status=false" \
+    -drive file="$out/root.qcow2",if=virtio,format=qcow2,cache=unsafe \
+    -virtfs local,path="$repo",mount_tag=repo,security_model=none,readonly=on \
+    -virtfs local,path="$out/bin",mount_tag=bin,security_model=none,readonly=on \
+    -virtfs local,path="$out/results",mount_tag=results,security_model=none \
+    >>"$out/qemu.log" 2>&1 &
+  qemu_pid=$!
+}
+# power_cut REGEX FROM BOOT: in the background, the power of the running guest cut (qemu killed,
+# nothing shut down) as soon as its console, from byte FROM on, shows a line matching REGEX; what
+# it saw goes to the results (powercut, console.cut.log) for the scenario to check.
+power_cut() {
+  local re=$1 from=$2 n=$3 t0 line
+  t0=$(date +%s)
+  (
+    set +o pipefail # grep's first match ends tail early
+    while kill -0 "$qemu_pid" 2>/dev/null; do
+      if line=$(tail -c +"$((from + 1))" "$console" | tr -d '\r' | grep -aE -m1 -- "$re"); then
+        kill -KILL "$qemu_pid"
+        tail -c +"$((from + 1))" "$console" >"$out/results/console.cut.log"
+        printf 'cut_boot=%q cut_after=%q cut_line=%q\n' "$n" "$(( $(date +%s) - t0 ))" "$line" >"$out/results/powercut"
+        exit 0
+      fi
+      sleep 0.2
+    done
+  ) &
+  cut_pid=$!
+}
 
 # The stall watchdog: progress is console output, a step the guest logs or what a console dialog
-# shows; lines of the test are echoed as they come.
+# shows; lines of the test are echoed as they come. A scenario may end a boot (reboot_then in
+# scenarios.sh: $out/results/reboot says so, and whether to cut the power of the next one): the
+# same disk boots again, at most 8 times in a run.
 shown=0
 guest_tick() {
   [ -f "$out/results/log" ] || return 0
   local n; n=$(wc -l <"$out/results/log")
   if [ "$n" -gt "$shown" ]; then sed -n "$((shown + 1)),${n}p" "$out/results/log" | grep '^system: ' || true; shown=$n; fi
 }
-guest_watch "$qemu_pid" "${SYSTEM_STALL:-240}" "${SYSTEM_LIMIT:-3600}" "$console" "$out/results/log" \
-  "$out/results/console-dialogs.log"
-if [ -n "$guest_verdict" ]; then
+boot=0 cut="" limit=${SYSTEM_LIMIT:-3600}
+while :; do
+  boot=$((boot + 1))
+  echo "$boot" >"$out/results/boot"
+  [ "$boot" = 1 ] || printf '\n===== system-test: boot %s =====\n' "$boot" >>"$console"
+  from=$(stat -c %s "$console")
+  # The TPM is the same at every boot (its state kept); swtpm ends with each qemu.
+  [ -z "$swtpm_pid" ] || wait "$swtpm_pid" 2>/dev/null || true
+  guest_swtpm "$out/tpm"
+  t_boot=$(date +%s)
+  boot_guest
+  if [ -n "$cut" ]; then power_cut "$cut" "$from" "$boot"; fi
+  # SYSTEM_LIMIT bounds the whole run, over all its boots.
+  left=0
+  if [ "$limit" -gt 0 ]; then left=$((limit - ($(date +%s) - start))); [ "$left" -gt 0 ] || left=1; fi
+  # (bash's "Killed" notice of a power-cut qemu is no news: not shown.)
+  guest_watch "$qemu_pid" "${SYSTEM_STALL:-240}" "$left" "$console" "$out/results/log" \
+    "$out/results/console-dialogs.log" 2>/dev/null
+  if [ -n "$cut_pid" ]; then kill "$cut_pid" 2>/dev/null || true; wait "$cut_pid" 2>/dev/null || true; cut_pid=""; fi
+  if [ -n "$guest_verdict" ]; then
+    wait "$qemu_pid" 2>/dev/null || true; qemu_pid=""
+    echo "system: FAILED: the guest stopped: $guest_verdict; its console log ($console) ends:"
+    tail -60 "$console" | sed 's/^/  | /'
+    [ ! -f "$out/results/log" ] || { echo "  last steps:"; tail -15 "$out/results/log" | sed 's/^/  | /'; }
+    exit 1
+  fi
   wait "$qemu_pid" 2>/dev/null || true; qemu_pid=""
-  echo "system: FAILED: the guest stopped: $guest_verdict; its console log ($console) ends:"
-  tail -60 "$console" | sed 's/^/  | /'
-  [ ! -f "$out/results/log" ] || { echo "  last steps:"; tail -15 "$out/results/log" | sed 's/^/  | /'; }
-  exit 1
-fi
-wait "$qemu_pid" 2>/dev/null || true; qemu_pid=""
-guest_tick
+  guest_tick
+  if [ -n "$cut" ] && [ -f "$out/results/powercut" ] && grep -q "^cut_boot=$boot " "$out/results/powercut"; then
+    # shellcheck source=/dev/null # written by power_cut above
+    echo "system: boot $boot: power cut $(( $(date +%s) - t_boot )) s after it began, at: $(. "$out/results/powercut"; echo "${cut_line:-}")"
+  elif [ -f "$out/results/reboot" ] && [ ! -f "$out/results/exit-status" ]; then
+    echo "system: boot $boot: the guest rebooted after $(( $(date +%s) - t_boot )) s"
+  else
+    break
+  fi
+  cut=""
+  if [ -f "$out/results/reboot" ]; then
+    read -r what re <"$out/results/reboot" || true
+    rm -f "$out/results/reboot"
+    [ "$what" != cut ] || cut=$re
+  fi
+  [ "$boot" -lt 8 ] || { echo "system: FAILED: the guest asked for a ninth boot"; exit 1; }
+done
 echo "system: guest ran $(( $(date +%s) - start )) s"
 if [ ! -f "$out/results/exit-status" ]; then
   echo "system: FAILED: the guest powered off without finishing; its console log ($console) ends:"

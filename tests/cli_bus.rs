@@ -311,6 +311,37 @@ fn a_user_converts_their_own_home_through_the_service() {
     assert_eq!(env.status_json(&bob.home)["encrypted"], true);
 }
 
+/// `--at-next-boot` from the user's own CLI reaches the service as `at_next_boot` (it was once
+/// dropped on this path: the service then converted at once, or refused the home in use): the
+/// home is scheduled, not converted, and the boot-time run converts it with nothing typed.
+#[test]
+fn a_user_schedules_their_own_home_for_the_next_boot_through_the_service() {
+    dirseal_testfs::needs_root!();
+    let env = Env::new();
+    for a in env.mnt().ancestors().take_while(|a| a.starts_with(std::env::temp_dir()) && *a != std::env::temp_dir()) {
+        std::fs::set_permissions(a, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let bus = Bus::start(&env);
+    let bob = User::new(env.mnt());
+    let h = bob.home_str();
+    let f = bob.home.join("f");
+    std::fs::write(&f, vec![5u8; 10_000]).unwrap();
+    std::os::unix::fs::chown(&f, Some(bob.uid), Some(bob.uid)).unwrap();
+    let o = as_user(&bob, &bus.address, &["convert", "--yes", "--at-next-boot", h], "pw-b\n");
+    assert!(o.status.success(), "{}\nservice log:\n{}", text(&o), bus.log());
+    assert!(text(&o).contains("scheduled for encryption at the next boot"), "{}", text(&o));
+    let st = env.status_json(&bob.home);
+    assert_eq!((&st["encrypted"], &st["conversion"]), (&false.into(), &"scheduled".into()), "{st}");
+    let out = env.ok(&["convert", "--scheduled"], "");
+    assert!(out.contains(&format!("{h} is encrypted")), "{out}");
+    assert_eq!(env.status_json(&bob.home)["encrypted"], true);
+    let o = as_user(&bob, &bus.address, &["lock", h], "");
+    assert!(o.status.success(), "{}", text(&o));
+    let o = as_user(&bob, &bus.address, &["unlock", h], "pw-b\n");
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(std::fs::read(&f).unwrap(), vec![5u8; 10_000]);
+}
+
 /// Ctrl-C while the service converts the user's home: the CLI cancels the job (`Cancel`), the
 /// service aborts it, and the home is as it was; exit 130.
 #[cfg(feature = "fault-injection")]

@@ -77,10 +77,11 @@ guest_initramfs() {
   rm -rf "$ird"
 }
 
-# guest_swtpm DIR: a software TPM for the guest, fresh state in DIR, its socket DIR/sock; it ends
-# when qemu closes the connection. Sets swtpm_pid.
+# guest_swtpm DIR: a software TPM for the guest, its state in DIR (fresh, or an earlier boot's),
+# its socket DIR/sock; it ends when qemu closes the connection. Sets swtpm_pid.
 guest_swtpm() {
   mkdir -p "$1"
+  rm -f "$1/sock" # an earlier boot's (the state is kept: the same TPM after a reboot)
   swtpm socket --tpm2 --tpmstate dir="$1" --ctrl type=unixio,path="$1/sock" --terminate --log file="$1/log" &
   swtpm_pid=$!
   for _ in $(seq 100); do [ -S "$1/sock" ] && return 0; sleep 0.1; done

@@ -7,6 +7,18 @@ PW_ALICE=alice-pw-1 PW_ALICE2=alice-pw-2 PW_BOB=bob-pw-1
 SSH_OPTS=(-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR -o ConnectTimeout=30)
 DBUS=(--system --dest org.dirseal.Dirseal1 --object-path /org/dirseal/Dirseal1)
 
+# reboot_then STEP [CUT]: ends this boot; in the next one the scenario is called again with
+# SCENARIO_STEP=STEP (guest.sh keeps its place). With CUT (an extended regex), the host cuts the
+# power of that next boot (qemu killed, nothing shut down) as soon as its console shows a matching
+# line, then boots once more, where the scenario goes on; $R/powercut and $R/console.cut.log say
+# what the cut saw. Nothing the scenario's EXIT trap would undo is undone.
+reboot_then() {
+  echo "$1" >"$W/reboot-step"
+  rm -f "$R/powercut" "$R/console.cut.log"
+  if [ -n "${2:-}" ]; then printf 'cut %s\n' "$2" >"$R/reboot"; else echo reboot >"$R/reboot"; fi
+  trap - EXIT
+  exit 100
+}
 home_key() { dirseal status "/home/$1" --json | sed -n 's/.*"key": *"\([a-z-]*\)".*/\1/p'; }
 # wait_key USER STATE [SECONDS]: until the home's key is in STATE (locked, unlocked, ...).
 wait_key() {
@@ -442,45 +454,66 @@ scenario_autologin() {
   step "autologin: $(( $(date +%s) - t0 )) s"
 }
 
-# `dirseal convert --at-next-boot` on a nearly full disk (auto picks move), asked from the owner's
-# running session; the boot's part is dirseal-convert-boot.service, started as systemd starts it
-# at boot (this harness does not reboot the guest: the host tests drop the keys between the two,
-# tests/next_boot.rs). A power cut (SIGKILL) mid-run, then the next start finishes; the login
-# unlocks the home with the password chosen when scheduling, every file intact.
-NB_PW=nina-pw-1
-nb_files() { (cd /home/nina && sha256sum numbers data/*) | sort; }
+# `dirseal convert --at-next-boot` on a nearly full disk (auto picks move), asked by the owner from
+# her running session through the service; then a real reboot. In the next boot
+# dirseal-convert-boot.service runs before logins with its progress on the console, and the host
+# cuts the power part-way (qemu killed: reboot_then's cut); the boot after resumes and finishes it
+# before the logins and the autologin check, and the console login unlocks the home with the
+# password chosen when scheduling, every file as it was.
+NB_PW=nina-pw-1 NB=/var/tmp/next-boot
+NB_CUT='dirseal: moving [3-8][0-9] %'
 next_boot_undo() {
   rm -f /var/tmp/filler
   pkill -KILL -u nina 2>/dev/null || true
   loginctl terminate-user nina 2>/dev/null || true
 }
 scenario_next-boot() {
-  local i free t0; t0=$(date +%s)
   trap next_boot_undo EXIT
+  case ${SCENARIO_STEP:-} in
+    "") next_boot_schedule ;;
+    after-cut) next_boot_resumed ;;
+    *) fail "no step $SCENARIO_STEP" ;;
+  esac
+}
+next_boot_schedule() {
+  local i free t0 t1; t0=$(date +%s)
   step "nina: a home of 96 MiB"
   id nina >/dev/null 2>&1 || useradd -m -s /bin/bash nina
   echo "nina:$NB_PW" | chpasswd
-  mkdir -p /home/nina/data
+  mkdir -p /home/nina/data/sub
   for i in $(seq 1 96); do head -c 1M /dev/urandom >"/home/nina/data/f$i"; done
+  for i in $(seq 1 50); do seq "$i" 3000 >"/home/nina/data/sub/s$i"; done
   seq 100000 >/home/nina/numbers
+  chmod 600 /home/nina/data/f1; ln -s ../numbers /home/nina/data/link
   chown -R nina: /home/nina
-  nb_files >"$W/nina-before"
+  rm -rf "$NB"; mkdir -p "$NB"; chmod 1777 "$NB"
+  # The tree (names, types, modes, owners; the files' sha256), taken as root now and by nina's
+  # login after the conversion.
+  cat >"$NB/manifest.sh" <<'SH'
+cd /home/nina || exit 1
+find data numbers -printf '%y %m %u %p %l\n' | sort
+find data numbers -type f -print0 | sort -z | xargs -0 sha256sum
+SH
+  bash "$NB/manifest.sh" >"$NB/before"
   step "the disk nearly full: no room for a second copy"
   free=$(df --output=avail -BM / | tail -1 | tr -dc 0-9)
   fallocate -l "$((free - 60))M" /var/tmp/filler
-  step "scheduled from nina's running session"
+  step "nina schedules it from her running session, through the service"
   sshpass -p "$NB_PW" ssh "${SSH_OPTS[@]}" -o PreferredAuthentications=password -o PubkeyAuthentication=no \
     nina@localhost 'echo SESSION; exec sleep 600' >"$W/nina-session" 2>&1 &
   for ((i = 0; i < 60; i++)); do grep -q SESSION "$W/nina-session" && break; sleep 1; done
   grep -q SESSION "$W/nina-session" || fail "nina's session did not start: $(cat "$W/nina-session")"
-  printf '%s\n' "$NB_PW" | dirseal convert /home/nina --at-next-boot --yes >"$W/out" 2>&1 ||
-    fail "convert --at-next-boot: $(cat "$W/out")"
-  { grep -q "scheduled for encryption at the next boot" "$W/out" && grep -q "will be moved" "$W/out"; } ||
-    fail "not scheduled as a move: $(cat "$W/out")"
-  # The guest has a TPM (swtpm): the staging key is held sealed to it.
-  grep -q "held sealed to this machine's TPM" "$W/out" || fail "the key is not held by the TPM: $(cat "$W/out")"
-  dirseal status /home/nina >"$W/out"; grep -q "scheduled for the next boot (move)" "$W/out" || fail "status: $(cat "$W/out")"
-  cmp -s "$W/nina-before" <(nb_files) || fail "the home changed before the boot"
+  # Installed in sbin, which a user's PATH lacks.
+  t1=$(date +%s)
+  ssh_pw nina "$NB_PW" "printf '%s\n' '$NB_PW' | $(command -v dirseal) convert /home/nina --at-next-boot --yes" >"$W/out" 2>&1 ||
+    fail "convert --at-next-boot as nina: $(cat "$W/out")"
+  cp "$W/out" "$R/next-boot.schedule.out"
+  step "convert --at-next-boot returned in $(( $(date +%s) - t1 )) s"
+  grep -q "scheduled for encryption at the next boot" "$W/out" || fail "not scheduled: $(cat "$W/out")"
+  dirseal status /home/nina >"$W/out"
+  grep -q "scheduled for the next boot (move)" "$W/out" || fail "status is not scheduled as a move: $(cat "$W/out")"
+  cmp -s "$NB/before" <(bash "$NB/manifest.sh") || fail "the home changed before the boot"
+  [ -n "$(ls -A /var/lib/dirseal/held)" ] || fail "no staging key is held"
   pkill -u nina -x sleep || true
   wait_gone nina
   step "the unit: enabled, before logins, the autologin check and the display manager"
@@ -489,37 +522,69 @@ scenario_next-boot() {
   for u in display-manager.service dirseal-autologin.service systemd-user-sessions.service; do
     grep -qw "$u" "$W/out" || fail "not ordered before $u: $(cat "$W/out")"
   done
-  step "a power cut during the boot-time run"
-  systemctl start --no-block dirseal-convert-boot.service
-  # Part-way: once some of the data has moved.
-  for ((i = 0; i < 240; i++)); do
-    journalctl -u dirseal-convert-boot -b --no-pager -o cat | grep -qE "dirseal: moving [1-9][0-9]? %" && break
-    sleep 0.25
-  done
-  systemctl kill -s KILL dirseal-convert-boot.service || true
-  sleep 2
-  if [ -n "$(ls -A /var/lib/dirseal/scheduled 2>/dev/null)" ]; then
-    step "cut part-way; the next boot's run resumes"
-    [ -n "$(ls -A /var/lib/dirseal/held)" ] || fail "the held key is gone before the conversion ended"
-    systemctl reset-failed dirseal-convert-boot.service 2>/dev/null || true
-    systemctl stop dirseal-convert-boot.service 2>/dev/null || true
-  else
-    step "the run finished before the cut could land"
-  fi
-  systemctl start dirseal-convert-boot.service ||
-    fail "the boot-time run: $(journalctl -u dirseal-convert-boot -b --no-pager -o cat | tail -5 | tr '\n' ' ')"
+  step "scheduled in $(( $(date +%s) - t0 )) s; reboot, the power cut once the console shows data moved"
+  date +%s >"$NB/rebooted-at"
+  reboot_then after-cut "$NB_CUT"
+}
+# Unit start and end, in seconds since the kernel started (from systemd's monotonic timestamps).
+mono() { awk -v t="$(systemctl show -p "$2" --value "$1")" 'BEGIN { printf "%.1f", t / 1e6 }'; }
+next_boot_resumed() {
+  local u t s0 s1 cut_boot cut_after cut_line first again
+  [ -f "$R/powercut" ] ||
+    fail "the power was not cut: the boot-time run ended before the console showed /$NB_CUT/ ($(journalctl -u dirseal-convert-boot -b --no-pager -o cat | tail -3 | tr '\n' ' '))"
+  # shellcheck source=/dev/null # written by the host (scripts/system-test.sh, power_cut)
+  . "$R/powercut"
+  step "the power was cut in boot $cut_boot, $cut_after s after it began, at: $cut_line"
+  # Journald puts them on the console as "[TIME] dirseal[PID]: dirseal: ...".
+  tr -d '\r' <"$R/console.cut.log" | grep -ao 'dirseal: .*' >"$W/cut-lines" || true
+  cp "$W/cut-lines" "$R/next-boot.cut-console"
+  grep -Eq "^dirseal: moving [0-9]+ % \(" "$W/cut-lines" || fail "no progress on the console of the cut boot: $(tail -c 400 "$R/console.cut.log")"
+  ! grep -q "is encrypted" "$W/cut-lines" || fail "the run had ended before the cut: $(tail -3 "$W/cut-lines")"
+  ! grep -aq "system: guest up" "$R/console.cut.log" || fail "the test's unit (after multi-user.target) ran during the boot-time run"
+  first=$(grep -o 'resuming the conversion of /home/nina ([a-z ]*)' "$W/cut-lines" | head -1)
+  [ -n "$first" ] || fail "the cut boot's run did not say what it resumed: $(head -3 "$W/cut-lines")"
+
+  step "this boot's run resumed and finished"
   journalctl -u dirseal-convert-boot -b --no-pager -o cat >"$R/next-boot.unit.log"
-  [ -z "$(ls -A /var/lib/dirseal/scheduled)" ] || fail "still scheduled: $(tail -5 "$R/next-boot.unit.log")"
-  [ -z "$(ls -A /var/lib/dirseal/held)" ] || fail "a held key is left: $(ls /var/lib/dirseal/held)"
+  again=$(grep -o 'resuming the conversion of /home/nina ([a-z ]*)' "$R/next-boot.unit.log" | head -1)
+  [ -n "$again" ] || fail "no run resumed in this boot: $(tail -5 "$R/next-boot.unit.log" | tr '\n' ' ')"
+  step "cut boot: $first, then $(grep -E '^dirseal: moving' "$W/cut-lines" | head -1) ... $(grep -E '^dirseal: moving' "$W/cut-lines" | tail -1); this boot: $again, then $(grep -E '^dirseal: moving' "$R/next-boot.unit.log" | head -1)"
+  grep -q "/home/nina is encrypted" "$R/next-boot.unit.log" || fail "the run did not finish: $(tail -5 "$R/next-boot.unit.log" | tr '\n' ' ')"
+  grep -Eq "^dirseal: [a-z]+ [0-9]+ % \(" "$R/next-boot.unit.log" || fail "no progress shown by this boot's run"
+  [ "$(systemctl show -p Result --value dirseal-convert-boot.service)" = success ] || fail "the unit: $(systemctl show -p Result --value dirseal-convert-boot.service)"
+  [ -z "$(ls -A /var/lib/dirseal/scheduled)" ] || fail "still scheduled: $(ls /var/lib/dirseal/scheduled)"
+  [ -z "$(ls -A /var/lib/dirseal/held)" ] || fail "the staging key's record is left: $(ls /var/lib/dirseal/held)"
   dirseal status /home/nina >"$W/out"
   grep -q "the conversion scheduled for the boot finished: done" "$W/out" || fail "status after the boot: $(cat "$W/out")"
+
+  step "it ended before logins, the autologin check and the display manager started"
+  s0=$(mono dirseal-convert-boot.service InactiveExitTimestampMonotonic)
+  s1=$(mono dirseal-convert-boot.service ActiveEnterTimestampMonotonic)
+  for u in systemd-user-sessions.service serial-getty@ttyS1.service dirseal-autologin.service display-manager.service dirseal-system-test.service; do
+    t=$(mono "$u" InactiveExitTimestampMonotonic)
+    if [ "$t" = 0.0 ]; then
+      case $u in dirseal-autologin.service | display-manager.service) echo "$u: not started in this boot" >>"$R/next-boot.order"; continue ;; esac
+      fail "$u did not start"
+    fi
+    echo "$u: started at $t s" >>"$R/next-boot.order"
+    awk -v a="$t" -v b="$s1" 'BEGIN { exit !(a >= b) }' || fail "$u started at $t s, before the conversion ended at $s1 s"
+  done
+  journalctl -b --no-pager -o short-monotonic |
+    grep -E 'dirseal-convert-boot|systemd-user-sessions|serial-getty@ttyS1|dirseal-autologin|display-manager' >>"$R/next-boot.order" || true
+  step "the boot's run: $s0 s to $s1 s after the kernel started; $(tr '\n' ';' <"$R/next-boot.order" | head -c 300)"
+
+  step "nina's console login unlocks it with the password chosen when scheduling"
   rm -f /var/tmp/filler
-  dirseal lock /home/nina >/dev/null
-  step "login unlocks it with the password chosen when scheduling"
-  ssh_pw nina "$NB_PW" 'sha256sum numbers data/* | sort' >"$W/nina-after" 2>&1 || fail "ssh login: $(cat "$W/nina-after")"
-  cmp -s "$W/nina-before" "$W/nina-after" || fail "the files differ after the conversion: $(diff "$W/nina-before" "$W/nina-after" | head -5)"
+  if [ "$(home_key nina)" != locked ]; then
+    step "the home is $(home_key nina) after the boot's run, before any login: locked for the test"
+    dirseal lock /home/nina >/dev/null
+  fi
+  console_login nina "$NB_PW" "bash $NB/manifest.sh >$NB/after" >"$W/out" 2>&1 ||
+    fail "console login: $(tr -d '\r' <"$W/out" | tail -c 400)"
+  cmp -s "$NB/before" "$NB/after" ||
+    fail "the tree differs after the conversion: $(diff "$NB/before" "$NB/after" | head -6 | tr '\n' ' ')"
   wait_gone nina; wait_key nina locked 30
-  step "next-boot: $(( $(date +%s) - t0 )) s"
+  step "next-boot: $(( $(date +%s) - $(cat "$NB/rebooted-at") )) s from the reboot to the login checked"
 }
 
 # `dirseal convert --live` on the home of a user logged in at the console, whose own process keeps

@@ -700,6 +700,10 @@ fn convert(a: ConvertArgs, ui: &mut TermUi) -> Result<i32> {
     if a.live {
         options.insert("live".into(), OwnedValue::from(true));
     }
+    // Without it the service would convert at once (a home in use: refused as busy).
+    if a.at_next_boot {
+        options.insert("at_next_boot".into(), OwnedValue::from(true));
+    }
     let plan: Dict = bus.call("PlanConvert", &(path_arg(&dir), &options))?;
     let new = confirm_plan(&plan, &dir, "Convert", a.yes)?;
     let secret = match named {
@@ -811,6 +815,10 @@ fn follow(bus: &Service, method: &str, dir: &Path, secret: &Passphrase, options:
                     "aborted" => {
                         eprintln!("dirseal: stopped; {d} is as it was");
                         return Ok(130);
+                    }
+                    "scheduled" => {
+                        println!("{d} is scheduled for encryption at the next boot, before the login screen, asking nothing; restart to have it done");
+                        println!("  until then `dirseal convert --abort {d}` as root (or the service's CancelScheduled) cancels it");
                     }
                     state => {
                         println!("{d}: {state} ({}, {} MiB)", super::term::entries(files), bytes.div_ceil(1 << 20))
