@@ -93,7 +93,9 @@ fn scheduled_then_run_at_boot_with_nothing_typed() {
     let out = env.ok(&["convert", "--scheduled"], "");
     assert!(out.contains(&format!("{} is encrypted", home.display())), "{out}");
     assert!(out.contains("copying"), "progress is shown: {out}");
-    assert_eq!(manifest(&home), before);
+    // Nobody is logged in: the run's key is gone, the home locked until a login opens it.
+    assert!(out.contains(&format!("locked {}: its owner's login opens it", home.display())), "{out}");
+    assert_eq!(env.status_json(&home)["key"], "locked");
     let [protectors, policies, held, scheduled] = keystore_files(&env);
     assert_eq!((protectors.len(), policies.len()), (1, 1));
     assert!(held.is_empty() && scheduled.is_empty(), "held {held:?}, scheduled {scheduled:?}");

@@ -99,6 +99,9 @@ pub fn run_scheduled(ds: &Dirseal, ui: &mut dyn Ui, hooks: &Hooks<'_>) -> Result
     for s in schedules.pending().map_err(OpsError::from)? {
         let s = schedules.began(&s).map_err(OpsError::from)?;
         let result = run_one_scheduled(ds, &s, ui, hooks);
+        if let Ok(c) = &result {
+            live::lock_after_commit(ds, c, &s.source, ui);
+        }
         if let Err(e) = &result {
             schedules.failed(&s, e.to_string()).map_err(OpsError::from)?;
         }

@@ -102,6 +102,28 @@ pub fn owner_logged_in(uid: u32) -> bool {
     }
 }
 
+/// A conversion committed while its owner is not logged in (at boot, or a live one after their
+/// last logout) would leave the key its run loaded in the kernel: the home would stay open with
+/// nobody in. It is removed, so the directory is locked until a login (or `dirseal unlock`) opens
+/// it, as the last logout leaves a home. A session of the owner's (a login that raced the commit)
+/// keeps it, and so does a directory of root's (a shared one: no login would open it again).
+pub(crate) fn lock_after_commit(ds: &Dirseal, converted: &Converted, source: &Path, ui: &mut dyn Ui) {
+    if !matches!(converted.outcome.state, State::Done | State::Swapped) {
+        return;
+    }
+    let Ok(owner) = owner_of(source) else { return };
+    if owner.uid == 0 || owner_logged_in(owner.uid) {
+        return;
+    }
+    match ds.lock(source, true) {
+        Ok(r) if r.locked || r.already_locked => {
+            ui.notice(&format!("locked {}: its owner's login opens it", source.display()))
+        }
+        Ok(_) => ui.notice(&format!("{} stays partly open: files in it are still in use", source.display())),
+        Err(e) => ui.notice(&format!("{} stays unlocked: {e}", source.display())),
+    }
+}
+
 /// Lowers the calling process's CPU and I/O priority for a background run (nice 19, idle I/O
 /// class): what `systemd-run` sets as unit properties, for a run started without systemd.
 pub fn background_priority() -> Result<(), ConvertError> {
@@ -243,7 +265,12 @@ fn live_loop(
                 }
                 on(LiveEvent::Deferred(&reason));
             }
-            other => return other,
+            other => {
+                if let Ok(c) = &other {
+                    lock_after_commit(ds, c, &source, ui);
+                }
+                return other;
+            }
         }
     }
 }

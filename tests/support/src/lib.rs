@@ -101,6 +101,23 @@ impl TestFs {
         Ok(fs)
     }
 
+    /// After an unmount: waits (up to 20 s) until the kernel has let the filesystem go (its
+    /// /proc/fs/ext4 entry gone). A mount before that would get the same superblock back, with
+    /// its keys still loaded: not what a test of a reboot wants.
+    fn wait_released(&self) -> Result<(), String> {
+        let dev = self.loopdev.clone().ok_or("no loop device")?;
+        let name = Path::new(&dev).file_name().map(|n| n.to_os_string()).unwrap_or_default();
+        let entry = Path::new("/proc/fs/ext4").join(name);
+        let start = std::time::Instant::now();
+        while entry.exists() {
+            if start.elapsed() > std::time::Duration::from_secs(20) {
+                return Err(format!("{dev} is still in use 20 s after its unmount ({} exists)", entry.display()));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        Ok(())
+    }
+
     fn mount(&mut self) -> Result<(), String> {
         let dev = self.loopdev.clone().ok_or("no loop device")?;
         run(Command::new("mount").args(["-t", "ext4", &dev]).arg(&self.mnt))?;
@@ -126,7 +143,7 @@ impl TestFs {
 
     /// Unmount and mount again: drops every cached key and inode, like a reboot does.
     pub fn remount(&mut self) {
-        if let Err(e) = run(Command::new("umount").arg(&self.mnt)) {
+        if let Err(e) = run(Command::new("umount").arg(&self.mnt)).and_then(|_| self.wait_released()) {
             panic!("remount: {e}");
         }
         if let Err(e) = self.mount() {
