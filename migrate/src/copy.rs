@@ -9,9 +9,11 @@
 //! therefore walks the tree again but copies only what is missing, stale or half-made, and
 //! removes what the source no longer has.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::ffi::{OsStr, OsString};
+use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -24,6 +26,7 @@ use crate::ctx::Ctx;
 use crate::fault::{self, Point};
 use crate::flags;
 use crate::fsx::{self, Kind, Meta, On};
+use crate::linkmap::{self, Blob, LinkMap};
 use crate::walk::{self, Visitor};
 use crate::{remove, MigrateError};
 
@@ -60,6 +63,23 @@ struct Rep {
     stg_ino: u64,
 }
 
+impl linkmap::Record for Rep {
+    fn encode(&self, blob: &mut Blob, dir: &OwnedFd) -> io::Result<[u8; linkmap::VALUE]> {
+        let (at, len) = blob.push(self.rel.as_os_str().as_bytes(), dir)?;
+        let mut b = [0; linkmap::VALUE];
+        b[..8].copy_from_slice(&self.stg_ino.to_le_bytes());
+        b[8..16].copy_from_slice(&at.to_le_bytes());
+        b[16..20].copy_from_slice(&len.to_le_bytes());
+        Ok(b)
+    }
+
+    fn decode(b: &[u8; linkmap::VALUE], blob: &Blob) -> io::Result<Rep> {
+        let word = |r| linkmap::word(b, r);
+        let rel = blob.read(word(8..16), word(16..20) as u32)?;
+        Ok(Rep { rel: PathBuf::from(OsString::from_vec(rel)), stg_ino: word(0..8) })
+    }
+}
+
 enum Entry {
     Done,
     IsDir,
@@ -84,9 +104,8 @@ struct Copier<'c, 'a> {
     ctx: &'c Ctx<'a>,
     live: Option<&'c dyn Catchup>,
     stg_root: BorrowedFd<'c>,
-    /// Only inodes with more than one link, so memory follows the number of hard-linked files,
-    /// not the size of the tree.
-    links: Mutex<HashMap<u64, Rep>>,
+    /// Only inodes with more than one link; past a threshold on disk, in staging's filesystem.
+    links: Mutex<LinkMap<Rep>>,
     /// Held while a multiply-linked file is handled: one thread at a time creates or links the
     /// members of link groups, so two names of one inode never race to be its first copy.
     link_turn: Mutex<()>,
@@ -108,9 +127,9 @@ pub(crate) fn copy_tree(
     stg_root: &OwnedFd,
     live: Option<&dyn Catchup>,
 ) -> Result<(), MigrateError> {
-    let c =
-        Copier { ctx, live, stg_root: stg_root.as_fd(), links: Mutex::new(HashMap::new()), link_turn: Mutex::new(()) };
     let root = Path::new("");
+    let links = LinkMap::new(stg_root).map_err(|e| ctx.dst_err(root, e))?;
+    let c = Copier { ctx, live, stg_root: stg_root.as_fd(), links: Mutex::new(links), link_turn: Mutex::new(()) };
     let dup = |fd: &OwnedFd| fd.try_clone().map_err(|e| ctx.dst_err(root, e));
     let top = Dir { src: dup(src_root)?, stg: dup(stg_root)?, rel: PathBuf::new() };
     pool.install(|| walk::walk(&c, top))
@@ -329,7 +348,7 @@ impl Copier<'_, '_> {
             true => fsx::stat_at(stg_dir, name).map_err(|e| ctx.dst_err(&rel, e))?,
             false => None,
         };
-        let rep = if m.nlink > 1 { self.rep(m.ino) } else { None };
+        let rep = if m.nlink > 1 { self.rep(m.ino).map_err(|e| ctx.dst_err(&rel, e))? } else { None };
         if let Some(rep) = rep {
             if existing.as_ref().map(|e| e.ino) != Some(rep.stg_ino) {
                 if existing.is_some() {
@@ -359,7 +378,7 @@ impl Copier<'_, '_> {
             };
             if keep {
                 if m.nlink > 1 {
-                    self.set_rep(m.ino, &rel, e.ino);
+                    self.set_rep(m.ino, &rel, e.ino).map_err(|e| ctx.dst_err(&rel, e))?;
                 }
                 self.seen(&rel, &m, false);
                 ctx.add_bytes(if m.kind == Kind::File { m.data() } else { 0 });
@@ -377,7 +396,7 @@ impl Copier<'_, '_> {
             r => r?,
         };
         if m.nlink > 1 {
-            self.set_rep(m.ino, &rel, stg_ino);
+            self.set_rep(m.ino, &rel, stg_ino).map_err(|e| ctx.dst_err(&rel, e))?;
         }
         self.seen(&rel, &m, true);
         ctx.file_done();
@@ -390,14 +409,13 @@ impl Copier<'_, '_> {
         }
     }
 
-    fn rep(&self, ino: u64) -> Option<Rep> {
-        self.links.lock().ok().and_then(|l| l.get(&ino).cloned())
+    fn rep(&self, ino: u64) -> io::Result<Option<Rep>> {
+        self.links.lock().map_err(|_| io::Error::other("hard-link state poisoned"))?.get(ino)
     }
 
-    fn set_rep(&self, ino: u64, rel: &Path, stg_ino: u64) {
-        if let Ok(mut l) = self.links.lock() {
-            l.insert(ino, Rep { rel: rel.to_path_buf(), stg_ino });
-        }
+    fn set_rep(&self, ino: u64, rel: &Path, stg_ino: u64) -> io::Result<()> {
+        let mut l = self.links.lock().map_err(|_| io::Error::other("hard-link state poisoned"))?;
+        l.insert(ino, Rep { rel: rel.to_path_buf(), stg_ino })
     }
 
     /// Whether an entry already in staging is a finished copy of the source entry.

@@ -177,6 +177,16 @@ pub fn point(here: Point) {
 #[inline(always)]
 pub fn point(_: Point) {}
 
+/// A size or count a test sets through the environment (so a small tree exercises what a large
+/// one would); with the feature `fault-injection` off the environment is never read.
+pub(crate) fn test_override(_var: &str) -> Option<u64> {
+    #[cfg(feature = "fault-injection")]
+    if let Some(n) = std::env::var(_var).ok().and_then(|v| v.parse::<u64>().ok()) {
+        return Some(n.max(1));
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::Point;

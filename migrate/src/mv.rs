@@ -47,24 +47,15 @@ use crate::{remove, MigrateError};
 /// Files larger than this move chunk by chunk; smaller ones are copied whole in batches.
 pub(crate) const CHUNK: u64 = 16 << 20;
 
-/// A test override (builds with `fault-injection` only) of a size below.
-fn test_override(_var: &str) -> Option<u64> {
-    #[cfg(feature = "fault-injection")]
-    if let Some(n) = std::env::var(_var).ok().and_then(|v| v.parse::<u64>().ok()) {
-        return Some(n.max(1));
-    }
-    None
-}
-
 /// The chunk size (`DIRSEAL_MOVE_CHUNK` in tests, so small files move in many chunks). Any size
 /// is safe across runs: progress is recorded in bytes, not chunks.
 fn chunk() -> u64 {
-    test_override("DIRSEAL_MOVE_CHUNK").map_or(CHUNK, |n| n.max(4096))
+    fault::test_override("DIRSEAL_MOVE_CHUNK").map_or(CHUNK, |n| n.max(4096))
 }
 
 /// Files per batch (`DIRSEAL_MOVE_BATCH` in tests, so a small tree makes many batches).
 fn batch_files() -> usize {
-    test_override("DIRSEAL_MOVE_BATCH").map_or(BATCH_FILES, |n| n as usize)
+    fault::test_override("DIRSEAL_MOVE_BATCH").map_or(BATCH_FILES, |n| n as usize)
 }
 /// A batch is synced (and its sources removed) once it holds this many bytes or files.
 pub(crate) const BATCH_BYTES: u64 = 16 << 20;

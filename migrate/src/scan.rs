@@ -1,8 +1,8 @@
 //! Read-only look before anything is written: the streaming census of the source tree. (Which
 //! processes use it: `dirseal-procs`.)
 
-use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
+use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -11,6 +11,7 @@ use std::sync::Mutex;
 use crate::ctx::Ctx;
 use crate::flags;
 use crate::fsx::{self, Kind};
+use crate::linkmap::{self, Blob, LinkMap};
 use crate::walk::{self, Visitor};
 use crate::MigrateError;
 
@@ -78,27 +79,58 @@ pub(crate) fn census(ctx: &Ctx, root: &OwnedFd) -> Result<Census, MigrateError> 
     let s = Scanner {
         ctx,
         total: Mutex::new(Census { alloc: rootm.blocks * 512, ..Census::default() }),
-        links: Mutex::new(HashMap::new()),
+        links: Mutex::new(LinkMap::new(root).map_err(|e| ctx.src_err(Path::new(""), e))?),
     };
     let top = Dir { fd: root.try_clone().map_err(|e| ctx.src_err(Path::new(""), e))?, rel: PathBuf::new() };
     walk::walk(&s, top)?;
     let poisoned = || MigrateError::Internal("census state poisoned");
     let mut c = s.total.into_inner().map_err(|_| poisoned())?;
     let links = s.links.into_inner().map_err(|_| poisoned())?;
-    for (nlink, seen, alloc) in links.values() {
-        if seen < nlink {
-            c.outside_links += 1;
-            c.outside_alloc += alloc;
-        }
-    }
+    links
+        .each(&mut |_, Seen { nlink, seen, alloc }| {
+            if seen < nlink {
+                c.outside_links += 1;
+                c.outside_alloc += alloc;
+            }
+        })
+        .map_err(|e| ctx.src_err(Path::new(""), e))?;
     Ok(c)
 }
 
 struct Scanner<'c, 'a> {
     ctx: &'c Ctx<'a>,
     total: Mutex<Census>,
-    /// nlink, names seen and allocated bytes, for multiply-linked inodes only.
-    links: Mutex<HashMap<u64, (u32, u32, u64)>>,
+    /// For multiply-linked inodes only; past a threshold on disk, in the source's filesystem.
+    links: Mutex<LinkMap<Seen>>,
+}
+
+/// A multiply-linked inode as the census saw it: its link count, the names of it seen in the
+/// tree, its allocated bytes.
+#[derive(Clone, Copy)]
+struct Seen {
+    nlink: u32,
+    seen: u32,
+    alloc: u64,
+}
+
+impl linkmap::Record for Seen {
+    fn encode(&self, _: &mut Blob, _: &OwnedFd) -> io::Result<[u8; linkmap::VALUE]> {
+        let mut b = [0; linkmap::VALUE];
+        b[..4].copy_from_slice(&self.nlink.to_le_bytes());
+        b[4..8].copy_from_slice(&self.seen.to_le_bytes());
+        b[8..16].copy_from_slice(&self.alloc.to_le_bytes());
+        Ok(b)
+    }
+
+    fn decode(b: &[u8; linkmap::VALUE], _: &Blob) -> io::Result<Seen> {
+        let word = |r| linkmap::word(b, r);
+        let short = |_| io::Error::other("a corrupt hard-link record");
+        Ok(Seen {
+            nlink: u32::try_from(word(0..4)).map_err(short)?,
+            seen: u32::try_from(word(4..8)).map_err(short)?,
+            alloc: word(8..16),
+        })
+    }
 }
 
 struct Dir {
@@ -157,7 +189,10 @@ impl Visitor for Scanner<'_, '_> {
         if !linked.is_empty() {
             let mut links = self.links.lock().map_err(|_| MigrateError::Internal("census state poisoned"))?;
             for m in linked {
-                links.entry(m.ino).or_insert((m.nlink, 0, m.blocks * 512)).1 += 1;
+                let had = links.get(m.ino).map_err(|e| ctx.src_err(&d.rel, e))?;
+                let mut s = had.unwrap_or(Seen { nlink: m.nlink, seen: 0, alloc: m.blocks * 512 });
+                s.seen += 1;
+                links.insert(m.ino, s).map_err(|e| ctx.src_err(&d.rel, e))?;
             }
         }
         let mut t = self.total.lock().map_err(|_| MigrateError::Internal("census state poisoned"))?;

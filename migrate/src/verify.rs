@@ -10,8 +10,9 @@
 //! copy.rs). For such a file matching metadata completes the proof, without opening or reading
 //! either side; any other file is compared byte for byte.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::ffi::{OsStr, OsString};
+use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
@@ -24,6 +25,7 @@ use crate::ctx::Ctx;
 use crate::fault::{self, Point};
 use crate::flags;
 use crate::fsx::{self, Kind, Meta, On, Time};
+use crate::linkmap::{self, Blob, LinkMap};
 use crate::walk::{self, Visitor};
 use crate::{remove, MigrateError};
 
@@ -46,14 +48,31 @@ pub(crate) struct Diff {
 /// conversion's manifest says so, see catchup.rs).
 pub(crate) type Settled<'s> = &'s (dyn Fn(&Path, &Meta) -> bool + Sync);
 
+/// The inode a multiply-linked inode of one tree was first seen paired with in the other.
+#[derive(Clone, Copy)]
+struct Ino(u64);
+
+impl linkmap::Record for Ino {
+    fn encode(&self, _: &mut Blob, _: &OwnedFd) -> io::Result<[u8; linkmap::VALUE]> {
+        let mut b = [0; linkmap::VALUE];
+        b[..8].copy_from_slice(&self.0.to_le_bytes());
+        Ok(b)
+    }
+
+    fn decode(b: &[u8; linkmap::VALUE], _: &Blob) -> io::Result<Ino> {
+        Ok(Ino(u64::from_le_bytes(b[..8].try_into().map_err(|_| io::Error::other("short record"))?)))
+    }
+}
+
 struct Verifier<'c, 'a> {
     ctx: &'c Ctx<'a>,
     /// See `Journal::copy_started`; `None` compares every file's content.
     copy_started: Option<Time>,
     settled: Option<Settled<'c>>,
-    /// Source inode → staging inode and back, for multiply-linked inodes only.
-    fwd: Mutex<HashMap<u64, u64>>,
-    back: Mutex<HashMap<u64, u64>>,
+    /// Source inode → staging inode and back, for multiply-linked inodes only; past a threshold
+    /// on disk, in staging's filesystem.
+    fwd: Mutex<LinkMap<Ino>>,
+    back: Mutex<LinkMap<Ino>>,
     diff: Mutex<Diff>,
 }
 
@@ -93,8 +112,8 @@ pub(crate) fn verify_tree_with(
         ctx,
         copy_started,
         settled,
-        fwd: Mutex::new(HashMap::new()),
-        back: Mutex::new(HashMap::new()),
+        fwd: Mutex::new(LinkMap::new(stg_root).map_err(|e| ctx.dst_err(Path::new(""), e))?),
+        back: Mutex::new(LinkMap::new(stg_root).map_err(|e| ctx.dst_err(Path::new(""), e))?),
         diff: Mutex::new(Diff::default()),
     };
     let root = Path::new("");
@@ -276,8 +295,16 @@ impl Verifier<'_, '_> {
                 _ => return Err(MigrateError::Internal("verification state poisoned")),
             };
             let (mut fwd, mut back) = (fwd, back);
-            let f = *fwd.entry(m.ino).or_insert(e.ino);
-            let b = *back.entry(e.ino).or_insert(m.ino);
+            let first = |map: &mut LinkMap<Ino>, from: u64, to: u64| -> io::Result<u64> {
+                if let Some(Ino(had)) = map.get(from)? {
+                    return Ok(had);
+                }
+                map.insert(from, Ino(to))?;
+                Ok(to)
+            };
+            let err = |e| self.ctx.dst_err(Path::new(""), e);
+            let f = first(&mut fwd, m.ino, e.ino).map_err(err)?;
+            let b = first(&mut back, e.ino, m.ino).map_err(err)?;
             if f != e.ino || b != m.ino {
                 return Ok(Some("hard links differ".into()));
             }

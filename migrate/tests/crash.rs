@@ -810,6 +810,50 @@ fn memory_does_not_grow_with_the_size_of_the_tree() {
     assert!(peaks[1] < peaks[0] + 1024, "peak RSS grew from {} KiB to {} KiB", peaks[0], peaks[1]);
 }
 
+/// Issue 50: the passes' maps of hard-linked inodes keep only a few entries in memory here
+/// (`DIRSEAL_LINKS_IN_MEMORY`), the rest on disk; the groups must come through whole all the same,
+/// in the copy, its verification and the census (the file linked outside the tree is reported).
+#[test]
+fn hard_links_past_the_in_memory_map_convert_exactly() {
+    dirseal_testfs::needs_root!();
+    let c = Case::new();
+    for d in ["a", "b/deep", "c"] {
+        fs::create_dir_all(c.src.join(d)).unwrap();
+    }
+    for i in 0..400 {
+        let f = c.src.join(format!("a/f{i}"));
+        fs::write(&f, format!("contents {i}")).unwrap();
+        fs::hard_link(&f, c.src.join(format!("b/deep/also-f{i}"))).unwrap();
+        if i % 7 == 0 {
+            fs::hard_link(&f, c.src.join(format!("c/third-{i}"))).unwrap();
+        }
+    }
+    fs::write(c.src.join("shared"), b"also outside").unwrap();
+    fs::hard_link(c.src.join("shared"), c.fs.path().join("outside-link")).unwrap();
+    let before = manifest(&c.src);
+    let r = child("convert", &c.src, &c.wd, &[], &[("DIRSEAL_LINKS_IN_MEMORY", "16".into())]);
+    assert!(r.stdout.contains("state=done"), "{}", r.show());
+    let spilled: u64 = r.stdout.lines().find_map(|l| l.strip_prefix("links_spilled=")).unwrap().parse().unwrap();
+    // Census, copy, verification both ways: each keeps about 400 inodes past its first 16.
+    assert!(spilled >= 4 * 380, "only {spilled} entries went to disk: {}", r.show());
+    assert!(r.stdout.contains("1 file(s) also had hard links outside"), "{}", r.show());
+    let mut after = manifest(&c.src);
+    // The file linked outside is its own inode now (reported above); the manifest counts links.
+    let shared = after.remove(b"shared".as_slice());
+    assert!(shared.is_some());
+    let mut want = before.clone();
+    want.remove(b"shared".as_slice());
+    assert_same(&after, &want, "after converting many hard links");
+    for i in 0..400 {
+        let ino = |p: String| fs::metadata(c.src.join(p)).unwrap().ino();
+        assert_eq!(ino(format!("a/f{i}")), ino(format!("b/deep/also-f{i}")), "group {i} kept");
+        if i % 7 == 0 {
+            assert_eq!(ino(format!("a/f{i}")), ino(format!("c/third-{i}")));
+        }
+        assert_ne!(ino(format!("a/f{i}")), ino(format!("a/f{}", (i + 1) % 400)));
+    }
+}
+
 /// Issue 24: the file counter stood still while a big file copied (3/3905), because a directory
 /// handed its subdirectories to the other threads only once its own files were copied. Held in
 /// the copy of the first file (`DIRSEAL_FAULT_HOLD`), the run must have entered the subdirectory

@@ -10,7 +10,8 @@
 //! - `TEST_HOLD=<event>`: at that event print `holding` and wait until stdin is closed.
 //! - `TEST_APPEND=<event>=<path>`: at that event append a byte to `path`.
 //!
-//! Prints `state=<state>` and `peak_kib=<peak RSS>` (exit 0) or `error=<variant>` and the message on stderr (exit 1).
+//! Prints `state=<state>`, `peak_kib=<peak RSS>` and `links_spilled=<hard-linked inodes the
+//! passes kept on disk>` (exit 0) or `error=<variant>` and the message on stderr (exit 1).
 #![forbid(unsafe_code)]
 
 #[allow(dead_code)]
@@ -92,6 +93,7 @@ fn main() {
             if let Some(kib) = status.lines().find_map(|l| l.strip_prefix("VmHWM:")) {
                 println!("peak_kib={}", kib.trim().trim_end_matches(" kB"));
             }
+            println!("links_spilled={}", migrate::links_spilled());
             for n in out.notes {
                 println!("note={n}");
             }
