@@ -896,20 +896,48 @@ HOST_DEADLINE = None
 RESULTS = "results"  # per recording: a line per point, "N<TAB>STATE<TAB>SECONDS[<TAB>WHY LOST]"
 
 
-def private_mounts():
-    """A worker's own mount namespace: its points mount at the recorded path, as the guest's did,
-    while the other workers' points are mounted there too."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.unshare(0x00020000) != 0:  # CLONE_NEWNS
-        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS)")
-    subprocess.run(["mount", "--make-rprivate", "/"], check=True)
+def isolated(fn):
+    """fn()'s result (JSON), fn run as pid 1 of a pid namespace and in a mount namespace of its
+    own, with its own /proc: its point mounts at the recorded path, as the guest's did, while
+    other workers' points are mounted there too, and dirseal's check that nothing uses the
+    directory sees only this point's processes (it goes by path)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(r)
+            libc = ctypes.CDLL(None, use_errno=True)
+            if libc.unshare(0x00020000 | 0x20000000) != 0:  # CLONE_NEWNS | CLONE_NEWPID
+                raise OSError(ctypes.get_errno(), "unshare")
+            inner = os.fork()  # the namespace's pid 1 (its first child: the namespace ends with it)
+            if inner == 0:
+                try:
+                    subprocess.run(["mount", "--make-rprivate", "/"], check=True)
+                    subprocess.run(["mount", "-t", "proc", "proc", "/proc"], check=True)
+                    out = {"ok": fn()}
+                except BaseException as e:  # noqa: BLE001 - reported to the parent
+                    out = {"error": f"{type(e).__name__}: {e}"}
+                with os.fdopen(w, "w") as f:
+                    json.dump(out, f)
+                os._exit(0)
+            os.waitpid(inner, 0)
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as f:
+        data = f.read()
+    os.waitpid(pid, 0)
+    out = json.loads(data) if data else {"error": "the isolated check died"}
+    if "error" in out:
+        raise Failure(out["error"])
+    return out["ok"]
 
 
 def host_point(task):
     """One point on the host, in a scratch dir of its own: a sparse copy of the pre-image (the
     disk when the recording's window opened), the log's entries up to the point on top, then the
-    checks the guest makes. Returns (recording, point, state or None when skipped, why lost,
-    seconds, log)."""
+    checks the guest makes (isolated). Returns (recording, point, state or None when skipped,
+    why lost, seconds, log)."""
     global LOG
     slug, n, fixed = task
     if not fixed and HOST_DEADLINE is not None and time.time() >= HOST_DEADLINE:
@@ -921,14 +949,21 @@ def host_point(task):
     shutil.rmtree(scratch, ignore_errors=True)
     os.makedirs(scratch)
     img = os.path.join(scratch, "disk.img")
-    lost = None
+
+    def check():
+        global LOG
+        LOG = io.StringIO()  # what the parent gets back: this point's log only
+        try:
+            with rec.point_env(scratch):
+                return [rec.check_point(n, img), None, LOG.getvalue()]
+        except Failure as e:
+            return ["LOST", str(e), LOG.getvalue()]
+
     try:
         run(["cp", "--reflink=auto", "--sparse=always", rec.pre_img, img])
         run([rec.replayer(), "replay", rec.log_img, img, str(rec.start + 1), str(n)])
-        with rec.point_env(scratch):
-            state = rec.check_point(n, img)
-    except Failure as e:
-        state, lost = "LOST", str(e)
+        state, lost, text = isolated(check)
+        LOG.write(text)
     except Exception as e:  # noqa: BLE001 - a point that cannot be checked counts against the run
         state, lost = "LOST", f"point {n}: the check broke: {type(e).__name__}: {e}"
     finally:
@@ -1020,7 +1055,7 @@ def host_replay(summary):
     files = {slug: open(os.path.join(rec.dir, RESULTS), "a") for slug, rec in HOST_RECS.items()}
     progress = Progress()
     fixed = sum(1 for t in tasks if t[2])
-    with multiprocessing.get_context("fork").Pool(ARGS.jobs, initializer=private_mounts) as pool:
+    with multiprocessing.get_context("fork").Pool(ARGS.jobs) as pool:
         for slug, n, state, lost, secs, text in pool.imap_unordered(host_point, tasks):
             if state is None:
                 continue
