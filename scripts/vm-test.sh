@@ -24,7 +24,7 @@
 #
 # The guest records every conversion (dm-log-writes). The ext4 recordings (all but casefold) are
 # copied out through the results share and replayed here, natively, points in parallel (one per
-# core, each in its own loop device, scratch copy and mount namespace): scripts/vm/guest.py
+# core, each in its own loop device, scratch copy, mount and pid namespace): scripts/vm/guest.py
 # --host-replay, the same checks. f2fs and casefold ones replay in the guest (the host kernel
 # mounts neither).
 #
