@@ -39,6 +39,10 @@ pass=$(grep -Eo '[0-9]+ passed' "$log" | awk '{s+=$1} END {print s+0}')
 fail=$(grep -Eo '[0-9]+ failed' "$log" | awk '{s+=$1} END {print s+0}')
 skip=$(grep -Eo '[0-9]+ ignored' "$log" | awk '{s+=$1} END {print s+0}')
 rm -f "$log"
+# The power-cut checker (scripts/vm/guest.py) against planted damage: it must fail on each.
+checker_log=$(mktemp)
+python3 scripts/vm/test_checker.py --bin "${CARGO_TARGET_DIR:-target}/debug" 2>&1 | tee "$checker_log"
+[ "${PIPESTATUS[0]}" -eq 0 ] || [ "$rc" -ne 0 ] || rc=1
 # SIGKILLs at random moments across copy, move, abort and rollback, then 20 s of live rounds (a
 # large run: docs/crash-safety.md); about a minute.
 soak_log=$(mktemp)
@@ -70,6 +74,8 @@ esac
 echo "tests: $pass passed, $fail failed, $skip skipped"
 grep -E '^(shellcheck|lintian): ' "$lint_log"
 rm -f "$lint_log"
+grep -E '^checker: ([0-9]+ plantings|FAILED)' "$checker_log" || echo "checker: FAILED (no result line)"
+rm -f "$checker_log"
 grep -E '^soak: [0-9]+ kills' "$soak_log"
 rm -f "$soak_log"
 grep -E '^gui: [0-9]+ scenarios' "$gui_log" || echo "gui: FAILED (no result line)"

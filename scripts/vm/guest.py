@@ -3,7 +3,8 @@
 
 powercut: records a conversion with dm-log-writes (the tree, the keystore and the work dir all on
           the recorded ext4), then replays the log onto a fresh image at flush points and between
-          them; each image is checked with e2fsck, mounted, the same convert command is run again,
+          them (ext4 ones on the host: --export here, --host-replay there, points in parallel,
+          the same checks); each image is checked with e2fsck, mounted, the same convert command is run again,
           and the tree must be the untouched plaintext before and the complete encrypted tree after,
           opened through the keystore. `dirseal decrypt` (copy and move) is recorded the same
           way, the tree converted before the marks: encrypted before, the plaintext after. Move
@@ -25,10 +26,13 @@ Writes a line per result to OUT/summary and details to OUT/guest.log; exits non-
 """
 import argparse
 import contextlib
+import ctypes
 import errno
 import fcntl
 import hashlib
+import io
 import json
+import multiprocessing
 import os
 import random
 import shutil
@@ -37,6 +41,7 @@ import stat
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 
 ARGS = None
@@ -91,14 +96,15 @@ class Failure(Exception):
 
 
 class Dirseal:
-    """The binary under test, with a private config and a keystore at `keystore`."""
+    """The binary under test, with a private config and a keystore at `keystore` (and the TPM at
+    `tcti`, when not the kernel's /dev/tpmrm0)."""
 
-    def __init__(self, keystore, etc):
+    def __init__(self, keystore, etc, tcti=None):
         self.bin = os.path.join(ARGS.bin, "dirseal")
         os.makedirs(etc, exist_ok=True)
         cfg = os.path.join(etc, "config.toml")
         with open(cfg, "w") as f:
-            f.write(FAST_CONFIG)
+            f.write(FAST_CONFIG + (f'[tpm2]\ntcti = "{tcti}"\n' if tcti else ""))
         self.env = dict(os.environ, DIRSEAL_CONFIG=cfg, DIRSEAL_KEYSTORE=keystore)
 
     def __call__(self, *args, stdin="", check=True):
@@ -186,7 +192,7 @@ def data_map(path, size):
             except OSError:
                 break
             end = os.lseek(fd, start, os.SEEK_HOLE)
-            ranges.append((start, end))
+            ranges.append([start, end])  # lists: a manifest read back from JSON compares equal
             off = end
     finally:
         os.close(fd)
@@ -290,12 +296,16 @@ class Recording:
     """A conversion recorded with dm-log-writes, and the state before it started."""
 
     TAG = ""  # what names a subclass's recordings (and --cases matches): fs/mode/TAG
+    # Whether its ext4 recordings replay on the host (natively, points in parallel) rather than
+    # in the guest: only what the host kernel can mount and check (it has no casefold, no f2fs).
+    HOST = True
 
     def __init__(self, work, fstype, mode):
         self.work = work
         self.fstype = fstype
         self.mkfs, self.fsck_cmd, self.share = FILESYSTEMS[fstype]
         self.mode = mode
+        self.name = f"{fstype}/{mode}{self.TAG}"
         self.mnt = os.path.join(work, "mnt")  # the same path for recording and replays
         self.src = os.path.join(self.mnt, "home", "alice")
         self.keystore = os.path.join(self.mnt, "keystore")
@@ -312,6 +322,10 @@ class Recording:
             self.ds.env["DIRSEAL_MOVE_CHUNK"] = str(MOVE_CHUNK)
         self.decrypt = mode in DECRYPT_MODES
 
+    @classmethod
+    def on_host(cls, fstype):
+        return fstype == "ext4" and cls.HOST
+
     def convert_args(self):
         if self.decrypt:
             return ["decrypt", self.src, "--yes", *DECRYPT_MODES[self.mode][0]]
@@ -319,6 +333,10 @@ class Recording:
 
     def before_recording(self):
         """Set-up outside the recorded window (a subclass's)."""
+
+    def at_start(self):
+        """Right before the recorded window opens: what replays need of the state then, besides
+        the disk (a subclass's)."""
 
     def workload(self):
         """What is recorded (between the marks): the conversion."""
@@ -344,6 +362,7 @@ class Recording:
             # Only the decrypt is recorded: the conversion before it is not cut.
             self.ds("convert", self.src, "--yes", "--protector-name", "owner", "--mode", "copy", stdin=PASSWORD)
         run(["sync"])
+        self.at_start()
         run(["dmsetup", "message", "lw", "0", "mark", "convert-start"])
         t0 = time.time()
         self.workload()
@@ -354,10 +373,7 @@ class Recording:
         run(["dmsetup", "remove", "--noudevsync", "lw"])
         run(["losetup", "-d", data_dev])
         run(["losetup", "-d", log_dev])
-        entries = run([self.replayer(), "list", self.log_img]).stdout.splitlines()
-        self.entries = [line.split(" ", 4) for line in entries]
-        marks = {e[4]: int(e[0]) for e in self.entries if int(e[1]) & 8}
-        self.start, self.end = marks["convert-start"], marks["convert-end"]
+        self.read_log()
         # The replayer is checked against the kernel: the whole log gives the device's bytes.
         with open(self.replay_img, "wb") as f:
             f.truncate(self.size)
@@ -365,6 +381,46 @@ class Recording:
         if sha256_file(self.replay_img) != sha256_file(self.data_img):
             raise Failure("replaying the whole log does not reproduce the recorded device")
         os.unlink(self.data_img)
+
+    def read_log(self):
+        """The log's entries (index, flags, sector, sectors, mark) and the window's marks."""
+        entries = run([self.replayer(), "list", self.log_img]).stdout.splitlines()
+        self.entries = [line.split(" ", 4) for line in entries]
+        marks = {e[4]: int(e[0]) for e in self.entries if int(e[1]) & 8}
+        self.start, self.end = marks["convert-start"], marks["convert-end"]
+
+    # What travels from the guest to the host with the log: the recording's kind and paths, the
+    # original tree's manifest (a subclass adds its own, with the files it copies beside).
+    def export(self, dest):
+        os.makedirs(dest)
+        run(["cp", "--sparse=always", self.log_img, os.path.join(dest, "log.img")])
+        meta = {"name": self.name, "tag": self.TAG, "fstype": self.fstype, "mode": self.mode,
+                "work": self.work, "size": self.size, "manifest": self.manifest,
+                "convert_secs": self.convert_secs}
+        with open(os.path.join(dest, "meta.json.tmp"), "w") as f:
+            json.dump(meta, f)
+        os.rename(os.path.join(dest, "meta.json.tmp"), os.path.join(dest, "meta.json"))
+
+    @staticmethod
+    def load(src):
+        """A recording exported to `src` (export), ready to replay."""
+        with open(os.path.join(src, "meta.json")) as f:
+            meta = json.load(f)
+        kind = next(k for k in RECORDING_KINDS if k.TAG == meta["tag"])
+        rec = kind(meta["work"], meta["fstype"], meta["mode"])
+        rec.log_img = os.path.join(src, "log.img")
+        rec.size, rec.manifest, rec.convert_secs = meta["size"], meta["manifest"], meta["convert_secs"]
+        rec.loaded(src)
+        rec.read_log()
+        return rec
+
+    def loaded(self, src):
+        """What a subclass takes back from an exported recording."""
+
+    @contextlib.contextmanager
+    def point_env(self, scratch):
+        """What a host replay needs around its check besides the disk (a subclass's: the TPM)."""
+        yield
 
     def replayer(self):
         return os.path.join(ARGS.bin, "replay-log")
@@ -380,6 +436,10 @@ class Recording:
             (flushes if flags & 3 else between).append(i + 1)
         return flushes, between
 
+    def all_points(self):
+        flushes, between = self.points()
+        return sorted(set(flushes) | set(between) | {self.start + 1, self.end + 1})
+
     def fixed_points(self, flushes):
         """The minimum set a sampled run always replays: the last point (the finished run) and
         flush points evenly spaced from the first (no randomness: every run covers them)."""
@@ -390,7 +450,8 @@ class Recording:
 
     def check_done(self, mnt, what):
         """The directory is encrypted, opens through the keystore and holds the original tree
-        (decrypt: it is plaintext, holds the original tree, and its policy record is gone)."""
+        (decrypt: it is plaintext, holds the original tree, and its policy record is gone), and
+        nothing else is left on the filesystem."""
         if self.decrypt:
             if is_encrypted(self.src):
                 raise Failure(f"{what}: {self.src} is still encrypted after the decrypt")
@@ -407,37 +468,33 @@ class Recording:
         got = manifest(self.src)
         if got != self.manifest:
             raise Failure(f"{what}: the tree differs from the original: {diff(self.manifest, got)}")
-        leftovers = []
-        wd = os.path.join(mnt, ".dirseal", "convert")
-        for d in os.listdir(wd) if os.path.isdir(wd) else []:
-            extra = set(os.listdir(os.path.join(wd, d))) - {"journal.json", "lock"}
-            leftovers += [os.path.join(d, x) for x in extra]
-        if leftovers:
-            raise Failure(f"{what}: leftovers in the work dir: {leftovers}")
+        left = leftovers(mnt, self.src, self.keystore)
+        if left:
+            raise Failure(f"{what}: leftovers on the filesystem: {left[:5]}")
 
-    def fsck(self, what):
-        p = run([*self.fsck_cmd, self.check_img], check=False)
+    def fsck(self, image, what):
+        p = run([*self.fsck_cmd, image], check=False)
         if p.returncode != 0 or "[FAIL]" in p.stdout:
             raise Failure(f"{what}: {self.fsck_cmd[0]} found problems (status {p.returncode}): {p.stdout.strip()[-400:]}")
 
-    def check_point(self, n):
-        """Power cut after `n` log entries: fsck, mount, the directory is the untouched plaintext or
-        an encrypted tree, then the same convert finishes the job."""
+    def check_point(self, n, image):
+        """Power cut after `n` log entries, the disk then being `image`: fsck, mount, the
+        directory is the untouched plaintext or an encrypted tree, then the same convert finishes
+        the job."""
         what = f"point {n}"
         log(f"== {what}")
-        run(["cp", "--sparse=always", self.replay_img, self.check_img])
-        dev = losetup(self.check_img)
+        dev = losetup(image)
         try:
             # The kernel replays the journal; only then must e2fsck find nothing.
             mount(dev, self.mnt, self.fstype)
             umount(self.mnt)
-            self.fsck(what)
+            self.fsck(image, what)
             mount(dev, self.mnt, self.fstype)
             state = "plaintext"
             if not os.path.isdir(self.src):
                 raise Failure(f"{what}: {self.src} is gone")
             if self.decrypt:
-                return self.check_decrypt_point(dev, what)
+                return self.check_decrypt_point(image, what)
             if is_encrypted(self.src):
                 state = "encrypted"
             elif not CONVERT_MODES[self.mode][1]:
@@ -454,15 +511,14 @@ class Recording:
                 self.ds("unlock", self.src, stdin=self.secret)
             self.check_done(self.mnt, what)
             umount(self.mnt)
-            self.fsck(what + " after the resume")
+            self.fsck(image, what + " after the resume")
             return state
         finally:
             if os.path.ismount(self.mnt):
                 run(["umount", "-l", self.mnt], check=False)
             run(["losetup", "-d", dev], check=False)
 
-
-    def check_decrypt_point(self, dev, what):
+    def check_decrypt_point(self, image, what):
         """A decrypt cut by the power: the directory is the encrypted tree (before the swap; the
         key is gone, so it is checked once the same decrypt has finished) or the whole plaintext
         (after it); the same `dirseal decrypt` (asking the password to load the key) finishes."""
@@ -479,8 +535,39 @@ class Recording:
                 raise Failure(f"{what}: running decrypt again failed: {again.stderr.strip()}")
         self.check_done(self.mnt, what)
         umount(self.mnt)
-        self.fsck(what + " after the resume")
+        self.fsck(image, what + " after the resume")
         return state
+
+
+def leftovers(mnt, src, keystore):
+    """Everything on the filesystem at `mnt` besides the tree, the keystore and each work dir's
+    journal and lock (a finished run leaves nothing else: no staging, no stray copy of the
+    plaintext), as paths relative to `mnt`."""
+    keep = {os.path.relpath(src, mnt), os.path.relpath(keystore, mnt)}
+    # The directories walked: those on the way to them, the work dirs' parents, lost+found.
+    ways = {".", ".dirseal", ".dirseal/convert", "lost+found"}
+    for p in keep:
+        while p not in ("", "."):
+            p = os.path.dirname(p)
+            ways.add(p or ".")
+    out = []
+    for dirpath, dirnames, filenames in os.walk(mnt):
+        rel = os.path.relpath(dirpath, mnt)
+        walk = []
+        for n in sorted(dirnames):
+            p = os.path.normpath(os.path.join(rel, n))
+            if p in keep:
+                continue
+            if p in ways or rel == ".dirseal/convert":
+                walk.append(n)
+            else:
+                out.append(p)
+        dirnames[:] = walk
+        for n in sorted(filenames):
+            if os.path.dirname(rel) == ".dirseal/convert" and n in ("journal.json", "lock"):
+                continue
+            out.append(os.path.normpath(os.path.join(rel, n)))
+    return out
 
 
 # Move recordings: files per batch (DIRSEAL_MOVE_BATCH), so add_move_batches' directory moves in
@@ -548,6 +635,68 @@ class TpmRecording(Recording):
             raise Failure("the guest has no /dev/tpmrm0 (is swtpm attached?)")
         tpm_owned(self.ds)
 
+    def at_start(self):
+        # The TPM as the recording starts (its lockout owned, its seeds), from the host swtpm's
+        # state dir (the results share): each host replay starts a swtpm of its own from it.
+        self.tpm_saved = os.path.join(self.work, "tpm")
+        os.makedirs(self.tpm_saved)
+        shutil.copy(os.path.join(ARGS.tpm_state, SWTPM_STATE), self.tpm_saved)
+
+    def export(self, dest):
+        super().export(dest)
+        shutil.copytree(self.tpm_saved, os.path.join(dest, "tpm"))
+
+    def loaded(self, src):
+        self.tpm_saved = os.path.join(src, "tpm")
+
+    @contextlib.contextmanager
+    def point_env(self, scratch):
+        state = os.path.join(scratch, "tpm")
+        os.makedirs(state)
+        shutil.copy(os.path.join(self.tpm_saved, SWTPM_STATE), state)
+        with swtpm(state) as tcti:
+            own = Dirseal(self.keystore, os.path.join(scratch, "etc"), tcti)
+            self.ds.env["DIRSEAL_CONFIG"] = own.env["DIRSEAL_CONFIG"]
+            yield
+
+
+# The file a swtpm keeps a TPM2's permanent state in (its seeds, NV, lockout), in its state dir.
+SWTPM_STATE = "tpm2-00.permall"
+
+
+@contextlib.contextmanager
+def swtpm(state):
+    """A swtpm on two free 127.0.0.1 ports with its state in `state`; yields its TCTI."""
+    for _ in range(5):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port >= 65535:
+            continue
+        proc = subprocess.Popen(
+            ["swtpm", "socket", "--tpm2", "--server", f"type=tcp,port={port},bindaddr=127.0.0.1",
+             "--ctrl", f"type=tcp,port={port + 1},bindaddr=127.0.0.1", "--flags", "not-need-init,startup-clear",
+             "--tpmstate", f"dir={state}"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            t0 = time.time()
+            while proc.poll() is None and time.time() - t0 < 10:
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                    break
+                except OSError:
+                    time.sleep(0.02)
+            if proc.poll() is not None:
+                log(f"swtpm on port {port} exited: {proc.stderr.read().decode().strip()}")
+                continue  # a port taken between the probe and its bind: another pair
+            yield f"swtpm:host=127.0.0.1,port={port}"
+            return
+        finally:
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait()
+    raise Failure("swtpm did not start (5 tries)")
+
 
 class CasefoldRecording(Recording):
     """A copy conversion recorded on a casefold+encrypt ext4, the tree holding a Proton-like
@@ -555,6 +704,7 @@ class CasefoldRecording(Recording):
     in the wrong case and lsattr (the casefold flag F on the prefix's directories) is unchanged."""
 
     TAG = "/casefold"
+    HOST = False  # the host kernel has no casefold
     # Of the sampled points, half an ext4 recording's share (the copy's steps are the plain
     # recording's; only what the directories are made with differs).
     SHARE = 0.5
@@ -593,6 +743,9 @@ class LiveRecording(Recording):
     conversion was prepared is converted anew."""
 
     TAG = "/live"
+    # Replayed in the guest: its check (the boot-time run with the held key, the two trees it may
+    # find) is its own, not yet the host's per-point one.
+    HOST = False
     # Of the sampled points, half an ext4 recording's share (the copy's steps are the plain
     # recording's; the passes add their manifests and records).
     SHARE = 0.5
@@ -728,6 +881,10 @@ def live_changes(root):
     with open(os.path.join(root, "new-file"), "wb") as f:
         f.write(b"written while live")
 
+# Every kind of recording (what an exported one's tag names).
+RECORDING_KINDS = (Recording, TpmRecording, CasefoldRecording, LiveRecording)
+
+
 def spread(items, k, rnd):
     """Up to k items: evenly spaced, plus a few at random."""
     if len(items) <= k:
@@ -765,8 +922,8 @@ def sha256_file(path):
 
 
 def replay_points(rec, name, points, progress, deadline, tally):
-    """Replays `points` (ascending) onto a zeroed image, each checked; stops early, between
-    points, once `deadline` (time.time()) is passed. Returns the seconds each point took."""
+    """Replays `points` (ascending) onto a zeroed image, each checked on a copy; stops early,
+    between points, once `deadline` (time.time()) is passed. Returns the seconds each point took."""
     with open(rec.replay_img, "wb") as f:
         f.truncate(rec.size)
     applied = 0
@@ -779,7 +936,8 @@ def replay_points(rec, name, points, progress, deadline, tally):
         applied = n
         tally["replayed"] += 1
         try:
-            st = rec.check_point(n)
+            run(["cp", "--sparse=always", rec.replay_img, rec.check_img])
+            st = rec.check_point(n, rec.check_img)
             tally["states"][st] = tally["states"].get(st, 0) + 1
         except Failure as e:
             tally["lost"] += 1
@@ -789,12 +947,8 @@ def replay_points(rec, name, points, progress, deadline, tally):
     return took
 
 
-def powercut(summary):
-    """Sampled: each recording replays its fixed points, then as many more (flush points and
-    points between, 20:6) as fit its share of the time budget that is left, measured by its own
-    points: a slow machine replays fewer, never fails for being slow. Full: every point."""
-    tally = {"replayed": 0, "lost": 0, "states": {}}
-    fixed_total = 0
+def recording_runs():
+    """The recordings of this run: (filesystem, mode, kind), named fs/mode[TAG]."""
     runs = [(f, m, Recording) for f in FILESYSTEMS for m in [*CONVERT_MODES, *DECRYPT_MODES]]
     if ARGS.mode != "full":
         # The sample keeps CI's time: decrypt runs the engine's code paths of convert (which
@@ -805,6 +959,25 @@ def powercut(summary):
     runs.append(("ext4", "copy", LiveRecording))
     if ARGS.cases:
         runs = [r for r in runs if ARGS.cases in f"{r[0]}/{r[1]}{r[2].TAG}"]
+    if ARGS.recordings:
+        runs = [r for r in runs if f"{r[0]}/{r[1]}{r[2].TAG}" in ARGS.recordings.split(",")]
+    return runs
+
+
+def exported(run_):
+    """Whether this run's recording goes to the host (--export) instead of being replayed here."""
+    fstype, _, kind = run_
+    return bool(ARGS.export) and kind.on_host(fstype)
+
+
+def powercut(summary):
+    """Records each conversion. Those the host replays (--export) are copied out; the others are
+    replayed here. Sampled: each recording replays its fixed points, then as many more (flush
+    points and points between, 20:6) as fit its share of the time budget that is left, measured
+    by its own points: a slow machine replays fewer, never fails for being slow. Full: every point."""
+    tally = {"replayed": 0, "lost": 0, "states": {}}
+    fixed_total = 0
+    runs = recording_runs()
     t_all = time.time()
     deadline = t_all + ARGS.budget
     progress = Progress()
@@ -820,8 +993,12 @@ def powercut(summary):
         flushes, between = rec.points()
         tally["states"] = {}
         before = tally["replayed"]
-        if ARGS.mode == "full":
-            pts = sorted(set(flushes) | set(between) | {rec.start + 1, rec.end + 1})
+        if exported((fstype, mode, kind)):
+            rec.export(os.path.join(ARGS.export, os.path.basename(work)))
+            say(f"powercut[{name}]: recorded {len(rec.entries)} log entries (conversion {rec.convert_secs:.1f} s, "
+                f"{len(flushes)} flush points, {len(between)} between); replayed on the host")
+        elif ARGS.mode == "full":
+            pts = rec.all_points()
             say(f"powercut[{name}]: recorded {len(rec.entries)} log entries (conversion {rec.convert_secs:.1f} s); "
                 f"replaying all {len(pts)} points ({len(flushes)} flush points)")
             replay_points(rec, name, pts, progress, None, tally)
@@ -831,10 +1008,11 @@ def powercut(summary):
             say(f"powercut[{name}]: recorded {len(rec.entries)} log entries (conversion {rec.convert_secs:.1f} s, "
                 f"{len(flushes)} flush points, {len(between)} between); replaying {len(fixed)} fixed points")
             took = replay_points(rec, name, fixed, progress, None, tally)
-            # This recording's share of what is left (f2fs weighs half), keeping time to record
-            # the ones after it.
+            # This recording's share of what is left (f2fs weighs half) among those replayed
+            # here, keeping time to record the ones after it.
             later = runs[idx + 1 :]
-            weight = rec.share / (rec.share + sum(getattr(k, "SHARE", FILESYSTEMS[f][2]) for f, _, k in later))
+            here = [r for r in later if not exported(r)]
+            weight = rec.share / (rec.share + sum(getattr(k, "SHARE", FILESYSTEMS[f][2]) for f, _, k in here))
             mine = max(0.0, deadline - time.time() - record_secs * len(later)) * weight
             per_point = max(sum(took) / max(1, len(took)), 0.1)
             k = int(mine / per_point)
@@ -848,13 +1026,239 @@ def powercut(summary):
             if extra:
                 say(f"powercut[{name}]: {per_point:.1f} s per point; {len(extra)} more points fit the budget")
                 replay_points(rec, name, extra, progress, time.time() + mine, tally)
-        say(f"powercut[{name}]: {tally['replayed'] - before} points {tally['states']} in {time.time() - t0:.0f} s")
+        if not exported((fstype, mode, kind)):
+            say(f"powercut[{name}]: {tally['replayed'] - before} points {tally['states']} in {time.time() - t0:.0f} s")
         shutil.rmtree(work, ignore_errors=True)
+    secs = time.time() - t_all
     how = "every point" if ARGS.mode == "full" else (
         f"{fixed_total} fixed + {tally['replayed'] - fixed_total} within the {ARGS.budget} s budget")
-    summary.append(f"powercut: {tally['replayed']} points replayed, {tally['lost']} lost ({how}, "
-                   f"{time.time() - t_all:.0f} s)")
+    if ARGS.export:
+        # The host adds its replays to these and prints the one `powercut:` line (host_replay).
+        with open(os.path.join(ARGS.out, "powercut-guest.json"), "w") as f:
+            json.dump({"replayed": tally["replayed"], "lost": tally["lost"], "fixed": fixed_total,
+                       "secs": round(secs), "budget": ARGS.budget}, f)
+        summary.append(f"powercut in the guest: {tally['replayed']} points replayed, {tally['lost']} lost "
+                       f"({how}, {secs:.0f} s with the recordings)")
+        return tally["lost"] == 0
+    summary.append(f"powercut: {tally['replayed']} points replayed, {tally['lost']} lost ({how}, {secs:.0f} s)")
     return tally["lost"] == 0 and tally["replayed"] > 0
+
+
+# ---------------------------------------------------------------- power cut: replays on the host
+
+# Set before the host's worker processes fork: the recordings by directory name, the time after
+# which sampled points are skipped.
+HOST_RECS = {}
+HOST_DEADLINE = None
+RESULTS = "results"  # per recording: a line per point, "N<TAB>STATE<TAB>SECONDS[<TAB>WHY LOST]"
+
+
+def isolated(fn):
+    """fn()'s result (JSON), fn run as pid 1 of a pid namespace and in a mount namespace of its
+    own, with its own /proc: its point mounts at the recorded path, as the guest's did, while
+    other workers' points are mounted there too, and dirseal's check that nothing uses the
+    directory sees only this point's processes (it goes by path)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(r)
+            libc = ctypes.CDLL(None, use_errno=True)
+            if libc.unshare(0x00020000 | 0x20000000) != 0:  # CLONE_NEWNS | CLONE_NEWPID
+                raise OSError(ctypes.get_errno(), "unshare")
+            inner = os.fork()  # the namespace's pid 1 (its first child: the namespace ends with it)
+            if inner == 0:
+                try:
+                    subprocess.run(["mount", "--make-rprivate", "/"], check=True)
+                    subprocess.run(["mount", "-t", "proc", "proc", "/proc"], check=True)
+                    out = {"ok": fn()}
+                except BaseException as e:  # noqa: BLE001 - reported to the parent
+                    out = {"error": f"{type(e).__name__}: {e}"}
+                with os.fdopen(w, "w") as f:
+                    json.dump(out, f)
+                os._exit(0)
+            os.waitpid(inner, 0)
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as f:
+        data = f.read()
+    os.waitpid(pid, 0)
+    out = json.loads(data) if data else {"error": "the isolated check died"}
+    if "error" in out:
+        raise Failure(out["error"])
+    return out["ok"]
+
+
+def host_point(task):
+    """One point on the host, in a scratch dir of its own: a sparse copy of the pre-image (the
+    disk when the recording's window opened), the log's entries up to the point on top, then the
+    checks the guest makes (isolated). Returns (recording, point, state or None when skipped,
+    why lost, seconds, log)."""
+    global LOG
+    slug, n, fixed = task
+    if not fixed and HOST_DEADLINE is not None and time.time() >= HOST_DEADLINE:
+        return slug, n, None, None, 0.0, ""
+    rec = HOST_RECS[slug]
+    LOG = io.StringIO()
+    t = time.time()
+    scratch = os.path.join(ARGS.scratch, f"{slug}-{n}")
+    shutil.rmtree(scratch, ignore_errors=True)
+    os.makedirs(scratch)
+    img = os.path.join(scratch, "disk.img")
+
+    def check():
+        global LOG
+        LOG = io.StringIO()  # what the parent gets back: this point's log only
+        try:
+            with rec.point_env(scratch):
+                return [rec.check_point(n, img), None, LOG.getvalue()]
+        except Failure as e:
+            return ["LOST", str(e), LOG.getvalue()]
+
+    try:
+        run(["cp", "--reflink=auto", "--sparse=always", rec.pre_img, img])
+        run([rec.replayer(), "replay", rec.log_img, img, str(rec.start + 1), str(n)])
+        state, lost, text = isolated(check)
+        LOG.write(text)
+    except Exception as e:  # noqa: BLE001 - a point that cannot be checked counts against the run
+        state, lost = "LOST", f"point {n}: the check broke: {type(e).__name__}: {e}"
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return slug, n, state, lost, time.time() - t, LOG.getvalue()
+
+
+def read_results(path):
+    """A recording's results file: point -> (state, seconds, why lost)."""
+    done = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                parts = line.rstrip("\n").split("\t")
+                if len(parts) >= 3:
+                    done[int(parts[0])] = (parts[1], float(parts[2]), parts[3] if len(parts) > 3 else "")
+    return done
+
+
+def sample_queue(recs, rnd):
+    """Sampled points in the order they are replayed: every recording's fixed points, then the
+    rest of its points shuffled (flush points and points between, 20:6), taken from the
+    recordings in turn by their shares: whatever prefix fits the budget is a fair sample."""
+    fixed, rest = [], {}
+    for slug, rec in recs.items():
+        flushes, between = rec.points()
+        fx = rec.fixed_points(flushes)
+        fixed += [(slug, n, True) for n in fx]
+        f = [p for p in flushes if p not in fx]
+        b = [p for p in between if p not in fx]
+        rnd.shuffle(f)
+        rnd.shuffle(b)
+        mixed = []
+        while f or b:
+            mixed += f[:20] + b[:6]
+            f, b = f[20:], b[6:]
+        rest[slug] = mixed
+    extra, credit = [], dict.fromkeys(recs, 0.0)
+    while any(rest.values()):
+        for slug, rec in recs.items():
+            credit[slug] += rec.share
+            while credit[slug] >= 1 and rest[slug]:
+                extra.append((slug, rest[slug].pop(0), False))
+                credit[slug] -= 1
+    return fixed + extra
+
+
+def host_replay(summary):
+    """Replays the recordings the guest exported (in ARGS.host_replay, a dir per recording) here,
+    ARGS.jobs points at a time, each point's result appended to the recording's results file.
+    Full: every point not in that file yet (so an interrupted run resumes). Sampled: the fixed
+    points, then a sample while ARGS.budget lasts."""
+    global HOST_RECS, HOST_DEADLINE
+    t_all = time.time()
+    root = ARGS.host_replay
+    for slug in sorted(os.listdir(root)):
+        d = os.path.join(root, slug)
+        if not os.path.exists(os.path.join(d, "meta.json")):
+            continue
+        rec = Recording.load(d)
+        if ARGS.recordings and rec.name not in ARGS.recordings.split(","):
+            continue
+        if ARGS.binaries:
+            with open(os.path.join(d, "binaries")) as f:
+                if f.read().strip() != ARGS.binaries:
+                    say(f"host: {rec.name}: recorded with other binaries, left out")
+                    continue
+        rec.dir = d
+        rec.pre_img = os.path.join(d, "pre.img")
+        if not os.path.exists(rec.pre_img):
+            with open(rec.pre_img + ".tmp", "wb") as f:
+                f.truncate(rec.size)
+            run([rec.replayer(), "replay", rec.log_img, rec.pre_img + ".tmp", "0", str(rec.start + 1)])
+            os.rename(rec.pre_img + ".tmp", rec.pre_img)
+        os.makedirs(rec.mnt, exist_ok=True)
+        HOST_RECS[slug] = rec
+    if not HOST_RECS:
+        say(f"host: no recordings to replay in {root}")
+    done = {slug: read_results(os.path.join(rec.dir, RESULTS)) for slug, rec in HOST_RECS.items()}
+    if ARGS.mode == "full":
+        tasks = [(slug, n, True) for slug, rec in HOST_RECS.items() for n in rec.all_points() if n not in done[slug]]
+    else:
+        tasks = sample_queue(HOST_RECS, random.Random(ARGS.seed))
+        HOST_DEADLINE = t_all + ARGS.budget
+    say(f"host: replaying {len(tasks)} points of {', '.join(r.name for r in HOST_RECS.values())}, "
+        f"{ARGS.jobs} at a time" + (f", within {ARGS.budget} s after the fixed ones" if HOST_DEADLINE else ""))
+    os.makedirs(ARGS.scratch, exist_ok=True)
+    tally = {slug: {"replayed": 0, "lost": 0, "secs": 0.0, "states": {}} for slug in HOST_RECS}
+    files = {slug: open(os.path.join(rec.dir, RESULTS), "a") for slug, rec in HOST_RECS.items()}
+    progress = Progress()
+    fixed = sum(1 for t in tasks if t[2])
+    with multiprocessing.get_context("fork").Pool(ARGS.jobs) as pool:
+        for slug, n, state, lost, secs, text in pool.imap_unordered(host_point, tasks):
+            if state is None:
+                continue
+            t = tally[slug]
+            t["replayed"] += 1
+            t["secs"] += secs
+            t["states"][state] = t["states"].get(state, 0) + 1
+            files[slug].write(f"{n}\t{state}\t{secs:.1f}" + (f"\t{lost}" if lost else "") + "\n")
+            files[slug].flush()
+            if lost:
+                t["lost"] += 1
+                say(f"powercut[{HOST_RECS[slug].name}] on the host: LOST at {lost}")
+            if lost or ARGS.mode != "full":
+                LOG.write(text)
+            progress.tick(f"host: {sum(x['replayed'] for x in tally.values())} points replayed so far, "
+                          f"{sum(x['lost'] for x in tally.values())} lost")
+    for f in files.values():
+        f.close()
+    secs = time.time() - t_all
+    for slug, rec in HOST_RECS.items():
+        t = tally[slug]
+        line = (f"powercut[{rec.name}] on the host: {t['replayed']} points {t['states']} in {t['secs']:.0f} s of "
+                f"work, {t['secs'] / max(1, t['replayed']):.1f} s a point")
+        if ARGS.mode == "full":
+            got = read_results(os.path.join(rec.dir, RESULTS))
+            want = rec.all_points()
+            gone = sum(1 for s, _, _ in got.values() if s == "LOST")
+            line += (f"; of all {len(want)} points {sum(1 for n in want if n in got)} done "
+                     f"({'complete' if all(n in got for n in want) else 'not complete'}), {gone} lost")
+        say(line)
+    host_n = sum(t["replayed"] for t in tally.values())
+    host_lost = sum(t["lost"] for t in tally.values())
+    guest = {"replayed": 0, "lost": 0, "fixed": 0, "budget": 0}
+    gj = os.path.join(ARGS.out, "powercut-guest.json")
+    if os.path.exists(gj):
+        with open(gj) as f:
+            guest = json.load(f)
+    n, lost = host_n + guest["replayed"], host_lost + guest["lost"]
+    if ARGS.mode == "full":
+        how = f"every point: {host_n} on the host in {secs:.0f} s, {guest['replayed']} in the guest"
+    else:
+        how = (f"{fixed + guest['fixed']} fixed + {n - fixed - guest['fixed']} within the budgets: {host_n} on the "
+               f"host in {secs:.0f} s ({ARGS.budget} s budget, {ARGS.jobs} at a time), {guest['replayed']} in the "
+               f"guest ({guest['budget']} s budget)")
+    summary.append(f"powercut: {n} points replayed, {lost} lost ({how})")
+    return lost == 0 and n > 0
 
 
 # ---------------------------------------------------------------- faults
@@ -1565,17 +1969,54 @@ def casefold(summary):
 def main():
     global ARGS, LOG
     ap = argparse.ArgumentParser()
-    ap.add_argument("--bin", required=True, help="where dirseal and replay-log are")
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--bin", help="where dirseal and replay-log are")
+    ap.add_argument("--out", help="where the summary and the log go")
     ap.add_argument("--mode", choices=["sampled", "full"], default="sampled")
     ap.add_argument("--only", choices=["powercut", "faults", "f2fs", "tpm2", "casefold"])
     ap.add_argument("--min-points", type=int, default=3,
                     help="sampled: fixed flush points per ext4 recording (half on f2fs), always replayed")
-    ap.add_argument("--budget", type=int, default=240,
-                    help="sampled: seconds for the power-cut replays; more points are replayed while it lasts")
+    ap.add_argument("--budget", type=int, default=60,
+                    help="sampled: seconds for the power-cut replays after the fixed points (in the guest: of "
+                         "those replayed there; on the host: of its own); more points are replayed while it lasts")
     ap.add_argument("--cases", help="only the recordings (fs/mode[/tpm2|/casefold|/live]) and fault scenarios (fs/mode/kind) whose name contains this (debugging)")
+    ap.add_argument("--recordings", help="only these recordings (names, comma-separated: ext4/copy,ext4/copy/tpm2)")
     ap.add_argument("--seed", type=int, default=int(time.time()))
+    ap.add_argument("--export", help="guest: copy the recordings the host replays to this dir, a dir each")
+    ap.add_argument("--tpm-state", help="guest: the host swtpm's state dir (default OUT/tpm)")
+    ap.add_argument("--host-replay", metavar="DIR", help="on the host: replay the recordings exported to DIR")
+    ap.add_argument("--binaries", help="host: replay only recordings whose `binaries` file says this")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count(), help="host: points replayed at a time")
+    ap.add_argument("--scratch", help="host: where each point's disk is made (default: a new dir in /dev/shm, "
+                    "removed at the end: copies, replays and the rerun's I/O stay in memory)")
+    ap.add_argument("--list-recordings", action="store_true",
+                    help="print each recording of the mode: its name, and host or guest (where it replays)")
     ARGS = ap.parse_args()
+    if ARGS.list_recordings:
+        for f, m, k in recording_runs():
+            print(f"{f}/{m}{k.TAG} {'host' if k.on_host(f) else 'guest'}")
+        return 0
+    if not ARGS.bin or not ARGS.out:
+        ap.error("--bin and --out are needed")
+    ARGS.tpm_state = ARGS.tpm_state or os.path.join(ARGS.out, "tpm")
+    if ARGS.host_replay:
+        # The host's part of the power-cut test: its lines are added to the guest's summary.
+        LOG = open(os.path.join(ARGS.out, "host.log"), "a")
+        summary = []
+        own_scratch = not ARGS.scratch
+        if own_scratch:
+            ARGS.scratch = tempfile.mkdtemp(prefix="dirseal-replay.", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+        try:
+            ok = host_replay(summary)
+        except Failure as e:
+            say(f"powercut on the host: FAILED: {e}")
+            summary.append("powercut: FAILED")
+            ok = False
+        finally:
+            if own_scratch:
+                shutil.rmtree(ARGS.scratch, ignore_errors=True)
+        with open(os.path.join(ARGS.out, "summary"), "a") as f:
+            f.write("\n".join(summary) + "\n")
+        return 0 if ok else 1
     LOG = open(os.path.join(ARGS.out, "guest.log"), "w")
     say(f"guest: sampling seed {ARGS.seed}")
     summary = []
