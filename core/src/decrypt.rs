@@ -311,11 +311,18 @@ impl Cleanup {
         let path = workdir.join(Self::FILE);
         // Invariant: ids and strings always serialize.
         let json = serde_json::to_vec_pretty(self).expect("a clean-up record serializes");
-        securefile::write_atomic(&path, &json).map_err(|e| ConvertError::Path { path, reason: e.to_string() })
+        // A run cut short while writing it left a temporary copy (the decrypt's lock keeps any
+        // other writer out): the work dir ends with nothing of it.
+        securefile::remove_stale_temps(&path)
+            .and_then(|()| securefile::write_atomic(&path, &json))
+            .map_err(|e| ConvertError::Path { path, reason: e.to_string() })
     }
 
     fn remove(workdir: &Path) -> Result<(), ConvertError> {
         let path = workdir.join(Self::FILE);
+        if let Err(e) = securefile::remove_stale_temps(&path) {
+            return Err(ConvertError::Path { path, reason: e.to_string() });
+        }
         match securefile::remove_durable(&path) {
             Ok(()) | Err(securefile::SecureFileError::NotFound { .. }) => Ok(()),
             Err(e) => Err(ConvertError::Path { path, reason: e.to_string() }),

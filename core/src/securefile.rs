@@ -228,6 +228,32 @@ pub fn write_atomic(path: &Path, data: &[u8]) -> Result<(), SecureFileError> {
     sync_dir(dir)
 }
 
+/// Removes the temporary files [`write_atomic`] left beside `path` when it was cut short (a
+/// power cut or a kill between creating and renaming one). Only for a file whose writers are
+/// serialized by a lock the caller holds: a temporary file of a write under way would go too.
+pub fn remove_stale_temps(path: &Path) -> Result<(), SecureFileError> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let Some(name) = path.file_name().map(|n| n.to_string_lossy().into_owned()) else { return Ok(()) };
+    let prefix = format!(".{name}.");
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(io_err(dir, "list")(e)),
+    };
+    let mut removed = false;
+    for e in entries.flatten() {
+        let n = e.file_name().to_string_lossy().into_owned();
+        if n.starts_with(&prefix) && n.ends_with(".tmp") && e.file_type().is_ok_and(|t| t.is_file()) {
+            std::fs::remove_file(e.path()).map_err(io_err(&e.path(), "remove"))?;
+            removed = true;
+        }
+    }
+    if removed {
+        sync_dir(dir)?;
+    }
+    Ok(())
+}
+
 /// Opens (creating, mode 0600) the private file `path` without following symlinks, checks it
 /// like [`read_private`] does, and holds an exclusive `flock` on it until the result is dropped,
 /// waiting as long as another process holds it. The kernel drops the lock when a process dies,
@@ -301,6 +327,31 @@ pub(crate) fn remove_durable(path: &Path) -> Result<(), SecureFileError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stale_temporary_files_of_one_record_are_removed() {
+        let d = tempfile::tempdir().unwrap();
+        let rec = d.path().join("decrypt-cleanup.json");
+        write_atomic(&rec, b"{}").unwrap();
+        // What a power cut between create and rename leaves, twice; another record's; a directory.
+        for n in
+            [".decrypt-cleanup.json.0a1b2c3d4e5f.tmp", ".decrypt-cleanup.json.ffffffffffff.tmp", ".journal.json.1.tmp"]
+        {
+            std::fs::write(d.path().join(n), b"partial").unwrap();
+        }
+        std::fs::create_dir(d.path().join(".decrypt-cleanup.json.dir.tmp")).unwrap();
+        remove_stale_temps(&rec).unwrap();
+        let mut left: Vec<String> = std::fs::read_dir(d.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, [".decrypt-cleanup.json.dir.tmp", ".journal.json.1.tmp", "decrypt-cleanup.json"]);
+        assert_eq!(std::fs::read(&rec).unwrap(), b"{}");
+        // Nothing to do, and a missing directory, are no errors.
+        remove_stale_temps(&rec).unwrap();
+        remove_stale_temps(&d.path().join("gone/x.json")).unwrap();
+    }
 
     #[test]
     fn round_trip_and_refusals() {
