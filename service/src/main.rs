@@ -8,6 +8,7 @@ mod error;
 mod fdio;
 mod jobs;
 mod log;
+mod nice;
 mod pick;
 mod pin;
 mod registry;
