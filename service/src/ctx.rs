@@ -22,13 +22,6 @@ pub struct Ctx {
     calls: Mutex<HashMap<u32, usize>>,
 }
 
-/// Held while work runs under [`Ctx::one_at_a_time`]: the lock, and the thread lowered in
-/// priority. The lock is released first, then the thread's priority set back.
-pub struct Alone<'a> {
-    _one: MutexGuard<'a, ()>,
-    _lowered: crate::nice::Lowered,
-}
-
 /// Calls one user may have in flight (the rest are refused with LimitsExceeded); root more.
 pub const CALLS_PER_UID: usize = 4;
 pub const CALLS_ROOT: usize = 64;
@@ -57,16 +50,14 @@ impl Ctx {
     }
 
     /// The lock for work that must not run twice at once. Taken only after the call's secrets
-    /// were read: a caller that never closes its secret's pipe holds up no one else. Its holder
-    /// runs at background priority ([`crate::nice`]): what it guards is the heavy work.
-    pub fn one_at_a_time(&self) -> Alone<'_> {
-        let one = self.work.lock().unwrap_or_else(|e| e.into_inner());
-        Alone { _one: one, _lowered: crate::nice::lower() }
+    /// were read: a caller that never closes its secret's pipe holds up no one else.
+    pub fn one_at_a_time(&self) -> MutexGuard<'_, ()> {
+        self.work.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// [`Ctx::one_at_a_time`] with the keystore opened under it ([`Ctx::open`]), for work that
     /// may change it or runs a KDF.
-    pub fn open_alone(&self) -> Result<(Alone<'_>, Dirseal)> {
+    pub fn open_alone(&self) -> Result<(MutexGuard<'_, ()>, Dirseal)> {
         let one = self.one_at_a_time();
         Ok((one, self.open()?))
     }

@@ -433,8 +433,6 @@ fn run(
     cancelled: &AtomicBool,
     state: &Mutex<String>,
 ) {
-    // A conversion copies and encrypts for minutes: status calls come first (crate::nice).
-    let _lowered = crate::nice::lower();
     let Start { mut ds, work, mut secrets, owner } = start;
     let source = work.source().to_path_buf();
     let audience = Audience { conn: conn.clone(), path: path.clone(), owner, uids: Mutex::default() };

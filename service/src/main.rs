@@ -8,7 +8,6 @@ mod error;
 mod fdio;
 mod jobs;
 mod log;
-mod nice;
 mod pick;
 mod pin;
 mod registry;
