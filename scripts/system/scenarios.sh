@@ -819,6 +819,7 @@ live_bus() {
   step "the commit after the last logout"
   for ((i = 0; i < 180; i++)); do
     st=$(lb_status); [ "$st" = "${seen##*|}" ] || seen+="|$st"
+    [ "$st" = "live: done" ] && break
     [ -z "$st" ] && lb_encrypted && break
     sleep 1
   done
