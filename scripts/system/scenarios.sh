@@ -592,8 +592,11 @@ next_boot_resumed() {
 LV_PW=liv-pw-1 LV=/var/tmp/live-ctl
 live_undo() {
   touch "$LV/stop" "$LV/go" 2>/dev/null || true
+  touch "$LV/stop3" "$LV/stop4" 2>/dev/null || true
   pkill -KILL -u liv 2>/dev/null || true
+  pkill -KILL -u lib 2>/dev/null || true
   loginctl terminate-user liv 2>/dev/null || true
+  loginctl terminate-user lib 2>/dev/null || true
 }
 live_status() { dirseal status /home/liv 2>&1 | grep -o 'live: .*' || true; }
 # Not `| grep -q`: under pipefail, grep leaving early can fail dirseal's write (EPIPE).
@@ -686,11 +689,43 @@ EXP
   [ "$(cat "$LV/churned")" -ge $((r0 + 10)) ] || fail "the churn made only $(( $(cat "$LV/churned") - r0 )) rounds during the live run"
   bash "$LV/manifest.sh" /home/liv >"$W/live-before"
   cp "$W/live-before" "$R/live.manifest"
+  # The deferred commit: a big file the caught-up run has not copied (it catches up again only
+  # every 15 minutes) makes the commit's last pass long enough for a login to land in it.
+  step "root: 300 MiB more for the commit's last pass"
+  head -c 300M /dev/urandom >/home/liv/big; chown liv: /home/liv/big
   step "liv churned $(( $(cat "$LV/churned") - r0 )) rounds during the live run; status $seen; she logs out"
   touch "$LV/go"
   wait "$dialog" || fail "the console dialog: $(tr -d '\r' <"$W/live-console" | tail -c 400)"
   wait_gone liv
-  step "the commit after the logout"
+  step "the commit begins; liv logs back in during it"
+  for ((i = 0; i < 60; i++)); do
+    st=$(live_status); [ "$st" = "${seen##*|}" ] || seen+="|$st"
+    [[ $st == "live: committing"* ]] && break
+    liv_encrypted && fail "committed before the second login could land: $seen"
+    sleep 0.5
+  done
+  [[ $st == "live: committing"* ]] || fail "no commit 30 s after the logout: $seen"
+  rm -f "$LV/stop2"
+  ssh_pw liv "$LV_PW" "cd; while [ ! -e $LV/stop2 ]; do date >>churn/again; sleep 0.2; done" >"$W/live-again" 2>&1 &
+  local again=$!
+  for ((i = 0; i < 180; i++)); do
+    st=$(live_status); [ "$st" = "${seen##*|}" ] || seen+="|$st"
+    [[ $st == "live: deferred"* ]] && break
+    liv_encrypted && fail "the home was swapped under liv's second login: $seen"
+    sleep 1
+  done
+  [[ $st == "live: deferred"* ]] || fail "the commit was not put off by the second login: $seen"
+  dirseal status /home/liv >"$R/live.deferred.status" 2>&1 || true
+  step "deferred: '$st'"
+  sleep 6 # a poll of the worker's with liv still in
+  ! liv_encrypted || fail "the home was swapped under liv's second login: $seen"
+  kill -0 "$again" 2>/dev/null || fail "liv's second login ended early: $(head -c 300 "$W/live-again")"
+  touch "$LV/stop2"
+  wait "$again" || fail "liv's second login: $(head -c 300 "$W/live-again")"
+  bash "$LV/manifest.sh" /home/liv >"$W/live-before"
+  cp "$W/live-before" "$R/live.manifest"
+  wait_gone liv
+  step "the commit after the last logout"
   t1=$(date +%s)
   for ((i = 0; i < 120; i++)); do
     st=$(live_status); [ "$st" = "${seen##*|}" ] || seen+="|$st"
@@ -707,15 +742,95 @@ EXP
   for ((i = 0; i < 30; i++)); do [ -z "$(systemctl list-units --all --no-legend 'dirseal-live-*')" ] && break; sleep 1; done
   [ -z "$(systemctl list-units --all --no-legend 'dirseal-live-*')" ] ||
     fail "the unit is still there: $(systemctl list-units --all --no-legend 'dirseal-live-*')"
-  [ "$(home_key liv)" = locked ] || check "dirseal lock" dirseal lock /home/liv
-  wait_key liv locked 30
+  [ "$(home_key liv)" = locked ] || fail "committed with nobody logged in, the home is $(home_key liv), not locked"
   [ ! -e /home/liv/numbers ] || fail "numbers readable by name while locked"
   step "liv's password login unlocks it: the tree as she left it"
   ssh_pw liv "$LV_PW" "bash $LV/manifest.sh" >"$W/live-after" 2>&1 || fail "ssh login: $(head -c 300 "$W/live-after")"
   cmp -s "$W/live-before" "$W/live-after" ||
     fail "the tree differs from the one at logout: $(diff "$W/live-before" "$W/live-after" | head -6 | tr '\n' ' ')"
   wait_gone liv; wait_key liv locked 30
+  live_bus
   step "live: $(( $(date +%s) - t0 )) s"
+}
+
+# The same deferral for a live run over the bus (dirsealed's job): its Deferred signal goes to
+# root's and the owner's connections, so a root `gdbus monitor` sees it.
+lb_status() { dirseal status /home/lib 2>&1 | grep -o 'live: .*' || true; }
+lb_encrypted() { dirseal status /home/lib --json >"$W/lib.json" 2>&1; grep -q '"encrypted": *true' "$W/lib.json"; }
+live_bus() {
+  local i st seen="" mon sess
+  step "lib: a small home; she is logged in (ssh)"
+  id lib >/dev/null 2>&1 || useradd -m -s /bin/bash lib
+  echo "lib:$LV_PW" | chpasswd
+  mkdir -p /home/lib/data /home/lib/churn
+  for i in $(seq 1 20); do head -c 50K /dev/urandom >"/home/lib/data/f$i"; done
+  seq 1000 >/home/lib/numbers
+  chown -R lib: /home/lib
+  rm -f "$LV/stop3" "$LV/stop4"
+  ssh_pw lib "$LV_PW" "cd; while [ ! -e $LV/stop3 ]; do date >>churn/log; sleep 0.2; done" >"$W/lib-1" 2>&1 &
+  sess=$!
+  for ((i = 0; i < 60; i++)); do loginctl list-sessions --no-legend | grep -qw lib && break; sleep 1; done
+  loginctl list-sessions --no-legend | grep -qw lib || fail "no session of lib: $(head -c 300 "$W/lib-1")"
+  step "root: Convert /home/lib with live over the bus"
+  gdbus call "${DBUS[@]}" --method org.dirseal.Dirseal1.Convert "'/home/lib'" "@h 3" "{'live': <true>}" 3<<<"$LV_PW" \
+    >"$W/lib-job" 2>&1 || fail "Convert live: $(cat "$W/lib-job")"
+  gdbus monitor --system --dest org.dirseal.Dirseal1 >"$R/live.bus-monitor" 2>&1 &
+  mon=$!
+  for ((i = 0; i < 180; i++)); do
+    st=$(lb_status); [ "$st" = "${seen##*|}" ] || seen+="|$st"
+    [[ $st == "live: caught up"* ]] && break
+    sleep 1
+  done
+  [[ $st == "live: caught up"* ]] || fail "the bus run is not caught up after 180 s: $seen"
+  ! lb_encrypted || fail "committed while lib is logged in"
+  step "root: 300 MiB more for the commit's last pass; lib logs out"
+  # The caught-up run catches up again only every 15 minutes: the commit's last pass copies it,
+  # long enough for a login to land in the commit.
+  head -c 300M /dev/urandom >/home/lib/big; chown lib: /home/lib/big
+  touch "$LV/stop3"
+  wait "$sess" || fail "lib's first login: $(head -c 300 "$W/lib-1")"
+  wait_gone lib
+  step "the commit begins; lib logs back in during it"
+  for ((i = 0; i < 60; i++)); do
+    st=$(lb_status); [ "$st" = "${seen##*|}" ] || seen+="|$st"
+    [[ $st == "live: committing"* ]] && break
+    lb_encrypted && fail "committed before the second login could land: $seen"
+    sleep 0.5
+  done
+  [[ $st == "live: committing"* ]] || fail "no commit 30 s after the logout: $seen"
+  ssh_pw lib "$LV_PW" "cd; while [ ! -e $LV/stop4 ]; do date >>churn/again; sleep 0.2; done" >"$W/lib-2" 2>&1 &
+  sess=$!
+  for ((i = 0; i < 180; i++)); do
+    st=$(lb_status); [ "$st" = "${seen##*|}" ] || seen+="|$st"
+    [[ $st == "live: deferred"* ]] && break
+    lb_encrypted && fail "the home was swapped under lib's second login: $seen"
+    sleep 1
+  done
+  [[ $st == "live: deferred"* ]] || fail "the commit was not put off by the second login: $seen"
+  step "deferred: '$st'"
+  sleep 6 # a poll of the worker's with lib still in
+  ! lb_encrypted || fail "the home was swapped under lib's second login: $seen"
+  kill -0 "$sess" 2>/dev/null || fail "lib's second login ended early: $(head -c 300 "$W/lib-2")"
+  grep -q "Deferred" "$R/live.bus-monitor" || fail "no Deferred signal seen: $(tail -c 400 "$R/live.bus-monitor")"
+  touch "$LV/stop4"
+  wait "$sess" || fail "lib's second login: $(head -c 300 "$W/lib-2")"
+  bash "$LV/manifest.sh" /home/lib >"$W/lib-before"
+  wait_gone lib
+  step "the commit after the last logout"
+  for ((i = 0; i < 180; i++)); do
+    st=$(lb_status); [ "$st" = "${seen##*|}" ] || seen+="|$st"
+    [ "$st" = "live: done" ] && break
+    [ -z "$st" ] && lb_encrypted && break
+    sleep 1
+  done
+  lb_encrypted || fail "not encrypted 180 s after the last logout: $seen"
+  kill "$mon" 2>/dev/null || true
+  [ "$(home_key lib)" = locked ] || fail "committed with nobody logged in, the home is $(home_key lib), not locked"
+  step "lib's password login unlocks it: the tree at the last logout; status $seen"
+  ssh_pw lib "$LV_PW" "bash $LV/manifest.sh" >"$W/lib-after" 2>&1 || fail "ssh login: $(head -c 300 "$W/lib-after")"
+  cmp -s "$W/lib-before" "$W/lib-after" ||
+    fail "the tree differs from the one at the last logout: $(diff "$W/lib-before" "$W/lib-after" | head -6 | tr '\n' ' ')"
+  wait_gone lib; wait_key lib locked 30
 }
 
 scenario_uninstall() {
