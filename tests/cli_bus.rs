@@ -431,5 +431,12 @@ fn a_user_converts_their_home_live_through_the_service() {
         std::thread::sleep(std::time::Duration::from_millis(200));
     }
     assert_eq!(env.status_json(&bob.home)["encrypted"], true);
+    // Committed with bob gone: locked (just after the journal says done), his password opens it.
+    while env.status_json(&bob.home)["key"] != "locked" {
+        assert!(start.elapsed() < std::time::Duration::from_secs(140), "the home was left open with nobody in");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let o = as_user(&bob, &bus.address, &["unlock", h], "pw-b\n");
+    assert!(o.status.success(), "{}", text(&o));
     assert_eq!(std::fs::read(bob.home.join("f7")).unwrap(), vec![7u8; 10_000]);
 }
