@@ -95,6 +95,8 @@ fn install_lays_out_every_file_and_uninstall_restores_the_tree() {
         ("usr/lib/systemd/system/dirseal-convert-boot.service".into(), 0o644),
         ("etc/systemd/system/graphical.target.wants/dirseal-convert-boot.service".into(), 0o777),
         ("etc/systemd/system/multi-user.target.wants/dirseal-convert-boot.service".into(), 0o777),
+        // Network-bound unlock at boot: installed, not enabled (opt-in).
+        ("usr/lib/systemd/system/dirseal-unlock-boot.service".into(), 0o644),
         ("usr/share/bash-completion/completions/dirseal".into(), 0o644),
         ("usr/share/zsh/vendor-completions/_dirseal".into(), 0o644),
         ("usr/share/fish/vendor_completions.d/dirseal.fish".into(), 0o644),
