@@ -808,16 +808,15 @@ class LiveRecording(Recording):
         picks = {part[len(part) * i // (k // 2 + 1)] for part in (before, after) if part for i in range(1, k // 2 + 1)}
         return sorted(picks | {self.end + 1})
 
-    def check_point(self, n):
+    def check_point(self, n, image):
         what = f"point {n}"
         log(f"== {what}")
-        run(["cp", "--sparse=always", self.replay_img, self.check_img])
-        dev = losetup(self.check_img)
+        dev = losetup(image)
         changed = self.manifest
         try:
             mount(dev, self.mnt, self.fstype)
             umount(self.mnt)
-            self.fsck(what)
+            self.fsck(image, what)
             mount(dev, self.mnt, self.fstype)
             if not os.path.isdir(self.src):
                 raise Failure(f"{what}: {self.src} is gone")
@@ -837,7 +836,7 @@ class LiveRecording(Recording):
             self.manifest = want
             self.check_done(self.mnt, what)
             umount(self.mnt)
-            self.fsck(what + " after the resume")
+            self.fsck(image, what + " after the resume")
             return state
         finally:
             self.manifest = changed
