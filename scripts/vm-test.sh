@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Privileged filesystem tests in a qemu guest (TCG): power cuts replayed from a dm-log-writes
-# recording of a conversion (copy, move, one with a TPM2 protector, one on a casefold ext4, one
-# live: copied in use, changed, caught up, committed),
+# recording of a conversion (copy, move, one with a TPM2 protector, one on a casefold ext4; with
+# --full or --cases /live one live: copied in use, changed, caught up, committed),
 # disk faults under a conversion (device-mapper: a bad block in the original, failing writes, the device vanishing
 # and coming back, the filesystem full at each phase, failing writes in a live catch-up pass; ext4
 # and f2fs, copy and move),
